@@ -1,0 +1,145 @@
+"""The audit trail: every record a node applied, kept after log compaction.
+
+KIP-730 notes that the metadata log doubles as an audit trail of which broker
+got which block; log compaction would throw that away, so each node also
+appends what it applies to ``audit.log``: frames of
+``u32 length | u32 crc32 | msgpack([AuditEntry, record])``.
+
+Writes are idempotent by Raft index: on restart the node replays its journal
+and lines for indexes already in the file are skipped.  A node that received
+a snapshot instead of entries writes an ``AuditGap`` line; the other nodes'
+trails cover that range.  The file is fsync'd before every snapshot, so no
+line is lost for entries the journal then drops.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Iterator
+
+import msgpack
+
+from records import AuditEntry, AuditGap, Record, RecordError
+from records.codec import from_obj, to_obj
+
+from .errors import CorruptFileError
+
+log = logging.getLogger(__name__)
+_FRAME = struct.Struct("<II")
+
+
+@dataclass
+class AuditLine:
+    entry: Record  # AuditEntry or AuditGap
+    record: Record | None
+
+    def to_json_dict(self) -> dict:
+        if isinstance(self.entry, AuditGap):
+            return {"raft_index": self.entry.raft_index, "gap": True}
+        out = self.entry.to_dict()
+        out["record"] = self.record.to_json_dict() if self.record is not None else None
+        return out
+
+
+def _frame(obj) -> bytes:
+    body = msgpack.packb(obj, use_bin_type=True)
+    return _FRAME.pack(len(body), zlib.crc32(body)) + body
+
+
+def read_audit(path: str, repair: bool = False) -> tuple[list[AuditLine], int]:
+    """All lines of an audit file, and the byte length of its valid part.
+
+    A torn last frame (crash mid-append) ends the file; with ``repair`` it is
+    cut off.  A bad frame with more data after it is corruption.
+    """
+    with open(path, "rb") as f:
+        data = f.read()
+    lines: list[AuditLine] = []
+    pos = 0
+    while pos < len(data):
+        if pos + _FRAME.size > len(data):
+            break
+        length, crc = _FRAME.unpack_from(data, pos)
+        end = pos + _FRAME.size + length
+        if end > len(data):
+            break
+        body = data[pos + _FRAME.size:end]
+        if zlib.crc32(body) != crc:
+            if end < len(data):
+                raise CorruptFileError(path, f"checksum mismatch in audit line at offset {pos}")
+            break
+        try:
+            obj = msgpack.unpackb(body, raw=False)
+            entry = from_obj(obj[0])
+            record = from_obj(obj[1]) if obj[1] is not None else None
+        except (RecordError, ValueError, TypeError, IndexError) as e:
+            raise CorruptFileError(path, f"bad audit line at offset {pos}: {e}") from None
+        lines.append(AuditLine(entry, record))
+        pos = end
+    if pos != len(data):
+        if not repair:
+            log.warning("audit %s: torn last line at offset %d", path, pos)
+        else:
+            log.warning("audit %s: cutting torn last line at offset %d (%d bytes)", path, pos, len(data) - pos)
+            with open(path, "r+b") as f:
+                f.truncate(pos)
+                os.fsync(f.fileno())
+    return lines, pos
+
+
+class AuditWriter:
+    def __init__(self, path: str):
+        self.path = path
+        if os.path.exists(path):
+            lines, _ = read_audit(path, repair=True)
+            self.last_index = max((ln.entry.raft_index for ln in lines), default=0)
+        else:
+            self.last_index = 0
+        self._f = open(path, "ab")
+
+    def append(self, raft_index: int, raft_term: int, outcomes) -> None:
+        """Record what replay made of each record of the entry at ``raft_index`` (once)."""
+        if raft_index <= self.last_index:
+            return
+        buf = bytearray()
+        for pos, outcome in enumerate(outcomes):
+            entry = AuditEntry(raft_index=raft_index, raft_term=raft_term, position=pos,
+                               accepted=outcome.accepted, error=outcome.error, record=outcome.record.SPEC.name)
+            buf += _frame([to_obj(entry), to_obj(outcome.record)])
+        if buf:
+            self._f.write(buf)
+            self._f.flush()
+        self.last_index = raft_index
+
+    def gap(self, raft_index: int) -> None:
+        """This node jumped to ``raft_index`` through a snapshot."""
+        if raft_index <= self.last_index:
+            return
+        self._f.write(_frame([to_obj(AuditGap(raft_index=raft_index)), None]))
+        self._f.flush()
+        self.last_index = raft_index
+
+    def sync(self) -> None:
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        self.sync()
+        self._f.close()
+
+
+def iter_blocks(paths: list[str]) -> Iterator[dict]:
+    """Accepted AllocateProducerIdsRecords from one or more nodes' trails, by Raft index, deduplicated."""
+    seen: dict[tuple[int, int], dict] = {}
+    for path in paths:
+        lines, _ = read_audit(path)
+        for ln in lines:
+            if isinstance(ln.entry, AuditEntry) and ln.entry.accepted and ln.entry.record == "AllocateProducerIdsRecord":
+                key = (ln.entry.raft_index, ln.entry.position)
+                seen.setdefault(key, {"raft_index": ln.entry.raft_index, "raft_term": ln.entry.raft_term,
+                                      **ln.record.to_dict()})
+    for key in sorted(seen):
+        yield seen[key]

@@ -1,0 +1,224 @@
+"""Async client for the quorum's client port (used by pidctl, brokers, benchmarks, tests).
+
+``Connection`` multiplexes requests on one TCP connection by correlation id.
+``QuorumClient`` sends each call to the node that answered last, and on a
+connection failure or a retriable error moves to the next node with backoff
+until the call's deadline (``RetryPolicy``).
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import protocol as p
+from .errors import Errors, PidQuorumError, RequestTimedOutError, for_code
+
+
+class ConnectionFailed(Exception):
+    """Could not reach the node, or it closed the connection."""
+
+
+class Connection:
+    def __init__(self, address: str, client_id: str = "pidquorum"):
+        self.address = address
+        self.client_id = client_id
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._pending: dict[int, tuple[asyncio.Future, int, int]] = {}
+        self._ids = itertools.count(1)
+        self._read_task: asyncio.Task | None = None
+        self._lock = asyncio.Lock()
+
+    @property
+    def connected(self) -> bool:
+        return self._writer is not None and not self._writer.is_closing()
+
+    async def connect(self, timeout: float) -> None:
+        host, port = self.address.rsplit(":", 1)
+        try:
+            self._reader, self._writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), timeout)
+        except (OSError, asyncio.TimeoutError) as e:
+            raise ConnectionFailed(f"{self.address}: {e or type(e).__name__}") from None
+        self._read_task = asyncio.get_running_loop().create_task(self._read_loop())
+
+    async def _read_loop(self) -> None:
+        assert self._reader is not None
+        error: Exception = ConnectionFailed(f"{self.address}: connection closed")
+        try:
+            while True:
+                size = p.SIZE.unpack(await self._reader.readexactly(4))[0]
+                frame = await self._reader.readexactly(size)
+                corr = p.SIZE.unpack_from(frame, 0)[0]
+                entry = self._pending.pop(corr, None)
+                if entry is None:
+                    continue
+                fut, api_key, version = entry
+                if not fut.done():
+                    try:
+                        fut.set_result(p.parse_response(frame, api_key, version)[1])
+                    except Exception as e:  # noqa: BLE001 - hand any decode failure to the caller
+                        fut.set_exception(ConnectionFailed(f"{self.address}: bad response: {e}"))
+        except (asyncio.IncompleteReadError, OSError) as e:
+            error = ConnectionFailed(f"{self.address}: {type(e).__name__}")
+        finally:
+            self.close()
+            for fut, _, _ in self._pending.values():
+                if not fut.done():
+                    fut.set_exception(error)
+            self._pending.clear()
+
+    async def call(self, body: Any, timeout: float) -> Any:
+        """Send a kio request entity (or a dict for DescribeState) and wait for its response body."""
+        if not self.connected:
+            async with self._lock:
+                if not self.connected:
+                    await self.connect(timeout)
+        assert self._writer is not None
+        corr = next(self._ids) & 0x7FFFFFFF
+        if isinstance(body, dict):
+            frame, api_key, version = p.encode_admin_request(body, corr, self.client_id), p.ADMIN_API_KEY, 0
+        else:
+            frame, api_key, version = p.encode_request(body, corr, self.client_id), body.__api_key__, body.__version__
+        fut = asyncio.get_running_loop().create_future()
+        self._pending[corr] = (fut, api_key, version)
+        try:
+            self._writer.write(frame)
+            await self._writer.drain()
+            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except (OSError, ConnectionError) as e:
+            raise ConnectionFailed(f"{self.address}: {e}") from None
+        except asyncio.TimeoutError:
+            raise RequestTimedOutError(f"{self.address}: no response within {timeout:.2f}s") from None
+        finally:
+            self._pending.pop(corr, None)
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        self._writer = None
+
+
+@dataclass
+class RetryPolicy:
+    timeout: float = 10.0  # overall deadline of one call
+    attempt_timeout: float = 3.0  # one request to one node
+    backoff_initial: float = 0.01
+    backoff_max: float = 0.25
+    jitter: float = 0.2
+
+    def backoff(self, attempt: int) -> float:
+        base = min(self.backoff_max, self.backoff_initial * (2 ** attempt))
+        return base * (1 + self.jitter * random.random())
+
+
+@dataclass
+class AllocatedBlock:
+    start: int
+    length: int
+    throttle_ms: int
+    node: str
+
+    @property
+    def next_id(self) -> int:
+        return self.start + self.length
+
+    def to_dict(self) -> dict:
+        return {"producer_id_start": self.start, "producer_id_len": self.length,
+                "next_producer_id": self.next_id, "throttle_time_ms": self.throttle_ms, "node": self.node}
+
+
+@dataclass
+class QuorumClient:
+    addresses: list[str]
+    policy: RetryPolicy = field(default_factory=RetryPolicy)
+    client_id: str = "pidquorum"
+
+    def __post_init__(self) -> None:
+        if not self.addresses:
+            raise ValueError("no quorum addresses given")
+        self._conns: dict[str, Connection] = {}
+        self._preferred = 0
+
+    def _conn(self, address: str) -> Connection:
+        conn = self._conns.get(address)
+        if conn is None:
+            conn = self._conns[address] = Connection(address, self.client_id)
+        return conn
+
+    async def _call_any(self, body: Any) -> tuple[Any, str]:
+        deadline = time.monotonic() + self.policy.timeout
+        attempt = 0
+        errors: list[str] = []
+        n = len(self.addresses)
+        while True:
+            address = self.addresses[(self._preferred + attempt) % n]
+            remaining = deadline - time.monotonic()
+            try:
+                resp = await self._conn(address).call(body, min(self.policy.attempt_timeout, max(remaining, 0.01)))
+                code = Errors.of(int(resp["error_code"] if isinstance(resp, dict) else resp.error_code))
+                if code == Errors.NONE:
+                    self._preferred = (self._preferred + attempt) % n
+                    return resp, address
+                throttle = _throttle_ms(resp)
+                err = for_code(code, f"{address}: {code.name}", throttle)
+                if not err.retriable:
+                    raise err
+                errors.append(f"{address}: {code.name}")
+                if code == Errors.THROTTLING_QUOTA_EXCEEDED and throttle:
+                    await asyncio.sleep(min(throttle / 1000, max(deadline - time.monotonic(), 0)))
+            except (ConnectionFailed, RequestTimedOutError) as e:
+                errors.append(str(e))
+            attempt += 1
+            if time.monotonic() >= deadline:
+                raise RequestTimedOutError(f"no node answered within {self.policy.timeout:.1f}s: "
+                                           + "; ".join(errors[-3:]))
+            if attempt % n == 0:
+                await asyncio.sleep(min(self.policy.backoff(attempt // n), max(deadline - time.monotonic(), 0)))
+
+    async def register_broker(self, broker_id: int, incarnation_id: uuid.UUID | None = None,
+                              listener: str = "") -> int:
+        listeners = p.listeners(listener)
+        body = p.request_entity(p.BROKER_REGISTRATION, 0, broker_id=p.i32(broker_id), cluster_id="pidquorum",
+                                incarnation_id=incarnation_id or uuid.uuid4(), listeners=listeners, features=(),
+                                rack=None)
+        resp, _ = await self._call_any(body)
+        return int(resp.broker_epoch)
+
+    async def heartbeat(self, broker_id: int, broker_epoch: int, want_fence: bool = False,
+                        want_shut_down: bool = False) -> dict:
+        body = p.request_entity(p.BROKER_HEARTBEAT, 0, broker_id=p.i32(broker_id), broker_epoch=p.i64(broker_epoch),
+                                current_metadata_offset=p.i64(0), want_fence=want_fence,
+                                want_shut_down=want_shut_down)
+        resp, _ = await self._call_any(body)
+        return {"is_fenced": resp.is_fenced, "should_shut_down": resp.should_shut_down}
+
+    async def allocate(self, broker_id: int, broker_epoch: int) -> AllocatedBlock:
+        body = p.request_entity(p.ALLOCATE_PRODUCER_IDS, 0, broker_id=p.i32(broker_id),
+                                broker_epoch=p.i64(broker_epoch))
+        resp, node = await self._call_any(body)
+        return AllocatedBlock(int(resp.producer_id_start), int(resp.producer_id_len), _throttle_ms(resp), node)
+
+    async def describe(self, address: str) -> dict:
+        """DescribeState from one node (no failover: the caller asked for that node)."""
+        resp = await self._conn(address).call({}, self.policy.attempt_timeout)
+        return resp
+
+    async def close(self) -> None:
+        for conn in self._conns.values():
+            conn.close()
+        await asyncio.sleep(0)
+
+
+def _throttle_ms(resp: Any) -> int:
+    if isinstance(resp, dict):
+        return int(resp.get("throttle_time_ms", 0))
+    t = getattr(resp, "throttle_time", None)
+    return int(t.total_seconds() * 1000) if t is not None else 0
+
+
+__all__ = ["AllocatedBlock", "Connection", "ConnectionFailed", "PidQuorumError", "QuorumClient", "RetryPolicy"]

@@ -1,0 +1,167 @@
+"""Node configuration (TOML), validated with readable errors.
+
+Example::
+
+    node_id = 1
+    data_dir = "/var/lib/pidquorum"
+    secret_file = "/etc/pidquorum/secret"     # the cluster secret (pysyncobj password)
+    raft_address = "10.0.0.1:9093"           # advertised to peers
+    client_address = "10.0.0.1:9092"         # Kafka protocol for brokers and pidctl
+    # raft_bind / client_bind default to the advertised addresses
+    block_size = 1000
+    request_timeout_ms = 3000
+    allocate_rate_per_broker = 1000.0        # blocks/s per broker; 0 = no limit
+    allocate_burst = 2000
+    max_frame_bytes = 1048576
+
+    [raft]                                  # seconds; see quorum.raft.RaftConfig
+    election_timeout_min = 0.25
+
+    [[peers]]
+    node_id = 2
+    raft_address = "10.0.0.2:9093"
+    client_address = "10.0.0.2:9092"
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+
+from .raft import RaftConfig
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass
+class Peer:
+    node_id: int
+    raft_address: str
+    client_address: str
+
+
+@dataclass
+class NodeConfig:
+    node_id: int
+    data_dir: str
+    raft_address: str
+    client_address: str
+    secret: str
+    peers: list[Peer] = field(default_factory=list)
+    raft_bind: str | None = None
+    client_bind: str | None = None
+    block_size: int = 1000
+    request_timeout_ms: int = 3000
+    allocate_rate_per_broker: float = 1000.0
+    allocate_burst: int = 2000
+    max_frame_bytes: int = 1024 * 1024
+    max_batch: int = 512
+    raft: RaftConfig = field(default_factory=RaftConfig)
+
+    def client_address_of(self, raft_address: str) -> str | None:
+        if raft_address == self.raft_address:
+            return self.client_address
+        for peer in self.peers:
+            if peer.raft_address == raft_address:
+                return peer.client_address
+        return None
+
+    def validate(self) -> None:
+        if not self.secret:
+            raise ConfigError("the cluster secret is empty: a node never starts without one")
+        for name in ("raft_address", "client_address"):
+            _check_address(name, getattr(self, name))
+        for peer in self.peers:
+            _check_address(f"peers[{peer.node_id}].raft_address", peer.raft_address)
+            _check_address(f"peers[{peer.node_id}].client_address", peer.client_address)
+        ids = [self.node_id] + [p.node_id for p in self.peers]
+        if len(set(ids)) != len(ids):
+            raise ConfigError(f"node ids must be unique, got {ids}")
+        if not 1 <= self.block_size <= 2**31 - 1:
+            raise ConfigError("block_size must be in 1..2147483647")
+        if self.request_timeout_ms <= 0:
+            raise ConfigError("request_timeout_ms must be positive")
+        if self.allocate_rate_per_broker < 0 or self.allocate_burst < 1:
+            raise ConfigError("allocate_rate_per_broker must be >= 0 and allocate_burst >= 1")
+        if self.max_frame_bytes < 1024:
+            raise ConfigError("max_frame_bytes must be at least 1024")
+        try:
+            self.raft.validate()
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+
+def _check_address(name: str, value: str) -> None:
+    host, sep, port = str(value).rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{name}: expected host:port, got {value!r}")
+
+
+def load(path: str) -> NodeConfig:
+    try:
+        with open(path, "rb") as f:
+            raw = tomllib.load(f)
+    except OSError as e:
+        raise ConfigError(f"{path}: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: invalid TOML: {e}") from None
+    return from_dict(raw, base_dir=os.path.dirname(os.path.abspath(path)))
+
+
+def from_dict(raw: dict, base_dir: str = ".") -> NodeConfig:
+    raw = dict(raw)
+    try:
+        secret_file = raw.pop("secret_file", None)
+        secret = raw.pop("secret", None)
+        if secret is None:
+            if secret_file is None:
+                raise ConfigError("secret_file is required: a node never starts without a cluster secret")
+            path = os.path.join(base_dir, secret_file)
+            try:
+                with open(path) as f:
+                    secret = f.read().strip()
+            except OSError as e:
+                raise ConfigError(f"secret_file {path}: {e.strerror}") from None
+        peers = [Peer(int(p["node_id"]), str(p["raft_address"]), str(p["client_address"]))
+                 for p in raw.pop("peers", [])]
+        raft_raw = raw.pop("raft", {})
+        raft_fields = {f.name for f in dataclasses.fields(RaftConfig)}
+        unknown = set(raft_raw) - raft_fields
+        if unknown:
+            raise ConfigError(f"[raft]: unknown keys {sorted(unknown)}")
+        node_fields = {f.name for f in dataclasses.fields(NodeConfig)} - {"secret", "peers", "raft"}
+        unknown = set(raw) - node_fields
+        if unknown:
+            raise ConfigError(f"unknown keys {sorted(unknown)}")
+        for key in ("node_id", "data_dir", "raft_address", "client_address"):
+            if key not in raw:
+                raise ConfigError(f"{key} is required")
+        cfg = NodeConfig(secret=secret, peers=peers, raft=RaftConfig(**raft_raw), **raw)
+    except (KeyError, TypeError, ValueError) as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"bad config: {e}") from None
+    cfg.data_dir = os.path.join(base_dir, cfg.data_dir)
+    cfg.validate()
+    return cfg
+
+
+def to_toml(cfg: NodeConfig, secret_file: str) -> str:
+    """Render a config file (used by ``pidctl cluster up``)."""
+    def q(v):
+        return f'"{v}"' if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else str(v)
+
+    lines = [f"node_id = {cfg.node_id}", f"data_dir = {q(cfg.data_dir)}", f"secret_file = {q(secret_file)}",
+             f"raft_address = {q(cfg.raft_address)}", f"client_address = {q(cfg.client_address)}",
+             f"block_size = {cfg.block_size}", f"request_timeout_ms = {cfg.request_timeout_ms}",
+             f"allocate_rate_per_broker = {float(cfg.allocate_rate_per_broker)}",
+             f"allocate_burst = {cfg.allocate_burst}", f"max_frame_bytes = {cfg.max_frame_bytes}", "", "[raft]"]
+    for f in dataclasses.fields(RaftConfig):
+        lines.append(f"{f.name} = {q(getattr(cfg.raft, f.name))}")
+    for peer in cfg.peers:
+        lines += ["", "[[peers]]", f"node_id = {peer.node_id}", f"raft_address = {q(peer.raft_address)}",
+                  f"client_address = {q(peer.client_address)}"]
+    return "\n".join(lines) + "\n"

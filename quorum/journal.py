@@ -1,0 +1,292 @@
+"""A durable, checksummed Raft journal for pysyncobj.
+
+pysyncobj's own journal is an mmap that is never fsync'd, with no checksums.
+This one keeps pysyncobj's journal interface (add / clear / deleteEntriesFrom /
+deleteEntriesTo / indexing / term, vote and commit-index metadata) and adds:
+
+* **Group commit.**  ``add`` only buffers; ``sync()`` writes the buffer and
+  fdatasyncs once.  The Raft adapter calls ``sync()`` before *any* message
+  leaves the node (see ``quorum.raft``), so a follower never acknowledges an
+  entry, and a leader never ships one, before it is on stable storage.  A
+  commit therefore means "durable on a majority".
+* **Checksums.**  Every entry is ``u32 len | u32 crc32 | u64 index | u64 term |
+  command``.  On open, a torn *tail* (an incomplete or bad last entry with
+  nothing valid after it: the unsynced end of a write cut by a crash) is cut
+  off with a warning.  A bad entry with valid entries after it, or a torn tail
+  that would lose entries at or below the durable commit index, is corruption:
+  the node refuses to start, naming the file and the offset.
+* **Durable metadata.**  Term and vote are written (temp, fsync, rename, fsync
+  dir) before pysyncobj can send anything that reflects them.  The commit index
+  is a hint in Raft; it is written the same way once a second, always after the
+  entries it covers are synced, so it never points past the durable log.
+
+Nothing here imports pysyncobj: it is duck-typed to pysyncobj's Journal.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import zlib
+
+import msgpack
+
+from .errors import CorruptFileError
+from .fsutil import atomic_write, fsync_dir
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"PQJRNL\x00\x01"
+_ENTRY = struct.Struct("<IIQQ")  # payload len, crc32, index, term
+META_MAGIC = b"PQMETA\x00\x01"
+MAX_ENTRY = 64 * 1024 * 1024
+
+# Set by tests that simulate power loss: after each sync, the journal records
+# how many bytes are on stable storage in "<journal>.synced".  A crash test can
+# then cut the journal back to exactly what a power loss would have left.
+SIMULATE_ENV = "PIDQUORUM_SIMULATE_POWER_LOSS"
+
+
+def _crc(index: int, term: int, command: bytes) -> int:
+    return zlib.crc32(command, zlib.crc32(struct.pack("<QQ", index, term)))
+
+
+def encode_entry(command: bytes, index: int, term: int) -> bytes:
+    return _ENTRY.pack(len(command), _crc(index, term, command), index, term) + command
+
+
+class MetaFile:
+    """term / votedFor / commit index, checksummed and replaced atomically."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def load(self) -> dict:
+        try:
+            with open(self.path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return {}
+        if len(data) < len(META_MAGIC) + 4 or not data.startswith(META_MAGIC):
+            raise CorruptFileError(self.path, "not a pidquorum meta file (bad header or truncated)")
+        body, crc = data[len(META_MAGIC):-4], struct.unpack("<I", data[-4:])[0]
+        if zlib.crc32(body) != crc:
+            raise CorruptFileError(self.path, "checksum mismatch")
+        meta = msgpack.unpackb(body, raw=False)
+        if not isinstance(meta, dict):
+            raise CorruptFileError(self.path, "meta is not a map")
+        return meta
+
+    def store(self, meta: dict) -> None:
+        body = msgpack.packb(meta, use_bin_type=True)
+        atomic_write(self.path, META_MAGIC + body + struct.pack("<I", zlib.crc32(body)))
+
+
+class DurableJournal:
+    def __init__(self, path: str):
+        self.path = path
+        self._dir = os.path.dirname(os.path.abspath(path))
+        self._meta_file = MetaFile(path + ".meta")
+        self._meta = self._meta_file.load()
+        self._meta_dirty = False
+        self._simulate = bool(os.environ.get(SIMULATE_ENV))
+        self.entries: list[tuple[bytes, int, int]] = []
+        self._offsets: list[int] = []  # file offset of each entry
+        self._pending = bytearray()
+        self.syncs = 0
+        self._open()
+
+    # ----------------------------------------------------------------- open
+    def _open(self) -> None:
+        if not os.path.exists(self.path):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            os.write(fd, MAGIC)
+            os.fsync(fd)
+            os.close(fd)
+            fsync_dir(self._dir)
+        with open(self.path, "rb") as f:
+            data = f.read()
+        if not data.startswith(MAGIC):
+            raise CorruptFileError(self.path, "not a pidquorum journal (bad header or truncated header)")
+        pos = len(MAGIC)
+        good_end = pos
+        problem = None
+        while pos < len(data):
+            if pos + _ENTRY.size > len(data):
+                problem = f"incomplete entry header at offset {pos}"
+                break
+            length, crc, index, term = _ENTRY.unpack_from(data, pos)
+            end = pos + _ENTRY.size + length
+            if length > MAX_ENTRY or end > len(data):
+                problem = f"entry at offset {pos} runs past the end of the file"
+                break
+            command = bytes(data[pos + _ENTRY.size:end])
+            if _crc(index, term, command) != crc:
+                problem = f"checksum mismatch in entry at offset {pos}"
+                break
+            if self.entries and index != self.entries[-1][1] + 1:
+                raise CorruptFileError(self.path, f"entry at offset {pos} has index {index}, "
+                                                  f"expected {self.entries[-1][1] + 1}")
+            self.entries.append((command, index, term))
+            self._offsets.append(pos)
+            pos = end
+            good_end = pos
+        if problem is not None:
+            if self._valid_entry_after(data, good_end + 1):
+                raise CorruptFileError(self.path, f"{problem}, and valid entries follow it: the journal is "
+                                                  f"corrupt, not torn")
+            last = self.entries[-1][1] if self.entries else 0
+            if self.entries and self.getRaftCommitIndex() > last:
+                raise CorruptFileError(self.path, f"{problem}; cutting the torn tail would lose committed entries "
+                                                  f"(durable commit index {self.getRaftCommitIndex()}, "
+                                                  f"last good entry {last})")
+            log.warning("journal %s: %s; cutting %d unsynced bytes (torn tail from a crash)",
+                        self.path, problem, len(data) - good_end)
+        self._fd = os.open(self.path, os.O_RDWR)
+        if good_end != len(data):
+            os.ftruncate(self._fd, good_end)
+            os.fsync(self._fd)
+        self._end = good_end
+        self._synced_end = good_end
+        os.lseek(self._fd, good_end, os.SEEK_SET)
+        self._record_synced()
+
+    @staticmethod
+    def _valid_entry_after(data: bytes, start: int) -> bool:
+        """Is there any checksum-valid entry starting after ``start``?  (Slow; only on a damaged file.)"""
+        limit = len(data) - _ENTRY.size
+        for pos in range(start, limit + 1):
+            length, crc, index, term = _ENTRY.unpack_from(data, pos)
+            end = pos + _ENTRY.size + length
+            if length == 0 or length > MAX_ENTRY or end > len(data) or index == 0:
+                continue
+            if _crc(index, term, data[pos + _ENTRY.size:end]) == crc:
+                return True
+        return False
+
+    # ------------------------------------------------------------ durability
+    def sync(self) -> None:
+        """Make every added entry durable (one write + fdatasync for all pending entries)."""
+        if self._pending:
+            view = memoryview(self._pending)
+            while view:
+                n = os.write(self._fd, view)
+                view = view[n:]
+            self._pending = bytearray()
+        if self._synced_end != self._end:
+            os.fdatasync(self._fd)
+            self.syncs += 1
+            self._synced_end = self._end
+            self._record_synced()
+
+    def _record_synced(self) -> None:
+        if self._simulate:
+            with open(self.path + ".synced", "w") as f:
+                f.write(str(self._synced_end))
+
+    @property
+    def dirty(self) -> bool:
+        return self._synced_end != self._end
+
+    # ------------------------------------------------- pysyncobj's interface
+    def add(self, command, idx, term):
+        command = bytes(command)
+        blob = encode_entry(command, idx, term)
+        self.entries.append((command, idx, term))
+        self._offsets.append(self._end)
+        self._pending += blob
+        self._end += len(blob)
+
+    def clear(self):
+        self._truncate_at(len(MAGIC))
+        self.entries = []
+        self._offsets = []
+
+    def deleteEntriesFrom(self, entryFrom):
+        if entryFrom >= len(self.entries):
+            return
+        offset = self._offsets[entryFrom]
+        del self.entries[entryFrom:]
+        del self._offsets[entryFrom:]
+        self._truncate_at(offset)
+
+    def _truncate_at(self, offset: int) -> None:
+        # Flush what is buffered first, so the file matches self._end, then cut.
+        if self._pending:
+            os.write(self._fd, bytes(self._pending))
+            self._pending = bytearray()
+        os.ftruncate(self._fd, offset)
+        os.lseek(self._fd, offset, os.SEEK_SET)
+        self._end = offset
+        # Only uncommitted entries are ever cut (Raft); make the new size durable
+        # at the next sync all the same, before anything is appended after it.
+        self._synced_end = -1
+
+    def deleteEntriesTo(self, entryTo):
+        """Log compaction: keep entries[entryTo:], rewriting the file atomically.
+
+        Called after pysyncobj has renamed the new snapshot into place; that
+        rename is made durable (fsync of the directory) before the journal loses
+        the entries the snapshot now covers.
+        """
+        fsync_dir(self._dir)
+        self.sync()
+        keep = self.entries[entryTo:]
+        blob = bytearray(MAGIC)
+        offsets = []
+        for command, idx, term in keep:
+            offsets.append(len(blob))
+            blob += encode_entry(command, idx, term)
+        os.close(self._fd)
+        atomic_write(self.path, bytes(blob))
+        self._fd = os.open(self.path, os.O_RDWR)
+        os.lseek(self._fd, len(blob), os.SEEK_SET)
+        self.entries = list(keep)
+        self._offsets = offsets
+        self._end = self._synced_end = len(blob)
+        self._record_synced()
+
+    def __getitem__(self, item):
+        return self.entries[item]
+
+    def __len__(self):
+        return len(self.entries)
+
+    def _destroy(self):
+        self.sync()
+        self._store_meta()
+        os.close(self._fd)
+
+    def flush(self):
+        self.sync()
+
+    def setRaftCommitIndex(self, raftCommitIndex):
+        # Entries up to the commit index are applied right after this: the local
+        # copy must be durable first (a one-node cluster sends nothing to force it).
+        self.sync()
+        if self._meta.get("commit_index") != raftCommitIndex:
+            self._meta["commit_index"] = raftCommitIndex
+            self._meta_dirty = True
+
+    def getRaftCommitIndex(self):
+        return self._meta.get("commit_index", 1)
+
+    def setCurrentTerm(self, term, votedForNodeId):
+        self._meta["term"] = term
+        self._meta["voted_for"] = votedForNodeId
+        self._store_meta()
+
+    def getCurrentTerm(self):
+        return self._meta.get("term", 0)
+
+    def getVotedForNodeId(self):
+        return self._meta.get("voted_for")
+
+    def onOneSecondTimer(self):
+        if self._meta_dirty:
+            self._store_meta()
+
+    def _store_meta(self) -> None:
+        self.sync()  # the commit index must never point past the durable log
+        self._meta_file.store(self._meta)
+        self._meta_dirty = False

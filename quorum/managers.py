@@ -1,0 +1,282 @@
+"""Replicated state, one slice per manager, in the style of Kafka's controller.
+
+Each manager has two verbs:
+
+* ``generate_*(request)`` reads state and returns ``Result(records, response)``;
+  it never changes anything.
+* ``replay(record)`` is the only mutation.  It is deterministic (no clock,
+  randomness or I/O) and checks invariants, raising ``InvariantViolation`` for
+  a record that would break one; such a record changes nothing.
+
+``QuorumState`` holds the managers, dispatches records to them and forks a
+scratch copy for the proposer to generate a batch against.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+from records import (
+    AllocateProducerIdsRecord,
+    BrokerEpochCursorRecord,
+    FenceBrokerRecord,
+    ProducerIdCursorRecord,
+    Record,
+    RegisterBrokerRecord,
+    UnfenceBrokerRecord,
+    UnregisterBrokerRecord,
+)
+from records.schema import INT_RANGES, LONG_MAX
+
+from .errors import (
+    InvalidRequestError,
+    InvariantViolation,
+    StaleBrokerEpochError,
+    UnknownServerError,
+)
+
+DEFAULT_BLOCK_SIZE = 1000
+INT32_MAX = INT_RANGES["int32"][1]
+
+
+@dataclass
+class Result:
+    records: list[Record]
+    response: Any
+
+
+# --------------------------------------------------------------------------
+# Broker registrations
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class Registration:
+    broker_id: int
+    incarnation_id: str
+    broker_epoch: int
+    listener: str
+    fenced: bool = False
+
+    def to_record(self) -> RegisterBrokerRecord:
+        return RegisterBrokerRecord(broker_id=self.broker_id, incarnation_id=self.incarnation_id,
+                                    broker_epoch=self.broker_epoch, listener=self.listener)
+
+
+class BrokerRegistrationManager:
+    def __init__(self) -> None:
+        self.brokers: dict[int, Registration] = {}
+        self.last_epoch = 0  # highest epoch ever assigned; epochs start at 1
+
+    # -- generate ----------------------------------------------------------
+    def generate_register(self, broker_id: int, incarnation_id: str, listener: str, now_ms: int) -> Result:
+        _check_broker_id(broker_id)
+        if not incarnation_id:
+            raise InvalidRequestError("incarnation id is required")
+        current = self.brokers.get(broker_id)
+        if current is not None and current.incarnation_id == incarnation_id and not current.fenced:
+            # The same process registering again (a retry): same epoch, nothing to commit.
+            return Result([], current.broker_epoch)
+        epoch = self.last_epoch + 1
+        rec = RegisterBrokerRecord(broker_id=broker_id, incarnation_id=incarnation_id, broker_epoch=epoch,
+                                   listener=listener, timestamp_ms=now_ms)
+        return Result([rec], epoch)
+
+    def check_epoch(self, broker_id: int, broker_epoch: int) -> Registration:
+        """The registration if ``broker_epoch`` is the broker's current one, else STALE_BROKER_EPOCH."""
+        current = self.brokers.get(broker_id)
+        if current is None:
+            raise StaleBrokerEpochError(f"broker {broker_id} is not registered")
+        if current.broker_epoch != broker_epoch:
+            raise StaleBrokerEpochError(
+                f"broker {broker_id} epoch {broker_epoch} does not match the registered epoch {current.broker_epoch}")
+        return current
+
+    def generate_heartbeat(self, broker_id: int, broker_epoch: int, want_fence: bool, want_shut_down: bool,
+                           now_ms: int) -> Result:
+        """Response: dict(is_fenced, should_shut_down)."""
+        _check_broker_id(broker_id)
+        reg = self.check_epoch(broker_id, broker_epoch)
+        if want_shut_down:
+            rec = UnregisterBrokerRecord(broker_id=broker_id, broker_epoch=broker_epoch, timestamp_ms=now_ms)
+            return Result([rec], {"is_fenced": True, "should_shut_down": True})
+        if want_fence and not reg.fenced:
+            rec = FenceBrokerRecord(broker_id=broker_id, broker_epoch=broker_epoch, timestamp_ms=now_ms)
+            return Result([rec], {"is_fenced": True, "should_shut_down": False})
+        if not want_fence and reg.fenced:
+            rec = UnfenceBrokerRecord(broker_id=broker_id, broker_epoch=broker_epoch, timestamp_ms=now_ms)
+            return Result([rec], {"is_fenced": False, "should_shut_down": False})
+        return Result([], {"is_fenced": reg.fenced, "should_shut_down": False})
+
+    # -- replay --------------------------------------------------------------
+    def replay(self, rec: Record) -> None:
+        if isinstance(rec, RegisterBrokerRecord):
+            if rec.broker_epoch <= self.last_epoch:
+                raise InvariantViolation(
+                    f"broker epoch {rec.broker_epoch} is not above the last assigned epoch {self.last_epoch}")
+            self.brokers[rec.broker_id] = Registration(rec.broker_id, rec.incarnation_id, rec.broker_epoch,
+                                                       rec.listener)
+            self.last_epoch = rec.broker_epoch
+        elif isinstance(rec, (FenceBrokerRecord, UnfenceBrokerRecord, UnregisterBrokerRecord)):
+            reg = self.brokers.get(rec.broker_id)
+            if reg is None or reg.broker_epoch != rec.broker_epoch:
+                raise InvariantViolation(f"broker {rec.broker_id} epoch {rec.broker_epoch} is not registered")
+            if isinstance(rec, UnregisterBrokerRecord):
+                del self.brokers[rec.broker_id]
+            else:
+                reg.fenced = isinstance(rec, FenceBrokerRecord)
+        elif isinstance(rec, BrokerEpochCursorRecord):
+            if rec.last_broker_epoch < self.last_epoch:
+                raise InvariantViolation("broker epoch cursor would move backwards")
+            self.last_epoch = rec.last_broker_epoch
+        else:  # pragma: no cover - dispatch bug
+            raise TypeError(f"not a registration record: {rec!r}")
+
+    def snapshot_records(self) -> list[Record]:
+        # Registrations in epoch order replay cleanly; the cursor goes last, since
+        # a registration's epoch must be above the cursor when it is replayed.
+        out: list[Record] = []
+        for reg in sorted(self.brokers.values(), key=lambda r: r.broker_epoch):
+            out.append(reg.to_record())
+            if reg.fenced:
+                out.append(FenceBrokerRecord(broker_id=reg.broker_id, broker_epoch=reg.broker_epoch))
+        out.append(BrokerEpochCursorRecord(last_broker_epoch=self.last_epoch))
+        return out
+
+
+# --------------------------------------------------------------------------
+# Producer-ID cursor
+# --------------------------------------------------------------------------
+
+
+class ProducerIdsManager:
+    """Owns the producer-ID cursor: the first ID of the next block.
+
+    IDs go up to LONG_MAX - 1: a block must end (exclusive) at or below LONG_MAX,
+    as in Kafka.  Gaps between blocks are allowed (migration needs them); going
+    backwards never is.
+    """
+
+    def __init__(self) -> None:
+        self.next_producer_id = 0
+        self.latest: AllocateProducerIdsRecord | None = None
+
+    def generate_allocate(self, broker_id: int, broker_epoch: int, registrations: BrokerRegistrationManager,
+                          block_size: int, now_ms: int) -> Result:
+        _check_broker_id(broker_id)
+        registrations.check_epoch(broker_id, broker_epoch)
+        if not 0 < block_size <= INT32_MAX:
+            raise InvalidRequestError(f"block size {block_size} is not in 1..{INT32_MAX}")
+        start = self.next_producer_id
+        if start > LONG_MAX - block_size:
+            raise UnknownServerError(
+                f"producer ID space exhausted: next ID {start} + block of {block_size} would pass "
+                f"{LONG_MAX - 1}, the last ID that can ever be issued")
+        rec = AllocateProducerIdsRecord(broker_id=broker_id, broker_epoch=broker_epoch, producer_id_start=start,
+                                        producer_id_len=block_size, timestamp_ms=now_ms)
+        return Result([rec], (start, block_size))
+
+    def replay(self, rec: Record) -> None:
+        if isinstance(rec, AllocateProducerIdsRecord):
+            start, length = rec.producer_id_start, rec.producer_id_len
+            if start < self.next_producer_id:
+                raise InvariantViolation(
+                    f"block [{start}, {start + length}) starts below the next producer ID {self.next_producer_id}")
+            if length <= 0:
+                raise InvariantViolation(f"block length {length} is not positive")
+            if start > LONG_MAX - length:
+                raise InvariantViolation(f"block [{start}, +{length}) would pass the last producer ID")
+            self.next_producer_id = start + length
+            self.latest = rec
+        elif isinstance(rec, ProducerIdCursorRecord):
+            if rec.next_producer_id < self.next_producer_id:
+                raise InvariantViolation(
+                    f"cursor {rec.next_producer_id} is below the next producer ID {self.next_producer_id}")
+            self.next_producer_id = rec.next_producer_id
+        else:  # pragma: no cover - dispatch bug
+            raise TypeError(f"not a producer-ID record: {rec!r}")
+
+    def snapshot_records(self) -> list[Record]:
+        out: list[Record] = []
+        if self.latest is not None:
+            out.append(self.latest)
+        if self.latest is None or self.latest.producer_id_start + self.latest.producer_id_len != self.next_producer_id:
+            out.append(ProducerIdCursorRecord(next_producer_id=self.next_producer_id))
+        return out
+
+
+def _check_broker_id(broker_id: int) -> None:
+    if isinstance(broker_id, bool) or not isinstance(broker_id, int) or not 0 <= broker_id <= INT32_MAX:
+        raise InvalidRequestError(f"broker id {broker_id!r} is not in 0..{INT32_MAX}")
+
+
+# --------------------------------------------------------------------------
+# The whole state machine
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class ApplyOutcome:
+    """What replay made of one record of an entry."""
+
+    record: Record
+    error: str | None = None
+
+    @property
+    def accepted(self) -> bool:
+        return self.error is None
+
+
+@dataclass
+class QuorumState:
+    producer_ids: ProducerIdsManager = field(default_factory=ProducerIdsManager)
+    registrations: BrokerRegistrationManager = field(default_factory=BrokerRegistrationManager)
+
+    def replay(self, rec: Record) -> None:
+        if isinstance(rec, (AllocateProducerIdsRecord, ProducerIdCursorRecord)):
+            self.producer_ids.replay(rec)
+        elif isinstance(rec, (RegisterBrokerRecord, FenceBrokerRecord, UnfenceBrokerRecord, UnregisterBrokerRecord,
+                              BrokerEpochCursorRecord)):
+            self.registrations.replay(rec)
+        else:
+            raise InvariantViolation(f"{type(rec).__name__} is not a replicated record")
+
+    def apply_batch(self, records: list[Record]) -> list[ApplyOutcome]:
+        """Replay every record of one log entry; a refused record changes nothing."""
+        out = []
+        for rec in records:
+            try:
+                self.replay(rec)
+                out.append(ApplyOutcome(rec))
+            except InvariantViolation as e:
+                out.append(ApplyOutcome(rec, str(e)))
+        return out
+
+    def fork(self) -> "QuorumState":
+        """A scratch copy for generating a batch of records against."""
+        return copy.deepcopy(self)
+
+    def snapshot_records(self) -> list[Record]:
+        """The state as records: the latest block (or cursor) plus live registrations."""
+        return self.producer_ids.snapshot_records() + self.registrations.snapshot_records()
+
+    @classmethod
+    def from_records(cls, records: list[Record]) -> "QuorumState":
+        state = cls()
+        for rec in records:
+            state.replay(rec)
+        return state
+
+    def summary(self) -> dict[str, Any]:
+        latest = self.producer_ids.latest
+        return {
+            "next_producer_id": self.producer_ids.next_producer_id,
+            "latest_block": latest.to_json_dict() if latest is not None else None,
+            "last_broker_epoch": self.registrations.last_epoch,
+            "brokers": [
+                {"broker_id": r.broker_id, "broker_epoch": r.broker_epoch, "incarnation_id": r.incarnation_id,
+                 "listener": r.listener, "fenced": r.fenced}
+                for _, r in sorted(self.registrations.brokers.items())
+            ],
+        }

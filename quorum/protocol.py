@@ -1,0 +1,257 @@
+"""Kafka wire protocol for the quorum's client port, with kio's codecs.
+
+Pure functions: bytes in, values out.  Framing (a 4-byte big-endian size) and
+dispatch live in ``quorum.server`` / ``quorum.client``.
+
+Besides the Kafka APIs, one pidquorum API (``ADMIN_API_KEY``) carries a
+msgpack body: ``DescribeState``, the node's Raft status and state summary, used
+by ``pidctl quorum status`` and ``pidctl blocks latest``.
+"""
+from __future__ import annotations
+
+import datetime
+import io
+import struct
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+from kio.index import load_request_schema, load_response_schema
+from kio.schema.errors import ErrorCode
+from kio.schema.request_header.v1.header import RequestHeader as RequestHeaderV1
+from kio.schema.response_header.v0.header import ResponseHeader as ResponseHeaderV0
+from kio.serial import entity_reader, entity_writer
+from kio.serial.errors import SerialError
+from kio.static.primitive import i16, i32, i64, u16
+
+from .errors import Errors
+
+API_VERSIONS = 18
+BROKER_REGISTRATION = 62
+BROKER_HEARTBEAT = 63
+ALLOCATE_PRODUCER_IDS = 67
+ADMIN_API_KEY = 10001  # pidquorum DescribeState (msgpack body); outside Kafka's key space
+
+SUPPORTED: dict[int, tuple[int, int]] = {
+    API_VERSIONS: (0, 3),
+    BROKER_REGISTRATION: (0, 4),
+    BROKER_HEARTBEAT: (0, 1),
+    ALLOCATE_PRODUCER_IDS: (0, 0),
+}
+API_NAMES = {API_VERSIONS: "ApiVersions", BROKER_REGISTRATION: "BrokerRegistration",
+             BROKER_HEARTBEAT: "BrokerHeartbeat", ALLOCATE_PRODUCER_IDS: "AllocateProducerIds",
+             ADMIN_API_KEY: "DescribeState"}
+DEFAULT_MAX_FRAME = 1024 * 1024
+SIZE = struct.Struct(">i")
+
+
+class FrameError(Exception):
+    """The frame cannot be answered (no usable header, unknown API): close the connection."""
+
+
+class BadRequest(Exception):
+    """The header is readable but the request is not: answer with ``code``."""
+
+    def __init__(self, api_key: int, api_version: int, correlation_id: int, code: Errors, message: str):
+        super().__init__(message)
+        self.api_key, self.api_version, self.correlation_id = api_key, api_version, correlation_id
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class Request:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    body: Any  # a kio entity, or a dict for the admin API
+    raw: bytes  # the whole frame, without the size prefix (for forwarding)
+
+
+def _ms(ms: int) -> datetime.timedelta:
+    return datetime.timedelta(milliseconds=max(0, int(ms)))
+
+
+def parse_request(frame: bytes) -> Request:
+    if len(frame) < 8:
+        raise FrameError(f"truncated request header ({len(frame)} bytes)")
+    api_key, api_version, correlation_id = struct.unpack_from(">hhi", frame)
+    if api_key == ADMIN_API_KEY:
+        return _parse_admin(frame, api_version, correlation_id)
+    if api_key not in SUPPORTED:
+        raise FrameError(f"unknown API key {api_key}")
+    lo, hi = SUPPORTED[api_key]
+    if not lo <= api_version <= hi:
+        raise BadRequest(api_key, api_version, correlation_id, Errors.UNSUPPORTED_VERSION,
+                         f"{API_NAMES[api_key]} v{api_version} is not supported (supported: v{lo}-v{hi})")
+    req_cls = load_request_schema(api_key, api_version)
+    try:
+        header, off = entity_reader(req_cls.__header_schema__)(frame, 0)
+    except (SerialError, ValueError, UnicodeDecodeError) as e:
+        raise FrameError(f"unreadable request header: {e}") from None
+    try:
+        body, size = entity_reader(req_cls)(frame, off)  # kio readers return (value, bytes read)
+        off += size
+    except (SerialError, ValueError, UnicodeDecodeError, TypeError) as e:
+        raise BadRequest(api_key, api_version, correlation_id, Errors.INVALID_REQUEST,
+                         f"malformed {API_NAMES[api_key]} v{api_version} body: {type(e).__name__}: {e}") from None
+    if off != len(frame):
+        raise BadRequest(api_key, api_version, correlation_id, Errors.INVALID_REQUEST,
+                         f"{len(frame) - off} unexpected bytes after the {API_NAMES[api_key]} body")
+    return Request(api_key, api_version, correlation_id, header.client_id, body, frame)
+
+
+def _parse_admin(frame: bytes, api_version: int, correlation_id: int) -> Request:
+    try:
+        header, off = entity_reader(RequestHeaderV1)(frame, 0)
+    except (SerialError, ValueError, UnicodeDecodeError) as e:
+        raise FrameError(f"unreadable request header: {e}") from None
+    if api_version != 0:
+        raise BadRequest(ADMIN_API_KEY, api_version, correlation_id, Errors.UNSUPPORTED_VERSION,
+                         f"DescribeState v{api_version} is not supported (supported: v0-v0)")
+    try:
+        body = msgpack.unpackb(frame[off:], raw=False)
+    except (ValueError, msgpack.ExtraData) as e:
+        raise BadRequest(ADMIN_API_KEY, api_version, correlation_id, Errors.INVALID_REQUEST,
+                         f"malformed DescribeState body: {e}") from None
+    if not isinstance(body, dict):
+        raise BadRequest(ADMIN_API_KEY, api_version, correlation_id, Errors.INVALID_REQUEST,
+                         "DescribeState body must be a map")
+    return Request(ADMIN_API_KEY, api_version, correlation_id, header.client_id, body, frame)
+
+
+# ----------------------------------------------------------------- responses
+
+
+def encode_response(api_key: int, api_version: int, correlation_id: int, body: Any) -> bytes:
+    """A whole response frame, size prefix included."""
+    buf = io.BytesIO()
+    if api_key == ADMIN_API_KEY:
+        entity_writer(ResponseHeaderV0)(buf, ResponseHeaderV0(correlation_id=i32(correlation_id)))
+        buf.write(msgpack.packb(body, use_bin_type=True))
+    else:
+        resp_cls = load_response_schema(api_key, api_version)
+        entity_writer(resp_cls.__header_schema__)(buf, resp_cls.__header_schema__(correlation_id=i32(correlation_id)))
+        entity_writer(resp_cls)(buf, body)
+    data = buf.getvalue()
+    return SIZE.pack(len(data)) + data
+
+
+def api_versions_body(version: int, code: Errors = Errors.NONE) -> Any:
+    resp_cls = load_response_schema(API_VERSIONS, version)
+    module = __import__(resp_cls.__module__, fromlist=["ApiVersion"])
+    entry_cls = getattr(module, "ApiVersion", None) or getattr(module, "ApiVersionsResponseKey")
+    keys = tuple(entry_cls(api_key=i16(k), min_version=i16(lo), max_version=i16(hi))
+                 for k, (lo, hi) in sorted(SUPPORTED.items()))
+    kwargs: dict[str, Any] = {"error_code": ErrorCode(int(code)), "api_keys": keys}
+    if version >= 1:
+        kwargs["throttle_time"] = _ms(0)
+    return resp_cls(**kwargs)
+
+
+def error_body(api_key: int, api_version: int, code: Errors, throttle_ms: int = 0) -> Any:
+    """The response body that carries only an error, for any supported API and version."""
+    if api_key == ADMIN_API_KEY:
+        return {"error_code": int(code)}
+    if api_key == API_VERSIONS:
+        return api_versions_body(api_version, code)
+    resp_cls = load_response_schema(api_key, api_version)
+    err = ErrorCode(int(code))
+    if api_key == ALLOCATE_PRODUCER_IDS:
+        return resp_cls(throttle_time=_ms(throttle_ms), error_code=err, producer_id_start=i64(-1),
+                        producer_id_len=i32(0))
+    if api_key == BROKER_REGISTRATION:
+        return resp_cls(throttle_time=_ms(throttle_ms), error_code=err, broker_epoch=i64(-1))
+    if api_key == BROKER_HEARTBEAT:
+        return resp_cls(throttle_time=_ms(throttle_ms), error_code=err, is_caught_up=False, is_fenced=True,
+                        should_shut_down=False)
+    raise ValueError(f"no error body for API {api_key}")  # pragma: no cover
+
+
+def error_response(bad: BadRequest) -> bytes:
+    """Answer a bad request.  An unsupported version is answered in the nearest supported
+    version's layout (ApiVersions: v0, as Kafka does, with the supported ranges)."""
+    api_key, version = bad.api_key, bad.api_version
+    if api_key == ADMIN_API_KEY:
+        version = 0
+    else:
+        lo, hi = SUPPORTED[api_key]
+        if api_key == API_VERSIONS and not lo <= version <= hi:
+            version = 0
+        version = min(max(version, lo), hi)
+    return encode_response(api_key, version, bad.correlation_id, error_body(api_key, version, bad.code))
+
+
+def allocate_response(start: int, length: int, throttle_ms: int = 0) -> Any:
+    resp_cls = load_response_schema(ALLOCATE_PRODUCER_IDS, 0)
+    return resp_cls(throttle_time=_ms(throttle_ms), error_code=ErrorCode.none, producer_id_start=i64(start),
+                    producer_id_len=i32(length))
+
+
+def registration_response(version: int, epoch: int) -> Any:
+    resp_cls = load_response_schema(BROKER_REGISTRATION, version)
+    return resp_cls(throttle_time=_ms(0), error_code=ErrorCode.none, broker_epoch=i64(epoch))
+
+
+def heartbeat_response(version: int, is_fenced: bool, should_shut_down: bool) -> Any:
+    resp_cls = load_response_schema(BROKER_HEARTBEAT, version)
+    return resp_cls(throttle_time=_ms(0), error_code=ErrorCode.none, is_caught_up=True, is_fenced=is_fenced,
+                    should_shut_down=should_shut_down)
+
+
+# ------------------------------------------------------------------ requests
+
+
+def encode_request(body: Any, correlation_id: int, client_id: str = "pidquorum") -> bytes:
+    """A whole request frame for a kio request entity, size prefix included."""
+    buf = io.BytesIO()
+    header_cls = type(body).__header_schema__
+    entity_writer(header_cls)(buf, header_cls(request_api_key=i16(body.__api_key__),
+                                              request_api_version=i16(body.__version__),
+                                              correlation_id=i32(correlation_id), client_id=client_id))
+    entity_writer(type(body))(buf, body)
+    data = buf.getvalue()
+    return SIZE.pack(len(data)) + data
+
+
+def encode_admin_request(body: dict, correlation_id: int, client_id: str = "pidquorum") -> bytes:
+    buf = io.BytesIO()
+    entity_writer(RequestHeaderV1)(buf, RequestHeaderV1(request_api_key=i16(ADMIN_API_KEY),
+                                                        request_api_version=i16(0),
+                                                        correlation_id=i32(correlation_id), client_id=client_id))
+    buf.write(msgpack.packb(body, use_bin_type=True))
+    data = buf.getvalue()
+    return SIZE.pack(len(data)) + data
+
+
+def parse_response(frame: bytes, api_key: int, api_version: int) -> tuple[int, Any]:
+    """(correlation id, body) of a response frame (size prefix removed)."""
+    if api_key == ADMIN_API_KEY:
+        header, off = entity_reader(ResponseHeaderV0)(frame, 0)
+        return header.correlation_id, msgpack.unpackb(frame[off:], raw=False)
+    resp_cls = load_response_schema(api_key, api_version)
+    header, off = entity_reader(resp_cls.__header_schema__)(frame, 0)
+    body, _ = entity_reader(resp_cls)(frame, off)
+    return header.correlation_id, body
+
+
+def request_entity(api_key: int, api_version: int, **fields: Any) -> Any:
+    return load_request_schema(api_key, api_version)(**fields)
+
+
+def listeners(address: str) -> tuple:
+    """BrokerRegistration listeners for one "host:port" ("" gives none)."""
+    if not address:
+        return ()
+    host, _, port = address.rpartition(":")
+    from kio.schema.broker_registration.v0.request import Listener
+
+    return (Listener(name="PLAINTEXT", host=host, port=u16(int(port)), security_protocol=i16(0)),)
+
+
+def listener_address(body: Any) -> str:
+    for lst in getattr(body, "listeners", ()):
+        return f"{lst.host}:{lst.port}"
+    return ""

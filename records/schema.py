@@ -1,0 +1,220 @@
+"""Every record and RPC payload pidquorum stores or sends, described once, as data.
+
+The msgpack codec (``records.codec``), ``-o json`` output, the snapshot
+contents and the audit trail all derive from these descriptions; nothing else
+lists a record's fields.
+
+Compatibility rule (checked by ``validate_spec`` and the golden-bytes tests):
+a new version of a record may only *append* fields, and every field added
+after version 0 must carry a default, so a reader of version N decodes any
+version <= N.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+INT_RANGES = {
+    "int8": (-(2**7), 2**7 - 1),
+    "int16": (-(2**15), 2**15 - 1),
+    "int32": (-(2**31), 2**31 - 1),
+    "int64": (-(2**63), 2**63 - 1),
+}
+TYPES = set(INT_RANGES) | {"string", "bool", "nullable_string"}
+
+LONG_MAX = 2**63 - 1
+
+
+class _Required:
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED: Any = _Required()
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    name: str
+    type: str
+    doc: str
+    default: Any = REQUIRED
+    since: int = 0  # record version that introduced the field
+
+    @property
+    def required(self) -> bool:
+        return self.default is REQUIRED
+
+
+@dataclass(frozen=True)
+class RecordSpec:
+    name: str
+    type_id: int
+    version: int
+    doc: str
+    fields: tuple[FieldSpec, ...] = field(default_factory=tuple)
+
+    def fields_at(self, version: int) -> tuple[FieldSpec, ...]:
+        return tuple(f for f in self.fields if f.since <= version)
+
+
+def validate_spec(spec: RecordSpec) -> None:
+    seen = set()
+    last_since = 0
+    for f in spec.fields:
+        if f.type not in TYPES:
+            raise ValueError(f"{spec.name}.{f.name}: unknown type {f.type!r}")
+        if f.name in seen:
+            raise ValueError(f"{spec.name}.{f.name}: duplicate field")
+        seen.add(f.name)
+        if f.since < last_since:
+            raise ValueError(f"{spec.name}.{f.name}: fields must be appended in version order")
+        last_since = f.since
+        if f.since > 0 and f.required:
+            raise ValueError(f"{spec.name}.{f.name}: a field added in version {f.since} needs a default")
+        if f.since > spec.version:
+            raise ValueError(f"{spec.name}.{f.name}: since {f.since} > record version {spec.version}")
+
+
+# --------------------------------------------------------------------------
+# Replicated records (the Raft log, snapshots and the audit trail)
+# --------------------------------------------------------------------------
+
+ALLOCATE_PRODUCER_IDS = RecordSpec(
+    name="AllocateProducerIdsRecord",
+    type_id=1,
+    version=0,
+    doc=(
+        "One block of producer IDs handed to one broker: the IDs "
+        "[producer_id_start, producer_id_start + producer_id_len). "
+        "The next block starts at producer_id_start + producer_id_len, which is "
+        "what Kafka's ProducerIdsRecord stores as NextProducerId (an exclusive end). "
+        "Every record stands alone for audit: which broker, which epoch, which range."
+    ),
+    fields=(
+        FieldSpec("broker_id", "int32", "Broker the block was issued to."),
+        FieldSpec("broker_epoch", "int64", "That broker's epoch when the block was issued."),
+        FieldSpec("producer_id_start", "int64", "First ID of the block (inclusive)."),
+        FieldSpec("producer_id_len", "int32", "Number of IDs in the block."),
+        FieldSpec("timestamp_ms", "int64", "Proposer's wall clock (ms since epoch); audit only, never read by replay.", default=-1),
+    ),
+)
+
+REGISTER_BROKER = RecordSpec(
+    name="RegisterBrokerRecord",
+    type_id=2,
+    version=0,
+    doc="A broker (re-)registered; it holds broker_epoch until it registers again or is unregistered.",
+    fields=(
+        FieldSpec("broker_id", "int32", "Broker ID."),
+        FieldSpec("incarnation_id", "string", "Identifies one run of the broker process (a UUID)."),
+        FieldSpec("broker_epoch", "int64", "Epoch assigned to this registration; strictly increasing across the cluster."),
+        FieldSpec("listener", "string", "host:port the broker serves clients on.", default=""),
+        FieldSpec("timestamp_ms", "int64", "Proposer's wall clock (ms); audit only.", default=-1),
+    ),
+)
+
+FENCE_BROKER = RecordSpec(
+    name="FenceBrokerRecord",
+    type_id=3,
+    version=0,
+    doc="A registered broker asked to be fenced (or was fenced by an operator); it stays registered.",
+    fields=(
+        FieldSpec("broker_id", "int32", "Broker ID."),
+        FieldSpec("broker_epoch", "int64", "Epoch of the registration being fenced."),
+        FieldSpec("timestamp_ms", "int64", "Proposer's wall clock (ms); audit only.", default=-1),
+    ),
+)
+
+UNFENCE_BROKER = RecordSpec(
+    name="UnfenceBrokerRecord",
+    type_id=4,
+    version=0,
+    doc="A fenced broker heartbeated without asking to stay fenced.",
+    fields=(
+        FieldSpec("broker_id", "int32", "Broker ID."),
+        FieldSpec("broker_epoch", "int64", "Epoch of the registration being unfenced."),
+        FieldSpec("timestamp_ms", "int64", "Proposer's wall clock (ms); audit only.", default=-1),
+    ),
+)
+
+UNREGISTER_BROKER = RecordSpec(
+    name="UnregisterBrokerRecord",
+    type_id=5,
+    version=0,
+    doc="A broker shut down or was removed; its epoch is no longer valid.",
+    fields=(
+        FieldSpec("broker_id", "int32", "Broker ID."),
+        FieldSpec("broker_epoch", "int64", "Epoch of the registration being removed."),
+        FieldSpec("timestamp_ms", "int64", "Proposer's wall clock (ms); audit only.", default=-1),
+    ),
+)
+
+PRODUCER_ID_CURSOR = RecordSpec(
+    name="ProducerIdCursorRecord",
+    type_id=6,
+    version=0,
+    doc=(
+        "Snapshot-only record: the next producer ID to issue, for a state that has a "
+        "cursor but no block record to carry it (never written to the log)."
+    ),
+    fields=(FieldSpec("next_producer_id", "int64", "First ID of the next block."),),
+)
+
+BROKER_EPOCH_CURSOR = RecordSpec(
+    name="BrokerEpochCursorRecord",
+    type_id=7,
+    version=0,
+    doc="Snapshot-only record: the highest broker epoch ever assigned, so epochs never repeat after a snapshot.",
+    fields=(FieldSpec("last_broker_epoch", "int64", "Highest epoch assigned so far."),),
+)
+
+RECORDS: tuple[RecordSpec, ...] = (
+    ALLOCATE_PRODUCER_IDS,
+    REGISTER_BROKER,
+    FENCE_BROKER,
+    UNFENCE_BROKER,
+    UNREGISTER_BROKER,
+    PRODUCER_ID_CURSOR,
+    BROKER_EPOCH_CURSOR,
+)
+
+# --------------------------------------------------------------------------
+# Payloads that are not log records
+# --------------------------------------------------------------------------
+
+AUDIT_ENTRY = RecordSpec(
+    name="AuditEntry",
+    type_id=100,
+    version=0,
+    doc=(
+        "One line of a node's audit trail: a record the node applied, with the Raft "
+        "index and term of the log entry that carried it, and whether replay accepted it."
+    ),
+    fields=(
+        FieldSpec("raft_index", "int64", "Log index of the entry."),
+        FieldSpec("raft_term", "int64", "Term of the entry.", default=-1),
+        FieldSpec("position", "int32", "Position of the record inside the entry."),
+        FieldSpec("accepted", "bool", "False if replay refused the record (it changed nothing)."),
+        FieldSpec("error", "nullable_string", "Why replay refused it.", default=None),
+        FieldSpec("record", "string", "Record type name."),
+    ),
+)
+
+AUDIT_GAP = RecordSpec(
+    name="AuditGap",
+    type_id=101,
+    version=0,
+    doc="This node received entries up to raft_index as a snapshot, so its trail has no lines for them.",
+    fields=(FieldSpec("raft_index", "int64", "Last index covered by the snapshot."),),
+)
+
+PAYLOADS: tuple[RecordSpec, ...] = (AUDIT_ENTRY, AUDIT_GAP)
+
+for _spec in RECORDS + PAYLOADS:
+    validate_spec(_spec)
+
+BY_TYPE_ID: dict[int, RecordSpec] = {s.type_id: s for s in RECORDS + PAYLOADS}
+BY_NAME: dict[str, RecordSpec] = {s.name: s for s in RECORDS + PAYLOADS}
+if len(BY_TYPE_ID) != len(RECORDS + PAYLOADS):  # pragma: no cover - guarded at import
+    raise RuntimeError("duplicate record type ids")

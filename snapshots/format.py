@@ -1,0 +1,123 @@
+"""The snapshot file.
+
+A snapshot is the state *as records* (``QuorumState.snapshot_records``: the
+latest block, or a cursor, plus live registrations and the epoch cursor), not
+a pickle of Python objects, so its size does not depend on how many blocks
+were ever issued.  It also carries what pysyncobj needs to resume its log
+after the snapshot: the last two applied entries and the cluster members.
+
+Layout: ``MAGIC | u32 body length | body (msgpack) | u32 crc32(body)``.
+Writers fsync the file; the rename into place is done by pysyncobj and made
+durable by the journal before it drops the entries the snapshot covers.
+"""
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from quorum.errors import CorruptFileError
+from quorum.fsutil import write_synced
+from records import Record, RecordError
+from records.codec import from_obj, to_obj
+
+MAGIC = b"PQSNAP\x00\x01"
+FORMAT = 1
+_LEN = struct.Struct("<I")
+
+Entry = tuple[bytes, int, int]  # (command, raft index, raft term), as pysyncobj keeps them
+
+
+@dataclass
+class Snapshot:
+    records: list[Record]
+    last_entry: Entry
+    prev_entry: Entry
+    cluster: list[str]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def last_index(self) -> int:
+        return self.last_entry[1]
+
+
+def encode_snapshot(snap: Snapshot) -> bytes:
+    body = msgpack.packb({
+        "format": FORMAT,
+        "last_entry": list(snap.last_entry),
+        "prev_entry": list(snap.prev_entry),
+        "cluster": sorted(snap.cluster),
+        "records": [to_obj(r) for r in snap.records],
+        "meta": snap.meta,
+    }, use_bin_type=True)
+    return MAGIC + _LEN.pack(len(body)) + body + _LEN.pack(zlib.crc32(body))
+
+
+def write_snapshot(path: str, snap: Snapshot) -> int:
+    """Write and fsync ``path``; returns its size in bytes."""
+    data = encode_snapshot(snap)
+    write_synced(path, data)
+    return len(data)
+
+
+def _entry(path: str, obj: Any, name: str) -> Entry:
+    if (not isinstance(obj, list) or len(obj) != 3 or not isinstance(obj[0], bytes)
+            or not all(isinstance(x, int) and not isinstance(x, bool) for x in obj[1:])):
+        raise CorruptFileError(path, f"{name} is not a (bytes, index, term) entry")
+    return (bytes(obj[0]), int(obj[1]), int(obj[2]))
+
+
+def decode_snapshot(path: str, data: bytes) -> Snapshot:
+    if len(data) < len(MAGIC) + 8:
+        raise CorruptFileError(path, f"truncated snapshot ({len(data)} bytes)")
+    if not data.startswith(MAGIC):
+        raise CorruptFileError(path, "not a pidquorum snapshot (bad magic)")
+    (length,) = _LEN.unpack_from(data, len(MAGIC))
+    start = len(MAGIC) + _LEN.size
+    if start + length + _LEN.size != len(data):
+        raise CorruptFileError(path, f"truncated or padded snapshot: header says {length} body bytes, "
+                                     f"file has {len(data) - start - _LEN.size}")
+    body = data[start:start + length]
+    (crc,) = _LEN.unpack_from(data, start + length)
+    if zlib.crc32(body) != crc:
+        raise CorruptFileError(path, "checksum mismatch")
+    try:
+        obj = msgpack.unpackb(body, raw=False)
+    except (ValueError, msgpack.ExtraData) as e:  # checksum passed, so this is a writer bug
+        raise CorruptFileError(path, f"undecodable body: {e}") from None
+    if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+        raise CorruptFileError(path, f"unsupported snapshot format {obj.get('format') if isinstance(obj, dict) else obj!r}")
+    try:
+        records = [from_obj(o) for o in obj["records"]]
+    except (RecordError, KeyError, TypeError) as e:
+        raise CorruptFileError(path, f"bad record: {e}") from None
+    return Snapshot(records=records, last_entry=_entry(path, obj.get("last_entry"), "last_entry"),
+                    prev_entry=_entry(path, obj.get("prev_entry"), "prev_entry"),
+                    cluster=list(obj.get("cluster", [])), meta=dict(obj.get("meta", {})))
+
+
+def read_snapshot(path: str) -> Snapshot:
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise CorruptFileError(path, f"cannot read: {e.strerror}") from None
+    return decode_snapshot(path, data)
+
+
+def inspect_snapshot(path: str) -> dict[str, Any]:
+    import os
+
+    snap = read_snapshot(path)
+    return {
+        "file": path,
+        "size_bytes": os.path.getsize(path),
+        "last_index": snap.last_entry[1],
+        "last_term": snap.last_entry[2],
+        "cluster": snap.cluster,
+        "meta": snap.meta,
+        "records": [r.to_json_dict() for r in snap.records],
+    }

@@ -1,0 +1,238 @@
+"""A local N-node quorum in one directory: the embedded default of ``pidctl cluster``,
+and the harness the integration tests and benchmarks use.
+
+Layout of ``DIR``::
+
+    cluster.json          nodes, addresses, pids (the only processes ever signalled)
+    secret                cluster secret (mode 0600), generated once
+    node-N.toml           each node's config
+    node-N/               data dir: raft.journal(.meta), raft.snapshot, audit.log
+    node-N.log            the node's log
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from .config import NodeConfig, Peer, to_toml
+from .raft import RaftConfig
+
+STATE_FILE = "cluster.json"
+
+
+class ClusterError(Exception):
+    pass
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """n distinct free TCP ports (held open together while picking, so they differ)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+@dataclass
+class NodeInfo:
+    node_id: int
+    raft_address: str
+    client_address: str
+    pid: int | None = None
+
+
+class LocalCluster:
+    def __init__(self, directory: str):
+        self.dir = os.path.abspath(directory)
+
+    # ----------------------------------------------------------------- state
+    @property
+    def state_path(self) -> str:
+        return os.path.join(self.dir, STATE_FILE)
+
+    def exists(self) -> bool:
+        return os.path.exists(self.state_path)
+
+    def load(self) -> dict:
+        try:
+            with open(self.state_path) as f:
+                return json.load(f)
+        except FileNotFoundError:
+            raise ClusterError(f"no cluster in {self.dir} (run 'pidctl cluster up')") from None
+
+    def _save(self, state: dict) -> None:
+        tmp = self.state_path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(state, f, indent=2)
+        os.replace(tmp, self.state_path)
+
+    def nodes(self) -> list[NodeInfo]:
+        return [NodeInfo(**n) for n in self.load()["nodes"]]
+
+    def client_addresses(self) -> list[str]:
+        return [n.client_address for n in self.nodes()]
+
+    def config_path(self, node_id: int) -> str:
+        return os.path.join(self.dir, f"node-{node_id}.toml")
+
+    def data_dir(self, node_id: int) -> str:
+        return os.path.join(self.dir, f"node-{node_id}")
+
+    def log_path(self, node_id: int) -> str:
+        return os.path.join(self.dir, f"node-{node_id}.log")
+
+    # ---------------------------------------------------------------- create
+    def create(self, size: int = 3, host: str = "127.0.0.1", block_size: int = 1000,
+               raft: RaftConfig | None = None, **node_options) -> None:
+        """Write configs and a secret for a new cluster (no processes started)."""
+        if self.exists():
+            return
+        os.makedirs(self.dir, exist_ok=True)
+        secret_path = os.path.join(self.dir, "secret")
+        if not os.path.exists(secret_path):
+            fd = os.open(secret_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_urlsafe(32) + "\n")
+        ports = free_ports(2 * size, host)
+        infos = [NodeInfo(i + 1, f"{host}:{ports[2 * i]}", f"{host}:{ports[2 * i + 1]}") for i in range(size)]
+        for info in infos:
+            cfg = NodeConfig(node_id=info.node_id, data_dir=f"node-{info.node_id}", raft_address=info.raft_address,
+                             client_address=info.client_address, secret="unused",
+                             peers=[Peer(o.node_id, o.raft_address, o.client_address) for o in infos if o is not info],
+                             block_size=block_size, raft=raft or RaftConfig(), **node_options)
+            with open(self.config_path(info.node_id), "w") as f:
+                f.write(to_toml(cfg, "secret"))
+        self._save({"nodes": [vars(i) for i in infos]})
+
+    # ------------------------------------------------------------- processes
+    def start(self, node_id: int, env: dict | None = None) -> int:
+        state = self.load()
+        node = next((n for n in state["nodes"] if n["node_id"] == node_id), None)
+        if node is None:
+            raise ClusterError(f"no node {node_id}")
+        if node.get("pid") and _alive(node["pid"]):
+            return node["pid"]
+        ready = os.path.join(self.dir, f"node-{node_id}.ready")
+        if os.path.exists(ready):
+            os.unlink(ready)
+        logf = open(self.log_path(node_id), "ab")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "quorum", "--config", self.config_path(node_id), "--ready-file", ready],
+            stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.dir,
+            env={**os.environ, **(env or {})}, start_new_session=True)
+        logf.close()
+        node["pid"] = proc.pid
+        self._save(state)
+        self._procs = getattr(self, "_procs", {})
+        self._procs[proc.pid] = proc
+        return proc.pid
+
+    def wait_ready(self, node_ids: list[int] | None = None, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        for n in self.nodes():
+            if node_ids is not None and n.node_id not in node_ids:
+                continue
+            ready = os.path.join(self.dir, f"node-{n.node_id}.ready")
+            while not os.path.exists(ready):
+                if n.pid is None or not _alive(n.pid, getattr(self, "_procs", {})):
+                    raise ClusterError(f"node {n.node_id} exited during start-up; see {self.log_path(n.node_id)}:\n"
+                                       + self.tail_log(n.node_id))
+                if time.monotonic() > deadline:
+                    raise ClusterError(f"node {n.node_id} not ready within {timeout:.0f}s")
+                time.sleep(0.02)
+
+    def up(self, size: int = 3, timeout: float = 30.0, env: dict | None = None, **create_options) -> None:
+        self.create(size=size, **create_options)
+        for n in self.nodes():
+            self.start(n.node_id, env=env)
+        self.wait_ready(timeout=timeout)
+
+    def _our_pid(self, node_id: int) -> int | None:
+        """The node's pid if that process is alive and is our node (never a recycled pid)."""
+        pid = next((n.pid for n in self.nodes() if n.node_id == node_id), None)
+        if not pid or not _alive(pid, getattr(self, "_procs", {})):
+            return None
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().split(b"\0")
+        except OSError:
+            return None
+        return pid if self.config_path(node_id).encode() in cmdline else None
+
+    def signal(self, node_id: int, sig: int) -> None:
+        pid = self._our_pid(node_id)
+        if pid:
+            os.kill(pid, sig)
+
+    def kill(self, node_id: int) -> None:
+        """kill -9, and wait until the process is gone."""
+        pid = self._our_pid(node_id)
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+            self._wait_exit(pid, 10.0)
+
+    def stop(self, node_id: int, timeout: float = 10.0) -> None:
+        pid = self._our_pid(node_id)
+        if pid:
+            os.kill(pid, signal.SIGTERM)
+            if not self._wait_exit(pid, timeout):
+                os.kill(pid, signal.SIGKILL)
+                self._wait_exit(pid, 5.0)
+
+    def _wait_exit(self, pid: int, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while _alive(pid, getattr(self, "_procs", {})):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    def down(self, timeout: float = 10.0) -> None:
+        if not self.exists():
+            return
+        for n in self.nodes():
+            self.stop(n.node_id, timeout)
+        state = self.load()
+        for n in state["nodes"]:
+            n["pid"] = None
+        self._save(state)
+
+    def alive(self, node_id: int) -> bool:
+        return self._our_pid(node_id) is not None
+
+    def tail_log(self, node_id: int, lines: int = 30) -> str:
+        try:
+            with open(self.log_path(node_id), errors="replace") as f:
+                return "".join(f.readlines()[-lines:])
+        except FileNotFoundError:
+            return ""
+
+
+def _alive(pid: int, procs: dict | None = None) -> bool:
+    proc = (procs or {}).get(pid)
+    if proc is not None:
+        return proc.poll() is None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie of ours that nobody reaped still answers kill(0).
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False

@@ -1,0 +1,81 @@
+"""Shared fixtures: a real three-node quorum on free loopback ports in tmp_path.
+
+Safe under pytest-xdist (every cluster picks its own ports and directory).
+When a test fails, the nodes' logs are printed.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from quorum.client import QuorumClient, RetryPolicy
+from quorum.localcluster import LocalCluster
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, "rep_" + rep.when, rep)
+
+
+def wait_for(predicate, timeout: float = 10.0, interval: float = 0.02, what: str = "condition"):
+    """Poll ``predicate`` until it returns a truthy value or the deadline passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+class ClusterHarness:
+    def __init__(self, lc: LocalCluster):
+        self.lc = lc
+
+    def client(self, timeout: float = 10.0) -> QuorumClient:
+        return QuorumClient(self.lc.client_addresses(), RetryPolicy(timeout=timeout, attempt_timeout=2.0))
+
+    def describe_all(self) -> dict[int, dict]:
+        async def go():
+            c = self.client()
+            out = {}
+            for n in self.lc.nodes():
+                if not self.lc.alive(n.node_id):
+                    continue
+                try:
+                    out[n.node_id] = await c.describe(n.client_address)
+                except Exception:  # noqa: BLE001 - a node may be starting or stopping
+                    pass
+            await c.close()
+            return out
+        return run(go())
+
+    def leader(self, timeout: float = 10.0) -> int:
+        def find():
+            for node_id, d in self.describe_all().items():
+                if d["raft"]["state"] == "leader":
+                    return node_id
+            return None
+        return wait_for(find, timeout, what="a leader")
+
+
+@pytest.fixture
+def cluster(tmp_path, request):
+    lc = LocalCluster(str(tmp_path / "cluster"))
+    lc.up(3)
+    harness = ClusterHarness(lc)
+    yield harness
+    failed = getattr(request.node, "rep_call", None)
+    if failed is not None and failed.failed:
+        for n in lc.nodes():
+            print(f"----- node {n.node_id} log -----\n{lc.tail_log(n.node_id, 60)}")
+    lc.down(timeout=5)

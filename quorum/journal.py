@@ -45,6 +45,9 @@ MAX_ENTRY = 64 * 1024 * 1024
 # how many bytes are on stable storage in "<journal>.synced".  A crash test can
 # then cut the journal back to exactly what a power loss would have left.
 SIMULATE_ENV = "PIDQUORUM_SIMULATE_POWER_LOSS"
+# Benchmarks only: PIDQUORUM_UNSAFE_NO_FSYNC=1 skips fdatasync, to measure what
+# durability costs.  A node running so logs a warning at start.
+NO_FSYNC_ENV = "PIDQUORUM_UNSAFE_NO_FSYNC"
 
 
 def _crc(index: int, term: int, command: bytes) -> int:
@@ -90,6 +93,10 @@ class DurableJournal:
         self._meta = self._meta_file.load()
         self._meta_dirty = False
         self._simulate = bool(os.environ.get(SIMULATE_ENV))
+        self._fsync = not os.environ.get(NO_FSYNC_ENV)
+        if not self._fsync:
+            log.warning("journal %s: %s is set: entries are NOT fsync'd; a power loss can re-issue IDs",
+                        path, NO_FSYNC_ENV)
         self.entries: list[tuple[bytes, int, int]] = []
         self._offsets: list[int] = []  # file offset of each entry
         self._pending = bytearray()
@@ -174,7 +181,8 @@ class DurableJournal:
                 view = view[n:]
             self._pending = bytearray()
         if self._synced_end != self._end:
-            os.fdatasync(self._fd)
+            if self._fsync:
+                os.fdatasync(self._fd)
             self.syncs += 1
             self._synced_end = self._end
             self._record_synced()

@@ -203,9 +203,12 @@ class QuorumClient:
         resp, node = await self._call_any(body)
         return AllocatedBlock(int(resp.producer_id_start), int(resp.producer_id_len), _throttle_ms(resp), node)
 
-    async def describe(self, address: str) -> dict:
-        """DescribeState from one node (no failover: the caller asked for that node)."""
-        resp = await self._conn(address).call({}, self.policy.attempt_timeout)
+    async def describe(self, address: str, action: str | None = None) -> dict:
+        """DescribeState from one node (no failover: the caller asked for that node).
+        ``action="snapshot"`` asks the node to write a snapshot now."""
+        resp = await self._conn(address).call({"action": action} if action else {}, self.policy.attempt_timeout)
+        if resp.get("error_code", 0) != 0:
+            raise for_code(resp["error_code"], f"{address}: DescribeState failed")
         return resp
 
     async def close(self) -> None:

@@ -149,6 +149,11 @@ class DurableJournal:
                                                   f"last good entry {last})")
             log.warning("journal %s: %s; cutting %d unsynced bytes (torn tail from a crash)",
                         self.path, problem, len(data) - good_end)
+        last = self.entries[-1][1] if self.entries else 0
+        if self.entries and self.getRaftCommitIndex() > last:
+            raise CorruptFileError(self.path, f"the journal ends at index {last} but index "
+                                              f"{self.getRaftCommitIndex()} was committed: entries written "
+                                              f"before a crash are missing (a disk that lost synced writes?)")
         self._fd = os.open(self.path, os.O_RDWR)
         if good_end != len(data):
             os.ftruncate(self._fd, good_end)
@@ -181,11 +186,11 @@ class DurableJournal:
                 view = view[n:]
             self._pending = bytearray()
         if self._synced_end != self._end:
+            self._synced_end = self._end
             if self._fsync:
                 os.fdatasync(self._fd)
-            self.syncs += 1
-            self._synced_end = self._end
-            self._record_synced()
+                self.syncs += 1
+                self._record_synced()  # what a power loss would keep: only what was really synced
 
     def _record_synced(self) -> None:
         if self._simulate:

@@ -152,6 +152,11 @@ class QuorumServer:
         if req.api_key == p.API_VERSIONS:
             return p.api_versions_body(req.api_version)
         if req.api_key == p.ADMIN_API_KEY:
+            action = b.get("action")
+            if action == "snapshot":
+                self.service.raft.force_snapshot()
+            elif action is not None:
+                raise InvalidRequestError(f"unknown DescribeState action {action!r}")
             return {"error_code": 0, **self.service.describe(), "server": dict(self.counters),
                     "proposer": {"batches": self.proposer.batches, "records": self.proposer.proposed_records}}
         if req.api_key == p.BROKER_REGISTRATION:

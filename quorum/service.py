@@ -97,14 +97,21 @@ class Service:
             "applied_index": applied,
             "state": summary,
             "block_size": self.cfg.block_size,
-            "snapshot": {"path": os.path.abspath(snap),
-                         "bytes": os.path.getsize(snap) if os.path.exists(snap) else 0},
+            "snapshot": _file_info(snap),
             "journal_entries": len(self.raft.journal),
         }
 
     def close(self) -> None:
         self.raft.destroy()
         self.audit.close()
+
+
+def _file_info(path: str) -> dict[str, Any]:
+    try:
+        st = os.stat(path)
+        return {"path": os.path.abspath(path), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+    except FileNotFoundError:
+        return {"path": os.path.abspath(path), "bytes": 0, "mtime_ns": 0}
 
 
 @dataclass

@@ -1,0 +1,1 @@
+"""pidctl, the command line."""

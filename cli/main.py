@@ -1,0 +1,376 @@
+"""pidctl: ``pidctl <noun> <verb>``, thin commands over library calls.
+
+Exit codes: 0 ok, 1 error, 2 usage, 3 unavailable or timed out, 4 refused by
+the quorum, 130 interrupted.  User mistakes print one line, no traceback.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import glob
+import os
+import sys
+import uuid
+
+import click
+
+from quorum.audit import iter_blocks
+from quorum.client import QuorumClient, RetryPolicy
+from quorum.config import ConfigError
+from quorum.errors import CorruptFileError, Errors, PidQuorumError, RequestTimedOutError
+from quorum.localcluster import ClusterError, LocalCluster
+
+from . import render
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_REFUSED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
+
+output_option = click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table",
+                             show_default=True, help="Output format.")
+
+
+class Ctx:
+    def __init__(self, data_dir: str, quorum: str | None, timeout: float):
+        self.data_dir = data_dir
+        self.quorum = quorum
+        self.timeout = timeout
+
+    @property
+    def cluster(self) -> LocalCluster:
+        return LocalCluster(self.data_dir)
+
+    def addresses(self) -> list[str]:
+        if self.quorum:
+            return [a.strip() for a in self.quorum.split(",") if a.strip()]
+        return self.cluster.client_addresses()
+
+    def client(self) -> QuorumClient:
+        return QuorumClient(self.addresses(), RetryPolicy(timeout=self.timeout, attempt_timeout=min(2.0, self.timeout)),
+                            client_id="pidctl")
+
+
+def handle_errors(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except PidQuorumError as e:
+            render.error(e.message)
+            code = EXIT_UNAVAILABLE if e.code in (Errors.REQUEST_TIMED_OUT, Errors.NOT_CONTROLLER) else EXIT_REFUSED
+            sys.exit(code)
+        except (ClusterError, ConfigError, CorruptFileError) as e:
+            render.error(str(e))
+            sys.exit(EXIT_ERROR)
+        except KeyboardInterrupt:
+            sys.exit(EXIT_INTERRUPTED)
+    return wrapper
+
+
+def run(coro_fn):
+    """Run an async function taking a QuorumClient, closing the client afterwards."""
+    async def go(client):
+        try:
+            return await coro_fn(client)
+        finally:
+            await client.close()
+    return go
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--data-dir", envvar="PIDQUORUM_DIR", default=".pidquorum", show_default=True,
+              help="Directory of the local cluster (pidctl cluster ...).")
+@click.option("--quorum", envvar="PIDQUORUM_QUORUM", help="Client addresses host:port,... (default: the local cluster's).")
+@click.option("--timeout", type=float, default=10.0, show_default=True, help="Deadline of one call, in seconds.")
+@click.pass_context
+def cli(ctx, data_dir, quorum, timeout):
+    """pidquorum: producer-ID blocks from a Raft quorum."""
+    ctx.obj = Ctx(data_dir, quorum, timeout)
+
+
+# ------------------------------------------------------------------ cluster
+@cli.group()
+def cluster():
+    """A local three-node quorum on 127.0.0.1 (background processes)."""
+
+
+@cluster.command("up")
+@click.option("--nodes", type=click.IntRange(1, 9), default=3, show_default=True)
+@click.option("--block-size", type=click.IntRange(1, 2**31 - 1), default=1000, show_default=True)
+@click.pass_obj
+@handle_errors
+def cluster_up(obj: Ctx, nodes, block_size):
+    lc = obj.cluster
+    lc.up(size=nodes, block_size=block_size)
+    addresses = lc.client_addresses()
+    asyncio.run(_wait_leader(obj))
+    render.line(f"cluster up in {lc.dir}: {len(addresses)} nodes, client addresses {','.join(addresses)}")
+
+
+async def _wait_leader(obj: Ctx) -> None:
+    """Wait until some node leads and has committed (DescribeState); bounded by --timeout."""
+    client = obj.client()
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + obj.timeout
+        while loop.time() < deadline:
+            for a in obj.addresses():
+                try:
+                    d = await client.describe(a)
+                except Exception:  # noqa: BLE001 - still starting
+                    continue
+                if d["raft"]["state"] == "leader":
+                    return
+            await asyncio.sleep(0.05)
+        raise ClusterError(f"no leader within {obj.timeout:.0f}s")
+    finally:
+        await client.close()
+
+
+@cluster.command("down")
+@click.pass_obj
+@handle_errors
+def cluster_down(obj: Ctx):
+    lc = obj.cluster
+    lc.load()
+    lc.down()
+    render.line(f"cluster in {lc.dir} stopped")
+
+
+@cluster.command("status")
+@output_option
+@click.pass_obj
+@handle_errors
+def cluster_status(obj: Ctx, output):
+    lc = obj.cluster
+    nodes = asyncio.run(_quorum_status(obj))
+    for n in nodes:
+        n["pid"] = next((i.pid for i in lc.nodes() if i.client_address == n["client_address"]), None)
+        n["process"] = "running" if any(lc.alive(i.node_id) for i in lc.nodes()
+                                         if i.client_address == n["client_address"]) else "stopped"
+    render.quorum_status(output, nodes)
+
+
+async def _quorum_status(obj: Ctx) -> list[dict]:
+    client = obj.client()
+    out = []
+    try:
+        for i, a in enumerate(obj.addresses()):
+            try:
+                d = await client.describe(a)
+                d.pop("error_code", None)
+                out.append(d)
+            except Exception as e:  # noqa: BLE001 - report the node as down
+                out.append({"node_id": i + 1, "client_address": a, "error": str(e) or type(e).__name__})
+    finally:
+        await client.close()
+    commit = max((n["raft"]["commit_index"] for n in out if "raft" in n), default=0)
+    for n in out:
+        if "raft" in n:
+            n["lag"] = commit - n["raft"]["last_applied"]
+    return out
+
+
+# --------------------------------------------------------------------- node
+@cli.group()
+def node():
+    """One node of a real deployment."""
+
+
+@node.command("start")
+@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False))
+@click.option("--log-level", default="INFO", show_default=True)
+@handle_errors
+def node_start(config_path, log_level):
+    """Run a node in the foreground until SIGTERM."""
+    from quorum.config import load
+    from quorum.node import run_node, setup_logging
+
+    setup_logging(log_level)
+    sys.exit(run_node(load(config_path)))
+
+
+# ------------------------------------------------------------------- broker
+@cli.group()
+def broker():
+    """Broker registrations."""
+
+
+@broker.command("register")
+@click.option("--broker-id", type=int, required=True)
+@click.option("--incarnation", type=click.UUID, help="Incarnation id (default: a new one).")
+@click.option("--listener", default="", help="host:port the broker serves on.")
+@output_option
+@click.pass_obj
+@handle_errors
+def broker_register(obj: Ctx, broker_id, incarnation, listener, output):
+    incarnation = incarnation or uuid.uuid4()
+    epoch = asyncio.run(run(lambda c: c.register_broker(broker_id, incarnation, listener))(obj.client()))
+    result = {"broker_id": broker_id, "broker_epoch": epoch, "incarnation_id": str(incarnation)}
+    if output == "json":
+        render.emit_json(result)
+    else:
+        render.line(str(epoch))
+
+
+# ----------------------------------------------------------------- allocate
+@cli.command("allocate")
+@click.option("--broker-id", type=int, required=True)
+@click.option("--broker-epoch", type=int, required=True)
+@click.option("--count", type=click.IntRange(1, 1_000_000), default=1, show_default=True, help="Blocks to allocate.")
+@output_option
+@click.pass_obj
+@handle_errors
+def allocate(obj: Ctx, broker_id, broker_epoch, count, output):
+    """Allocate producer-ID blocks for a broker (AllocateProducerIds)."""
+    async def go(client):
+        return [await client.allocate(broker_id, broker_epoch) for _ in range(count)]
+
+    got = asyncio.run(run(go)(obj.client()))
+    blocks = [{"broker_id": broker_id, "broker_epoch": broker_epoch, **b.to_dict()} for b in got]
+    render.listing(output, blocks, "allocated", ["broker", "epoch", "start", "end (excl.)", "len", "throttle ms"],
+                   [[b["broker_id"], b["broker_epoch"], b["producer_id_start"], b["next_producer_id"],
+                     b["producer_id_len"], b["throttle_time_ms"]] for b in blocks])
+
+
+# ------------------------------------------------------------------- blocks
+@cli.group()
+def blocks():
+    """Producer-ID blocks."""
+
+
+@blocks.command("latest")
+@output_option
+@click.pass_obj
+@handle_errors
+def blocks_latest(obj: Ctx, output):
+    """The latest block and the next ID, as the leader sees them."""
+    nodes = asyncio.run(_quorum_status(obj))
+    live = [n for n in nodes if "raft" in n]
+    if not live:
+        raise RequestTimedOutError("no node answered")
+    best = max(live, key=lambda n: (n["raft"]["state"] == "leader", n["applied_index"]))
+    result = {"node_id": best["node_id"], "applied_index": best["applied_index"],
+              "next_producer_id": best["state"]["next_producer_id"], "latest_block": best["state"]["latest_block"]}
+    if output == "json":
+        render.emit_json(result)
+    else:
+        lb = result["latest_block"]
+        render.blocks("table", [lb] if lb else [], f"latest block (node {result['node_id']}, "
+                                                    f"next producer ID {result['next_producer_id']})")
+
+
+@blocks.command("history")
+@click.option("--audit", "audit_files", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help="Audit file(s) to read (default: every node's audit.log in --data-dir).")
+@click.option("--broker-id", type=int, help="Only this broker's blocks.")
+@output_option
+@click.pass_obj
+@handle_errors
+def blocks_history(obj: Ctx, audit_files, broker_id, output):
+    """Every block ever issued, from the nodes' audit trails (kept across log compaction)."""
+    paths = list(audit_files) or sorted(glob.glob(os.path.join(obj.data_dir, "node-*", "audit.log")))
+    if not paths:
+        raise ClusterError(f"no audit files in {obj.data_dir} (use --audit FILE)")
+    rows = [b for b in iter_blocks(paths) if broker_id is None or b["broker_id"] == broker_id]
+    render.blocks(output, rows, f"block history ({len(rows)} blocks)")
+
+
+# ------------------------------------------------------------------- quorum
+@cli.group()
+def quorum():
+    """The Raft quorum."""
+
+
+@quorum.command("status")
+@output_option
+@click.pass_obj
+@handle_errors
+def quorum_status(obj: Ctx, output):
+    """Leader, term, commit index and per-node lag."""
+    render.quorum_status(output, asyncio.run(_quorum_status(obj)))
+
+
+# ----------------------------------------------------------------- snapshot
+@cli.group()
+def snapshot():
+    """Snapshot files."""
+
+
+@snapshot.command("take")
+@click.pass_obj
+@handle_errors
+def snapshot_take(obj: Ctx):
+    """Ask every node to write a snapshot now (log compaction) and wait for the files."""
+    async def go(client):
+        loop = asyncio.get_running_loop()
+        done = {}
+        for a in obj.addresses():
+            before = await client.describe(a)
+            await client.describe(a, action="snapshot")
+            deadline = loop.time() + obj.timeout
+            while loop.time() < deadline:
+                d = await client.describe(a)
+                if d["snapshot"]["bytes"] and d["snapshot"]["mtime_ns"] != before["snapshot"]["mtime_ns"]:
+                    done[a] = d["snapshot"]
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise RequestTimedOutError(f"{a}: no new snapshot within {obj.timeout:.0f}s")
+        return done
+
+    for a, snap in asyncio.run(run(go)(obj.client())).items():
+        render.line(f"{a}: {snap['path']} ({snap['bytes']} bytes)")
+
+
+@snapshot.command("inspect")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@output_option
+@handle_errors
+def snapshot_inspect(file, output):
+    from snapshots import inspect_snapshot
+
+    render.snapshot(output, inspect_snapshot(file))
+
+
+# --------------------------------------------------------------------- demo
+@cli.command("demo")
+@click.option("--blocks", "count", type=click.IntRange(1, 1000), default=3, show_default=True,
+              help="Blocks per broker.")
+@click.pass_context
+def demo(ctx, count):
+    """Start the local cluster, register two brokers, allocate blocks, show the quorum."""
+    obj: Ctx = ctx.obj
+    ctx.invoke(cluster_up)
+
+    async def go(client):
+        epochs = {b: await client.register_broker(b) for b in (1, 2)}
+        rows = []
+        for _ in range(count):
+            for b, e in epochs.items():
+                blk = await client.allocate(b, e)
+                rows.append([b, e, blk.start, blk.next_id, blk.length, blk.node])
+        return epochs, rows
+
+    epochs, rows = handle_errors(lambda: asyncio.run(run(go)(obj.client())))()
+    render.line(f"registered brokers: {', '.join(f'{b} (epoch {e})' for b, e in epochs.items())}")
+    render.table("allocated blocks", ["broker", "epoch", "start", "end (excl.)", "len", "via node"], rows)
+    ctx.invoke(quorum_status, output="table")
+    render.line(f"stop it with: pidctl --data-dir {obj.data_dir} cluster down")
+
+
+def main() -> None:
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        sys.exit(EXIT_INTERRUPTED)
+    except click.UsageError as e:
+        e.show()
+        sys.exit(EXIT_USAGE)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(EXIT_ERROR)
+    except SystemExit:
+        raise
+
+
+if __name__ == "__main__":
+    main()

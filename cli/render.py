@@ -1,0 +1,80 @@
+"""Rendering for pidctl: the only module that imports rich.
+
+Every listing renders as a table or as JSON (the records' own dicts).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Iterable
+
+from rich.console import Console
+from rich.table import Table
+
+import os
+
+# Not a terminal (a pipe, CI): do not squeeze tables into 80 columns.
+_width = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "160"))
+_out = Console(highlight=False, soft_wrap=True, width=_width)
+_err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def emit_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def table(title: str | None, columns: list[str], rows: Iterable[Iterable[Any]]) -> None:
+    t = Table(title=title, title_justify="left")
+    for c in columns:
+        t.add_column(c)
+    for r in rows:
+        t.add_row(*["-" if v is None else str(v) for v in r])
+    _out.print(t)
+
+
+def line(text: str) -> None:
+    _out.print(text)
+
+
+def error(text: str) -> None:
+    _err.print(f"[red]error:[/red] {text}")
+
+
+def warn(text: str) -> None:
+    _err.print(f"[yellow]warning:[/yellow] {text}")
+
+
+def listing(output: str, obj: Any, title: str | None, columns: list[str], rows: Iterable[Iterable[Any]]) -> None:
+    if output == "json":
+        emit_json(obj)
+    else:
+        table(title, columns, rows)
+
+
+def quorum_status(output: str, nodes: list[dict]) -> None:
+    rows = []
+    for n in nodes:
+        if n.get("error"):
+            rows.append([n["node_id"], n["client_address"], "down", None, None, None, None, None, n["error"]])
+            continue
+        r = n["raft"]
+        rows.append([n["node_id"], n["client_address"], r["state"], r["leader"], r["term"], r["commit_index"],
+                     r["last_applied"], n.get("lag"), n["state"]["next_producer_id"]])
+    listing(output, nodes, "quorum status",
+            ["node", "client", "state", "leader (raft)", "term", "commit idx", "applied", "lag", "next PID"], rows)
+
+
+def blocks(output: str, blocks: list[dict], title: str) -> None:
+    listing(output, blocks, title, ["raft idx", "broker", "epoch", "start", "end (excl.)", "len"],
+            [[b.get("raft_index"), b["broker_id"], b["broker_epoch"], b["producer_id_start"],
+              b["producer_id_start"] + b["producer_id_len"], b["producer_id_len"]] for b in blocks])
+
+
+def snapshot(output: str, info: dict) -> None:
+    if output == "json":
+        emit_json(info)
+        return
+    line(f"snapshot {info['file']}: {info['size_bytes']} bytes, last index {info['last_index']} "
+         f"(term {info['last_term']}), cluster {', '.join(info['cluster'])}")
+    table("records", ["type", "fields"],
+          [[r["type"], ", ".join(f"{k}={v}" for k, v in r.items() if k != "type")] for r in info["records"]])

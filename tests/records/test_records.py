@@ -1,0 +1,552 @@
+"""Unit tests for records.schema and records.codec (no Raft, no network, no files)."""
+from __future__ import annotations
+
+import dataclasses
+
+import msgpack
+import pytest
+
+import records
+from records import (
+    CLASSES,
+    AllocateProducerIdsRecord,
+    AuditEntry,
+    AuditGap,
+    BrokerEpochCursorRecord,
+    FenceBrokerRecord,
+    ProducerIdCursorRecord,
+    RecordError,
+    RegisterBrokerRecord,
+    UnfenceBrokerRecord,
+    UnregisterBrokerRecord,
+    decode,
+    decode_batch,
+    encode,
+    encode_batch,
+    from_json_dict,
+)
+from records import codec, schema
+from records.schema import LONG_MAX, FieldSpec, RecordSpec, validate_spec
+
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+TS = 1700000000000
+INCARNATION = "6f1c0a52-8a1e-4d0b-9a55-2b9f3e1d7c10"
+
+# One fixed instance per record type, and the exact bytes it must encode to.
+# These literals guard the on-disk / on-the-wire format: if one changes, an old
+# journal, snapshot or audit trail no longer reads the same.  Do not "fix" them
+# by pasting new output; add a new record version instead.
+GOLDEN = {
+    "AllocateProducerIdsRecord": (
+        AllocateProducerIdsRecord(broker_id=3, broker_epoch=17, producer_id_start=123000, producer_id_len=1000,
+                                  timestamp_ms=TS),
+        "930100950311ce0001e078cd03e8cf0000018bcfe56800",
+    ),
+    "RegisterBrokerRecord": (
+        RegisterBrokerRecord(broker_id=3, incarnation_id=INCARNATION, broker_epoch=17, listener="10.0.0.3:9092",
+                             timestamp_ms=TS),
+        "9302009503d92436663163306135322d386131652d346430622d396135352d32623966336531643763313011"
+        "ad31302e302e302e333a39303932cf0000018bcfe56800",
+    ),
+    "FenceBrokerRecord": (
+        FenceBrokerRecord(broker_id=3, broker_epoch=17, timestamp_ms=TS + 1),
+        "930300930311cf0000018bcfe56801",
+    ),
+    "UnfenceBrokerRecord": (
+        UnfenceBrokerRecord(broker_id=3, broker_epoch=17, timestamp_ms=TS + 2),
+        "930400930311cf0000018bcfe56802",
+    ),
+    "UnregisterBrokerRecord": (
+        UnregisterBrokerRecord(broker_id=3, broker_epoch=17, timestamp_ms=TS + 3),
+        "930500930311cf0000018bcfe56803",
+    ),
+    "ProducerIdCursorRecord": (
+        ProducerIdCursorRecord(next_producer_id=124000),
+        "93060091ce0001e460",
+    ),
+    "BrokerEpochCursorRecord": (
+        BrokerEpochCursorRecord(last_broker_epoch=17),
+        "9307009111",
+    ),
+}
+
+GOLDEN_PAYLOADS = {
+    "AuditEntry": (
+        AuditEntry(raft_index=42, raft_term=7, position=1, accepted=False, error="boom",
+                   record="AllocateProducerIdsRecord"),
+        "936400962a0701c2a4626f6f6db9416c6c6f6361746550726f64756365724964735265636f7264",
+    ),
+    "AuditGap": (
+        AuditGap(raft_index=41),
+        "9365009129",
+    ),
+}
+
+ALL_INSTANCES = [rec for rec, _ in GOLDEN.values()] + [rec for rec, _ in GOLDEN_PAYLOADS.values()]
+
+
+def _ids(recs):
+    return [r.SPEC.name for r in recs]
+
+
+# --------------------------------------------------------------------------
+# Golden bytes
+# --------------------------------------------------------------------------
+
+
+def test_golden_covers_every_replicated_record_type():
+    assert set(GOLDEN) == {s.name for s in schema.RECORDS}
+    assert set(GOLDEN_PAYLOADS) == {s.name for s in schema.PAYLOADS}
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN))
+def test_golden_encoding_of_replicated_records(name):
+    rec, expected = GOLDEN[name]
+    assert type(rec).SPEC.name == name
+    assert encode(rec).hex() == expected
+    assert decode(bytes.fromhex(expected)) == rec
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN_PAYLOADS))
+def test_golden_encoding_of_payloads(name):
+    rec, expected = GOLDEN_PAYLOADS[name]
+    assert encode(rec).hex() == expected
+    assert decode(bytes.fromhex(expected)) == rec
+
+
+def test_golden_type_ids_and_versions_are_stable():
+    # The type id is the first element of every encoded record; pin them.
+    assert {s.name: (s.type_id, s.version) for s in schema.RECORDS + schema.PAYLOADS} == {
+        "AllocateProducerIdsRecord": (1, 0),
+        "RegisterBrokerRecord": (2, 0),
+        "FenceBrokerRecord": (3, 0),
+        "UnfenceBrokerRecord": (4, 0),
+        "UnregisterBrokerRecord": (5, 0),
+        "ProducerIdCursorRecord": (6, 0),
+        "BrokerEpochCursorRecord": (7, 0),
+        "AuditEntry": (100, 0),
+        "AuditGap": (101, 0),
+    }
+
+
+def test_encoding_is_the_documented_array():
+    rec, _ = GOLDEN["AllocateProducerIdsRecord"]
+    assert msgpack.unpackb(encode(rec)) == [1, 0, [3, 17, 123000, 1000, TS]]
+
+
+# --------------------------------------------------------------------------
+# Round trips and record classes
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rec", ALL_INSTANCES, ids=_ids(ALL_INSTANCES))
+def test_round_trip_every_class(rec):
+    data = encode(rec)
+    back = decode(data)
+    assert back == rec
+    assert type(back) is type(rec)
+    assert encode(back) == data
+
+
+def test_every_spec_has_a_class_and_every_class_is_covered():
+    assert set(CLASSES) == {s.type_id for s in schema.RECORDS + schema.PAYLOADS}
+    for type_id, cls in CLASSES.items():
+        assert cls.SPEC is schema.BY_TYPE_ID[type_id]
+        assert cls.__name__ == cls.SPEC.name
+        assert [f.name for f in dataclasses.fields(cls)] == [f.name for f in cls.SPEC.fields]
+    assert {type(r) for r in ALL_INSTANCES} == set(CLASSES.values())
+
+
+@pytest.mark.parametrize("rec", [
+    AllocateProducerIdsRecord(broker_id=0, broker_epoch=0, producer_id_start=0, producer_id_len=1),
+    AllocateProducerIdsRecord(broker_id=INT32_MAX, broker_epoch=INT64_MAX, producer_id_start=LONG_MAX - 1,
+                              producer_id_len=1, timestamp_ms=INT64_MAX),
+    AllocateProducerIdsRecord(broker_id=INT32_MIN, broker_epoch=INT64_MIN, producer_id_start=INT64_MIN,
+                              producer_id_len=INT32_MIN, timestamp_ms=INT64_MIN),
+    RegisterBrokerRecord(broker_id=1, incarnation_id="", broker_epoch=1),
+    RegisterBrokerRecord(broker_id=1, incarnation_id="ünïcødé ☃", broker_epoch=1, listener="[::1]:9092"),
+    AuditEntry(raft_index=1, position=0, accepted=True, record="X"),
+    AuditEntry(raft_index=1, raft_term=2, position=0, accepted=True, error=None, record="X"),
+    ProducerIdCursorRecord(next_producer_id=LONG_MAX),
+])
+def test_round_trip_extreme_values(rec):
+    assert decode(encode(rec)) == rec
+
+
+def test_defaults_apply_when_omitted():
+    rec = AllocateProducerIdsRecord(broker_id=1, broker_epoch=2, producer_id_start=3, producer_id_len=4)
+    assert rec.timestamp_ms == -1
+    reg = RegisterBrokerRecord(broker_id=1, incarnation_id="i", broker_epoch=2)
+    assert reg.listener == "" and reg.timestamp_ms == -1
+    entry = AuditEntry(raft_index=1, position=0, accepted=True, record="X")
+    assert entry.raft_term == -1 and entry.error is None
+
+
+def test_required_fields_are_required_and_keyword_only():
+    with pytest.raises(TypeError):
+        AllocateProducerIdsRecord(broker_id=1, broker_epoch=2, producer_id_start=3)  # no len
+    with pytest.raises(TypeError):
+        BrokerEpochCursorRecord(5)  # positional
+
+
+def test_records_are_frozen_and_replace_checks_values():
+    rec = FenceBrokerRecord(broker_id=1, broker_epoch=2)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        rec.broker_id = 5  # type: ignore[misc]
+    changed = rec.replace(broker_epoch=9)
+    assert changed.broker_epoch == 9 and rec.broker_epoch == 2
+    with pytest.raises(RecordError):
+        rec.replace(broker_epoch="9")
+
+
+@pytest.mark.parametrize("cls,kwargs,fragment", [
+    (FenceBrokerRecord, dict(broker_id="1", broker_epoch=1), "expected int32, got str"),
+    (FenceBrokerRecord, dict(broker_id=True, broker_epoch=1), "expected int32, got bool"),
+    (FenceBrokerRecord, dict(broker_id=1.0, broker_epoch=1), "expected int32, got float"),
+    (FenceBrokerRecord, dict(broker_id=None, broker_epoch=1), "expected int32, got NoneType"),
+    (FenceBrokerRecord, dict(broker_id=INT32_MAX + 1, broker_epoch=1), "out of range for int32"),
+    (FenceBrokerRecord, dict(broker_id=INT32_MIN - 1, broker_epoch=1), "out of range for int32"),
+    (FenceBrokerRecord, dict(broker_id=1, broker_epoch=INT64_MAX + 1), "out of range for int64"),
+    (FenceBrokerRecord, dict(broker_id=1, broker_epoch=INT64_MIN - 1), "out of range for int64"),
+    (RegisterBrokerRecord, dict(broker_id=1, incarnation_id=b"x", broker_epoch=1), "expected string, got bytes"),
+    (RegisterBrokerRecord, dict(broker_id=1, incarnation_id=None, broker_epoch=1), "expected string, got NoneType"),
+    (AuditEntry, dict(raft_index=1, position=0, accepted=1, record="X"), "expected bool, got int"),
+    (AuditEntry, dict(raft_index=1, position=0, accepted=True, record="X", error=5),
+     "expected string or null, got int"),
+])
+def test_constructor_checks_field_types(cls, kwargs, fragment):
+    with pytest.raises(RecordError) as ei:
+        cls(**kwargs)
+    assert fragment in str(ei.value)
+    assert cls.SPEC.name in str(ei.value)
+
+
+# --------------------------------------------------------------------------
+# Older versions decode with defaults (compatibility rule)
+# --------------------------------------------------------------------------
+
+
+def test_hand_built_v0_payload_decodes():
+    data = msgpack.packb([1, 0, [3, 17, 123000, 1000, TS]], use_bin_type=True)
+    assert decode(data) == GOLDEN["AllocateProducerIdsRecord"][0]
+    data = msgpack.packb([7, 0, [17]], use_bin_type=True)
+    assert decode(data) == BrokerEpochCursorRecord(last_broker_epoch=17)
+
+
+WIDGET_V1 = RecordSpec(
+    name="Widget",
+    type_id=9999,
+    version=1,
+    doc="synthetic",
+    fields=(
+        FieldSpec("a", "int32", "first"),
+        FieldSpec("b", "string", "second"),
+        FieldSpec("c", "int64", "added in v1", default=42, since=1),
+        FieldSpec("d", "nullable_string", "added in v1", default=None, since=1),
+    ),
+)
+
+
+@pytest.fixture
+def widget(monkeypatch):
+    validate_spec(WIDGET_V1)
+    cls = codec._make_class(WIDGET_V1)
+    monkeypatch.setitem(codec.CLASSES, WIDGET_V1.type_id, cls)
+    return cls
+
+
+def test_v0_payload_decodes_into_v1_class_with_defaults(widget):
+    data = msgpack.packb([9999, 0, [7, "seven"]], use_bin_type=True)
+    rec = decode(data)
+    assert type(rec) is widget
+    assert rec == widget(a=7, b="seven", c=42, d=None)
+    assert (rec.c, rec.d) == (42, None)
+    # Re-encoding writes the current version, with the defaults spelled out.
+    assert msgpack.unpackb(encode(rec)) == [9999, 1, [7, "seven", 42, None]]
+
+
+def test_v1_payload_decodes_all_fields(widget):
+    rec = decode(msgpack.packb([9999, 1, [7, "seven", 8, "x"]], use_bin_type=True))
+    assert rec == widget(a=7, b="seven", c=8, d="x")
+    assert decode(encode(rec)) == rec
+
+
+def test_v1_class_refuses_wrong_counts_and_newer_versions(widget):
+    with pytest.raises(RecordError, match="v0: expected 2 fields, got 4"):
+        decode(msgpack.packb([9999, 0, [7, "seven", 8, "x"]]))
+    with pytest.raises(RecordError, match="v1: expected 4 fields, got 2"):
+        decode(msgpack.packb([9999, 1, [7, "seven"]]))
+    with pytest.raises(RecordError, match="unsupported version 2"):
+        decode(msgpack.packb([9999, 2, [7, "seven", 8, "x", 9]]))
+
+
+def test_v0_payload_with_bad_value_still_refused(widget):
+    with pytest.raises(RecordError, match="Widget.b"):
+        decode(msgpack.packb([9999, 0, [7, 8]]))
+
+
+def test_fields_at():
+    assert [f.name for f in WIDGET_V1.fields_at(0)] == ["a", "b"]
+    assert [f.name for f in WIDGET_V1.fields_at(1)] == ["a", "b", "c", "d"]
+
+
+# --------------------------------------------------------------------------
+# validate_spec
+# --------------------------------------------------------------------------
+
+
+def _spec(*fields, version=1):
+    return RecordSpec(name="S", type_id=5000, version=version, doc="", fields=tuple(fields))
+
+
+def test_validate_spec_accepts_the_real_schema_and_a_good_spec():
+    for s in schema.RECORDS + schema.PAYLOADS:
+        validate_spec(s)
+    validate_spec(WIDGET_V1)
+
+
+def test_validate_spec_rejects_field_added_after_v0_without_default():
+    with pytest.raises(ValueError, match="needs a default"):
+        validate_spec(_spec(FieldSpec("a", "int32", ""), FieldSpec("b", "int32", "", since=1)))
+
+
+def test_validate_spec_rejects_unknown_type():
+    with pytest.raises(ValueError, match="unknown type 'float'"):
+        validate_spec(_spec(FieldSpec("a", "float", "")))
+    with pytest.raises(ValueError, match="unknown type"):
+        validate_spec(_spec(FieldSpec("a", "int", "")))
+
+
+def test_validate_spec_rejects_duplicate_field():
+    with pytest.raises(ValueError, match="duplicate"):
+        validate_spec(_spec(FieldSpec("a", "int32", ""), FieldSpec("a", "int64", "")))
+
+
+def test_validate_spec_rejects_out_of_order_since():
+    with pytest.raises(ValueError, match="appended in version order"):
+        validate_spec(_spec(FieldSpec("a", "int32", ""), FieldSpec("b", "int32", "", default=0, since=1),
+                            FieldSpec("c", "int32", "", default=0, since=0)))
+
+
+def test_validate_spec_rejects_since_above_version():
+    with pytest.raises(ValueError, match="since 2 > record version 1"):
+        validate_spec(_spec(FieldSpec("a", "int32", ""), FieldSpec("b", "int32", "", default=0, since=2)))
+
+
+def test_schema_type_ids_and_names_are_unique():
+    specs = schema.RECORDS + schema.PAYLOADS
+    assert len({s.type_id for s in specs}) == len(specs)
+    assert len({s.name for s in specs}) == len(specs)
+
+
+# --------------------------------------------------------------------------
+# decode refusals
+# --------------------------------------------------------------------------
+
+
+def _packed(obj) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+@pytest.mark.parametrize("obj,fragment", [
+    ([0, 0, []], "unknown record type 0"),
+    ([8, 0, [1]], "unknown record type 8"),
+    ([-1, 0, [1]], "unknown record type -1"),
+    ([99, 0, [1]], "unknown record type 99"),
+    (["AllocateProducerIdsRecord", 0, [1]], "unknown record type"),
+    ([True, 0, [1]], "unknown record type True"),
+    ([None, 0, [1]], "unknown record type None"),
+])
+def test_decode_refuses_unknown_type_ids(obj, fragment):
+    with pytest.raises(RecordError) as ei:
+        decode(_packed(obj))
+    assert fragment in str(ei.value)
+
+
+@pytest.mark.parametrize("version", [1, 2, 255, -1, True, "0", None, 0.0])
+def test_decode_refuses_newer_or_bad_versions(version):
+    with pytest.raises(RecordError, match="unsupported version"):
+        decode(_packed([7, version, [17]]))
+
+
+@pytest.mark.parametrize("values", [[], [1, 2, 3, 4], [1, 2, 3, 4, 5, 6]])
+def test_decode_refuses_wrong_field_counts(values):
+    with pytest.raises(RecordError, match="expected 5 fields"):
+        decode(_packed([1, 0, values]))
+
+
+def test_decode_refuses_fields_that_are_not_an_array():
+    with pytest.raises(RecordError, match="fields must be an array"):
+        decode(_packed([7, 0, {"last_broker_epoch": 1}]))
+    with pytest.raises(RecordError, match="fields must be an array"):
+        decode(_packed([7, 0, 17]))
+
+
+@pytest.mark.parametrize("values,fragment", [
+    (["3", 17, 0, 1, TS], "broker_id: expected int32, got str"),
+    ([True, 17, 0, 1, TS], "broker_id: expected int32, got bool"),
+    ([3, False, 0, 1, TS], "broker_epoch: expected int64, got bool"),
+    ([3, 17, 0.5, 1, TS], "producer_id_start: expected int64, got float"),
+    ([3, 17, None, 1, TS], "producer_id_start: expected int64, got NoneType"),
+    ([2**31, 17, 0, 1, TS], "2147483648 is out of range for int32"),
+    ([-(2**31) - 1, 17, 0, 1, TS], "out of range for int32"),
+    ([3, 17, 0, 2**31, TS], "producer_id_len: 2147483648 is out of range for int32"),
+    ([3, 17, 2**63, 1, TS], "out of range for int64"),
+    ([3, 17, 0, 1, 2**64 - 1], "timestamp_ms: 18446744073709551615 is out of range for int64"),
+    ([3, 17, b"\x00", 1, TS], "expected int64, got bytes"),
+])
+def test_decode_refuses_wrong_types_and_ranges(values, fragment):
+    with pytest.raises(RecordError) as ei:
+        decode(_packed([1, 0, values]))
+    assert fragment in str(ei.value)
+
+
+def test_decode_refuses_wrong_string_types():
+    with pytest.raises(RecordError, match="incarnation_id: expected string, got bytes"):
+        decode(_packed([2, 0, [1, b"raw", 1, "", TS]]))
+    with pytest.raises(RecordError, match="incarnation_id: expected string, got int"):
+        decode(_packed([2, 0, [1, 5, 1, "", TS]]))
+    with pytest.raises(RecordError, match="accepted: expected bool, got int"):
+        decode(_packed([100, 0, [1, 1, 0, 1, None, "X"]]))
+    with pytest.raises(RecordError, match="error: expected string or null, got int"):
+        decode(_packed([100, 0, [1, 1, 0, True, 3, "X"]]))
+
+
+@pytest.mark.parametrize("data", [
+    b"",
+    b"\xc1",                       # never-used msgpack byte
+    b"\x93\x01",                   # truncated array
+    b"\x91" * 5000,                # nesting too deep
+    bytes.fromhex("930100950311ce0001e078cd03e8cf0000018bcfe568"),  # golden cut short
+    b"\x81\x01\x02",               # map with a non-string key
+    b"garbage!",
+])
+def test_decode_refuses_garbage_bytes(data):
+    with pytest.raises(RecordError):
+        decode(data)
+
+
+@pytest.mark.parametrize("obj", [
+    None, 5, "x", b"x", {"a": 1}, [], [1, 0], [1, 0, [], 4], msgpack.ExtType(1, b"\x00"),
+])
+def test_decode_refuses_values_that_are_not_records(obj):
+    with pytest.raises(RecordError, match="a record is"):
+        decode(_packed(obj))
+
+
+def test_decode_refuses_trailing_data():
+    good = encode(GOLDEN["BrokerEpochCursorRecord"][0])
+    with pytest.raises(RecordError, match="not a msgpack record"):
+        decode(good + b"\x00")
+    with pytest.raises(RecordError):
+        decode(good + good)
+
+
+def test_record_error_is_a_value_error():
+    assert issubclass(RecordError, ValueError)
+    assert records.RecordError is codec.RecordError
+
+
+# --------------------------------------------------------------------------
+# Batches
+# --------------------------------------------------------------------------
+
+
+def test_batch_round_trip():
+    batch = [rec for rec, _ in GOLDEN.values()]
+    data = encode_batch(batch)
+    assert decode_batch(data) == batch
+    assert msgpack.unpackb(data)[0] == codec.ENTRY_FORMAT == 1
+    assert decode_batch(encode_batch([])) == []
+    assert decode_batch(encode_batch(iter(batch[:2]))) == batch[:2]
+
+
+def test_batch_golden_bytes():
+    batch = [GOLDEN["ProducerIdCursorRecord"][0], GOLDEN["BrokerEpochCursorRecord"][0]]
+    assert encode_batch(batch).hex() == "9201" + "92" + "93060091ce0001e460" + "9307009111"
+
+
+@pytest.mark.parametrize("data", [
+    b"",
+    b"\xc1",
+    _packed([1, [[7, 0, [1]]]]) + b"\x00",       # trailing data
+    _packed([2, [[7, 0, [1]]]]),                  # unknown format
+    _packed([0, []]),
+    _packed([1]),
+    _packed([1, [], []]),
+    _packed([7, 0, [1]]),                         # a bare record, not a batch
+    _packed({"format": 1, "records": []}),
+    _packed([1, {"a": 1}]),
+    _packed(None),
+])
+def test_decode_batch_refuses_bad_batches(data):
+    with pytest.raises(RecordError):
+        decode_batch(data)
+
+
+def test_decode_batch_refuses_a_bad_record_inside():
+    good = [7, 0, [1]]
+    with pytest.raises(RecordError, match="unknown record type 77"):
+        decode_batch(_packed([1, [good, [77, 0, [1]]]]))
+    with pytest.raises(RecordError, match="unsupported version 1"):
+        decode_batch(_packed([1, [good, [7, 1, [1]]]]))
+    with pytest.raises(RecordError, match="out of range for int64"):
+        decode_batch(_packed([1, [good, [7, 0, [2**64 - 1]]]]))
+
+
+# --------------------------------------------------------------------------
+# JSON dicts
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rec", ALL_INSTANCES, ids=_ids(ALL_INSTANCES))
+def test_json_dict_round_trip(rec):
+    d = rec.to_json_dict()
+    assert d["type"] == rec.SPEC.name
+    assert list(d) == ["type"] + [f.name for f in rec.SPEC.fields]
+    back = from_json_dict(d)
+    assert back == rec and type(back) is type(rec)
+
+
+def test_to_json_dict_content():
+    rec, _ = GOLDEN["AllocateProducerIdsRecord"]
+    assert rec.to_json_dict() == {"type": "AllocateProducerIdsRecord", "broker_id": 3, "broker_epoch": 17,
+                                  "producer_id_start": 123000, "producer_id_len": 1000, "timestamp_ms": TS}
+    assert rec.to_dict() == {k: v for k, v in rec.to_json_dict().items() if k != "type"}
+
+
+def test_from_json_dict_fills_defaults():
+    rec = from_json_dict({"type": "RegisterBrokerRecord", "broker_id": 1, "incarnation_id": "i", "broker_epoch": 2})
+    assert rec == RegisterBrokerRecord(broker_id=1, incarnation_id="i", broker_epoch=2, listener="", timestamp_ms=-1)
+
+
+@pytest.mark.parametrize("d,fragment", [
+    ({}, "known 'type'"),
+    ({"type": "Nope"}, "known 'type'"),
+    ({"broker_id": 1}, "known 'type'"),
+    ({"type": None}, "known 'type'"),
+    ({"type": "FenceBrokerRecord", "broker_id": 1}, "missing fields ['broker_epoch']"),
+    ({"type": "FenceBrokerRecord", "broker_id": 1, "broker_epoch": 2, "extra": 1}, "unknown fields ['extra']"),
+    ({"type": "FenceBrokerRecord", "broker_id": "1", "broker_epoch": 2}, "expected int32, got str"),
+    ({"type": "FenceBrokerRecord", "broker_id": 1, "broker_epoch": 2**63}, "out of range for int64"),
+])
+def test_from_json_dict_errors(d, fragment):
+    with pytest.raises(RecordError) as ei:
+        from_json_dict(d)
+    assert fragment in str(ei.value)
+
+
+@pytest.mark.parametrize("d", [None, [], "FenceBrokerRecord", 5])
+def test_from_json_dict_refuses_non_dicts(d):
+    with pytest.raises(RecordError):
+        from_json_dict(d)
+
+
+@pytest.mark.xfail(strict=True, raises=TypeError,
+                   reason="library bug: from_json_dict checks `d.get('type') not in schema.BY_NAME`, which raises "
+                          "TypeError (unhashable) instead of RecordError when 'type' is a JSON array/object")
+def test_from_json_dict_unhashable_type_is_a_record_error():
+    with pytest.raises(RecordError):
+        from_json_dict({"type": ["FenceBrokerRecord"], "broker_id": 1, "broker_epoch": 2})

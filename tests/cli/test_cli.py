@@ -1,0 +1,83 @@
+"""pidctl through click's CliRunner, against a real local cluster: the issue's "done means" flow."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from click.testing import CliRunner
+
+from cli.main import EXIT_ERROR, EXIT_REFUSED, EXIT_USAGE, cli
+from quorum.localcluster import LocalCluster
+from tests.conftest import wait_for
+
+
+@pytest.fixture
+def pidctl(tmp_path):
+    data_dir = str(tmp_path / "pq")
+    runner = CliRunner()
+
+    def invoke(*args, expect=0):
+        result = runner.invoke(cli, ["--data-dir", data_dir, "--timeout", "15", *args])
+        assert result.exit_code == expect, (result.exit_code, result.output, result.exception)
+        return result
+
+    invoke.data_dir = data_dir
+    yield invoke
+    LocalCluster(data_dir).down(timeout=5)
+
+
+def test_done_means_flow(pidctl):
+    pidctl("cluster", "up")
+    r1 = json.loads(pidctl("broker", "register", "--broker-id", "1", "-o", "json").output)
+    r2 = json.loads(pidctl("broker", "register", "--broker-id", "2", "-o", "json").output)
+    assert r2["broker_epoch"] > r1["broker_epoch"]
+    a1 = json.loads(pidctl("allocate", "--broker-id", "1", "--broker-epoch", str(r1["broker_epoch"]),
+                           "--count", "3", "-o", "json").output)
+    a2 = json.loads(pidctl("allocate", "--broker-id", "2", "--broker-epoch", str(r2["broker_epoch"]),
+                           "--count", "3", "-o", "json").output)
+    ranges = sorted((b["producer_id_start"], b["next_producer_id"]) for b in a1 + a2)
+    assert all(s2 >= e1 for (_, e1), (s2, _) in zip(ranges, ranges[1:]))
+
+    status = json.loads(pidctl("quorum", "status", "-o", "json").output)
+    leader = next(n for n in status if n["raft"]["state"] == "leader")
+    assert {n["raft"]["term"] for n in status} == {leader["raft"]["term"]}
+    LocalCluster(pidctl.data_dir).kill(leader["node_id"])
+    a3 = json.loads(pidctl("allocate", "--broker-id", "1", "--broker-epoch", str(r1["broker_epoch"]),
+                           "-o", "json").output)
+    assert a3[0]["producer_id_start"] >= ranges[-1][1]
+
+    history = json.loads(pidctl("blocks", "history", "-o", "json").output)
+    issued = {(b["producer_id_start"], b["producer_id_len"]) for b in a1 + a2 + a3}
+    assert {(b["producer_id_start"], b["producer_id_len"]) for b in history} == issued
+
+    latest = json.loads(pidctl("blocks", "latest", "-o", "json").output)
+    assert latest["next_producer_id"] == a3[0]["next_producer_id"]
+
+    LocalCluster(pidctl.data_dir).start(leader["node_id"])
+    LocalCluster(pidctl.data_dir).wait_ready()
+    wait_for(lambda: all("raft" in n and n["lag"] == 0 and n["state"]["next_producer_id"] == latest["next_producer_id"]
+                         for n in json.loads(pidctl("quorum", "status", "-o", "json").output)), 15,
+             what="all nodes caught up")
+    pidctl("snapshot", "take")
+    snap = os.path.join(pidctl.data_dir, "node-1", "raft.snapshot")
+    info = json.loads(pidctl("snapshot", "inspect", snap, "-o", "json").output)
+    blocks = [r for r in info["records"] if r["type"] == "AllocateProducerIdsRecord"]
+    assert len(blocks) == 1 and blocks[0]["producer_id_start"] == a3[0]["producer_id_start"]
+    assert {r["broker_id"] for r in info["records"] if r["type"] == "RegisterBrokerRecord"} == {1, 2}
+    assert "producer_id_start" in pidctl("snapshot", "inspect", snap).output
+
+    pidctl("cluster", "down")
+
+
+def test_user_mistakes_are_one_line_with_named_exit_codes(pidctl, tmp_path):
+    r = pidctl("blocks", "latest", expect=EXIT_ERROR)
+    assert "no cluster" in r.output and "Traceback" not in r.output
+    pidctl("allocate", "--broker-id", "1", expect=EXIT_USAGE)
+    bad = tmp_path / "bad.snapshot"
+    bad.write_bytes(b"PQSNAP\x00\x01garbage")
+    r = pidctl("snapshot", "inspect", str(bad), expect=EXIT_ERROR)
+    assert str(bad) in r.output and "Traceback" not in r.output
+    pidctl("cluster", "up")
+    r = pidctl("allocate", "--broker-id", "9", "--broker-epoch", "12345", expect=EXIT_REFUSED)
+    assert "STALE_BROKER_EPOCH" in r.output

@@ -151,7 +151,7 @@ def decode_batch(data: bytes) -> list[Record]:
 
 def from_json_dict(d: dict[str, Any]) -> Record:
     """Inverse of ``Record.to_json_dict`` (used by tools reading JSON exports)."""
-    if not isinstance(d, dict) or d.get("type") not in schema.BY_NAME:
+    if not isinstance(d, dict) or not isinstance(d.get("type"), str) or d["type"] not in schema.BY_NAME:
         raise RecordError("JSON record needs a known 'type'")
     spec = schema.BY_NAME[d["type"]]
     unknown = set(d) - {"type"} - {f.name for f in spec.fields}

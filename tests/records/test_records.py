@@ -544,9 +544,6 @@ def test_from_json_dict_refuses_non_dicts(d):
         from_json_dict(d)
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError,
-                   reason="library bug: from_json_dict checks `d.get('type') not in schema.BY_NAME`, which raises "
-                          "TypeError (unhashable) instead of RecordError when 'type' is a JSON array/object")
 def test_from_json_dict_unhashable_type_is_a_record_error():
     with pytest.raises(RecordError):
         from_json_dict({"type": ["FenceBrokerRecord"], "broker_id": 1, "broker_epoch": 2})

@@ -79,6 +79,8 @@ def read_audit(path: str, repair: bool = False) -> tuple[list[AuditLine], int]:
             raise CorruptFileError(path, f"bad audit line at offset {pos}: {e}") from None
         lines.append(AuditLine(entry, record))
         pos = end
+    if pos != len(data) and _valid_frame_after(data, pos + 1):
+        raise CorruptFileError(path, f"damaged audit line at offset {pos} with valid lines after it")
     if pos != len(data):
         if not repair:
             log.warning("audit %s: torn last line at offset %d", path, pos)
@@ -88,6 +90,16 @@ def read_audit(path: str, repair: bool = False) -> tuple[list[AuditLine], int]:
                 f.truncate(pos)
                 os.fsync(f.fileno())
     return lines, pos
+
+
+def _valid_frame_after(data: bytes, start: int) -> bool:
+    """Is there a checksum-valid frame starting after ``start``?  (Only on a damaged file.)"""
+    for pos in range(start, len(data) - _FRAME.size + 1):
+        length, crc = _FRAME.unpack_from(data, pos)
+        end = pos + _FRAME.size + length
+        if 0 < length and end <= len(data) and zlib.crc32(data[pos + _FRAME.size:end]) == crc:
+            return True
+    return False
 
 
 class AuditWriter:

@@ -143,14 +143,14 @@ class DurableJournal:
                 raise CorruptFileError(self.path, f"{problem}, and valid entries follow it: the journal is "
                                                   f"corrupt, not torn")
             last = self.entries[-1][1] if self.entries else 0
-            if self.entries and self.getRaftCommitIndex() > last:
+            if "commit_index" in self._meta and self.getRaftCommitIndex() > last:
                 raise CorruptFileError(self.path, f"{problem}; cutting the torn tail would lose committed entries "
                                                   f"(durable commit index {self.getRaftCommitIndex()}, "
                                                   f"last good entry {last})")
             log.warning("journal %s: %s; cutting %d unsynced bytes (torn tail from a crash)",
                         self.path, problem, len(data) - good_end)
         last = self.entries[-1][1] if self.entries else 0
-        if self.entries and self.getRaftCommitIndex() > last:
+        if "commit_index" in self._meta and self.getRaftCommitIndex() > last:
             raise CorruptFileError(self.path, f"the journal ends at index {last} but index "
                                               f"{self.getRaftCommitIndex()} was committed: entries written "
                                               f"before a crash are missing (a disk that lost synced writes?)")

@@ -89,12 +89,13 @@ def parse_request(frame: bytes) -> Request:
     req_cls = load_request_schema(api_key, api_version)
     try:
         header, off = entity_reader(req_cls.__header_schema__)(frame, 0)
-    except (SerialError, ValueError, UnicodeDecodeError) as e:
-        raise FrameError(f"unreadable request header: {e}") from None
+    except (SerialError, ValueError, UnicodeDecodeError, KeyError) as e:  # kio: KeyError for unknown tags
+        raise BadRequest(api_key, api_version, correlation_id, Errors.INVALID_REQUEST,
+                         f"unreadable {API_NAMES[api_key]} v{api_version} header: {type(e).__name__}: {e}") from None
     try:
         body, size = entity_reader(req_cls)(frame, off)  # kio readers return (value, bytes read)
         off += size
-    except (SerialError, ValueError, UnicodeDecodeError, TypeError) as e:
+    except (SerialError, ValueError, UnicodeDecodeError, TypeError, KeyError) as e:
         raise BadRequest(api_key, api_version, correlation_id, Errors.INVALID_REQUEST,
                          f"malformed {API_NAMES[api_key]} v{api_version} body: {type(e).__name__}: {e}") from None
     if off != len(frame):

@@ -18,7 +18,9 @@ go through the Kafka wire protocol on the nodes' client ports
    ``--duration`` seconds (after a short warm-up): blocks/s, latency
    p50/p99/max.  Run twice, once durable (journal fdatasync, the default) and
    once with ``PIDQUORUM_UNSAFE_NO_FSYNC=1`` (benchmark-only), and report
-   the ratio between the two, both measured in this run.
+   the ratio between the two.  The two clusters are up side by side and are
+   measured in alternating ``--slice`` second slices, so that the noise of a
+   shared machine falls on both peers alike.
 2. Concurrent: three brokers (three asyncio tasks, each with its own
    QuorumClient), same figures, and a check that every block returned is
    disjoint from every other; then the same with 32 concurrent clients to show
@@ -32,7 +34,9 @@ go through the Kafka wire protocol on the nodes' client ports
    with ``--quick``), fill a cluster as fast as possible (``--fill-clients``
    concurrent tasks, each its own broker and client; the fill stops at
    ``--fill-cap`` seconds and the output says so), stop the whole cluster,
-   record each node's raft.snapshot / raft.journal / audit.log sizes, then time
+   record each node's raft.snapshot / raft.journal / audit.log sizes (and what
+   the snapshot holds; with the default ``compaction_min_entries`` = 5000 a
+   short history has no snapshot yet), then time
    ``LocalCluster.up()`` and the first allocation after it, and check that the
    new block starts at or above the end of every block handed out before.
 
@@ -71,6 +75,7 @@ from quorum.client import QuorumClient, RetryPolicy  # noqa: E402
 from quorum.journal import NO_FSYNC_ENV  # noqa: E402
 from quorum.localcluster import LocalCluster  # noqa: E402
 from quorum.raft import RaftConfig  # noqa: E402
+from snapshots.format import read_snapshot  # noqa: E402
 
 HOST = "127.0.0.1"
 NO_FSYNC = {NO_FSYNC_ENV: "1"}
@@ -238,6 +243,18 @@ def count_snapshot_lines(log_path: str) -> int:
             return sum(1 for line in f if "snapshot at index" in line)
     except FileNotFoundError:
         return 0
+
+
+def snapshot_contents(path: str) -> dict | None:
+    """What a raft.snapshot holds: record count by type, and the bytes of the two log entries it embeds."""
+    if not os.path.exists(path):
+        return None
+    try:
+        snap = read_snapshot(path)
+    except Exception as e:  # noqa: BLE001 - report, do not fail the benchmark
+        return {"error": f"{type(e).__name__}: {e}"}
+    return {"records": len(snap.records), "record_types": dict(Counter(type(x).__name__ for x in snap.records)),
+            "last_index": snap.last_index, "embedded_entry_bytes": len(snap.last_entry[0]) + len(snap.prev_entry[0])}
 
 
 def file_size(path: str) -> int | None:
@@ -553,7 +570,8 @@ async def history_row(bench: Bench, target: int) -> dict:
             files[n.node_id] = {"raft.snapshot": file_size(os.path.join(dd, "raft.snapshot")),
                                 "raft.journal": file_size(os.path.join(dd, "raft.journal")),
                                 "raft.journal.meta": file_size(os.path.join(dd, "raft.journal.meta")),
-                                "audit.log": file_size(os.path.join(dd, "audit.log"))}
+                                "audit.log": file_size(os.path.join(dd, "audit.log")),
+                                "snapshot_contents": snapshot_contents(os.path.join(dd, "raft.snapshot"))}
         t0 = time.perf_counter()
         lc.up(3, timeout=600)
         t_up = time.perf_counter()
@@ -603,6 +621,14 @@ def table(title: str, headers: list[str], rows: list[list]) -> str:
     out = [title, "  ".join(h.rjust(w) for h, w in zip(headers, widths)), line]
     out += ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells]
     return "\n".join(out)
+
+
+def snap_desc(row: dict) -> str:
+    sc = [f["snapshot_contents"] for f in row["files_bytes"].values() if f.get("snapshot_contents")]
+    if not sc:
+        return f"- (log < {row['compaction_min_entries']} entries)"
+    x = max(sc, key=lambda c: c.get("records", 0))
+    return f"{x.get('records')} recs / {x.get('embedded_entry_bytes')} B" if "records" in x else x["error"]
 
 
 def ms0(v) -> str:
@@ -676,6 +702,7 @@ def print_results(results: dict) -> None:
             ("fill time / rate", [f"{x['fill_s']:.1f} s / {x['fill_rate_per_s'] or 0:,.0f}/s" for x in rows_]),
             ("raft.snapshot (max node)", [fmt_bytes(x["snapshot_bytes_max"]) if x["snapshot_bytes_max"] else
                                           "none yet" for x in rows_]),
+            ("snapshot records / entry bytes", [snap_desc(x) for x in rows_]),
             ("snapshots written per node", [", ".join(str(v) for v in x["snapshots_written"].values())
                                             for x in rows_]),
             ("raft.journal (max node)", [fmt_bytes(x["journal_bytes_max"]) for x in rows_]),

@@ -10,6 +10,15 @@ and lines for indexes already in the file are skipped.  A node that received
 a snapshot instead of entries writes an ``AuditGap`` line; the other nodes'
 trails cover that range.  The file is fsync'd before every snapshot, so no
 line is lost for entries the journal then drops.
+
+Start-up cost does not grow with history: each sync also writes
+``audit.log.checkpoint`` (atomically) holding the synced length and the last
+Raft index in it, like Kafka's recovery-point checkpoint.  On start only the
+bytes after that point are read and checked; a file shorter than its
+checkpoint lost synced lines and the node refuses to start.  Without a
+checkpoint (or with a damaged one, which is only a cache) the whole file is
+scanned once.  Readers (``pidctl blocks history``, the audit pipeline) still
+check every line's checksum.
 """
 from __future__ import annotations
 
@@ -26,6 +35,7 @@ from records import AuditEntry, AuditGap, Record, RecordError
 from records.codec import from_obj, to_obj
 
 from .errors import CorruptFileError
+from .fsutil import atomic_write
 
 log = logging.getLogger(__name__)
 _FRAME = struct.Struct("<II")
@@ -49,13 +59,14 @@ def _frame(obj) -> bytes:
     return _FRAME.pack(len(body), zlib.crc32(body)) + body
 
 
-def read_audit(path: str, repair: bool = False) -> tuple[list[AuditLine], int]:
-    """All lines of an audit file, and the byte length of its valid part.
+def read_audit(path: str, repair: bool = False, start: int = 0) -> tuple[list[AuditLine], int]:
+    """All lines of an audit file from byte ``start`` on, and the byte length of its valid part.
 
     A torn last frame (crash mid-append) ends the file; with ``repair`` it is
     cut off.  A bad frame with more data after it is corruption.
     """
     with open(path, "rb") as f:
+        f.seek(start)
         data = f.read()
     lines: list[AuditLine] = []
     pos = 0
@@ -69,27 +80,28 @@ def read_audit(path: str, repair: bool = False) -> tuple[list[AuditLine], int]:
         body = data[pos + _FRAME.size:end]
         if zlib.crc32(body) != crc:
             if end < len(data):
-                raise CorruptFileError(path, f"checksum mismatch in audit line at offset {pos}")
+                raise CorruptFileError(path, f"checksum mismatch in audit line at offset {start + pos}")
             break
         try:
             obj = msgpack.unpackb(body, raw=False)
             entry = from_obj(obj[0])
             record = from_obj(obj[1]) if obj[1] is not None else None
         except (RecordError, ValueError, TypeError, IndexError) as e:
-            raise CorruptFileError(path, f"bad audit line at offset {pos}: {e}") from None
+            raise CorruptFileError(path, f"bad audit line at offset {start + pos}: {e}") from None
         lines.append(AuditLine(entry, record))
         pos = end
     if pos != len(data) and _valid_frame_after(data, pos + 1):
-        raise CorruptFileError(path, f"damaged audit line at offset {pos} with valid lines after it")
+        raise CorruptFileError(path, f"damaged audit line at offset {start + pos} with valid lines after it")
     if pos != len(data):
         if not repair:
-            log.warning("audit %s: torn last line at offset %d", path, pos)
+            log.warning("audit %s: torn last line at offset %d", path, start + pos)
         else:
-            log.warning("audit %s: cutting torn last line at offset %d (%d bytes)", path, pos, len(data) - pos)
+            log.warning("audit %s: cutting torn last line at offset %d (%d bytes)",
+                        path, start + pos, len(data) - pos)
             with open(path, "r+b") as f:
-                f.truncate(pos)
+                f.truncate(start + pos)
                 os.fsync(f.fileno())
-    return lines, pos
+    return lines, start + pos
 
 
 def _valid_frame_after(data: bytes, start: int) -> bool:
@@ -102,15 +114,53 @@ def _valid_frame_after(data: bytes, start: int) -> bool:
     return False
 
 
+def checkpoint_path(path: str) -> str:
+    return path + ".checkpoint"
+
+
+def read_checkpoint(path: str) -> tuple[int, int] | None:
+    """(synced length, last raft index) from the audit file's checkpoint, or None if absent or unusable."""
+    cp = checkpoint_path(path)
+    try:
+        with open(cp, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return None
+    try:
+        length, crc = _FRAME.unpack_from(raw, 0)
+        body = raw[_FRAME.size:]
+        if length != len(body) or zlib.crc32(body) != crc:
+            raise ValueError("checksum mismatch")
+        obj = msgpack.unpackb(body, raw=False)
+        size, last = int(obj["length"]), int(obj["last_index"])
+        if size < 0 or last < 0:
+            raise ValueError("negative values")
+        return size, last
+    except (struct.error, ValueError, TypeError, KeyError, msgpack.UnpackException) as e:
+        # Only a cache of what a full scan finds: fall back to the scan, loudly.
+        log.warning("audit checkpoint %s unusable (%s); scanning the whole audit file", cp, e)
+        return None
+
+
 class AuditWriter:
     def __init__(self, path: str):
         self.path = path
+        self.last_index = 0
+        self.scanned_bytes = 0  # how much start-up had to read (constant with a checkpoint)
         if os.path.exists(path):
-            lines, _ = read_audit(path, repair=True)
-            self.last_index = max((ln.entry.raft_index for ln in lines), default=0)
-        else:
-            self.last_index = 0
+            cp = read_checkpoint(path)
+            size = os.path.getsize(path)
+            start = 0
+            if cp is not None:
+                if size < cp[0]:
+                    raise CorruptFileError(path, f"file is {size} bytes but {cp[0]} bytes were synced "
+                                                 f"(checkpoint {checkpoint_path(path)}): audit lines lost")
+                start, self.last_index = cp
+            lines, end = read_audit(path, repair=True, start=start)
+            self.scanned_bytes = size - start
+            self.last_index = max(self.last_index, max((ln.entry.raft_index for ln in lines), default=0))
         self._f = open(path, "ab")
+        self._checkpointed = -1
 
     def append(self, raft_index: int, raft_term: int, outcomes) -> None:
         """Record what replay made of each record of the entry at ``raft_index`` (once)."""
@@ -137,6 +187,11 @@ class AuditWriter:
     def sync(self) -> None:
         self._f.flush()
         os.fsync(self._f.fileno())
+        size = self._f.tell()
+        if size != self._checkpointed:
+            body = msgpack.packb({"length": size, "last_index": self.last_index}, use_bin_type=True)
+            atomic_write(checkpoint_path(self.path), _FRAME.pack(len(body), zlib.crc32(body)) + body)
+            self._checkpointed = size
 
     def close(self) -> None:
         self.sync()

@@ -8,7 +8,7 @@ import zlib
 import msgpack
 import pytest
 
-from quorum.audit import AuditLine, AuditWriter, iter_blocks, read_audit
+from quorum.audit import AuditLine, AuditWriter, checkpoint_path, iter_blocks, read_audit
 from quorum.errors import CorruptFileError
 from quorum.managers import ApplyOutcome, QuorumState
 from records import (
@@ -65,8 +65,12 @@ def flip(path: str, offset: int, mask: int = 0x01) -> None:
         f.write(bytes([b ^ mask]))
 
 
-def write_trail(path: str, entries) -> None:
-    """entries: (raft_index, raft_term, [outcome, ...]) or ("gap", raft_index)."""
+def write_trail(path: str, entries, checkpoint: bool = False) -> None:
+    """entries: (raft_index, raft_term, [outcome, ...]) or ("gap", raft_index).
+
+    Without ``checkpoint`` the lines are on disk but not checkpointed, as
+    after a crash between two syncs: the next writer scans all of them.
+    """
     w = AuditWriter(path)
     for e in entries:
         if e[0] == "gap":
@@ -74,6 +78,8 @@ def write_trail(path: str, entries) -> None:
         else:
             w.append(*e)
     w.close()
+    if not checkpoint:
+        os.remove(checkpoint_path(path))
 
 
 def indexes(path: str) -> list[tuple[int, int | None]]:
@@ -391,3 +397,64 @@ def test_iter_blocks_refuses_corrupt_trail(tmp_path):
     flip(p, 4)  # crc of the first line
     with pytest.raises(CorruptFileError):
         list(iter_blocks([p]))
+
+
+# ------------------------------------------------------------ checkpoint
+def test_reopen_reads_only_what_follows_the_checkpoint(path):
+    write_trail(path, [(i, 1, [ok(alloc(i * 100))]) for i in range(1, 51)], checkpoint=True)
+    synced = os.path.getsize(path)
+    w = AuditWriter(path)
+    assert w.last_index == 50
+    assert w.scanned_bytes == 0  # nothing after the checkpoint to check
+    w.append(51, 1, [ok(alloc(5100))])
+    w._f.flush()  # on disk, not synced: a crash now leaves one line after the checkpoint
+    w2 = AuditWriter(path)
+    assert w2.last_index == 51
+    assert w2.scanned_bytes == os.path.getsize(path) - synced
+    w2.close()
+    assert [i for i, _ in indexes(path)] == list(range(1, 52))
+
+
+def test_start_up_cost_does_not_grow_with_the_trail(path):
+    write_trail(path, [(i, 1, [ok(alloc(i * 100))]) for i in range(1, 2001)], checkpoint=True)
+    assert AuditWriter(path).scanned_bytes == 0
+    os.remove(checkpoint_path(path))  # an old node without a checkpoint: one full scan, then a checkpoint
+    w = AuditWriter(path)
+    assert w.scanned_bytes == os.path.getsize(path) and w.last_index == 2000
+    w.close()
+    assert AuditWriter(path).scanned_bytes == 0
+
+
+def test_file_shorter_than_its_checkpoint_refuses_to_start(path):
+    write_trail(path, [(1, 1, [ok(reg())]), (2, 1, [ok(alloc(0))])], checkpoint=True)
+    offsets = frame_offsets(path)
+    with open(path, "r+b") as f:
+        f.truncate(offsets[1])  # synced line 2 is gone
+    with pytest.raises(CorruptFileError, match="were synced") as ei:
+        AuditWriter(path)
+    assert ei.value.path == path
+    assert os.path.getsize(path) == offsets[1]  # nothing cut further
+
+
+@pytest.mark.parametrize("damage", [b"", b"\x00" * 3, b"junk that is not a checkpoint at all"])
+def test_damaged_checkpoint_falls_back_to_a_full_scan(path, damage, caplog):
+    write_trail(path, [(1, 1, [ok(reg())]), (2, 1, [ok(alloc(0))])], checkpoint=True)
+    with open(checkpoint_path(path), "wb") as f:
+        f.write(damage)
+    w = AuditWriter(path)
+    assert w.last_index == 2 and w.scanned_bytes == os.path.getsize(path)
+    assert "unusable" in caplog.text
+    w.close()
+
+
+def test_corruption_before_the_checkpoint_is_found_by_readers(path):
+    write_trail(path, [(1, 1, [ok(reg())]), (2, 1, [ok(alloc(0))]), (3, 1, [ok(alloc(100))])], checkpoint=True)
+    offsets = frame_offsets(path)
+    flip(path, offsets[1] + 8 + 3)
+    # Start-up trusts the synced part (constant cost) ...
+    AuditWriter(path).close()
+    # ... every reader checks every line.
+    with pytest.raises(CorruptFileError, match=f"offset {offsets[1]}"):
+        read_audit(path)
+    with pytest.raises(CorruptFileError):
+        list(iter_blocks([path]))

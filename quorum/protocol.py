@@ -26,6 +26,7 @@ from kio.serial.errors import SerialError
 from kio.static.primitive import i16, i32, i64, u16
 
 from .errors import Errors
+from .wirecheck import FrameBoundsError, check_request
 
 API_VERSIONS = 18
 BROKER_REGISTRATION = 62
@@ -87,6 +88,11 @@ def parse_request(frame: bytes) -> Request:
         raise BadRequest(api_key, api_version, correlation_id, Errors.UNSUPPORTED_VERSION,
                          f"{API_NAMES[api_key]} v{api_version} is not supported (supported: v{lo}-v{hi})")
     req_cls = load_request_schema(api_key, api_version)
+    try:
+        check_request(frame, req_cls.__header_schema__, req_cls)
+    except FrameBoundsError as e:
+        raise BadRequest(api_key, api_version, correlation_id, Errors.INVALID_REQUEST,
+                         f"malformed {API_NAMES[api_key]} v{api_version} request: {e}") from None
     try:
         header, off = entity_reader(req_cls.__header_schema__)(frame, 0)
     except (SerialError, ValueError, UnicodeDecodeError, KeyError) as e:  # kio: KeyError for unknown tags

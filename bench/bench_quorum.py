@@ -755,14 +755,25 @@ def parse_args(argv=None):
     ap.add_argument("--fill-cap", type=float, default=240.0, help="cap on one fill, seconds")
     ap.add_argument("--many-clients", type=int, default=32, help="the batching variant of phase 2")
     ap.add_argument("--catchup-timeout", type=float, default=30.0, help="deadline for nodes to agree, seconds")
-    ap.add_argument("--phases", default="1,2,3,4", help="comma-separated subset of phases to run")
+    ap.add_argument("--phases", default="1,2,3,4",
+                    help="comma-separated subset of phases to run, by number or name "
+                         "(sequential, concurrent, leader_kill, history)")
     ap.add_argument("--keep", action="store_true", help="keep the cluster directories")
     a = ap.parse_args(argv)
     defaults = {"duration": (5.0, 1.5), "warmup": (0.5, 0.3), "kills": (12, 3), "history": (1_000_000, 50_000)}
     for name, (full, quick) in defaults.items():
         if getattr(a, name) is None:
             setattr(a, name, quick if a.quick else full)
-    a.phases = sorted({int(x) for x in a.phases.split(",") if x.strip()})
+    names = {"sequential": 1, "concurrent": 2, "leader_kill": 3, "history": 4}
+    chosen = set()
+    for x in (x.strip() for x in a.phases.split(",")):
+        if not x:
+            continue
+        n = names.get(x) or (int(x) if x.isdigit() else None)
+        if n not in names.values():
+            ap.error(f"--phases: unknown phase {x!r} (use 1-4 or {', '.join(names)})")
+        chosen.add(n)
+    a.phases = sorted(chosen)
     return a
 
 

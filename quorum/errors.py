@@ -11,15 +11,39 @@ import enum
 class Errors(enum.IntEnum):
     UNKNOWN_SERVER_ERROR = -1
     NONE = 0
+    OFFSET_OUT_OF_RANGE = 1
     CORRUPT_MESSAGE = 2
+    UNKNOWN_TOPIC_OR_PARTITION = 3
+    INVALID_FETCH_SIZE = 4
+    NOT_LEADER_OR_FOLLOWER = 6
     REQUEST_TIMED_OUT = 7
+    MESSAGE_TOO_LARGE = 10
     COORDINATOR_LOAD_IN_PROGRESS = 14
-    UNSUPPORTED_VERSION = 35
+    COORDINATOR_NOT_AVAILABLE = 15
+    NOT_COORDINATOR = 16
+    INVALID_TOPIC_EXCEPTION = 17
+    RECORD_LIST_TOO_LARGE = 18
+    INVALID_REQUIRED_ACKS = 21
+    TOPIC_AUTHORIZATION_FAILED = 29
     CLUSTER_AUTHORIZATION_FAILED = 31
+    UNSUPPORTED_VERSION = 35
     NOT_CONTROLLER = 41
     INVALID_REQUEST = 42
+    UNSUPPORTED_FOR_MESSAGE_FORMAT = 43
+    OUT_OF_ORDER_SEQUENCE_NUMBER = 45
+    DUPLICATE_SEQUENCE_NUMBER = 46
+    INVALID_PRODUCER_EPOCH = 47
+    INVALID_TXN_STATE = 48
+    INVALID_PRODUCER_ID_MAPPING = 49
+    INVALID_TRANSACTION_TIMEOUT = 50
+    CONCURRENT_TRANSACTIONS = 51
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
+    UNKNOWN_PRODUCER_ID = 59
+    UNSUPPORTED_COMPRESSION_TYPE = 76
     STALE_BROKER_EPOCH = 77
+    INVALID_RECORD = 87
     THROTTLING_QUOTA_EXCEEDED = 89
+    PRODUCER_FENCED = 90
     BROKER_ID_NOT_REGISTERED = 102
 
     @classmethod
@@ -31,7 +55,9 @@ class Errors(enum.IntEnum):
 
 
 RETRIABLE = frozenset({Errors.REQUEST_TIMED_OUT, Errors.NOT_CONTROLLER, Errors.COORDINATOR_LOAD_IN_PROGRESS,
-                       Errors.THROTTLING_QUOTA_EXCEEDED})
+                       Errors.THROTTLING_QUOTA_EXCEEDED, Errors.COORDINATOR_NOT_AVAILABLE, Errors.NOT_COORDINATOR,
+                       Errors.CONCURRENT_TRANSACTIONS, Errors.NOT_LEADER_OR_FOLLOWER,
+                       Errors.UNKNOWN_TOPIC_OR_PARTITION, Errors.CORRUPT_MESSAGE})
 
 
 class PidQuorumError(Exception):
@@ -59,17 +85,29 @@ def _register(code: Errors) -> type[PidQuorumError]:
     return cls
 
 
-UnknownServerError = _register(Errors.UNKNOWN_SERVER_ERROR)
-CorruptMessageError = _register(Errors.CORRUPT_MESSAGE)
-RequestTimedOutError = _register(Errors.REQUEST_TIMED_OUT)
-CoordinatorLoadInProgressError = _register(Errors.COORDINATOR_LOAD_IN_PROGRESS)
-UnsupportedVersionError = _register(Errors.UNSUPPORTED_VERSION)
-ClusterAuthorizationFailedError = _register(Errors.CLUSTER_AUTHORIZATION_FAILED)
-NotControllerError = _register(Errors.NOT_CONTROLLER)
-InvalidRequestError = _register(Errors.INVALID_REQUEST)
-StaleBrokerEpochError = _register(Errors.STALE_BROKER_EPOCH)
-ThrottlingQuotaExceededError = _register(Errors.THROTTLING_QUOTA_EXCEEDED)
-BrokerIdNotRegisteredError = _register(Errors.BROKER_ID_NOT_REGISTERED)
+for _code in Errors:
+    if _code != Errors.NONE:
+        _register(_code)
+
+UnknownServerError = _BY_CODE[Errors.UNKNOWN_SERVER_ERROR]
+CorruptMessageError = _BY_CODE[Errors.CORRUPT_MESSAGE]
+RequestTimedOutError = _BY_CODE[Errors.REQUEST_TIMED_OUT]
+CoordinatorLoadInProgressError = _BY_CODE[Errors.COORDINATOR_LOAD_IN_PROGRESS]
+UnsupportedVersionError = _BY_CODE[Errors.UNSUPPORTED_VERSION]
+ClusterAuthorizationFailedError = _BY_CODE[Errors.CLUSTER_AUTHORIZATION_FAILED]
+NotControllerError = _BY_CODE[Errors.NOT_CONTROLLER]
+InvalidRequestError = _BY_CODE[Errors.INVALID_REQUEST]
+StaleBrokerEpochError = _BY_CODE[Errors.STALE_BROKER_EPOCH]
+ThrottlingQuotaExceededError = _BY_CODE[Errors.THROTTLING_QUOTA_EXCEEDED]
+BrokerIdNotRegisteredError = _BY_CODE[Errors.BROKER_ID_NOT_REGISTERED]
+OutOfOrderSequenceNumberError = _BY_CODE[Errors.OUT_OF_ORDER_SEQUENCE_NUMBER]
+InvalidProducerEpochError = _BY_CODE[Errors.INVALID_PRODUCER_EPOCH]
+ProducerFencedError = _BY_CODE[Errors.PRODUCER_FENCED]
+InvalidProducerIdMappingError = _BY_CODE[Errors.INVALID_PRODUCER_ID_MAPPING]
+ConcurrentTransactionsError = _BY_CODE[Errors.CONCURRENT_TRANSACTIONS]
+InvalidTransactionTimeoutError = _BY_CODE[Errors.INVALID_TRANSACTION_TIMEOUT]
+UnknownProducerIdError = _BY_CODE[Errors.UNKNOWN_PRODUCER_ID]
+TransactionalIdAuthorizationFailedError = _BY_CODE[Errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED]
 
 
 def for_code(code: int, message: str = "", throttle_ms: int = 0) -> PidQuorumError:

@@ -150,18 +150,35 @@ def from_dict(raw: dict, base_dir: str = ".") -> NodeConfig:
 
 
 def to_toml(cfg: NodeConfig, secret_file: str) -> str:
-    """Render a config file (used by ``pidctl cluster up``)."""
-    def q(v):
-        return f'"{v}"' if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else str(v)
+    """Render a config file (used by ``pidctl cluster up``).
 
-    lines = [f"node_id = {cfg.node_id}", f"data_dir = {q(cfg.data_dir)}", f"secret_file = {q(secret_file)}",
-             f"raft_address = {q(cfg.raft_address)}", f"client_address = {q(cfg.client_address)}",
-             f"block_size = {cfg.block_size}", f"request_timeout_ms = {cfg.request_timeout_ms}",
-             f"allocate_rate_per_broker = {float(cfg.allocate_rate_per_broker)}",
-             f"allocate_burst = {cfg.allocate_burst}", f"max_frame_bytes = {cfg.max_frame_bytes}", "", "[raft]"]
-    for f in dataclasses.fields(RaftConfig):
-        lines.append(f"{f.name} = {q(getattr(cfg.raft, f.name))}")
+    Every field is written (the secret as a reference to ``secret_file``), so
+    ``load`` of the result gives back ``cfg``; an unset optional field (None)
+    is left out, which is how the file says "unset".
+    """
+    node_fields = [f for f in dataclasses.fields(NodeConfig) if f.name not in ("secret", "peers", "raft")]
+    lines = [f"secret_file = {_toml_value(secret_file)}"] + _toml_lines(cfg, node_fields)
+    lines += ["", "[raft]"] + _toml_lines(cfg.raft, dataclasses.fields(RaftConfig))
     for peer in cfg.peers:
-        lines += ["", "[[peers]]", f"node_id = {peer.node_id}", f"raft_address = {q(peer.raft_address)}",
-                  f"client_address = {q(peer.client_address)}"]
+        lines += ["", "[[peers]]"] + _toml_lines(peer, dataclasses.fields(Peer))
     return "\n".join(lines) + "\n"
+
+
+def _toml_lines(obj, fields) -> list[str]:
+    lines = []
+    for f in fields:
+        value = getattr(obj, f.name)
+        if value is None:
+            continue
+        if f.type == "float":  # keep a float a float in the file, even if given as an int
+            value = float(value)
+        lines.append(f"{f.name} = {_toml_value(value)}")
+    return lines
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, str):
+        return f'"{v}"'
+    if isinstance(v, bool):
+        return str(v).lower()
+    return str(v)

@@ -1,0 +1,48 @@
+"""Unit tests for quorum.config (files in tmp_path; no Raft, no network)."""
+from __future__ import annotations
+
+import dataclasses
+
+from quorum.config import NodeConfig, Peer, load, to_toml
+from quorum.raft import RaftConfig
+
+
+def _default(f: dataclasses.Field):
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return dataclasses.MISSING
+
+
+def test_to_toml_round_trips_every_field(tmp_path):
+    cfg = NodeConfig(
+        node_id=7, data_dir=str(tmp_path / "data"), raft_address="10.0.0.7:19093",
+        client_address="10.0.0.7:19092", secret="s3cret",
+        peers=[Peer(8, "10.0.0.8:19093", "10.0.0.8:19092"), Peer(9, "10.0.0.9:19093", "10.0.0.9:19092")],
+        raft_bind="0.0.0.0:19093", client_bind="0.0.0.0:19092", block_size=4096, request_timeout_ms=1500,
+        allocate_rate_per_broker=12.5, allocate_burst=40, max_frame_bytes=65536, max_batch=64,
+        raft=RaftConfig(heartbeat_interval=0.02, election_timeout_min=0.1, election_timeout_max=0.3,
+                        connection_timeout=0.6, reconnect_interval=0.05, peer_ping_interval=0.2,
+                        leader_step_down_timeout=0.7, compaction_min_entries=100, compaction_min_time=60.0),
+    )
+    # Every field that has a default is set to something else, so a dropped field cannot hide.
+    for obj in (cfg, cfg.raft):
+        for f in dataclasses.fields(obj):
+            assert getattr(obj, f.name) != _default(f), f"set {type(obj).__name__}.{f.name} to a non-default value"
+    (tmp_path / "secret").write_text("s3cret\n")
+    path = tmp_path / "node.toml"
+    path.write_text(to_toml(cfg, "secret"))
+    assert load(str(path)) == cfg
+
+
+def test_to_toml_leaves_out_unset_binds(tmp_path):
+    cfg = NodeConfig(node_id=1, data_dir=str(tmp_path / "data"), raft_address="127.0.0.1:9093",
+                     client_address="127.0.0.1:9092", secret="s")
+    text = to_toml(cfg, "secret")
+    assert "raft_bind" not in text and "client_bind" not in text
+    (tmp_path / "secret").write_text("s\n")
+    path = tmp_path / "node.toml"
+    path.write_text(text)
+    loaded = load(str(path))
+    assert loaded == cfg and loaded.raft_bind is None and loaded.client_bind is None

@@ -97,8 +97,8 @@ class QuorumServer:
                     break
                 try:
                     frame = await reader.readexactly(size)
-                except asyncio.IncompleteReadError:
-                    log.warning("client %s: truncated frame (%d of %d bytes); closing", peer, 0, size)
+                except asyncio.IncompleteReadError as e:
+                    log.warning("client %s: truncated frame (%d of %d bytes); closing", peer, len(e.partial), size)
                     break
                 try:
                     req = p.parse_request(frame)

@@ -266,6 +266,22 @@ def test_truncated_frame_then_close(qcluster):
     assert_serves(qcluster, address)
 
 
+def test_truncated_frame_log_reports_bytes_received(qcluster):
+    """The log line names how much of the frame arrived (it once always said 0)."""
+    address = qcluster.lc.client_addresses()[2]
+    node_id = next(n.node_id for n in qcluster.lc.nodes() if n.client_address == address)
+    with raw_conn(address) as s:
+        s.sendall(struct.pack(">i", 4321) + os.urandom(17))  # a size no other test uses
+        s.shutdown(socket.SHUT_WR)
+        expect_closed(s)
+
+    def logged():
+        with open(qcluster.lc.log_path(node_id), errors="replace") as f:
+            return "truncated frame (17 of 4321 bytes); closing" in f.read()
+    wait_for(logged, timeout=5, what=f"the truncated-frame line in node {node_id}'s log")
+    assert_serves(qcluster, address)
+
+
 def test_truncated_frame_held_open_does_not_block_others(qcluster):
     address = qcluster.lc.client_addresses()[1]
     data = apiversions_v3_frame(777, 100)

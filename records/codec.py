@@ -144,8 +144,12 @@ def decode_batch(data: bytes) -> list[Record]:
         obj = msgpack.unpackb(data, raw=False, strict_map_key=True)
     except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError) as e:
         raise RecordError(f"not a msgpack record batch: {e}") from None
-    if not isinstance(obj, list) or len(obj) != 2 or obj[0] != ENTRY_FORMAT or not isinstance(obj[1], list):
-        raise RecordError("not a record batch of format 1")
+    if not isinstance(obj, list) or len(obj) != 2 or not isinstance(obj[1], list):
+        raise RecordError("not a record batch: expected [format, [record, ...]]")
+    fmt = obj[0]
+    # An int, not a bool or float: True == 1 and 1.0 == 1 in Python, but they are not format 1.
+    if isinstance(fmt, bool) or not isinstance(fmt, int) or fmt != ENTRY_FORMAT:
+        raise RecordError(f"unsupported record batch format {fmt!r} (this build reads format {ENTRY_FORMAT})")
     return [from_obj(o) for o in obj[1]]
 
 

@@ -357,6 +357,8 @@ def _packed(obj) -> bytes:
     ([99, 0, [1]], "unknown record type 99"),
     (["AllocateProducerIdsRecord", 0, [1]], "unknown record type"),
     ([True, 0, [1]], "unknown record type True"),
+    ([1.0, 0, [1]], "unknown record type 1.0"),
+    ([7.0, 0, [1]], "unknown record type 7.0"),
     ([None, 0, [1]], "unknown record type None"),
 ])
 def test_decode_refuses_unknown_type_ids(obj, fragment):
@@ -365,7 +367,7 @@ def test_decode_refuses_unknown_type_ids(obj, fragment):
     assert fragment in str(ei.value)
 
 
-@pytest.mark.parametrize("version", [1, 2, 255, -1, True, "0", None, 0.0])
+@pytest.mark.parametrize("version", [1, 2, 255, -1, True, False, "0", None, 0.0])
 def test_decode_refuses_newer_or_bad_versions(version):
     with pytest.raises(RecordError, match="unsupported version"):
         decode(_packed([7, version, [17]]))
@@ -484,6 +486,16 @@ def test_batch_golden_bytes():
 def test_decode_batch_refuses_bad_batches(data):
     with pytest.raises(RecordError):
         decode_batch(data)
+
+
+@pytest.mark.parametrize("marker", [True, 1.0, "1", None, [1]], ids=["true", "float", "str", "nil", "list"])
+def test_decode_batch_format_marker_must_be_the_int_1(marker):
+    """True == 1 and 1.0 == 1 in Python; on the wire they are not format 1."""
+    data = _packed([marker, [[7, 0, [1]]]])
+    assert msgpack.unpackb(data)[0] == marker
+    with pytest.raises(RecordError, match="unsupported record batch format") as ei:
+        decode_batch(data)
+    assert repr(marker) in str(ei.value)
 
 
 def test_decode_batch_refuses_a_bad_record_inside():

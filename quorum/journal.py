@@ -32,7 +32,7 @@ import zlib
 import msgpack
 
 from .errors import CorruptFileError
-from .fsutil import atomic_write, fsync_dir
+from .fsutil import atomic_write, fsync_dir, write_synced
 
 log = logging.getLogger(__name__)
 
@@ -106,13 +106,21 @@ class DurableJournal:
     # ----------------------------------------------------------------- open
     def _open(self) -> None:
         if not os.path.exists(self.path):
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-            os.write(fd, MAGIC)
-            os.fsync(fd)
-            os.close(fd)
-            fsync_dir(self._dir)
+            self._create()
         with open(self.path, "rb") as f:
             data = f.read()
+        if len(data) < len(MAGIC):
+            # A crash between creating the file and syncing its header: the file cannot
+            # hold an entry, so unless the meta says entries were durable, nothing is lost.
+            if "commit_index" in self._meta:
+                raise CorruptFileError(self.path, f"{len(data)} bytes, shorter than the journal header, but "
+                                                  f"{self._meta_file.path} records entries up to index "
+                                                  f"{self.getRaftCommitIndex()} as durable")
+            log.warning("journal %s: %d bytes, shorter than its header, and nothing durable in %s "
+                        "(a crash while creating it?); starting a fresh journal",
+                        self.path, len(data), self._meta_file.path)
+            self._create()
+            data = MAGIC
         if not data.startswith(MAGIC):
             raise CorruptFileError(self.path, "not a pidquorum journal (bad header or truncated header)")
         pos = len(MAGIC)
@@ -162,6 +170,11 @@ class DurableJournal:
         self._synced_end = good_end
         os.lseek(self._fd, good_end, os.SEEK_SET)
         self._record_synced()
+
+    def _create(self) -> None:
+        """Write a journal holding only its header (replacing whatever is at ``path``), durably."""
+        write_synced(self.path, MAGIC)
+        fsync_dir(self._dir)
 
     @staticmethod
     def _valid_entry_after(data: bytes, start: int) -> bool:

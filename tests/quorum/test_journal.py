@@ -376,9 +376,8 @@ def test_torn_first_entry_after_compaction_below_commit_index_is_corruption(path
     b"XQJRNL\x00\x01" + encode_entry(b"a", 1, 1),   # wrong magic
     b"PQJRNL\x00\x02" + encode_entry(b"a", 1, 1),   # unknown journal version
     b"\x00" * 64,
-    b"PQJ",                                         # truncated header
-    b"",                                            # empty file
-], ids=["wrong", "version", "zeros", "short", "empty"])
+    b"XQJRNL\x00\x01",                              # just a wrong header
+], ids=["wrong", "version", "zeros", "header-only"])
 def test_bad_magic_is_corruption(path, content):
     with open(path, "wb") as f:
         f.write(content)
@@ -386,6 +385,46 @@ def test_bad_magic_is_corruption(path, content):
         DurableJournal(path)
     assert ei.value.path == path
     assert path in str(ei.value)
+    assert open(path, "rb").read() == content  # left alone for the operator
+
+
+HEADERLESS = [b"", MAGIC[:3], MAGIC[:-1], b"\x00" * 5]
+HEADERLESS_IDS = ["empty", "short", "one-byte-short", "zeros"]
+
+
+@pytest.mark.parametrize("content", HEADERLESS, ids=HEADERLESS_IDS)
+@pytest.mark.parametrize("meta", [None, {}, {"term": 2, "voted_for": "127.0.0.1:7002"}],
+                         ids=["no-meta", "empty-meta", "term-and-vote"])
+def test_headerless_journal_with_nothing_durable_starts_fresh(path, content, meta, caplog):
+    """A crash between creating the journal and syncing its header leaves a file that
+    cannot hold an entry; with no durable commit index, the node starts on a fresh one."""
+    with open(path, "wb") as f:
+        f.write(content)
+    if meta is not None:
+        MetaFile(path + ".meta").store(meta)
+    with caplog.at_level("WARNING", logger="quorum.journal"):
+        j = DurableJournal(path)
+    assert f"{len(content)} bytes, shorter than its header" in caplog.text and "fresh journal" in caplog.text
+    assert len(j) == 0 and not j.dirty
+    assert j.getCurrentTerm() == (meta or {}).get("term", 0)
+    with open(path, "rb") as f:
+        assert f.read() == MAGIC
+    fill(j)
+    j.sync()
+    j2 = reopen(j)
+    assert j2.entries == ENTRIES
+    j2._destroy()
+
+
+@pytest.mark.parametrize("content", HEADERLESS, ids=HEADERLESS_IDS)
+def test_headerless_journal_with_durable_commit_index_is_refused(path, content):
+    MetaFile(path + ".meta").store({"term": 2, "voted_for": None, "commit_index": 4})
+    with open(path, "wb") as f:
+        f.write(content)
+    with pytest.raises(CorruptFileError, match="shorter than the journal header") as ei:
+        DurableJournal(path)
+    assert ei.value.path == path
+    assert path in str(ei.value) and "index 4" in str(ei.value)
     assert open(path, "rb").read() == content  # left alone for the operator
 
 

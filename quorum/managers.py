@@ -13,6 +13,7 @@ scratch copy for the proposer to generate a batch against.
 """
 from __future__ import annotations
 
+import collections
 import copy
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +25,8 @@ from records import (
     ProducerIdCursorRecord,
     Record,
     RegisterBrokerRecord,
+    RemoveTransactionalIdRecord,
+    TransactionalIdRecord,
     UnfenceBrokerRecord,
     UnregisterBrokerRecord,
 )
@@ -31,7 +34,9 @@ from records.schema import INT_RANGES, LONG_MAX
 
 from .errors import (
     InvalidRequestError,
+    InvalidTransactionTimeoutError,
     InvariantViolation,
+    ProducerFencedError,
     StaleBrokerEpochError,
     UnknownServerError,
 )
@@ -206,6 +211,161 @@ class ProducerIdsManager:
         return out
 
 
+# --------------------------------------------------------------------------
+# Transactional ids (the transaction coordinator's InitProducerId state)
+# --------------------------------------------------------------------------
+
+NO_PRODUCER_ID = -1
+NO_EPOCH = -1
+# An epoch at or above this is exhausted: the next bump rotates to a new producer
+# ID.  Short.MAX (32767) itself is never handed out; it is kept back for fencing.
+EPOCH_EXHAUSTED = 2**15 - 2
+DEFAULT_TXN_EXPIRATION_MS = 7 * 24 * 3600 * 1000   # transactional.id.expiration.ms
+DEFAULT_MAX_TXN_TIMEOUT_MS = 15 * 60 * 1000        # transaction.max.timeout.ms
+MAX_TRANSACTIONAL_ID_CHARS = 32767                 # a Kafka string
+EXPIRE_PER_BATCH = 64                              # expired ids removed per InitProducerId
+
+
+@dataclass(frozen=True)
+class TxnSettings:
+    expiration_ms: int = DEFAULT_TXN_EXPIRATION_MS
+    max_timeout_ms: int = DEFAULT_MAX_TXN_TIMEOUT_MS
+
+
+class TransactionalIdManager:
+    """InitProducerId for transactional ids, with KIP-360's epoch rules, as replicated state.
+
+    The whole decision is made in ``generate_init`` against committed state and
+    committed as one entry, so a retried or concurrent request on another broker
+    (or after a coordinator failover) sees every earlier bump: an epoch is never
+    lost or handed out twice.  A new producer ID is a one-ID block taken from
+    the producer-ID cursor in the same entry.
+
+    Entries are frozen records; ``fork`` overlays a ChainMap so the proposer's
+    scratch copy costs nothing however many ids exist (a removed id is a
+    ``None`` in the overlay).
+    """
+
+    def __init__(self, entries: dict[str, TransactionalIdRecord | None] | None = None) -> None:
+        self.entries: Any = entries if entries is not None else {}
+
+    def get(self, transactional_id: str) -> TransactionalIdRecord | None:
+        return self.entries.get(transactional_id)
+
+    def __len__(self) -> int:
+        return sum(1 for v in self.entries.values() if v is not None)
+
+    def fork(self) -> "TransactionalIdManager":
+        return TransactionalIdManager(collections.ChainMap({}, self.entries))
+
+    def live(self) -> dict[str, TransactionalIdRecord]:
+        return {k: v for k, v in self.entries.items() if v is not None}
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TransactionalIdManager) and self.live() == other.live()
+
+    # -- generate ----------------------------------------------------------
+    def generate_init(self, broker_id: int, broker_epoch: int, transactional_id: str, timeout_ms: int,
+                      expected_pid: int, expected_epoch: int, *, registrations: BrokerRegistrationManager,
+                      producer_ids: ProducerIdsManager, now_ms: int, settings: TxnSettings = TxnSettings()) -> Result:
+        """Response: (producer_id, producer_epoch).  Errors: PRODUCER_FENCED (the broker maps it to
+        INVALID_PRODUCER_EPOCH for InitProducerId < v4), INVALID_TRANSACTION_TIMEOUT, INVALID_REQUEST."""
+        _check_broker_id(broker_id)
+        registrations.check_epoch(broker_id, broker_epoch)
+        if not isinstance(transactional_id, str) or not 0 < len(transactional_id) <= MAX_TRANSACTIONAL_ID_CHARS:
+            raise InvalidRequestError("transactional id must be a non-empty string")
+        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or not 0 < timeout_ms <= settings.max_timeout_ms:
+            raise InvalidTransactionTimeoutError(
+                f"transaction timeout {timeout_ms!r} ms is not in 1..{settings.max_timeout_ms} "
+                "(transaction.max.timeout.ms)")
+        for name, v, lo, hi in (("producer id", expected_pid, -1, LONG_MAX), ("producer epoch", expected_epoch, -1, 2**15 - 1)):
+            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+                raise InvalidRequestError(f"{name} {v!r} is not in {lo}..{hi}")
+        if (expected_pid == NO_PRODUCER_ID) != (expected_epoch == NO_EPOCH):
+            raise InvalidRequestError("producer id and epoch must both be -1 or both be set")
+
+        records: list[Record] = self._expired(now_ms, settings, keep=transactional_id)
+        cur = self.get(transactional_id)
+        if cur is not None and now_ms - cur.update_time_ms > settings.expiration_ms:
+            # Idle past transactional.id.expiration.ms: forgotten, as if never seen.
+            records.append(RemoveTransactionalIdRecord(transactional_id=transactional_id,
+                                                       producer_id=cur.producer_id, timestamp_ms=now_ms))
+            cur = None
+
+        def new_pid() -> int:
+            scratch = copy.deepcopy(producer_ids)
+            alloc = scratch.generate_allocate(broker_id, broker_epoch, registrations, 1, now_ms)
+            records.extend(alloc.records)
+            return alloc.response[0]
+
+        def state(pid: int, epoch: int, last_pid: int, last_epoch: int) -> Result:
+            records.append(TransactionalIdRecord(
+                transactional_id=transactional_id, producer_id=pid, producer_epoch=epoch,
+                last_producer_id=last_pid, last_producer_epoch=last_epoch, timeout_ms=timeout_ms,
+                state="Empty", update_time_ms=now_ms, broker_id=broker_id))
+            return Result(records, (pid, epoch))
+
+        if cur is None:
+            # No mapping (new, or expired): a fresh producer ID, whatever the client expected.
+            return state(new_pid(), 0, NO_PRODUCER_ID, NO_EPOCH)
+        if expected_pid != NO_PRODUCER_ID:
+            if (expected_pid, expected_epoch) == (cur.last_producer_id, cur.last_producer_epoch):
+                # A retry of the bump that produced the current state: answer it again, bump nothing.
+                return Result(records, (cur.producer_id, cur.producer_epoch))
+            if (expected_pid, expected_epoch) != (cur.producer_id, cur.producer_epoch):
+                raise ProducerFencedError(
+                    f"transactional id {transactional_id!r}: producer {expected_pid} epoch {expected_epoch} "
+                    f"is not the current producer {cur.producer_id} epoch {cur.producer_epoch}")
+        # A new instance (no expectation) or the current one asking for a bump: fence the older one.
+        # Only a bump the current instance asked for remembers the epoch it replaced: a new
+        # instance's bump must not be claimable as "my retry" by the instance it fenced.
+        last_epoch = expected_epoch if expected_pid != NO_PRODUCER_ID else NO_EPOCH
+        if cur.producer_epoch >= EPOCH_EXHAUSTED:
+            return state(new_pid(), 0, cur.producer_id, last_epoch)
+        return state(cur.producer_id, cur.producer_epoch + 1, cur.producer_id, last_epoch)
+
+    def _expired(self, now_ms: int, settings: TxnSettings, keep: str) -> list[Record]:
+        """Removal records for up to EXPIRE_PER_BATCH other ids idle past expiration."""
+        out: list[Record] = []
+        for tid, rec in self.entries.items():
+            if len(out) >= EXPIRE_PER_BATCH:
+                break
+            if rec is not None and tid != keep and now_ms - rec.update_time_ms > settings.expiration_ms:
+                out.append(RemoveTransactionalIdRecord(transactional_id=tid, producer_id=rec.producer_id,
+                                                       timestamp_ms=now_ms))
+        return out
+
+    # -- replay --------------------------------------------------------------
+    def replay(self, rec: Record, next_producer_id: int) -> None:
+        if isinstance(rec, TransactionalIdRecord):
+            if not 0 <= rec.producer_id < next_producer_id:
+                raise InvariantViolation(
+                    f"transactional id {rec.transactional_id!r}: producer ID {rec.producer_id} was never allocated "
+                    f"(next producer ID {next_producer_id})")
+            if not 0 <= rec.producer_epoch <= EPOCH_EXHAUSTED:
+                raise InvariantViolation(f"producer epoch {rec.producer_epoch} is not in 0..{EPOCH_EXHAUSTED}")
+            cur = self.get(rec.transactional_id)
+            if cur is not None and (rec.producer_id, rec.producer_epoch) <= (cur.producer_id, cur.producer_epoch):
+                raise InvariantViolation(
+                    f"transactional id {rec.transactional_id!r}: producer {rec.producer_id} epoch "
+                    f"{rec.producer_epoch} does not move past producer {cur.producer_id} epoch {cur.producer_epoch}")
+            self.entries[rec.transactional_id] = rec
+        elif isinstance(rec, RemoveTransactionalIdRecord):
+            cur = self.get(rec.transactional_id)
+            if cur is None or cur.producer_id != rec.producer_id:
+                raise InvariantViolation(
+                    f"transactional id {rec.transactional_id!r} with producer {rec.producer_id} is not known")
+            if isinstance(self.entries, collections.ChainMap):
+                self.entries[rec.transactional_id] = None
+            else:
+                del self.entries[rec.transactional_id]
+        else:  # pragma: no cover - dispatch bug
+            raise TypeError(f"not a transactional-id record: {rec!r}")
+
+    def snapshot_records(self) -> list[Record]:
+        return [rec for _, rec in sorted(self.entries.items()) if rec is not None]
+
+
 def _check_broker_id(broker_id: int) -> None:
     if isinstance(broker_id, bool) or not isinstance(broker_id, int) or not 0 <= broker_id <= INT32_MAX:
         raise InvalidRequestError(f"broker id {broker_id!r} is not in 0..{INT32_MAX}")
@@ -232,10 +392,13 @@ class ApplyOutcome:
 class QuorumState:
     producer_ids: ProducerIdsManager = field(default_factory=ProducerIdsManager)
     registrations: BrokerRegistrationManager = field(default_factory=BrokerRegistrationManager)
+    transactions: TransactionalIdManager = field(default_factory=TransactionalIdManager)
 
     def replay(self, rec: Record) -> None:
         if isinstance(rec, (AllocateProducerIdsRecord, ProducerIdCursorRecord)):
             self.producer_ids.replay(rec)
+        elif isinstance(rec, (TransactionalIdRecord, RemoveTransactionalIdRecord)):
+            self.transactions.replay(rec, self.producer_ids.next_producer_id)
         elif isinstance(rec, (RegisterBrokerRecord, FenceBrokerRecord, UnfenceBrokerRecord, UnregisterBrokerRecord,
                               BrokerEpochCursorRecord)):
             self.registrations.replay(rec)
@@ -255,11 +418,13 @@ class QuorumState:
 
     def fork(self) -> "QuorumState":
         """A scratch copy for generating a batch of records against."""
-        return copy.deepcopy(self)
+        return QuorumState(copy.deepcopy(self.producer_ids), copy.deepcopy(self.registrations),
+                           self.transactions.fork())
 
     def snapshot_records(self) -> list[Record]:
-        """The state as records: the latest block (or cursor) plus live registrations."""
-        return self.producer_ids.snapshot_records() + self.registrations.snapshot_records()
+        """The state as records: the latest block (or cursor), live registrations, live transactional ids."""
+        return (self.producer_ids.snapshot_records() + self.registrations.snapshot_records()
+                + self.transactions.snapshot_records())
 
     @classmethod
     def from_records(cls, records: list[Record]) -> "QuorumState":
@@ -274,6 +439,7 @@ class QuorumState:
             "next_producer_id": self.producer_ids.next_producer_id,
             "latest_block": latest.to_json_dict() if latest is not None else None,
             "last_broker_epoch": self.registrations.last_epoch,
+            "transactional_ids": len(self.transactions),
             "brokers": [
                 {"broker_id": r.broker_id, "broker_epoch": r.broker_epoch, "incarnation_id": r.incarnation_id,
                  "listener": r.listener, "fenced": r.fenced}

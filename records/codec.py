@@ -88,6 +88,10 @@ ProducerIdCursorRecord = CLASSES[schema.PRODUCER_ID_CURSOR.type_id]
 BrokerEpochCursorRecord = CLASSES[schema.BROKER_EPOCH_CURSOR.type_id]
 AuditEntry = CLASSES[schema.AUDIT_ENTRY.type_id]
 AuditGap = CLASSES[schema.AUDIT_GAP.type_id]
+TransactionalIdRecord = CLASSES[schema.TRANSACTIONAL_ID.type_id]
+RemoveTransactionalIdRecord = CLASSES[schema.REMOVE_TRANSACTIONAL_ID.type_id]
+InitTransactionalProducerRequest = CLASSES[schema.INIT_TRANSACTIONAL_REQUEST.type_id]
+InitTransactionalProducerResponse = CLASSES[schema.INIT_TRANSACTIONAL_RESPONSE.type_id]
 
 
 def to_obj(record: Record) -> list:

@@ -169,6 +169,43 @@ BROKER_EPOCH_CURSOR = RecordSpec(
     fields=(FieldSpec("last_broker_epoch", "int64", "Highest epoch assigned so far."),),
 )
 
+TRANSACTIONAL_ID = RecordSpec(
+    name="TransactionalIdRecord",
+    type_id=8,
+    version=0,
+    doc=(
+        "The transaction coordinator's state for one transactional id after an "
+        "InitProducerId (KIP-360 rules): its current producer ID and epoch, and the "
+        "(producer ID, epoch) it replaced, so a retried bump is recognised and "
+        "answered with the current epoch instead of bumping twice.  Within one "
+        "transactional id, (producer_id, producer_epoch) only ever increases."
+    ),
+    fields=(
+        FieldSpec("transactional_id", "string", "The client's transactional.id."),
+        FieldSpec("producer_id", "int64", "Current producer ID."),
+        FieldSpec("producer_epoch", "int16", "Current epoch (0..32766; 32767 is kept back for fencing)."),
+        FieldSpec("last_producer_id", "int64", "Producer ID before the last change (-1: none).", default=-1),
+        FieldSpec("last_producer_epoch", "int16", "Epoch before the last change (-1: none).", default=-1),
+        FieldSpec("timeout_ms", "int32", "transaction.timeout.ms the producer asked for."),
+        FieldSpec("state", "string", "Transaction state (Empty; full transactions are not served yet).",
+                  default="Empty"),
+        FieldSpec("update_time_ms", "int64", "Proposer's wall clock at the change; drives expiration."),
+        FieldSpec("broker_id", "int32", "Broker (coordinator) that asked for the change; audit only.", default=-1),
+    ),
+)
+
+REMOVE_TRANSACTIONAL_ID = RecordSpec(
+    name="RemoveTransactionalIdRecord",
+    type_id=9,
+    version=0,
+    doc="A transactional id idle longer than transactional.id.expiration.ms was forgotten.",
+    fields=(
+        FieldSpec("transactional_id", "string", "The expired transactional.id."),
+        FieldSpec("producer_id", "int64", "Its producer ID at expiry (replay checks it still matches)."),
+        FieldSpec("timestamp_ms", "int64", "Proposer's wall clock (ms); audit only.", default=-1),
+    ),
+)
+
 RECORDS: tuple[RecordSpec, ...] = (
     ALLOCATE_PRODUCER_IDS,
     REGISTER_BROKER,
@@ -177,6 +214,8 @@ RECORDS: tuple[RecordSpec, ...] = (
     UNREGISTER_BROKER,
     PRODUCER_ID_CURSOR,
     BROKER_EPOCH_CURSOR,
+    TRANSACTIONAL_ID,
+    REMOVE_TRANSACTIONAL_ID,
 )
 
 # --------------------------------------------------------------------------
@@ -209,7 +248,40 @@ AUDIT_GAP = RecordSpec(
     fields=(FieldSpec("raft_index", "int64", "Last index covered by the snapshot."),),
 )
 
-PAYLOADS: tuple[RecordSpec, ...] = (AUDIT_ENTRY, AUDIT_GAP)
+INIT_TRANSACTIONAL_REQUEST = RecordSpec(
+    name="InitTransactionalProducerRequest",
+    type_id=102,
+    version=0,
+    doc=(
+        "pidquorum RPC (client port, API key 10002, msgpack): a broker acting as "
+        "transaction coordinator asks the quorum to apply InitProducerId to a "
+        "transactional id.  The state lives in the quorum, so a broker failover "
+        "never loses or repeats an epoch bump."
+    ),
+    fields=(
+        FieldSpec("broker_id", "int32", "The coordinator broker."),
+        FieldSpec("broker_epoch", "int64", "Its current broker epoch."),
+        FieldSpec("transactional_id", "string", "The client's transactional.id."),
+        FieldSpec("transaction_timeout_ms", "int32", "The client's transaction.timeout.ms."),
+        FieldSpec("producer_id", "int64", "Expected current producer ID (KIP-360), -1 for none.", default=-1),
+        FieldSpec("producer_epoch", "int16", "Expected current epoch, -1 for none.", default=-1),
+    ),
+)
+
+INIT_TRANSACTIONAL_RESPONSE = RecordSpec(
+    name="InitTransactionalProducerResponse",
+    type_id=103,
+    version=0,
+    doc="The answer to InitTransactionalProducerRequest.",
+    fields=(
+        FieldSpec("error_code", "int16", "Kafka error code (0: none)."),
+        FieldSpec("error_message", "nullable_string", "Why, when error_code is not 0.", default=None),
+        FieldSpec("producer_id", "int64", "The producer ID to use.", default=-1),
+        FieldSpec("producer_epoch", "int16", "The epoch to use.", default=-1),
+    ),
+)
+
+PAYLOADS: tuple[RecordSpec, ...] = (AUDIT_ENTRY, AUDIT_GAP, INIT_TRANSACTIONAL_REQUEST, INIT_TRANSACTIONAL_RESPONSE)
 
 for _spec in RECORDS + PAYLOADS:
     validate_spec(_spec)

@@ -589,7 +589,8 @@ def test_snapshot_round_trip_empty_state(state):
     recs = state.snapshot_records()
     assert recs == [ProducerIdCursorRecord(next_producer_id=0), BrokerEpochCursorRecord(last_broker_epoch=0)]
     back = _round_trip(state)
-    assert back.summary() == {"next_producer_id": 0, "latest_block": None, "last_broker_epoch": 0, "brokers": []}
+    assert back.summary() == {"next_producer_id": 0, "latest_block": None, "last_broker_epoch": 0, "brokers": [],
+                              "transactional_ids": 0}
 
 
 def test_snapshot_round_trip_with_fenced_brokers_and_blocks(state):

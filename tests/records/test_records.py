@@ -14,9 +14,13 @@ from records import (
     AuditGap,
     BrokerEpochCursorRecord,
     FenceBrokerRecord,
+    InitTransactionalProducerRequest,
+    InitTransactionalProducerResponse,
     ProducerIdCursorRecord,
     RecordError,
     RegisterBrokerRecord,
+    RemoveTransactionalIdRecord,
+    TransactionalIdRecord,
     UnfenceBrokerRecord,
     UnregisterBrokerRecord,
     decode,
@@ -70,6 +74,16 @@ GOLDEN = {
         BrokerEpochCursorRecord(last_broker_epoch=17),
         "9307009111",
     ),
+    "TransactionalIdRecord": (
+        TransactionalIdRecord(transactional_id="orders-tx-1", producer_id=5000, producer_epoch=3,
+                              last_producer_id=5000, last_producer_epoch=2, timeout_ms=60000, state="Empty",
+                              update_time_ms=TS, broker_id=3),
+        "93080099ab6f72646572732d74782d31cd138803cd138802cdea60a5456d707479cf0000018bcfe5680003",
+    ),
+    "RemoveTransactionalIdRecord": (
+        RemoveTransactionalIdRecord(transactional_id="orders-tx-1", producer_id=5000, timestamp_ms=TS + 4),
+        "93090093ab6f72646572732d74782d31cd1388cf0000018bcfe56804",
+    ),
 }
 
 GOLDEN_PAYLOADS = {
@@ -81,6 +95,15 @@ GOLDEN_PAYLOADS = {
     "AuditGap": (
         AuditGap(raft_index=41),
         "9365009129",
+    ),
+    "InitTransactionalProducerRequest": (
+        InitTransactionalProducerRequest(broker_id=3, broker_epoch=17, transactional_id="orders-tx-1",
+                                         transaction_timeout_ms=60000, producer_id=5000, producer_epoch=2),
+        "936600960311ab6f72646572732d74782d31cdea60cd138802",
+    ),
+    "InitTransactionalProducerResponse": (
+        InitTransactionalProducerResponse(error_code=90, error_message="fenced", producer_id=-1, producer_epoch=-1),
+        "936700945aa666656e636564ffff",
     ),
 }
 
@@ -126,8 +149,12 @@ def test_golden_type_ids_and_versions_are_stable():
         "UnregisterBrokerRecord": (5, 0),
         "ProducerIdCursorRecord": (6, 0),
         "BrokerEpochCursorRecord": (7, 0),
+        "TransactionalIdRecord": (8, 0),
+        "RemoveTransactionalIdRecord": (9, 0),
         "AuditEntry": (100, 0),
         "AuditGap": (101, 0),
+        "InitTransactionalProducerRequest": (102, 0),
+        "InitTransactionalProducerResponse": (103, 0),
     }
 
 
@@ -352,7 +379,7 @@ def _packed(obj) -> bytes:
 
 @pytest.mark.parametrize("obj,fragment", [
     ([0, 0, []], "unknown record type 0"),
-    ([8, 0, [1]], "unknown record type 8"),
+    ([10, 0, [1]], "unknown record type 10"),
     ([-1, 0, [1]], "unknown record type -1"),
     ([99, 0, [1]], "unknown record type 99"),
     (["AllocateProducerIdsRecord", 0, [1]], "unknown record type"),

@@ -75,9 +75,18 @@ class MetaFile:
         body, crc = data[len(META_MAGIC):-4], struct.unpack("<I", data[-4:])[0]
         if zlib.crc32(body) != crc:
             raise CorruptFileError(self.path, "checksum mismatch")
-        meta = msgpack.unpackb(body, raw=False)
+        try:
+            meta = msgpack.unpackb(body, raw=False)
+        except (ValueError, TypeError, msgpack.UnpackException) as e:  # checksum passed: a writer bug
+            raise CorruptFileError(self.path, f"undecodable body: {e}") from None
         if not isinstance(meta, dict):
             raise CorruptFileError(self.path, "meta is not a map")
+        for key in ("term", "commit_index"):
+            value = meta.get(key, 0)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise CorruptFileError(self.path, f"{key} is {value!r}, not a non-negative integer")
+        if not isinstance(meta.get("voted_for"), (str, type(None))):
+            raise CorruptFileError(self.path, f"voted_for is {meta['voted_for']!r}, not an address or null")
         return meta
 
     def store(self, meta: dict) -> None:

@@ -86,17 +86,24 @@ def decode_snapshot(path: str, data: bytes) -> Snapshot:
         raise CorruptFileError(path, "checksum mismatch")
     try:
         obj = msgpack.unpackb(body, raw=False)
-    except (ValueError, msgpack.ExtraData) as e:  # checksum passed, so this is a writer bug
+    except (ValueError, TypeError, msgpack.UnpackException) as e:  # checksum passed, so this is a writer bug
         raise CorruptFileError(path, f"undecodable body: {e}") from None
-    if not isinstance(obj, dict) or obj.get("format") != FORMAT:
-        raise CorruptFileError(path, f"unsupported snapshot format {obj.get('format') if isinstance(obj, dict) else obj!r}")
+    if not isinstance(obj, dict):
+        raise CorruptFileError(path, f"unsupported snapshot format: a body of type {type(obj).__name__}, not a map")
+    fmt = obj.get("format")
+    if isinstance(fmt, bool) or not isinstance(fmt, int) or fmt != FORMAT:  # True == 1 == 1.0 in Python
+        raise CorruptFileError(path, f"unsupported snapshot format {fmt!r}")
     try:
         records = [from_obj(o) for o in obj["records"]]
     except (RecordError, KeyError, TypeError) as e:
         raise CorruptFileError(path, f"bad record: {e}") from None
+    cluster, meta = obj.get("cluster"), obj.get("meta")
+    if not isinstance(cluster, list) or not all(isinstance(a, str) for a in cluster):
+        raise CorruptFileError(path, f"cluster is not an array of addresses: {cluster!r}")
+    if not isinstance(meta, dict):
+        raise CorruptFileError(path, f"meta is of type {type(meta).__name__}, not a map")
     return Snapshot(records=records, last_entry=_entry(path, obj.get("last_entry"), "last_entry"),
-                    prev_entry=_entry(path, obj.get("prev_entry"), "prev_entry"),
-                    cluster=list(obj.get("cluster", [])), meta=dict(obj.get("meta", {})))
+                    prev_entry=_entry(path, obj.get("prev_entry"), "prev_entry"), cluster=cluster, meta=meta)
 
 
 def read_snapshot(path: str) -> Snapshot:

@@ -659,6 +659,53 @@ def test_corrupt_meta_file_is_refused_naming_meta_path(path, how):
     assert (path + ".meta") in str(ei.value)
 
 
+def _framed_meta(body: bytes) -> bytes:
+    """A meta file whose header and checksum are right, around any body."""
+    return META_MAGIC + body + struct.pack("<I", zlib.crc32(body))
+
+
+@pytest.mark.parametrize("content", [
+    random.Random(1).randbytes(64),                                # random bytes, no header
+    _framed_meta(random.Random(2).randbytes(64)),                  # random body, valid checksum
+    _framed_meta(b"\xc1"),                                         # never-used msgpack byte
+    _framed_meta(msgpack.packb({"term": 1, "voted_for": None})[:-1]),  # truncated msgpack
+    _framed_meta(msgpack.packb({"term": 1}) + b"\x00"),            # trailing data
+    _framed_meta(b"\xa3\xff\xfe\xfd"),                             # invalid UTF-8 string
+    _framed_meta(msgpack.packb({1: 2})),                           # non-string key
+    _framed_meta(msgpack.packb("term")),
+    _framed_meta(msgpack.packb(7)),
+    _framed_meta(msgpack.packb({"term": "3"})),
+    _framed_meta(msgpack.packb({"term": 1.5})),
+    _framed_meta(msgpack.packb({"term": True})),
+    _framed_meta(msgpack.packb({"term": -1})),
+    _framed_meta(msgpack.packb({"commit_index": None})),
+    _framed_meta(msgpack.packb({"commit_index": [4]})),
+    _framed_meta(msgpack.packb({"voted_for": 7})),
+    _framed_meta(msgpack.packb({"voted_for": b"127.0.0.1:7002"}, use_bin_type=True)),
+], ids=["random", "random-body", "c1", "truncated", "extra", "utf8", "int-key", "str", "int", "term-str",
+        "term-float", "term-bool", "term-negative", "commit-nil", "commit-list", "vote-int", "vote-bytes"])
+def test_malformed_meta_file_is_corrupt_file_error(tmp_path, content):
+    path = str(tmp_path / "raft.journal.meta")
+    with open(path, "wb") as f:
+        f.write(content)
+    with pytest.raises(CorruptFileError) as ei:
+        MetaFile(path).load()
+    assert ei.value.path == path
+
+
+def test_meta_file_garbage_bodies_only_raise_corrupt_file_error(tmp_path):
+    """Checksum-valid random bodies: either a meta map loads or CorruptFileError, nothing else."""
+    path = str(tmp_path / "raft.journal.meta")
+    rng = random.Random(0x3E7A)
+    for _ in range(1000):
+        with open(path, "wb") as f:
+            f.write(_framed_meta(rng.randbytes(rng.randrange(0, 24))))
+        try:
+            assert isinstance(MetaFile(path).load(), dict)
+        except CorruptFileError as e:
+            assert e.path == path
+
+
 # --------------------------------------------------------------------------
 # group commit
 # --------------------------------------------------------------------------

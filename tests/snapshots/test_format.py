@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import random
 import struct
 import zlib
 
@@ -246,6 +247,16 @@ def test_two_snapshots_concatenated_are_refused(snap_path):
     (good_body(last_entry=[b"x", True, 1]), "last_entry is not"),
     (good_body(prev_entry=[b"x", 1, 1.5]), "prev_entry is not"),
     (good_body(prev_entry=None), "prev_entry is not"),
+    (good_body(format=True), "unsupported snapshot format True"),
+    (good_body(format=1.0), "unsupported snapshot format 1.0"),
+    (1, "a body of type int, not a map"),
+    (good_body(cluster=5), "cluster is not an array of addresses"),
+    (good_body(cluster="127.0.0.1:7001"), "cluster is not an array of addresses"),
+    (good_body(cluster=["127.0.0.1:7001", 7002]), "cluster is not an array of addresses"),
+    ({k: v for k, v in good_body().items() if k != "cluster"}, "cluster is not an array of addresses"),
+    (good_body(meta=[1, 2]), "meta is of type list, not a map"),
+    (good_body(meta=[["a", 1]]), "meta is of type list, not a map"),
+    ({k: v for k, v in good_body().items() if k != "meta"}, "meta is of type NoneType, not a map"),
 ])
 def test_checksum_valid_but_malformed_body_is_refused(tmp_path, body, fragment):
     path = str(tmp_path / "s")
@@ -255,10 +266,29 @@ def test_checksum_valid_but_malformed_body_is_refused(tmp_path, body, fragment):
 
 def test_checksum_valid_but_undecodable_body_is_refused(tmp_path):
     path = str(tmp_path / "s")
-    for body in (b"\xc1", b"\x81\xa1a", msgpack.packb({"format": 1}) + b"\x00"):
+    for body in (b"\xc1", b"\x81\xa1a", msgpack.packb({"format": 1}) + b"\x00", b"\xa3\xff\xfe\xfd",
+                 msgpack.packb({1: 2})):
         write_bytes(path, MAGIC + struct.pack("<I", len(body)) + body + struct.pack("<I", zlib.crc32(body)))
         with pytest.raises(CorruptFileError):
             read_snapshot(path)
+
+
+def test_garbage_only_raises_corrupt_file_error(tmp_path):
+    """Random files, checksum-valid random bodies, and good bodies with one field replaced by
+    a value of another kind: CorruptFileError or a snapshot, never a bare ValueError, TypeError..."""
+    path = str(tmp_path / "s")
+    rng = random.Random(0x5A4B)
+    values = [None, True, 1, 1.0, -1, 2**64 - 1, "x", b"x", [], [1, "a"], {}, {"a": 1}, [[1, 2]], [b"x", 1, 1]]
+    cases = [rng.randbytes(rng.randrange(0, 64)) for _ in range(500)]
+    cases += [MAGIC + struct.pack("<I", len(b)) + b + struct.pack("<I", zlib.crc32(b))
+              for b in (rng.randbytes(rng.randrange(0, 48)) for _ in range(1000))]
+    cases += [frame(good_body(**{key: value})) for key in good_body() for value in values]
+    for data in cases:
+        write_bytes(path, data)
+        try:
+            read_snapshot(path)
+        except CorruptFileError as e:
+            assert e.path == path
 
 
 def test_hand_framed_good_body_reads(tmp_path):

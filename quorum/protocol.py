@@ -114,7 +114,8 @@ def _parse_admin(frame: bytes, api_version: int, correlation_id: int) -> Request
     try:
         header, off = entity_reader(RequestHeaderV1)(frame, 0)
     except (SerialError, ValueError, UnicodeDecodeError) as e:
-        raise FrameError(f"unreadable request header: {e}") from None
+        raise BadRequest(ADMIN_API_KEY, api_version, correlation_id, Errors.INVALID_REQUEST,
+                         f"unreadable DescribeState v{api_version} header: {type(e).__name__}: {e}") from None
     if api_version != 0:
         raise BadRequest(ADMIN_API_KEY, api_version, correlation_id, Errors.UNSUPPORTED_VERSION,
                          f"DescribeState v{api_version} is not supported (supported: v0-v0)")

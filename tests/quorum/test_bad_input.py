@@ -639,6 +639,25 @@ def test_describe_state_non_map_body_answers_42(qcluster, body):
     assert_serves(qcluster, address)
 
 
+@pytest.mark.parametrize("tail", [b"", b"\x00", b"\x00\x64abc", b"\xff\xfe", b"\x00\x02\xff\xfe"],
+                         ids=["no-client-id", "cut-length", "cut-client-id", "negative-length", "invalid-utf8"])
+def test_describe_state_unreadable_header_answers_42(qcluster, tail):
+    """As for the Kafka APIs, an unreadable header after a readable key, version and
+    correlation id is answered INVALID_REQUEST, and the connection stays open."""
+    address = qcluster.lc.client_addresses()[0]
+    before = counters(qcluster, address)["bad_requests"]
+    with raw_conn(address) as s:
+        s.sendall(framed(struct.pack(">hhi", p.ADMIN_API_KEY, 0, 0x7E5A) + tail))
+        corr, resp = p.parse_response(read_frame(s), p.ADMIN_API_KEY, 0)
+        assert corr == 0x7E5A
+        assert resp == {"error_code": Errors.INVALID_REQUEST}
+        s.sendall(framed(header_v1(p.ADMIN_API_KEY, 0, 0x7E5B) + msgpack.packb({})))
+        corr, resp = p.parse_response(read_frame(s), p.ADMIN_API_KEY, 0)
+        assert corr == 0x7E5B and resp["error_code"] == 0 and "raft" in resp
+    assert wait_counter(qcluster, address, "bad_requests", before + 1) == before + 1
+    assert_serves(qcluster, address)
+
+
 def test_describe_state_unsupported_version_answers_35(qcluster):
     address = qcluster.lc.client_addresses()[2]
     with raw_conn(address) as s:

@@ -1,0 +1,1 @@
+"""Broker-side components of pidquorum: what a Kafka-compatible broker runs next to the quorum."""

@@ -1,0 +1,576 @@
+"""The broker side of KIP-730: hand producer IDs out of quorum-allocated blocks.
+
+``ProducerIdManager.generate_producer_id()`` is what InitProducerId calls.  It
+is synchronous and O(1): it claims the next ID of the current block, moves to
+the next prefetched block when the current one is spent, and when none is
+there it raises ``CoordinatorLoadInProgressError`` at once (clients retry
+that), exactly like Kafka's broker.  It never awaits and never blocks a
+request (the old blocking design starved Kafka's request threads:
+KAFKA-14694).
+
+A background task (the *refill task*) keeps a deque of prefetched blocks.
+Kafka asks for the next block when 90 % of the current one is used and holds
+at most one block in reserve; with a 1,000-ID block, 1,000 IDs/s of demand
+and a quorum leader failover of ~1 s, that reserve (100 IDs, 0.1 s) runs dry
+and callers see COORDINATOR_LOAD_IN_PROGRESS.  Here the reserve is sized from
+the demand instead::
+
+    target_reserve = max(10 % of a block,
+                         rate * (failover_budget_s + allocate_latency))
+
+where ``rate`` is the larger of an EWMA of IDs/s over short windows and the
+peak window of the last few seconds, ``allocate_latency`` is an EWMA of
+successful AllocateProducerIds round trips, and ``failover_budget_s`` is the
+configured budget, raised to 1.5 x the longest recent wait for a block (first
+attempt -> block accepted, which includes failovers that the QuorumClient hid
+behind its own retries).  The reserve is capped at ``max_prefetch_blocks``
+queued blocks.  Blocks are fetched one at a time, so they arrive in order.
+
+Every returned block is validated before use (Kafka shipped ``<`` for ``<=``
+and handed an ID out twice: KAFKA-20031): it is refused if its start is at or
+below the last ID of the newest block this manager ever accepted, if the
+start is negative, the length is not positive, or the block would pass
+``2**63 - 1``.  A refused block is logged, counted and never used.
+
+Errors: STALE_BROKER_EPOCH / BROKER_ID_NOT_REGISTERED re-register the broker
+(same incarnation id, new epoch) and retry; an authorization failure is fatal
+(KIP-730): refilling stops and, once the blocks in hand are spent,
+``generate_producer_id()`` raises that error instead of load-in-progress.
+Everything else is retried with exponential backoff and jitter; the backoff
+is reset only when a block is *accepted* -- not by a successful
+re-registration, not by a block that was refused (KAFKA-20058 / KAFKA-20114).
+
+Threading: everything here runs on one asyncio event loop;
+``generate_producer_id()`` must be called from that loop's thread (it shares
+state with the refill task without locks, which is safe only there).
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import math
+import random
+import time
+import uuid
+from dataclasses import dataclass, replace
+from typing import Any, Awaitable, Callable, Protocol
+
+from quorum.errors import (
+    BrokerIdNotRegisteredError,
+    CoordinatorLoadInProgressError,
+    PidQuorumError,
+    RequestTimedOutError,
+    StaleBrokerEpochError,
+)
+
+log = logging.getLogger(__name__)
+
+LONG_MAX = 2 ** 63 - 1
+_NEVER = LONG_MAX + 1  # an ID no block can reach: "do not wake the refill task from the fast path"
+
+
+class PidQuorum(Protocol):
+    """What the manager needs from the quorum (``quorum.client.QuorumClient`` has it)."""
+
+    async def register_broker(self, broker_id: int, incarnation_id: uuid.UUID | None = None,
+                              listener: str = "") -> int: ...
+
+    async def allocate(self, broker_id: int, broker_epoch: int) -> Any:
+        """An object with ``start``, ``length`` and (optionally) ``throttle_ms``."""
+
+
+@dataclass
+class PidManagerConfig:
+    """Tuning of ``ProducerIdManager``.  Times in seconds."""
+
+    prefetch_threshold: float = 0.9
+    """Fraction of a block used before the next one is asked for (Kafka: 0.9); the reserve
+    never falls below ``1 - prefetch_threshold`` of a block."""
+    adaptive: bool = True
+    """Size the reserve from the measured demand; False = Kafka's fixed threshold only."""
+    failover_budget_s: float = 2.0
+    """How long the quorum may give no block (worst observed leader failover plus margin)."""
+    learn_failover_budget: bool = True
+    """Raise the budget to ``outage_margin`` x the longest recent wait for a block."""
+    outage_margin: float = 1.5
+    outage_memory_s: float = 600.0
+    """A long wait counts towards the learned budget for this long."""
+    max_prefetch_blocks: int = 64
+    """Cap on the blocks queued behind the current one."""
+    backoff_initial_s: float = 0.05
+    backoff_max_s: float = 5.0
+    backoff_jitter: float = 0.2
+    """Each delay is multiplied by a random factor in [1 - jitter, 1 + jitter]."""
+    start_timeout_s: float = 30.0
+    rate_window_s: float = 0.25
+    """Length of one demand-measurement window."""
+    rate_ewma_alpha: float = 0.3
+    rate_peak_windows: int = 40
+    """The peak of this many recent windows also bounds the rate estimate from below."""
+    latency_ewma_alpha: float = 0.2
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not 0.0 <= self.prefetch_threshold < 1.0:
+            problems.append("prefetch_threshold must be in [0, 1)")
+        if self.failover_budget_s < 0 or self.outage_margin < 0 or self.outage_memory_s < 0:
+            problems.append("failover_budget_s, outage_margin and outage_memory_s must be >= 0")
+        if self.max_prefetch_blocks < 1:
+            problems.append("max_prefetch_blocks must be >= 1")
+        if not 0 < self.backoff_initial_s <= self.backoff_max_s:
+            problems.append("need 0 < backoff_initial_s <= backoff_max_s")
+        if not 0.0 <= self.backoff_jitter < 1.0:
+            problems.append("backoff_jitter must be in [0, 1)")
+        if self.start_timeout_s <= 0 or self.rate_window_s <= 0:
+            problems.append("start_timeout_s and rate_window_s must be positive")
+        if not 0 < self.rate_ewma_alpha <= 1 or not 0 < self.latency_ewma_alpha <= 1:
+            problems.append("EWMA alphas must be in (0, 1]")
+        if self.rate_peak_windows < 1:
+            problems.append("rate_peak_windows must be >= 1")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    @classmethod
+    def kafka_fixed_threshold(cls, **overrides) -> "PidManagerConfig":
+        """Kafka's behaviour: one block in reserve, asked for at 90 % use, no demand sizing."""
+        return replace(cls(adaptive=False, failover_budget_s=0.0, learn_failover_budget=False,
+                           max_prefetch_blocks=1, prefetch_threshold=0.9), **overrides)
+
+
+def is_authorization_error(err: BaseException) -> bool:
+    """Any *_AUTHORIZATION_FAILED code: fatal for the broker (KIP-730)."""
+    return isinstance(err, PidQuorumError) and err.code.name.endswith("AUTHORIZATION_FAILED")
+
+
+class ProducerIdManager:
+    """Hands producer IDs out of quorum-allocated blocks without ever blocking (see the module doc).
+
+    ``quorum`` is a ``QuorumClient`` or anything with the same async ``register_broker``
+    and ``allocate``; the manager does not close it.  ``clock`` (monotonic seconds)
+    and ``sleep`` (an ``asyncio.sleep``-like coroutine used for backoff and throttle
+    waits) can be injected by tests.
+    """
+
+    def __init__(self, broker_id: int, quorum: PidQuorum, *, listener: str = "",
+                 config: PidManagerConfig | None = None, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+                 rng: random.Random | None = None):
+        self.broker_id = broker_id
+        self.quorum = quorum
+        self.listener = listener
+        self.config = config or PidManagerConfig()
+        self.incarnation_id = uuid.uuid4()  # one per manager instance: a retried registration keeps its epoch
+        self._clock = clock
+        self._sleep = sleep
+        self._rng = rng or random.Random()
+        self.broker_epoch: int | None = None
+
+        # Current block [start, end) with the next ID to hand out; the hot path reads only these.
+        self._cur_start = 0
+        self._next = 0
+        self._end = 0
+        self._wake_at = _NEVER
+        self._queue: collections.deque[tuple[int, int]] = collections.deque()  # (start, end) of queued blocks
+        self._queued_ids = 0
+        self._last_accepted_end: int | None = None  # exclusive end of the newest block ever accepted
+        self._block_len = 1000  # length of the last accepted block (sizes the minimum reserve)
+        self._consumed_before_current = 0  # IDs of blocks already left behind
+
+        # Refill task.
+        self._task: asyncio.Task | None = None
+        self._wake: asyncio.Event | None = None
+        self._ready: asyncio.Event | None = None
+        self._closed = False
+        self._fatal: PidQuorumError | None = None
+        self._backoff_attempts = 0
+        self._cycle_start: float | None = None  # first attempt since the last accepted block
+        self._cycle_failures = 0
+
+        # Estimates.
+        self._win_start_t: float | None = None
+        self._win_start_count = 0
+        self._rate_ewma = 0.0
+        self._rate_last = 0.0
+        self._rate_windows: collections.deque[float] = collections.deque(maxlen=self.config.rate_peak_windows)
+        self._latency_ewma: float | None = None
+        self._latency_max = 0.0
+        self._waits: collections.deque[tuple[float, float]] = collections.deque(maxlen=256)  # (when, wait) >= 50 ms
+        self._max_wait = 0.0
+        self._max_outage = 0.0  # longest wait for a block that included failed attempts
+        self._target = self._min_reserve()
+        self._peak_reserve = 0
+
+        # Counters.
+        self._load_in_progress = 0
+        self._fatal_refusals = 0
+        self._blocks_fetched = 0
+        self._blocks_rejected = 0
+        self._fetch_errors: collections.Counter[str] = collections.Counter()
+        self._register_errors: collections.Counter[str] = collections.Counter()
+        self._registrations = 0
+        self._re_registrations = 0
+        self._outages = 0
+        self._backoffs = 0
+        self._last_backoff_s = 0.0
+        self._throttle_waits = 0
+        self.backoff_delays: collections.deque[float] = collections.deque(maxlen=1000)  # for tests and stats
+
+    # ------------------------------------------------------------------ hot path
+    def generate_producer_id(self) -> int:
+        """The next producer ID.  Synchronous, never blocks, O(1); call it from the loop's thread only.
+
+        Raises ``CoordinatorLoadInProgressError`` at once when no block is in hand (the
+        client retries), or the fatal error (e.g. ``ClusterAuthorizationFailedError``)
+        once refilling has stopped for good and the blocks in hand are spent.
+        """
+        nxt = self._next
+        if nxt < self._end:
+            self._next = nxt + 1
+            if nxt >= self._wake_at:
+                self._wake_at = _NEVER
+                self._wake.set()
+            return nxt
+        return self._next_block_or_raise()
+
+    def _next_block_or_raise(self) -> int:
+        if self._queue:
+            start, end = self._queue.popleft()
+            self._queued_ids -= end - start
+            self._consumed_before_current += self._end - self._cur_start
+            self._cur_start, self._next, self._end = start, start + 1, end
+            self._wake_at = _NEVER
+            if self._wake is not None:
+                self._wake.set()  # a queue slot is free and the reserve shrank: let the task look
+            return start
+        if self._fatal is not None:
+            self._fatal_refusals += 1
+            raise type(self._fatal)(f"broker {self.broker_id}: producer IDs unavailable: {self._fatal.message}")
+        self._load_in_progress += 1
+        if self._wake is not None:
+            self._wake.set()
+        raise CoordinatorLoadInProgressError(f"broker {self.broker_id}: no producer-ID block in hand yet")
+
+    # --------------------------------------------------------------- lifecycle
+    async def start(self) -> None:
+        """Register, fetch the first block and start refilling; returns once the first block is in hand.
+
+        Raises the fatal error if the quorum refuses authorization, or
+        ``RequestTimedOutError`` after ``config.start_timeout_s``; in both cases the
+        manager is closed.
+        """
+        if self._task is not None or self._closed:
+            raise RuntimeError("ProducerIdManager.start() called twice or after close()")
+        loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        self._ready = asyncio.Event()
+        self._task = loop.create_task(self._run(), name=f"pid-refill-{self.broker_id}")
+        ready = loop.create_task(self._ready.wait())
+        try:
+            await asyncio.wait({ready, self._task}, timeout=self.config.start_timeout_s,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ready.cancel()
+        if self._fatal is not None:
+            await self.close()
+            raise self._fatal
+        if self._task.done() and not self._ready.is_set():
+            exc = None if self._task.cancelled() else self._task.exception()
+            await self.close()
+            raise exc or RuntimeError("producer-ID refill task ended before the first block")
+        if not self._ready.is_set():
+            errors = dict(self._fetch_errors + self._register_errors)
+            await self.close()
+            raise RequestTimedOutError(f"broker {self.broker_id}: no producer-ID block within "
+                                       f"{self.config.start_timeout_s:g}s (errors: {errors or 'none'}, "
+                                       f"blocks rejected: {self._blocks_rejected})")
+
+    async def close(self) -> None:
+        """Stop the refill task (cancels an allocation in flight).  IDs in hand can still be generated."""
+        self._closed = True
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+        if task is not None:
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+            except Exception:  # noqa: BLE001 - already logged by the task
+                pass
+
+    @property
+    def fatal_error(self) -> PidQuorumError | None:
+        """The error that stopped refilling for good (an authorization failure), if any."""
+        return self._fatal
+
+    # ------------------------------------------------------------- refill task
+    async def _run(self) -> None:
+        try:
+            while not self._closed and self._fatal is None:
+                now = self._clock()
+                self._sample_rate(now)
+                if self.broker_epoch is None:
+                    await self._register()
+                    continue
+                if self._needs_block():
+                    await self._fetch_one()
+                    continue
+                self._arm_wake()
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), self.config.rate_window_s)
+                except asyncio.TimeoutError:
+                    pass
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("broker %d: producer-ID refill task failed", self.broker_id)
+            raise
+
+    def _needs_block(self) -> bool:
+        if len(self._queue) >= self.config.max_prefetch_blocks:
+            return False
+        return self.reserve_ids <= self._target or (self._next >= self._end and not self._queue)
+
+    def _arm_wake(self) -> None:
+        """Set the ID at which the hot path wakes the task: the reserve falls to the target."""
+        if len(self._queue) >= self.config.max_prefetch_blocks:
+            self._wake_at = _NEVER  # nothing to do until a queued block moves up (slow path wakes)
+        else:
+            # reserve after handing out id x = (end - x - 1) + queued; at or below target when
+            # x >= end + queued - target - 1
+            self._wake_at = max(self._next, self._end + self._queued_ids - self._target - 1)
+
+    async def _register(self) -> None:
+        try:
+            self.broker_epoch = await self.quorum.register_broker(self.broker_id, self.incarnation_id,
+                                                                  self.listener)
+            self._registrations += 1
+            log.info("broker %d registered (incarnation %s): epoch %d", self.broker_id, self.incarnation_id,
+                     self.broker_epoch)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - everything but authorization is retried
+            self._note_failure()
+            if self._check_fatal(e, "BrokerRegistration"):
+                return
+            self._register_errors[type(e).__name__] += 1
+            log.warning("broker %d: registration failed: %s: %s", self.broker_id, type(e).__name__, e)
+            await self._backoff()
+
+    async def _fetch_one(self) -> None:
+        if self._cycle_start is None:
+            self._cycle_start = self._clock()
+        t0 = self._clock()
+        try:
+            block = await self.quorum.allocate(self.broker_id, self.broker_epoch)
+        except asyncio.CancelledError:
+            raise
+        except (StaleBrokerEpochError, BrokerIdNotRegisteredError) as e:
+            self._note_failure()
+            self._fetch_errors[type(e).__name__] += 1
+            self._re_registrations += 1
+            log.warning("broker %d: epoch %s refused (%s); registering again", self.broker_id, self.broker_epoch,
+                        e.code.name)
+            self.broker_epoch = None
+            await self._backoff()  # not reset: a fresh epoch is not a block (KAFKA-20058)
+            return
+        except Exception as e:  # noqa: BLE001
+            self._note_failure()
+            if self._check_fatal(e, "AllocateProducerIds"):
+                return
+            self._fetch_errors[type(e).__name__] += 1
+            log.warning("broker %d: AllocateProducerIds failed: %s: %s", self.broker_id, type(e).__name__, e)
+            await self._backoff()
+            return
+        now = self._clock()
+        start, length = block.start, block.length
+        problem = self._validate(start, length)
+        if problem is not None:
+            self._note_failure()
+            self._blocks_rejected += 1
+            log.error("broker %d: refused block start=%d length=%d from %s: %s (newest accepted end=%s)",
+                      self.broker_id, start, length, getattr(block, "node", "?"), problem,
+                      self._last_accepted_end)
+            await self._backoff()  # not reset by a refused block (KAFKA-20114)
+            return
+        self._accept(start, length, now - t0, now)
+        throttle_ms = getattr(block, "throttle_ms", 0) or 0
+        if throttle_ms > 0:
+            self._throttle_waits += 1
+            await self._sleep(throttle_ms / 1000.0)
+
+    def _validate(self, start: int, length: int) -> str | None:
+        if not isinstance(start, int) or not isinstance(length, int):
+            return "start and length must be integers"
+        if start < 0:
+            return "start is negative"
+        if length <= 0:
+            return "length is not positive"
+        if start > LONG_MAX - length:
+            return f"block would pass the last producer ID (start > {LONG_MAX} - length)"
+        if self._last_accepted_end is not None and start <= self._last_accepted_end - 1:
+            return f"start is at or below the last ID already held ({self._last_accepted_end - 1})"
+        return None
+
+    def _accept(self, start: int, length: int, latency: float, now: float) -> None:
+        end = start + length
+        if self._next >= self._end and not self._queue:
+            # Nothing in hand: the block becomes current straight away.
+            self._consumed_before_current += self._end - self._cur_start
+            self._cur_start, self._next, self._end = start, start, end
+        else:
+            self._queue.append((start, end))
+            self._queued_ids += length
+        self._last_accepted_end = end
+        self._block_len = length
+        self._blocks_fetched += 1
+        self._backoff_attempts = 0  # the only place the backoff is reset
+        a = self.config.latency_ewma_alpha
+        self._latency_ewma = latency if self._latency_ewma is None else (1 - a) * self._latency_ewma + a * latency
+        self._latency_max = max(self._latency_max, latency)
+        wait = now - (self._cycle_start if self._cycle_start is not None else now - latency)
+        if self._cycle_failures or wait >= 0.05:
+            self._waits.append((now, wait))
+        self._max_wait = max(self._max_wait, wait)
+        if self._cycle_failures:
+            self._outages += 1
+            self._max_outage = max(self._max_outage, wait)
+        self._cycle_start, self._cycle_failures = None, 0
+        self._update_target(now)
+        self._peak_reserve = max(self._peak_reserve, self.reserve_ids)
+        if self._ready is not None:
+            self._ready.set()
+
+    def _note_failure(self) -> None:
+        if self._cycle_start is None:
+            self._cycle_start = self._clock()
+        self._cycle_failures += 1
+
+    def _check_fatal(self, err: Exception, what: str) -> bool:
+        if not is_authorization_error(err):
+            return False
+        self._fatal = err
+        self._fetch_errors[type(err).__name__] += 1
+        log.error("broker %d: %s refused: %s: not authorized (KIP-730: fatal); no more producer-ID blocks "
+                  "(%d IDs left in hand)", self.broker_id, what, err.code.name, self.reserve_ids)
+        if self._ready is not None:
+            self._ready.set()
+        return True
+
+    async def _backoff(self) -> None:
+        c = self.config
+        base = min(c.backoff_max_s, c.backoff_initial_s * (2 ** min(self._backoff_attempts, 62)))
+        self._backoff_attempts += 1
+        delay = min(c.backoff_max_s, base * (1 + c.backoff_jitter * (2 * self._rng.random() - 1)))
+        self._backoffs += 1
+        self._last_backoff_s = delay
+        self.backoff_delays.append(delay)
+        await self._sleep(delay)
+
+    # --------------------------------------------------------------- estimates
+    def _sample_rate(self, now: float) -> None:
+        consumed = self.generated
+        if self._win_start_t is None:
+            self._win_start_t, self._win_start_count = now, consumed
+            return
+        dt = now - self._win_start_t
+        if dt < self.config.rate_window_s:
+            return
+        rate = (consumed - self._win_start_count) / dt
+        a = self.config.rate_ewma_alpha
+        self._rate_ewma = rate if not self._rate_windows else (1 - a) * self._rate_ewma + a * rate
+        self._rate_last = rate
+        self._rate_windows.append(rate)
+        self._win_start_t, self._win_start_count = now, consumed
+        self._update_target(now)
+
+    @property
+    def rate_estimate(self) -> float:
+        """IDs/s the reserve is sized for: max(EWMA, peak of the recent windows)."""
+        return max(self._rate_ewma, max(self._rate_windows, default=0.0))
+
+    def failover_budget(self, now: float | None = None) -> float:
+        """The configured budget, raised to ``outage_margin`` x the longest recent wait for a block."""
+        c = self.config
+        budget = c.failover_budget_s
+        if c.learn_failover_budget and self._waits:
+            now = self._clock() if now is None else now
+            recent = [w for t, w in self._waits if now - t <= c.outage_memory_s]
+            if recent:
+                budget = max(budget, c.outage_margin * max(recent))
+        return budget
+
+    def _min_reserve(self) -> int:
+        return max(1, math.ceil((1.0 - self.config.prefetch_threshold) * self._block_len))
+
+    def _update_target(self, now: float) -> None:
+        c = self.config
+        target = self._min_reserve()
+        if c.adaptive:
+            horizon = self.failover_budget(now) + (self._latency_ewma or 0.0)
+            target = max(target, math.ceil(self.rate_estimate * horizon))
+        self._target = min(target, c.max_prefetch_blocks * self._block_len)
+
+    # ------------------------------------------------------------------- views
+    @property
+    def generated(self) -> int:
+        """IDs handed out so far."""
+        return self._consumed_before_current + (self._next - self._cur_start)
+
+    @property
+    def reserve_ids(self) -> int:
+        """IDs in hand: the rest of the current block plus the queued blocks."""
+        return max(0, self._end - self._next) + self._queued_ids
+
+    @property
+    def target_reserve(self) -> int:
+        return self._target
+
+    def stats(self) -> dict:
+        now = self._clock()
+        has_current = self._end > self._cur_start
+        return {
+            "broker_id": self.broker_id,
+            "broker_epoch": self.broker_epoch,
+            "incarnation_id": str(self.incarnation_id),
+            "current_block": ({"start": self._cur_start, "end": self._end, "last_id": self._end - 1,
+                               "next": self._next, "remaining": max(0, self._end - self._next)}
+                              if has_current else None),
+            "queued_blocks": [[s, e - s] for s, e in self._queue],
+            "queued_block_count": len(self._queue),
+            "reserve_ids": self.reserve_ids,
+            "peak_reserve_ids": self._peak_reserve,
+            "target_reserve_ids": self._target,
+            "rate_estimate_per_s": self.rate_estimate,
+            "rate_ewma_per_s": self._rate_ewma,
+            "rate_peak_per_s": max(self._rate_windows, default=0.0),
+            "rate_last_window_per_s": self._rate_last,
+            "failover_budget_s": self.failover_budget(now),
+            "allocate_latency_ewma_s": self._latency_ewma,
+            "allocate_latency_max_s": self._latency_max,
+            "max_block_wait_s": self._max_wait,
+            "max_outage_s": self._max_outage,
+            "backoff_attempts": self._backoff_attempts,
+            "last_backoff_s": self._last_backoff_s,
+            "fatal_error": None if self._fatal is None else f"{self._fatal.code.name}: {self._fatal.message}",
+            "closed": self._closed,
+            "counters": {
+                "generated": self.generated,
+                "load_in_progress": self._load_in_progress,
+                "fatal_refusals": self._fatal_refusals,
+                "blocks_fetched": self._blocks_fetched,
+                "blocks_rejected": self._blocks_rejected,
+                "fetch_errors": dict(self._fetch_errors),
+                "register_errors": dict(self._register_errors),
+                "registrations": self._registrations,
+                "re_registrations": self._re_registrations,
+                "outages": self._outages,
+                "backoffs": self._backoffs,
+                "throttle_waits": self._throttle_waits,
+            },
+        }
+
+
+__all__ = ["PidManagerConfig", "PidQuorum", "ProducerIdManager", "is_authorization_error", "LONG_MAX"]

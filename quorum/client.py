@@ -15,6 +15,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from records import InitTransactionalProducerRequest
+
 from . import protocol as p
 from .errors import Errors, PidQuorumError, RequestTimedOutError, for_code
 
@@ -80,8 +82,8 @@ class Connection:
                     await self.connect(timeout)
         assert self._writer is not None
         corr = next(self._ids) & 0x7FFFFFFF
-        if isinstance(body, dict):
-            frame, api_key, version = p.encode_admin_request(body, corr, self.client_id), p.ADMIN_API_KEY, 0
+        if not hasattr(body, "__api_key__"):  # a pidquorum msgpack API
+            frame, api_key, version = p.encode_admin_request(body, corr, self.client_id), p.msgpack_api_of(body), 0
         else:
             frame, api_key, version = p.encode_request(body, corr, self.client_id), body.__api_key__, body.__version__
         fut = asyncio.get_running_loop().create_future()
@@ -161,11 +163,12 @@ class QuorumClient:
             try:
                 resp = await self._conn(address).call(body, min(self.policy.attempt_timeout, max(remaining, 0.01)))
                 code = Errors.of(int(resp["error_code"] if isinstance(resp, dict) else resp.error_code))
+                message = getattr(resp, "error_message", None) if not isinstance(resp, dict) else None
                 if code == Errors.NONE:
                     self._preferred = (self._preferred + attempt) % n
                     return resp, address
                 throttle = _throttle_ms(resp)
-                err = for_code(code, f"{address}: {code.name}", throttle)
+                err = for_code(code, f"{address}: {message or code.name}", throttle)
                 if not err.retriable:
                     raise err
                 errors.append(f"{address}: {code.name}")
@@ -202,6 +205,21 @@ class QuorumClient:
                                 broker_epoch=p.i64(broker_epoch))
         resp, node = await self._call_any(body)
         return AllocatedBlock(int(resp.producer_id_start), int(resp.producer_id_len), _throttle_ms(resp), node)
+
+    async def init_transactional(self, broker_id: int, broker_epoch: int, transactional_id: str,
+                                 transaction_timeout_ms: int, producer_id: int = -1,
+                                 producer_epoch: int = -1) -> tuple[int, int]:
+        """InitProducerId for a transactional id, decided and stored by the quorum: (producer id, epoch).
+
+        Raises ProducerFencedError, InvalidTransactionTimeoutError, StaleBrokerEpochError ...
+        (not retried) or RequestTimedOutError after the policy's timeout.
+        """
+        body = InitTransactionalProducerRequest(broker_id=broker_id, broker_epoch=broker_epoch,
+                                                transactional_id=transactional_id,
+                                                transaction_timeout_ms=transaction_timeout_ms,
+                                                producer_id=producer_id, producer_epoch=producer_epoch)
+        resp, _ = await self._call_any(body)
+        return int(resp.producer_id), int(resp.producer_epoch)
 
     async def describe(self, address: str, action: str | None = None) -> dict:
         """DescribeState from one node (no failover: the caller asked for that node).

@@ -59,6 +59,8 @@ class NodeConfig:
     allocate_burst: int = 2000
     max_frame_bytes: int = 1024 * 1024
     max_batch: int = 512
+    transactional_id_expiration_ms: int = 7 * 24 * 3600 * 1000   # Kafka's transactional.id.expiration.ms
+    transaction_max_timeout_ms: int = 15 * 60 * 1000               # Kafka's transaction.max.timeout.ms
     raft: RaftConfig = field(default_factory=RaftConfig)
 
     def client_address_of(self, raft_address: str) -> str | None:
@@ -88,6 +90,9 @@ class NodeConfig:
             raise ConfigError("allocate_rate_per_broker must be >= 0 and allocate_burst >= 1")
         if self.max_frame_bytes < 1024:
             raise ConfigError("max_frame_bytes must be at least 1024")
+        if self.transactional_id_expiration_ms <= 0 or not 0 < self.transaction_max_timeout_ms <= 2**31 - 1:
+            raise ConfigError("transactional_id_expiration_ms and transaction_max_timeout_ms must be positive "
+                              "(the timeout at most 2147483647)")
         try:
             self.raft.validate()
         except ValueError as e:

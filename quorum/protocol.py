@@ -3,9 +3,12 @@
 Pure functions: bytes in, values out.  Framing (a 4-byte big-endian size) and
 dispatch live in ``quorum.server`` / ``quorum.client``.
 
-Besides the Kafka APIs, one pidquorum API (``ADMIN_API_KEY``) carries a
-msgpack body: ``DescribeState``, the node's Raft status and state summary, used
-by ``pidctl quorum status`` and ``pidctl blocks latest``.
+Besides the Kafka APIs, two pidquorum APIs carry msgpack bodies:
+``DescribeState`` (``ADMIN_API_KEY``), the node's Raft status and state
+summary, used by ``pidctl quorum status`` and ``pidctl blocks latest``; and
+``InitTransactionalProducer`` (``TXN_API_KEY``), whose request and response
+are the records of the same names (records/schema.py), with which a broker
+applies InitProducerId to a transactional id in the quorum.
 """
 from __future__ import annotations
 
@@ -25,6 +28,9 @@ from kio.serial import entity_reader, entity_writer
 from kio.serial.errors import SerialError
 from kio.static.primitive import i16, i32, i64, u16
 
+from records import InitTransactionalProducerRequest, InitTransactionalProducerResponse, RecordError
+from records.codec import from_obj, to_obj
+
 from .errors import Errors
 from .wirecheck import FrameBoundsError, check_request
 
@@ -33,6 +39,8 @@ BROKER_REGISTRATION = 62
 BROKER_HEARTBEAT = 63
 ALLOCATE_PRODUCER_IDS = 67
 ADMIN_API_KEY = 10001  # pidquorum DescribeState (msgpack body); outside Kafka's key space
+TXN_API_KEY = 10002    # pidquorum InitTransactionalProducer (msgpack body, records.InitTransactionalProducer*)
+MSGPACK_APIS = {ADMIN_API_KEY: "DescribeState", TXN_API_KEY: "InitTransactionalProducer"}
 
 SUPPORTED: dict[int, tuple[int, int]] = {
     API_VERSIONS: (0, 3),
@@ -42,7 +50,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
 }
 API_NAMES = {API_VERSIONS: "ApiVersions", BROKER_REGISTRATION: "BrokerRegistration",
              BROKER_HEARTBEAT: "BrokerHeartbeat", ALLOCATE_PRODUCER_IDS: "AllocateProducerIds",
-             ADMIN_API_KEY: "DescribeState"}
+             **MSGPACK_APIS}
 DEFAULT_MAX_FRAME = 1024 * 1024
 SIZE = struct.Struct(">i")
 
@@ -75,59 +83,84 @@ def _ms(ms: int) -> datetime.timedelta:
     return datetime.timedelta(milliseconds=max(0, int(ms)))
 
 
-def parse_request(frame: bytes) -> Request:
+def parse_request(frame: bytes, supported: dict[int, tuple[int, int]] | None = None,
+                  names: dict[int, str] | None = None) -> Request:
+    """Parse one request frame (size prefix removed).
+
+    ``supported`` (API key -> version range) and ``names`` default to the
+    quorum's client port; the broker front end passes its own.  The msgpack
+    APIs are served only where ``supported`` is the quorum's.
+    """
+    quorum_port = supported is None
+    supported = SUPPORTED if supported is None else supported
+    names = API_NAMES if names is None else names
     if len(frame) < 8:
         raise FrameError(f"truncated request header ({len(frame)} bytes)")
     api_key, api_version, correlation_id = struct.unpack_from(">hhi", frame)
-    if api_key == ADMIN_API_KEY:
-        return _parse_admin(frame, api_version, correlation_id)
-    if api_key not in SUPPORTED:
+    if quorum_port and api_key in MSGPACK_APIS:
+        return _parse_msgpack(frame, api_key, api_version, correlation_id)
+    if api_key not in supported:
         raise FrameError(f"unknown API key {api_key}")
-    lo, hi = SUPPORTED[api_key]
+    lo, hi = supported[api_key]
+    name = names.get(api_key, f"API {api_key}")
     if not lo <= api_version <= hi:
         raise BadRequest(api_key, api_version, correlation_id, Errors.UNSUPPORTED_VERSION,
-                         f"{API_NAMES[api_key]} v{api_version} is not supported (supported: v{lo}-v{hi})")
+                         f"{name} v{api_version} is not supported (supported: v{lo}-v{hi})")
     req_cls = load_request_schema(api_key, api_version)
     try:
         check_request(frame, req_cls.__header_schema__, req_cls)
     except FrameBoundsError as e:
         raise BadRequest(api_key, api_version, correlation_id, Errors.INVALID_REQUEST,
-                         f"malformed {API_NAMES[api_key]} v{api_version} request: {e}") from None
+                         f"malformed {name} v{api_version} request: {e}") from None
     try:
         header, off = entity_reader(req_cls.__header_schema__)(frame, 0)
     except (SerialError, ValueError, UnicodeDecodeError, KeyError) as e:  # kio: KeyError for unknown tags
         raise BadRequest(api_key, api_version, correlation_id, Errors.INVALID_REQUEST,
-                         f"unreadable {API_NAMES[api_key]} v{api_version} header: {type(e).__name__}: {e}") from None
+                         f"unreadable {name} v{api_version} header: {type(e).__name__}: {e}") from None
     try:
         body, size = entity_reader(req_cls)(frame, off)  # kio readers return (value, bytes read)
         off += size
     except (SerialError, ValueError, UnicodeDecodeError, TypeError, KeyError) as e:
         raise BadRequest(api_key, api_version, correlation_id, Errors.INVALID_REQUEST,
-                         f"malformed {API_NAMES[api_key]} v{api_version} body: {type(e).__name__}: {e}") from None
+                         f"malformed {name} v{api_version} body: {type(e).__name__}: {e}") from None
     if off != len(frame):
         raise BadRequest(api_key, api_version, correlation_id, Errors.INVALID_REQUEST,
-                         f"{len(frame) - off} unexpected bytes after the {API_NAMES[api_key]} body")
+                         f"{len(frame) - off} unexpected bytes after the {name} body")
     return Request(api_key, api_version, correlation_id, header.client_id, body, frame)
 
 
-def _parse_admin(frame: bytes, api_version: int, correlation_id: int) -> Request:
+def _parse_msgpack(frame: bytes, api_key: int, api_version: int, correlation_id: int) -> Request:
+    name = MSGPACK_APIS[api_key]
     try:
         header, off = entity_reader(RequestHeaderV1)(frame, 0)
     except (SerialError, ValueError, UnicodeDecodeError) as e:
-        raise BadRequest(ADMIN_API_KEY, api_version, correlation_id, Errors.INVALID_REQUEST,
-                         f"unreadable DescribeState v{api_version} header: {type(e).__name__}: {e}") from None
+        raise BadRequest(api_key, api_version, correlation_id, Errors.INVALID_REQUEST,
+                         f"unreadable {name} v{api_version} header: {type(e).__name__}: {e}") from None
     if api_version != 0:
-        raise BadRequest(ADMIN_API_KEY, api_version, correlation_id, Errors.UNSUPPORTED_VERSION,
-                         f"DescribeState v{api_version} is not supported (supported: v0-v0)")
+        raise BadRequest(api_key, api_version, correlation_id, Errors.UNSUPPORTED_VERSION,
+                         f"{name} v{api_version} is not supported (supported: v0-v0)")
     try:
         body = msgpack.unpackb(frame[off:], raw=False)
     except (ValueError, msgpack.ExtraData) as e:
-        raise BadRequest(ADMIN_API_KEY, api_version, correlation_id, Errors.INVALID_REQUEST,
-                         f"malformed DescribeState body: {e}") from None
-    if not isinstance(body, dict):
-        raise BadRequest(ADMIN_API_KEY, api_version, correlation_id, Errors.INVALID_REQUEST,
-                         "DescribeState body must be a map")
-    return Request(ADMIN_API_KEY, api_version, correlation_id, header.client_id, body, frame)
+        raise BadRequest(api_key, api_version, correlation_id, Errors.INVALID_REQUEST,
+                         f"malformed {name} body: {e}") from None
+    if api_key == TXN_API_KEY:
+        try:
+            body = decode_payload(body, InitTransactionalProducerRequest)
+        except RecordError as e:
+            raise BadRequest(api_key, api_version, correlation_id, Errors.INVALID_REQUEST,
+                             f"malformed {name} body: {e}") from None
+    elif not isinstance(body, dict):
+        raise BadRequest(api_key, api_version, correlation_id, Errors.INVALID_REQUEST, f"{name} body must be a map")
+    return Request(api_key, api_version, correlation_id, header.client_id, body, frame)
+
+
+def decode_payload(obj: Any, cls: type) -> Any:
+    """A msgpack-decoded ``[type, version, fields]`` payload of the expected record class."""
+    rec = from_obj(obj)
+    if not isinstance(rec, cls):
+        raise RecordError(f"expected {cls.SPEC.name}, got {type(rec).SPEC.name}")
+    return rec
 
 
 # ----------------------------------------------------------------- responses
@@ -136,9 +169,9 @@ def _parse_admin(frame: bytes, api_version: int, correlation_id: int) -> Request
 def encode_response(api_key: int, api_version: int, correlation_id: int, body: Any) -> bytes:
     """A whole response frame, size prefix included."""
     buf = io.BytesIO()
-    if api_key == ADMIN_API_KEY:
+    if api_key in MSGPACK_APIS:
         entity_writer(ResponseHeaderV0)(buf, ResponseHeaderV0(correlation_id=i32(correlation_id)))
-        buf.write(msgpack.packb(body, use_bin_type=True))
+        buf.write(msgpack.packb(body if isinstance(body, dict) else to_obj(body), use_bin_type=True))
     else:
         resp_cls = load_response_schema(api_key, api_version)
         entity_writer(resp_cls.__header_schema__)(buf, resp_cls.__header_schema__(correlation_id=i32(correlation_id)))
@@ -147,12 +180,13 @@ def encode_response(api_key: int, api_version: int, correlation_id: int, body: A
     return SIZE.pack(len(data)) + data
 
 
-def api_versions_body(version: int, code: Errors = Errors.NONE) -> Any:
+def api_versions_body(version: int, code: Errors = Errors.NONE,
+                      supported: dict[int, tuple[int, int]] | None = None) -> Any:
     resp_cls = load_response_schema(API_VERSIONS, version)
     module = __import__(resp_cls.__module__, fromlist=["ApiVersion"])
     entry_cls = getattr(module, "ApiVersion", None) or getattr(module, "ApiVersionsResponseKey")
     keys = tuple(entry_cls(api_key=i16(k), min_version=i16(lo), max_version=i16(hi))
-                 for k, (lo, hi) in sorted(SUPPORTED.items()))
+                 for k, (lo, hi) in sorted((SUPPORTED if supported is None else supported).items()))
     kwargs: dict[str, Any] = {"error_code": ErrorCode(int(code)), "api_keys": keys}
     if version >= 1:
         kwargs["throttle_time"] = _ms(0)
@@ -163,6 +197,8 @@ def error_body(api_key: int, api_version: int, code: Errors, throttle_ms: int = 
     """The response body that carries only an error, for any supported API and version."""
     if api_key == ADMIN_API_KEY:
         return {"error_code": int(code)}
+    if api_key == TXN_API_KEY:
+        return InitTransactionalProducerResponse(error_code=int(code), error_message=code.name)
     if api_key == API_VERSIONS:
         return api_versions_body(api_version, code)
     resp_cls = load_response_schema(api_key, api_version)
@@ -178,18 +214,29 @@ def error_body(api_key: int, api_version: int, code: Errors, throttle_ms: int = 
     raise ValueError(f"no error body for API {api_key}")  # pragma: no cover
 
 
-def error_response(bad: BadRequest) -> bytes:
+def error_response(bad: BadRequest, supported: dict[int, tuple[int, int]] | None = None,
+                   make_body: Any = None) -> bytes:
     """Answer a bad request.  An unsupported version is answered in the nearest supported
-    version's layout (ApiVersions: v0, as Kafka does, with the supported ranges)."""
+    version's layout (ApiVersions: v0, as Kafka does, with the supported ranges).
+
+    ``supported`` and ``make_body(api_key, version, code)`` default to the quorum port's.
+    """
     api_key, version = bad.api_key, bad.api_version
-    if api_key == ADMIN_API_KEY:
+    table = SUPPORTED if supported is None else supported
+    if api_key in MSGPACK_APIS and supported is None:
         version = 0
     else:
-        lo, hi = SUPPORTED[api_key]
+        lo, hi = table[api_key]
         if api_key == API_VERSIONS and not lo <= version <= hi:
             version = 0
         version = min(max(version, lo), hi)
-    return encode_response(api_key, version, bad.correlation_id, error_body(api_key, version, bad.code))
+    if api_key == API_VERSIONS:
+        body = api_versions_body(version, bad.code, table)
+    elif api_key == TXN_API_KEY and supported is None:
+        body = InitTransactionalProducerResponse(error_code=int(bad.code), error_message=bad.message)
+    else:
+        body = (make_body or error_body)(api_key, version, bad.code)
+    return encode_response(api_key, version, bad.correlation_id, body)
 
 
 def allocate_response(start: int, length: int, throttle_ms: int = 0) -> Any:
@@ -224,21 +271,34 @@ def encode_request(body: Any, correlation_id: int, client_id: str = "pidquorum")
     return SIZE.pack(len(data)) + data
 
 
-def encode_admin_request(body: dict, correlation_id: int, client_id: str = "pidquorum") -> bytes:
+def msgpack_api_of(body: Any) -> int:
+    """The msgpack API a request body belongs to: a dict is DescribeState, a record its own API."""
+    if isinstance(body, dict):
+        return ADMIN_API_KEY
+    if isinstance(body, InitTransactionalProducerRequest):
+        return TXN_API_KEY
+    raise TypeError(f"not a pidquorum msgpack request: {type(body).__name__}")
+
+
+def encode_admin_request(body: Any, correlation_id: int, client_id: str = "pidquorum") -> bytes:
+    """A msgpack API request frame: DescribeState (a dict) or InitTransactionalProducer (its record)."""
     buf = io.BytesIO()
-    entity_writer(RequestHeaderV1)(buf, RequestHeaderV1(request_api_key=i16(ADMIN_API_KEY),
+    entity_writer(RequestHeaderV1)(buf, RequestHeaderV1(request_api_key=i16(msgpack_api_of(body)),
                                                         request_api_version=i16(0),
                                                         correlation_id=i32(correlation_id), client_id=client_id))
-    buf.write(msgpack.packb(body, use_bin_type=True))
+    buf.write(msgpack.packb(body if isinstance(body, dict) else to_obj(body), use_bin_type=True))
     data = buf.getvalue()
     return SIZE.pack(len(data)) + data
 
 
 def parse_response(frame: bytes, api_key: int, api_version: int) -> tuple[int, Any]:
     """(correlation id, body) of a response frame (size prefix removed)."""
-    if api_key == ADMIN_API_KEY:
+    if api_key in MSGPACK_APIS:
         header, off = entity_reader(ResponseHeaderV0)(frame, 0)
-        return header.correlation_id, msgpack.unpackb(frame[off:], raw=False)
+        obj = msgpack.unpackb(frame[off:], raw=False)
+        if api_key == TXN_API_KEY:
+            obj = decode_payload(obj, InitTransactionalProducerResponse)
+        return header.correlation_id, obj
     resp_cls = load_response_schema(api_key, api_version)
     header, off = entity_reader(resp_cls.__header_schema__)(frame, 0)
     body, _ = entity_reader(resp_cls)(frame, off)

@@ -19,6 +19,8 @@ import logging
 import time
 from typing import Any
 
+from records import InitTransactionalProducerResponse
+
 from . import protocol as p
 from .client import Connection, ConnectionFailed
 from .errors import (
@@ -29,6 +31,7 @@ from .errors import (
     RequestTimedOutError,
     ThrottlingQuotaExceededError,
 )
+from .managers import TxnSettings
 from .service import Proposer, Service
 
 log = logging.getLogger(__name__)
@@ -141,6 +144,8 @@ class QuorumServer:
                 log.info("client %s: %s v%d -> %s: %s", peer, p.API_NAMES.get(req.api_key), req.api_version,
                          e.code.name, e.message)
             body = p.error_body(req.api_key, req.api_version, e.code, e.throttle_ms)
+            if req.api_key == p.TXN_API_KEY:
+                body = InitTransactionalProducerResponse(error_code=int(e.code), error_message=e.message)
         except Exception:  # noqa: BLE001 - request boundary: log, answer, keep serving
             log.exception("client %s: %s v%d failed", peer, p.API_NAMES.get(req.api_key), req.api_version)
             body = p.error_body(req.api_key, req.api_version, Errors.UNKNOWN_SERVER_ERROR)
@@ -172,6 +177,17 @@ class QuorumServer:
             result = await self._route(req, "heartbeat", args)
             if isinstance(result, dict):
                 return p.heartbeat_response(req.api_version, result["is_fenced"], result["should_shut_down"])
+            return result
+        if req.api_key == p.TXN_API_KEY:
+            args = {"broker_id": b.broker_id, "broker_epoch": b.broker_epoch,
+                    "transactional_id": b.transactional_id, "timeout_ms": b.transaction_timeout_ms,
+                    "producer_id": b.producer_id, "producer_epoch": b.producer_epoch,
+                    "settings": TxnSettings(self.cfg.transactional_id_expiration_ms,
+                                            self.cfg.transaction_max_timeout_ms)}
+            result = await self._route(req, "init_txn", args)
+            if isinstance(result, tuple):
+                return InitTransactionalProducerResponse(error_code=0, producer_id=result[0],
+                                                         producer_epoch=result[1])
             return result
         if req.api_key == p.ALLOCATE_PRODUCER_IDS:
             args = {"broker_id": int(b.broker_id), "broker_epoch": int(b.broker_epoch)}

@@ -116,7 +116,7 @@ def _file_info(path: str) -> dict[str, Any]:
 
 @dataclass
 class Op:
-    kind: str  # "register" | "heartbeat" | "allocate"
+    kind: str  # "register" | "heartbeat" | "allocate" | "init_txn"
     args: dict[str, Any]
     future: asyncio.Future = field(repr=False)
 
@@ -130,6 +130,11 @@ class Op:
         if self.kind == "heartbeat":
             return state.registrations.generate_heartbeat(a["broker_id"], a["broker_epoch"], a["want_fence"],
                                                           a["want_shut_down"], now_ms)
+        if self.kind == "init_txn":
+            return state.transactions.generate_init(
+                a["broker_id"], a["broker_epoch"], a["transactional_id"], a["timeout_ms"], a["producer_id"],
+                a["producer_epoch"], registrations=state.registrations, producer_ids=state.producer_ids,
+                now_ms=now_ms, settings=a["settings"])
         raise ValueError(f"unknown op {self.kind}")  # pragma: no cover
 
     def finish(self, response: Any = None, error: PidQuorumError | None = None) -> None:

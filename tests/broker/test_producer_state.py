@@ -1,0 +1,402 @@
+"""Unit tests for broker.producer_state: Kafka's idempotence rules, expiry, snapshots, recovery from the log."""
+from __future__ import annotations
+
+import os
+
+import msgpack
+import pytest
+
+from broker.log import PartitionLog
+from broker.producer_state import (
+    MAX_CACHED_BATCHES,
+    SNAPSHOT_MAGIC,
+    Action,
+    ProducerStateManager,
+    list_snapshots,
+    read_snapshot,
+    snapshot_path,
+)
+from broker.recordbatch import INT32_MAX, BatchHeader, encode_batch, parse_header
+from quorum.errors import CorruptFileError, Errors
+
+NOW = 1_700_000_000_000
+DAY = 24 * 3600 * 1000
+
+
+def raw(pid: int, epoch: int, seq: int, n: int = 1) -> bytes:
+    return encode_batch([(None, b"v%d" % i) for i in range(n)], producer_id=pid, producer_epoch=epoch,
+                        base_sequence=seq, timestamp_ms=NOW)
+
+
+def hdr(pid: int, epoch: int, seq: int, n: int = 1) -> BatchHeader:
+    return parse_header(raw(pid, epoch, seq, n))
+
+
+def plain(n: int = 1) -> BatchHeader:
+    return parse_header(encode_batch([(None, b"x")] * n))
+
+
+class Sim:
+    """A manager plus a fake log end, appending the way the partition does."""
+
+    def __init__(self):
+        self.m = ProducerStateManager()
+        self.end = 0
+
+    def append(self, h: BatchHeader, now: int = NOW) -> int:
+        d = self.m.check(h)
+        assert d.action is Action.APPEND, d
+        first = self.end
+        self.m.update(h, first, now)
+        self.end += h.records_count
+        return first
+
+
+# ------------------------------------------------------------------ the rules
+
+def test_non_idempotent_batches_are_always_appended():
+    s = Sim()
+    for _ in range(3):
+        s.append(plain(2))
+    assert len(s.m) == 0
+
+
+def test_unknown_producer_is_accepted_at_sequence_zero_and_at_any_sequence():
+    m = ProducerStateManager()
+    assert m.check(hdr(7, 0, 0)).action is Action.APPEND
+    # KIP-360 (Kafka >= 2.5): state may have expired while the producer lived on.
+    assert m.check(hdr(7, 0, 123)).action is Action.APPEND
+    assert m.check(hdr(7, 3, INT32_MAX)).action is Action.APPEND
+
+
+def test_in_sequence_batches_are_appended_and_gaps_refused():
+    s = Sim()
+    s.append(hdr(1, 0, 0, n=3))  # sequences 0..2
+    assert s.m.get(1).last_seq == 2
+    assert s.m.check(hdr(1, 0, 3)).action is Action.APPEND
+    gap = s.m.check(hdr(1, 0, 4))
+    assert (gap.action, gap.error) == (Action.ERROR, Errors.OUT_OF_ORDER_SEQUENCE_NUMBER)
+    assert "expected 3" in gap.message
+    back = s.m.check(hdr(1, 0, 1))  # overlaps, not a cached batch
+    assert back.error == Errors.OUT_OF_ORDER_SEQUENCE_NUMBER
+
+
+def test_duplicate_of_a_cached_batch_answers_the_original_offsets():
+    s = Sim()
+    s.append(plain(10))  # other traffic first, so offsets are not sequences
+    firsts = [s.append(hdr(1, 0, seq, n=2)) for seq in range(0, 10, 2)]
+    for seq, first in zip(range(0, 10, 2), firsts):
+        d = s.m.check(hdr(1, 0, seq, n=2))
+        assert (d.action, d.error, d.first_offset, d.last_offset) == (Action.DUPLICATE, Errors.NONE, first, first + 1)
+
+
+def test_same_first_sequence_with_a_different_length_is_not_a_duplicate():
+    s = Sim()
+    s.append(hdr(1, 0, 0, n=2))
+    assert s.m.check(hdr(1, 0, 0, n=3)).error == Errors.OUT_OF_ORDER_SEQUENCE_NUMBER
+
+
+def test_only_the_last_five_batches_are_cached():
+    s = Sim()
+    for seq in range(6):
+        s.append(hdr(1, 0, seq))
+    assert [b.first_seq for b in s.m.get(1).batches] == [1, 2, 3, 4, 5]
+    assert MAX_CACHED_BATCHES == 5
+    oldest = s.m.check(hdr(1, 0, 0))  # the 6th-oldest batch, retried
+    assert (oldest.action, oldest.error) == (Action.ERROR, Errors.OUT_OF_ORDER_SEQUENCE_NUMBER)
+    assert s.m.check(hdr(1, 0, 1)).action is Action.DUPLICATE
+
+
+def test_older_epoch_is_fenced_even_for_a_cached_sequence():
+    s = Sim()
+    s.append(hdr(1, 5, 0))
+    d = s.m.check(hdr(1, 4, 0))
+    assert (d.action, d.error) == (Action.ERROR, Errors.INVALID_PRODUCER_EPOCH)
+    assert "epoch 4" in d.message and "5" in d.message
+    assert s.m.check(hdr(1, 4, 1)).error == Errors.INVALID_PRODUCER_EPOCH
+
+
+def test_epoch_bump_must_restart_at_zero_and_resets_the_cache():
+    s = Sim()
+    for seq in range(3):
+        s.append(hdr(1, 0, seq))
+    bad = s.m.check(hdr(1, 1, 3))
+    assert bad.error == Errors.OUT_OF_ORDER_SEQUENCE_NUMBER and "sequence 0" in bad.message
+    s.append(hdr(1, 1, 0))
+    e = s.m.get(1)
+    assert e.epoch == 1 and [b.first_seq for b in e.batches] == [0]
+    assert s.m.check(hdr(1, 0, 2)).error == Errors.INVALID_PRODUCER_EPOCH  # retry from the old epoch
+    assert s.m.check(hdr(1, 1, 0)).action is Action.DUPLICATE
+    assert s.m.check(hdr(1, 1, 1)).action is Action.APPEND
+
+
+def test_sequence_wraps_from_int32_max_to_zero():
+    s = Sim()
+    s.append(hdr(1, 0, INT32_MAX - 1, n=2))  # MAX-1, MAX
+    assert s.m.get(1).last_seq == INT32_MAX
+    assert s.m.check(hdr(1, 0, 0)).action is Action.APPEND
+    assert s.m.check(hdr(1, 0, INT32_MAX)).error == Errors.OUT_OF_ORDER_SEQUENCE_NUMBER
+    s.append(hdr(1, 0, 0, n=3))
+    assert s.m.check(hdr(1, 0, 3)).action is Action.APPEND
+    # a batch that itself wraps: MAX, 0, 1
+    t = Sim()
+    t.append(hdr(2, 0, INT32_MAX - 3, n=3))  # MAX-3..MAX-1
+    t.append(hdr(2, 0, INT32_MAX, n=3))
+    assert t.m.get(2).last_seq == 1
+    assert t.m.check(hdr(2, 0, INT32_MAX, n=3)).action is Action.DUPLICATE
+    assert t.m.check(hdr(2, 0, 2)).action is Action.APPEND
+
+
+def test_producers_are_independent():
+    s = Sim()
+    s.append(hdr(1, 0, 0))
+    s.append(hdr(2, 3, 0))
+    assert s.m.check(hdr(1, 0, 1)).action is Action.APPEND
+    assert s.m.check(hdr(2, 3, 1)).action is Action.APPEND
+    assert s.m.check(hdr(2, 0, 1)).error == Errors.INVALID_PRODUCER_EPOCH
+    assert s.m.check(hdr(3, 0, 9)).action is Action.APPEND
+
+
+def test_check_does_not_change_the_state():
+    s = Sim()
+    s.append(hdr(1, 0, 0))
+    before = s.m.producers()
+    for h in (hdr(1, 0, 1), hdr(1, 1, 0), hdr(9, 0, 0), hdr(1, 0, 0)):
+        s.m.check(h)
+    s.m.check_all([hdr(1, 0, 1), hdr(1, 0, 2), hdr(1, 1, 0), hdr(5, 0, 0)], next_offset=s.end)
+    assert s.m.producers() == before
+
+
+# ------------------------------------------------------------------ several batches in one request
+
+def test_check_all_sees_earlier_batches_of_the_same_request():
+    m = ProducerStateManager()
+    ds = m.check_all([hdr(1, 0, 0, n=2), hdr(1, 0, 2), hdr(1, 0, 4)], next_offset=100)
+    assert [d.action for d in ds] == [Action.APPEND, Action.APPEND, Action.ERROR]
+    assert ds[2].error == Errors.OUT_OF_ORDER_SEQUENCE_NUMBER and "expected 3" in ds[2].message
+
+
+def test_check_all_duplicate_within_the_request_gets_the_offsets_it_will_have():
+    m = ProducerStateManager()
+    ds = m.check_all([plain(3), hdr(1, 0, 0, n=2), hdr(1, 0, 0, n=2)], next_offset=100)
+    assert [d.action for d in ds] == [Action.APPEND, Action.APPEND, Action.DUPLICATE]
+    assert (ds[2].first_offset, ds[2].last_offset) == (103, 104)
+
+
+def test_check_all_epoch_bump_inside_a_request():
+    s = Sim()
+    s.append(hdr(1, 0, 0))
+    ds = s.m.check_all([hdr(1, 0, 1), hdr(1, 1, 0), hdr(1, 0, 2)])
+    assert [d.action for d in ds] == [Action.APPEND, Action.APPEND, Action.ERROR]
+    assert ds[2].error == Errors.INVALID_PRODUCER_EPOCH
+
+
+def test_check_all_matches_check_for_single_batches():
+    s = Sim()
+    s.append(hdr(1, 0, 0))
+    for h in (hdr(1, 0, 1), hdr(1, 0, 0), hdr(1, 0, 5), hdr(1, 1, 0)):
+        assert s.m.check_all([h], next_offset=s.end) == [s.m.check(h)]
+
+
+# ------------------------------------------------------------------ expiry
+
+def test_expiry_drops_only_idle_producers():
+    s = Sim()
+    s.append(hdr(1, 0, 0), now=NOW)
+    s.append(hdr(2, 0, 0), now=NOW + DAY // 2)
+    assert s.m.expire(NOW + DAY - 1, DAY) == []
+    assert s.m.expire(NOW + DAY, DAY) == [1]
+    assert set(s.m.producers()) == {2}
+    # expired producer continues at its next sequence: accepted (cannot tell)
+    assert s.m.check(hdr(1, 0, 1)).action is Action.APPEND
+    # an append refreshes the clock
+    s.append(hdr(2, 0, 1), now=NOW + DAY)
+    assert s.m.expire(NOW + DAY + DAY // 2 + 1, DAY) == []
+
+
+# ------------------------------------------------------------------ snapshots
+
+def _state(n_producers: int = 3) -> Sim:
+    s = Sim()
+    for pid in range(n_producers):
+        for seq in range(0, 14, 2):
+            s.append(hdr(pid, pid, seq, n=2), now=NOW + pid)
+    return s
+
+
+def test_snapshot_round_trip(tmp_path):
+    s = _state()
+    path = str(tmp_path / "x.snapshot")
+    size = s.m.write_snapshot(path, s.end)
+    assert size == os.path.getsize(path)
+    m2 = ProducerStateManager()
+    assert m2.load_snapshot(path) == s.end
+    assert m2.producers() == s.m.producers()
+    assert m2.check(hdr(1, 1, 12, n=2)).action is Action.DUPLICATE
+    assert m2.check(hdr(1, 1, 14)).action is Action.APPEND
+    assert m2.check(hdr(1, 0, 14)).error == Errors.INVALID_PRODUCER_EPOCH
+
+
+def test_take_snapshot_keeps_the_newest_two(tmp_path):
+    s = _state(1)
+    d = str(tmp_path)
+    for off in (5, 9, 12):
+        s.m.take_snapshot(d, off)
+    assert [o for o, _ in list_snapshots(d)] == [9, 12]
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "magic", "pad", "empty"])
+def test_corrupt_snapshot_is_refused_naming_the_file(tmp_path, damage):
+    s = _state()
+    path = str(tmp_path / "x.snapshot")
+    s.m.write_snapshot(path, s.end)
+    data = bytearray(open(path, "rb").read())
+    if damage == "flip":
+        data[len(data) // 2] ^= 0x10
+    elif damage == "truncate":
+        data = data[:-3]
+    elif damage == "magic":
+        data[0:2] = b"XX"
+    elif damage == "pad":
+        data += b"\x00"
+    else:
+        data = bytearray()
+    open(path, "wb").write(data)
+    m2 = ProducerStateManager()
+    with pytest.raises(CorruptFileError) as ei:
+        m2.load_snapshot(path)
+    assert ei.value.path == path
+    assert len(m2) == 0
+
+
+def _forge(path: str, obj) -> None:
+    import struct
+    import zlib
+
+    body = msgpack.packb(obj, use_bin_type=True)
+    open(path, "wb").write(SNAPSHOT_MAGIC + struct.pack("<I", len(body)) + body + struct.pack("<I", zlib.crc32(body)))
+
+
+@pytest.mark.parametrize("obj", [
+    {"format": 2, "offset": 5, "producers": []},
+    {"format": 1, "offset": -1, "producers": []},
+    {"format": 1, "offset": 5, "producers": {}},
+    {"format": 1, "offset": 5, "producers": [[1, 0, 0, [[0, 0, 7, 7, 0]]]]},  # batch at/after the offset
+    {"format": 1, "offset": 5, "producers": [[1, 40000, 0, []]]},  # epoch beyond int16
+    {"format": 1, "offset": 5, "producers": [[1, 0, 0, []], [1, 0, 0, []]]},
+    {"format": 1, "offset": 9, "producers": [[1, 0, 0, [[0, 0, 1, 1, 0]] * 6]]},
+    {"format": 1, "offset": 5, "producers": [[1, True, 0, []]]},
+    [1, 2, 3],
+])
+def test_well_checksummed_but_invalid_snapshot_is_refused(tmp_path, obj):
+    path = str(tmp_path / "x.snapshot")
+    _forge(path, obj)
+    with pytest.raises(CorruptFileError):
+        read_snapshot(path)
+
+
+def test_missing_snapshot_file_is_an_error(tmp_path):
+    with pytest.raises(CorruptFileError):
+        read_snapshot(str(tmp_path / "nope.snapshot"))
+
+
+# ------------------------------------------------------------------ recovery from snapshot + log
+
+def _append(lg: PartitionLog, m: ProducerStateManager, batch: bytes, now: int = NOW) -> int:
+    h = parse_header(batch)
+    assert m.check(h).action is Action.APPEND
+    first = lg.append([batch])
+    m.update(h, first, now)
+    return first
+
+
+def test_recover_without_a_snapshot_replays_the_whole_log(tmp_path):
+    d = str(tmp_path / "p")
+    with PartitionLog(d) as lg:
+        m = ProducerStateManager()
+        for seq in range(8):
+            _append(lg, m, raw(1, 0, seq))
+        _append(lg, m, raw(2, 1, 0, n=4))
+    with PartitionLog(d) as lg:
+        r = ProducerStateManager.recover(d, lg, NOW)
+    assert r.recovery_stats == {"snapshot_offset": -1, "replayed_batches": 9, "producers": 2}
+    assert r.producers() == m.producers()
+
+
+def test_recover_replays_only_what_follows_the_snapshot(tmp_path):
+    d = str(tmp_path / "p")
+    with PartitionLog(d) as lg:
+        m = ProducerStateManager()
+        for seq in range(500):
+            _append(lg, m, raw(seq % 7, 0, seq // 7))
+        m.take_snapshot(d, lg.log_end_offset)
+        for seq in range(500, 503):
+            _append(lg, m, raw(seq % 7, 0, seq // 7))
+        expected = m.producers()
+    with PartitionLog(d) as lg:
+        r = ProducerStateManager.recover(d, lg, NOW)
+    assert r.recovery_stats["snapshot_offset"] == 500
+    assert r.recovery_stats["replayed_batches"] == 3
+    assert r.producers() == expected
+
+
+def test_state_survives_deleting_every_segment_it_came_from(tmp_path):
+    d = str(tmp_path / "p")
+    one = len(raw(1, 0, 0))
+    with PartitionLog(d, segment_bytes=2 * one) as lg:
+        m = ProducerStateManager()
+        for seq in range(6):
+            _append(lg, m, raw(1, 0, seq))
+        _append(lg, m, encode_batch([(None, b"other")]))  # rolls: offsets 0..5 are in full segments now
+        path = m.take_snapshot(d, lg.log_end_offset)  # snapshot first, then delete
+        lg.delete_records_before(lg.log_end_offset)
+        assert lg.segment_base_offsets == [6]
+    with PartitionLog(d, segment_bytes=2 * one) as lg:
+        r = ProducerStateManager.recover(d, lg, NOW)
+        assert r.recovery_stats["replayed_batches"] == 0
+    for seq in range(1, 6):
+        dup = r.check(hdr(1, 0, seq))
+        assert (dup.action, dup.first_offset) == (Action.DUPLICATE, seq)
+    assert r.check(hdr(1, 0, 7)).error == Errors.OUT_OF_ORDER_SEQUENCE_NUMBER
+    # without the snapshot the state would be gone with the segments
+    os.unlink(path)
+    with PartitionLog(d, segment_bytes=2 * one) as lg:
+        assert ProducerStateManager.recover(d, lg, NOW).get(1) is None
+
+
+def test_snapshot_beyond_the_log_end_is_refused(tmp_path):
+    d = str(tmp_path / "p")
+    with PartitionLog(d) as lg:
+        m = ProducerStateManager()
+        _append(lg, m, raw(1, 0, 0))
+        m.take_snapshot(d, 5)
+    with PartitionLog(d) as lg:
+        with pytest.raises(CorruptFileError) as ei:
+            ProducerStateManager.recover(d, lg, NOW)
+    assert ei.value.path == snapshot_path(d, 5) and "missing" in str(ei.value)
+
+
+def test_recover_refuses_a_corrupt_newest_snapshot(tmp_path):
+    d = str(tmp_path / "p")
+    with PartitionLog(d) as lg:
+        m = ProducerStateManager()
+        _append(lg, m, raw(1, 0, 0))
+        path = m.take_snapshot(d, lg.log_end_offset)
+    with open(path, "r+b") as f:
+        f.seek(20)
+        f.write(b"\xff\xff")
+    with PartitionLog(d) as lg:
+        with pytest.raises(CorruptFileError) as ei:
+            ProducerStateManager.recover(d, lg, NOW)
+    assert ei.value.path == path
+
+
+def test_replayed_producers_expire_from_recovery_time_not_earlier(tmp_path):
+    d = str(tmp_path / "p")
+    with PartitionLog(d) as lg:
+        m = ProducerStateManager()
+        _append(lg, m, raw(1, 0, 0), now=NOW)
+    with PartitionLog(d) as lg:
+        r = ProducerStateManager.recover(d, lg, NOW + 2 * DAY)
+    assert r.expire(NOW + 2 * DAY + 1, DAY) == []
+    assert r.expire(NOW + 3 * DAY, DAY) == [1]

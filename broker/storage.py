@@ -1,0 +1,242 @@
+"""All partitions of a broker under one data directory, with topics created on first use.
+
+Layout::
+
+    <data_dir>/<topic>.topic           checksummed topic metadata: name, topic ID (UUID), partition count
+    <data_dir>/<topic>-<partition>/    one ``broker.partition.Partition`` directory each
+
+A topic's partition directories are created before its metadata file is
+written (atomically), so a crash during creation leaves at most empty
+directories without metadata, which the next creation of that topic reuses.
+On open every topic with a metadata file is reopened (each partition recovers
+its log and producer state); a missing partition directory is a
+``CorruptFileError``, never a silently empty partition.
+
+Topic names follow Kafka's rules: 1 to 249 characters from ``[a-zA-Z0-9._-]``,
+neither "." nor "..".  A bad name raises ``InvalidTopicError``
+(INVALID_TOPIC_EXCEPTION); an unknown topic (with ``auto_create=False``) or a
+partition outside the topic raises ``UnknownTopicOrPartitionError``
+(UNKNOWN_TOPIC_OR_PARTITION).  Partition counts never change once created.
+
+Thread-safe: topic creation and look-ups take the storage lock; each
+partition has its own.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import struct
+import threading
+import uuid
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from quorum.errors import CorruptFileError, Errors, for_code
+from quorum.fsutil import atomic_write
+
+from .partition import Partition
+
+log = logging.getLogger(__name__)
+
+TOPIC_SUFFIX = ".topic"
+TOPIC_MAGIC = b"PQTOPC\x00\x01"
+TOPIC_FORMAT = 1
+MAX_TOPIC_NAME = 249
+_LEGAL = re.compile(r"^[a-zA-Z0-9._-]+$")
+_LEN = struct.Struct("<I")
+_PARTITION_DIR = re.compile(r"^(.+)-(\d+)$")
+
+# The classes errors.py registers for these codes (one class per code).
+InvalidTopicError = type(for_code(Errors.INVALID_TOPIC_EXCEPTION))
+UnknownTopicOrPartitionError = type(for_code(Errors.UNKNOWN_TOPIC_OR_PARTITION))
+
+
+def validate_topic_name(name: Any) -> None:
+    """Raise ``InvalidTopicError`` unless ``name`` is a legal Kafka topic name."""
+    if not isinstance(name, str) or not name:
+        raise InvalidTopicError(f"topic name must be a non-empty string, got {name!r}")
+    if name in (".", ".."):
+        raise InvalidTopicError(f"topic name cannot be {name!r}")
+    if len(name) > MAX_TOPIC_NAME:
+        raise InvalidTopicError(f"topic name is {len(name)} characters long, the limit is {MAX_TOPIC_NAME}")
+    if not _LEGAL.match(name):
+        raise InvalidTopicError(f"topic name {name!r} has characters outside [a-zA-Z0-9._-]")
+
+
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    name: str
+    topic_id: uuid.UUID
+    partitions: int
+
+
+def _encode_topic(info: TopicInfo) -> bytes:
+    body = msgpack.packb({"format": TOPIC_FORMAT, "name": info.name, "topic_id": info.topic_id.bytes,
+                          "partitions": info.partitions}, use_bin_type=True)
+    return TOPIC_MAGIC + _LEN.pack(len(body)) + body + _LEN.pack(zlib.crc32(body))
+
+
+def _decode_topic(path: str, data: bytes) -> TopicInfo:
+    start = len(TOPIC_MAGIC) + _LEN.size
+    if len(data) < start + _LEN.size or not data.startswith(TOPIC_MAGIC):
+        raise CorruptFileError(path, "not a topic metadata file (bad header or truncated)")
+    (length,) = _LEN.unpack_from(data, len(TOPIC_MAGIC))
+    if start + length + _LEN.size != len(data):
+        raise CorruptFileError(path, f"truncated or padded: header says {length} body bytes, file has "
+                                     f"{len(data) - start - _LEN.size}")
+    body = data[start:start + length]
+    if zlib.crc32(body) != _LEN.unpack_from(data, start + length)[0]:
+        raise CorruptFileError(path, "checksum mismatch")
+    try:
+        obj = msgpack.unpackb(body, raw=False)
+    except Exception as e:  # noqa: BLE001 - checksum passed: a writer bug; refuse all the same
+        raise CorruptFileError(path, f"undecodable body: {e}") from None
+    if not isinstance(obj, dict) or obj.get("format") != TOPIC_FORMAT:
+        raise CorruptFileError(path, "unsupported topic metadata format")
+    name, tid, n = obj.get("name"), obj.get("topic_id"), obj.get("partitions")
+    if not (isinstance(name, str) and isinstance(tid, bytes) and len(tid) == 16
+            and isinstance(n, int) and not isinstance(n, bool) and n >= 1):
+        raise CorruptFileError(path, f"bad topic metadata {obj!r}")
+    return TopicInfo(name, uuid.UUID(bytes=tid), n)
+
+
+class Storage:
+    def __init__(self, data_dir: str, *, default_partitions: int = 1, auto_create: bool = True,
+                 **partition_options: Any):
+        """``partition_options`` go to every ``Partition`` (dedup, segment_bytes, retention_bytes, ...)."""
+        if default_partitions < 1:
+            raise ValueError("default_partitions must be at least 1")
+        self.data_dir = os.path.abspath(data_dir)
+        self.default_partitions = default_partitions
+        self.auto_create = auto_create
+        self.partition_options = partition_options
+        self._lock = threading.Lock()
+        self._topics: dict[str, TopicInfo] = {}
+        self._partitions: dict[tuple[str, int], Partition] = {}
+        self._closed = False
+        os.makedirs(self.data_dir, exist_ok=True)
+        try:
+            self._open()
+        except BaseException:
+            self._close_partitions()
+            raise
+
+    def _meta_path(self, name: str) -> str:
+        return os.path.join(self.data_dir, name + TOPIC_SUFFIX)
+
+    def _partition_dir(self, name: str, p: int) -> str:
+        return os.path.join(self.data_dir, f"{name}-{p}")
+
+    def _open(self) -> None:
+        names = sorted(os.listdir(self.data_dir))
+        for fname in names:
+            if not fname.endswith(TOPIC_SUFFIX):
+                continue
+            path = os.path.join(self.data_dir, fname)
+            with open(path, "rb") as f:
+                info = _decode_topic(path, f.read())
+            if info.name != fname[:-len(TOPIC_SUFFIX)]:
+                raise CorruptFileError(path, f"holds the metadata of topic {info.name!r}")
+            for p in range(info.partitions):
+                d = self._partition_dir(info.name, p)
+                if not os.path.isdir(d):
+                    raise CorruptFileError(path, f"topic {info.name!r} has {info.partitions} partitions but the "
+                                                 f"directory {os.path.basename(d)} is missing")
+            self._topics[info.name] = info
+            for p in range(info.partitions):
+                self._partitions[(info.name, p)] = Partition(self._partition_dir(info.name, p),
+                                                             **self.partition_options)
+        for fname in names:
+            m = _PARTITION_DIR.match(fname)
+            if m and os.path.isdir(os.path.join(self.data_dir, fname)) and (m.group(1), int(m.group(2))) \
+                    not in self._partitions:
+                log.warning("storage %s: directory %s belongs to no topic (a topic creation cut by a crash?); "
+                            "it is reused if that topic is created again", self.data_dir, fname)
+
+    # ================================================================ topics
+    def topics(self) -> list[TopicInfo]:
+        with self._lock:
+            return sorted(self._topics.values(), key=lambda t: t.name)
+
+    def topic(self, name: str) -> TopicInfo | None:
+        with self._lock:
+            return self._topics.get(name)
+
+    def ensure_topic(self, name: str, partitions: int | None = None) -> TopicInfo:
+        """The topic, created with ``partitions`` (default ``default_partitions``) if it does not exist.
+
+        An existing topic keeps its partition count whatever ``partitions`` says.
+        """
+        validate_topic_name(name)
+        if partitions is not None and partitions < 1:
+            raise ValueError("partitions must be at least 1")
+        with self._lock:
+            self._check_open()
+            info = self._topics.get(name)
+            if info is None:
+                info = self._create(name, partitions or self.default_partitions)
+            return info
+
+    def _create(self, name: str, n: int) -> TopicInfo:
+        info = TopicInfo(name, uuid.uuid4(), n)
+        opened = []
+        try:
+            for p in range(n):
+                opened.append(Partition(self._partition_dir(name, p), **self.partition_options))
+            atomic_write(self._meta_path(name), _encode_topic(info))
+        except BaseException:
+            for part in opened:
+                part.close()
+            raise
+        for p, part in enumerate(opened):
+            self._partitions[(name, p)] = part
+        self._topics[name] = info
+        log.info("storage %s: created topic %s (%d partitions, id %s)", self.data_dir, name, n, info.topic_id)
+        return info
+
+    def partition(self, topic: str, p: int) -> Partition:
+        """The partition, creating its topic first if ``auto_create`` (else UnknownTopicOrPartitionError)."""
+        validate_topic_name(topic)
+        with self._lock:
+            self._check_open()
+            info = self._topics.get(topic)
+            if info is None:
+                if not self.auto_create:
+                    raise UnknownTopicOrPartitionError(f"unknown topic {topic!r}")
+                info = self._create(topic, self.default_partitions)
+            if not isinstance(p, int) or isinstance(p, bool) or not 0 <= p < info.partitions:
+                raise UnknownTopicOrPartitionError(f"topic {topic!r} has partitions 0..{info.partitions - 1}, "
+                                                   f"not {p!r}")
+            return self._partitions[(topic, p)]
+
+    # ================================================================= close
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError(f"storage {self.data_dir} is closed")
+
+    def _close_partitions(self) -> None:
+        errors = []
+        for part in self._partitions.values():
+            try:
+                part.close()
+            except Exception as e:  # noqa: BLE001 - close the others, then report
+                errors.append(e)
+        if errors:
+            raise errors[0]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._close_partitions()
+
+    def __enter__(self) -> "Storage":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

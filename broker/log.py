@@ -466,13 +466,12 @@ class PartitionLog:
             i = bisect.bisect_left(seg.cummax, timestamp_ms) if first else 0
             first = False
             for j in range(i, len(seg)):
-                batch = self._read_batch(seg, j)
-                h = parse_header(batch)
+                h = self._read_header(seg, j)
                 if h.max_timestamp < timestamp_ms or h.last_offset < self._start:
                     continue
                 if h.compression != 0:
                     return max(h.base_offset, self._start), h.max_timestamp
-                for rec in iter_records(batch):
+                for rec in iter_records(self._read_batch(seg, j)):
                     if rec.offset >= self._start and rec.timestamp >= timestamp_ms:
                         return rec.offset, rec.timestamp
         return None

@@ -18,8 +18,9 @@ the demand instead::
     target_reserve = max(10 % of a block,
                          rate * (failover_budget_s + allocate_latency))
 
-where ``rate`` is the larger of an EWMA of IDs/s over short windows and the
-peak window of the last few seconds, ``allocate_latency`` is an EWMA of
+where ``rate`` is the larger of an EWMA of IDs/s over short windows (0.25 s;
+a surge of more than twice the estimate closes a window after a tenth of
+that) and the peak window of the last 10 s, ``allocate_latency`` is an EWMA of
 successful AllocateProducerIds round trips, and ``failover_budget_s`` is the
 configured budget, raised to 1.5 x the longest recent wait for a block (first
 attempt -> block accepted, which includes failovers that the QuorumClient hid
@@ -214,6 +215,7 @@ class ProducerIdManager:
         self._backoffs = 0
         self._last_backoff_s = 0.0
         self._throttle_waits = 0
+        self._early_windows = 0
         self.backoff_delays: collections.deque[float] = collections.deque(maxlen=1000)  # for tests and stats
 
     # ------------------------------------------------------------------ hot path
@@ -476,9 +478,17 @@ class ProducerIdManager:
             self._win_start_t, self._win_start_count = now, consumed
             return
         dt = now - self._win_start_t
-        if dt < self.config.rate_window_s:
+        if dt <= 0:
             return
-        rate = (consumed - self._win_start_count) / dt
+        ids = consumed - self._win_start_count
+        rate = ids / dt
+        if dt < self.config.rate_window_s:
+            # A surge closes the window early (after a tenth of it), so that a jump in demand
+            # raises the reserve within milliseconds instead of after a whole window.
+            if not (dt >= self.config.rate_window_s / 10 and ids >= self._min_reserve()
+                    and rate > 2 * self.rate_estimate):
+                return
+            self._early_windows += 1
         a = self.config.rate_ewma_alpha
         self._rate_ewma = rate if not self._rate_windows else (1 - a) * self._rate_ewma + a * rate
         self._rate_last = rate
@@ -569,6 +579,7 @@ class ProducerIdManager:
                 "outages": self._outages,
                 "backoffs": self._backoffs,
                 "throttle_waits": self._throttle_waits,
+                "surge_windows": self._early_windows,
             },
         }
 

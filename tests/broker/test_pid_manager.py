@@ -294,6 +294,29 @@ def test_reserve_grows_with_demand_and_is_capped():
     assert capped["counters"]["blocks_fetched"] < 60  # 5,000 IDs + a queue of 4, not a runaway
 
 
+def test_a_surge_in_demand_raises_the_reserve_before_the_window_ends():
+    """Window 1 s; 600 IDs in 0.2 s (3,000/s) close it early, and the reserve follows."""
+    async def go():
+        clock = FakeClock()
+        q = FakeQuorum(block_size=100)
+        mgr = ProducerIdManager(1, q, clock=clock, config=PidManagerConfig(
+            failover_budget_s=2.0, rate_window_s=1.0, max_prefetch_blocks=200))
+        await mgr.start()
+        await until(lambda: mgr._win_start_t is not None, what="the first window to open")
+        await take(mgr, 500)
+        clock.t += 0.2
+        await take(mgr, 100)  # crosses the 10 % mark: the refill task wakes and samples
+        await until(lambda: mgr._rate_windows, what="the surge window")
+        await until(lambda: mgr.reserve_ids > mgr.target_reserve, what="the reserve to follow")
+        st = mgr.stats()
+        await mgr.close()
+        return st
+    st = run(go())
+    assert st["counters"]["surge_windows"] == 1
+    assert 2400 <= st["rate_last_window_per_s"] <= 3100  # 500-600 IDs in 0.2 s
+    assert st["target_reserve_ids"] >= 5000 and st["reserve_ids"] > st["target_reserve_ids"]
+
+
 def test_failover_budget_learns_from_a_long_wait_for_a_block():
     """An allocate that took 3 s (a failover the client hid behind its retries) -> budget 4.5 s."""
     async def go():

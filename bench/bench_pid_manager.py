@@ -1,0 +1,550 @@
+#!/usr/bin/env python
+"""Benchmark of the broker-side ProducerIdManager (broker/pid_manager.py).
+
+Run from the repository root (any Python with pidquorum installed)::
+
+    python bench/bench_pid_manager.py [--quick] [--json bench-results/pid_manager.json]
+                                      [--calls 1000000] [--duration 60] [--kill-every 5]
+                                      [--restart-after 1] [--rate 1000]
+
+1. Generate latency, in process, against a FAKE quorum (no Raft, no network:
+   ``allocate`` yields to the event loop once and returns the next 1,000-ID
+   block).  ``--calls`` calls of ``generate_producer_id()`` (1,000,000; 200,000
+   with ``--quick``), each timed with ``time.perf_counter_ns()``; the loop
+   yields to the event loop after every ``--batch`` (100) calls so that the
+   refill task keeps up, and the yields are not timed.  A ``--warmup`` (0.5 s)
+   of the same loop comes first, unrecorded, so the rate estimate has settled.  Reports p50 / p99 /
+   p99.9 / max in microseconds (nearest rank), the cost of the empty timing
+   pair, and how many calls were refused (expected 0).  Target: p99 < 10 us.
+2. Leader kill, against a REAL local three-node cluster
+   (``quorum.LocalCluster``, free ports on 127.0.0.1, default node options):
+   two managers run side by side in this one process and event loop, each
+   with its own QuorumClient, for ``--duration`` s (60; 20 with ``--quick``):
+
+   * broker 1, ``adaptive``: the default ``PidManagerConfig`` (reserve sized
+     from the demand, failover budget 2 s learned upwards, up to 64 blocks);
+   * broker 2, ``kafka-like``: ``PidManagerConfig.kafka_fixed_threshold()``
+     (one block in reserve, asked for at 90 % use, budget 0).
+
+   Each sees a steady ``--rate`` IDs/s demand (1,000): every 10 ms a pacer
+   asks for the IDs owed since the start (10 per tick; a late tick catches
+   up).  A refused call (COORDINATOR_LOAD_IN_PROGRESS) is counted and its IDs
+   stay owed, so they are retried on the next tick, as a client would.
+   Meanwhile, every ``--kill-every`` s (5) the current leader (highest term
+   among live nodes, by DescribeState) is killed with SIGKILL and restarted
+   ``--restart-after`` s (1) later.  Kill i happens at i x 5 s plus a staggered
+   offset frac(i x 0.618) x (block size / rate) = 0..1 s: with exactly 5 s
+   and 1,000 IDs/s every kill would land at the same point of the block
+   cycle (just after a block switch, where a one-block reserve is full);
+   the offsets spread the kills over the cycle (``--no-stagger`` turns them off).  Per manager: refusals, IDs, duplicates
+   (all IDs of both managers must be distinct), the longest time callers
+   went without an ID, the longest wait for a block, peak reserve, blocks,
+   errors.  After the run the nodes are stopped and every ID is checked to
+   lie inside a block that the quorum's audit trails record for that broker.
+
+Figures print as tables on stdout (progress on stderr); every figure, with the
+parameters, CPU count and Python version, is written as JSON to ``--json``.
+Exit status 1 if a check failed: any duplicate, any ID outside its broker's
+blocks, any refusal for the adaptive manager, or p99 >= 10 us.  Two cores
+shared by three nodes and this process: the figures are noisy; compare
+figures from the same run.
+"""
+from __future__ import annotations
+
+import argparse
+import array
+import asyncio
+import bisect
+import dataclasses
+import datetime
+import json
+import math
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _REPO not in sys.path:
+    sys.path.insert(0, _REPO)
+
+from broker.pid_manager import PidManagerConfig, ProducerIdManager  # noqa: E402
+from quorum.audit import iter_blocks  # noqa: E402
+from quorum.client import AllocatedBlock, QuorumClient, RetryPolicy  # noqa: E402
+from quorum.errors import CoordinatorLoadInProgressError, PidQuorumError  # noqa: E402
+from quorum.localcluster import LocalCluster  # noqa: E402
+
+HOST = "127.0.0.1"
+BLOCK = 1000
+TICK_S = 0.01
+GOLDEN = 0.6180339887498949
+MANAGER_POLICY = RetryPolicy(timeout=30.0, attempt_timeout=1.0)
+P99_TARGET_US = 10.0
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def percentile(sorted_values, q: float):
+    """Nearest-rank percentile of an already sorted sequence (q in 0..100)."""
+    n = len(sorted_values)
+    if not n:
+        return None
+    return sorted_values[min(n, max(1, math.ceil(q / 100.0 * n))) - 1]
+
+
+# ------------------------------------------------------------ 1. generate latency
+class InstantQuorum:
+    """In-process stand-in for the quorum: consecutive 1,000-ID blocks after one loop yield."""
+
+    def __init__(self):
+        self.next = 0
+        self.calls = 0
+
+    async def register_broker(self, broker_id, incarnation_id=None, listener=""):
+        return 1
+
+    async def allocate(self, broker_id, broker_epoch):
+        await asyncio.sleep(0)
+        self.calls += 1
+        start, self.next = self.next, self.next + BLOCK
+        return AllocatedBlock(start, BLOCK, 0, "in-process")
+
+
+async def phase_latency(args) -> dict:
+    n, batch = args.calls, args.batch
+    log(f"phase 1: {n:,} generate_producer_id() calls, fake in-process quorum, yield every {batch}")
+    q = InstantQuorum()
+    mgr = ProducerIdManager(1, q)
+    await mgr.start()
+    ns = time.perf_counter_ns
+    gen = mgr.generate_producer_id
+    lat = array.array("q", bytes(8 * n))
+    refused = 0
+    last = -1
+    monotonic = True
+    # Warm-up (not recorded), same pattern, for --warmup seconds: the rate estimate and the reserve settle.
+    warm_until = time.perf_counter() + args.warmup
+    warm_calls = warm_refused = 0
+    while time.perf_counter() < warm_until:
+        for _ in range(batch):
+            try:
+                gen()
+            except CoordinatorLoadInProgressError:
+                warm_refused += 1
+            warm_calls += 1
+        await asyncio.sleep(0)
+    i = 0
+    t_start = time.perf_counter()
+    while i < n:
+        for _ in range(min(batch, n - i)):
+            t0 = ns()
+            try:
+                pid = gen()
+            except CoordinatorLoadInProgressError:
+                t1 = ns()
+                refused += 1
+                lat[i] = t1 - t0
+                i += 1
+                continue
+            t1 = ns()
+            lat[i] = t1 - t0
+            i += 1
+            if pid <= last:
+                monotonic = False
+            last = pid
+        await asyncio.sleep(0)
+    wall = time.perf_counter() - t_start
+    st = mgr.stats()
+    await mgr.close()
+    # The cost of the timing pair itself.
+    empty = array.array("q", bytes(8 * 100_000))
+    for j in range(len(empty)):
+        t0 = ns()
+        t1 = ns()
+        empty[j] = t1 - t0
+    s = sorted(lat)
+    e = sorted(empty)
+    us = lambda v: None if v is None else v / 1000.0  # noqa: E731
+    return {"quorum": "fake, in process (allocate = one event-loop yield, 1,000-ID blocks)",
+            "calls": n, "yield_every": batch, "refused_load_in_progress": refused,
+            "warmup": {"seconds": args.warmup, "calls": warm_calls, "refused": warm_refused},
+            "ids_strictly_increasing": monotonic,
+            "latency_us": {"p50": us(percentile(s, 50)), "p99": us(percentile(s, 99)),
+                           "p99_9": us(percentile(s, 99.9)), "max": us(s[-1]), "mean": us(sum(s) / len(s))},
+            "timer_pair_us": {"p50": us(percentile(e, 50)), "p99": us(percentile(e, 99))},
+            "wall_s": wall, "calls_per_s_including_yields": n / wall if wall else None,
+            "blocks_fetched": st["counters"]["blocks_fetched"], "peak_reserve_ids": st["peak_reserve_ids"],
+            "p99_target_us": P99_TARGET_US}
+
+
+# ----------------------------------------------------------------- 2. leader kill
+async def describe_all(lc: LocalCluster) -> dict[int, dict]:
+    c = QuorumClient(lc.client_addresses(), RetryPolicy(timeout=1.0, attempt_timeout=0.5))
+    out: dict[int, dict] = {}
+    try:
+        for n in lc.nodes():
+            if not lc.alive(n.node_id):
+                continue
+            try:
+                out[n.node_id] = await c.describe(n.client_address)
+            except Exception:  # noqa: BLE001 - a node may be starting or stopping
+                pass
+    finally:
+        await c.close()
+    return out
+
+
+async def find_leader(lc: LocalCluster, timeout: float, exclude: int | None = None) -> tuple[int, float]:
+    """(node id, seconds spent) of the live leader with the highest term, not ``exclude``."""
+    t0 = time.perf_counter()
+    while True:
+        descs = await describe_all(lc)
+        leaders = sorted(((d["raft"]["term"], nid) for nid, d in descs.items()
+                          if d["raft"]["state"] == "leader" and nid != exclude), reverse=True)
+        if leaders:
+            return leaders[0][1], time.perf_counter() - t0
+        if time.perf_counter() - t0 > timeout:
+            raise RuntimeError(f"no leader within {timeout:.0f}s")
+        await asyncio.sleep(0.02)
+
+
+class Demand:
+    """Paced callers of one manager: every tick, the IDs owed since the start at ``rate``."""
+
+    def __init__(self, label: str, mgr: ProducerIdManager, rate: float):
+        self.label, self.mgr, self.rate = label, mgr, rate
+        self.ids = array.array("q")
+        self.refused = 0
+        self.other_errors: dict[str, int] = {}
+        self.dry_since: float | None = None
+        self.max_dry_s = 0.0
+        self.dry_total_s = 0.0
+        self.dry_spells = 0
+        self.max_tick_lag_s = 0.0
+        self.reserve_at_kills: list[int] = []
+
+    async def run(self, t_start: float, t_stop: float) -> None:
+        gen, ids = self.mgr.generate_producer_id, self.ids
+        k = 0
+        while True:
+            k += 1
+            due = t_start + k * TICK_S
+            now = time.perf_counter()
+            if due > now:
+                await asyncio.sleep(due - now)
+            now = time.perf_counter()
+            self.max_tick_lag_s = max(self.max_tick_lag_s, now - due)
+            owed = int((min(now, t_stop) - t_start) * self.rate) - len(ids)
+            try:
+                for _ in range(owed):
+                    ids.append(gen())
+                if self.dry_since is not None:
+                    spell = now - self.dry_since
+                    self.max_dry_s = max(self.max_dry_s, spell)
+                    self.dry_total_s += spell
+                    self.dry_since = None
+            except CoordinatorLoadInProgressError:
+                self.refused += 1
+                if self.dry_since is None:
+                    self.dry_since = now
+                    self.dry_spells += 1
+            except PidQuorumError as e:  # a fatal error: count it, keep the pace
+                self.other_errors[type(e).__name__] = self.other_errors.get(type(e).__name__, 0) + 1
+            if now >= t_stop:
+                if self.dry_since is not None:
+                    self.max_dry_s = max(self.max_dry_s, now - self.dry_since)
+                return
+
+
+async def killer(lc: LocalCluster, t_start: float, t_stop: float, every: float, restart_after: float,
+                 stagger_s: float, demands: list[Demand], rounds: list[dict]) -> None:
+    i = 0
+    while True:
+        i += 1
+        t_kill = t_start + i * every + (math.modf(i * GOLDEN)[0] * stagger_s)
+        if t_kill + restart_after + 0.5 > t_stop:
+            return
+        await asyncio.sleep(max(0.0, t_kill - time.perf_counter()))
+        leader, _ = await find_leader(lc, 20.0)
+        for d in demands:
+            d.reserve_at_kills.append(d.mgr.reserve_ids)
+        t0 = time.perf_counter()
+        await asyncio.to_thread(lc.kill, leader)
+        t_killed = time.perf_counter()
+        new_leader, elected_s = await find_leader(lc, 20.0, exclude=leader)
+        rnd = {"round": i, "at_s": t0 - t_start, "killed_node": leader, "kill_s": t_killed - t0,
+               "new_leader": new_leader, "new_leader_seen_after_s": time.perf_counter() - t0,
+               "reserve_at_kill": {d.label: d.reserve_at_kills[-1] for d in demands}}
+        await asyncio.sleep(max(0.0, t0 + restart_after - time.perf_counter()))
+        t_restart = time.perf_counter()
+        await asyncio.to_thread(lc.start, leader)
+        await asyncio.to_thread(lc.wait_ready, [leader], 60.0)
+        rnd["restart_ready_s"] = time.perf_counter() - t_restart
+        rounds.append(rnd)
+        log(f"  kill {i}: node {leader} (leader) killed at {rnd['at_s']:.1f}s, new leader node {new_leader} seen "
+            f"after {rnd['new_leader_seen_after_s'] * 1000:.0f} ms, restarted (ready in "
+            f"{rnd['restart_ready_s'] * 1000:.0f} ms); reserve at kill: "
+            + ", ".join(f"{k} {v}" for k, v in rnd["reserve_at_kill"].items()))
+
+
+def check_inside(ids: array.array, blocks: list[tuple[int, int]]) -> dict:
+    """Every ID inside one of ``blocks`` ([start, end) pairs)."""
+    blocks = sorted(blocks)
+    starts = [s for s, _ in blocks]
+    outside = 0
+    first = None
+    for pid in ids:
+        j = bisect.bisect_right(starts, pid) - 1
+        if j < 0 or not blocks[j][0] <= pid < blocks[j][1]:
+            outside += 1
+            if first is None:
+                first = pid
+    return {"ids": len(ids), "blocks": len(blocks), "outside": outside, "first_outside": first}
+
+
+async def phase_kills(args) -> dict:
+    directory = tempfile.mkdtemp(prefix="pidquorum-bench-pidmgr-")
+    lc = LocalCluster(directory)
+    rounds: list[dict] = []
+    log(f"phase 2: {args.duration:.0f}s at {args.rate:.0f} IDs/s per manager, leader SIGKILL every "
+        f"{args.kill_every:g}s, restart after {args.restart_after:g}s; cluster in {directory}")
+    ok = False
+    try:
+        lc.up(3, host=HOST)
+        configs = {"adaptive": PidManagerConfig(), "kafka-like": PidManagerConfig.kafka_fixed_threshold()}
+        clients, managers, demands = [], [], []
+        for broker_id, (label, cfg) in enumerate(configs.items(), start=1):
+            c = QuorumClient(lc.client_addresses(), MANAGER_POLICY, client_id=f"bench-pidmgr-{label}")
+            m = ProducerIdManager(broker_id, c, listener=f"PLAINTEXT://{HOST}:{9090 + broker_id}", config=cfg)
+            clients.append(c)
+            managers.append(m)
+            demands.append(Demand(label, m, args.rate))
+        try:
+            await asyncio.gather(*(m.start() for m in managers))
+            t_start = time.perf_counter()
+            t_stop = t_start + args.duration
+            await asyncio.gather(*(d.run(t_start, t_stop) for d in demands),
+                                 killer(lc, t_start, t_stop, args.kill_every, args.restart_after,
+                                        0.0 if args.no_stagger else BLOCK / args.rate, demands, rounds))
+            wall = time.perf_counter() - t_start
+            stats = {d.label: d.mgr.stats() for d in demands}
+        finally:
+            for m in managers:
+                await m.close()
+            for c in clients:
+                await c.close()
+        await asyncio.to_thread(lc.down, 10.0)
+        trails = [os.path.join(lc.data_dir(n.node_id), "audit.log") for n in lc.nodes()]
+        audit = list(iter_blocks(trails))
+        all_ids = set()
+        total = 0
+        per = {}
+        for broker_id, d in enumerate(demands, start=1):
+            st = stats[d.label]
+            ids = d.ids
+            total += len(ids)
+            all_ids.update(ids)
+            mine = [(b["producer_id_start"], b["producer_id_start"] + b["producer_id_len"])
+                    for b in audit if b["broker_id"] == broker_id]
+            per[d.label] = {
+                "broker_id": broker_id, "config": dataclasses.asdict(d.mgr.config),
+                "load_in_progress": d.refused, "manager_load_in_progress_counter":
+                    st["counters"]["load_in_progress"], "other_errors": d.other_errors,
+                "ids": len(ids), "ids_per_s": len(ids) / wall,
+                "duplicates_within": len(ids) - len(set(ids)),
+                "inside_quorum_blocks": check_inside(ids, mine),
+                "dry_spells": d.dry_spells, "max_dry_s": d.max_dry_s, "dry_total_s": d.dry_total_s,
+                "max_tick_lag_s": d.max_tick_lag_s,
+                "max_block_wait_s": st["max_block_wait_s"], "max_outage_s": st["max_outage_s"],
+                "allocate_latency_ewma_s": st["allocate_latency_ewma_s"],
+                "peak_reserve_ids": st["peak_reserve_ids"], "reserve_at_kills": d.reserve_at_kills,
+                "final_target_reserve_ids": st["target_reserve_ids"],
+                "final_failover_budget_s": st["failover_budget_s"],
+                "final_rate_estimate_per_s": st["rate_estimate_per_s"],
+                "blocks_fetched": st["counters"]["blocks_fetched"],
+                "blocks_rejected": st["counters"]["blocks_rejected"],
+                "fetch_errors": st["counters"]["fetch_errors"], "outages": st["counters"]["outages"],
+                "re_registrations": st["counters"]["re_registrations"], "backoffs": st["counters"]["backoffs"],
+            }
+        ok = True
+        return {"duration_s": args.duration, "wall_s": wall, "rate_per_manager": args.rate, "tick_s": TICK_S,
+                "kill_every_s": args.kill_every, "restart_after_s": args.restart_after, "kills": len(rounds),
+                "kill_stagger": None if args.no_stagger else "kill i at i*kill_every + frac(i*0.618)*block/rate",
+                "client_policy": dataclasses.asdict(MANAGER_POLICY), "block_size": BLOCK,
+                "total_ids": total, "duplicates": total - len(all_ids), "managers": per, "rounds": rounds,
+                "audit_blocks": len(audit),
+                "definitions": {
+                    "load_in_progress": "calls that raised COORDINATOR_LOAD_IN_PROGRESS (the owed IDs are "
+                                        "retried on the next 10 ms tick)",
+                    "max_dry_s": "longest time from the first refused call to the next successful tick",
+                    "max_block_wait_s": "manager: longest time from first asking for a block to accepting one "
+                                        "(includes failovers the QuorumClient hid behind its retries)",
+                    "max_outage_s": "manager: the same, only for waits with failed attempts",
+                    "duplicates": "IDs of both managers together minus distinct IDs"}}
+    finally:
+        if not ok and lc.exists():
+            for n in lc.nodes():
+                log(f"----- node {n.node_id} log tail -----\n{lc.tail_log(n.node_id, 25)}")
+        try:
+            lc.down(timeout=10)
+        finally:
+            if args.keep:
+                log(f"cluster directory kept: {directory}")
+            else:
+                shutil.rmtree(directory, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------- printing
+def table(title: str, headers: list[str], rows: list[list]) -> str:
+    cells = [[("-" if v is None else str(v)) for v in row] for row in rows]
+    widths = [max(len(h), *(len(row[i]) for row in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    out = [title, "  ".join(h.rjust(w) for h, w in zip(headers, widths)), "  ".join("-" * w for w in widths)]
+    out += ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells]
+    return "\n".join(out)
+
+
+def f(v, fmt=".2f", unit=""):
+    return "-" if v is None else f"{v:{fmt}}{unit}"
+
+
+def print_results(res: dict) -> None:
+    p, env = res["params"], res["environment"]
+    print()
+    print(f"ProducerIdManager benchmark ({'quick' if p['quick'] else 'full'} run; {env['cpu_count']} CPUs, "
+          f"Python {env['python']}, load avg at start {env['loadavg_start']})")
+    print()
+    lat = res["phases"].get("latency")
+    if lat:
+        x = lat["latency_us"]
+        print(table(f"1. generate_producer_id() latency, {lat['calls']:,} calls, {lat['quorum']}",
+                    ["p50 us", "p99 us", "p99.9 us", "max us", "mean us", "timer pair p50 us", "refused",
+                     "p99 < 10 us"],
+                    [[f(x["p50"], ".3f"), f(x["p99"], ".3f"), f(x["p99_9"], ".3f"), f(x["max"], ".1f"),
+                      f(x["mean"], ".3f"), f(lat["timer_pair_us"]["p50"], ".3f"), lat["refused_load_in_progress"],
+                      "yes" if x["p99"] is not None and x["p99"] < P99_TARGET_US else "NO"]]))
+        print()
+    k = res["phases"].get("leader_kill")
+    if k:
+        rows = []
+        for label, m in k["managers"].items():
+            rows.append([label, m["load_in_progress"], f"{m['ids']:,}", m["duplicates_within"],
+                         m["inside_quorum_blocks"]["outside"], f(m["max_dry_s"] * 1000, ".0f", " ms"),
+                         f(m["max_block_wait_s"] * 1000, ".0f", " ms"), f"{m['peak_reserve_ids']:,}",
+                         f"{min(m['reserve_at_kills'], default=0):,}", m["blocks_fetched"],
+                         sum(m["fetch_errors"].values()), f(m["final_failover_budget_s"], ".2f", " s")])
+        print(table(f"2. {k['kills']} leader SIGKILLs in {k['duration_s']:.0f} s (every {k['kill_every_s']:g} s"
+                    f"{' + 0..1 s stagger' if k['kill_stagger'] else ''}, restart after {k['restart_after_s']:g} s), "
+                    f"{k['rate_per_manager']:.0f} IDs/s per manager, real 3-node cluster",
+                    ["manager", "LOAD_IN_PROGRESS", "IDs", "dups", "outside blocks", "max dry",
+                     "max block wait", "peak reserve", "min reserve@kill", "blocks", "fetch errs",
+                     "budget"], rows))
+        print(f"  all IDs of both managers: {k['total_ids']:,}, duplicates {k['duplicates']}; "
+              f"audit-trail blocks {k['audit_blocks']}")
+        nl = [r["new_leader_seen_after_s"] * 1000 for r in k["rounds"]]
+        if nl:
+            print(f"  new leader seen after kill (DescribeState polling): "
+                  + ", ".join(f"{v:.0f}" for v in nl) + " ms")
+        print()
+    if res["errors"]:
+        print("PHASE ERRORS:")
+        for e in res["errors"]:
+            print(f"  {e['phase']}: {e['error']}")
+    if res["failed_checks"]:
+        print("FAILED CHECKS:")
+        for c in res["failed_checks"]:
+            print(f"  {c}")
+    if not res["errors"] and not res["failed_checks"]:
+        print("all checks passed")
+    print(f"total {res['total_s']:.0f} s; JSON: {p['json']}")
+
+
+# -------------------------------------------------------------------------- main
+def checks(res: dict) -> list[str]:
+    out = []
+    lat = res["phases"].get("latency")
+    if lat:
+        if lat["latency_us"]["p99"] is None or lat["latency_us"]["p99"] >= P99_TARGET_US:
+            out.append(f"latency: p99 {lat['latency_us']['p99']} us is not below {P99_TARGET_US} us")
+        if not lat["ids_strictly_increasing"]:
+            out.append("latency: IDs not strictly increasing")
+    k = res["phases"].get("leader_kill")
+    if k:
+        if k["duplicates"]:
+            out.append(f"leader kill: {k['duplicates']} duplicate IDs")
+        for label, m in k["managers"].items():
+            if m["inside_quorum_blocks"]["outside"]:
+                out.append(f"leader kill: {label}: {m['inside_quorum_blocks']['outside']} IDs outside the "
+                           f"broker's audit-trail blocks")
+        if k["managers"]["adaptive"]["load_in_progress"]:
+            out.append(f"leader kill: adaptive manager refused {k['managers']['adaptive']['load_in_progress']} "
+                       f"calls (expected 0)")
+    return out
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="200,000 calls and a 20 s leader-kill run")
+    ap.add_argument("--json", default="bench-results/pid_manager.json", help="where to write the results")
+    ap.add_argument("--calls", type=int, default=None, help="phase 1 calls (default 1,000,000)")
+    ap.add_argument("--batch", type=int, default=100, help="phase 1: calls between event-loop yields")
+    ap.add_argument("--duration", type=float, default=None, help="phase 2 seconds (default 60)")
+    ap.add_argument("--rate", type=float, default=1000.0, help="phase 2 IDs/s per manager")
+    ap.add_argument("--kill-every", type=float, default=5.0, help="phase 2: seconds between leader kills")
+    ap.add_argument("--restart-after", type=float, default=1.0, help="phase 2: seconds until the restart")
+    ap.add_argument("--phases", default="latency,leader_kill", help="comma-separated: latency, leader_kill")
+    ap.add_argument("--no-stagger", action="store_true", help="phase 2: kill at exact multiples of --kill-every")
+    ap.add_argument("--warmup", type=float, default=0.5, help="phase 1: unrecorded warm-up seconds")
+    ap.add_argument("--keep", action="store_true", help="keep the cluster directory")
+    a = ap.parse_args(argv)
+    if a.calls is None:
+        a.calls = 200_000 if a.quick else 1_000_000
+    if a.duration is None:
+        a.duration = 20.0 if a.quick else 60.0
+    a.phases = [x.strip() for x in a.phases.split(",") if x.strip()]
+    bad = [x for x in a.phases if x not in ("latency", "leader_kill")]
+    if bad:
+        ap.error(f"--phases: unknown {bad}")
+    return a
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    res = {"params": {"quick": a.quick, "json": a.json, "calls": a.calls, "batch": a.batch, "duration_s": a.duration,
+                      "rate": a.rate, "kill_every_s": a.kill_every, "restart_after_s": a.restart_after,
+                      "stagger": not a.no_stagger, "warmup_s": a.warmup,
+                      "phases": a.phases, "host": HOST, "block_size": BLOCK, "argv": sys.argv,
+                      "percentiles": "nearest rank over sorted samples"},
+           "environment": {"cpu_count": os.cpu_count(), "python": platform.python_version(),
+                           "python_executable": sys.executable, "platform": platform.platform(),
+                           "loadavg_start": [round(x, 2) for x in os.getloadavg()]},
+           "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "phases": {}, "errors": [], "failed_checks": []}
+    t0 = time.perf_counter()
+    fns = {"latency": phase_latency, "leader_kill": phase_kills}
+    try:
+        for name in a.phases:
+            try:
+                res["phases"][name] = asyncio.run(fns[name](a))
+            except Exception as e:  # noqa: BLE001 - record it, go on
+                traceback.print_exc()
+                res["errors"].append({"phase": name, "error": f"{type(e).__name__}: {e}"})
+        res["failed_checks"] = checks(res)
+    finally:
+        res["total_s"] = time.perf_counter() - t0
+        res["environment"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+        res["finished_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
+        with open(a.json, "w") as fh:
+            json.dump(res, fh, indent=2, default=str)
+    print_results(res)
+    return 1 if res["errors"] or res["failed_checks"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

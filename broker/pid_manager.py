@@ -344,6 +344,13 @@ class ProducerIdManager:
             # x >= end + queued - target - 1
             self._wake_at = max(self._next, self._end + self._queued_ids - self._target - 1)
 
+    async def reregister(self) -> None:
+        """Register again now (a caller saw STALE_BROKER_EPOCH, e.g. on the transactional path).
+
+        Keeps the incarnation id: if the quorum still holds this registration the epoch is
+        unchanged; failures are handled (and backed off) as in the refill task."""
+        await self._register()
+
     async def _register(self) -> None:
         try:
             self.broker_epoch = await self.quorum.register_broker(self.broker_id, self.incarnation_id,

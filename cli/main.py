@@ -191,7 +191,47 @@ def node_start(config_path, log_level):
 # ------------------------------------------------------------------- broker
 @cli.group()
 def broker():
-    """Broker registrations."""
+    """Brokers: registrations, and the Kafka-protocol front end."""
+
+
+@broker.command("start")
+@click.option("--broker-id", type=click.IntRange(0, 2**31 - 1), required=True)
+@click.option("--quorum", "quorum_opt", help="Quorum client addresses host:port,... (default: the local cluster's).")
+@click.option("--listen", default="127.0.0.1:9092", show_default=True, help="host:port to serve Kafka clients on.")
+@click.option("--advertised", help="host:port put in Metadata (default: --listen).")
+@click.option("--data-dir", "broker_dir", help="Where partitions live (default: ./.pidquorum-broker-N).")
+@click.option("--partitions", type=click.IntRange(1, 10_000), default=1, show_default=True,
+              help="Partitions of an auto-created topic.")
+@click.option("--no-dedup", is_flag=True, help="Turn idempotence checks off (only to show what they prevent).")
+@click.option("--fault-drop-every", type=click.IntRange(0), default=0, show_default=True,
+              help="Fault injection: every Nth produce request is appended, then the connection is dropped "
+                   "before the answer.")
+@click.option("--producer-id-expiration-ms", type=click.IntRange(1), default=24 * 3600 * 1000, show_default=True)
+@click.option("--ready-file", type=click.Path(dir_okay=False), help="Written with 'pid port' once serving.")
+@click.option("--log-level", default="INFO", show_default=True)
+@click.pass_obj
+@handle_errors
+def broker_start(obj: Ctx, broker_id, quorum_opt, listen, advertised, broker_dir, partitions, no_dedup,
+                 fault_drop_every, producer_id_expiration_ms, ready_file, log_level):
+    """Run a Kafka-protocol broker in the foreground until SIGTERM.
+
+    Producer IDs come from quorum-allocated blocks; idempotent produce with
+    sequence checks; InitProducerId with KIP-360 epochs for transactional ids.
+    """
+    from broker.frontend import BrokerConfig
+    from broker.run import run_broker
+    from quorum.node import setup_logging
+
+    setup_logging(log_level)
+    quorum = [a.strip() for a in quorum_opt.split(",") if a.strip()] if quorum_opt else obj.addresses()
+    try:
+        cfg = BrokerConfig(broker_id=broker_id, quorum=quorum, listen=listen, advertised=advertised,
+                           data_dir=broker_dir or f".pidquorum-broker-{broker_id}", default_partitions=partitions,
+                           dedup=not no_dedup, fault_drop_every=fault_drop_every,
+                           producer_id_expiration_ms=producer_id_expiration_ms)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    sys.exit(run_broker(cfg, ready_file))
 
 
 @broker.command("register")

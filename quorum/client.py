@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from records import InitTransactionalProducerRequest
+from records import DescribeTransactionalIdRequest, InitTransactionalProducerRequest
 
 from . import protocol as p
 from .errors import Errors, PidQuorumError, RequestTimedOutError, for_code
@@ -219,6 +219,11 @@ class QuorumClient:
                                                 transaction_timeout_ms=transaction_timeout_ms,
                                                 producer_id=producer_id, producer_epoch=producer_epoch)
         resp, _ = await self._call_any(body)
+        return int(resp.producer_id), int(resp.producer_epoch)
+
+    async def describe_transactional(self, transactional_id: str) -> tuple[int, int]:
+        """The transactional id's current (producer id, epoch), read through the leader; (-1, -1) if unknown."""
+        resp, _ = await self._call_any(DescribeTransactionalIdRequest(transactional_id=transactional_id))
         return int(resp.producer_id), int(resp.producer_epoch)
 
     async def describe(self, address: str, action: str | None = None) -> dict:

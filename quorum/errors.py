@@ -108,6 +108,9 @@ ConcurrentTransactionsError = _BY_CODE[Errors.CONCURRENT_TRANSACTIONS]
 InvalidTransactionTimeoutError = _BY_CODE[Errors.INVALID_TRANSACTION_TIMEOUT]
 UnknownProducerIdError = _BY_CODE[Errors.UNKNOWN_PRODUCER_ID]
 TransactionalIdAuthorizationFailedError = _BY_CODE[Errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED]
+UnknownTopicOrPartitionError = _BY_CODE[Errors.UNKNOWN_TOPIC_OR_PARTITION]
+InvalidTopicError = _BY_CODE[Errors.INVALID_TOPIC_EXCEPTION]
+OffsetOutOfRangeError = _BY_CODE[Errors.OFFSET_OUT_OF_RANGE]
 
 
 def for_code(code: int, message: str = "", throttle_ms: int = 0) -> PidQuorumError:

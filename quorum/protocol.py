@@ -28,7 +28,13 @@ from kio.serial import entity_reader, entity_writer
 from kio.serial.errors import SerialError
 from kio.static.primitive import i16, i32, i64, u16
 
-from records import InitTransactionalProducerRequest, InitTransactionalProducerResponse, RecordError
+from records import (
+    DescribeTransactionalIdRequest,
+    DescribeTransactionalIdResponse,
+    InitTransactionalProducerRequest,
+    InitTransactionalProducerResponse,
+    RecordError,
+)
 from records.codec import from_obj, to_obj
 
 from .errors import Errors
@@ -146,7 +152,7 @@ def _parse_msgpack(frame: bytes, api_key: int, api_version: int, correlation_id:
                          f"malformed {name} body: {e}") from None
     if api_key == TXN_API_KEY:
         try:
-            body = decode_payload(body, InitTransactionalProducerRequest)
+            body = decode_payload(body, (InitTransactionalProducerRequest, DescribeTransactionalIdRequest))
         except RecordError as e:
             raise BadRequest(api_key, api_version, correlation_id, Errors.INVALID_REQUEST,
                              f"malformed {name} body: {e}") from None
@@ -155,11 +161,12 @@ def _parse_msgpack(frame: bytes, api_key: int, api_version: int, correlation_id:
     return Request(api_key, api_version, correlation_id, header.client_id, body, frame)
 
 
-def decode_payload(obj: Any, cls: type) -> Any:
-    """A msgpack-decoded ``[type, version, fields]`` payload of the expected record class."""
+def decode_payload(obj: Any, cls: type | tuple[type, ...]) -> Any:
+    """A msgpack-decoded ``[type, version, fields]`` payload of one of the expected record classes."""
     rec = from_obj(obj)
     if not isinstance(rec, cls):
-        raise RecordError(f"expected {cls.SPEC.name}, got {type(rec).SPEC.name}")
+        names = " or ".join(c.SPEC.name for c in (cls if isinstance(cls, tuple) else (cls,)))
+        raise RecordError(f"expected {names}, got {type(rec).SPEC.name}")
     return rec
 
 
@@ -275,7 +282,7 @@ def msgpack_api_of(body: Any) -> int:
     """The msgpack API a request body belongs to: a dict is DescribeState, a record its own API."""
     if isinstance(body, dict):
         return ADMIN_API_KEY
-    if isinstance(body, InitTransactionalProducerRequest):
+    if isinstance(body, (InitTransactionalProducerRequest, DescribeTransactionalIdRequest)):
         return TXN_API_KEY
     raise TypeError(f"not a pidquorum msgpack request: {type(body).__name__}")
 
@@ -297,7 +304,7 @@ def parse_response(frame: bytes, api_key: int, api_version: int) -> tuple[int, A
         header, off = entity_reader(ResponseHeaderV0)(frame, 0)
         obj = msgpack.unpackb(frame[off:], raw=False)
         if api_key == TXN_API_KEY:
-            obj = decode_payload(obj, InitTransactionalProducerResponse)
+            obj = decode_payload(obj, (InitTransactionalProducerResponse, DescribeTransactionalIdResponse))
         return header.correlation_id, obj
     resp_cls = load_response_schema(api_key, api_version)
     header, off = entity_reader(resp_cls.__header_schema__)(frame, 0)

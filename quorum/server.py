@@ -19,7 +19,7 @@ import logging
 import time
 from typing import Any
 
-from records import InitTransactionalProducerResponse
+from records import DescribeTransactionalIdRequest, DescribeTransactionalIdResponse, InitTransactionalProducerResponse
 
 from . import protocol as p
 from .client import Connection, ConnectionFailed
@@ -145,7 +145,9 @@ class QuorumServer:
                          e.code.name, e.message)
             body = p.error_body(req.api_key, req.api_version, e.code, e.throttle_ms)
             if req.api_key == p.TXN_API_KEY:
-                body = InitTransactionalProducerResponse(error_code=int(e.code), error_message=e.message)
+                cls = (DescribeTransactionalIdResponse if isinstance(req.body, DescribeTransactionalIdRequest)
+                       else InitTransactionalProducerResponse)
+                body = cls(error_code=int(e.code), error_message=e.message)
         except Exception:  # noqa: BLE001 - request boundary: log, answer, keep serving
             log.exception("client %s: %s v%d failed", peer, p.API_NAMES.get(req.api_key), req.api_version)
             body = p.error_body(req.api_key, req.api_version, Errors.UNKNOWN_SERVER_ERROR)
@@ -178,6 +180,15 @@ class QuorumServer:
             if isinstance(result, dict):
                 return p.heartbeat_response(req.api_version, result["is_fenced"], result["should_shut_down"])
             return result
+        if req.api_key == p.TXN_API_KEY and isinstance(b, DescribeTransactionalIdRequest):
+            # A linearizable read: through the leader's proposer, behind a (record-less) log entry.
+            cur = await self._route(req, "read_txn", {"transactional_id": b.transactional_id})
+            if isinstance(cur, DescribeTransactionalIdResponse):
+                return cur  # relayed from the leader
+            if cur is None:
+                return DescribeTransactionalIdResponse(error_code=0)
+            return DescribeTransactionalIdResponse(error_code=0, producer_id=cur.producer_id,
+                                                   producer_epoch=cur.producer_epoch, state=cur.state)
         if req.api_key == p.TXN_API_KEY:
             args = {"broker_id": b.broker_id, "broker_epoch": b.broker_epoch,
                     "transactional_id": b.transactional_id, "timeout_ms": b.transaction_timeout_ms,

@@ -130,6 +130,8 @@ class Op:
         if self.kind == "heartbeat":
             return state.registrations.generate_heartbeat(a["broker_id"], a["broker_epoch"], a["want_fence"],
                                                           a["want_shut_down"], now_ms)
+        if self.kind == "read_txn":
+            return Result([], state.transactions.get(a["transactional_id"]))
         if self.kind == "init_txn":
             return state.transactions.generate_init(
                 a["broker_id"], a["broker_epoch"], a["transactional_id"], a["timeout_ms"], a["producer_id"],

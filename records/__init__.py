@@ -16,6 +16,8 @@ from .codec import (  # noqa: F401
     TransactionalIdRecord,
     UnfenceBrokerRecord,
     UnregisterBrokerRecord,
+    DescribeTransactionalIdRequest,
+    DescribeTransactionalIdResponse,
     decode,
     decode_batch,
     encode,

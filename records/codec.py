@@ -92,6 +92,8 @@ TransactionalIdRecord = CLASSES[schema.TRANSACTIONAL_ID.type_id]
 RemoveTransactionalIdRecord = CLASSES[schema.REMOVE_TRANSACTIONAL_ID.type_id]
 InitTransactionalProducerRequest = CLASSES[schema.INIT_TRANSACTIONAL_REQUEST.type_id]
 InitTransactionalProducerResponse = CLASSES[schema.INIT_TRANSACTIONAL_RESPONSE.type_id]
+DescribeTransactionalIdRequest = CLASSES[schema.DESCRIBE_TRANSACTIONAL_REQUEST.type_id]
+DescribeTransactionalIdResponse = CLASSES[schema.DESCRIBE_TRANSACTIONAL_RESPONSE.type_id]
 
 
 def to_obj(record: Record) -> list:

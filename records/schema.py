@@ -281,7 +281,34 @@ INIT_TRANSACTIONAL_RESPONSE = RecordSpec(
     ),
 )
 
-PAYLOADS: tuple[RecordSpec, ...] = (AUDIT_ENTRY, AUDIT_GAP, INIT_TRANSACTIONAL_REQUEST, INIT_TRANSACTIONAL_RESPONSE)
+DESCRIBE_TRANSACTIONAL_REQUEST = RecordSpec(
+    name="DescribeTransactionalIdRequest",
+    type_id=104,
+    version=0,
+    doc=(
+        "pidquorum RPC (API key 10002, msgpack): a coordinator broker reads a transactional "
+        "id's current producer ID and epoch, linearizably (through the leader and the log), "
+        "to fence an older instance on its transactional requests."
+    ),
+    fields=(FieldSpec("transactional_id", "string", "The client's transactional.id."),),
+)
+
+DESCRIBE_TRANSACTIONAL_RESPONSE = RecordSpec(
+    name="DescribeTransactionalIdResponse",
+    type_id=105,
+    version=0,
+    doc="The answer to DescribeTransactionalIdRequest; producer_id -1 if the id is unknown (or expired).",
+    fields=(
+        FieldSpec("error_code", "int16", "Kafka error code (0: none)."),
+        FieldSpec("error_message", "nullable_string", "Why, when error_code is not 0.", default=None),
+        FieldSpec("producer_id", "int64", "Current producer ID, -1 if none.", default=-1),
+        FieldSpec("producer_epoch", "int16", "Current epoch, -1 if none.", default=-1),
+        FieldSpec("state", "string", "Transaction state.", default=""),
+    ),
+)
+
+PAYLOADS: tuple[RecordSpec, ...] = (AUDIT_ENTRY, AUDIT_GAP, INIT_TRANSACTIONAL_REQUEST, INIT_TRANSACTIONAL_RESPONSE,
+                                    DESCRIBE_TRANSACTIONAL_REQUEST, DESCRIBE_TRANSACTIONAL_RESPONSE)
 
 for _spec in RECORDS + PAYLOADS:
     validate_spec(_spec)

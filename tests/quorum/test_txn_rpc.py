@@ -133,3 +133,21 @@ def test_malformed_payloads_are_invalid_request_and_node_keeps_serving(cluster, 
         finally:
             await c.close()
     assert run(still_serves())[1] == 0
+
+
+def test_describe_transactional_reads_the_current_epoch_through_the_leader(cluster):
+    async def go():
+        addrs = cluster.lc.client_addresses()
+        via = [one_node_client(a) for a in addrs]
+        try:
+            e = await via[0].register_broker(1)
+            assert await via[1].describe_transactional("nobody") == (-1, -1)
+            pid, _ = await via[0].init_transactional(1, e, "reader", 60_000)
+            await via[0].init_transactional(1, e, "reader", 60_000)
+            # Every node, followers included, answers with the bump just acknowledged.
+            for c in via:
+                assert await c.describe_transactional("reader") == (pid, 1)
+        finally:
+            for c in via:
+                await c.close()
+    run(go())

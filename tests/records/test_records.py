@@ -14,6 +14,8 @@ from records import (
     AuditGap,
     BrokerEpochCursorRecord,
     FenceBrokerRecord,
+    DescribeTransactionalIdRequest,
+    DescribeTransactionalIdResponse,
     InitTransactionalProducerRequest,
     InitTransactionalProducerResponse,
     ProducerIdCursorRecord,
@@ -105,6 +107,15 @@ GOLDEN_PAYLOADS = {
         InitTransactionalProducerResponse(error_code=90, error_message="fenced", producer_id=-1, producer_epoch=-1),
         "936700945aa666656e636564ffff",
     ),
+    "DescribeTransactionalIdRequest": (
+        DescribeTransactionalIdRequest(transactional_id="orders-tx-1"),
+        "93680091ab6f72646572732d74782d31",
+    ),
+    "DescribeTransactionalIdResponse": (
+        DescribeTransactionalIdResponse(error_code=0, error_message=None, producer_id=5000, producer_epoch=3,
+                                        state="Empty"),
+        "9369009500c0cd138803a5456d707479",
+    ),
 }
 
 ALL_INSTANCES = [rec for rec, _ in GOLDEN.values()] + [rec for rec, _ in GOLDEN_PAYLOADS.values()]
@@ -155,6 +166,8 @@ def test_golden_type_ids_and_versions_are_stable():
         "AuditGap": (101, 0),
         "InitTransactionalProducerRequest": (102, 0),
         "InitTransactionalProducerResponse": (103, 0),
+        "DescribeTransactionalIdRequest": (104, 0),
+        "DescribeTransactionalIdResponse": (105, 0),
     }
 
 

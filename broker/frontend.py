@@ -1,0 +1,607 @@
+"""The Kafka-protocol front end: what unmodified Kafka clients talk to.
+
+One broker, one listener, every partition led by this broker.  Served with
+kio's codecs: ApiVersions 0-3, Metadata 0-12, InitProducerId 0-4, Produce
+3-10, ListOffsets 1-7, Fetch 4-12, FindCoordinator 0-2.
+
+Producer IDs come from quorum-allocated blocks through the non-blocking
+``ProducerIdManager``; transactional ids (KIP-360 epoch rules) are decided
+and stored by the quorum itself, so any broker can coordinate any of them and
+a broker failover never loses or repeats an epoch bump.
+
+Requests on one connection are handled one at a time, in order, as Kafka
+does (it mutes a connection while its request is processed): a client with
+5 produce requests in flight sees them appended in the order it sent them.
+Frames are read ahead while a request is being handled.
+
+Bad input never takes the broker down: an unreadable or oversized frame or
+an unknown API key closes that connection with a log line; a readable header
+with a bad body is answered with INVALID_REQUEST, an unsupported version with
+UNSUPPORTED_VERSION (ApiVersions: with the supported ranges), a bad record
+batch with CORRUPT_MESSAGE / INVALID_RECORD for its partition.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from quorum import protocol as p
+from quorum.client import QuorumClient, RetryPolicy
+from quorum.errors import (
+    CoordinatorLoadInProgressError,
+    Errors,
+    InvalidRequestError,
+    PidQuorumError,
+    StaleBrokerEpochError,
+    UnknownTopicOrPartitionError,
+)
+
+from . import kafkaio as kio_
+from .partition import Partition
+from .pid_manager import PidManagerConfig, ProducerIdManager
+from .storage import Storage
+
+log = logging.getLogger(__name__)
+
+PRODUCE, FETCH, LIST_OFFSETS, METADATA, FIND_COORDINATOR, INIT_PRODUCER_ID = 0, 1, 2, 3, 10, 22
+DESCRIBE_PRODUCERS = 61
+ADD_PARTITIONS_TO_TXN, END_TXN = 24, 26
+SUPPORTED: dict[int, tuple[int, int]] = {
+    PRODUCE: (3, 10),
+    FETCH: (4, 12),
+    LIST_OFFSETS: (1, 7),
+    METADATA: (0, 12),
+    FIND_COORDINATOR: (0, 2),
+    p.API_VERSIONS: (0, 3),
+    INIT_PRODUCER_ID: (0, 4),
+    DESCRIBE_PRODUCERS: (0, 0),
+    ADD_PARTITIONS_TO_TXN: (0, 3),
+    END_TXN: (0, 3),
+}
+NAMES = {PRODUCE: "Produce", FETCH: "Fetch", LIST_OFFSETS: "ListOffsets", METADATA: "Metadata",
+         FIND_COORDINATOR: "FindCoordinator", p.API_VERSIONS: "ApiVersions", INIT_PRODUCER_ID: "InitProducerId",
+         DESCRIBE_PRODUCERS: "DescribeProducers", ADD_PARTITIONS_TO_TXN: "AddPartitionsToTxn", END_TXN: "EndTxn"}
+LATEST_TIMESTAMP, EARLIEST_TIMESTAMP = -1, -2
+
+
+@dataclass
+class BrokerConfig:
+    broker_id: int
+    quorum: list[str]
+    listen: str = "127.0.0.1:9092"
+    data_dir: str = "./.pidquorum-broker"
+    advertised: str | None = None         # host:port put in Metadata; default: the listen address
+    cluster_id: str = "pidquorum"
+    default_partitions: int = 1
+    auto_create_topics: bool = True
+    max_frame_bytes: int = 16 * 1024 * 1024
+    producer_id_expiration_ms: int = 24 * 3600 * 1000
+    segment_bytes: int = 64 * 1024 * 1024
+    dedup: bool = True                    # idempotence checks; off only to show what they prevent
+    fault_drop_every: int = 0             # every Nth produce request: append, then drop the connection
+    io_threads: int = 4
+    quorum_timeout_s: float = 5.0
+    pid_manager: PidManagerConfig = field(default_factory=PidManagerConfig)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.broker_id <= 2**31 - 1:
+            raise ValueError(f"broker id {self.broker_id} is not in 0..2147483647")
+        if not self.quorum:
+            raise ValueError("at least one quorum address is needed")
+        if self.default_partitions < 1:
+            raise ValueError("default_partitions must be at least 1")
+        if self.fault_drop_every < 0:
+            raise ValueError("fault_drop_every must be >= 0")
+
+    @property
+    def advertised_address(self) -> tuple[str, int]:
+        host, port = (self.advertised or self.listen).rsplit(":", 1)
+        return host, int(port)
+
+    def with_bound_port(self, port: int) -> None:
+        """After binding ``host:0``: advertise the port the system picked."""
+        host, listen_port = self.listen.rsplit(":", 1)
+        if int(listen_port) == 0:
+            self.listen = f"{host}:{port}"
+
+
+class _DropConnection(Exception):
+    """Fault injection: close the connection instead of answering."""
+
+
+class BrokerServer:
+    def __init__(self, cfg: BrokerConfig):
+        self.cfg = cfg
+        self.quorum = QuorumClient(list(cfg.quorum), RetryPolicy(timeout=cfg.quorum_timeout_s),
+                                   client_id=f"broker-{cfg.broker_id}")
+        self.pids: ProducerIdManager | None = None  # created once the listener's port is known
+        self.storage = Storage(cfg.data_dir, default_partitions=cfg.default_partitions,
+                               auto_create=cfg.auto_create_topics, dedup=cfg.dedup, segment_bytes=cfg.segment_bytes,
+                               producer_id_expiration_ms=cfg.producer_id_expiration_ms)
+        self._io = concurrent.futures.ThreadPoolExecutor(max_workers=cfg.io_threads, thread_name_prefix="broker-io")
+        self._server: asyncio.AbstractServer | None = None
+        self._appended: asyncio.Condition | None = None
+        self._produce_requests = 0
+        self._connections: set[asyncio.Task] = set()
+        self.counters = {"requests": 0, "bad_frames": 0, "bad_requests": 0, "produce_batches": 0,
+                         "duplicates": 0, "dropped_by_fault_injection": 0, "init_producer_id": 0,
+                         "load_in_progress": 0}
+        self.port: int | None = None
+
+    # --------------------------------------------------------------- lifecycle
+    async def start(self) -> None:
+        self._appended = asyncio.Condition()
+        host, port = self.cfg.listen.rsplit(":", 1)
+        self._server = await asyncio.start_server(self._connection, host, int(port))
+        self.port = self._server.sockets[0].getsockname()[1]
+        self.cfg.with_bound_port(self.port)
+        adv_host, adv_port = self.cfg.advertised_address
+        self.pids = ProducerIdManager(self.cfg.broker_id, self.quorum, listener=f"{adv_host}:{adv_port}",
+                                      config=self.cfg.pid_manager)
+        # Clients that connect before the first block is in hand get COORDINATOR_LOAD_IN_PROGRESS (retriable).
+        await self.pids.start()
+        log.info("broker %d listening on %s:%d (epoch %s, data %s)", self.cfg.broker_id, host, self.port,
+                 self.pids.broker_epoch, self.cfg.data_dir)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for t in list(self._connections):
+            t.cancel()
+        if self.pids is not None:
+            await self.pids.close()
+        await self.quorum.close()
+        self._io.shutdown(wait=True)
+        self.storage.close()
+
+    # ------------------------------------------------------------ connections
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._connections.add(task)
+        peer = writer.get_extra_info("peername")
+        frames: asyncio.Queue = asyncio.Queue(maxsize=64)
+        read_task = asyncio.get_running_loop().create_task(self._read_frames(reader, frames, peer))
+        try:
+            while True:
+                item = await frames.get()
+                if item is None:
+                    break
+                data = await self._answer(item, peer)
+                if data is not None:
+                    writer.write(data)
+                    await writer.drain()
+        except _DropConnection:
+            self.counters["dropped_by_fault_injection"] += 1
+            log.info("client %s: fault injection: dropping the connection before answering", peer)
+        except (ConnectionError, OSError) as e:
+            log.info("client %s: %s", peer, e)
+        except asyncio.CancelledError:
+            pass
+        finally:
+            read_task.cancel()
+            writer.close()
+            if task is not None:
+                self._connections.discard(task)
+
+    async def _read_frames(self, reader: asyncio.StreamReader, frames: asyncio.Queue, peer: Any) -> None:
+        try:
+            while True:
+                try:
+                    head = await reader.readexactly(4)
+                except asyncio.IncompleteReadError:
+                    break
+                size = p.SIZE.unpack(head)[0]
+                if size < 0 or size > self.cfg.max_frame_bytes:
+                    self.counters["bad_frames"] += 1
+                    log.warning("client %s: frame size %d outside 0..%d; closing", peer, size,
+                                self.cfg.max_frame_bytes)
+                    break
+                try:
+                    frame = await reader.readexactly(size)
+                except asyncio.IncompleteReadError as e:
+                    log.warning("client %s: truncated frame (%d of %d bytes); closing", peer, len(e.partial), size)
+                    break
+                await frames.put(frame)
+        except (ConnectionError, OSError) as e:
+            log.info("client %s: %s", peer, e)
+        finally:
+            await frames.put(None)
+
+    async def _answer(self, frame: bytes, peer: Any) -> bytes | None:
+        try:
+            req = p.parse_request(frame, SUPPORTED, NAMES)
+        except p.FrameError as e:
+            self.counters["bad_frames"] += 1
+            log.warning("client %s: %s; closing", peer, e)
+            raise ConnectionResetError(str(e)) from None
+        except p.BadRequest as e:
+            self.counters["bad_requests"] += 1
+            log.warning("client %s: %s (answered %s)", peer, e.message, e.code.name)
+            return p.error_response(e, SUPPORTED, self._error_body)
+        self.counters["requests"] += 1
+        try:
+            body = await self._handle(req)
+        except _DropConnection:
+            raise
+        except PidQuorumError as e:
+            log.info("client %s: %s v%d -> %s: %s", peer, NAMES.get(req.api_key), req.api_version, e.code.name,
+                     e.message)
+            body = self._error_body(req.api_key, req.api_version, e.code, req.body)
+        except Exception:  # noqa: BLE001 - request boundary: log, answer, keep serving
+            log.exception("client %s: %s v%d failed", peer, NAMES.get(req.api_key), req.api_version)
+            body = self._error_body(req.api_key, req.api_version, Errors.UNKNOWN_SERVER_ERROR, req.body)
+        if body is None:  # acks=0 produce: no response at all
+            return None
+        return p.encode_response(req.api_key, req.api_version, req.correlation_id, body)
+
+    # ------------------------------------------------------------ dispatch
+    async def _handle(self, req: p.Request) -> Any:
+        k = req.api_key
+        if k == p.API_VERSIONS:
+            return p.api_versions_body(req.api_version, Errors.NONE, SUPPORTED)
+        if k == METADATA:
+            return self._metadata(req)
+        if k == INIT_PRODUCER_ID:
+            return await self._init_producer_id(req)
+        if k == PRODUCE:
+            return await self._produce(req)
+        if k == FETCH:
+            return await self._fetch(req)
+        if k == LIST_OFFSETS:
+            return await self._list_offsets(req)
+        if k == FIND_COORDINATOR:
+            return self._find_coordinator(req)
+        if k == DESCRIBE_PRODUCERS:
+            return self._describe_producers(req)
+        if k in (ADD_PARTITIONS_TO_TXN, END_TXN):
+            return await self._txn_request(req)
+        raise InvalidRequestError(f"API {k} has no handler")  # pragma: no cover
+
+    def _error_body(self, api_key: int, version: int, code: Errors, body: Any = None) -> Any:
+        """A response carrying only ``code``, shaped like the request (per-partition errors)."""
+        c = int(code)
+        if api_key == p.API_VERSIONS:
+            return p.api_versions_body(version, code, SUPPORTED)
+        if api_key == INIT_PRODUCER_ID:
+            return kio_.response(api_key, version, {"throttle_time": 0, "error_code": c, "producer_id": -1,
+                                                    "producer_epoch": -1})
+        if api_key == FIND_COORDINATOR:
+            return kio_.response(api_key, version, {"throttle_time": 0, "error_code": c, "error_message": code.name,
+                                                    "node_id": -1, "host": "", "port": -1})
+        if api_key == METADATA:
+            topics = [] if body is None or body.topics is None else [
+                {"error_code": c, "name": t.name, "topic_id": None, "partitions": []} for t in body.topics]
+            return kio_.response(api_key, version, {"throttle_time": 0, "brokers": [], "topics": topics,
+                                                    "cluster_id": self.cfg.cluster_id, "controller_id": -1})
+        if api_key == PRODUCE:
+            topics = [] if body is None else [
+                {"name": t.name, "partition_responses": [
+                    {"index": pd.index, "error_code": c, "base_offset": -1, "log_append_time": None,
+                     "log_start_offset": -1, "record_errors": [], "error_message": code.name}
+                    for pd in t.partition_data]} for t in body.topic_data]
+            return kio_.response(api_key, version, {"responses": topics, "throttle_time": 0})
+        if api_key == FETCH:
+            topics = [] if body is None else [
+                {"topic": t.topic, "partitions": [
+                    {"partition_index": pt.partition, "error_code": c, "high_watermark": -1,
+                     "last_stable_offset": -1, "log_start_offset": -1, "aborted_transactions": None,
+                     "records": None} for pt in t.partitions]} for t in body.topics]
+            return kio_.response(api_key, version, {"throttle_time": 0, "error_code": c, "session_id": 0,
+                                                    "responses": topics})
+        if api_key == ADD_PARTITIONS_TO_TXN:
+            topics = [] if body is None else [
+                {"name": t.name, "results_by_partition": [
+                    {"partition_index": i, "partition_error_code": c} for i in t.partitions]}
+                for t in body.v3_and_below_topics]
+            return kio_.response(api_key, version, {"throttle_time": 0, "results_by_topic_v3_and_below": topics})
+        if api_key == END_TXN:
+            return kio_.response(api_key, version, {"throttle_time": 0, "error_code": c})
+        if api_key == DESCRIBE_PRODUCERS:
+            topics = [] if body is None else [
+                {"name": t.name, "partitions": [
+                    {"partition_index": i, "error_code": c, "error_message": code.name, "active_producers": []}
+                    for i in t.partition_indexes]} for t in body.topics]
+            return kio_.response(api_key, version, {"throttle_time": 0, "topics": topics})
+        if api_key == LIST_OFFSETS:
+            topics = [] if body is None else [
+                {"name": t.name, "partitions": [
+                    {"partition_index": pt.partition_index, "error_code": c, "timestamp": -1, "offset": -1}
+                    for pt in t.partitions]} for t in body.topics]
+            return kio_.response(api_key, version, {"throttle_time": 0, "topics": topics})
+        raise ValueError(f"no error body for API {api_key}")  # pragma: no cover
+
+    # ------------------------------------------------------------ Metadata
+    def _topic_metadata(self, name: str, create: bool) -> dict:
+        try:
+            topic = self.storage.ensure_topic(name) if create else self.storage.topic(name)
+        except PidQuorumError as e:
+            return {"error_code": int(e.code), "name": name, "topic_id": None, "partitions": []}
+        if topic is None:
+            return {"error_code": int(Errors.UNKNOWN_TOPIC_OR_PARTITION), "name": name, "topic_id": None,
+                    "partitions": []}
+        me = self.cfg.broker_id
+        return {"error_code": 0, "name": name, "topic_id": topic.topic_id, "is_internal": False,
+                "partitions": [{"error_code": 0, "partition_index": i, "leader_id": me, "leader_epoch": 0,
+                                "replica_nodes": [me], "isr_nodes": [me], "offline_replicas": []}
+                               for i in range(topic.partitions)],
+                "topic_authorized_operations": -2147483648}
+
+    def _metadata(self, req: p.Request) -> Any:
+        b, v = req.body, req.api_version
+        if b.topics is None or (v == 0 and not b.topics):
+            names, create = [t.name for t in self.storage.topics()], False
+        else:
+            names = [t.name for t in b.topics]
+            create = self.cfg.auto_create_topics and getattr(b, "allow_auto_topic_creation", True)
+        host, port = self.cfg.advertised_address
+        return kio_.response(METADATA, v, {
+            "throttle_time": 0,
+            "brokers": [{"node_id": self.cfg.broker_id, "host": host, "port": port, "rack": None}],
+            "cluster_id": self.cfg.cluster_id,
+            "controller_id": self.cfg.broker_id,
+            "topics": [self._topic_metadata(n, create) for n in names],
+            "cluster_authorized_operations": -2147483648,
+        })
+
+    # ------------------------------------------------------------ FindCoordinator
+    def _find_coordinator(self, req: p.Request) -> Any:
+        b = req.body
+        key_type = int(getattr(b, "key_type", 0))
+        if key_type not in (0, 1):
+            raise InvalidRequestError(f"unknown coordinator key type {key_type}")
+        host, port = self.cfg.advertised_address
+        # Transactional state lives in the quorum: every broker coordinates every transactional id.
+        return kio_.response(FIND_COORDINATOR, req.api_version, {
+            "throttle_time": 0, "error_code": 0, "error_message": None, "node_id": self.cfg.broker_id,
+            "host": host, "port": port})
+
+    # ------------------------------------------------------------ InitProducerId
+    async def _init_producer_id(self, req: p.Request) -> Any:
+        b, v = req.body, req.api_version
+        self.counters["init_producer_id"] += 1
+        expected_pid = int(getattr(b, "producer_id", -1))
+        expected_epoch = int(getattr(b, "producer_epoch", -1))
+        if (expected_pid == -1) != (expected_epoch == -1):
+            raise InvalidRequestError("producer id and epoch must both be -1 or both be set")
+        tid = b.transactional_id
+        if self.pids is None:
+            raise CoordinatorLoadInProgressError("the broker is starting")
+        if tid is None:
+            # Idempotent producer: a fresh ID from the block in hand, epoch 0, never waiting on the quorum.
+            try:
+                pid = self.pids.generate_producer_id()
+            except CoordinatorLoadInProgressError:
+                self.counters["load_in_progress"] += 1
+                raise
+            return self._init_response(v, pid, 0)
+        if tid == "":
+            raise InvalidRequestError("transactional id must not be empty")
+        timeout_ms = kio_.ms(b.transaction_timeout)
+        try:
+            pid, epoch = await self._init_transactional(tid, timeout_ms, expected_pid, expected_epoch)
+        except PidQuorumError as e:
+            if e.code == Errors.PRODUCER_FENCED and v < 4:
+                # PRODUCER_FENCED exists from InitProducerId v4 on; older clients know it by this name.
+                log.info("InitProducerId v%d %r: %s (answered INVALID_PRODUCER_EPOCH)", v, tid, e.message)
+                return self._init_error(v, Errors.INVALID_PRODUCER_EPOCH)
+            raise
+        return self._init_response(v, pid, epoch)
+
+    async def _init_transactional(self, tid: str, timeout_ms: int, pid: int, epoch: int) -> tuple[int, int]:
+        for attempt in (1, 2):
+            broker_epoch = self.pids.broker_epoch
+            if broker_epoch is None:
+                raise CoordinatorLoadInProgressError("broker is not registered with the quorum yet")
+            try:
+                return await self.quorum.init_transactional(self.cfg.broker_id, broker_epoch, tid, timeout_ms,
+                                                            pid, epoch)
+            except StaleBrokerEpochError:
+                if attempt == 2:
+                    raise
+                await self.pids.reregister()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    @staticmethod
+    def _init_response(version: int, pid: int, epoch: int) -> Any:
+        return kio_.response(INIT_PRODUCER_ID, version, {"throttle_time": 0, "error_code": 0, "producer_id": pid,
+                                                         "producer_epoch": epoch})
+
+    @staticmethod
+    def _init_error(version: int, code: Errors) -> Any:
+        return kio_.response(INIT_PRODUCER_ID, version, {"throttle_time": 0, "error_code": int(code),
+                                                         "producer_id": -1, "producer_epoch": -1})
+
+    # ------------------------------------------------------------ Produce
+    def _partition(self, topic: str, index: int, create: bool) -> Partition:
+        """The partition; INVALID_TOPIC_EXCEPTION / UNKNOWN_TOPIC_OR_PARTITION errors carry their code."""
+        if not create and self.storage.topic(topic) is None:
+            raise UnknownTopicOrPartitionError(f"unknown topic {topic!r}")
+        return self.storage.partition(topic, index)
+
+    async def _produce(self, req: p.Request) -> Any:
+        b, v = req.body, req.api_version
+        acks = int(b.acks)
+        self._produce_requests += 1
+        loop = asyncio.get_running_loop()
+        responses = []
+        appended_any = False
+        for t in b.topic_data:
+            parts = []
+            for pd in t.partition_data:
+                r = {"index": pd.index, "error_code": 0, "base_offset": -1, "log_append_time": None,
+                     "log_start_offset": -1, "record_errors": [], "error_message": None}
+                parts.append(r)
+                if acks not in (0, 1, -1):
+                    r["error_code"], r["error_message"] = int(Errors.INVALID_REQUIRED_ACKS), f"acks={acks}"
+                    continue
+                try:
+                    part = self._partition(t.name, int(pd.index), create=self.cfg.auto_create_topics)
+                except PidQuorumError as e:
+                    r["error_code"], r["error_message"] = int(e.code), e.message
+                    continue
+                if pd.records is None:
+                    r["error_code"], r["error_message"] = int(Errors.INVALID_RECORD), "no records"
+                    continue
+                res = await loop.run_in_executor(self._io, part.append, bytes(pd.records))
+                r["error_code"] = int(res.error)
+                r["error_message"] = res.message
+                r["base_offset"] = res.base_offset
+                r["log_start_offset"] = res.log_start_offset
+                if res.error == Errors.NONE:
+                    if res.duplicate:
+                        self.counters["duplicates"] += 1
+                    else:
+                        appended_any = True
+                        self.counters["produce_batches"] += 1
+                else:
+                    log.info("produce %s-%d: %s: %s", t.name, pd.index, res.error.name, res.message)
+            responses.append({"name": t.name, "partition_responses": parts})
+        if appended_any:
+            async with self._appended:
+                self._appended.notify_all()
+            every = self.cfg.fault_drop_every
+            if every and self._produce_requests % every == 0:
+                raise _DropConnection()
+        if acks == 0:
+            return None
+        return kio_.response(PRODUCE, v, {"responses": responses, "throttle_time": 0})
+
+    # ------------------------------------------------------------ Fetch
+    async def _fetch(self, req: p.Request) -> Any:
+        b, v = req.body, req.api_version
+        deadline = time.monotonic() + min(kio_.ms(b.max_wait), 30_000) / 1000
+        min_bytes = max(int(b.min_bytes), 0)
+        while True:
+            responses, total = await self._fetch_once(b)
+            remaining = deadline - time.monotonic()
+            if total >= max(min_bytes, 1) or remaining <= 0 or self._fetch_has_error(responses):
+                break
+            async with self._appended:
+                try:
+                    await asyncio.wait_for(self._appended.wait(), remaining)
+                except asyncio.TimeoutError:
+                    pass
+        return kio_.response(FETCH, v, {"throttle_time": 0, "error_code": 0, "session_id": 0,
+                                        "responses": responses})
+
+    @staticmethod
+    def _fetch_has_error(responses: list[dict]) -> bool:
+        return any(pt["error_code"] for t in responses for pt in t["partitions"])
+
+    async def _fetch_once(self, b: Any) -> tuple[list[dict], int]:
+        loop = asyncio.get_running_loop()
+        budget = int(b.max_bytes) if getattr(b, "max_bytes", None) is not None else 2**31 - 1
+        total = 0
+        responses = []
+        for t in b.topics:
+            parts = []
+            for pt in t.partitions:
+                r = {"partition_index": pt.partition, "error_code": 0, "high_watermark": -1,
+                     "last_stable_offset": -1, "log_start_offset": -1, "aborted_transactions": None,
+                     "records": None}
+                parts.append(r)
+                try:
+                    part = self._partition(t.topic, int(pt.partition), create=False)
+                except PidQuorumError as e:
+                    r["error_code"] = int(e.code)
+                    continue
+                r["high_watermark"] = r["last_stable_offset"] = part.high_watermark
+                r["log_start_offset"] = part.log_start_offset
+                limit = max(0, min(int(pt.partition_max_bytes), budget))
+                if limit == 0 and total > 0:
+                    r["records"] = b""
+                    continue
+                try:
+                    data = await loop.run_in_executor(self._io, part.read, int(pt.fetch_offset), max(limit, 1))
+                except PidQuorumError as e:
+                    r["error_code"] = int(e.code)
+                    continue
+                r["records"] = data
+                total += len(data)
+                budget -= len(data)
+            responses.append({"topic": t.topic, "partitions": parts})
+        return responses, total
+
+    # ------------------------------------------------------------ ListOffsets
+    async def _list_offsets(self, req: p.Request) -> Any:
+        b, v = req.body, req.api_version
+        topics = []
+        for t in b.topics:
+            parts = []
+            for pt in t.partitions:
+                r = {"partition_index": pt.partition_index, "error_code": 0, "timestamp": -1, "offset": -1,
+                     "leader_epoch": 0}
+                parts.append(r)
+                try:
+                    part = self._partition(t.name, int(pt.partition_index), create=False)
+                except PidQuorumError as e:
+                    r["error_code"] = int(e.code)
+                    continue
+                ts = int(pt.timestamp)
+                if ts == LATEST_TIMESTAMP:
+                    r["offset"] = part.high_watermark
+                elif ts == EARLIEST_TIMESTAMP:
+                    r["offset"] = part.log_start_offset
+                elif ts < 0:
+                    r["error_code"] = int(Errors.INVALID_REQUEST)
+                else:
+                    found = part.offset_for_timestamp(ts)
+                    if found is not None:
+                        r["offset"], r["timestamp"] = found
+            topics.append({"name": t.name, "partitions": parts})
+        return kio_.response(LIST_OFFSETS, v, {"throttle_time": 0, "topics": topics})
+
+    # ------------------------------------------------------------ DescribeProducers
+    def _describe_producers(self, req: p.Request) -> Any:
+        """Kafka's DescribeProducers (KIP-664): the idempotence state of each partition's producers."""
+        topics = []
+        for t in req.body.topics:
+            parts = []
+            for index in t.partition_indexes:
+                r = {"partition_index": index, "error_code": 0, "error_message": None, "active_producers": []}
+                parts.append(r)
+                try:
+                    part = self._partition(t.name, int(index), create=False)
+                except PidQuorumError as e:
+                    r["error_code"], r["error_message"] = int(e.code), e.message
+                    continue
+                for pid, entry in sorted(part.producers().items()):
+                    last = entry.batches[-1] if entry.batches else None
+                    r["active_producers"].append({
+                        "producer_id": pid, "producer_epoch": entry.epoch, "last_sequence": entry.last_seq,
+                        "last_timestamp": last.max_timestamp if last is not None else -1,
+                        "coordinator_epoch": -1, "current_txn_start_offset": -1})
+            topics.append({"name": t.name, "partitions": parts})
+        return kio_.response(DESCRIBE_PRODUCERS, req.api_version, {"throttle_time": 0, "topics": topics})
+
+    # ------------------------------------------------------------ AddPartitionsToTxn / EndTxn
+    async def _txn_request(self, req: p.Request) -> Any:
+        """Fencing for transactional producers; transactions themselves are not served.
+
+        The (producer id, epoch) is checked against the quorum's current state for the
+        transactional id, read through the leader: an instance fenced by a newer
+        InitProducerId gets PRODUCER_FENCED (INVALID_PRODUCER_EPOCH before v3), an expired
+        or unknown id INVALID_PRODUCER_ID_MAPPING.  A current instance gets
+        INVALID_TXN_STATE: this broker does not write transaction markers, and saying so
+        is better than accepting a transaction it cannot commit atomically.
+        """
+        b, v = req.body, req.api_version
+        if req.api_key == ADD_PARTITIONS_TO_TXN:
+            tid, pid, epoch = b.v3_and_below_transactional_id, b.v3_and_below_producer_id, b.v3_and_below_producer_epoch
+        else:
+            tid, pid, epoch = b.transactional_id, b.producer_id, b.producer_epoch
+        cur_pid, cur_epoch = await self.quorum.describe_transactional(str(tid))
+        if cur_pid == -1:
+            code, why = Errors.INVALID_PRODUCER_ID_MAPPING, "no producer id for this transactional id"
+        elif (int(pid), int(epoch)) != (cur_pid, cur_epoch):
+            code = Errors.PRODUCER_FENCED if v >= 3 else Errors.INVALID_PRODUCER_EPOCH
+            why = f"producer {pid} epoch {epoch} was fenced by producer {cur_pid} epoch {cur_epoch}"
+        else:
+            code, why = Errors.INVALID_TXN_STATE, "transactions are not served by this broker (no markers)"
+        log.info("%s v%d %r: %s: %s", NAMES[req.api_key], v, tid, code.name, why)
+        return self._error_body(req.api_key, v, code, b)

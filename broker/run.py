@@ -1,0 +1,50 @@
+"""Run one broker front end until SIGTERM/SIGINT (what ``pidctl broker start`` runs)."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+
+from quorum.errors import CorruptFileError, PidQuorumError
+
+from .frontend import BrokerConfig, BrokerServer
+
+log = logging.getLogger("pidquorum.broker")
+
+EXIT_CORRUPT, EXIT_UNAVAILABLE, EXIT_OS = 66, 69, 71
+
+
+async def _serve(cfg: BrokerConfig, ready_file: str | None) -> None:
+    server = BrokerServer(cfg)
+    try:
+        await server.start()
+        if ready_file:
+            tmp = f"{ready_file}.tmp"
+            with open(tmp, "w") as f:
+                f.write(f"{os.getpid()} {server.port}\n")
+            os.replace(tmp, ready_file)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("broker %d stopping", cfg.broker_id)
+    finally:
+        await server.stop()
+
+
+def run_broker(cfg: BrokerConfig, ready_file: str | None = None) -> int:
+    """Serve until stopped.  Returns a process exit code."""
+    try:
+        asyncio.run(_serve(cfg, ready_file))
+    except CorruptFileError as e:
+        log.critical("refusing to start: %s", e)
+        return EXIT_CORRUPT
+    except PidQuorumError as e:
+        log.critical("cannot start: %s: %s", e.code.name, e.message)
+        return EXIT_UNAVAILABLE
+    except OSError as e:
+        log.critical("cannot start: %s", e)
+        return EXIT_OS
+    return 0

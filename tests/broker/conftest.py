@@ -1,0 +1,24 @@
+"""Fixtures for broker tests: a quorum plus real broker front-end processes."""
+from __future__ import annotations
+
+import pytest
+
+from tests.broker.harness import BrokerProcess
+
+
+@pytest.fixture
+def brokers(cluster, tmp_path, request):
+    """Start brokers against the test's quorum: ``brokers(broker_id, *extra_args)``."""
+    started: list[BrokerProcess] = []
+
+    def start(broker_id: int, *extra: str, port: int | None = None) -> BrokerProcess:
+        b = BrokerProcess(str(tmp_path / "brokers"), broker_id, cluster.lc.client_addresses(), *extra, port=port)
+        started.append(b)
+        return b.start()
+
+    yield start
+    rep = getattr(request.node, "rep_call", None)
+    for b in started:
+        if rep is not None and rep.failed:
+            print(f"----- broker {b.broker_id} log -----\n{b.tail()}")
+        b.stop()

@@ -449,7 +449,7 @@ class BrokerServer:
                     continue
                 res = await loop.run_in_executor(self._io, part.append, bytes(pd.records))
                 r["error_code"] = int(res.error)
-                r["error_message"] = res.message
+                r["error_message"] = res.message or None
                 r["base_offset"] = res.base_offset
                 r["log_start_offset"] = res.log_start_offset
                 if res.error == Errors.NONE:

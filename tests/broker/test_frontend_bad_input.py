@@ -1,0 +1,272 @@
+"""Bad input against a real broker front-end process: every kind gets a clear error code
+(or a closed connection for an unreadable frame), a log line, and the broker keeps
+serving every other client.  One quorum and one broker for the whole module."""
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+
+import pytest
+from kio.index import load_request_schema, load_response_schema
+from kio.serial import entity_reader
+
+from broker.recordbatch import encode_batch
+from quorum import protocol as p
+from quorum.client import Connection
+from quorum.errors import Errors
+from quorum.localcluster import LocalCluster
+from tests.broker.harness import BrokerProcess
+from tests.quorum.test_bad_input import framed, header_v1, header_v2, raw_conn, read_until_closed
+
+PRODUCE, FETCH, LIST_OFFSETS, METADATA, INIT_PRODUCER_ID = 0, 1, 2, 3, 22
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    base = tmp_path_factory.mktemp("frontend-bad-input")
+    lc = LocalCluster(str(base / "cluster"))
+    lc.up(3)
+    b = BrokerProcess(str(base), 1, lc.client_addresses(), "--partitions", "2")
+    try:
+        b.start()
+        yield b
+    finally:
+        b.stop()
+        lc.down(timeout=5)
+
+
+def call(b: BrokerProcess, api_key: int, version: int, **fields):
+    body = p.request_entity(api_key, version, **fields)
+
+    async def go():
+        conn = Connection(b.bootstrap, "bad-input-test")
+        try:
+            return await conn.call(body, 10.0)
+        finally:
+            conn.close()
+    return asyncio.run(go())
+
+
+def entity(api_key: int, version: int, cls_name: str, **fields):
+    mod = __import__(load_request_schema(api_key, version).__module__, fromlist=[cls_name])
+    return getattr(mod, cls_name)(**fields)
+
+
+def produce(b, records: bytes | None, topic: str = "bad", partition: int = 0, acks: int = -1, version: int = 9):
+    pd = entity(PRODUCE, version, "PartitionProduceData", index=partition, records=records)
+    td = entity(PRODUCE, version, "TopicProduceData", name=topic, partition_data=(pd,))
+    import datetime
+    resp = call(b, PRODUCE, version, transactional_id=None, acks=acks, timeout=datetime.timedelta(seconds=5),
+                topic_data=(td,))
+    r = resp.responses[0].partition_responses[0]
+    return Errors(int(r.error_code)), int(r.base_offset), getattr(r, "error_message", None)
+
+
+def init_pid(b, version: int = 4, tid=None, pid: int = -1, epoch: int = -1, timeout_ms: int = 60_000):
+    import datetime
+    fields = {"transactional_id": tid, "transaction_timeout": datetime.timedelta(milliseconds=timeout_ms)}
+    if version >= 3:
+        fields.update(producer_id=pid, producer_epoch=epoch)
+    resp = call(b, INIT_PRODUCER_ID, version, **fields)
+    return Errors(int(resp.error_code)), int(resp.producer_id), int(resp.producer_epoch)
+
+
+def assert_serves(b: BrokerProcess) -> None:
+    """A fresh client still gets answers: InitProducerId (a PID) and Metadata."""
+    code, pid, epoch = init_pid(b)
+    assert code == Errors.NONE and pid >= 0 and epoch == 0
+    md = call(b, METADATA, 9, topics=None, allow_auto_topic_creation=False,
+              include_cluster_authorized_operations=False, include_topic_authorized_operations=False)
+    assert md.brokers[0].node_id == 1
+
+
+def raw_answer(b: BrokerProcess, payload: bytes) -> bytes | None:
+    """Send one frame; the response body (after the size), or None if the broker closed the connection."""
+    with raw_conn(b.bootstrap) as s:
+        s.sendall(framed(payload))
+        s.shutdown(socket.SHUT_WR)
+        data = read_until_closed(s)
+    if not data:
+        return None
+    size = struct.unpack_from(">i", data)[0]
+    assert len(data) == 4 + size
+    return data[4:]
+
+
+def batch(pid=-1, epoch=-1, seq=-1, n=1, value=b"v"):
+    return encode_batch([(None, value + str(i).encode()) for i in range(n)], producer_id=pid,
+                        producer_epoch=epoch, base_sequence=seq)
+
+
+# ------------------------------------------------------------------ frames
+@pytest.mark.parametrize("payload", [b"", b"\x00\x01", struct.pack(">hhi", 18, 0, 1)[:7]],
+                         ids=["empty", "two-bytes", "seven-bytes"])
+def test_truncated_header_closes_the_connection(broker, payload):
+    assert raw_answer(broker, payload) is None
+    assert_serves(broker)
+
+
+@pytest.mark.parametrize("size", [-1, 2**31 - 1, 16 * 1024 * 1024 + 1])
+def test_absurd_frame_size_closes_the_connection(broker, size):
+    with raw_conn(broker.bootstrap) as s:
+        s.sendall(struct.pack(">i", size) + b"\x00" * 16)
+        assert read_until_closed(s) == b""
+    assert_serves(broker)
+
+
+def test_frame_cut_short_closes_the_connection(broker):
+    with raw_conn(broker.bootstrap) as s:
+        s.sendall(struct.pack(">i", 100) + header_v1(18, 0, 1))
+        s.shutdown(socket.SHUT_WR)
+        assert read_until_closed(s) == b""
+    assert "truncated frame" in broker.tail(400)
+    assert_serves(broker)
+
+
+@pytest.mark.parametrize("api_key", [67, 62, 9999, -1, 10001])
+def test_unknown_api_key_closes_the_connection(broker, api_key):
+    assert raw_answer(broker, header_v1(api_key, 0, 5) + b"\x00" * 8) is None
+    assert f"unknown API key {api_key}" in broker.tail(400)
+    assert_serves(broker)
+
+
+# ------------------------------------------------------------------ versions
+def test_newer_api_versions_is_answered_in_v0_with_the_ranges(broker):
+    data = raw_answer(broker, header_v2(18, 4, 77) + b"\x00\x00\x00")
+    corr, body = p.parse_response(data, 18, 0)
+    assert corr == 77 and int(body.error_code) == Errors.UNSUPPORTED_VERSION
+    ranges = {int(k.api_key): (int(k.min_version), int(k.max_version)) for k in body.api_keys}
+    assert ranges[0] == (3, 10) and ranges[1] == (4, 12) and ranges[22] == (0, 4) and ranges[3] == (0, 12)
+
+
+@pytest.mark.parametrize("api_key,version,layout", [(PRODUCE, 2, 3), (PRODUCE, 11, 10), (FETCH, 3, 4),
+                                                    (FETCH, 13, 12), (INIT_PRODUCER_ID, 5, 4),
+                                                    (LIST_OFFSETS, 0, 1)])
+def test_unsupported_version_is_answered_unsupported_version(broker, api_key, version, layout):
+    header = header_v2(api_key, version, 31) if version >= 9 else header_v1(api_key, version, 31)
+    data = raw_answer(broker, header + b"\x00" * 12)
+    resp_cls = load_response_schema(api_key, layout)
+    hdr, off = entity_reader(resp_cls.__header_schema__)(data, 0)
+    assert hdr.correlation_id == 31
+    body, _ = entity_reader(resp_cls)(data, off)
+    if hasattr(body, "error_code"):  # where the layout has a top-level code, it says so
+        assert int(body.error_code) == Errors.UNSUPPORTED_VERSION
+    text = broker.tail(400)
+    assert "is not supported" in text
+    assert_serves(broker)
+
+
+# ------------------------------------------------------------------ malformed bodies
+def test_malformed_produce_body_is_invalid_request(broker):
+    data = raw_answer(broker, header_v1(PRODUCE, 3, 41) + b"\xff\xff\x00")
+    corr, body = p.parse_response(data, PRODUCE, 3)
+    assert corr == 41
+    assert_serves(broker)
+
+
+def test_huge_array_length_in_produce_is_refused_not_allocated(broker):
+    # Produce v9 (flexible): transactional id null (0), acks -1, timeout, topic_data compact length 2**32-2
+    body = b"\x00" + struct.pack(">hi", -1, 1000) + bytes.fromhex("ffffffff0f")
+    data = raw_answer(broker, header_v2(PRODUCE, 9, 42) + body)
+    assert data is not None
+    assert "array of 4294967294 elements" in broker.tail(400)
+    assert_serves(broker)
+
+
+# ------------------------------------------------------------------ record batches
+def test_bad_crc_is_corrupt_message_and_nothing_is_written(broker):
+    good = bytearray(batch())
+    good[-1] ^= 0xFF  # a record byte, covered by the CRC
+    code, offset, _ = produce(broker, bytes(good), topic="crc")
+    assert code == Errors.CORRUPT_MESSAGE and offset == -1
+    assert produce(broker, batch(), topic="crc")[:2] == (Errors.NONE, 0)  # offset 0: nothing was appended
+
+
+@pytest.mark.parametrize("magic,code", [(1, Errors.UNSUPPORTED_FOR_MESSAGE_FORMAT), (0, Errors.UNSUPPORTED_FOR_MESSAGE_FORMAT),
+                                        (7, Errors.CORRUPT_MESSAGE)])
+def test_wrong_magic(broker, magic, code):
+    b = bytearray(batch())
+    b[16] = magic  # baseOffset 8, batchLength 4, partitionLeaderEpoch 4, then magic
+    assert produce(broker, bytes(b), topic="magic")[0] == code
+
+
+@pytest.mark.parametrize("length", [5, 2**31 - 1, -3])
+def test_absurd_batch_length_is_corrupt_message(broker, length):
+    b = bytearray(batch())
+    b[8:12] = struct.pack(">i", length)
+    assert produce(broker, bytes(b), topic="length")[0] == Errors.CORRUPT_MESSAGE
+
+
+def test_negative_sequence_with_a_producer_id_is_invalid_record(broker):
+    _, pid, epoch = init_pid(broker)
+    assert produce(broker, batch(pid, epoch, seq=-5), topic="seq")[0] == Errors.INVALID_RECORD
+
+
+def test_null_records_and_bad_acks_and_bad_topics(broker):
+    assert produce(broker, None, topic="nulls")[0] == Errors.INVALID_RECORD
+    assert produce(broker, batch(), topic="acks", acks=5)[0] == Errors.INVALID_REQUIRED_ACKS
+    assert produce(broker, batch(), topic="bad topic!")[0] == Errors.INVALID_TOPIC_EXCEPTION
+    assert produce(broker, batch(), topic="parts", partition=7)[0] == Errors.UNKNOWN_TOPIC_OR_PARTITION
+    assert produce(broker, batch(), topic="parts", partition=-1)[0] == Errors.UNKNOWN_TOPIC_OR_PARTITION
+    assert_serves(broker)
+
+
+# ------------------------------------------------------------------ idempotence rules
+def test_duplicate_out_of_order_and_stale_epoch(broker):
+    _, pid, _ = init_pid(broker)
+    first = batch(pid, 0, seq=0, n=3)
+    assert produce(broker, first, topic="idem") == (Errors.NONE, 0, None)
+    assert produce(broker, batch(pid, 0, seq=3, n=2), topic="idem")[:2] == (Errors.NONE, 3)
+    # the first batch again: a duplicate, answered with its original offset, nothing appended
+    assert produce(broker, first, topic="idem")[:2] == (Errors.NONE, 0)
+    # a gap in the sequence
+    assert produce(broker, batch(pid, 0, seq=9), topic="idem")[0] == Errors.OUT_OF_ORDER_SEQUENCE_NUMBER
+    # a new epoch must start at 0; then the old epoch is fenced
+    assert produce(broker, batch(pid, 1, seq=4), topic="idem")[0] == Errors.OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert produce(broker, batch(pid, 1, seq=0), topic="idem")[:2] == (Errors.NONE, 5)
+    assert produce(broker, batch(pid, 0, seq=5), topic="idem")[0] == Errors.INVALID_PRODUCER_EPOCH
+    assert produce(broker, batch(pid, 1, seq=1), topic="idem")[:2] == (Errors.NONE, 6)
+
+
+# ------------------------------------------------------------------ InitProducerId
+def test_init_producer_id_rules(broker):
+    # idempotent: fresh, distinct ids with epoch 0, every version
+    seen = set()
+    for v in range(5):
+        code, pid, epoch = init_pid(broker, version=v)
+        assert code == Errors.NONE and epoch == 0 and pid not in seen
+        seen.add(pid)
+    assert init_pid(broker, pid=5, epoch=-1)[0] == Errors.INVALID_REQUEST
+    assert init_pid(broker, pid=-1, epoch=0)[0] == Errors.INVALID_REQUEST
+    assert init_pid(broker, tid="")[0] == Errors.INVALID_REQUEST
+    assert init_pid(broker, tid="t-timeout", timeout_ms=0)[0] == Errors.INVALID_TRANSACTION_TIMEOUT
+    # transactional: bump on a new instance, fenced old instance (v4: PRODUCER_FENCED, v3: INVALID_PRODUCER_EPOCH)
+    code, pid, epoch = init_pid(broker, tid="t-rules")
+    assert (code, epoch) == (Errors.NONE, 0)
+    assert init_pid(broker, tid="t-rules")[1:] == (pid, 1)
+    assert init_pid(broker, version=4, tid="t-rules", pid=pid, epoch=0)[0] == Errors.PRODUCER_FENCED
+    assert init_pid(broker, version=3, tid="t-rules", pid=pid, epoch=0)[0] == Errors.INVALID_PRODUCER_EPOCH
+    # the current instance bumps; its retry gets the same answer
+    assert init_pid(broker, tid="t-rules", pid=pid, epoch=1)[1:] == (pid, 2)
+    assert init_pid(broker, tid="t-rules", pid=pid, epoch=1)[1:] == (pid, 2)
+    assert_serves(broker)
+
+
+# ------------------------------------------------------------------ Fetch / ListOffsets
+def test_fetch_and_list_offsets_errors(broker):
+    import datetime
+    assert produce(broker, batch(n=2), topic="reads")[0] == Errors.NONE
+    fp = entity(FETCH, 4, "FetchPartition", partition=0, fetch_offset=99, partition_max_bytes=1 << 20)
+    ft = entity(FETCH, 4, "FetchTopic", topic="reads", partitions=(fp,))
+    missing = entity(FETCH, 4, "FetchTopic", topic="no-such-topic", partitions=(
+        entity(FETCH, 4, "FetchPartition", partition=0, fetch_offset=0, partition_max_bytes=1 << 20),))
+    resp = call(broker, FETCH, 4, replica_id=-1, max_wait=datetime.timedelta(milliseconds=10), min_bytes=1,
+                max_bytes=1 << 20, isolation_level=0, topics=(ft, missing))
+    codes = [int(t.partitions[0].error_code) for t in resp.responses]
+    assert codes == [Errors.OFFSET_OUT_OF_RANGE, Errors.UNKNOWN_TOPIC_OR_PARTITION]
+    lp = entity(LIST_OFFSETS, 1, "ListOffsetsPartition", partition_index=0, timestamp=-1)
+    lt = entity(LIST_OFFSETS, 1, "ListOffsetsTopic", name="reads", partitions=(lp,))
+    resp = call(broker, LIST_OFFSETS, 1, replica_id=-1, topics=(lt,))
+    assert int(resp.topics[0].partitions[0].offset) == 2
+    assert_serves(broker)

@@ -192,19 +192,12 @@ class BrokerServer:
         try:
             while True:
                 try:
-                    head = await reader.readexactly(4)
-                except asyncio.IncompleteReadError:
-                    break
-                size = p.SIZE.unpack(head)[0]
-                if size < 0 or size > self.cfg.max_frame_bytes:
+                    frame = await p.read_frame(reader, self.cfg.max_frame_bytes)
+                except p.FrameError as e:
                     self.counters["bad_frames"] += 1
-                    log.warning("client %s: frame size %d outside 0..%d; closing", peer, size,
-                                self.cfg.max_frame_bytes)
+                    log.warning("client %s: %s; closing", peer, e)
                     break
-                try:
-                    frame = await reader.readexactly(size)
-                except asyncio.IncompleteReadError as e:
-                    log.warning("client %s: truncated frame (%d of %d bytes); closing", peer, len(e.partial), size)
+                if frame is None:
                     break
                 await frames.put(frame)
         except (ConnectionError, OSError) as e:

@@ -12,20 +12,13 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import functools
-import types
 import typing
 from typing import Any
 
 from kio.index import load_response_schema
 from kio.schema.errors import ErrorCode
 
-
-def _unwrap_optional(hint: Any) -> Any:
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        if len(args) == 1:
-            return args[0]
-    return hint
+from quorum.wirecheck import unwrap_optional
 
 
 @functools.cache
@@ -34,10 +27,10 @@ def _fields(cls: type) -> tuple[tuple[str, Any, str | None, bool, bool], ...]:
     hints = typing.get_type_hints(cls)
     out = []
     for f in dataclasses.fields(cls):
-        hint = _unwrap_optional(hints[f.name])
+        hint = unwrap_optional(hints[f.name])
         array = typing.get_origin(hint) is tuple
         if array:
-            hint = _unwrap_optional(typing.get_args(hint)[0])
+            hint = unwrap_optional(typing.get_args(hint)[0])
         has_default = f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
         out.append((f.name, hint, f.metadata.get("kafka_type"), array, has_default))
     return tuple(out)

@@ -12,6 +12,7 @@ applies InitProducerId to a transactional id in the quorum.
 """
 from __future__ import annotations
 
+import asyncio
 import datetime
 import io
 import struct
@@ -87,6 +88,26 @@ class Request:
 
 def _ms(ms: int) -> datetime.timedelta:
     return datetime.timedelta(milliseconds=max(0, int(ms)))
+
+
+async def read_frame(reader: Any, max_bytes: int) -> bytes | None:
+    """The next size-prefixed frame from an ``asyncio.StreamReader``; None at a clean end of stream.
+
+    Raises FrameError for a size outside 1..max_bytes (nothing more is read) or a
+    stream that ends inside a frame.
+    """
+    try:
+        size = SIZE.unpack(await reader.readexactly(4))[0]
+    except asyncio.IncompleteReadError as e:
+        if e.partial:
+            raise FrameError(f"truncated frame size ({len(e.partial)} of 4 bytes)") from None
+        return None
+    if size <= 0 or size > max_bytes:
+        raise FrameError(f"frame of {size} bytes is outside 1..{max_bytes}")
+    try:
+        return await reader.readexactly(size)
+    except asyncio.IncompleteReadError as e:
+        raise FrameError(f"truncated frame ({len(e.partial)} of {size} bytes)") from None
 
 
 def parse_request(frame: bytes, supported: dict[int, tuple[int, int]] | None = None,

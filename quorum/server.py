@@ -88,20 +88,12 @@ class QuorumServer:
         try:
             while True:
                 try:
-                    size = p.SIZE.unpack(await reader.readexactly(4))[0]
-                except asyncio.IncompleteReadError as e:
-                    if e.partial:
-                        log.warning("client %s: truncated frame size; closing", peer)
-                    break
-                if size <= 0 or size > self.cfg.max_frame_bytes:
+                    frame = await p.read_frame(reader, self.cfg.max_frame_bytes)
+                except p.FrameError as e:
                     self.counters["bad_frames"] += 1
-                    log.warning("client %s: frame of %d bytes is outside 1..%d; closing", peer, size,
-                                self.cfg.max_frame_bytes)
+                    log.warning("client %s: %s; closing", peer, e)
                     break
-                try:
-                    frame = await reader.readexactly(size)
-                except asyncio.IncompleteReadError as e:
-                    log.warning("client %s: truncated frame (%d of %d bytes); closing", peer, len(e.partial), size)
+                if frame is None:
                     break
                 try:
                     req = p.parse_request(frame)

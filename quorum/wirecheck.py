@@ -76,7 +76,8 @@ class _Field:
     array: bool = False
 
 
-def _unwrap_optional(hint: Any) -> Any:
+def unwrap_optional(hint: Any) -> Any:
+    """``X`` for ``X | None`` (and ``Optional[X]``); any other hint unchanged."""
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         if len(args) == 1:
@@ -92,10 +93,10 @@ def _plan(cls: type) -> tuple[tuple[_Field, ...], bool]:
     for f in dataclasses.fields(cls):
         if "tag" in f.metadata:
             continue  # tagged: carried in the tagged-field section, skipped by size there
-        hint = _unwrap_optional(hints[f.name])
+        hint = unwrap_optional(hints[f.name])
         array = typing.get_origin(hint) is tuple
         if array:
-            hint = _unwrap_optional(typing.get_args(hint)[0])
+            hint = unwrap_optional(typing.get_args(hint)[0])
         kafka_type = f.metadata.get("kafka_type")
         if kafka_type in _FIXED:
             out.append(_Field(f.name, "fixed", _FIXED[kafka_type], array=array))

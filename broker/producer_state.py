@@ -52,16 +52,13 @@ import enum
 import logging
 import os
 import re
-import struct
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgpack
 
 from quorum.errors import CorruptFileError, Errors
-from quorum.fsutil import atomic_write, fsync_dir
+from quorum.fsutil import atomic_write, fsync_dir, seal, unseal
 
 from .recordbatch import INT32_MAX, NO_SEQUENCE, BatchHeader, increment_sequence
 
@@ -75,7 +72,6 @@ SNAPSHOT_MAGIC = b"PQPSTA\x00\x01"
 SNAPSHOT_FORMAT = 1
 SNAPSHOT_SUFFIX = ".snapshot"
 _SNAPSHOT_RE = re.compile(r"^(\d{20})\.snapshot$")
-_LEN = struct.Struct("<I")
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,15 +239,14 @@ class ProducerStateManager:
 
     # ------------------------------------------------------------ snapshots
     def encode_snapshot(self, log_end_offset: int) -> bytes:
-        body = msgpack.packb({
+        return seal(SNAPSHOT_MAGIC, {
             "format": SNAPSHOT_FORMAT,
             "offset": log_end_offset,
             "producers": [[e.producer_id, e.epoch, e.last_update_ms,
                            [[b.first_seq, b.last_seq, b.first_offset, b.last_offset, b.max_timestamp]
                             for b in e.batches]]
                           for e in sorted(self._producers.values(), key=lambda e: e.producer_id)],
-        }, use_bin_type=True)
-        return SNAPSHOT_MAGIC + _LEN.pack(len(body)) + body + _LEN.pack(zlib.crc32(body))
+        })
 
     def write_snapshot(self, path: str, log_end_offset: int) -> int:
         """Atomically write the state, valid once the log holds every offset below ``log_end_offset``.
@@ -346,22 +341,7 @@ def _int(v: Any) -> bool:
 
 
 def decode_snapshot(path: str, data: bytes) -> tuple[int, dict[int, ProducerEntry]]:
-    if len(data) < len(SNAPSHOT_MAGIC) + 8:
-        raise CorruptFileError(path, f"truncated producer state snapshot ({len(data)} bytes)")
-    if not data.startswith(SNAPSHOT_MAGIC):
-        raise CorruptFileError(path, "not a producer state snapshot (bad magic)")
-    (length,) = _LEN.unpack_from(data, len(SNAPSHOT_MAGIC))
-    start = len(SNAPSHOT_MAGIC) + _LEN.size
-    if start + length + _LEN.size != len(data):
-        raise CorruptFileError(path, f"truncated or padded snapshot: header says {length} body bytes, file has "
-                                     f"{len(data) - start - _LEN.size}")
-    body = data[start:start + length]
-    if zlib.crc32(body) != _LEN.unpack_from(data, start + length)[0]:
-        raise CorruptFileError(path, "checksum mismatch")
-    try:
-        obj = msgpack.unpackb(body, raw=False)
-    except Exception as e:  # noqa: BLE001 - the checksum passed, so this is a writer bug; refuse all the same
-        raise CorruptFileError(path, f"undecodable body: {e}") from None
+    obj = unseal(path, data, SNAPSHOT_MAGIC, "producer state snapshot")
     if not isinstance(obj, dict) or obj.get("format") != SNAPSHOT_FORMAT:
         raise CorruptFileError(path, f"unsupported snapshot format "
                                      f"{obj.get('format') if isinstance(obj, dict) else type(obj).__name__}")

@@ -26,17 +26,14 @@ from __future__ import annotations
 import logging
 import os
 import re
-import struct
 import threading
 import uuid
-import zlib
 from dataclasses import dataclass
 from typing import Any
 
-import msgpack
 
 from quorum.errors import CorruptFileError, Errors, for_code
-from quorum.fsutil import atomic_write
+from quorum.fsutil import atomic_write, seal, unseal
 
 from .partition import Partition
 
@@ -47,7 +44,6 @@ TOPIC_MAGIC = b"PQTOPC\x00\x01"
 TOPIC_FORMAT = 1
 MAX_TOPIC_NAME = 249
 _LEGAL = re.compile(r"^[a-zA-Z0-9._-]+$")
-_LEN = struct.Struct("<I")
 _PARTITION_DIR = re.compile(r"^(.+)-(\d+)$")
 
 # The classes errors.py registers for these codes (one class per code).
@@ -75,26 +71,12 @@ class TopicInfo:
 
 
 def _encode_topic(info: TopicInfo) -> bytes:
-    body = msgpack.packb({"format": TOPIC_FORMAT, "name": info.name, "topic_id": info.topic_id.bytes,
-                          "partitions": info.partitions}, use_bin_type=True)
-    return TOPIC_MAGIC + _LEN.pack(len(body)) + body + _LEN.pack(zlib.crc32(body))
+    return seal(TOPIC_MAGIC, {"format": TOPIC_FORMAT, "name": info.name, "topic_id": info.topic_id.bytes,
+                              "partitions": info.partitions})
 
 
 def _decode_topic(path: str, data: bytes) -> TopicInfo:
-    start = len(TOPIC_MAGIC) + _LEN.size
-    if len(data) < start + _LEN.size or not data.startswith(TOPIC_MAGIC):
-        raise CorruptFileError(path, "not a topic metadata file (bad header or truncated)")
-    (length,) = _LEN.unpack_from(data, len(TOPIC_MAGIC))
-    if start + length + _LEN.size != len(data):
-        raise CorruptFileError(path, f"truncated or padded: header says {length} body bytes, file has "
-                                     f"{len(data) - start - _LEN.size}")
-    body = data[start:start + length]
-    if zlib.crc32(body) != _LEN.unpack_from(data, start + length)[0]:
-        raise CorruptFileError(path, "checksum mismatch")
-    try:
-        obj = msgpack.unpackb(body, raw=False)
-    except Exception as e:  # noqa: BLE001 - checksum passed: a writer bug; refuse all the same
-        raise CorruptFileError(path, f"undecodable body: {e}") from None
+    obj = unseal(path, data, TOPIC_MAGIC, "topic metadata file")
     if not isinstance(obj, dict) or obj.get("format") != TOPIC_FORMAT:
         raise CorruptFileError(path, "unsupported topic metadata format")
     name, tid, n = obj.get("name"), obj.get("topic_id"), obj.get("partitions")

@@ -12,21 +12,17 @@ durable by the journal before it drops the entries the snapshot covers.
 """
 from __future__ import annotations
 
-import struct
-import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgpack
 
 from quorum.errors import CorruptFileError
-from quorum.fsutil import write_synced
+from quorum.fsutil import write_synced, seal, unseal
 from records import Record, RecordError
 from records.codec import from_obj, to_obj
 
 MAGIC = b"PQSNAP\x00\x01"
 FORMAT = 1
-_LEN = struct.Struct("<I")
 
 Entry = tuple[bytes, int, int]  # (command, raft index, raft term), as pysyncobj keeps them
 
@@ -45,15 +41,14 @@ class Snapshot:
 
 
 def encode_snapshot(snap: Snapshot) -> bytes:
-    body = msgpack.packb({
+    return seal(MAGIC, {
         "format": FORMAT,
         "last_entry": list(snap.last_entry),
         "prev_entry": list(snap.prev_entry),
         "cluster": sorted(snap.cluster),
         "records": [to_obj(r) for r in snap.records],
         "meta": snap.meta,
-    }, use_bin_type=True)
-    return MAGIC + _LEN.pack(len(body)) + body + _LEN.pack(zlib.crc32(body))
+    })
 
 
 def write_snapshot(path: str, snap: Snapshot) -> int:
@@ -71,25 +66,7 @@ def _entry(path: str, obj: Any, name: str) -> Entry:
 
 
 def decode_snapshot(path: str, data: bytes) -> Snapshot:
-    if len(data) < len(MAGIC) + 8:
-        raise CorruptFileError(path, f"truncated snapshot ({len(data)} bytes)")
-    if not data.startswith(MAGIC):
-        raise CorruptFileError(path, "not a pidquorum snapshot (bad magic)")
-    (length,) = _LEN.unpack_from(data, len(MAGIC))
-    start = len(MAGIC) + _LEN.size
-    if start + length + _LEN.size != len(data):
-        raise CorruptFileError(path, f"truncated or padded snapshot: header says {length} body bytes, "
-                                     f"file has {len(data) - start - _LEN.size}")
-    body = data[start:start + length]
-    (crc,) = _LEN.unpack_from(data, start + length)
-    if zlib.crc32(body) != crc:
-        raise CorruptFileError(path, "checksum mismatch")
-    try:
-        obj = msgpack.unpackb(body, raw=False)
-    except (ValueError, TypeError, msgpack.UnpackException) as e:  # checksum passed, so this is a writer bug
-        raise CorruptFileError(path, f"undecodable body: {e}") from None
-    if not isinstance(obj, dict):
-        raise CorruptFileError(path, f"unsupported snapshot format: a body of type {type(obj).__name__}, not a map")
+    obj = unseal(path, data, MAGIC, "snapshot")
     fmt = obj.get("format")
     if isinstance(fmt, bool) or not isinstance(fmt, int) or fmt != FORMAT:  # True == 1 == 1.0 in Python
         raise CorruptFileError(path, f"unsupported snapshot format {fmt!r}")

@@ -65,17 +65,27 @@ def render_summary(verdict: Verdict, console: Console | None = None, *, limit: i
                 t.add_row(", ".join(f"#{i}" for i in a["ops"]) or "-", a["message"])
             out.print(t)
 
+    # One column per operation, one row per figure: stays readable in 80 columns.
+    av = verdict.availability
     t = Table(title="availability", title_justify="left")
-    for c in ("op", "invoked", "ok", "fail", "info", "unfinished", "p50 ms", "p99 ms", "max ms",
-              "longest outage ms", "load in progress", "client-visible waits"):
-        t.add_column(c, justify="left" if c == "op" else "right")
-    for kind, a in verdict.availability.items():
-        lat = a["latency"]["ok"]
-        t.add_row(kind, _fmt(a["invoked"]), _fmt(a["ok"]), _fmt(a["fail"]), _fmt(a["info"]), _fmt(a["unfinished"]),
-                  _fmt(lat["p50_ms"], 2), _fmt(lat["p99_ms"], 2), _fmt(lat["max_ms"], 2),
-                  _fmt(a["longest_outage_ms"]),
-                  f"{_fmt(a['load_in_progress'])} ({a['load_in_progress_share']:.2%})",
-                  _fmt(a["client_visible_waits"]))
+    t.add_column("")
+    for kind in av:
+        t.add_column(kind, justify="right")
+    rows: list[tuple[str, Any]] = [
+        ("invoked", lambda a: _fmt(a["invoked"])),
+        ("ok", lambda a: _fmt(a["ok"])),
+        ("fail", lambda a: _fmt(a["fail"])),
+        ("info (unknown)", lambda a: _fmt(a["info"])),
+        ("unfinished", lambda a: _fmt(a["unfinished"])),
+        ("latency p50 ms (ok)", lambda a: _fmt(a["latency"]["ok"]["p50_ms"], 2)),
+        ("latency p99 ms (ok)", lambda a: _fmt(a["latency"]["ok"]["p99_ms"], 2)),
+        ("latency max ms (ok)", lambda a: _fmt(a["latency"]["ok"]["max_ms"], 2)),
+        ("longest outage ms", lambda a: _fmt(a["longest_outage_ms"])),
+        ("load in progress", lambda a: f"{_fmt(a['load_in_progress'])} ({a['load_in_progress_share']:.2%})"),
+        ("client-visible waits", lambda a: _fmt(a["client_visible_waits"])),
+    ]
+    for label, cell in rows:
+        t.add_row(label, *[cell(a) for a in av.values()])
     out.print(t)
 
     by_kind = verdict.faults.get("by_kind", {})

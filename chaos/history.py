@@ -442,9 +442,9 @@ def read_history(path: str | os.PathLike, *, allow_torn_tail: bool = False) -> H
                         raise HistoryError(path, 1, f"{e.problem}, and no newline: truncated, or not a chaos "
                                                     "history file") from None
                     if not allow_torn_tail:
-                        raise HistoryError(path, line_no, f"truncated last line (torn write, no newline: "
-                                                          f"{e.problem}); allow_torn_tail / --allow-torn "
-                                                          "checks the ops before it") from None
+                        raise HistoryError(path, line_no, f"truncated last line (no newline; {e.problem}): "
+                                                          "the writer was cut off mid-line; reading with "
+                                                          "allow_torn_tail checks the ops before it") from None
                     msg = (f"{path}:{line_no}: dropped a torn last line ({len(raw)} bytes, no newline); "
                            "the op it held is treated as never completed (outcome unknown)")
                     log.warning("%s", msg)

@@ -8,8 +8,8 @@ from rich.console import Console
 
 from chaos.checker import check
 from chaos.report import render_summary, timeline_png
-from tests.chaos import Hist, clean_run, final_state
-from tests.chaos.test_checker import availability_history, audit_block
+from tests.chaos import Hist, audit_block, clean_run, final_state
+from tests.chaos.test_checker import availability_history
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -129,7 +129,7 @@ class BrokerServer:
         self._connections: set[asyncio.Task] = set()
         self.counters = {"requests": 0, "bad_frames": 0, "bad_requests": 0, "produce_batches": 0,
                          "duplicates": 0, "dropped_by_fault_injection": 0, "init_producer_id": 0,
-                         "load_in_progress": 0}
+                         "load_in_progress": 0, "trailing_bytes": 0}
         self.port: int | None = None
 
     # --------------------------------------------------------------- lifecycle
@@ -207,7 +207,7 @@ class BrokerServer:
 
     async def _answer(self, frame: bytes, peer: Any) -> bytes | None:
         try:
-            req = p.parse_request(frame, SUPPORTED, NAMES)
+            req = p.parse_request(frame, SUPPORTED, NAMES, trailing_ok=True)
         except p.FrameError as e:
             self.counters["bad_frames"] += 1
             log.warning("client %s: %s; closing", peer, e)
@@ -217,6 +217,10 @@ class BrokerServer:
             log.warning("client %s: %s (answered %s)", peer, e.message, e.code.name)
             return p.error_response(e, SUPPORTED, self._error_body)
         self.counters["requests"] += 1
+        if req.trailing:
+            self.counters["trailing_bytes"] += 1
+            log.debug("client %s: %s v%d: %d bytes after the body, ignored (as Kafka does)", peer,
+                      NAMES.get(req.api_key), req.api_version, req.trailing)
         try:
             body = await self._handle(req)
         except _DropConnection:

@@ -84,6 +84,7 @@ class Request:
     client_id: str | None
     body: Any  # a kio entity, or a dict for the admin API
     raw: bytes  # the whole frame, without the size prefix (for forwarding)
+    trailing: int = 0  # bytes after the body (accepted only where trailing_ok)
 
 
 def _ms(ms: int) -> datetime.timedelta:
@@ -111,12 +112,17 @@ async def read_frame(reader: Any, max_bytes: int) -> bytes | None:
 
 
 def parse_request(frame: bytes, supported: dict[int, tuple[int, int]] | None = None,
-                  names: dict[int, str] | None = None) -> Request:
+                  names: dict[int, str] | None = None, trailing_ok: bool = False) -> Request:
     """Parse one request frame (size prefix removed).
 
     ``supported`` (API key -> version range) and ``names`` default to the
     quorum's client port; the broker front end passes its own.  The msgpack
     APIs are served only where ``supported`` is the quorum's.
+
+    Bytes after the body are INVALID_REQUEST unless ``trailing_ok``: Kafka
+    brokers ignore them, and librdkafka 2.16 relies on it (its all-topics
+    Metadata v12 leaves 3 bytes of a 4-byte array-count placeholder behind).
+    ``Request.trailing`` says how many there were.
     """
     quorum_port = supported is None
     supported = SUPPORTED if supported is None else supported
@@ -150,10 +156,10 @@ def parse_request(frame: bytes, supported: dict[int, tuple[int, int]] | None = N
     except (SerialError, ValueError, UnicodeDecodeError, TypeError, KeyError) as e:
         raise BadRequest(api_key, api_version, correlation_id, Errors.INVALID_REQUEST,
                          f"malformed {name} v{api_version} body: {type(e).__name__}: {e}") from None
-    if off != len(frame):
+    if off != len(frame) and not trailing_ok:
         raise BadRequest(api_key, api_version, correlation_id, Errors.INVALID_REQUEST,
                          f"{len(frame) - off} unexpected bytes after the {name} body")
-    return Request(api_key, api_version, correlation_id, header.client_id, body, frame)
+    return Request(api_key, api_version, correlation_id, header.client_id, body, frame, len(frame) - off)
 
 
 def _parse_msgpack(frame: bytes, api_key: int, api_version: int, correlation_id: int) -> Request:

@@ -221,3 +221,19 @@ def test_second_transactional_producer_fences_the_first(brokers):
     err = ei.value.args[0]
     assert err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH), err
     assert err.fatal()
+
+
+# ------------------------------------------------------------------ metadata
+def test_both_clients_list_all_topics(brokers):
+    """librdkafka's all-topics Metadata v12 carries 3 stray bytes; Kafka ignores them, so must we."""
+    b = brokers(1, "--partitions", "2")
+    assert produce_confluent(b.bootstrap, "listed", range(3)) == []
+    md = Producer({"bootstrap.servers": b.bootstrap, "log_level": 3}).list_topics(timeout=10)
+    assert "listed" in md.topics and len(md.topics["listed"].partitions) == 2
+    assert md.brokers[1].port == b.port
+    c = KafkaConsumer(bootstrap_servers=b.bootstrap)
+    try:
+        assert "listed" in c.topics()
+        assert c.partitions_for_topic("listed") == {0, 1}
+    finally:
+        c.close()

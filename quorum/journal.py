@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import struct
+import time
 import zlib
 
 import msgpack
@@ -48,6 +50,12 @@ SIMULATE_ENV = "PIDQUORUM_SIMULATE_POWER_LOSS"
 # Benchmarks only: PIDQUORUM_UNSAFE_NO_FSYNC=1 skips fdatasync, to measure what
 # durability costs.  A node running so logs a warning at start.
 NO_FSYNC_ENV = "PIDQUORUM_UNSAFE_NO_FSYNC"
+# Chaos tests only (a slow disk): while "<data dir>/fault-sync-delay-ms" holds
+# "N" or "MIN-MAX", every sync that has something to write first sleeps N ms
+# (or a uniform draw in MIN..MAX).  Switched at run time by creating or removing
+# the file; looked at no more than once per FAULT_CHECK_INTERVAL.
+FAULT_SYNC_DELAY_FILE = "fault-sync-delay-ms"
+FAULT_CHECK_INTERVAL = 0.1
 
 
 def _crc(index: int, term: int, command: bytes) -> int:
@@ -56,6 +64,29 @@ def _crc(index: int, term: int, command: bytes) -> int:
 
 def encode_entry(command: bytes, index: int, term: int) -> bytes:
     return _ENTRY.pack(len(command), _crc(index, term, command), index, term) + command
+
+
+def _read_fault_file(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _parse_delay(text: str | None, path: str) -> tuple[int, int] | None:
+    """(min ms, max ms) from a fault-sync-delay-ms file's text; None (no delay) if absent or malformed."""
+    if not text:
+        return None
+    low, _, high = text.partition("-")
+    try:
+        delay = (int(low), int(high or low))
+    except ValueError:
+        delay = (-1, -1)
+    if not 0 <= delay[0] <= delay[1]:
+        log.warning("%s: %r is not 'N' or 'MIN-MAX' (milliseconds); ignored", path, text)
+        return None
+    return delay if delay[1] > 0 else None
 
 
 class MetaFile:
@@ -110,6 +141,10 @@ class DurableJournal:
         self._offsets: list[int] = []  # file offset of each entry
         self._pending = bytearray()
         self.syncs = 0
+        self._fault_path = os.path.join(self._dir, FAULT_SYNC_DELAY_FILE)
+        self._fault_text: str | None = None
+        self._fault_delay: tuple[int, int] | None = None
+        self._fault_checked = float("-inf")
         self._open()
 
     # ----------------------------------------------------------------- open
@@ -209,10 +244,29 @@ class DurableJournal:
             self._pending = bytearray()
         if self._synced_end != self._end:
             self._synced_end = self._end
+            self._fault_sleep()
             if self._fsync:
                 os.fdatasync(self._fd)
                 self.syncs += 1
                 self._record_synced()  # what a power loss would keep: only what was really synced
+
+    def _fault_sleep(self) -> None:
+        """The slow-disk fault (see FAULT_SYNC_DELAY_FILE): one clock read when it is off."""
+        now = time.monotonic()
+        if now - self._fault_checked >= FAULT_CHECK_INTERVAL:
+            self._fault_checked = now
+            text = _read_fault_file(self._fault_path)
+            if text != self._fault_text:
+                self._fault_text = text
+                delay = _parse_delay(text, self._fault_path)
+                if delay:
+                    log.warning("journal %s: every sync is delayed %d-%d ms (fault injection: %s)",
+                                self.path, *delay, self._fault_path)
+                elif self._fault_delay:
+                    log.warning("journal %s: sync delay off", self.path)
+                self._fault_delay = delay
+        if self._fault_delay:
+            time.sleep(random.uniform(*self._fault_delay) / 1000)
 
     def _record_synced(self) -> None:
         if self._simulate:

@@ -41,6 +41,14 @@ from .raft import ProposalRejected, ProposalUnknown, RaftNode
 
 log = logging.getLogger(__name__)
 
+# Chaos tests only: a deliberately broken allocator, to prove the checker catches
+# a double issue.  With PIDQUORUM_UNSAFE_BROKEN_ALLOCATOR=reuse-after-restart,
+# the first AllocateProducerIds this process answers as leader is answered with
+# the latest committed block again (nothing is committed for it), as a leader
+# that trusted a stale copy of its cursor after a restart would.
+BROKEN_ALLOCATOR_ENV = "PIDQUORUM_UNSAFE_BROKEN_ALLOCATOR"
+BROKEN_ALLOCATOR_MODES = ("reuse-after-restart",)
+
 
 class Service:
     def __init__(self, cfg: NodeConfig):
@@ -155,6 +163,7 @@ class Proposer:
         self.barrier_term: int | None = None
         self.batches = 0
         self.proposed_records = 0
+        self.unsafe_reuse_block = _broken_allocator_mode() is not None
 
     async def submit(self, kind: str, args: dict[str, Any], timeout: float) -> Any:
         fut = asyncio.get_running_loop().create_future()
@@ -221,6 +230,8 @@ class Proposer:
             except PidQuorumError as e:
                 op.finish(error=e)
                 continue
+            if op.kind == "allocate" and self.unsafe_reuse_block:
+                result = self._unsafe_reuse_block(scratch, result)
             refused = [o for o in scratch.apply_batch(result.records) if not o.accepted]
             if refused:  # generate and replay disagree: a bug, never propose it
                 log.error("generated records refused by replay: %s", refused)
@@ -251,6 +262,26 @@ class Proposer:
                 op.finish(error=NotControllerError(f"refused at replay, retry: {failed[0]}"))
             else:
                 op.finish(response)
+
+    def _unsafe_reuse_block(self, scratch: QuorumState, result: Result) -> Result:
+        """The broken allocator (BROKEN_ALLOCATOR_ENV): once, answer with the latest block again."""
+        self.unsafe_reuse_block = False
+        latest = scratch.producer_ids.latest
+        if latest is None:
+            return result
+        log.critical("UNSAFE broken allocator: re-issuing block [%d, +%d) without committing it",
+                     latest.producer_id_start, latest.producer_id_len)
+        return Result([], (latest.producer_id_start, latest.producer_id_len))
+
+
+def _broken_allocator_mode() -> str | None:
+    mode = os.environ.get(BROKEN_ALLOCATOR_ENV) or None
+    if mode is None:
+        return None
+    if mode not in BROKEN_ALLOCATOR_MODES:
+        raise ValueError(f"{BROKEN_ALLOCATOR_ENV}={mode!r}: expected one of {', '.join(BROKEN_ALLOCATOR_MODES)}")
+    log.critical("UNSAFE: %s=%s: this node will hand out a block twice; for tests only", BROKEN_ALLOCATOR_ENV, mode)
+    return mode
 
 
 __all__ = ["ApplyOutcome", "Op", "Proposer", "Service"]

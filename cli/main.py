@@ -48,6 +48,16 @@ class Ctx:
                             client_id="pidctl")
 
 
+def _chaos_errors() -> tuple[type[Exception], ...]:
+    """The chaos package's user-facing errors (imported lazily: matplotlib is heavy)."""
+    try:
+        from chaos.history import HistoryError
+        from chaos.runner import RunError
+    except ImportError:  # pragma: no cover - chaos not installed
+        return ()
+    return (HistoryError, RunError)
+
+
 def handle_errors(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -57,7 +67,7 @@ def handle_errors(fn):
             render.error(e.message)
             code = EXIT_UNAVAILABLE if e.code in (Errors.REQUEST_TIMED_OUT, Errors.NOT_CONTROLLER) else EXIT_REFUSED
             sys.exit(code)
-        except (ClusterError, ConfigError, CorruptFileError) as e:
+        except (ClusterError, ConfigError, CorruptFileError, *_chaos_errors()) as e:
             render.error(str(e))
             sys.exit(EXIT_ERROR)
         except KeyboardInterrupt:
@@ -372,6 +382,88 @@ def snapshot_inspect(file, output):
 
 
 # --------------------------------------------------------------------- demo
+# -------------------------------------------------------------------- chaos
+@cli.group()
+def chaos():
+    """Fault injection with a checker: prove no ID was issued twice."""
+
+
+EXIT_ANOMALY = 5  # the checker found a violation
+
+
+def _seconds_range(value: str, name: str) -> tuple[float, float]:
+    try:
+        lo, hi = (float(x) for x in value.split(":"))
+    except ValueError:
+        raise click.BadParameter(f"expected MIN:MAX seconds, got {value!r}", param_hint=name) from None
+    if not 0 <= lo <= hi:
+        raise click.BadParameter(f"need 0 <= MIN <= MAX, got {value!r}", param_hint=name)
+    return lo, hi
+
+
+@chaos.command("run")
+@click.option("--scenario", required=True,
+              type=click.Choice(["kill-leader", "pause-leader", "kill-all", "rolling-restart", "partition-leader",
+                                 "slow-disk", "mixed"]))
+@click.option("--duration", type=click.FloatRange(5, 7 * 24 * 3600), default=60, show_default=True,
+              help="Seconds of faults and load.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Fixes the choice and timing of faults.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Run directory (default chaos-<scenario>-<seed>).")
+@click.option("--brokers", type=click.IntRange(0, 64), default=2, show_default=True,
+              help="Wire-protocol block allocators.")
+@click.option("--block-rate", type=click.FloatRange(0.1, 10_000), default=20, show_default=True,
+              help="AllocateProducerIds/s per broker.")
+@click.option("--pid-managers", type=click.IntRange(0, 64), default=2, show_default=True)
+@click.option("--pid-rate", type=click.FloatRange(1, 1_000_000), default=1000, show_default=True,
+              help="PIDs/s asked of each ProducerIdManager.")
+@click.option("--interval", default="2:4", show_default=True, callback=lambda c, p, v: _seconds_range(v, "--interval"),
+              help="Quiet seconds before each fault, MIN:MAX (drawn with the seed).")
+@click.option("--hold", default="0.5:1.5", show_default=True, callback=lambda c, p, v: _seconds_range(v, "--hold"),
+              help="Seconds each fault lasts, MIN:MAX.")
+@click.option("--keep-data", is_flag=True, help="Keep node data directories even if the run passes.")
+@output_option
+@handle_errors
+def chaos_run(scenario, duration, seed, out_dir, brokers, block_rate, pid_managers, pid_rate, interval, hold,
+              keep_data, output):
+    """Run a three-node quorum under faults, record every operation, check the history."""
+    from chaos.runner import RunConfig, run as chaos_run_
+    from chaos.workload import WorkloadConfig
+
+    out_dir = out_dir or f"chaos-{scenario}-{seed}"
+    cfg = RunConfig(scenario=scenario, duration_s=duration, seed=seed, out_dir=out_dir, keep_data=keep_data,
+                    interval_s=interval, hold_s=hold,
+                    workload=WorkloadConfig(brokers=brokers, block_rate=block_rate, pid_managers=pid_managers,
+                                            pid_rate=pid_rate))
+    with render.progress(f"chaos {scenario}") as update:
+        verdict = asyncio.run(chaos_run_(cfg, update))
+    _show_verdict(verdict, output, out_dir)
+
+
+@chaos.command("check")
+@click.argument("run_dir", type=click.Path())
+@click.option("--allow-torn", is_flag=True,
+              help="Drop a torn last history line (a copy of a running or crashed run) instead of refusing.")
+@output_option
+@handle_errors
+def chaos_check(run_dir, allow_torn, output):
+    """Re-check a saved run directory offline."""
+    from chaos.runner import check_dir
+
+    _show_verdict(check_dir(run_dir, write=False, allow_torn_tail=allow_torn), output, run_dir)
+
+
+def _show_verdict(verdict, output: str, run_dir: str) -> None:
+    from chaos.report import render_summary
+
+    if output == "json":
+        render.emit_json(verdict.to_dict())
+    else:
+        render_summary(verdict, render.console())
+        render.line(f"run directory: {run_dir}")
+    if not verdict.valid:
+        sys.exit(EXIT_ANOMALY)
+
+
 @cli.command("demo")
 @click.option("--blocks", "count", type=click.IntRange(1, 1000), default=3, show_default=True,
               help="Blocks per broker.")

@@ -78,3 +78,31 @@ def snapshot(output: str, info: dict) -> None:
          f"(term {info['last_term']}), cluster {', '.join(info['cluster'])}")
     table("records", ["type", "fields"],
           [[r["type"], ", ".join(f"{k}={v}" for k, v in r.items() if k != "type")] for r in info["records"]])
+
+
+class progress:
+    """A progress bar on stderr: ``with render.progress("chaos") as update: update(fraction, text)``."""
+
+    def __init__(self, title: str):
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._p = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                           TextColumn("{task.fields[note]}"), TimeElapsedColumn(), console=_err, transient=False)
+        self._title = title
+        self._task = None
+
+    def __enter__(self):
+        self._p.__enter__()
+        self._task = self._p.add_task(self._title, total=1.0, note="")
+
+        def update(fraction: float, note: str = "") -> None:
+            self._p.update(self._task, completed=fraction, note=note)
+        return update
+
+    def __exit__(self, *exc) -> None:
+        self._p.__exit__(*exc)
+
+
+def console() -> Console:
+    """The stdout console (for reports rendered by other packages)."""
+    return _out

@@ -33,8 +33,8 @@ class FrameBoundsError(ValueError):
 class _Cursor:
     __slots__ = ("data", "pos", "end")
 
-    def __init__(self, data: bytes | memoryview, pos: int) -> None:
-        self.data, self.pos, self.end = data, pos, len(data)
+    def __init__(self, data: bytes | memoryview, pos: int, end: int | None = None) -> None:
+        self.data, self.pos, self.end = data, pos, len(data) if end is None else end
 
     def left(self) -> int:
         return self.end - self.pos
@@ -86,36 +86,46 @@ def unwrap_optional(hint: Any) -> Any:
 
 
 @functools.cache
-def _plan(cls: type) -> tuple[tuple[_Field, ...], bool]:
-    """The untagged fields of a kio entity in wire order, and whether it is flexible."""
+def _plan(cls: type) -> tuple[tuple[_Field, ...], bool, dict[int, _Field]]:
+    """The untagged fields of a kio entity in wire order, whether it is flexible, and its
+    tagged fields by tag (kio parses a known tag's value too, so it is checked as well)."""
     hints = typing.get_type_hints(cls)
     out = []
+    tagged: dict[int, _Field] = {}
     for f in dataclasses.fields(cls):
-        if "tag" in f.metadata:
-            continue  # tagged: carried in the tagged-field section, skipped by size there
         hint = unwrap_optional(hints[f.name])
         array = typing.get_origin(hint) is tuple
         if array:
             hint = unwrap_optional(typing.get_args(hint)[0])
         kafka_type = f.metadata.get("kafka_type")
         if kafka_type in _FIXED:
-            out.append(_Field(f.name, "fixed", _FIXED[kafka_type], array=array))
+            field = _Field(f.name, "fixed", _FIXED[kafka_type], array=array)
         elif kafka_type in _STRINGS:
-            out.append(_Field(f.name, _STRINGS[kafka_type], array=array))
+            field = _Field(f.name, _STRINGS[kafka_type], array=array)
         elif kafka_type is None and dataclasses.is_dataclass(hint):
-            out.append(_Field(f.name, "entity", entity=hint, array=array))
+            field = _Field(f.name, "entity", entity=hint, array=array)
         else:
             raise TypeError(f"{cls.__qualname__}.{f.name}: unknown kafka type {kafka_type!r}")
-    return tuple(out), bool(getattr(cls, "__flexible__", False))
+        if "tag" in f.metadata:
+            tagged[int(f.metadata["tag"])] = field  # carried in the tagged-field section
+        else:
+            out.append(field)
+    return tuple(out), bool(getattr(cls, "__flexible__", False)), tagged
 
 
-def _tagged(cur: _Cursor, where: str) -> None:
+def _tagged(cur: _Cursor, where: str, known: dict[int, _Field] | None = None, depth: int = 0) -> None:
     count = cur.uvarint(f"{where} tagged field count")
     if count > cur.left():
         raise FrameBoundsError(f"{where}: {count} tagged fields but only {cur.left()} bytes left")
     for _ in range(count):
-        cur.uvarint(f"{where} tag")
-        cur.skip(cur.uvarint(f"{where} tagged field size"), f"{where} tagged field")
+        tag = cur.uvarint(f"{where} tag")
+        size = cur.uvarint(f"{where} tagged field size")
+        start = cur.pos
+        cur.skip(size, f"{where} tagged field")
+        field = (known or {}).get(tag)
+        if field is not None:
+            # kio decodes a known tag's value: its lengths must fit inside the tagged field.
+            _field(_Cursor(cur.data, start, start + size), field, True, f"{where}.{field.name}", depth)
 
 
 def _length(cur: _Cursor, flexible: bool, kind: str, where: str) -> int:
@@ -138,25 +148,28 @@ def _value(cur: _Cursor, f: _Field, flexible: bool, where: str, depth: int) -> N
         _entity(cur, f.entity, where, depth + 1)
 
 
+def _field(cur: _Cursor, f: _Field, flexible: bool, name: str, depth: int) -> None:
+    if not f.array:
+        _value(cur, f, flexible, name, depth)
+        return
+    n = cur.uvarint(f"{name} length") - 1 if flexible else cur.int_be(4, f"{name} length")
+    if n < -1:
+        raise FrameBoundsError(f"{name}: invalid array length {n}")
+    # Every element takes at least one byte: this bounds what the native reader allocates.
+    if n > cur.left():
+        raise FrameBoundsError(f"{name}: array of {n} elements but only {cur.left()} bytes left")
+    for i in range(max(n, 0)):
+        _value(cur, f, flexible, f"{name}[{i}]", depth)
+
+
 def _entity(cur: _Cursor, cls: type, where: str, depth: int = 0) -> None:
     if depth > _MAX_DEPTH:
         raise FrameBoundsError(f"{where}: nested too deep")
-    fields, flexible = _plan(cls)
+    fields, flexible, tagged = _plan(cls)
     for f in fields:
-        name = f"{where}.{f.name}"
-        if not f.array:
-            _value(cur, f, flexible, name, depth)
-            continue
-        n = cur.uvarint(f"{name} length") - 1 if flexible else cur.int_be(4, f"{name} length")
-        if n < -1:
-            raise FrameBoundsError(f"{name}: invalid array length {n}")
-        # Every element takes at least one byte: this bounds what the native reader allocates.
-        if n > cur.left():
-            raise FrameBoundsError(f"{name}: array of {n} elements but only {cur.left()} bytes left")
-        for i in range(max(n, 0)):
-            _value(cur, f, flexible, f"{name}[{i}]", depth)
+        _field(cur, f, flexible, f"{where}.{f.name}", depth)
     if flexible:
-        _tagged(cur, where)
+        _tagged(cur, where, tagged, depth)
 
 
 def check_request(frame: bytes | memoryview, header_cls: type, body_cls: type) -> int:

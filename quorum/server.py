@@ -110,11 +110,13 @@ class QuorumServer:
                 responses.put_nowait(asyncio.get_running_loop().create_task(self._dispatch(req, peer)))
         except (ConnectionError, OSError) as e:
             log.info("client %s: %s", peer, e)
+        except asyncio.CancelledError:
+            writer_task.cancel()  # the node is shutting down: end quietly (not a logged task failure)
         finally:
             responses.put_nowait(None)
             try:
                 await writer_task
-            except (ConnectionError, OSError):
+            except (ConnectionError, OSError, asyncio.CancelledError):
                 pass
             writer.close()
 

@@ -124,3 +124,24 @@ def test_power_loss_of_whole_cluster_never_reissues_an_acknowledged_block(tmp_pa
         assert_disjoint(acked + fresh)
     finally:
         lc.down(timeout=5)
+
+
+def test_sigterm_with_open_client_connections_stops_cleanly(cluster):
+    """A node stopping while clients are connected ends quietly: no task failure in its log."""
+    import socket
+
+    node = cluster.lc.nodes()[0]
+    host, port = node.client_address.rsplit(":", 1)
+    socks = [socket.create_connection((host, int(port)), timeout=5) for _ in range(3)]
+    try:
+        c = cluster.client()
+        run(c.register_broker(3))  # the node is serving
+        run(c.close())
+        cluster.lc.stop(node.node_id)
+        assert not cluster.lc.alive(node.node_id)
+    finally:
+        for s in socks:
+            s.close()
+    with open(cluster.lc.log_path(node.node_id)) as f:
+        text = f.read()
+    assert "Traceback" not in text, text[-3000:]

@@ -55,6 +55,7 @@ NO_FSYNC_ENV = "PIDQUORUM_UNSAFE_NO_FSYNC"
 # (or a uniform draw in MIN..MAX).  Switched at run time by creating or removing
 # the file; looked at no more than once per FAULT_CHECK_INTERVAL.
 FAULT_SYNC_DELAY_FILE = "fault-sync-delay-ms"
+EXIT_DIVERGED = 75  # process exit code when a committed entry differs from the leader's
 FAULT_CHECK_INTERVAL = 0.1
 
 
@@ -141,6 +142,7 @@ class DurableJournal:
         self._offsets: list[int] = []  # file offset of each entry
         self._pending = bytearray()
         self.syncs = 0
+        self.kept_committed = 0  # AppendEntries that asked to cut committed entries (kept; see deleteEntriesFrom)
         self._fault_path = os.path.join(self._dir, FAULT_SYNC_DELAY_FILE)
         self._fault_text: str | None = None
         self._fault_delay: tuple[int, int] | None = None
@@ -280,11 +282,28 @@ class DurableJournal:
     # ------------------------------------------------- pysyncobj's interface
     def add(self, command, idx, term):
         command = bytes(command)
+        if self.entries and idx <= self.entries[-1][1]:
+            self._readd(command, idx, term)
+            return
         blob = encode_entry(command, idx, term)
         self.entries.append((command, idx, term))
         self._offsets.append(self._end)
         self._pending += blob
         self._end += len(blob)
+
+    def _readd(self, command: bytes, idx: int, term: int) -> None:
+        """A leader re-sending an entry this node kept (see deleteEntriesFrom)."""
+        pos = idx - self.entries[0][1]
+        if 0 <= pos < len(self.entries) and self.entries[pos][2] == term and self.entries[pos][0] == command:
+            return  # the same entry: nothing to do
+        held = self.entries[pos] if 0 <= pos < len(self.entries) else None
+        # A committed entry that differs from the leader's: the logs have diverged, which Raft
+        # rules out.  Serving on would hand out state no other node has: stop the node now.
+        log.critical("journal %s: the leader sent entry %d (term %d) but this node holds %s for it, committed; "
+                     "stopping: this node's log diverged", self.path, idx, term,
+                     f"term {held[2]}" if held else "nothing")
+        self.sync()
+        os._exit(EXIT_DIVERGED)
 
     def clear(self):
         self._truncate_at(len(MAGIC))
@@ -292,8 +311,27 @@ class DurableJournal:
         self._offsets = []
 
     def deleteEntriesFrom(self, entryFrom):
-        if entryFrom >= len(self.entries):
+        """Drop entries[entryFrom:], except committed ones.
+
+        pysyncobj cuts the log after every AppendEntries' prevLogIdx, even where the
+        entries match, so a delayed or resent AppendEntries with an older prevLogIdx cut
+        entries this node had already committed and applied ("truncating
+        already-applied log entries"), and lowered its commit index.  Raft never
+        removes a committed entry (every later leader holds the same one), so they are
+        kept: the leader's copies, which follow, are recognised in ``add`` and skipped.
+        Without this a crash in between left a journal shorter than its durable commit
+        index, which the node refuses to start from.
+        """
+        if entryFrom >= len(self.entries) or not self.entries:
             return
+        keep = self._meta.get("commit_index", 0) - self.entries[0][1] + 1  # position after the last committed
+        if entryFrom < keep:
+            self.kept_committed += 1
+            log.info("journal %s: kept committed entries %d..%d that an AppendEntries asked to cut",
+                     self.path, self.entries[entryFrom][1], self.entries[min(keep, len(self.entries)) - 1][1])
+            entryFrom = keep
+            if entryFrom >= len(self.entries):
+                return
         offset = self._offsets[entryFrom]
         del self.entries[entryFrom:]
         del self._offsets[entryFrom:]

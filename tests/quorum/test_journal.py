@@ -778,3 +778,50 @@ def test_clean_cut_below_commit_index_is_corruption(path):
     with pytest.raises(CorruptFileError) as ei:
         DurableJournal(path)
     assert path in str(ei.value)
+
+
+# ------------------------------------------------- committed entries are never cut
+def test_cut_below_the_commit_index_keeps_committed_entries(path):
+    """pysyncobj cuts after an AppendEntries' prevLogIdx even where entries match; a resent
+    AppendEntries with an older prevLogIdx must not remove committed (applied) entries."""
+    j = DurableJournal(path)
+    fill(j)
+    j.setRaftCommitIndex(3)  # entries 1..3 committed, 4..5 not
+    j.deleteEntriesFrom(1)  # "cut from index 2"
+    assert [e[1] for e in j.entries] == [1, 2, 3]  # only the uncommitted tail went
+    assert j.kept_committed == 1
+    # The leader's copies follow: the same entries are recognised and skipped ...
+    for e in ENTRIES[1:3]:
+        j.add(*e)
+    # ... and the uncommitted ones appended again.
+    j.add(b"new four", 4, 4)
+    j.sync()
+    assert [(e[1], e[2]) for e in j.entries] == [(1, 1), (2, 1), (3, 2), (4, 4)]
+    again = reopen(j)
+    assert [e[1] for e in again.entries] == [1, 2, 3, 4]
+    assert again.entries[3][0] == b"new four"
+
+
+def test_cut_above_the_commit_index_is_a_plain_cut(path):
+    j = DurableJournal(path)
+    fill(j)
+    j.setRaftCommitIndex(2)
+    j.deleteEntriesFrom(3)
+    assert [e[1] for e in j.entries] == [1, 2, 3]
+    assert j.kept_committed == 0
+    j.add(b"other four", 4, 9)
+    assert j.entries[-1] == (b"other four", 4, 9)
+
+
+@pytest.mark.parametrize("change", ["term", "command"])
+def test_a_different_committed_entry_stops_the_node(path, monkeypatch, change):
+    exits = []
+    monkeypatch.setattr(os, "_exit", lambda code: exits.append(code))
+    j = DurableJournal(path)
+    fill(j)
+    j.setRaftCommitIndex(3)
+    j.deleteEntriesFrom(1)
+    command, idx, term = ENTRIES[1]
+    j.add(*((command, idx, term + 1) if change == "term" else (b"not the same", idx, term)))
+    from quorum.journal import EXIT_DIVERGED
+    assert exits == [EXIT_DIVERGED]

@@ -103,6 +103,22 @@ def _create_journal(path=None):
 _syncobj_module.createJournal = _create_journal
 
 
+class _KeptCommittedFilter(logging.Filter):
+    """pysyncobj logs CRITICAL "truncating already-applied log entries ... may have diverged"
+    before it asks the journal to cut; the DurableJournal keeps committed entries (and stops
+    the node if one ever differs), so say what really happens, at INFO."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and record.msg.startswith("truncating already-applied log entries"):
+            record.msg = ("an AppendEntries asked to cut applied entries from index %d (last applied %d); "
+                          "the journal keeps committed entries")
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
+logging.getLogger(_syncobj_module.__name__).addFilter(_KeptCommittedFilter())
+
+
 class _SyncingTransport(TCPTransport):
     """TCP transport that makes the journal durable before any message leaves."""
 

@@ -114,23 +114,17 @@ from __future__ import annotations
 import argparse
 import array
 import asyncio
-import bisect
 import contextlib
 import dataclasses
 import datetime
 import json
 import logging
-import math
 import os
-import platform
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-import traceback
 from collections import Counter
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -140,18 +134,19 @@ if _REPO not in sys.path:
 import confluent_kafka  # noqa: E402
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition  # noqa: E402
 
+from bench.common import (HOST, LeaderKill, check_inside, environment_info, kill_leaders, loadavg, log,  # noqa: E402
+                          percentile, print_footer, run_phases, table, temp_cluster, utc_now)
+from bench.common import fmt_num as f  # noqa: E402
 from broker.frontend import BrokerConfig, BrokerServer  # noqa: E402
 from broker.pid_manager import PidManagerConfig  # noqa: E402
 from quorum import protocol as p  # noqa: E402
 from quorum.audit import iter_blocks  # noqa: E402
-from quorum.client import Connection, ConnectionFailed, QuorumClient, RetryPolicy  # noqa: E402
+from quorum.client import Connection, ConnectionFailed  # noqa: E402
 from quorum.errors import Errors, RequestTimedOutError  # noqa: E402
 from quorum.localcluster import LocalCluster, free_ports  # noqa: E402
 
-HOST = "127.0.0.1"
 BLOCK = 1000
 TICK_S = 0.01
-GOLDEN = 0.6180339887498949
 INIT_PRODUCER_ID = 22
 TXN_TIMEOUT = datetime.timedelta(milliseconds=60_000)
 IDEM_CLIENT_TIMEOUT_S = 10.0
@@ -163,19 +158,7 @@ RTT_RE = re.compile(r"Received InitProducerIdResponse \(v(\d+),.*rtt ([0-9.]+)ms
 ACQUIRED_RE = re.compile(r"Acquired PID\{Id:(-?\d+),Epoch:(-?\d+)\}")
 
 
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
 # --------------------------------------------------------------------------- stats
-def percentile(sorted_values, q: float):
-    """Nearest-rank percentile of an already sorted sequence (q in 0..100)."""
-    n = len(sorted_values)
-    if not n:
-        return None
-    return sorted_values[min(n, max(1, math.ceil(q / 100.0 * n))) - 1]
-
-
 def summarize_ms(values, scale: float = 1000.0) -> dict:
     """n, p50, p99, max, mean (ms) of values given in seconds (``scale`` 1 if already ms)."""
     s = sorted(v * scale for v in values)
@@ -203,7 +186,7 @@ def cpu_seconds(pid: int) -> float | None:
 
 
 def machine() -> dict:
-    return {"loadavg": [round(x, 2) for x in os.getloadavg()], "bench_cpu_s": cpu_seconds(os.getpid())}
+    return {"loadavg": loadavg(), "bench_cpu_s": cpu_seconds(os.getpid())}
 
 
 def child_env() -> dict:
@@ -214,7 +197,11 @@ def child_env() -> dict:
 
 # ------------------------------------------------------------------ processes
 class BrokerProc:
-    """One ``python -m broker`` process on a free port; started and ended by its PID."""
+    """One ``python -m broker`` process on a free port; started and ended by its PID.
+
+    Not tests/broker/harness.py's BrokerProcess: importing that pulls in tests.conftest and so
+    pytest, and this one differs where the benchmark needs it (own session, stdin closed, the
+    checkout first on PYTHONPATH, CPU seconds and log anomalies of the process)."""
 
     def __init__(self, base_dir: str, broker_id: int, quorum: list[str], *extra: str):
         self.broker_id = broker_id
@@ -284,33 +271,17 @@ class BrokerProc:
 @contextlib.contextmanager
 def environment(args, label: str):
     """A fresh three-node cluster plus broker 1 (process, --partitions 3): yields (lc, broker, directory)."""
-    directory = tempfile.mkdtemp(prefix=f"pidquorum-bench-broker-{label}-")
-    lc = LocalCluster(os.path.join(directory, "cluster"))
-    broker = None
-    ok = False
-    try:
-        lc.up(3, host=HOST)
+    with temp_cluster(f"pidquorum-bench-broker-{label}-", args.keep, label, subdir="cluster",
+                      tail_lines=20) as (lc, directory):
         broker = BrokerProc(directory, 1, lc.client_addresses(), "--partitions", "3").start()
-        yield lc, broker, directory
-        ok = True
-    finally:
-        if not ok:
-            if broker is not None:
-                log(f"----- {label}: broker 1 log tail -----\n{broker.tail(30)}")
-            if lc.exists():
-                for n in lc.nodes():
-                    log(f"----- {label}: node {n.node_id} log tail -----\n{lc.tail_log(n.node_id, 20)}")
+        ok = False
         try:
-            if broker is not None:
-                broker.stop()
+            yield lc, broker, directory
+            ok = True
         finally:
-            try:
-                lc.down(timeout=10)
-            finally:
-                if args.keep:
-                    log(f"{label}: directory kept: {directory}")
-                else:
-                    shutil.rmtree(directory, ignore_errors=True)
+            if not ok:
+                log(f"----- {label}: broker 1 log tail -----\n{broker.tail(30)}")
+            broker.stop()
 
 
 # ------------------------------------------------------------ librdkafka probes
@@ -546,61 +517,17 @@ def phase_init(args) -> dict:
 
 
 # ------------------------------------------------------------------ 2. leader kills
-async def describe_all(lc: LocalCluster) -> dict[int, dict]:
-    c = QuorumClient(lc.client_addresses(), RetryPolicy(timeout=1.0, attempt_timeout=0.5))
-    out: dict[int, dict] = {}
-    try:
-        for n in lc.nodes():
-            if not lc.alive(n.node_id):
-                continue
-            try:
-                out[n.node_id] = await c.describe(n.client_address)
-            except Exception:  # noqa: BLE001 - a node may be starting or stopping
-                pass
-    finally:
-        await c.close()
-    return out
-
-
-async def find_leader(lc: LocalCluster, timeout: float, exclude: int | None = None) -> tuple[int, float]:
-    """(node id, seconds spent) of the live leader with the highest term, not ``exclude``."""
-    t0 = time.perf_counter()
-    while True:
-        descs = await describe_all(lc)
-        leaders = sorted(((d["raft"]["term"], nid) for nid, d in descs.items()
-                          if d["raft"]["state"] == "leader" and nid != exclude), reverse=True)
-        if leaders:
-            return leaders[0][1], time.perf_counter() - t0
-        if time.perf_counter() - t0 > timeout:
-            raise RuntimeError(f"no leader within {timeout:.0f}s")
-        await asyncio.sleep(0.02)
-
-
 async def killer(lc: LocalCluster, t_start: float, t_stop: float, every: float, restart_after: float,
                  stagger_s: float, rounds: list[dict]) -> None:
-    i = 0
-    while True:
-        i += 1
-        t_kill = t_start + i * every + (math.modf(i * GOLDEN)[0] * stagger_s)
-        if t_kill + restart_after + 0.5 > t_stop:
-            return
-        await asyncio.sleep(max(0.0, t_kill - time.perf_counter()))
-        leader, search_s = await find_leader(lc, 20.0)
-        t0 = time.perf_counter()
-        await asyncio.to_thread(lc.kill, leader)
-        new_leader, _ = await find_leader(lc, 20.0, exclude=leader)
-        rnd = {"round": i, "at_s": t0 - t_start, "scheduled_at_s": t_kill - t_start, "late_s": t0 - t_kill,
-               "leader_search_before_kill_s": search_s, "killed_node": leader, "new_leader": new_leader,
-               "new_leader_seen_after_s": time.perf_counter() - t0}
-        await asyncio.sleep(max(0.0, t0 + restart_after - time.perf_counter()))
-        t_restart = time.perf_counter()
-        await asyncio.to_thread(lc.start, leader)
-        await asyncio.to_thread(lc.wait_ready, [leader], 60.0)
-        rnd["restart_ready_s"] = time.perf_counter() - t_restart
-        rounds.append(rnd)
-        log(f"  kill {i}: node {leader} (leader) killed at {rnd['at_s']:.1f}s, new leader node {new_leader} seen "
-            f"after {rnd['new_leader_seen_after_s'] * 1000:.0f} ms, restarted (ready in "
-            f"{rnd['restart_ready_s'] * 1000:.0f} ms)")
+    """Leader kills (bench.common.kill_leaders), with how late each was and the leader search before it."""
+    def on_round(k: LeaderKill) -> None:
+        rounds.append({"round": k.round, "at_s": k.at_s, "scheduled_at_s": k.scheduled_at_s, "late_s": k.late_s,
+                       "leader_search_before_kill_s": k.leader_search_before_kill_s, "killed_node": k.killed_node,
+                       "new_leader": k.new_leader, "new_leader_seen_after_s": k.new_leader_seen_after_s,
+                       "restart_ready_s": k.restart_ready_s})
+        log(k.summary())
+
+    await kill_leaders(lc, t_start, t_stop, every, restart_after, stagger_s, on_round)
 
 
 class WireLoad:
@@ -713,21 +640,6 @@ def spells(error_times: list, gap: float = 0.5) -> list[dict]:
         else:
             out.append({"first_s": t, "last_s": t, "count": 1, "codes": {name: 1}})
     return out
-
-
-def check_inside(ids, blocks: list[tuple[int, int]]) -> dict:
-    """Every ID inside one of ``blocks`` ([start, end) pairs)."""
-    blocks = sorted(blocks)
-    starts = [s for s, _ in blocks]
-    outside = 0
-    first = None
-    for pid in ids:
-        j = bisect.bisect_right(starts, pid) - 1
-        if j < 0 or not blocks[j][0] <= pid < blocks[j][1]:
-            outside += 1
-            if first is None:
-                first = pid
-    return {"ids": len(ids), "blocks": len(blocks), "outside": outside, "first_outside": first}
 
 
 async def leader_kill_run(args, lc: LocalCluster, broker: BrokerProc, directory: str) -> dict:
@@ -930,18 +842,6 @@ def phase_produce(args) -> dict:
 
 
 # ---------------------------------------------------------------------- printing
-def table(title: str, headers: list[str], rows: list[list]) -> str:
-    cells = [[("-" if v is None else str(v)) for v in row] for row in rows]
-    widths = [max(len(h), *(len(row[i]) for row in cells)) if cells else len(h) for i, h in enumerate(headers)]
-    out = [title, "  ".join(h.rjust(w) for h, w in zip(headers, widths)), "  ".join("-" * w for w in widths)]
-    out += ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells]
-    return "\n".join(out)
-
-
-def f(v, fmt=".2f", unit=""):
-    return "-" if v is None else f"{v:{fmt}}{unit}"
-
-
 def lat_cells(s: dict, fmt: str = ".2f") -> list:
     return [s["n"], f(s["p50_ms"], fmt), f(s["p99_ms"], fmt), f(s["max_ms"], fmt)]
 
@@ -1069,17 +969,7 @@ def print_results(res: dict) -> None:
         if pr["broker_anomalies"]:
             print(f"  broker log: {errs(pr['broker_anomalies'])}")
         print()
-    if res["errors"]:
-        print("PHASE ERRORS:")
-        for e in res["errors"]:
-            print(f"  {e['phase']}: {e['error']}")
-    if res["failed_checks"]:
-        print("FAILED CHECKS:")
-        for c in res["failed_checks"]:
-            print(f"  {c}")
-    if not res["errors"] and not res["failed_checks"]:
-        print("all checks passed")
-    print(f"total {res['total_s']:.0f} s; JSON: {pa['json']}")
+    print_footer(res)
 
 
 # -------------------------------------------------------------------------- main
@@ -1179,32 +1069,11 @@ def main(argv=None) -> int:
     os.environ.update({"PYTHONPATH": child_env()["PYTHONPATH"]})  # the quorum nodes inherit os.environ
     res = {"params": {k: v for k, v in vars(a).items()} | {"argv": sys.argv, "host": HOST, "block_size": BLOCK,
                                                             "percentiles": "nearest rank over sorted samples"},
-           "environment": {"cpu_count": os.cpu_count(), "python": platform.python_version(),
-                           "python_executable": sys.executable, "platform": platform.platform(),
-                           "confluent_kafka": (getattr(confluent_kafka, "__version__", None)
-                                               or str(confluent_kafka.version())),
-                           "librdkafka": confluent_kafka.libversion()[0], "repo": _REPO,
-                           "loadavg_start": [round(x, 2) for x in os.getloadavg()]},
-           "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "phases": {}, "errors": [], "failed_checks": []}
-    t0 = time.perf_counter()
-    try:
-        for name in a.phases:
-            t = time.perf_counter()
-            try:
-                res["phases"][name] = PHASES[name](a)
-                res["phases"][name]["phase_s"] = time.perf_counter() - t
-            except Exception as e:  # noqa: BLE001 - record it, go on
-                traceback.print_exc()
-                res["errors"].append({"phase": name, "error": f"{type(e).__name__}: {e}"})
-        res["failed_checks"] = checks(res)
-    finally:
-        res["total_s"] = time.perf_counter() - t0
-        res["environment"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
-        res["finished_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-        with open(a.json, "w") as fh:
-            json.dump(res, fh, indent=2, default=str)
+           "environment": environment_info(
+               confluent_kafka=getattr(confluent_kafka, "__version__", None) or str(confluent_kafka.version()),
+               librdkafka=confluent_kafka.libversion()[0], repo=_REPO),
+           "started_at": utc_now(), "phases": {}, "errors": [], "failed_checks": []}
+    run_phases(res, [(name, PHASES[name]) for name in a.phases], a, a.json, checks=checks, phase_seconds=True)
     print_results(res)
     return 1 if res["errors"] or res["failed_checks"] else 0
 

@@ -54,47 +54,28 @@ from __future__ import annotations
 import argparse
 import array
 import asyncio
-import bisect
 import dataclasses
-import datetime
-import json
-import math
 import os
-import platform
-import shutil
 import sys
-import tempfile
 import time
-import traceback
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
+from bench.common import (HOST, LeaderKill, check_inside, environment_info, kill_leaders, log,  # noqa: E402
+                          percentile, print_footer, run_phases, table, temp_cluster, utc_now)
+from bench.common import fmt_num as f  # noqa: E402
 from broker.pid_manager import PidManagerConfig, ProducerIdManager  # noqa: E402
 from quorum.audit import iter_blocks  # noqa: E402
 from quorum.client import AllocatedBlock, QuorumClient, RetryPolicy  # noqa: E402
 from quorum.errors import CoordinatorLoadInProgressError, PidQuorumError  # noqa: E402
 from quorum.localcluster import LocalCluster  # noqa: E402
 
-HOST = "127.0.0.1"
 BLOCK = 1000
 TICK_S = 0.01
-GOLDEN = 0.6180339887498949
 MANAGER_POLICY = RetryPolicy(timeout=30.0, attempt_timeout=1.0)
 P99_TARGET_US = 10.0
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def percentile(sorted_values, q: float):
-    """Nearest-rank percentile of an already sorted sequence (q in 0..100)."""
-    n = len(sorted_values)
-    if not n:
-        return None
-    return sorted_values[min(n, max(1, math.ceil(q / 100.0 * n))) - 1]
 
 
 # ------------------------------------------------------------ 1. generate latency
@@ -183,36 +164,6 @@ async def phase_latency(args) -> dict:
 
 
 # ----------------------------------------------------------------- 2. leader kill
-async def describe_all(lc: LocalCluster) -> dict[int, dict]:
-    c = QuorumClient(lc.client_addresses(), RetryPolicy(timeout=1.0, attempt_timeout=0.5))
-    out: dict[int, dict] = {}
-    try:
-        for n in lc.nodes():
-            if not lc.alive(n.node_id):
-                continue
-            try:
-                out[n.node_id] = await c.describe(n.client_address)
-            except Exception:  # noqa: BLE001 - a node may be starting or stopping
-                pass
-    finally:
-        await c.close()
-    return out
-
-
-async def find_leader(lc: LocalCluster, timeout: float, exclude: int | None = None) -> tuple[int, float]:
-    """(node id, seconds spent) of the live leader with the highest term, not ``exclude``."""
-    t0 = time.perf_counter()
-    while True:
-        descs = await describe_all(lc)
-        leaders = sorted(((d["raft"]["term"], nid) for nid, d in descs.items()
-                          if d["raft"]["state"] == "leader" and nid != exclude), reverse=True)
-        if leaders:
-            return leaders[0][1], time.perf_counter() - t0
-        if time.perf_counter() - t0 > timeout:
-            raise RuntimeError(f"no leader within {timeout:.0f}s")
-        await asyncio.sleep(0.02)
-
-
 class Demand:
     """Paced callers of one manager: every tick, the IDs owed since the start at ``rate``."""
 
@@ -263,59 +214,28 @@ class Demand:
 
 async def killer(lc: LocalCluster, t_start: float, t_stop: float, every: float, restart_after: float,
                  stagger_s: float, demands: list[Demand], rounds: list[dict]) -> None:
-    i = 0
-    while True:
-        i += 1
-        t_kill = t_start + i * every + (math.modf(i * GOLDEN)[0] * stagger_s)
-        if t_kill + restart_after + 0.5 > t_stop:
-            return
-        await asyncio.sleep(max(0.0, t_kill - time.perf_counter()))
-        leader, _ = await find_leader(lc, 20.0)
+    """Leader kills (bench.common.kill_leaders), noting each manager's reserve just before each kill."""
+    def before_kill() -> None:
         for d in demands:
             d.reserve_at_kills.append(d.mgr.reserve_ids)
-        t0 = time.perf_counter()
-        await asyncio.to_thread(lc.kill, leader)
-        t_killed = time.perf_counter()
-        new_leader, elected_s = await find_leader(lc, 20.0, exclude=leader)
-        rnd = {"round": i, "at_s": t0 - t_start, "killed_node": leader, "kill_s": t_killed - t0,
-               "new_leader": new_leader, "new_leader_seen_after_s": time.perf_counter() - t0,
-               "reserve_at_kill": {d.label: d.reserve_at_kills[-1] for d in demands}}
-        await asyncio.sleep(max(0.0, t0 + restart_after - time.perf_counter()))
-        t_restart = time.perf_counter()
-        await asyncio.to_thread(lc.start, leader)
-        await asyncio.to_thread(lc.wait_ready, [leader], 60.0)
-        rnd["restart_ready_s"] = time.perf_counter() - t_restart
+
+    def on_round(k: LeaderKill) -> None:
+        rnd = {"round": k.round, "at_s": k.at_s, "killed_node": k.killed_node, "kill_s": k.kill_s,
+               "new_leader": k.new_leader, "new_leader_seen_after_s": k.new_leader_seen_after_s,
+               "reserve_at_kill": {d.label: d.reserve_at_kills[-1] for d in demands},
+               "restart_ready_s": k.restart_ready_s}
         rounds.append(rnd)
-        log(f"  kill {i}: node {leader} (leader) killed at {rnd['at_s']:.1f}s, new leader node {new_leader} seen "
-            f"after {rnd['new_leader_seen_after_s'] * 1000:.0f} ms, restarted (ready in "
-            f"{rnd['restart_ready_s'] * 1000:.0f} ms); reserve at kill: "
-            + ", ".join(f"{k} {v}" for k, v in rnd["reserve_at_kill"].items()))
+        log(k.summary() + "; reserve at kill: " + ", ".join(f"{label} {v}"
+                                                           for label, v in rnd["reserve_at_kill"].items()))
 
-
-def check_inside(ids: array.array, blocks: list[tuple[int, int]]) -> dict:
-    """Every ID inside one of ``blocks`` ([start, end) pairs)."""
-    blocks = sorted(blocks)
-    starts = [s for s, _ in blocks]
-    outside = 0
-    first = None
-    for pid in ids:
-        j = bisect.bisect_right(starts, pid) - 1
-        if j < 0 or not blocks[j][0] <= pid < blocks[j][1]:
-            outside += 1
-            if first is None:
-                first = pid
-    return {"ids": len(ids), "blocks": len(blocks), "outside": outside, "first_outside": first}
+    await kill_leaders(lc, t_start, t_stop, every, restart_after, stagger_s, on_round, before_kill)
 
 
 async def phase_kills(args) -> dict:
-    directory = tempfile.mkdtemp(prefix="pidquorum-bench-pidmgr-")
-    lc = LocalCluster(directory)
     rounds: list[dict] = []
-    log(f"phase 2: {args.duration:.0f}s at {args.rate:.0f} IDs/s per manager, leader SIGKILL every "
-        f"{args.kill_every:g}s, restart after {args.restart_after:g}s; cluster in {directory}")
-    ok = False
-    try:
-        lc.up(3, host=HOST)
+    with temp_cluster("pidquorum-bench-pidmgr-", args.keep) as (lc, directory):
+        log(f"phase 2: {args.duration:.0f}s at {args.rate:.0f} IDs/s per manager, leader SIGKILL every "
+            f"{args.kill_every:g}s, restart after {args.restart_after:g}s; cluster in {directory}")
         configs = {"adaptive": PidManagerConfig(), "kafka-like": PidManagerConfig.kafka_fixed_threshold()}
         clients, managers, demands = [], [], []
         for broker_id, (label, cfg) in enumerate(configs.items(), start=1):
@@ -371,7 +291,6 @@ async def phase_kills(args) -> dict:
                 "fetch_errors": st["counters"]["fetch_errors"], "outages": st["counters"]["outages"],
                 "re_registrations": st["counters"]["re_registrations"], "backoffs": st["counters"]["backoffs"],
             }
-        ok = True
         return {"duration_s": args.duration, "wall_s": wall, "rate_per_manager": args.rate, "tick_s": TICK_S,
                 "kill_every_s": args.kill_every, "restart_after_s": args.restart_after, "kills": len(rounds),
                 "kill_stagger": None if args.no_stagger else "kill i at i*kill_every + frac(i*0.618)*block/rate",
@@ -386,32 +305,9 @@ async def phase_kills(args) -> dict:
                                         "(includes failovers the QuorumClient hid behind its retries)",
                     "max_outage_s": "manager: the same, only for waits with failed attempts",
                     "duplicates": "IDs of both managers together minus distinct IDs"}}
-    finally:
-        if not ok and lc.exists():
-            for n in lc.nodes():
-                log(f"----- node {n.node_id} log tail -----\n{lc.tail_log(n.node_id, 25)}")
-        try:
-            lc.down(timeout=10)
-        finally:
-            if args.keep:
-                log(f"cluster directory kept: {directory}")
-            else:
-                shutil.rmtree(directory, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------- printing
-def table(title: str, headers: list[str], rows: list[list]) -> str:
-    cells = [[("-" if v is None else str(v)) for v in row] for row in rows]
-    widths = [max(len(h), *(len(row[i]) for row in cells)) if cells else len(h) for i, h in enumerate(headers)]
-    out = [title, "  ".join(h.rjust(w) for h, w in zip(headers, widths)), "  ".join("-" * w for w in widths)]
-    out += ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells]
-    return "\n".join(out)
-
-
-def f(v, fmt=".2f", unit=""):
-    return "-" if v is None else f"{v:{fmt}}{unit}"
-
-
 def print_results(res: dict) -> None:
     p, env = res["params"], res["environment"]
     print()
@@ -450,17 +346,7 @@ def print_results(res: dict) -> None:
             print(f"  new leader seen after kill (DescribeState polling): "
                   + ", ".join(f"{v:.0f}" for v in nl) + " ms")
         print()
-    if res["errors"]:
-        print("PHASE ERRORS:")
-        for e in res["errors"]:
-            print(f"  {e['phase']}: {e['error']}")
-    if res["failed_checks"]:
-        print("FAILED CHECKS:")
-        for c in res["failed_checks"]:
-            print(f"  {c}")
-    if not res["errors"] and not res["failed_checks"]:
-        print("all checks passed")
-    print(f"total {res['total_s']:.0f} s; JSON: {p['json']}")
+    print_footer(res)
 
 
 # -------------------------------------------------------------------------- main
@@ -520,28 +406,10 @@ def main(argv=None) -> int:
                       "stagger": not a.no_stagger, "warmup_s": a.warmup,
                       "phases": a.phases, "host": HOST, "block_size": BLOCK, "argv": sys.argv,
                       "percentiles": "nearest rank over sorted samples"},
-           "environment": {"cpu_count": os.cpu_count(), "python": platform.python_version(),
-                           "python_executable": sys.executable, "platform": platform.platform(),
-                           "loadavg_start": [round(x, 2) for x in os.getloadavg()]},
-           "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "environment": environment_info(), "started_at": utc_now(),
            "phases": {}, "errors": [], "failed_checks": []}
-    t0 = time.perf_counter()
     fns = {"latency": phase_latency, "leader_kill": phase_kills}
-    try:
-        for name in a.phases:
-            try:
-                res["phases"][name] = asyncio.run(fns[name](a))
-            except Exception as e:  # noqa: BLE001 - record it, go on
-                traceback.print_exc()
-                res["errors"].append({"phase": name, "error": f"{type(e).__name__}: {e}"})
-        res["failed_checks"] = checks(res)
-    finally:
-        res["total_s"] = time.perf_counter() - t0
-        res["environment"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
-        res["finished_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-        with open(a.json, "w") as fh:
-            json.dump(res, fh, indent=2, default=str)
+    run_phases(res, [(name, fns[name]) for name in a.phases], a, a.json, checks=checks)
     print_results(res)
     return 1 if res["errors"] or res["failed_checks"] else 0
 

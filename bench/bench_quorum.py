@@ -55,49 +55,32 @@ import array
 import asyncio
 import contextlib
 import dataclasses
-import datetime
-import json
-import math
 import os
-import platform
-import shutil
 import sys
-import tempfile
 import time
-import traceback
 from collections import Counter
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
+from bench.common import (HOST, describe_all, environment_info, find_leader, log, percentile,  # noqa: E402
+                          print_footer, run_phases, table, temp_cluster, utc_now)
 from quorum.client import QuorumClient, RetryPolicy  # noqa: E402
 from quorum.journal import NO_FSYNC_ENV  # noqa: E402
 from quorum.localcluster import LocalCluster  # noqa: E402
 from quorum.raft import RaftConfig  # noqa: E402
 from snapshots.format import read_snapshot  # noqa: E402
 
-HOST = "127.0.0.1"
 NO_FSYNC = {NO_FSYNC_ENV: "1"}
 CLUSTER_OPTIONS = {"allocate_rate_per_broker": 0}  # rate limit off in every phase
 THROUGHPUT_POLICY = RetryPolicy(timeout=10.0, attempt_timeout=3.0)
 FAILOVER_POLICY = RetryPolicy(timeout=30.0, attempt_timeout=1.0)
 RESTART_POLICY = RetryPolicy(timeout=120.0, attempt_timeout=2.0)
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+DESCRIBE_POLICY = RetryPolicy(timeout=2.0, attempt_timeout=1.0)
 
 
 # --------------------------------------------------------------------------- stats
-def percentile(sorted_values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile of an already sorted list (q in 0..100)."""
-    if not sorted_values:
-        return None
-    rank = max(1, math.ceil(q / 100.0 * len(sorted_values)))
-    return sorted_values[min(rank, len(sorted_values)) - 1]
-
-
 def median(sorted_values: list[float]) -> float | None:
     n = len(sorted_values)
     if n == 0:
@@ -153,55 +136,15 @@ class Bench:
 
     @contextlib.contextmanager
     def cluster(self, label: str, env: dict | None = None, **options):
-        directory = tempfile.mkdtemp(prefix=f"pidquorum-bench-{label}-")
-        lc = LocalCluster(directory)
-        ok = False
-        try:
-            lc.up(3, env=env, host=HOST, **CLUSTER_OPTIONS, **options)
+        with temp_cluster(f"pidquorum-bench-{label}-", self.args.keep, label, env=env, **CLUSTER_OPTIONS,
+                          **options) as (lc, _):
             yield lc
-            ok = True
-        finally:
-            if not ok and lc.exists():
-                for n in lc.nodes():
-                    log(f"----- {label}: node {n.node_id} log tail -----\n{lc.tail_log(n.node_id, 25)}")
-            try:
-                lc.down(timeout=10)
-            finally:
-                if self.args.keep:
-                    log(f"{label}: cluster directory kept: {directory}")
-                else:
-                    shutil.rmtree(directory, ignore_errors=True)
 
 
-async def describe_all(lc: LocalCluster) -> dict[int, dict]:
-    c = QuorumClient(lc.client_addresses(), RetryPolicy(timeout=2.0, attempt_timeout=1.0))
-    out: dict[int, dict] = {}
-    try:
-        for n in lc.nodes():
-            if not lc.alive(n.node_id):
-                continue
-            try:
-                out[n.node_id] = await c.describe(n.client_address)
-            except Exception:  # noqa: BLE001 - a node may be starting or stopping
-                pass
-    finally:
-        await c.close()
-    return out
-
-
-async def find_leader(lc: LocalCluster, timeout: float = 20.0) -> tuple[int, str, dict[int, dict]]:
-    """(node id, client address, descriptions) of the leader with the highest term among live nodes."""
-    deadline = time.monotonic() + timeout
-    while True:
-        descs = await describe_all(lc)
-        leaders = sorted(((d["raft"]["term"], nid) for nid, d in descs.items() if d["raft"]["state"] == "leader"),
-                         reverse=True)
-        if leaders:
-            nid = leaders[0][1]
-            return nid, descs[nid]["client_address"], descs
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"no leader among live nodes within {timeout:.0f}s")
-        await asyncio.sleep(0.02)
+async def find_leader_address(lc: LocalCluster) -> tuple[int, str]:
+    """(node id, client address) of the leader with the highest term among live nodes."""
+    nid, _, descs = await find_leader(lc, 20.0, policy=DESCRIBE_POLICY)
+    return nid, descs[nid]["client_address"]
 
 
 def convergence_key(d: dict) -> tuple:
@@ -216,7 +159,7 @@ async def wait_converged(lc: LocalCluster, timeout: float) -> dict:
     n_nodes = len(lc.nodes())
     last: dict[int, dict] = {}
     while True:
-        last = await describe_all(lc)
+        last = await describe_all(lc, DESCRIBE_POLICY)
         keys = {convergence_key(d) for d in last.values()}
         if len(last) == n_nodes and len(keys) == 1:
             commit, raft_applied, applied, next_id = keys.pop()
@@ -289,14 +232,14 @@ class Load:
         self.counters_after: dict | None = None
 
     async def setup(self) -> None:
-        self.leader_id, self.leader_addr, _ = await find_leader(self.lc)
+        self.leader_id, self.leader_addr = await find_leader_address(self.lc)
         addrs = leader_first(self.lc, self.leader_addr)
         self.clients = [QuorumClient(list(addrs), THROUGHPUT_POLICY, client_id=f"bench-{self.label}-{i}")
                         for i in range(self.n)]
         self.epochs = await asyncio.gather(*(c.register_broker(i + 1) for i, c in enumerate(self.clients)))
 
     async def leader_counters(self) -> dict | None:
-        return (await describe_all(self.lc)).get(self.leader_id)
+        return (await describe_all(self.lc, DESCRIBE_POLICY)).get(self.leader_id)
 
     async def run(self, seconds: float, record: bool = True) -> None:
         t_start = time.perf_counter()
@@ -433,7 +376,7 @@ async def phase_kills(bench: Bench) -> dict:
             # The client talks to the leader when it dies: a fresh client, leader first,
             # warmed by one allocation that the leader itself must have served.
             for attempt in range(5):
-                leader_id, leader_addr, _ = await find_leader(lc)
+                leader_id, leader_addr = await find_leader_address(lc)
                 c = QuorumClient(leader_first(lc, leader_addr), FAILOVER_POLICY, client_id=f"bench-kill-{i}")
                 b = await c.allocate(1, epoch)
                 blocks.append((b.start, b.length))
@@ -451,7 +394,7 @@ async def phase_kills(bench: Bench) -> dict:
             t1 = time.perf_counter()
             blocks.append((b.start, b.length))
             outage = t1 - t0
-            new_leader, _, _ = await find_leader(lc)
+            new_leader, _ = await find_leader_address(lc)
             t_start = time.perf_counter()
             lc.start(leader_id)
             lc.wait_ready([leader_id], timeout=60)
@@ -496,7 +439,7 @@ async def phase_kills(bench: Bench) -> dict:
 
 # -------------------------------------------------------------------- history
 async def fill(lc: LocalCluster, target: int, n_tasks: int, cap_s: float) -> dict:
-    leader_id, leader_addr, _ = await find_leader(lc)
+    leader_id, leader_addr = await find_leader_address(lc)
     addrs = leader_first(lc, leader_addr)
     n_tasks = max(1, min(n_tasks, target))
     clients = [QuorumClient(list(addrs), THROUGHPUT_POLICY, client_id=f"bench-fill-{i}") for i in range(n_tasks)]
@@ -561,7 +504,7 @@ async def history_row(bench: Bench, target: int) -> dict:
         max_end = dis["max_end"]
         del starts, lengths
         conv = await wait_converged(lc, max(a.catchup_timeout, 60))
-        before = await describe_all(lc)
+        before = await describe_all(lc, DESCRIBE_POLICY)
         lc.down(timeout=30)
         files = {}
         snaps = {str(n.node_id): count_snapshot_lines(lc.log_path(n.node_id)) for n in lc.nodes()}
@@ -581,7 +524,7 @@ async def history_row(bench: Bench, target: int) -> dict:
         finally:
             await c.close()
         t_first = time.perf_counter()
-        after = await describe_all(lc)
+        after = await describe_all(lc, DESCRIBE_POLICY)
     next_before = max((d["state"]["next_producer_id"] for d in before.values()), default=None)
     above_all = max_end is None or b.start >= max_end
     above_cursor = next_before is None or b.start >= next_before
@@ -614,15 +557,6 @@ async def phase_history(bench: Bench) -> dict:
 
 
 # ------------------------------------------------------------------- printing
-def table(title: str, headers: list[str], rows: list[list]) -> str:
-    cells = [[("-" if v is None else str(v)) for v in row] for row in rows]
-    widths = [max(len(h), *(len(row[i]) for row in cells)) if cells else len(h) for i, h in enumerate(headers)]
-    line = "  ".join("-" * w for w in widths)
-    out = [title, "  ".join(h.rjust(w) for h, w in zip(headers, widths)), line]
-    out += ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells]
-    return "\n".join(out)
-
-
 def snap_desc(row: dict) -> str:
     sc = [f["snapshot_contents"] for f in row["files_bytes"].values() if f.get("snapshot_contents")]
     if not sc:
@@ -724,17 +658,7 @@ def print_results(results: dict) -> None:
                       f"({x['fill_rate_per_s']:,.0f}/s; the full fill would take ~"
                       f"{x['projected_full_fill_s']:.0f} s at that rate). The row shows what was reached.")
         print()
-    if results["errors"]:
-        print("PHASE ERRORS:")
-        for e in results["errors"]:
-            print(f"  {e['phase']}: {e['error']}")
-    if results["failed_checks"]:
-        print("FAILED CHECKS:")
-        for f in results["failed_checks"]:
-            print(f"  {f}")
-    if not results["errors"] and not results["failed_checks"]:
-        print("all checks passed")
-    print(f"total {results['total_s']:.0f} s; JSON: {p['json']}")
+    print_footer(results)
 
 
 # ----------------------------------------------------------------------- main
@@ -790,10 +714,8 @@ def main(argv=None) -> int:
                    "failover_policy": dataclasses.asdict(FAILOVER_POLICY),
                    "percentiles": "nearest rank over sorted samples; median = middle (mean of two)",
                    "argv": sys.argv},
-        "environment": {"cpu_count": os.cpu_count(), "python": platform.python_version(),
-                        "python_executable": sys.executable, "platform": platform.platform(),
-                        "loadavg_start": [round(x, 2) for x in os.getloadavg()]},
-        "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "environment": environment_info(),
+        "started_at": utc_now(),
         "phases": {}, "errors": [], "failed_checks": bench.failures,
     }
     try:
@@ -802,24 +724,9 @@ def main(argv=None) -> int:
         results["environment"]["pysyncobj"] = version("pysyncobj")
     except Exception:  # noqa: BLE001
         pass
-    t0 = time.perf_counter()
     phases = {1: ("sequential", phase_sequential), 2: ("concurrent", phase_concurrent),
               3: ("leader_kill", phase_kills), 4: ("history", phase_history)}
-    try:
-        for number in a.phases:
-            name, fn = phases[number]
-            try:
-                results["phases"][name] = asyncio.run(fn(bench))
-            except Exception as e:  # noqa: BLE001 - record it, go on with the next phase
-                traceback.print_exc()
-                results["errors"].append({"phase": name, "error": f"{type(e).__name__}: {e}"})
-    finally:
-        results["total_s"] = time.perf_counter() - t0
-        results["environment"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
-        results["finished_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-        with open(a.json, "w") as f:
-            json.dump(results, f, indent=2, default=str)
+    run_phases(results, [phases[number] for number in a.phases], bench, a.json)
     print_results(results)
     return 1 if results["errors"] or results["failed_checks"] else 0
 

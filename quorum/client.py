@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from records import DescribeTransactionalIdRequest, InitTransactionalProducerRequest
+from records import DescribeTransactionalIdRequest, InitTransactionalProducerRequest, SeedProducerIdsRequest
 
 from . import protocol as p
 from .errors import Errors, PidQuorumError, RequestTimedOutError, for_code
@@ -225,6 +225,14 @@ class QuorumClient:
         """The transactional id's current (producer id, epoch), read through the leader; (-1, -1) if unknown."""
         resp, _ = await self._call_any(DescribeTransactionalIdRequest(transactional_id=transactional_id))
         return int(resp.producer_id), int(resp.producer_epoch)
+
+    async def seed(self, next_producer_id: int, origin: str, zk_broker: int, zk_block_start: int,
+                   zk_block_end: int) -> tuple[bool, int]:
+        """Commit a migration seed (ZooKeeper's block_end + 1): (whether the cursor moved, next ID now)."""
+        body = SeedProducerIdsRequest(next_producer_id=next_producer_id, origin=origin, zk_broker=zk_broker,
+                                      zk_block_start=zk_block_start, zk_block_end=zk_block_end)
+        resp, _ = await self._call_any(body)
+        return bool(resp.changed), int(resp.next_producer_id)
 
     async def describe(self, address: str, action: str | None = None) -> dict:
         """DescribeState from one node (no failover: the caller asked for that node).

@@ -23,6 +23,7 @@ from records import (
     BrokerEpochCursorRecord,
     FenceBrokerRecord,
     ProducerIdCursorRecord,
+    ProducerIdSeedRecord,
     Record,
     RegisterBrokerRecord,
     RemoveTransactionalIdRecord,
@@ -182,7 +183,38 @@ class ProducerIdsManager:
                                         producer_id_len=block_size, timestamp_ms=now_ms)
         return Result([rec], (start, block_size))
 
+    def generate_seed(self, next_producer_id: int, origin: str, zk_broker: int, zk_block_start: int,
+                      zk_block_end: int, now_ms: int) -> Result:
+        """Move the cursor up to ``next_producer_id`` (ZooKeeper's block_end + 1), never back.
+
+        Response: (changed, next producer ID afterwards).  Already there or beyond:
+        nothing is committed and the answer says so (running a migration twice is harmless).
+        """
+        for name, v, lo, hi in (("next producer id", next_producer_id, 0, LONG_MAX),
+                                ("zk block start", zk_block_start, 0, LONG_MAX - 1),
+                                ("zk block end", zk_block_end, 0, LONG_MAX - 1),
+                                ("zk broker", zk_broker, -(2**31), INT32_MAX)):
+            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+                raise InvalidRequestError(f"{name} {v!r} is not in {lo}..{hi}")
+        if zk_block_end < zk_block_start or next_producer_id != zk_block_end + 1:
+            raise InvalidRequestError(
+                f"seed {next_producer_id} does not follow the ZooKeeper block [{zk_block_start}, {zk_block_end}] "
+                "(it must be block_end + 1: block_end is inclusive)")
+        if not isinstance(origin, str) or not origin:
+            raise InvalidRequestError("the seed's origin is required")
+        if next_producer_id <= self.next_producer_id:
+            return Result([], (False, self.next_producer_id))
+        rec = ProducerIdSeedRecord(next_producer_id=next_producer_id, origin=origin, zk_broker=zk_broker,
+                                   zk_block_start=zk_block_start, zk_block_end=zk_block_end, timestamp_ms=now_ms)
+        return Result([rec], (True, next_producer_id))
+
     def replay(self, rec: Record) -> None:
+        if isinstance(rec, ProducerIdSeedRecord):
+            if rec.next_producer_id < self.next_producer_id:
+                raise InvariantViolation(
+                    f"seed {rec.next_producer_id} is below the next producer ID {self.next_producer_id}")
+            self.next_producer_id = rec.next_producer_id
+            return
         if isinstance(rec, AllocateProducerIdsRecord):
             start, length = rec.producer_id_start, rec.producer_id_len
             if start < self.next_producer_id:
@@ -395,7 +427,7 @@ class QuorumState:
     transactions: TransactionalIdManager = field(default_factory=TransactionalIdManager)
 
     def replay(self, rec: Record) -> None:
-        if isinstance(rec, (AllocateProducerIdsRecord, ProducerIdCursorRecord)):
+        if isinstance(rec, (AllocateProducerIdsRecord, ProducerIdCursorRecord, ProducerIdSeedRecord)):
             self.producer_ids.replay(rec)
         elif isinstance(rec, (TransactionalIdRecord, RemoveTransactionalIdRecord)):
             self.transactions.replay(rec, self.producer_ids.next_producer_id)

@@ -16,7 +16,6 @@ import asyncio
 import datetime
 import io
 import struct
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +34,16 @@ from records import (
     InitTransactionalProducerRequest,
     InitTransactionalProducerResponse,
     RecordError,
+    SeedProducerIdsRequest,
+    SeedProducerIdsResponse,
 )
+
+# The record RPCs: request record -> response record.
+RPC_RESPONSES: dict[type, type] = {
+    InitTransactionalProducerRequest: InitTransactionalProducerResponse,
+    DescribeTransactionalIdRequest: DescribeTransactionalIdResponse,
+    SeedProducerIdsRequest: SeedProducerIdsResponse,
+}
 from records.codec import from_obj, to_obj
 
 from .errors import Errors
@@ -46,8 +54,9 @@ BROKER_REGISTRATION = 62
 BROKER_HEARTBEAT = 63
 ALLOCATE_PRODUCER_IDS = 67
 ADMIN_API_KEY = 10001  # pidquorum DescribeState (msgpack body); outside Kafka's key space
-TXN_API_KEY = 10002    # pidquorum InitTransactionalProducer (msgpack body, records.InitTransactionalProducer*)
-MSGPACK_APIS = {ADMIN_API_KEY: "DescribeState", TXN_API_KEY: "InitTransactionalProducer"}
+RECORD_API_KEY = 10002  # pidquorum RPCs whose request and response are records (records/schema.py), msgpack
+TXN_API_KEY = RECORD_API_KEY  # the transactional-id RPCs travel on it
+MSGPACK_APIS = {ADMIN_API_KEY: "DescribeState", RECORD_API_KEY: "pidquorum RPC"}
 
 SUPPORTED: dict[int, tuple[int, int]] = {
     API_VERSIONS: (0, 3),
@@ -179,7 +188,7 @@ def _parse_msgpack(frame: bytes, api_key: int, api_version: int, correlation_id:
                          f"malformed {name} body: {e}") from None
     if api_key == TXN_API_KEY:
         try:
-            body = decode_payload(body, (InitTransactionalProducerRequest, DescribeTransactionalIdRequest))
+            body = decode_payload(body, tuple(RPC_RESPONSES))
         except RecordError as e:
             raise BadRequest(api_key, api_version, correlation_id, Errors.INVALID_REQUEST,
                              f"malformed {name} body: {e}") from None
@@ -309,8 +318,8 @@ def msgpack_api_of(body: Any) -> int:
     """The msgpack API a request body belongs to: a dict is DescribeState, a record its own API."""
     if isinstance(body, dict):
         return ADMIN_API_KEY
-    if isinstance(body, (InitTransactionalProducerRequest, DescribeTransactionalIdRequest)):
-        return TXN_API_KEY
+    if type(body) in RPC_RESPONSES:
+        return RECORD_API_KEY
     raise TypeError(f"not a pidquorum msgpack request: {type(body).__name__}")
 
 
@@ -331,7 +340,7 @@ def parse_response(frame: bytes, api_key: int, api_version: int) -> tuple[int, A
         header, off = entity_reader(ResponseHeaderV0)(frame, 0)
         obj = msgpack.unpackb(frame[off:], raw=False)
         if api_key == TXN_API_KEY:
-            obj = decode_payload(obj, (InitTransactionalProducerResponse, DescribeTransactionalIdResponse))
+            obj = decode_payload(obj, tuple(RPC_RESPONSES.values()))
         return header.correlation_id, obj
     resp_cls = load_response_schema(api_key, api_version)
     header, off = entity_reader(resp_cls.__header_schema__)(frame, 0)

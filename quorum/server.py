@@ -19,7 +19,13 @@ import logging
 import time
 from typing import Any
 
-from records import DescribeTransactionalIdRequest, DescribeTransactionalIdResponse, InitTransactionalProducerResponse
+from records import (
+    DescribeTransactionalIdRequest,
+    DescribeTransactionalIdResponse,
+    InitTransactionalProducerResponse,
+    SeedProducerIdsRequest,
+    SeedProducerIdsResponse,
+)
 
 from . import protocol as p
 from .client import Connection, ConnectionFailed
@@ -138,9 +144,8 @@ class QuorumServer:
                 log.info("client %s: %s v%d -> %s: %s", peer, p.API_NAMES.get(req.api_key), req.api_version,
                          e.code.name, e.message)
             body = p.error_body(req.api_key, req.api_version, e.code, e.throttle_ms)
-            if req.api_key == p.TXN_API_KEY:
-                cls = (DescribeTransactionalIdResponse if isinstance(req.body, DescribeTransactionalIdRequest)
-                       else InitTransactionalProducerResponse)
+            if req.api_key == p.RECORD_API_KEY:
+                cls = p.RPC_RESPONSES.get(type(req.body), InitTransactionalProducerResponse)
                 body = cls(error_code=int(e.code), error_message=e.message)
         except Exception:  # noqa: BLE001 - request boundary: log, answer, keep serving
             log.exception("client %s: %s v%d failed", peer, p.API_NAMES.get(req.api_key), req.api_version)
@@ -173,6 +178,13 @@ class QuorumServer:
             result = await self._route(req, "heartbeat", args)
             if isinstance(result, dict):
                 return p.heartbeat_response(req.api_version, result["is_fenced"], result["should_shut_down"])
+            return result
+        if req.api_key == p.RECORD_API_KEY and isinstance(b, SeedProducerIdsRequest):
+            args = {"next_producer_id": b.next_producer_id, "origin": b.origin, "zk_broker": b.zk_broker,
+                    "zk_block_start": b.zk_block_start, "zk_block_end": b.zk_block_end}
+            result = await self._route(req, "seed", args)
+            if isinstance(result, tuple):
+                return SeedProducerIdsResponse(error_code=0, changed=result[0], next_producer_id=result[1])
             return result
         if req.api_key == p.TXN_API_KEY and isinstance(b, DescribeTransactionalIdRequest):
             # A linearizable read: through the leader's proposer, behind a (record-less) log entry.

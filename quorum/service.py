@@ -138,6 +138,9 @@ class Op:
         if self.kind == "heartbeat":
             return state.registrations.generate_heartbeat(a["broker_id"], a["broker_epoch"], a["want_fence"],
                                                           a["want_shut_down"], now_ms)
+        if self.kind == "seed":
+            return state.producer_ids.generate_seed(a["next_producer_id"], a["origin"], a["zk_broker"],
+                                                    a["zk_block_start"], a["zk_block_end"], now_ms)
         if self.kind == "read_txn":
             return Result([], state.transactions.get(a["transactional_id"]))
         if self.kind == "init_txn":

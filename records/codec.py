@@ -94,6 +94,9 @@ InitTransactionalProducerRequest = CLASSES[schema.INIT_TRANSACTIONAL_REQUEST.typ
 InitTransactionalProducerResponse = CLASSES[schema.INIT_TRANSACTIONAL_RESPONSE.type_id]
 DescribeTransactionalIdRequest = CLASSES[schema.DESCRIBE_TRANSACTIONAL_REQUEST.type_id]
 DescribeTransactionalIdResponse = CLASSES[schema.DESCRIBE_TRANSACTIONAL_RESPONSE.type_id]
+ProducerIdSeedRecord = CLASSES[schema.PRODUCER_ID_SEED.type_id]
+SeedProducerIdsRequest = CLASSES[schema.SEED_REQUEST.type_id]
+SeedProducerIdsResponse = CLASSES[schema.SEED_RESPONSE.type_id]
 
 
 def to_obj(record: Record) -> list:

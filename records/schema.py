@@ -206,6 +206,27 @@ REMOVE_TRANSACTIONAL_ID = RecordSpec(
     ),
 )
 
+PRODUCER_ID_SEED = RecordSpec(
+    name="ProducerIdSeedRecord",
+    type_id=10,
+    version=0,
+    doc=(
+        "Migration from ZooKeeper: moves the producer-ID cursor up to next_producer_id, "
+        "which is ZooKeeper's last block_end + 1 (block_end is inclusive), so the quorum "
+        "never issues an ID ZooKeeper already handed out (Kafka's first migration seeded "
+        "the block's start and issued a block twice, KAFKA-15552).  Never moves the cursor "
+        "back.  Carries where the block came from, for the audit trail."
+    ),
+    fields=(
+        FieldSpec("next_producer_id", "int64", "First ID the quorum may issue from now on."),
+        FieldSpec("origin", "string", "Where the ZooKeeper block was read: 'export:<file>' or 'zookeeper:<hosts>'."),
+        FieldSpec("zk_broker", "int32", "The broker field of the ZooKeeper block."),
+        FieldSpec("zk_block_start", "int64", "block_start of the ZooKeeper block."),
+        FieldSpec("zk_block_end", "int64", "block_end of the ZooKeeper block (inclusive)."),
+        FieldSpec("timestamp_ms", "int64", "Proposer's wall clock (ms); audit only.", default=-1),
+    ),
+)
+
 RECORDS: tuple[RecordSpec, ...] = (
     ALLOCATE_PRODUCER_IDS,
     REGISTER_BROKER,
@@ -216,6 +237,7 @@ RECORDS: tuple[RecordSpec, ...] = (
     BROKER_EPOCH_CURSOR,
     TRANSACTIONAL_ID,
     REMOVE_TRANSACTIONAL_ID,
+    PRODUCER_ID_SEED,
 )
 
 # --------------------------------------------------------------------------
@@ -307,8 +329,37 @@ DESCRIBE_TRANSACTIONAL_RESPONSE = RecordSpec(
     ),
 )
 
+SEED_REQUEST = RecordSpec(
+    name="SeedProducerIdsRequest",
+    type_id=106,
+    version=0,
+    doc="pidquorum RPC (API key 10002, msgpack): `pidctl migrate from-zk` asks the quorum to commit a seed.",
+    fields=(
+        FieldSpec("next_producer_id", "int64", "ZooKeeper's block_end + 1."),
+        FieldSpec("origin", "string", "Where the block was read."),
+        FieldSpec("zk_broker", "int32", "The ZooKeeper block's broker."),
+        FieldSpec("zk_block_start", "int64", "The ZooKeeper block's start."),
+        FieldSpec("zk_block_end", "int64", "The ZooKeeper block's end (inclusive)."),
+    ),
+)
+
+SEED_RESPONSE = RecordSpec(
+    name="SeedProducerIdsResponse",
+    type_id=107,
+    version=0,
+    doc="The answer to SeedProducerIdsRequest: whether the cursor moved, and where it is now.",
+    fields=(
+        FieldSpec("error_code", "int16", "Kafka error code (0: none)."),
+        FieldSpec("error_message", "nullable_string", "Why, when error_code is not 0.", default=None),
+        FieldSpec("changed", "bool", "True if a seed was committed; False if the cursor was already there or beyond.",
+                  default=False),
+        FieldSpec("next_producer_id", "int64", "The quorum's next producer ID after the request.", default=-1),
+    ),
+)
+
 PAYLOADS: tuple[RecordSpec, ...] = (AUDIT_ENTRY, AUDIT_GAP, INIT_TRANSACTIONAL_REQUEST, INIT_TRANSACTIONAL_RESPONSE,
-                                    DESCRIBE_TRANSACTIONAL_REQUEST, DESCRIBE_TRANSACTIONAL_RESPONSE)
+                                    DESCRIBE_TRANSACTIONAL_REQUEST, DESCRIBE_TRANSACTIONAL_RESPONSE,
+                                    SEED_REQUEST, SEED_RESPONSE)
 
 for _spec in RECORDS + PAYLOADS:
     validate_spec(_spec)

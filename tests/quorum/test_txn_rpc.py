@@ -121,7 +121,7 @@ def test_malformed_payloads_are_invalid_request_and_node_keeps_serving(cluster, 
     corr, resp = p.parse_response(data, p.TXN_API_KEY, 0)
     assert corr == 99
     assert resp.error_code == Errors.INVALID_REQUEST
-    assert "InitTransactionalProducer" in resp.error_message
+    assert "pidquorum RPC" in resp.error_message
     data = _raw_call(address, p.TXN_API_KEY, 1, msgpack.packb([102, 0, [1, 2, "t", 1000, -1, -1]]))
     assert p.parse_response(data, p.TXN_API_KEY, 0)[1].error_code == Errors.UNSUPPORTED_VERSION
 

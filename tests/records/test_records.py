@@ -19,9 +19,12 @@ from records import (
     InitTransactionalProducerRequest,
     InitTransactionalProducerResponse,
     ProducerIdCursorRecord,
+    ProducerIdSeedRecord,
     RecordError,
     RegisterBrokerRecord,
     RemoveTransactionalIdRecord,
+    SeedProducerIdsRequest,
+    SeedProducerIdsResponse,
     TransactionalIdRecord,
     UnfenceBrokerRecord,
     UnregisterBrokerRecord,
@@ -86,6 +89,11 @@ GOLDEN = {
         RemoveTransactionalIdRecord(transactional_id="orders-tx-1", producer_id=5000, timestamp_ms=TS + 4),
         "93090093ab6f72646572732d74782d31cd1388cf0000018bcfe56804",
     ),
+    "ProducerIdSeedRecord": (
+        ProducerIdSeedRecord(next_producer_id=5000, origin="export:zk.json", zk_broker=35, zk_block_start=4000,
+                             zk_block_end=4999, timestamp_ms=TS + 5),
+        "930a0096cd1388ae6578706f72743a7a6b2e6a736f6e23cd0fa0cd1387cf0000018bcfe56805",
+    ),
 }
 
 GOLDEN_PAYLOADS = {
@@ -115,6 +123,15 @@ GOLDEN_PAYLOADS = {
         DescribeTransactionalIdResponse(error_code=0, error_message=None, producer_id=5000, producer_epoch=3,
                                         state="Empty"),
         "9369009500c0cd138803a5456d707479",
+    ),
+    "SeedProducerIdsRequest": (
+        SeedProducerIdsRequest(next_producer_id=5000, origin="export:zk.json", zk_broker=35, zk_block_start=4000,
+                               zk_block_end=4999),
+        "936a0095cd1388ae6578706f72743a7a6b2e6a736f6e23cd0fa0cd1387",
+    ),
+    "SeedProducerIdsResponse": (
+        SeedProducerIdsResponse(error_code=0, error_message=None, changed=True, next_producer_id=5000),
+        "936b009400c0c3cd1388",
     ),
 }
 
@@ -162,12 +179,15 @@ def test_golden_type_ids_and_versions_are_stable():
         "BrokerEpochCursorRecord": (7, 0),
         "TransactionalIdRecord": (8, 0),
         "RemoveTransactionalIdRecord": (9, 0),
+        "ProducerIdSeedRecord": (10, 0),
         "AuditEntry": (100, 0),
         "AuditGap": (101, 0),
         "InitTransactionalProducerRequest": (102, 0),
         "InitTransactionalProducerResponse": (103, 0),
         "DescribeTransactionalIdRequest": (104, 0),
         "DescribeTransactionalIdResponse": (105, 0),
+        "SeedProducerIdsRequest": (106, 0),
+        "SeedProducerIdsResponse": (107, 0),
     }
 
 
@@ -392,7 +412,7 @@ def _packed(obj) -> bytes:
 
 @pytest.mark.parametrize("obj,fragment", [
     ([0, 0, []], "unknown record type 0"),
-    ([10, 0, [1]], "unknown record type 10"),
+    ([11, 0, [1]], "unknown record type 11"),
     ([-1, 0, [1]], "unknown record type -1"),
     ([99, 0, [1]], "unknown record type 99"),
     (["AllocateProducerIdsRecord", 0, [1]], "unknown record type"),

@@ -1,0 +1,1 @@
+"""Migration from ZooKeeper-based producer-ID allocation to the quorum (KIP-730 style)."""

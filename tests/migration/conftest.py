@@ -19,10 +19,12 @@ first time a test asks for it)
 ``zk_client``
     A connected KazooClient on ``zk_chroot``, stopped at teardown.
 
-Installing: when ``/usr/share/java/zookeeper.jar`` or java is missing, the
+Installing: right after collection (outside test timeouts) when a collected
+test needs ``zookeeper``, if ``/usr/share/java/zookeeper.jar`` or java is missing, the
 first worker to get the lock (fcntl.flock on /tmp/pidquorum-zookeeper-install.lock)
 runs ``apt-get install -y --no-install-recommends zookeeper``
-(DEBIAN_FRONTEND=noninteractive), with ``apt-get update`` first if that fails;
+(DEBIAN_FRONTEND=noninteractive), and if that fails (most often: no package
+index yet) ``apt-get update`` and the install again;
 the other workers wait for the lock and find it installed. If ZooKeeper can't
 be installed (no root and no passwordless sudo, no package index reachable) the
 tests are skipped with the reason, or fail when PIDQUORUM_REQUIRE_ZOOKEEPER=1.
@@ -57,10 +59,12 @@ START_TIMEOUT = 60.0
 
 
 # --------------------------------------------------------------------- install
+class ZooKeeperUnavailable(Exception):
+    pass
+
+
 def _unavailable(reason: str):
-    if os.environ.get("PIDQUORUM_REQUIRE_ZOOKEEPER") == "1":
-        pytest.fail(f"ZooKeeper unavailable: {reason}", pytrace=False)
-    pytest.skip(f"ZooKeeper unavailable: {reason}")
+    raise ZooKeeperUnavailable(reason)
 
 
 def _installed() -> bool:
@@ -262,9 +266,30 @@ class ZooKeeperServer:
             return "(no log)"
 
 
+_install_problem: list[str] = []
+
+
+def pytest_collection_finish(session):
+    """Install ZooKeeper once collection (after -k/-m deselection) shows a test needs it: outside any test's timeout
+    (a fresh machine downloads a JRE), and before the first test, in every xdist worker
+    (the lock makes all but one wait, then find it installed)."""
+    if any("zookeeper" in getattr(item, "fixturenames", ()) for item in session.items):
+        try:
+            ensure_zookeeper_installed()
+        except ZooKeeperUnavailable as e:
+            _install_problem.append(str(e))
+
+
 @pytest.fixture(scope="session")
 def zookeeper(tmp_path_factory):
-    ensure_zookeeper_installed()
+    try:
+        if _install_problem:
+            raise ZooKeeperUnavailable(_install_problem[0])
+        ensure_zookeeper_installed()
+    except ZooKeeperUnavailable as e:
+        if os.environ.get("PIDQUORUM_REQUIRE_ZOOKEEPER") == "1":
+            pytest.fail(f"ZooKeeper unavailable: {e}", pytrace=False)
+        pytest.skip(f"ZooKeeper unavailable: {e}")
     server = ZooKeeperServer(tmp_path_factory.mktemp("zookeeper"), free_ports(1)[0])
     try:
         server.start()

@@ -49,13 +49,20 @@ class Ctx:
 
 
 def _chaos_errors() -> tuple[type[Exception], ...]:
-    """The chaos package's user-facing errors (imported lazily: matplotlib is heavy)."""
+    """The chaos and migration packages' user-facing errors (imported lazily: they are heavy)."""
+    out: list[type[Exception]] = []
     try:
         from chaos.history import HistoryError
         from chaos.runner import RunError
+        out += [HistoryError, RunError]
     except ImportError:  # pragma: no cover - chaos not installed
-        return ()
-    return (HistoryError, RunError)
+        pass
+    try:
+        from migration.zk import ZkMigrationError
+        out.append(ZkMigrationError)
+    except ImportError:  # pragma: no cover
+        pass
+    return tuple(out)
 
 
 def handle_errors(fn):
@@ -382,6 +389,40 @@ def snapshot_inspect(file, output):
 
 
 # --------------------------------------------------------------------- demo
+# ------------------------------------------------------------------ migrate
+@cli.group()
+def migrate():
+    """Move producer-ID allocation from ZooKeeper to the quorum."""
+
+
+@migrate.command("from-zk")
+@click.option("--export", "export_file", type=click.Path(dir_okay=False),
+              help="A JSON export of /latest_producer_id_block.")
+@click.option("--zk", "zk_hosts", help="Live ZooKeeper: HOST:PORT[,HOST:PORT...][/chroot].")
+@click.option("--dry-run", is_flag=True, help="Say what would be seeded; commit nothing.")
+@click.option("--allow-empty", is_flag=True,
+              help="A missing znode (or an empty one) is not an error: there is nothing to seed.")
+@output_option
+@click.pass_obj
+@handle_errors
+def migrate_from_zk(obj: Ctx, export_file, zk_hosts, dry_run, allow_empty, output):
+    """Seed the quorum so its next block starts at ZooKeeper's block_end + 1.
+
+    Harmless to run twice; never moves the quorum's cursor backwards.
+    """
+    from migration.seed import read_zk_block, seed_from_block
+
+    if (export_file is None) == (zk_hosts is None):
+        raise click.UsageError("give exactly one of --export FILE or --zk HOST:PORT[/chroot]")
+    block, origin = read_zk_block(export_file=export_file, zk_hosts=zk_hosts, allow_empty=allow_empty,
+                                  timeout=obj.timeout)
+    result = asyncio.run(run(lambda c: seed_from_block(c, block, origin, dry_run=dry_run))(obj.client()))
+    if output == "json":
+        render.emit_json(result)
+    else:
+        render.line(result["message"])
+
+
 # -------------------------------------------------------------------- chaos
 @cli.group()
 def chaos():

@@ -1,0 +1,170 @@
+"""`pidctl migrate from-zk` against a real quorum (and a real ZooKeeper for --zk): the first
+quorum block starts at ZooKeeper's block_end + 1; every malformed export is refused with a
+message naming the field and nothing written; running it twice, or below what the quorum
+issued, changes nothing."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from quorum.audit import read_audit
+from quorum.client import QuorumClient, RetryPolicy
+from quorum.localcluster import LocalCluster
+from tests.conftest import run
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LONG_MAX = 2**63 - 1
+
+
+@pytest.fixture(scope="module")
+def quorum(tmp_path_factory):
+    lc = LocalCluster(str(tmp_path_factory.mktemp("seed") / "cluster"))
+    lc.up(3)
+    yield lc
+    lc.down(timeout=5)
+
+
+@pytest.fixture
+def fresh_quorum(tmp_path):
+    lc = LocalCluster(str(tmp_path / "cluster"))
+    lc.up(3)
+    yield lc
+    lc.down(timeout=5)
+
+
+def pidctl(lc: LocalCluster, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cli.main", "--quorum", ",".join(lc.client_addresses()), *args],
+                          capture_output=True, text=True, timeout=60, cwd=REPO)
+
+
+def export(tmp_path, content) -> str:
+    path = tmp_path / "latest_producer_id_block.json"
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    return str(path)
+
+
+def next_id(lc: LocalCluster) -> int:
+    async def go():
+        c = QuorumClient(lc.client_addresses(), RetryPolicy(timeout=10))
+        try:
+            return (await c.describe(lc.client_addresses()[0]))["state"]["next_producer_id"]
+        finally:
+            await c.close()
+    return run(go())
+
+
+def first_block(lc: LocalCluster, broker_id: int = 1) -> int:
+    async def go():
+        c = QuorumClient(lc.client_addresses(), RetryPolicy(timeout=10))
+        try:
+            epoch = await c.register_broker(broker_id)
+            return (await c.allocate(broker_id, epoch)).start
+        finally:
+            await c.close()
+    return run(go())
+
+
+def seeds_in_audit(lc: LocalCluster) -> list:
+    lines, _ = read_audit(os.path.join(lc.data_dir(1), "audit.log"))
+    return [ln.record for ln in lines if ln.record is not None and ln.record.SPEC.name == "ProducerIdSeedRecord"]
+
+
+EXAMPLE = {"version": 1, "broker": 35, "block_start": "4000", "block_end": "4999"}
+
+
+def test_seed_from_an_export_then_first_block_starts_after_block_end(fresh_quorum, tmp_path):
+    path = export(tmp_path, EXAMPLE)
+    dry = pidctl(fresh_quorum, "migrate", "from-zk", "--export", path, "--dry-run", "-o", "json")
+    assert dry.returncode == 0, dry.stderr
+    assert json.loads(dry.stdout)["would_change"] is True
+    assert next_id(fresh_quorum) == 0  # a dry run commits nothing
+    r = pidctl(fresh_quorum, "migrate", "from-zk", "--export", path, "-o", "json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["changed"] is True and out["seed"] == 5000 and out["next_producer_id"] == 5000
+    assert first_block(fresh_quorum) == 5000  # block_end + 1, not block_start (KAFKA-15552)
+    again = pidctl(fresh_quorum, "migrate", "from-zk", "--export", path)
+    assert again.returncode == 0 and "nothing changed" in again.stdout
+    assert next_id(fresh_quorum) == 6000
+    (seed,) = seeds_in_audit(fresh_quorum)
+    assert seed.origin == f"export:{path}" and (seed.zk_block_start, seed.zk_block_end, seed.zk_broker) == (
+        4000, 4999, 35)
+
+
+def test_seed_below_what_the_quorum_issued_changes_nothing(fresh_quorum, tmp_path):
+    for _ in range(6):
+        first_block(fresh_quorum)  # [0, 6000) issued, above the ZooKeeper block's end (4999)
+    r = pidctl(fresh_quorum, "migrate", "from-zk", "--export", export(tmp_path, EXAMPLE), "-o", "json")
+    assert r.returncode == 0
+    assert json.loads(r.stdout)["changed"] is False
+    assert next_id(fresh_quorum) == 6000
+    assert seeds_in_audit(fresh_quorum) == []
+
+
+@pytest.mark.parametrize("content,field", [
+    ("{not json", "data"),
+    ("[1, 2]", "data"),
+    ("", "data"),
+    ({"broker": 35, "block_start": "4000", "block_end": "4999"}, "version"),
+    ({"version": 1, "block_start": "4000", "block_end": "4999"}, "broker"),
+    ({"version": 1, "broker": 35, "block_end": "4999"}, "block_start"),
+    ({"version": 1, "broker": 35, "block_start": "4000"}, "block_end"),
+    ({**EXAMPLE, "version": 2}, "version"),
+    ({**EXAMPLE, "version": "1"}, "version"),
+    ({**EXAMPLE, "broker": "35"}, "broker"),
+    ({**EXAMPLE, "broker": 35.5}, "broker"),
+    ({**EXAMPLE, "block_start": 4000}, "block_start"),
+    ({**EXAMPLE, "block_start": "4000.0"}, "block_start"),
+    ({**EXAMPLE, "block_end": "4e3"}, "block_end"),
+    ({**EXAMPLE, "block_end": "abc"}, "block_end"),
+    ({**EXAMPLE, "block_start": "-1000"}, "block_start"),
+    ({**EXAMPLE, "block_end": str(LONG_MAX + 1)}, "block_end"),
+    ({**EXAMPLE, "block_start": "5000", "block_end": "4999"}, "block_end"),
+], ids=lambda v: v if isinstance(v, str) and len(v) < 20 else None)
+def test_malformed_exports_are_refused_naming_the_field_and_nothing_is_written(quorum, tmp_path, content, field):
+    before = next_id(quorum)
+    r = pidctl(quorum, "migrate", "from-zk", "--export", export(tmp_path, content))
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert f"'{field}'" in lines[0], lines[0]
+    assert next_id(quorum) == before
+    assert seeds_in_audit(quorum) == []
+
+
+def test_missing_export_file_and_bad_usage(quorum, tmp_path):
+    r = pidctl(quorum, "migrate", "from-zk", "--export", str(tmp_path / "nope.json"))
+    assert r.returncode == 1 and "No such file" in r.stderr
+    r = pidctl(quorum, "migrate", "from-zk")
+    assert r.returncode == 2 and "exactly one of" in r.stderr
+
+
+# ------------------------------------------------------------------ live ZooKeeper
+def test_seed_from_live_zookeeper(fresh_quorum, zk_chroot, zk_client):
+    zk_client.create("/latest_producer_id_block", json.dumps({**EXAMPLE, "block_start": "9000",
+                                                              "block_end": "9999"}).encode())
+    r = pidctl(fresh_quorum, "migrate", "from-zk", "--zk", zk_chroot, "-o", "json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["seed"] == 10_000
+    assert first_block(fresh_quorum) == 10_000
+    (seed,) = seeds_in_audit(fresh_quorum)
+    assert seed.origin == f"zookeeper:{zk_chroot}"
+
+
+def test_missing_znode_is_refused_unless_allowed(quorum, zk_chroot):
+    before = next_id(quorum)
+    r = pidctl(quorum, "migrate", "from-zk", "--zk", zk_chroot)
+    assert r.returncode == 1 and "does not exist" in r.stderr and "--allow-empty" in r.stderr
+    r = pidctl(quorum, "migrate", "from-zk", "--zk", zk_chroot, "--allow-empty")
+    assert r.returncode == 0 and "nothing to seed" in r.stdout
+    assert next_id(quorum) == before
+
+
+def test_malformed_znode_is_refused(quorum, zk_chroot, zk_client):
+    zk_client.create("/latest_producer_id_block", b'{"version":1,"broker":35,"block_start":"4000"}')
+    r = pidctl(quorum, "migrate", "from-zk", "--zk", zk_chroot)
+    assert r.returncode == 1 and "'block_end'" in r.stderr

@@ -423,6 +423,66 @@ def migrate_from_zk(obj: Ctx, export_file, zk_hosts, dry_run, allow_empty, outpu
         render.line(result["message"])
 
 
+def _migration_command(obj: Ctx, action: str, zk: str, output: str) -> None:
+    result = asyncio.run(run(lambda c: c.migrate(action, zk))(obj.client()))
+    if output == "json":
+        render.emit_json(result)
+    else:
+        render.line(f"{result['message']}; the quorum's next producer ID is {result['next_producer_id']}")
+
+
+@migrate.command("bridge")
+@click.option("--zk", "zk_hosts", required=True, help="ZooKeeper of the legacy brokers: HOST:PORT[,...][/chroot].")
+@output_option
+@click.pass_obj
+@handle_errors
+def migrate_bridge(obj: Ctx, zk_hosts, output):
+    """Mixed fleet: reserve every quorum allocation in the znode before committing it."""
+    _migration_command(obj, "bridge", zk_hosts, output)
+
+
+@migrate.command("finalize")
+@output_option
+@click.pass_obj
+@handle_errors
+def migrate_finalize(obj: Ctx, output):
+    """End bridge mode once every broker allocates through the quorum (the znode is no longer written)."""
+    _migration_command(obj, "finalize", "", output)
+
+
+@migrate.command("rollback")
+@output_option
+@click.pass_obj
+@handle_errors
+def migrate_rollback(obj: Ctx, output):
+    """Back to ZooKeeper: the quorum stops issuing and a placeholder block at its next ID goes to the znode."""
+    _migration_command(obj, "rollback", "", output)
+
+
+@migrate.command("status")
+@output_option
+@click.pass_obj
+@handle_errors
+def migrate_status(obj: Ctx, output):
+    """The migration mode, the znode, and the quorum's next producer ID (from any node)."""
+    async def go(client):
+        for address in client.addresses:
+            try:
+                return await client.describe(address)
+            except Exception:  # noqa: BLE001 - try the next node
+                continue
+        raise PidQuorumError("no quorum node answered")
+    d = asyncio.run(run(go)(obj.client()))
+    m = d["state"].get("migration") or {}
+    result = {"mode": m.get("mode"), "zk": m.get("zk"), "reserved_until": m.get("reserved_until"),
+              "next_producer_id": d["state"]["next_producer_id"]}
+    if output == "json":
+        render.emit_json(result)
+    else:
+        render.line(f"migration mode: {result['mode'] or 'none'}" + (f" (znode at {result['zk']})" if result["zk"] else "")
+                    + f"; next producer ID {result['next_producer_id']}")
+
+
 # -------------------------------------------------------------------- chaos
 @cli.group()
 def chaos():

@@ -15,7 +15,12 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from records import DescribeTransactionalIdRequest, InitTransactionalProducerRequest, SeedProducerIdsRequest
+from records import (
+    DescribeTransactionalIdRequest,
+    InitTransactionalProducerRequest,
+    MigrationCommandRequest,
+    SeedProducerIdsRequest,
+)
 
 from . import protocol as p
 from .errors import Errors, PidQuorumError, RequestTimedOutError, for_code
@@ -233,6 +238,12 @@ class QuorumClient:
                                       zk_block_start=zk_block_start, zk_block_end=zk_block_end)
         resp, _ = await self._call_any(body)
         return bool(resp.changed), int(resp.next_producer_id)
+
+    async def migrate(self, action: str, zk: str = "") -> dict:
+        """``pidctl migrate bridge|finalize|rollback``: {mode, changed, next_producer_id, message}."""
+        resp, _ = await self._call_any(MigrationCommandRequest(action=action, zk=zk))
+        return {"mode": resp.mode, "changed": bool(resp.changed), "next_producer_id": int(resp.next_producer_id),
+                "message": resp.message}
 
     async def describe(self, address: str, action: str | None = None) -> dict:
         """DescribeState from one node (no failover: the caller asked for that node).

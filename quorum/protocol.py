@@ -33,6 +33,8 @@ from records import (
     DescribeTransactionalIdResponse,
     InitTransactionalProducerRequest,
     InitTransactionalProducerResponse,
+    MigrationCommandRequest,
+    MigrationCommandResponse,
     RecordError,
     SeedProducerIdsRequest,
     SeedProducerIdsResponse,
@@ -43,6 +45,7 @@ RPC_RESPONSES: dict[type, type] = {
     InitTransactionalProducerRequest: InitTransactionalProducerResponse,
     DescribeTransactionalIdRequest: DescribeTransactionalIdResponse,
     SeedProducerIdsRequest: SeedProducerIdsResponse,
+    MigrationCommandRequest: MigrationCommandResponse,
 }
 from records.codec import from_obj, to_obj
 

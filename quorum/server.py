@@ -23,6 +23,8 @@ from records import (
     DescribeTransactionalIdRequest,
     DescribeTransactionalIdResponse,
     InitTransactionalProducerResponse,
+    MigrationCommandRequest,
+    MigrationCommandResponse,
     SeedProducerIdsRequest,
     SeedProducerIdsResponse,
 )
@@ -42,6 +44,24 @@ from .service import Proposer, Service
 
 log = logging.getLogger(__name__)
 FORWARD_CLIENT_ID = "pidquorum-forward"
+
+
+def _write_rollback_placeholder(zk_hosts: str, start: int, length: int) -> str:
+    """Rollback: the placeholder block (broker -1) at the quorum's next ID; raises a retriable error if
+    ZooKeeper cannot be written (the mode is already rolled back: run the rollback again)."""
+    from migration.zk import connect, describe_placeholder, write_placeholder
+
+    try:
+        zk = connect(zk_hosts, timeout=5.0)
+        try:
+            result = write_placeholder(zk, start, length, timeout=10.0, op_timeout=3.0)
+        finally:
+            zk.stop()
+            zk.close()
+    except Exception as e:  # noqa: BLE001 - report, the operator reruns the (idempotent) rollback
+        raise RequestTimedOutError(f"rolled back, but writing the placeholder to ZooKeeper ({zk_hosts}) failed: "
+                                   f"{type(e).__name__}: {e}; run the rollback again") from None
+    return describe_placeholder(result, start, length)
 
 
 class TokenBucket:
@@ -85,6 +105,7 @@ class QuorumServer:
             t.cancel()
         for c in self._forward_conns.values():
             c.close()
+        self.proposer._zk_reset()
 
     # ------------------------------------------------------------ connections
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -179,6 +200,22 @@ class QuorumServer:
             if isinstance(result, dict):
                 return p.heartbeat_response(req.api_version, result["is_fenced"], result["should_shut_down"])
             return result
+        if req.api_key == p.RECORD_API_KEY and isinstance(b, MigrationCommandRequest):
+            result = await self._route(req, "migrate", {"action": b.action, "zk": b.zk})
+            if not isinstance(result, tuple):
+                return result  # relayed from the leader, which did everything below
+            changed, mode = result
+            with self.service.lock:
+                next_id = self.service.state.producer_ids.next_producer_id
+                zk = self.service.state.migration.zk
+            message = f"migration mode {mode}" + ("" if changed else " (unchanged)")
+            if b.action == "rollback":
+                # Committed first (the quorum now issues nothing), so the cursor is final: the placeholder
+                # at it puts ZooKeeper-mode allocation above every ID the quorum ever issued.
+                message = await asyncio.get_running_loop().run_in_executor(
+                    None, _write_rollback_placeholder, zk, next_id, self.cfg.block_size)
+            return MigrationCommandResponse(error_code=0, mode=mode, changed=changed, next_producer_id=next_id,
+                                            message=message)
         if req.api_key == p.RECORD_API_KEY and isinstance(b, SeedProducerIdsRequest):
             args = {"next_producer_id": b.next_producer_id, "origin": b.origin, "zk_broker": b.zk_broker,
                     "zk_block_start": b.zk_block_start, "zk_block_end": b.zk_block_end}

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from records import Record, RecordError, decode_batch, encode_batch
+from records import AllocateProducerIdsRecord, BridgeReservationRecord, Record, RecordError, decode_batch, encode_batch
 
 from .audit import AuditWriter
 from .config import NodeConfig
@@ -36,7 +36,7 @@ from .errors import (
     RequestTimedOutError,
     UnknownServerError,
 )
-from .managers import ApplyOutcome, QuorumState, Result
+from .managers import BRIDGE, ROLLED_BACK, ApplyOutcome, QuorumState, Result
 from .raft import ProposalRejected, ProposalUnknown, RaftNode
 
 log = logging.getLogger(__name__)
@@ -130,6 +130,9 @@ class Op:
 
     def generate(self, state: QuorumState, block_size: int, now_ms: int) -> Result:
         a = self.args
+        if self.kind in ("allocate", "init_txn", "seed") and state.migration.mode == ROLLED_BACK:
+            raise UnknownServerError("producer IDs are allocated by ZooKeeper again (the migration was rolled "
+                                     "back); run `pidctl migrate bridge` to come back")
         if self.kind == "allocate":
             return state.producer_ids.generate_allocate(a["broker_id"], a["broker_epoch"], state.registrations,
                                                         block_size, now_ms)
@@ -138,6 +141,9 @@ class Op:
         if self.kind == "heartbeat":
             return state.registrations.generate_heartbeat(a["broker_id"], a["broker_epoch"], a["want_fence"],
                                                           a["want_shut_down"], now_ms)
+        if self.kind == "migrate":
+            return state.migration.generate_command(a["action"], a["zk"], state.producer_ids.next_producer_id,
+                                                    now_ms)
         if self.kind == "seed":
             return state.producer_ids.generate_seed(a["next_producer_id"], a["origin"], a["zk_broker"],
                                                     a["zk_block_start"], a["zk_block_end"], now_ms)
@@ -167,6 +173,9 @@ class Proposer:
         self.batches = 0
         self.proposed_records = 0
         self.unsafe_reuse_block = _broken_allocator_mode() is not None
+        self.zk_reservations = 0
+        self._zk = None  # KazooClient, bridge mode only (leader)
+        self._zk_hosts = ""
 
     async def submit(self, kind: str, args: dict[str, Any], timeout: float) -> Any:
         fut = asyncio.get_running_loop().create_future()
@@ -229,6 +238,11 @@ class Proposer:
         spans: list[tuple[Op, int, int, Any]] = []
         for op in ops:
             try:
+                if scratch.migration.mode == BRIDGE:
+                    reservation = await self._reserve_in_zookeeper(op, scratch, now_ms)
+                    if reservation is not None:
+                        scratch.apply_batch([reservation])
+                        records.append(reservation)
                 result = op.generate(scratch, svc.cfg.block_size, now_ms)
             except PidQuorumError as e:
                 op.finish(error=e)
@@ -265,6 +279,47 @@ class Proposer:
                 op.finish(error=NotControllerError(f"refused at replay, retry: {failed[0]}"))
             else:
                 op.finish(response)
+
+    async def _reserve_in_zookeeper(self, op: Op, scratch: QuorumState, now_ms: int) -> Record | None:
+        """Bridge mode: reserve in the znode, *before* proposing, the IDs ``op`` is about to take.
+
+        Reserving after committing would let a ZooKeeper-mode broker take the same range in
+        between.  A reservation whose entry then fails to commit only wastes the range
+        (ZooKeeper has moved past it).  Any ZooKeeper failure fails the op (retriable).
+        """
+        trial = op.generate(scratch.fork(), self.service.cfg.block_size, now_ms)
+        need = sum(r.producer_id_len for r in trial.records if isinstance(r, AllocateProducerIdsRecord))
+        if need == 0:
+            return None
+        broker_id = int(op.args.get("broker_id", -1))
+        hosts, cursor = scratch.migration.zk, scratch.producer_ids.next_producer_id
+        loop = asyncio.get_running_loop()
+        try:
+            start, version = await loop.run_in_executor(None, self._zk_reserve, hosts, cursor, need, broker_id)
+        except Exception as e:  # noqa: BLE001 - ZooKeeper unreachable, a malformed znode ...: retriable
+            self._zk_reset()
+            raise RequestTimedOutError(f"bridge mode: reserving {need} IDs in ZooKeeper ({hosts}) failed: "
+                                       f"{type(e).__name__}: {e}") from None
+        self.zk_reservations += 1
+        return BridgeReservationRecord(reserved_start=start, reserved_end=start + need - 1, broker_id=broker_id,
+                                       zk_version=version, timestamp_ms=now_ms)
+
+    def _zk_reserve(self, hosts: str, min_start: int, length: int, broker_id: int) -> tuple[int, int]:
+        from migration.zk import connect, reserve_block  # kazoo only where bridge mode is used
+
+        if self._zk is None or self._zk_hosts != hosts:
+            self._zk_reset()
+            self._zk, self._zk_hosts = connect(hosts, timeout=3.0), hosts
+        return reserve_block(self._zk, min_start, length, broker_id=broker_id, timeout=3.0, op_timeout=2.0)
+
+    def _zk_reset(self) -> None:
+        zk, self._zk = self._zk, None
+        if zk is not None:
+            try:
+                zk.stop()
+                zk.close()
+            except Exception:  # noqa: BLE001 - best effort on a broken session
+                pass
 
     def _unsafe_reuse_block(self, scratch: QuorumState, result: Result) -> Result:
         """The broken allocator (BROKEN_ALLOCATOR_ENV): once, answer with the latest block again."""

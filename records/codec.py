@@ -97,6 +97,11 @@ DescribeTransactionalIdResponse = CLASSES[schema.DESCRIBE_TRANSACTIONAL_RESPONSE
 ProducerIdSeedRecord = CLASSES[schema.PRODUCER_ID_SEED.type_id]
 SeedProducerIdsRequest = CLASSES[schema.SEED_REQUEST.type_id]
 SeedProducerIdsResponse = CLASSES[schema.SEED_RESPONSE.type_id]
+MigrationStateRecord = CLASSES[schema.MIGRATION_STATE.type_id]
+BridgeReservationRecord = CLASSES[schema.BRIDGE_RESERVATION.type_id]
+MigrationCursorRecord = CLASSES[schema.MIGRATION_CURSOR.type_id]
+MigrationCommandRequest = CLASSES[schema.MIGRATION_REQUEST.type_id]
+MigrationCommandResponse = CLASSES[schema.MIGRATION_RESPONSE.type_id]
 
 
 def to_obj(record: Record) -> list:

@@ -227,6 +227,54 @@ PRODUCER_ID_SEED = RecordSpec(
     ),
 )
 
+MIGRATION_STATE = RecordSpec(
+    name="MigrationStateRecord",
+    type_id=11,
+    version=0,
+    doc=(
+        "The ZooKeeper migration's mode.  bridge: ZooKeeper-mode brokers still allocate, so "
+        "every ID range the quorum issues is first reserved in the znode (at zk) with a "
+        "conditional update; finalized: every broker is on the quorum, the znode is no longer "
+        "written; rolled-back: ZooKeeper allocates again (from a placeholder above everything "
+        "the quorum issued) and the quorum issues nothing."
+    ),
+    fields=(
+        FieldSpec("mode", "string", "bridge | finalized | rolled-back."),
+        FieldSpec("zk", "string", "ZooKeeper connect string (HOST:PORT[,...][/chroot]) of the znode."),
+        FieldSpec("timestamp_ms", "int64", "Proposer's wall clock (ms); audit only.", default=-1),
+    ),
+)
+
+BRIDGE_RESERVATION = RecordSpec(
+    name="BridgeReservationRecord",
+    type_id=12,
+    version=0,
+    doc=(
+        "Bridge mode: the range [reserved_start, reserved_end] was written to the znode (a "
+        "conditional update) before this entry was proposed; the cursor moves up to "
+        "reserved_start and the allocations that follow in the same entry must lie inside it."
+    ),
+    fields=(
+        FieldSpec("reserved_start", "int64", "First ID of the reserved range."),
+        FieldSpec("reserved_end", "int64", "Last ID of the reserved range (inclusive, as in the znode)."),
+        FieldSpec("broker_id", "int32", "Broker the range was reserved for (written to the znode)."),
+        FieldSpec("zk_version", "int32", "The znode's version after the write; audit only.", default=-1),
+        FieldSpec("timestamp_ms", "int64", "Proposer's wall clock (ms); audit only.", default=-1),
+    ),
+)
+
+MIGRATION_CURSOR = RecordSpec(
+    name="MigrationCursorRecord",
+    type_id=13,
+    version=0,
+    doc="Snapshot-only record: the migration mode, its znode, and how far bridge mode has reserved.",
+    fields=(
+        FieldSpec("mode", "string", "bridge | finalized | rolled-back."),
+        FieldSpec("zk", "string", "ZooKeeper connect string of the znode."),
+        FieldSpec("reserved_until", "int64", "Exclusive end of the ranges reserved in the znode (bridge mode)."),
+    ),
+)
+
 RECORDS: tuple[RecordSpec, ...] = (
     ALLOCATE_PRODUCER_IDS,
     REGISTER_BROKER,
@@ -238,6 +286,9 @@ RECORDS: tuple[RecordSpec, ...] = (
     TRANSACTIONAL_ID,
     REMOVE_TRANSACTIONAL_ID,
     PRODUCER_ID_SEED,
+    MIGRATION_STATE,
+    BRIDGE_RESERVATION,
+    MIGRATION_CURSOR,
 )
 
 # --------------------------------------------------------------------------
@@ -357,9 +408,35 @@ SEED_RESPONSE = RecordSpec(
     ),
 )
 
+MIGRATION_REQUEST = RecordSpec(
+    name="MigrationCommandRequest",
+    type_id=108,
+    version=0,
+    doc="pidquorum RPC (API key 10002): `pidctl migrate bridge|finalize|rollback`.",
+    fields=(
+        FieldSpec("action", "string", "bridge | finalize | rollback."),
+        FieldSpec("zk", "string", "ZooKeeper connect string (bridge; empty: keep the recorded one).", default=""),
+    ),
+)
+
+MIGRATION_RESPONSE = RecordSpec(
+    name="MigrationCommandResponse",
+    type_id=109,
+    version=0,
+    doc="The answer to MigrationCommandRequest.",
+    fields=(
+        FieldSpec("error_code", "int16", "Kafka error code (0: none)."),
+        FieldSpec("error_message", "nullable_string", "Why, when error_code is not 0.", default=None),
+        FieldSpec("mode", "string", "The migration mode afterwards ('' if none).", default=""),
+        FieldSpec("changed", "bool", "False if the quorum was already in that mode.", default=False),
+        FieldSpec("next_producer_id", "int64", "The quorum's next producer ID.", default=-1),
+        FieldSpec("message", "string", "What was done (e.g. the placeholder written on rollback).", default=""),
+    ),
+)
+
 PAYLOADS: tuple[RecordSpec, ...] = (AUDIT_ENTRY, AUDIT_GAP, INIT_TRANSACTIONAL_REQUEST, INIT_TRANSACTIONAL_RESPONSE,
                                     DESCRIBE_TRANSACTIONAL_REQUEST, DESCRIBE_TRANSACTIONAL_RESPONSE,
-                                    SEED_REQUEST, SEED_RESPONSE)
+                                    SEED_REQUEST, SEED_RESPONSE, MIGRATION_REQUEST, MIGRATION_RESPONSE)
 
 for _spec in RECORDS + PAYLOADS:
     validate_spec(_spec)

@@ -12,12 +12,17 @@ from records import (
     AllocateProducerIdsRecord,
     AuditEntry,
     AuditGap,
+    BridgeReservationRecord,
     BrokerEpochCursorRecord,
     FenceBrokerRecord,
     DescribeTransactionalIdRequest,
     DescribeTransactionalIdResponse,
     InitTransactionalProducerRequest,
     InitTransactionalProducerResponse,
+    MigrationCommandRequest,
+    MigrationCommandResponse,
+    MigrationCursorRecord,
+    MigrationStateRecord,
     ProducerIdCursorRecord,
     ProducerIdSeedRecord,
     RecordError,
@@ -94,6 +99,18 @@ GOLDEN = {
                              zk_block_end=4999, timestamp_ms=TS + 5),
         "930a0096cd1388ae6578706f72743a7a6b2e6a736f6e23cd0fa0cd1387cf0000018bcfe56805",
     ),
+    "MigrationStateRecord": (
+        MigrationStateRecord(mode="bridge", zk="127.0.0.1:2181/kafka", timestamp_ms=TS + 6),
+        "930b0093a6627269646765b43132372e302e302e313a323138312f6b61666b61cf0000018bcfe56806",
+    ),
+    "BridgeReservationRecord": (
+        BridgeReservationRecord(reserved_start=5000, reserved_end=5999, broker_id=3, zk_version=7, timestamp_ms=TS + 7),
+        "930c0095cd1388cd176f0307cf0000018bcfe56807",
+    ),
+    "MigrationCursorRecord": (
+        MigrationCursorRecord(mode="bridge", zk="127.0.0.1:2181/kafka", reserved_until=6000),
+        "930d0093a6627269646765b43132372e302e302e313a323138312f6b61666b61cd1770",
+    ),
 }
 
 GOLDEN_PAYLOADS = {
@@ -132,6 +149,15 @@ GOLDEN_PAYLOADS = {
     "SeedProducerIdsResponse": (
         SeedProducerIdsResponse(error_code=0, error_message=None, changed=True, next_producer_id=5000),
         "936b009400c0c3cd1388",
+    ),
+    "MigrationCommandRequest": (
+        MigrationCommandRequest(action="bridge", zk="127.0.0.1:2181/kafka"),
+        "936c0092a6627269646765b43132372e302e302e313a323138312f6b61666b61",
+    ),
+    "MigrationCommandResponse": (
+        MigrationCommandResponse(error_code=0, error_message=None, mode="bridge", changed=True, next_producer_id=5000,
+                                 message="ok"),
+        "936d009600c0a6627269646765c3cd1388a26f6b",
     ),
 }
 
@@ -180,6 +206,9 @@ def test_golden_type_ids_and_versions_are_stable():
         "TransactionalIdRecord": (8, 0),
         "RemoveTransactionalIdRecord": (9, 0),
         "ProducerIdSeedRecord": (10, 0),
+        "MigrationStateRecord": (11, 0),
+        "BridgeReservationRecord": (12, 0),
+        "MigrationCursorRecord": (13, 0),
         "AuditEntry": (100, 0),
         "AuditGap": (101, 0),
         "InitTransactionalProducerRequest": (102, 0),
@@ -188,6 +217,8 @@ def test_golden_type_ids_and_versions_are_stable():
         "DescribeTransactionalIdResponse": (105, 0),
         "SeedProducerIdsRequest": (106, 0),
         "SeedProducerIdsResponse": (107, 0),
+        "MigrationCommandRequest": (108, 0),
+        "MigrationCommandResponse": (109, 0),
     }
 
 
@@ -412,7 +443,7 @@ def _packed(obj) -> bytes:
 
 @pytest.mark.parametrize("obj,fragment", [
     ([0, 0, []], "unknown record type 0"),
-    ([11, 0, [1]], "unknown record type 11"),
+    ([14, 0, [1]], "unknown record type 14"),
     ([-1, 0, [1]], "unknown record type -1"),
     ([99, 0, [1]], "unknown record type 99"),
     (["AllocateProducerIdsRecord", 0, [1]], "unknown record type"),

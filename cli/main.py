@@ -87,7 +87,7 @@ def handle_errors(fn):
             sys.exit(code)
         except (ClusterError, ConfigError, CorruptFileError, *_chaos_errors(), *_audit_errors()) as e:
             render.error(str(e))
-            sys.exit(EXIT_ERROR)
+            sys.exit(EXIT_UNAVAILABLE if type(e).__name__ == "ZkUnavailable" else EXIT_ERROR)
         except KeyboardInterrupt:
             sys.exit(EXIT_INTERRUPTED)
     return wrapper
@@ -425,6 +425,7 @@ def migrate_from_zk(obj: Ctx, export_file, zk_hosts, dry_run, allow_empty, outpu
 
     if (export_file is None) == (zk_hosts is None):
         raise click.UsageError("give exactly one of --export FILE or --zk HOST:PORT[/chroot]")
+    _quiet_kazoo()
     block, origin = read_zk_block(export_file=export_file, zk_hosts=zk_hosts, allow_empty=allow_empty,
                                   timeout=obj.timeout)
     result = asyncio.run(run(lambda c: seed_from_block(c, block, origin, dry_run=dry_run))(obj.client()))
@@ -494,19 +495,21 @@ def migrate_status(obj: Ctx, output):
                     + f"; next producer ID {result['next_producer_id']}")
 
 
-def _zk_session(zk_hosts: str, timeout: float):
-    """A started kazoo client on ``zk_hosts`` (ZkUnavailable if no session within ``timeout``).
-
-    kazoo's own log lines (one per failed connection attempt) are dropped: the
-    outcome is reported as one line by handle_errors.
-    """
+def _quiet_kazoo() -> None:
+    """Drop kazoo's own log lines (one per failed connection attempt): the outcome is reported
+    as one line by handle_errors."""
     import logging
-
-    from migration.zk import connect
 
     kazoo_log = logging.getLogger("kazoo")
     kazoo_log.addHandler(logging.NullHandler())
     kazoo_log.propagate = False
+
+
+def _zk_session(zk_hosts: str, timeout: float):
+    """A started kazoo client on ``zk_hosts`` (ZkUnavailable if no session within ``timeout``)."""
+    from migration.zk import connect
+
+    _quiet_kazoo()
     try:
         return connect(zk_hosts, timeout)
     except ValueError as e:  # kazoo's parsing of the connect string

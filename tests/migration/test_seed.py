@@ -168,3 +168,15 @@ def test_malformed_znode_is_refused(quorum, zk_chroot, zk_client):
     zk_client.create("/latest_producer_id_block", b'{"version":1,"broker":35,"block_start":"4000"}')
     r = pidctl(quorum, "migrate", "from-zk", "--zk", zk_chroot)
     assert r.returncode == 1 and "'block_end'" in r.stderr
+
+
+def test_unreachable_zookeeper_is_one_line_and_exit_unavailable(quorum):
+    from quorum.localcluster import free_ports
+
+    nobody = f"127.0.0.1:{free_ports(1)[0]}"
+    r = subprocess.run([sys.executable, "-m", "cli.main", "--quorum", ",".join(quorum.client_addresses()),
+                        "--timeout", "2", "migrate", "from-zk", "--zk", nobody],
+                       capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert r.returncode == 3, (r.returncode, r.stderr)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), r.stderr

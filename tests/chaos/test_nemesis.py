@@ -304,7 +304,9 @@ def test_broken_allocator_hands_a_client_the_same_block_twice_under_kill_leader(
     ctx = make_cluster(env=env)
 
     async def go():
-        c = QuorumClient(ctx.cluster.client_addresses(), RetryPolicy(timeout=20, attempt_timeout=1.0))
+        # A long attempt timeout: under load an abandoned attempt would hide the re-issued answer
+        # (the retry goes on to a fresh block), and the test would prove nothing.
+        c = QuorumClient(ctx.cluster.client_addresses(), RetryPolicy(timeout=30, attempt_timeout=8.0))
         epoch = await c.register_broker(8)
         # The first leader disarms on its first allocation: no block existed to reuse.
         blocks = [await c.allocate(8, epoch) for _ in range(3)]

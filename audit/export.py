@@ -58,10 +58,7 @@ from chaos.history import (
     NEMESIS_PREFIX,
     OK,
     VALUE_SHAPES,
-    HistoryError,
-    _open_for_read,
-    _Pairing,
-    _parse_line,
+    iter_history,
     owner,
 )
 from chaos.runner import HISTORY
@@ -448,7 +445,7 @@ def _table(schema: pa.Schema, cols: dict[str, list], source: str) -> pa.Table:
 
 
 def _export_history(src: Source, out: _Out, counts: dict, allow_torn_tail: bool = False) -> None:
-    """Stream ``src.history`` into the chaos tables, with exactly chaos.history.read_history's checks.
+    """Stream ``src.history`` into the chaos tables (chaos.history.iter_history: read_history's checks).
 
     read_history would hold every Op (~380 bytes each: ~1 GB for 2.7 M ops); this keeps
     only the open invokes and one row group of columns.
@@ -457,79 +454,50 @@ def _export_history(src: Source, out: _Out, counts: dict, allow_torn_tail: bool 
     alloc = _OpTable(out, f"{CHAOS_ALLOCATE_TABLE}/part-{src.slug}.parquet", CHAOS_ALLOCATE_SCHEMA, src.name)
     gen = _OpTable(out, f"{CHAOS_GENERATE_TABLE}/part-{src.slug}.parquet", CHAOS_GENERATE_SCHEMA, src.name)
     rg = out.row_group_rows
-    pairing = _Pairing()
-    add = pairing.add
     g_proc, g_index, g_time, (g_pid,) = gen.proc, gen.index, gen.time, gen.values
     g_ids = gen.process_ids  # process -> id; a nemesis process never gets one
     alloc_keys = alloc.value_names
-    line_no = n_alloc = n_gen = 0
+    n_ops = n_alloc = n_gen = 0
+    warnings: list[str] = []
     try:
-        with _open_for_read(path, "chaos history file") as f:
-            try:
-                for line_no, raw in enumerate(f, 1):
-                    # --- the checks of chaos.history.read_history, line for line -------------
-                    try:
-                        op = _parse_line(raw)
-                    except HistoryError as e:
-                        if raw.endswith(b"\n"):
-                            hint = " (is this a chaos history file?)" if line_no == 1 else ""
-                            raise HistoryError(path, line_no, e.problem + hint) from None
-                        if line_no == 1:
-                            raise HistoryError(path, 1, f"{e.problem}, and no newline: truncated, or not a chaos "
-                                                        "history file") from None
-                        if not allow_torn_tail:
-                            raise HistoryError(path, line_no, f"truncated last line (no newline; {e.problem}): "
-                                                              "the writer was cut off mid-line; reading with "
-                                                              "allow_torn_tail checks the ops before it") from None
-                        counts["torn_tail_lines"] = 1
-                        line_no -= 1
-                        break
-                    try:
-                        if op.index != line_no - 1:
-                            raise HistoryError(None, None, f"index {op.index} out of sequence (expected "
-                                                           f"{line_no - 1}): lines missing, reordered or files joined")
-                        add(op)
-                    except HistoryError as e:
-                        raise HistoryError(path, line_no, e.problem) from None
-                    # --- the rows -----------------------------------------------------------
-                    if op.type != OK:
+        for n_ops, op in enumerate(iter_history(path, allow_torn_tail=allow_torn_tail, warnings=warnings), 1):
+            # --- the rows -----------------------------------------------------------
+            if op.type != OK:
+                continue
+            process = op.process
+            if op.f == GENERATE:
+                proc_id = g_ids.get(process)
+                if proc_id is None:
+                    if process.startswith(NEMESIS_PREFIX):
                         continue
-                    process = op.process
-                    if op.f == GENERATE:
-                        proc_id = g_ids.get(process)
-                        if proc_id is None:
-                            if process.startswith(NEMESIS_PREFIX):
-                                continue
-                            proc_id = gen.process_id(process)
-                        g_proc.append(proc_id)
-                        g_index.append(op.index)
-                        g_time.append(op.time_ns)
-                        g_pid.append(op.value)
-                        n_gen += 1
-                        if len(g_index) >= rg:
-                            gen.flush()
-                            g_proc, g_index, g_time, (g_pid,) = gen.proc, gen.index, gen.time, gen.values
-                    elif op.f == ALLOCATE and not process.startswith(NEMESIS_PREFIX):
-                        alloc.proc.append(alloc.process_id(process))
-                        alloc.index.append(op.index)
-                        alloc.time.append(op.time_ns)
-                        v = op.value
-                        for col, k in zip(alloc.values, alloc_keys):
-                            col.append(v[k])
-                        n_alloc += 1
-                        if len(alloc.index) >= rg:
-                            alloc.flush()
-            except OSError as e:
-                raise HistoryError(path, line_no + 1, f"read error: {e.strerror or e}") from None
-        if line_no == 0:
-            raise HistoryError(path, None, "empty file: no operations recorded")
+                    proc_id = gen.process_id(process)
+                g_proc.append(proc_id)
+                g_index.append(op.index)
+                g_time.append(op.time_ns)
+                g_pid.append(op.value)
+                n_gen += 1
+                if len(g_index) >= rg:
+                    gen.flush()
+                    g_proc, g_index, g_time, (g_pid,) = gen.proc, gen.index, gen.time, gen.values
+            elif op.f == ALLOCATE and not process.startswith(NEMESIS_PREFIX):
+                alloc.proc.append(alloc.process_id(process))
+                alloc.index.append(op.index)
+                alloc.time.append(op.time_ns)
+                v = op.value
+                for col, k in zip(alloc.values, alloc_keys):
+                    col.append(v[k])
+                n_alloc += 1
+                if len(alloc.index) >= rg:
+                    alloc.flush()
+        if warnings:
+            counts["torn_tail_lines"] = 1
         alloc.close()
         gen.close()
     except BaseException:
         alloc.abort()
         gen.abort()
         raise
-    counts.update({"history_ops": line_no, "allocate_ok": n_alloc, "generate_ok": n_gen})
+    counts.update({"history_ops": n_ops, "allocate_ok": n_alloc, "generate_ok": n_gen})
 
 
 # --------------------------------------------------------------------------

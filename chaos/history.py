@@ -59,7 +59,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 log = logging.getLogger(__name__)
 
@@ -427,8 +427,19 @@ def read_history(path: str | os.PathLike, *, allow_torn_tail: bool = False) -> H
     """Every op of a history file, validated; HistoryError for any bad file (see the module doc)."""
     path = os.fspath(path)
     ops = History(path=path)
+    ops.extend(iter_history(path, allow_torn_tail=allow_torn_tail, warnings=ops.warnings))
+    return ops
+
+
+def iter_history(path: str | os.PathLike, *, allow_torn_tail: bool = False,
+                 warnings: list[str] | None = None) -> Iterator[Op]:
+    """The ops of a history file one by one, with every check of ``read_history`` (which is
+    built on it), holding only the open invokes: for files too large to keep as Op objects.
+    A dropped torn last line is reported in ``warnings``."""
+    path = os.fspath(path)
     pairing = _Pairing()
     line_no = 0
+    seen = 0
     with _open_for_read(path, "chaos history file") as f:
         try:
             for line_no, raw in enumerate(f, 1):
@@ -448,7 +459,8 @@ def read_history(path: str | os.PathLike, *, allow_torn_tail: bool = False) -> H
                     msg = (f"{path}:{line_no}: dropped a torn last line ({len(raw)} bytes, no newline); "
                            "the op it held is treated as never completed (outcome unknown)")
                     log.warning("%s", msg)
-                    ops.warnings.append(msg)
+                    if warnings is not None:
+                        warnings.append(msg)
                     break
                 try:
                     if op.index != line_no - 1:
@@ -457,12 +469,12 @@ def read_history(path: str | os.PathLike, *, allow_torn_tail: bool = False) -> H
                     pairing.add(op)
                 except HistoryError as e:
                     raise HistoryError(path, line_no, e.problem) from None
-                ops.append(op)
+                seen += 1
+                yield op
         except OSError as e:
             raise HistoryError(path, line_no + 1, f"read error: {e.strerror or e}") from None
-    if not ops:
+    if not seen:
         raise HistoryError(path, None, "empty file: no operations recorded")
-    return ops
 
 
 def _parse_line(raw: bytes) -> Op:

@@ -1050,8 +1050,9 @@ class _Job:
                 pk = r["peak"]
                 b["max_registrations_per_window"] = pk["n"] if pk else 0
                 if pk and pk["n"] >= o.restart_registrations:
+                    at = datetime.datetime.fromtimestamp(pk["win"] * o.window_ms / 1000, datetime.timezone.utc)
                     b["reasons"].insert(0, f"{pk['n']} registrations in one window "
-                                           f"(from {pk['win'] * o.window_ms} ms)")
+                                           f"(from {at.isoformat(timespec='seconds')})")
         brokers = sorted(per.values(), key=lambda b: (not b["reasons"], -b["ids"], b["source"], b["broker_id"]))
         loops = [b for b in brokers if b["reasons"]]
         out["count"] = len(brokers)

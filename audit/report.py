@@ -35,7 +35,7 @@ def _block(b: dict | None) -> str:
         return "-"
     if b.get("kind") not in ("quorum", "zookeeper", "chaos"):
         return f"a block ending at {b.get('end'):,}"
-    where = {"quorum": lambda: f"raft {b['raft_index']}.{b['position']}, broker {b['broker_id']} epoch {b['broker_epoch']}",
+    where = {"quorum": lambda: f"raft {b['raft_index']}:{b['position']}, broker {b['broker_id']} epoch {b['broker_epoch']}",
              "zookeeper": lambda: f"ZooKeeper block of broker {b['broker_id']} (seed at raft {b['seed_raft_index']})",
              "chaos": lambda: f"chaos op #{b['op_index']} {b.get('process') or ''}, broker {b['broker_id']}"}[b["kind"]]()
     return f"[{b['start']:,}, {b['end']:,}) {where}"
@@ -177,14 +177,15 @@ def rates_png(series: dict, window_ms: int, path: str | os.PathLike) -> str:
         per_s = 1000.0 / (window_ms * merge)
         nb = (w1 - w0) // merge + 1
         t0 = w0 * window_ms / 1000.0
-        xs = (np.arange(nb) * merge * window_ms) / 1000.0 / 3600.0  # hours since the first window
+        edges = (np.arange(nb + 1) * merge * window_ms) / 1000.0 / 3600.0  # hours since the first window
         for broker, pts in d["brokers"].items():
             counts = np.zeros(nb)
             for w, n in pts:
                 counts[(w - w0) // merge] += n
             flagged = int(broker) in d["flagged"]
-            ax.plot(xs, counts * per_s * 60.0, drawstyle="steps-post", linewidth=2.0 if flagged else 1.0,
-                    label=f"broker {broker}" + (" (restart loop?)" if flagged else ""))
+            ax.stairs(counts * per_s * 60.0, edges, linewidth=2.0 if flagged else 1.0, baseline=None,
+                      label=f"broker {broker}" + (" (restart loop?)" if flagged else ""))
+        ax.set_ylim(bottom=0)
         start = datetime.datetime.fromtimestamp(t0, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         ax.set_title(f"{src}: AllocateProducerIds per minute, per broker (windows of "
                      f"{window_ms * merge / 1000:g} s)")

@@ -62,8 +62,8 @@ class SparkSetupError(Exception):
     """Spark cannot start here (no Java, too old a Java, a JVM that would not start)."""
 
 
-def is_local(master: str | None) -> bool:
-    return master is None or master == "local" or master.startswith("local[")
+def is_local(master: str) -> bool:
+    return master == "local" or master.startswith("local[")
 
 
 # ----------------------------------------------------------------------- java
@@ -188,7 +188,12 @@ def spark_session(master: str | None = "local[*]", app: str = APP, *, driver_mem
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
-    local = is_local(master)
+    if master is None:  # under spark-submit: its --master is in the launched JVM's configuration
+        from pyspark import SparkConf
+
+        local = is_local(SparkConf().get("spark.master", "local[*]"))
+    else:
+        local = is_local(master)
     home = find_java_home()
     _check_java(home)
     os.environ["JAVA_HOME"] = home

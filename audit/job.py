@@ -38,9 +38,9 @@ To spread that scan over cores, the ID space is cut into buckets of about
 statistics, so a skewed ID space still balances).  A window function
 partitioned by bucket and ordered by start computes the running maximum inside
 each bucket; what comes before a bucket is summarised by one *carry* row placed
-first in the bucket: the block with the greatest end among all earlier buckets
-(from a cheap aggregation pass and a prefix maximum over bucket summaries in the
-driver).  So the running maximum inside a bucket is exactly the global one, for
+first in the bucket: the greatest end among all blocks of earlier buckets (from
+a cheap aggregation pass and a prefix maximum over bucket summaries in the
+driver; an example that names that block looks it up by its end).  So the running maximum inside a bucket is exactly the global one, for
 blocks spanning any number of buckets, with one shuffle and no replication.
 
 The same ordered pass removes the copies of one record written by each node
@@ -48,7 +48,25 @@ The same ordered pass removes the copies of one record written by each node
 the nodes disagree on (``accepted`` differs), and drops a chaos acknowledgement
 of a block that an accepted record of the same source already issued (a chaos
 run exported together with its cluster's audit trail sees every block twice;
-a second acknowledgement of the same block still counts as an overlap).
+a second acknowledgement of the same block still counts as an overlap).  The
+running maximum needs none of that: copies and acknowledgements carry their
+record's own end and sort right after it.
+
+Each ``source`` of the export is one ID space (one cluster, or one chaos run
+with its own cluster): blocks are compared within a source, never across.
+
+Cost and scale-out
+------------------
+Per run: the Parquet footers (driver: schema, value checks from min/max
+statistics -- the rows of a row group are read only when its statistics cannot
+clear it -- and bucket edges); one aggregation pass (max end per bucket, a few
+bytes per bucket to the driver); one shuffle of narrow rows hash-partitioned
+by bucket, sorted, one window operator, then an aggregation per (broker,
+epoch, time window) that keeps each finding as its own group; then small jobs
+on that persisted summary.  Buckets are independent tasks of ~8k rows, so on a
+cluster the scan and the ordered pass spread over every executor core, and the
+driver only sees one row per bucket and per (broker, window).  Shuffle
+partitions grow with the input (~1 per 1.25M rows, ``audit.spark.tune_for_rows``).
 """
 from __future__ import annotations
 

@@ -1089,6 +1089,8 @@ class _Job:
         from pyspark.sql import functions as F
 
         o = self.o
+        if not span:  # no timed quorum block (e.g. only chaos histories): no rate
+            return {}
         day = max(1, 86_400_000 // o.window_ms)
         cond = None
         for k, v in span.items():

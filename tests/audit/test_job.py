@@ -292,6 +292,19 @@ def test_end_to_end_through_the_exporter(spark, tmp_path):
     assert r["gaps"]["count"] == 0 and r["id_space"]["prod"]["next_id"] == 21000
 
 
+def test_chaos_histories_alone(spark, tmp_path):
+    """A passing chaos run keeps no audit trail: only its history is exported.  No timed quorum block,
+    so no rates or projection, and the blocks and PIDs are still checked."""
+    d = write_export(tmp_path / "in", {"run-1": {
+        "allocate": [{"broker_id": 1, "broker_epoch": 1, "start": s, "length": 10} for s in (0, 10, 30)],
+        "generate": [{"pid": p} for p in range(20)]}})
+    r = run_audit(d, spark=spark)
+    assert r["valid"] and r["blocks"]["by_kind"] == {"chaos": {"blocks": 3, "ids": 30}}
+    assert [(g["from"], g["to"]) for g in r["gaps"]["examples"]] == [(20, 30)]
+    assert r["brokers"]["count"] == 0 and "rate_ids_per_s" not in r["id_space"]["run-1"]
+    assert r["id_space"]["run-1"]["exhausted_in_years"] is None
+
+
 # --------------------------------------------------------------------------- pidctl audit run
 
 def test_cli_exit_codes_json_and_summary(spark, tmp_path):

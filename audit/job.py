@@ -73,12 +73,11 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import os
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 if __name__ == "__main__" and __package__ in (None, ""):  # spark-submit audit/job.py: make the repo importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -543,18 +542,20 @@ def run_audit(input_dir: str, master: str = "local[*]", out_dir: str | None = No
                        "tables": {t.spec.relpath: {"files": len(t.files), "rows": t.rows} for t in tables.values()}}
     report["timing_s"] = dict(timer.phases, total=round(time.monotonic() - timer.t0, 3))
     finish_projection(report)
+    series = report.pop("_series", {})
     report["complete"] = True
+    report["charts"] = []
     if out_dir is not None:
-        write_outputs(report, out_dir)
+        write_outputs(report, out_dir, series)
     return report
 
 
-def write_outputs(report: dict, out_dir: str) -> None:
+def write_outputs(report: dict, out_dir: str, series: dict) -> None:
+    """audit.json (written last, atomically) and the per-broker rate chart."""
     from .report import rates_png
 
     os.makedirs(out_dir, exist_ok=True)
     charts = []
-    series = report.pop("_series", {})
     if series:
         charts.append(rates_png(series, report["brokers"]["window_ms"], os.path.join(out_dir, "broker_rates.png")))
     report["charts"] = charts
@@ -616,14 +617,11 @@ class _Job:
         return plan_buckets(pieces, total, self.o.buckets)
 
     def run(self) -> dict:
-        o = self.o
         rep: dict[str, Any] = {"format": FORMAT}
         has_blocks = any(self.t[n].rows for n in ("alloc", "seed", "chaos_allocate"))
         buckets = self._plan_buckets() if has_blocks else Buckets((0,), (1,), 1)
         rep["_buckets"] = buckets.count
         if has_blocks:
-            from pyspark.sql import functions as F
-
             blocks = buckets.add_to(self._blocks())
             carry = self._carry_pass(blocks)
             self.timer.lap("carry_pass")

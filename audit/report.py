@@ -62,7 +62,7 @@ def render_summary(report: dict, console: Console | None = None, *, limit: int =
                   f"{_fmt(blocks['ids_issued'])} IDs, {_fmt(dup['pids_checked'])} chaos PIDs: no ID issued twice")
     else:
         v = report["violations"]
-        out.print(f"[bold red]INVALID[/bold red]: " + ", ".join(f"{k} x{_fmt(n)}" for k, n in v.items() if n)
+        out.print("[bold red]INVALID[/bold red]: " + ", ".join(f"{k} x{_fmt(n)}" for k, n in v.items() if n)
                   + f" in {_fmt(blocks['issued'])} blocks ({kinds}) and {_fmt(dup['pids_checked'])} chaos PIDs")
     extra = []
     if blocks["refused_records"]:

@@ -190,15 +190,7 @@ class BrokerServer:
 
     async def _read_frames(self, reader: asyncio.StreamReader, frames: asyncio.Queue, peer: Any) -> None:
         try:
-            while True:
-                try:
-                    frame = await p.read_frame(reader, self.cfg.max_frame_bytes)
-                except p.FrameError as e:
-                    self.counters["bad_frames"] += 1
-                    log.warning("client %s: %s; closing", peer, e)
-                    break
-                if frame is None:
-                    break
+            async for frame in p.iter_frames(reader, self.cfg.max_frame_bytes, peer, self.counters):
                 await frames.put(frame)
         except (ConnectionError, OSError) as e:
             log.info("client %s: %s", peer, e)

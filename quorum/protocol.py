@@ -15,9 +15,10 @@ from __future__ import annotations
 import asyncio
 import datetime
 import io
+import logging
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, AsyncIterator
 
 import msgpack
 from kio.index import load_request_schema, load_response_schema
@@ -51,6 +52,8 @@ from records.codec import from_obj, to_obj
 
 from .errors import Errors
 from .wirecheck import FrameBoundsError, check_request
+
+log = logging.getLogger(__name__)
 
 API_VERSIONS = 18
 BROKER_REGISTRATION = 62
@@ -121,6 +124,21 @@ async def read_frame(reader: Any, max_bytes: int) -> bytes | None:
         return await reader.readexactly(size)
     except asyncio.IncompleteReadError as e:
         raise FrameError(f"truncated frame ({len(e.partial)} of {size} bytes)") from None
+
+
+async def iter_frames(reader: Any, max_bytes: int, peer: Any, counters: dict) -> AsyncIterator[bytes]:
+    """Frames from a client until its stream ends, or a bad frame (counted in
+    ``counters["bad_frames"]`` and logged) ends the connection."""
+    while True:
+        try:
+            frame = await read_frame(reader, max_bytes)
+        except FrameError as e:
+            counters["bad_frames"] += 1
+            log.warning("client %s: %s; closing", peer, e)
+            return
+        if frame is None:
+            return
+        yield frame
 
 
 def parse_request(frame: bytes, supported: dict[int, tuple[int, int]] | None = None,

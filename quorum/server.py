@@ -113,15 +113,7 @@ class QuorumServer:
         responses: asyncio.Queue = asyncio.Queue()
         writer_task = asyncio.get_running_loop().create_task(self._write_responses(responses, writer))
         try:
-            while True:
-                try:
-                    frame = await p.read_frame(reader, self.cfg.max_frame_bytes)
-                except p.FrameError as e:
-                    self.counters["bad_frames"] += 1
-                    log.warning("client %s: %s; closing", peer, e)
-                    break
-                if frame is None:
-                    break
+            async for frame in p.iter_frames(reader, self.cfg.max_frame_bytes, peer, self.counters):
                 try:
                     req = p.parse_request(frame)
                 except p.FrameError as e:

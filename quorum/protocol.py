@@ -100,6 +100,9 @@ class Request:
     body: Any  # a kio entity, or a dict for the admin API
     raw: bytes  # the whole frame, without the size prefix (for forwarding)
     trailing: int = 0  # bytes after the body (accepted only where trailing_ok)
+    # Who sent it: "User:<name>" once the connection has authenticated (SASL),
+    # else "User:ANONYMOUS". Set by the server per connection, read by ACLs and quotas.
+    principal: str = "User:ANONYMOUS"
 
 
 def _ms(ms: int) -> datetime.timedelta:

@@ -52,8 +52,18 @@ a second acknowledgement of the same block still counts as an overlap).  The
 running maximum needs none of that: copies and acknowledgements carry their
 record's own end and sort right after it.
 
-Each ``source`` of the export is one ID space (one cluster, or one chaos run
-with its own cluster): blocks are compared within a source, never across.
+ID spaces (``id_spaces``)
+------------------------
+Blocks are compared within an ID space, and by default every source of kind
+``cluster`` or ``node`` (a local cluster, a node's data directory: one
+production cluster's history, maybe copied from each of its hosts) is one
+ID space, so an overlap between blocks found in two different directories is
+found too, and the copies of one record kept by every node are one block.  A
+chaos run (kind ``chaos``) is its own ID space: each run starts its own
+throwaway cluster at ID 0.  A source whose kind the manifest does not give is
+its own ID space.  ``id_spaces="source"`` (``pidctl audit run --per-source``)
+makes every source its own ID space, for an export that holds several
+unrelated clusters.  The report names the ID spaces and their sources.
 
 Cost and scale-out
 ------------------
@@ -473,6 +483,7 @@ class Options:
     restart_epochs: int = RESTART_EPOCHS
     rate_factor: float = RATE_FACTOR
     rate_min_blocks: int = RATE_MIN_BLOCKS
+    id_spaces: str = "cluster"            # "cluster": cluster and node sources share one; "source": one each
 
 
 class _Timer:
@@ -485,6 +496,22 @@ class _Timer:
         now = time.monotonic()
         self.phases[name] = round(now - self.last, 3)
         self.last = now
+
+
+CLUSTER_SPACE = "cluster"
+
+
+def id_spaces(manifest: dict, mode: str = "cluster") -> dict[str, str]:
+    """Source name -> the name of its ID space (see the module doc).  With several cluster or node
+    sources in "cluster" mode they share the space ``CLUSTER_SPACE``; a single one keeps its own name."""
+    if mode not in ("cluster", "source"):
+        raise ValueError(f"id_spaces must be 'cluster' or 'source', not {mode!r}")
+    sources = [s for s in manifest.get("sources", []) if isinstance(s, dict) and isinstance(s.get("name"), str)]
+    shared = [s["name"] for s in sources if s.get("kind") in ("cluster", "node")] if mode == "cluster" else []
+    out = {s["name"]: s["name"] for s in sources}
+    if len(shared) > 1:
+        out.update({name: CLUSTER_SPACE for name in shared})
+    return out
 
 
 def _read(spark, t: Table):
@@ -532,12 +559,17 @@ def run_audit(input_dir: str, master: str = "local[*]", out_dir: str | None = No
     timer.lap("spark_start")
     try:
         partitions = tune_for_rows(spark, block_rows + tables["chaos_generate"].rows)
-        report = _Job(spark, input_dir, tables, opts, timer).run()
+        spaces = id_spaces(manifest, opts.id_spaces)
+        report = _Job(spark, input_dir, tables, opts, timer, spaces).run()
     finally:
         if own:
             spark.stop()
     report["spark"] = {"master": master if own else spark.sparkContext.master, "version": spark.version,
                        "shuffle_partitions": partitions, "buckets": report.pop("_buckets")}
+    grouped: dict[str, list[str]] = {}
+    for name, space in spaces.items():
+        grouped.setdefault(space, []).append(name)
+    report["id_spaces"] = {"mode": opts.id_spaces, "spaces": {k: sorted(v) for k, v in sorted(grouped.items())}}
     report["input"] = {"dir": os.path.abspath(input_dir), "sources": manifest.get("sources", []),
                        "tables": {t.spec.relpath: {"files": len(t.files), "rows": t.rows} for t in tables.values()}}
     report["timing_s"] = dict(timer.phases, total=round(time.monotonic() - timer.t0, 3))
@@ -567,13 +599,21 @@ def write_outputs(report: dict, out_dir: str, series: dict) -> None:
 
 
 class _Job:
-    def __init__(self, spark, input_dir: str, tables: dict[str, Table], opts: Options, timer: _Timer):
+    def __init__(self, spark, input_dir: str, tables: dict[str, Table], opts: Options, timer: _Timer,
+                 spaces: dict[str, str] | None = None):
         self.spark = spark
         self.input_dir = input_dir
         self.t = tables
         self.o = opts
         self.timer = timer
         self.df = {name: _read(spark, t) for name, t in tables.items()}
+        renamed = {k: v for k, v in (spaces or {}).items() if k != v}
+        if renamed:  # from here on, "source" is the ID space: every check groups by it
+            from pyspark.sql import functions as F
+
+            pairs = [F.lit(x) for kv in sorted(renamed.items()) for x in kv]
+            space = F.coalesce(F.element_at(F.create_map(*pairs), F.col("source")), F.col("source"))
+            self.df = {name: df.withColumn("source", space) for name, df in self.df.items()}
         self.sources: list[str] = []
 
     # ------------------------------------------------------------ blocks

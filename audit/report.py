@@ -69,6 +69,10 @@ def render_summary(report: dict, console: Console | None = None, *, limit: int =
         extra.append(f"{_fmt(blocks['refused_records'])} refused records not counted")
     if blocks["chaos_acks_matched"]:
         extra.append(f"{_fmt(blocks['chaos_acks_matched'])} chaos acknowledgements matched to their records")
+    spaces = report.get("id_spaces", {}).get("spaces", {})
+    for space, members in spaces.items():
+        if members != [space]:
+            extra.append(f"ID space {space!r} = sources {', '.join(members)} (compared with each other)")
     if extra:
         out.print("; ".join(extra))
     nd = checks["node_disagreements"]

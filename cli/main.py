@@ -741,8 +741,11 @@ def audit_export(src, dest, force, output):
               help="Time window of the per-broker allocation rates.")
 @click.option("--examples", type=click.IntRange(1, 10_000), default=10, show_default=True,
               help="Findings listed per check (every check also counts all of them).")
+@click.option("--per-source", is_flag=True,
+              help="Compare blocks only within each exported source (an export of several unrelated "
+                   "clusters); by default all cluster and node sources are one ID space.")
 @output_option
-def audit_run(input_dir, master, out_dir, window_ms, examples, output):
+def audit_run(input_dir, master, out_dir, window_ms, examples, per_source, output):
     """Check the whole exported history on Spark: overlaps, duplicate PIDs, migration boundary, gaps,
     per-broker rates and restart loops, ID-space projection.  Exit 0 clean, 5 on violations, 1 on bad input."""
     from audit.job import AuditInputError, run_audit
@@ -750,7 +753,8 @@ def audit_run(input_dir, master, out_dir, window_ms, examples, output):
     from audit.spark import SparkSetupError
 
     try:
-        report = run_audit(input_dir, master=master, out_dir=out_dir, window_ms=window_ms, examples=examples)
+        report = run_audit(input_dir, master=master, out_dir=out_dir, window_ms=window_ms, examples=examples,
+                           id_spaces="source" if per_source else "cluster")
     except (AuditInputError, SparkSetupError) as e:
         render.error(str(e))
         sys.exit(EXIT_ERROR)

@@ -55,7 +55,8 @@ def write_export(d, sources: dict[str, dict], nodes=(1, 2, 3)) -> str:
                          "owner": r.get("process", "broker-1").split("/")[0], "index": i, "time_ns": i * 1000,
                          **{k: v for k, v in r.items() if k != "process"}} for i, r in enumerate(spec[table])]
                 tables[_write(d, f"chaos/{table}/part-{src}.parquet", pa.Table.from_pylist(rows, schema=schema))] = len(rows)
-    manifest = {"format": 1, "sources": [{"name": s} for s in sources],
+    manifest = {"format": 1, "sources": [{"name": s, **({"kind": v["kind"]} if "kind" in v else {})}
+                                         for s, v in sources.items()],
                 "tables": {rel: {"rows": n, "schema": []} for rel, n in tables.items()}}
     with open(os.path.join(d, "manifest.json"), "w") as f:
         json.dump(manifest, f)
@@ -303,6 +304,32 @@ def test_chaos_histories_alone(spark, tmp_path):
     assert [(g["from"], g["to"]) for g in r["gaps"]["examples"]] == [(20, 30)]
     assert r["brokers"]["count"] == 0 and "rate_ids_per_s" not in r["id_space"]["run-1"]
     assert r["id_space"]["run-1"]["exhausted_in_years"] is None
+
+
+def test_node_sources_of_one_cluster_are_one_id_space(spark, tmp_path):
+    """Data directories copied from two hosts of one cluster: the records both hold are one block each,
+    and a block only host-b holds overlaps one only host-a holds -- found only across sources.  A chaos
+    run stays its own ID space (it starts at 0 too)."""
+    common = [seed(1, 0, 999)] + [blk(2 + i, 1000 + 100 * i, 100, ts=T0 + i * MIN) for i in range(3)]
+    d = write_export(tmp_path / "in", {
+        "host-a": {"kind": "node", "records": {SEED: common[:1], A: common[1:]}},
+        "host-b": {"kind": "node", "records": {SEED: common[:1], A: common[1:3] + [blk(5, 1250, 100)]}},
+        "chaos-x": {"kind": "chaos", "allocate": [{"broker_id": 1, "broker_epoch": 1, "start": s, "length": 100}
+                                                  for s in (0, 100)]}})
+    r = run_audit(d, spark=spark, examples=50)
+    assert r["id_spaces"]["spaces"] == {"chaos-x": ["chaos-x"], "cluster": ["host-a", "host-b"]}
+    assert r["blocks"]["by_kind"]["quorum"] == {"blocks": 4, "ids": 400}  # not 6: copies are one block
+    assert found_overlaps(r) == {("cluster", 1250, 5): 1200} and r["checks"]["overlaps"]["count"] == 1
+    assert r["checks"]["migration_boundary"]["count"] == 0 and not r["valid"]
+
+    per = run_audit(d, spark=spark, id_spaces="source")  # --per-source: each directory alone looks clean
+    assert per["id_spaces"]["spaces"] == {s: [s] for s in ("chaos-x", "host-a", "host-b")}
+    assert per["valid"] and per["checks"]["overlaps"]["count"] == 0
+    one = write_export(tmp_path / "one", {"host-a": {"kind": "node", "records": {SEED: common[:1], A: common[1:]}},
+                                          "chaos-x": {"kind": "chaos", "allocate": [
+                                              {"broker_id": 1, "broker_epoch": 1, "start": 0, "length": 100}]}})
+    r1 = run_audit(one, spark=spark)
+    assert r1["valid"] and r1["id_spaces"]["spaces"] == {"chaos-x": ["chaos-x"], "host-a": ["host-a"]}
 
 
 # --------------------------------------------------------------------------- pidctl audit run

@@ -1201,6 +1201,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of a summary")
     p.add_argument("--examples", type=int, default=EXAMPLES)
     p.add_argument("--window-ms", type=int, default=WINDOW_MS)
+    p.add_argument("--per-source", action="store_true", help="one ID space per exported source")
     a = p.parse_args(argv)
     from .spark import SparkSetupError, spark_session
 
@@ -1208,7 +1209,8 @@ def main(argv: list[str] | None = None) -> int:
         # Under spark-submit the master comes from it; run directly, the default is local[*].
         master = a.master or (None if "PYSPARK_GATEWAY_PORT" in os.environ else "local[*]")
         spark = spark_session(master)
-        report = run_audit(a.input, out_dir=a.out, spark=spark, examples=a.examples, window_ms=a.window_ms)
+        report = run_audit(a.input, out_dir=a.out, spark=spark, examples=a.examples, window_ms=a.window_ms,
+                           id_spaces="source" if a.per_source else "cluster")
     except (AuditInputError, SparkSetupError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_ERROR

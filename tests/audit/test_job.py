@@ -332,6 +332,82 @@ def test_node_sources_of_one_cluster_are_one_id_space(spark, tmp_path):
     assert r1["valid"] and r1["id_spaces"]["spaces"] == {"chaos-x": ["chaos-x"], "host-a": ["host-a"]}
 
 
+# --------------------------------------------------------------------------- spark-submit on a cluster
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.timeout(600)
+def test_spark_submit_on_a_standalone_cluster(tmp_path):
+    """The job as an operator runs it on a cluster: a Spark standalone master and one worker (separate
+    JVMs, from the pyspark package), `spark-submit --master spark://... audit/job.py`; the report names
+    the cluster's master and finds the injected problems; exit 5."""
+    import signal
+    import subprocess
+    import sys
+
+    import pyspark
+
+    from audit.spark import find_java_home
+    from tests.conftest import wait_for
+
+    home = os.path.dirname(pyspark.__file__)
+    env = dict(os.environ, JAVA_HOME=find_java_home(), SPARK_HOME=home, SPARK_LOCAL_IP="127.0.0.1",
+               PYSPARK_PYTHON=sys.executable, SPARK_LOG_DIR=str(tmp_path / "logs"),
+               SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false")
+    port = _free_port()
+    url = f"spark://127.0.0.1:{port}"
+    procs = []
+
+    def start(name, *args):
+        log = open(tmp_path / f"{name}.log", "wb")
+        procs.append(subprocess.Popen([os.path.join(home, "bin", "spark-class"), *args], env=env, stdout=log,
+                                      stderr=subprocess.STDOUT, start_new_session=True))
+        return tmp_path / f"{name}.log"
+
+    def logged(path, text):
+        return text in path.read_text(errors="replace")
+
+    try:
+        mlog = start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
+                     "--webui-port", "0")
+        wait_for(lambda: logged(mlog, "I have been elected leader"), timeout=120, what="Spark master up")
+        start("worker", "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1", "--cores", "1",
+              "--memory", "1g", "--webui-port", "0", "--work-dir", str(tmp_path / "work"))
+        wait_for(lambda: logged(mlog, "Registering worker"), timeout=120, what="Spark worker registered")
+        d = write_export(tmp_path / "in", dirty_sources())
+        job = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                           "audit", "job.py")
+        res = subprocess.run([os.path.join(home, "bin", "spark-submit"), "--master", url,
+                              "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.ui.enabled=false",
+                              "--executor-memory", "512m", "--driver-memory", "1g", job,
+                              "--input", d, "--out", str(tmp_path / "out"), "--json"],
+                             env=env, capture_output=True, text=True, timeout=450)
+        assert res.returncode == 5, res.stderr[-3000:]
+        r = json.loads(res.stdout)
+        assert r["spark"]["master"] == url and r["complete"]
+        assert r["violations"] == {"overlaps": 7, "duplicate_pids": 2, "migration_boundary": 1}
+        assert found_overlaps(r) == DIRTY_OVERLAPS
+        assert json.loads((tmp_path / "out" / "audit.json").read_text())["violations"] == r["violations"]
+    finally:
+        for p in reversed(procs):
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
 # --------------------------------------------------------------------------- pidctl audit run
 
 def test_cli_exit_codes_json_and_summary(spark, tmp_path):

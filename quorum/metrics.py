@@ -18,6 +18,7 @@ Metric names (node): see ``QUORUM_METRICS``.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 from typing import Any, Callable, Iterable
@@ -157,11 +158,22 @@ class StatusCollector(Collector):
 def on_loop(loop: asyncio.AbstractEventLoop, fn: Callable[[], dict],
             timeout: float = SCRAPE_TIMEOUT_S) -> Callable[[], dict]:
     """A reader that runs ``fn`` on ``loop``'s thread and waits for its result (from another thread)."""
-    async def call() -> dict:
-        return fn()
-
     def read() -> dict:
-        return asyncio.run_coroutine_threadsafe(call(), loop).result(timeout)
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+
+        def call() -> None:
+            if fut.set_running_or_notify_cancel():  # False: the scrape gave up already
+                try:
+                    fut.set_result(fn())
+                except BaseException as e:  # noqa: BLE001 - handed to the scraping thread
+                    fut.set_exception(e)
+
+        loop.call_soon_threadsafe(call)
+        try:
+            return fut.result(timeout)
+        except concurrent.futures.TimeoutError:
+            fut.cancel()
+            raise
     return read
 
 

@@ -163,3 +163,24 @@ def test_a_stuck_loop_fails_the_scrape_instead_of_reading_figures_off_the_loop()
 def test_read_metrics_of_nothing_is_unavailable():
     with pytest.raises(MetricsUnavailable, match="cannot read"):
         read_metrics(f"127.0.0.1:{free_ports(1)[0]}", timeout=2)
+
+
+def test_a_port_in_use_is_an_os_error_at_start():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        with pytest.raises(OSError):
+            MetricsEndpoint(make_registry(_status, quorum_families), "127.0.0.1", s.getsockname()[1]).start()
+
+
+def test_docs_list_every_metric():
+    import os
+
+    from broker.metrics import BROKER_METRICS
+
+    with open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "metrics.md")) as f:
+        doc = f.read()
+    for name in list(QUORUM_METRICS) + list(BROKER_METRICS):
+        assert f"`{name}" in doc, name

@@ -31,6 +31,7 @@ from typing import Any
 
 from quorum import protocol as p
 from quorum.client import QuorumClient, RetryPolicy
+from quorum.logs import end_request_context, request_context
 from quorum.errors import (
     CoordinatorLoadInProgressError,
     Errors,
@@ -85,6 +86,8 @@ class BrokerConfig:
     fault_drop_every: int = 0             # every Nth produce request: append, then drop the connection
     io_threads: int = 4
     quorum_timeout_s: float = 5.0
+    metrics_port: int = 0                 # Prometheus /metrics; 0 = off
+    metrics_host: str = "127.0.0.1"
     pid_manager: PidManagerConfig = field(default_factory=PidManagerConfig)
 
     def __post_init__(self) -> None:
@@ -96,6 +99,8 @@ class BrokerConfig:
             raise ValueError("default_partitions must be at least 1")
         if self.fault_drop_every < 0:
             raise ValueError("fault_drop_every must be >= 0")
+        if not 0 <= self.metrics_port < 65536:
+            raise ValueError("metrics_port must be in 0..65535 (0 = off)")
 
     @property
     def advertised_address(self) -> tuple[str, int]:
@@ -129,8 +134,23 @@ class BrokerServer:
         self._connections: set[asyncio.Task] = set()
         self.counters = {"requests": 0, "bad_frames": 0, "bad_requests": 0, "produce_batches": 0,
                          "duplicates": 0, "dropped_by_fault_injection": 0, "init_producer_id": 0,
-                         "load_in_progress": 0, "trailing_bytes": 0}
+                         "load_in_progress": 0, "trailing_bytes": 0, "fenced_producers": 0}
         self.port: int | None = None
+        self.quota_provider: Any = None  # anything with stats() -> {principal: {rate, tokens, throttle_time_ms, ...}}
+
+    def quota_stats(self) -> dict[str, dict]:
+        """Per-principal producer-ID quota figures of the quota provider ({} when there is none)."""
+        return self.quota_provider.stats() if self.quota_provider is not None else {}
+
+    def status(self) -> dict[str, Any]:
+        """The broker's figures: what its metrics endpoint and ``pidctl broker status`` show."""
+        return {"broker_id": self.cfg.broker_id, "listen": self.cfg.listen, "counters": dict(self.counters),
+                "pid_manager": self.pids.stats() if self.pids is not None else None,
+                "quota": self.quota_stats()}
+
+    def _note_error(self, code: Errors) -> None:
+        if code in (Errors.PRODUCER_FENCED, Errors.INVALID_PRODUCER_EPOCH):
+            self.counters["fenced_producers"] += 1
 
     # --------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -209,6 +229,13 @@ class BrokerServer:
             log.warning("client %s: %s (answered %s)", peer, e.message, e.code.name)
             return p.error_response(e, SUPPORTED, self._error_body)
         self.counters["requests"] += 1
+        token = request_context(req.client_id, req.correlation_id)
+        try:
+            return await self._answer_request(req, peer)
+        finally:
+            end_request_context(token)
+
+    async def _answer_request(self, req: p.Request, peer: Any) -> bytes | None:
         if req.trailing:
             self.counters["trailing_bytes"] += 1
             log.debug("client %s: %s v%d: %d bytes after the body, ignored (as Kafka does)", peer,
@@ -220,6 +247,7 @@ class BrokerServer:
         except PidQuorumError as e:
             log.info("client %s: %s v%d -> %s: %s", peer, NAMES.get(req.api_key), req.api_version, e.code.name,
                      e.message)
+            self._note_error(e.code)
             body = self._error_body(req.api_key, req.api_version, e.code, req.body)
         except Exception:  # noqa: BLE001 - request boundary: log, answer, keep serving
             log.exception("client %s: %s v%d failed", peer, NAMES.get(req.api_key), req.api_version)
@@ -377,6 +405,7 @@ class BrokerServer:
             if e.code == Errors.PRODUCER_FENCED and v < 4:
                 # PRODUCER_FENCED exists from InitProducerId v4 on; older clients know it by this name.
                 log.info("InitProducerId v%d %r: %s (answered INVALID_PRODUCER_EPOCH)", v, tid, e.message)
+                self._note_error(e.code)
                 return self._init_error(v, Errors.INVALID_PRODUCER_EPOCH)
             raise
         return self._init_response(v, pid, epoch)
@@ -448,6 +477,7 @@ class BrokerServer:
                         appended_any = True
                         self.counters["produce_batches"] += 1
                 else:
+                    self._note_error(res.error)
                     log.info("produce %s-%d: %s: %s", t.name, pd.index, res.error.name, res.message)
             responses.append({"name": t.name, "partition_responses": parts})
         if appended_any:
@@ -593,4 +623,5 @@ class BrokerServer:
         else:
             code, why = Errors.INVALID_TXN_STATE, "transactions are not served by this broker (no markers)"
         log.info("%s v%d %r: %s: %s", NAMES[req.api_key], v, tid, code.name, why)
+        self._note_error(code)
         return self._error_body(req.api_key, v, code, b)

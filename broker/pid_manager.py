@@ -204,6 +204,9 @@ class ProducerIdManager:
 
         # Counters.
         self._load_in_progress = 0
+        self._prefetch_hits = 0    # the current block ran out and a prefetched one took over at once
+        self._prefetch_misses = 0  # it ran out with none prefetched (one per dry spell; callers retry)
+        self._dry = False
         self._fatal_refusals = 0
         self._blocks_fetched = 0
         self._blocks_rejected = 0
@@ -237,6 +240,7 @@ class ProducerIdManager:
 
     def _next_block_or_raise(self) -> int:
         if self._queue:
+            self._prefetch_hits += 1
             start, end = self._queue.popleft()
             self._queued_ids -= end - start
             self._consumed_before_current += self._end - self._cur_start
@@ -249,6 +253,9 @@ class ProducerIdManager:
             self._fatal_refusals += 1
             raise type(self._fatal)(f"broker {self.broker_id}: producer IDs unavailable: {self._fatal.message}")
         self._load_in_progress += 1
+        if not self._dry:
+            self._dry = True
+            self._prefetch_misses += 1
         if self._wake is not None:
             self._wake.set()
         raise CoordinatorLoadInProgressError(f"broker {self.broker_id}: no producer-ID block in hand yet")
@@ -433,6 +440,7 @@ class ProducerIdManager:
             self._queue.append((start, end))
             self._queued_ids += length
         self._last_accepted_end = end
+        self._dry = False
         self._block_len = length
         self._blocks_fetched += 1
         self._backoff_attempts = 0  # the only place the backoff is reset
@@ -576,6 +584,8 @@ class ProducerIdManager:
             "counters": {
                 "generated": self.generated,
                 "load_in_progress": self._load_in_progress,
+                "prefetch_hits": self._prefetch_hits,
+                "prefetch_misses": self._prefetch_misses,
                 "fatal_refusals": self._fatal_refusals,
                 "blocks_fetched": self._blocks_fetched,
                 "blocks_rejected": self._blocks_rejected,

@@ -6,9 +6,12 @@ import logging
 import os
 import signal
 
+from quorum import logs
 from quorum.errors import CorruptFileError, PidQuorumError
+from quorum.metrics import serve_metrics
 
 from .frontend import BrokerConfig, BrokerServer
+from .metrics import broker_families
 
 log = logging.getLogger("pidquorum.broker")
 
@@ -16,9 +19,13 @@ EXIT_CORRUPT, EXIT_UNAVAILABLE, EXIT_OS = 66, 69, 71
 
 
 async def _serve(cfg: BrokerConfig, ready_file: str | None) -> None:
+    logs.set_identity(broker_id=cfg.broker_id)
     server = BrokerServer(cfg)
+    logs.set_context_source("broker_epoch", lambda: server.pids.broker_epoch if server.pids is not None else None)
+    endpoint = None
     try:
         await server.start()
+        endpoint = serve_metrics(cfg.metrics_host, cfg.metrics_port, server.status, broker_families)
         if ready_file:
             tmp = f"{ready_file}.tmp"
             with open(tmp, "w") as f:
@@ -31,7 +38,10 @@ async def _serve(cfg: BrokerConfig, ready_file: str | None) -> None:
         await stop.wait()
         log.info("broker %d stopping", cfg.broker_id)
     finally:
+        if endpoint is not None:
+            endpoint.stop()
         await server.stop()
+        logs.set_context_source("broker_epoch", None)
 
 
 def run_broker(cfg: BrokerConfig, ready_file: str | None = None) -> int:

@@ -24,6 +24,8 @@ from . import render
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_REFUSED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 
+log_format_option = click.option("--log-format", type=click.Choice(["human", "json"]), envvar="PIDQUORUM_LOG_FORMAT",
+                                 help="Log lines as text (default) or one JSON object per line.")
 output_option = click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table",
                              show_default=True, help="Output format.")
 
@@ -123,14 +125,18 @@ def cluster():
 @cluster.command("up")
 @click.option("--nodes", type=click.IntRange(1, 9), default=3, show_default=True)
 @click.option("--block-size", type=click.IntRange(1, 2**31 - 1), default=1000, show_default=True)
+@click.option("--metrics", is_flag=True, help="Each node serves Prometheus metrics on a free 127.0.0.1 port.")
 @click.pass_obj
 @handle_errors
-def cluster_up(obj: Ctx, nodes, block_size):
+def cluster_up(obj: Ctx, nodes, block_size, metrics=False):
     lc = obj.cluster
-    lc.up(size=nodes, block_size=block_size)
+    lc.up(size=nodes, block_size=block_size, metrics=metrics)
     addresses = lc.client_addresses()
     asyncio.run(_wait_leader(obj))
     render.line(f"cluster up in {lc.dir}: {len(addresses)} nodes, client addresses {','.join(addresses)}")
+    endpoints = [n.metrics_address for n in lc.nodes() if n.metrics_address]
+    if endpoints:
+        render.line(f"metrics: {', '.join(f'http://{a}/metrics' for a in endpoints)}")
 
 
 async def _wait_leader(obj: Ctx) -> None:
@@ -206,14 +212,18 @@ def node():
 @node.command("start")
 @click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False))
 @click.option("--log-level", default="INFO", show_default=True)
+@log_format_option
 @handle_errors
-def node_start(config_path, log_level):
+def node_start(config_path, log_level, log_format):
     """Run a node in the foreground until SIGTERM."""
     from quorum.config import load
     from quorum.node import run_node, setup_logging
 
-    setup_logging(log_level)
-    sys.exit(run_node(load(config_path)))
+    setup_logging(log_level, log_format or "human")
+    cfg = load(config_path)
+    if log_format is None and cfg.log_format != "human":
+        setup_logging(log_level, cfg.log_format)
+    sys.exit(run_node(cfg))
 
 
 # ------------------------------------------------------------------- broker
@@ -237,10 +247,15 @@ def broker():
 @click.option("--producer-id-expiration-ms", type=click.IntRange(1), default=24 * 3600 * 1000, show_default=True)
 @click.option("--ready-file", type=click.Path(dir_okay=False), help="Written with 'pid port' once serving.")
 @click.option("--log-level", default="INFO", show_default=True)
+@log_format_option
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=0, show_default=True,
+              help="Serve Prometheus metrics on this port (0 = off).")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Address the metrics port binds to.")
 @click.pass_obj
 @handle_errors
 def broker_start(obj: Ctx, broker_id, quorum_opt, listen, advertised, broker_dir, partitions, no_dedup,
-                 fault_drop_every, producer_id_expiration_ms, ready_file, log_level):
+                 fault_drop_every, producer_id_expiration_ms, ready_file, log_level, log_format=None, metrics_port=0,
+                 metrics_host="127.0.0.1"):
     """Run a Kafka-protocol broker in the foreground until SIGTERM.
 
     Producer IDs come from quorum-allocated blocks; idempotent produce with
@@ -250,16 +265,38 @@ def broker_start(obj: Ctx, broker_id, quorum_opt, listen, advertised, broker_dir
     from broker.run import run_broker
     from quorum.node import setup_logging
 
-    setup_logging(log_level)
+    setup_logging(log_level, log_format or "human")
     quorum = [a.strip() for a in quorum_opt.split(",") if a.strip()] if quorum_opt else obj.addresses()
     try:
         cfg = BrokerConfig(broker_id=broker_id, quorum=quorum, listen=listen, advertised=advertised,
                            data_dir=broker_dir or f".pidquorum-broker-{broker_id}", default_partitions=partitions,
                            dedup=not no_dedup, fault_drop_every=fault_drop_every,
-                           producer_id_expiration_ms=producer_id_expiration_ms)
+                           producer_id_expiration_ms=producer_id_expiration_ms, metrics_port=metrics_port,
+                           metrics_host=metrics_host)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     sys.exit(run_broker(cfg, ready_file))
+
+
+@broker.command("status")
+@click.option("--metrics", "address", required=True, metavar="HOST:PORT",
+              help="The broker's metrics endpoint (broker start --metrics-port).")
+@output_option
+@click.pass_obj
+def broker_status(obj: Ctx, address, output):
+    """A broker's figures, read from its metrics endpoint: PIDs issued, prefetch hits and misses,
+    COORDINATOR_LOAD_IN_PROGRESS answers, duplicates, fenced producers, quotas per principal."""
+    from quorum.metrics import MetricsUnavailable, read_metrics
+
+    try:
+        figures = read_metrics(address, timeout=obj.timeout)
+    except MetricsUnavailable as e:
+        render.error(str(e))
+        sys.exit(EXIT_UNAVAILABLE)
+    if not any(name.startswith("pidquorum_broker") for name in figures):
+        render.error(f"{address} serves no broker metrics (a quorum node's endpoint?)")
+        sys.exit(EXIT_ERROR)
+    render.metrics_status(output, address, figures)
 
 
 @broker.command("register")

@@ -62,6 +62,51 @@ def quorum_status(output: str, nodes: list[dict]) -> None:
                      r["last_applied"], n.get("lag"), n["state"]["next_producer_id"]])
     listing(output, nodes, "quorum status",
             ["node", "client", "state", "leader (raft)", "term", "commit idx", "applied", "lag", "next PID"], rows)
+    if output != "json":
+        _quorum_figures([n for n in nodes if not n.get("error")])
+
+
+def _ms(seconds: float | None) -> str | None:
+    return None if seconds is None else f"{seconds * 1000:.2f}"
+
+
+def _quorum_figures(nodes: list[dict]) -> None:
+    """The figures the metrics endpoints serve (pidquorum_*), per node."""
+    if not nodes:
+        return
+    rows = []
+    for n in nodes:
+        r, snap = n["raft"], n["snapshot"]
+        sync, alloc = r.get("journal_sync_latency") or {}, n.get("allocate_latency") or {}
+        followers = ", ".join(f"{peer} {p['lag_entries']}" for peer, p in sorted(r["peers"].items())
+                              if p.get("lag_entries") is not None)
+        allocations = ", ".join(f"{b}: {a['blocks']}" for b, a in (n.get("allocations") or {}).items())
+        server = n.get("server", {})
+        rows.append([n["node_id"], r.get("leader_changes"), followers or None, snap["bytes"],
+                     None if snap.get("age_s") is None else f"{snap['age_s']:.0f}", sync.get("count"),
+                     _ms(sync.get("p50_s")), _ms(sync.get("p99_s")), allocations or None, alloc.get("count"),
+                     _ms(alloc.get("p99_s")), server.get("throttled")])
+    table("figures (as on the metrics endpoints)",
+          ["node", "leader changes", "follower lag (entries)", "snapshot bytes", "snapshot age s", "syncs",
+           "sync p50 ms", "sync p99 ms", "blocks per broker", "allocs answered", "alloc p99 ms", "throttled"], rows)
+
+
+def metrics_status(output: str, address: str, figures: dict) -> None:
+    """Figures read from a metrics endpoint (``quorum.metrics.read_metrics``)."""
+    if output == "json":
+        emit_json({"endpoint": address, "metrics": figures})
+        return
+    rows = []
+    for name, value in sorted(figures.items()):
+        if isinstance(value, dict):
+            rows += [[name, label, _number(v)] for label, v in sorted(value.items())]
+        else:
+            rows.append([name, None, _number(value)])
+    table(f"metrics of {address}", ["metric", "label", "value"], rows)
+
+
+def _number(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() else f"{v:.6g}"
 
 
 def blocks(output: str, blocks: list[dict], title: str) -> None:

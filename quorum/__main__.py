@@ -11,13 +11,17 @@ def main() -> int:
     ap.add_argument("--config", required=True)
     ap.add_argument("--ready-file")
     ap.add_argument("--log-level", default="INFO")
+    ap.add_argument("--log-format", choices=["human", "json"],
+                    help="Log lines as text or one JSON object per line (default: the config's log_format).")
     args = ap.parse_args()
-    setup_logging(args.log_level)
+    setup_logging(args.log_level, args.log_format or "human")
     try:
         cfg = load(args.config)
     except ConfigError as e:
         print(f"pidquorum: {e}", file=sys.stderr)
         return 2
+    if args.log_format is None and cfg.log_format != "human":
+        setup_logging(args.log_level, cfg.log_format)
     return run_node(cfg, args.ready_file)
 
 

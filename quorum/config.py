@@ -13,6 +13,8 @@ Example::
     allocate_rate_per_broker = 1000.0        # blocks/s per broker; 0 = no limit
     allocate_burst = 2000
     max_frame_bytes = 1048576
+    metrics_port = 9095                      # Prometheus /metrics on metrics_host (127.0.0.1); 0 = off
+    log_format = "json"                      # default "human"
 
     [raft]                                  # seconds; see quorum.raft.RaftConfig
     election_timeout_min = 0.25
@@ -61,6 +63,9 @@ class NodeConfig:
     max_batch: int = 512
     transactional_id_expiration_ms: int = 7 * 24 * 3600 * 1000   # Kafka's transactional.id.expiration.ms
     transaction_max_timeout_ms: int = 15 * 60 * 1000               # Kafka's transaction.max.timeout.ms
+    metrics_port: int = 0                  # Prometheus /metrics; 0 = off
+    metrics_host: str = "127.0.0.1"
+    log_format: str = "human"              # or "json": one JSON object per line
     raft: RaftConfig = field(default_factory=RaftConfig)
 
     def client_address_of(self, raft_address: str) -> str | None:
@@ -93,6 +98,11 @@ class NodeConfig:
         if self.transactional_id_expiration_ms <= 0 or not 0 < self.transaction_max_timeout_ms <= 2**31 - 1:
             raise ConfigError("transactional_id_expiration_ms and transaction_max_timeout_ms must be positive "
                               "(the timeout at most 2147483647)")
+        if isinstance(self.metrics_port, bool) or not isinstance(self.metrics_port, int) \
+                or not 0 <= self.metrics_port < 65536:
+            raise ConfigError(f"metrics_port must be in 0..65535 (0 = off), got {self.metrics_port!r}")
+        if self.log_format not in ("human", "json"):
+            raise ConfigError(f"log_format must be \"human\" or \"json\", got {self.log_format!r}")
         try:
             self.raft.validate()
         except ValueError as e:

@@ -35,6 +35,7 @@ import msgpack
 
 from .errors import CorruptFileError
 from .fsutil import atomic_write, fsync_dir, write_synced
+from .stats import SYNC_BUCKETS, Histogram
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +143,7 @@ class DurableJournal:
         self._offsets: list[int] = []  # file offset of each entry
         self._pending = bytearray()
         self.syncs = 0
+        self.sync_latency = Histogram(SYNC_BUCKETS)  # write + fdatasync of each real sync, seconds
         self.kept_committed = 0  # AppendEntries that asked to cut committed entries (kept; see deleteEntriesFrom)
         self._fault_path = os.path.join(self._dir, FAULT_SYNC_DELAY_FILE)
         self._fault_text: str | None = None
@@ -238,6 +240,7 @@ class DurableJournal:
     # ------------------------------------------------------------ durability
     def sync(self) -> None:
         """Make every added entry durable (one write + fdatasync for all pending entries)."""
+        t0 = time.monotonic()
         if self._pending:
             view = memoryview(self._pending)
             while view:
@@ -250,6 +253,7 @@ class DurableJournal:
             if self._fsync:
                 os.fdatasync(self._fd)
                 self.syncs += 1
+                self.sync_latency.observe(time.monotonic() - t0)
                 self._record_synced()  # what a power loss would keep: only what was really synced
 
     def _fault_sleep(self) -> None:

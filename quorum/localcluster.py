@@ -51,6 +51,7 @@ class NodeInfo:
     raft_address: str
     client_address: str
     pid: int | None = None
+    metrics_address: str | None = None  # host:port of /metrics, if the cluster was created with metrics
 
 
 class LocalCluster:
@@ -95,13 +96,16 @@ class LocalCluster:
 
     # ---------------------------------------------------------------- create
     def create(self, size: int = 3, host: str = "127.0.0.1", block_size: int = 1000,
-               raft: RaftConfig | None = None, raft_proxy: bool = False, **node_options) -> None:
+               raft: RaftConfig | None = None, raft_proxy: bool = False, metrics: bool = False,
+               **node_options) -> None:
         """Write configs and a secret for a new cluster (no processes started).
 
         ``raft_proxy``: each node binds its Raft port on a port of its own
         (``raft_bind``) and advertises another (``raft_address``), where a proxy
         must forward to it: the nodes cannot reach each other until one does
         (``chaos.nemesis.RaftNetwork``, which cuts links to make partitions).
+        ``metrics``: each node serves Prometheus metrics on a free port of ``host``
+        (``NodeInfo.metrics_address``).
         """
         if self.exists():
             return
@@ -111,11 +115,16 @@ class LocalCluster:
             fd = os.open(secret_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(secrets.token_urlsafe(32) + "\n")
-        ports = free_ports(3 * size if raft_proxy else 2 * size, host)
+        base = 3 * size if raft_proxy else 2 * size
+        ports = free_ports(base + (size if metrics else 0), host)
         infos = [NodeInfo(i + 1, f"{host}:{ports[2 * i]}", f"{host}:{ports[2 * i + 1]}") for i in range(size)]
+        metrics_ports = ports[base:]
         for info in infos:
             if raft_proxy:
                 node_options["raft_bind"] = f"{host}:{ports[2 * size + info.node_id - 1]}"
+            if metrics:
+                node_options.update(metrics_host=host, metrics_port=metrics_ports[info.node_id - 1])
+                info.metrics_address = f"{host}:{metrics_ports[info.node_id - 1]}"
             cfg = NodeConfig(node_id=info.node_id, data_dir=f"node-{info.node_id}", raft_address=info.raft_address,
                              client_address=info.client_address, secret="unused",
                              peers=[Peer(o.node_id, o.raft_address, o.client_address) for o in infos if o is not info],

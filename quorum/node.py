@@ -7,24 +7,29 @@ import os
 import signal
 import sys
 
+from . import logs
 from .config import NodeConfig
 from .errors import CorruptFileError
+from .metrics import quorum_families, serve_metrics
 from .server import QuorumServer
 from .service import Service
 
 log = logging.getLogger("pidquorum.node")
 
 
-def setup_logging(level: str = "INFO") -> None:
-    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def setup_logging(level: str = "INFO", fmt: str = "human") -> None:
+    logs.setup_logging(level, fmt, sys.stderr)
 
 
 async def _serve(cfg: NodeConfig, ready_file: str | None) -> None:
+    logs.set_identity(node_id=cfg.node_id)
     service = Service(cfg)
+    logs.set_context_source("term", service.raft.current_term)
     server = QuorumServer(service)
+    endpoint = None
     try:
         await server.start()
+        endpoint = serve_metrics(cfg.metrics_host, cfg.metrics_port, server.status, quorum_families)
         if ready_file:
             with open(ready_file, "w") as f:
                 f.write(str(os.getpid()))
@@ -37,7 +42,10 @@ async def _serve(cfg: NodeConfig, ready_file: str | None) -> None:
         await stop.wait()
         log.info("node %d stopping", cfg.node_id)
     finally:
+        if endpoint is not None:
+            endpoint.stop()
         await server.stop()
+        logs.set_context_source("term", None)
         service.close()
 
 

@@ -211,6 +211,7 @@ class RaftNode:
         self._ping_interval = raft.peer_ping_interval
         self._last_ping = 0.0
         self._last_leader = None
+        self.leader_changes = 0  # times this node saw a new leader (an election it took part in or heard of)
         self._obj.addOnTickCallback(self._on_tick)
 
     # ------------------------------------------------------------ snapshots
@@ -245,6 +246,8 @@ class RaftNode:
         leader = self._obj.getStatus()["leader"]
         if leader != self._last_leader:
             self._last_leader = leader
+            if leader is not None:
+                self.leader_changes += 1
             self.leader_changed.set()
 
     # ------------------------------------------------------------- proposals
@@ -267,11 +270,15 @@ class RaftNode:
         s = self._obj.getStatus()
         leader = s.get("leader")
         peers = {}
+        is_leader = s["state"] == 2
         for node in self._obj.otherNodes:
+            match = s.get(f"match_idx_server_{node.id}")
             peers[node.address] = {
                 "connected": bool(s.get(f"partner_node_status_server_{node.id}")),
-                "match_index": s.get(f"match_idx_server_{node.id}"),
+                "match_index": match,
                 "next_index": s.get(f"next_node_idx_server_{node.id}"),
+                # On the leader: committed entries the follower does not hold yet.
+                "lag_entries": max(0, s["commit_idx"] - match) if is_leader and match is not None else None,
             }
         return {
             "self": self.self_addr,
@@ -284,6 +291,8 @@ class RaftNode:
             "has_quorum": s["has_quorum"],
             "peers": peers,
             "journal_syncs": self.journal.syncs,
+            "journal_sync_latency": self.journal.sync_latency.snapshot(),
+            "leader_changes": self.leader_changes,
         }
 
     def role(self) -> tuple[bool, str | None, int]:
@@ -291,6 +300,10 @@ class RaftNode:
         s = self._obj.getStatus()
         leader = s.get("leader")
         return s["state"] == 2, (leader.address if leader is not None else None), s["raft_term"]
+
+    def current_term(self) -> int:
+        """The term this node durably knows (cheap; for log lines)."""
+        return self.journal.getCurrentTerm()
 
     def entry_term(self, index: int) -> int:
         entries = self.journal.entries

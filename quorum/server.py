@@ -39,8 +39,10 @@ from .errors import (
     RequestTimedOutError,
     ThrottlingQuotaExceededError,
 )
+from .logs import request_context
 from .managers import TxnSettings
 from .service import Proposer, Service
+from .stats import REQUEST_BUCKETS, Histogram
 
 log = logging.getLogger(__name__)
 FORWARD_CLIENT_ID = "pidquorum-forward"
@@ -91,6 +93,13 @@ class QuorumServer:
         self._server: asyncio.AbstractServer | None = None
         self._tasks: list[asyncio.Task] = []
         self.counters = {"requests": 0, "forwarded": 0, "throttled": 0, "bad_frames": 0, "bad_requests": 0}
+        self.allocate_latency = Histogram(REQUEST_BUCKETS)  # AllocateProducerIds answered OK by this node
+
+    def status(self) -> dict[str, Any]:
+        """Everything DescribeState answers; the metrics endpoint reads the same dict."""
+        return {**self.service.describe(), "server": dict(self.counters),
+                "proposer": {"batches": self.proposer.batches, "records": self.proposer.proposed_records},
+                "allocate_latency": self.allocate_latency.snapshot()}
 
     async def start(self) -> None:
         host, port = (self.cfg.client_bind or self.cfg.client_address).rsplit(":", 1)
@@ -150,6 +159,7 @@ class QuorumServer:
             await writer.drain()
 
     async def _dispatch(self, req: p.Request, peer: Any) -> bytes:
+        request_context(req.client_id, req.correlation_id)  # this task's log lines carry it
         try:
             body = await self._handle(req)
         except PidQuorumError as e:
@@ -176,8 +186,7 @@ class QuorumServer:
                 self.service.raft.force_snapshot()
             elif action is not None:
                 raise InvalidRequestError(f"unknown DescribeState action {action!r}")
-            return {"error_code": 0, **self.service.describe(), "server": dict(self.counters),
-                    "proposer": {"batches": self.proposer.batches, "records": self.proposer.proposed_records}}
+            return {"error_code": 0, **self.status()}
         if req.api_key == p.BROKER_REGISTRATION:
             if b.incarnation_id is None:
                 raise InvalidRequestError("incarnation id is required")
@@ -237,7 +246,10 @@ class QuorumServer:
             return result
         if req.api_key == p.ALLOCATE_PRODUCER_IDS:
             args = {"broker_id": int(b.broker_id), "broker_epoch": int(b.broker_epoch)}
+            t0 = time.monotonic()
             result = await self._route(req, "allocate", args)
+            if isinstance(result, tuple) or int(result.error_code) == 0:
+                self.allocate_latency.observe(time.monotonic() - t0)
             return p.allocate_response(*result) if isinstance(result, tuple) else result
         raise InvalidRequestError(f"API {req.api_key} has no handler")  # pragma: no cover
 

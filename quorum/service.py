@@ -57,6 +57,7 @@ class Service:
         self.lock = threading.Lock()
         self.state = QuorumState()
         self.applied_index = 0
+        self.allocations: dict[int, list[int]] = {}  # broker id -> [blocks, IDs] committed (counted at apply)
         self.audit = AuditWriter(os.path.join(cfg.data_dir, "audit.log"))
         self.raft = RaftNode(cfg.raft_address, [p.raft_address for p in cfg.peers], cfg.data_dir, cfg.secret,
                              cfg.raft, on_apply=self._apply, snapshot_state=self._snapshot_state,
@@ -74,6 +75,11 @@ class Service:
         with self.lock:
             outcomes = self.state.apply_batch(records)
             self.applied_index = index
+            for o in outcomes:
+                if o.accepted and isinstance(o.record, AllocateProducerIdsRecord):
+                    per_broker = self.allocations.setdefault(o.record.broker_id, [0, 0])
+                    per_broker[0] += 1
+                    per_broker[1] += o.record.producer_id_len
         for o in outcomes:
             if not o.accepted:
                 log.warning("entry %d: replay refused %s: %s", index, type(o.record).__name__, o.error)
@@ -97,6 +103,7 @@ class Service:
         with self.lock:
             summary = self.state.summary()
             applied = self.applied_index
+            allocations = {str(b): {"blocks": n, "ids": ids} for b, (n, ids) in sorted(self.allocations.items())}
         snap = self.raft.snapshot_path
         return {
             "node_id": self.cfg.node_id,
@@ -107,6 +114,7 @@ class Service:
             "block_size": self.cfg.block_size,
             "snapshot": _file_info(snap),
             "journal_entries": len(self.raft.journal),
+            "allocations": allocations,  # since this process started (what pidquorum_allocations_total counts)
         }
 
     def close(self) -> None:
@@ -117,9 +125,10 @@ class Service:
 def _file_info(path: str) -> dict[str, Any]:
     try:
         st = os.stat(path)
-        return {"path": os.path.abspath(path), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+        return {"path": os.path.abspath(path), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns,
+                "age_s": max(0.0, time.time() - st.st_mtime_ns / 1e9)}
     except FileNotFoundError:
-        return {"path": os.path.abspath(path), "bytes": 0, "mtime_ns": 0}
+        return {"path": os.path.abspath(path), "bytes": 0, "mtime_ns": 0, "age_s": None}
 
 
 @dataclass

@@ -23,6 +23,7 @@ def test_to_toml_round_trips_every_field(tmp_path):
         raft_bind="0.0.0.0:19093", client_bind="0.0.0.0:19092", block_size=4096, request_timeout_ms=1500,
         allocate_rate_per_broker=12.5, allocate_burst=40, max_frame_bytes=65536, max_batch=64,
         transactional_id_expiration_ms=3600000, transaction_max_timeout_ms=60000,
+        metrics_port=19095, metrics_host="0.0.0.0", log_format="json",
         raft=RaftConfig(heartbeat_interval=0.02, election_timeout_min=0.1, election_timeout_max=0.3,
                         connection_timeout=0.6, reconnect_interval=0.05, peer_ping_interval=0.2,
                         leader_step_down_timeout=0.7, compaction_min_entries=100, compaction_min_time=60.0),
@@ -47,3 +48,18 @@ def test_to_toml_leaves_out_unset_binds(tmp_path):
     path.write_text(text)
     loaded = load(str(path))
     assert loaded == cfg and loaded.raft_bind is None and loaded.client_bind is None
+
+
+def test_metrics_port_and_log_format_are_checked(tmp_path):
+    import pytest
+
+    from quorum.config import ConfigError, from_dict
+
+    base = {"node_id": 1, "data_dir": "d", "raft_address": "127.0.0.1:1", "client_address": "127.0.0.1:2",
+            "secret": "s"}
+    assert from_dict(base, str(tmp_path)).metrics_port == 0  # absent = off
+    assert from_dict({**base, "metrics_port": 9095, "log_format": "json"}, str(tmp_path)).metrics_port == 9095
+    for bad, message in [({"metrics_port": 70000}, "metrics_port"), ({"metrics_port": "9095"}, "metrics_port"),
+                         ({"metrics_port": True}, "metrics_port"), ({"log_format": "xml"}, "log_format")]:
+        with pytest.raises(ConfigError, match=message):
+            from_dict({**base, **bad}, str(tmp_path))

@@ -1,0 +1,119 @@
+"""Prometheus metrics of a broker front end, read from ``BrokerServer.status()`` at each scrape.
+
+Like the node's (``quorum.metrics``), nothing is counted here: the families
+are the broker's own counters, its ``ProducerIdManager.stats()`` and the
+per-principal figures of its quota provider (``BrokerServer.quota_stats()``:
+``{principal: {"rate", "tokens", "throttle_time_ms", "throttled_requests"}}``,
+empty while no quota manager is wired in).  ``pidctl broker status`` reads
+this endpoint, so both show the same numbers.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+
+BROKER_METRICS = {
+    "pidquorum_broker": "This broker's identity (broker_id, listener).",
+    "pidquorum_broker_epoch": "Broker epoch from the quorum's registration (-1: not registered).",
+    "pidquorum_broker_pids_issued": "Producer IDs handed out by InitProducerId (idempotent producers).",
+    "pidquorum_broker_prefetch_hits": "Times a spent block was replaced at once by a prefetched one.",
+    "pidquorum_broker_prefetch_misses": "Times a block ran out with none prefetched (one per dry spell).",
+    "pidquorum_broker_coordinator_load_in_progress": "InitProducerId answered COORDINATOR_LOAD_IN_PROGRESS.",
+    "pidquorum_broker_duplicates": "Produce batches recognised as duplicates (answered, not appended again).",
+    "pidquorum_broker_fenced_producers": "Answers PRODUCER_FENCED / INVALID_PRODUCER_EPOCH (any API).",
+    "pidquorum_broker_requests": "Requests read.",
+    "pidquorum_broker_bad_frames": "Unreadable or oversized frames (connection closed).",
+    "pidquorum_broker_bad_requests": "Readable headers with a bad body or version (answered with an error).",
+    "pidquorum_broker_produce_batches": "Produce batches appended.",
+    "pidquorum_broker_init_producer_id_requests": "InitProducerId requests.",
+    "pidquorum_broker_pid_reserve_ids": "Producer IDs in hand (rest of the current block plus queued blocks).",
+    "pidquorum_broker_pid_target_reserve_ids": "Reserve the refill task keeps (sized from demand).",
+    "pidquorum_broker_pid_queued_blocks": "Prefetched blocks queued behind the current one.",
+    "pidquorum_broker_pid_demand_ids_per_second": "Estimated demand for producer IDs.",
+    "pidquorum_broker_pid_allocate_latency_seconds": "EWMA of successful AllocateProducerIds round trips.",
+    "pidquorum_broker_pid_blocks_fetched": "Blocks accepted from the quorum.",
+    "pidquorum_broker_pid_blocks_rejected": "Blocks refused by validation (never used).",
+    "pidquorum_broker_pid_fetch_errors": "Failed AllocateProducerIds calls, by error.",
+    "pidquorum_broker_quota_rate_per_second": "Producer-ID quota of a principal (InitProducerId/s).",
+    "pidquorum_broker_quota_tokens": "Tokens left in a principal's producer-ID quota bucket.",
+    "pidquorum_broker_quota_throttle_time_seconds": "Throttle time given to a principal's requests.",
+    "pidquorum_broker_quota_throttled_requests": "Requests of a principal that were throttled.",
+}
+
+_COUNTERS = {  # BrokerServer.counters key -> metric
+    "duplicates": "pidquorum_broker_duplicates",
+    "fenced_producers": "pidquorum_broker_fenced_producers",
+    "load_in_progress": "pidquorum_broker_coordinator_load_in_progress",
+    "requests": "pidquorum_broker_requests",
+    "bad_frames": "pidquorum_broker_bad_frames",
+    "bad_requests": "pidquorum_broker_bad_requests",
+    "produce_batches": "pidquorum_broker_produce_batches",
+    "init_producer_id": "pidquorum_broker_init_producer_id_requests",
+}
+
+
+def _counter(name: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, BROKER_METRICS[name], value=value)
+
+
+def _gauge(name: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, BROKER_METRICS[name], value=value)
+
+
+def broker_families(st: dict) -> Iterable[Any]:
+    """The metric families of one ``BrokerServer.status()`` dict."""
+    yield InfoMetricFamily("pidquorum_broker", BROKER_METRICS["pidquorum_broker"],
+                           value={"broker_id": str(st["broker_id"]), "listener": str(st["listen"])})
+    for key, name in _COUNTERS.items():
+        yield _counter(name, st["counters"].get(key, 0))
+    pm = st.get("pid_manager")
+    if pm is not None:
+        c = pm["counters"]
+        yield _gauge("pidquorum_broker_epoch", pm["broker_epoch"] if pm["broker_epoch"] is not None else -1)
+        yield _counter("pidquorum_broker_pids_issued", c["generated"])
+        yield _counter("pidquorum_broker_prefetch_hits", c["prefetch_hits"])
+        yield _counter("pidquorum_broker_prefetch_misses", c["prefetch_misses"])
+        yield _gauge("pidquorum_broker_pid_reserve_ids", pm["reserve_ids"])
+        yield _gauge("pidquorum_broker_pid_target_reserve_ids", pm["target_reserve_ids"])
+        yield _gauge("pidquorum_broker_pid_queued_blocks", pm["queued_block_count"])
+        yield _gauge("pidquorum_broker_pid_demand_ids_per_second", pm["rate_estimate_per_s"])
+        latency = GaugeMetricFamily("pidquorum_broker_pid_allocate_latency_seconds",
+                                    BROKER_METRICS["pidquorum_broker_pid_allocate_latency_seconds"])
+        if pm["allocate_latency_ewma_s"] is not None:
+            latency.add_metric([], pm["allocate_latency_ewma_s"])
+        yield latency
+        yield _counter("pidquorum_broker_pid_blocks_fetched", c["blocks_fetched"])
+        yield _counter("pidquorum_broker_pid_blocks_rejected", c["blocks_rejected"])
+        errors = CounterMetricFamily("pidquorum_broker_pid_fetch_errors",
+                                     BROKER_METRICS["pidquorum_broker_pid_fetch_errors"], labels=["error"])
+        for err, n in sorted(c["fetch_errors"].items()):
+            errors.add_metric([err], n)
+        yield errors
+    yield from quota_families(st.get("quota") or {})
+
+
+def quota_families(quota: dict[str, dict]) -> Iterable[Any]:
+    """Per-principal quota figures: ``{principal: {"rate", "tokens", "throttle_time_ms", "throttled_requests"}}``.
+    A figure a provider does not give is left out for that principal."""
+    rate = GaugeMetricFamily("pidquorum_broker_quota_rate_per_second",
+                             BROKER_METRICS["pidquorum_broker_quota_rate_per_second"], labels=["principal"])
+    tokens = GaugeMetricFamily("pidquorum_broker_quota_tokens", BROKER_METRICS["pidquorum_broker_quota_tokens"],
+                               labels=["principal"])
+    throttle = CounterMetricFamily("pidquorum_broker_quota_throttle_time_seconds",
+                                   BROKER_METRICS["pidquorum_broker_quota_throttle_time_seconds"],
+                                   labels=["principal"])
+    throttled = CounterMetricFamily("pidquorum_broker_quota_throttled_requests",
+                                    BROKER_METRICS["pidquorum_broker_quota_throttled_requests"],
+                                    labels=["principal"])
+    for principal, q in sorted(quota.items()):
+        label = [str(principal)]
+        if q.get("rate") is not None:
+            rate.add_metric(label, float(q["rate"]))
+        if q.get("tokens") is not None:
+            tokens.add_metric(label, float(q["tokens"]))
+        if q.get("throttle_time_ms") is not None:
+            throttle.add_metric(label, float(q["throttle_time_ms"]) / 1000.0)
+        if q.get("throttled_requests") is not None:
+            throttled.add_metric(label, float(q["throttled_requests"]))
+    return [rate, tokens, throttle, throttled]

@@ -8,6 +8,7 @@ Example::
     raft_address = "10.0.0.1:9093"           # advertised to peers
     client_address = "10.0.0.1:9092"         # Kafka protocol for brokers and pidctl
     # raft_bind / client_bind default to the advertised addresses
+    cluster_id = "c-0f6d..."                 # the same on every node (pidctl cluster new-id)
     block_size = 1000
     request_timeout_ms = 3000
     allocate_rate_per_broker = 1000.0        # blocks/s per broker; 0 = no limit
@@ -61,6 +62,7 @@ class NodeConfig:
     max_batch: int = 512
     transactional_id_expiration_ms: int = 7 * 24 * 3600 * 1000   # Kafka's transactional.id.expiration.ms
     transaction_max_timeout_ms: int = 15 * 60 * 1000               # Kafka's transaction.max.timeout.ms
+    cluster_id: str | None = None  # fixed at bootstrap (quorum.identity); default: derived from the secret
     raft: RaftConfig = field(default_factory=RaftConfig)
 
     def client_address_of(self, raft_address: str) -> str | None:
@@ -88,6 +90,8 @@ class NodeConfig:
             raise ConfigError("request_timeout_ms must be positive")
         if self.allocate_rate_per_broker < 0 or self.allocate_burst < 1:
             raise ConfigError("allocate_rate_per_broker must be >= 0 and allocate_burst >= 1")
+        if self.cluster_id is not None and (not isinstance(self.cluster_id, str) or not self.cluster_id.strip()):
+            raise ConfigError("cluster_id must be a non-empty string")
         if self.max_frame_bytes < 1024:
             raise ConfigError("max_frame_bytes must be at least 1024")
         if self.transactional_id_expiration_ms <= 0 or not 0 < self.transaction_max_timeout_ms <= 2**31 - 1:

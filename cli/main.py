@@ -153,6 +153,13 @@ async def _wait_leader(obj: Ctx) -> None:
         await client.close()
 
 
+@cluster.command("new-id")
+def cluster_new_id():
+    """Print a new cluster id, for cluster_id in every node's config of a new deployment."""
+    from quorum.identity import new_cluster_id
+    render.line(new_cluster_id())
+
+
 @cluster.command("down")
 @click.pass_obj
 @handle_errors

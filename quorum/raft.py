@@ -151,8 +151,19 @@ class _SyncingTransport(TCPTransport):
         if kind == "pq_refused":
             self.owner._on_refused(node, message)
             return
-        if self.owner._verified.get(node.address) is not True:
+        if kind == "pq_hello_request":
+            super().send(node, self.identity.hello.message())
+            return
+        verdict = self.owner._verified.get(node.address)
+        if verdict is not True:
             self.owner.unverified_dropped += 1
+            if verdict is None:
+                # Traffic before the peer's hello (its hello went out on a connection that was then
+                # replaced, or a message raced it): ask for the hello again, at most twice a second.
+                now = time.monotonic()
+                if now - self.owner._hello_asked.get(node.address, float("-inf")) >= 0.5:
+                    self.owner._hello_asked[node.address] = now
+                    super().send(node, {"type": "pq_hello_request"})
             return
         super()._onMessageReceived(node, message)
 
@@ -204,6 +215,7 @@ class RaftNode:
         self._verified: dict[str, bool | str] = {}  # peer raft address -> True, or why it was refused
         self.peer_clients: dict[str, str] = {}  # peer raft address -> client address (from its hello)
         self.unverified_dropped = 0
+        self._hello_asked: dict[str, float] = {}
         self._refusal_logged: dict[str, float] = {}
         self.journal = DurableJournal(self.journal_path)
         journal = self.journal

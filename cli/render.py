@@ -109,6 +109,18 @@ def _number(v: float) -> str:
     return str(int(v)) if float(v).is_integer() else f"{v:.6g}"
 
 
+def membership(output: str, resp: dict, summary: str) -> None:
+    if output == "json":
+        emit_json(resp)
+        return
+    line(summary)
+    if "members" in resp:
+        line("members: " + ", ".join(resp["members"]))
+    if "catch_up_seconds" in resp:
+        line(f"caught up: {resp['caught_up']} (match index {resp['match_index']}, "
+             f"target {resp['catch_up_index']}, {resp['catch_up_seconds']} s)")
+
+
 def blocks(output: str, blocks: list[dict], title: str) -> None:
     listing(output, blocks, title, ["raft idx", "broker", "epoch", "start", "end (excl.)", "len"],
             [[b.get("raft_index"), b["broker_id"], b["broker_epoch"], b["producer_id_start"],

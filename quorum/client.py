@@ -253,6 +253,13 @@ class QuorumClient:
             raise for_code(resp["error_code"], f"{address}: DescribeState failed")
         return resp
 
+    async def admin(self, address: str, body: dict, timeout: float) -> dict:
+        """An admin action on one node (membership changes: ``quorum.membership``), with its own deadline."""
+        resp = await self._conn(address).call(body, timeout)
+        if resp.get("error_code", 0) != 0:
+            raise for_code(resp["error_code"], f"{address}: {resp.get('error_message') or body.get('action')}")
+        return resp
+
     async def close(self) -> None:
         for conn in self._conns.values():
             conn.close()

@@ -8,6 +8,7 @@ Example::
     raft_address = "10.0.0.1:9093"           # advertised to peers
     client_address = "10.0.0.1:9092"         # Kafka protocol for brokers and pidctl
     # raft_bind / client_bind default to the advertised addresses
+    cluster_id = "c-0f6d..."                 # the same on every node (pidctl cluster new-id)
     block_size = 1000
     request_timeout_ms = 3000
     allocate_rate_per_broker = 1000.0        # blocks/s per broker; 0 = no limit
@@ -66,6 +67,7 @@ class NodeConfig:
     metrics_port: int = 0                  # Prometheus /metrics; 0 = off
     metrics_host: str = "127.0.0.1"
     log_format: str = "human"              # or "json": one JSON object per line
+    cluster_id: str | None = None  # fixed at bootstrap (quorum.identity); default: derived from the secret
     raft: RaftConfig = field(default_factory=RaftConfig)
 
     def client_address_of(self, raft_address: str) -> str | None:
@@ -93,6 +95,8 @@ class NodeConfig:
             raise ConfigError("request_timeout_ms must be positive")
         if self.allocate_rate_per_broker < 0 or self.allocate_burst < 1:
             raise ConfigError("allocate_rate_per_broker must be >= 0 and allocate_burst >= 1")
+        if self.cluster_id is not None and (not isinstance(self.cluster_id, str) or not self.cluster_id.strip()):
+            raise ConfigError("cluster_id must be a non-empty string")
         if self.max_frame_bytes < 1024:
             raise ConfigError("max_frame_bytes must be at least 1024")
         if self.transactional_id_expiration_ms <= 0 or not 0 < self.transaction_max_timeout_ms <= 2**31 - 1:

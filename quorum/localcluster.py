@@ -22,6 +22,8 @@ import time
 from dataclasses import dataclass
 
 from .config import NodeConfig, Peer, to_toml
+from .config import load as load_config
+from .identity import new_cluster_id
 from .raft import RaftConfig
 
 STATE_FILE = "cluster.json"
@@ -52,6 +54,7 @@ class NodeInfo:
     client_address: str
     pid: int | None = None
     metrics_address: str | None = None  # host:port of /metrics, if the cluster was created with metrics
+    removed: bool = False  # removed from the Raft membership (pidctl quorum remove-node)
 
 
 class LocalCluster:
@@ -83,7 +86,7 @@ class LocalCluster:
         return [NodeInfo(**n) for n in self.load()["nodes"]]
 
     def client_addresses(self) -> list[str]:
-        return [n.client_address for n in self.nodes()]
+        return [n.client_address for n in self.nodes() if not n.removed]
 
     def config_path(self, node_id: int) -> str:
         return os.path.join(self.dir, f"node-{node_id}.toml")
@@ -115,6 +118,7 @@ class LocalCluster:
             fd = os.open(secret_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(secrets.token_urlsafe(32) + "\n")
+        node_options.setdefault("cluster_id", new_cluster_id())
         base = 3 * size if raft_proxy else 2 * size
         ports = free_ports(base + (size if metrics else 0), host)
         infos = [NodeInfo(i + 1, f"{host}:{ports[2 * i]}", f"{host}:{ports[2 * i + 1]}") for i in range(size)]
@@ -132,6 +136,33 @@ class LocalCluster:
             with open(self.config_path(info.node_id), "w") as f:
                 f.write(to_toml(cfg, "secret"))
         self._save({"nodes": [vars(i) for i in infos]})
+
+    def add_node_config(self, host: str = "127.0.0.1") -> NodeInfo:
+        """Write the config of a new node (next id, free ports, empty data dir) whose peers are the
+        nodes not marked removed, with the settings of an existing node's config.  Not started, and
+        not a member until ``pidctl quorum add-node``."""
+        state = self.load()
+        members = [NodeInfo(**n) for n in state["nodes"] if not n.get("removed")]
+        template = load_config(self.config_path(members[0].node_id))
+        node_id = max(n["node_id"] for n in state["nodes"]) + 1
+        raft_port, client_port = free_ports(2, host)
+        info = NodeInfo(node_id, f"{host}:{raft_port}", f"{host}:{client_port}")
+        template.node_id, template.data_dir = node_id, f"node-{node_id}"
+        template.raft_address, template.client_address = info.raft_address, info.client_address
+        template.raft_bind = template.client_bind = None
+        template.peers = [Peer(o.node_id, o.raft_address, o.client_address) for o in members]
+        with open(self.config_path(node_id), "w") as f:
+            f.write(to_toml(template, "secret"))
+        state["nodes"].append(vars(info))
+        self._save(state)
+        return info
+
+    def mark_removed(self, node_id: int) -> None:
+        state = self.load()
+        for n in state["nodes"]:
+            if n["node_id"] == node_id:
+                n["removed"] = True
+        self._save(state)
 
     # ------------------------------------------------------------- processes
     def start(self, node_id: int, env: dict | None = None) -> int:

@@ -11,6 +11,7 @@ from . import logs
 from .config import NodeConfig
 from .errors import CorruptFileError
 from .metrics import quorum_families, serve_metrics
+from .identity import EXIT_IDENTITY_REFUSED, IdentityError
 from .server import QuorumServer
 from .service import Service
 
@@ -56,6 +57,9 @@ def run_node(cfg: NodeConfig, ready_file: str | None = None) -> int:
     except CorruptFileError as e:
         log.critical("refusing to start: %s", e)
         return 66
+    except IdentityError as e:
+        log.critical("refusing to start: %s", e)
+        return EXIT_IDENTITY_REFUSED
     except OSError as e:
         log.critical("cannot start: %s", e)
         return 69

@@ -31,6 +31,7 @@ from pysyncobj.transport import TCPTransport
 
 from snapshots.format import Snapshot, read_snapshot, write_snapshot
 
+from .identity import EXIT_IDENTITY_REFUSED, Hello, NodeIdentity
 from .journal import DurableJournal
 
 log = logging.getLogger(__name__)
@@ -120,13 +121,57 @@ logging.getLogger(_syncobj_module.__name__).addFilter(_KeptCommittedFilter())
 
 
 class _SyncingTransport(TCPTransport):
-    """TCP transport that makes the journal durable before any message leaves."""
+    """TCP transport that makes the journal durable before any message leaves, and that lets
+    no message of a connection reach Raft before the peer's identity hello was checked
+    (``quorum.identity``)."""
 
     journal: DurableJournal
+    identity: NodeIdentity
+    owner: "RaftNode"
 
     def send(self, node, message):
         self.journal.sync()
         return super().send(node, message)
+
+    def _onNodeConnected(self, node):
+        self.owner._verified.pop(node.address, None)
+        # First on the connection, so it arrives before anything pysyncobj sends on it.
+        super().send(node, self.identity.hello.message())
+        super()._onNodeConnected(node)
+
+    def _onNodeDisconnected(self, node):
+        self.owner._verified.pop(node.address, None)
+        super()._onNodeDisconnected(node)
+
+    def _onMessageReceived(self, node, message):
+        kind = message.get("type") if isinstance(message, dict) else None
+        if kind == "pq_hello":
+            self.owner._on_hello(node, message)
+            return
+        if kind == "pq_refused":
+            self.owner._on_refused(node, message)
+            return
+        if kind == "pq_hello_request":
+            super().send(node, self.identity.hello.message())
+            return
+        verdict = self.owner._verified.get(node.address)
+        if verdict is not True:
+            self.owner.unverified_dropped += 1
+            if verdict is None:
+                # Traffic before the peer's hello (its hello went out on a connection that was then
+                # replaced, or a message raced it): ask for the hello again, at most twice a second.
+                now = time.monotonic()
+                if now - self.owner._hello_asked.get(node.address, float("-inf")) >= 0.5:
+                    self.owner._hello_asked[node.address] = now
+                    super().send(node, {"type": "pq_hello_request"})
+            return
+        super()._onMessageReceived(node, message)
+
+    def dropNode(self, node):
+        # A membership change removed ``node``: a fresh node may later be added at its address.
+        self.identity.forget(node.address)
+        self.owner.peer_clients.pop(node.address, None)
+        super().dropNode(node)
 
 
 class _Replicated(SyncObj):
@@ -151,7 +196,8 @@ class RaftNode:
 
     def __init__(self, self_addr: str, partners: list[str], data_dir: str, secret: str, raft: RaftConfig,
                  on_apply: Callable[[int, int, bytes], Any], snapshot_state: Callable[[], list],
-                 restore_state: Callable[[list, int], None], bind_addr: str | None = None):
+                 restore_state: Callable[[list, int], None], bind_addr: str | None = None,
+                 identity: NodeIdentity | None = None):
         if not secret:
             raise ValueError("a cluster secret is required: the Raft port executes what it receives")
         raft.validate()
@@ -165,6 +211,12 @@ class RaftNode:
         # Refuse to start from a damaged snapshot: pysyncobj would log and go on empty.
         if os.path.exists(self.snapshot_path):
             read_snapshot(self.snapshot_path)
+        self.identity = identity or NodeIdentity.open(data_dir, secret)
+        self._verified: dict[str, bool | str] = {}  # peer raft address -> True, or why it was refused
+        self.peer_clients: dict[str, str] = {}  # peer raft address -> client address (from its hello)
+        self.unverified_dropped = 0
+        self._hello_asked: dict[str, float] = {}
+        self._refusal_logged: dict[str, float] = {}
         self.journal = DurableJournal(self.journal_path)
         journal = self.journal
 
@@ -172,6 +224,8 @@ class RaftNode:
             pass
 
         Transport.journal = journal
+        Transport.identity = self.identity
+        Transport.owner = self
         self._transport_holder: list = []
 
         def make_transport(*args, **kwargs):
@@ -196,6 +250,7 @@ class RaftNode:
             logCompactionMinEntries=raft.compaction_min_entries,
             logCompactionMinTime=raft.compaction_min_time,
             commandsWaitLeader=False,
+            dynamicMembershipChange=True,
             bindAddress=bind_addr,
             onStateChanged=lambda old, new: self.leader_changed.set(),
         )
@@ -235,6 +290,77 @@ class RaftNode:
             logging.shutdown()
             os._exit(EXIT_CORRUPT_SNAPSHOT)
         return (snap.last_entry, snap.prev_entry, {TCPNode(a) for a in snap.cluster})
+
+    # -------------------------------------------------------------- identity
+    def _on_hello(self, node, message) -> None:
+        """A peer's hello (pysyncobj's thread): let its messages through, or refuse it and say why."""
+        address = node.address
+        try:
+            hello = Hello.from_message(message)
+            reason = self.identity.check(address, hello)
+        except ValueError as e:
+            reason = f"malformed hello from {address}: {e}"
+        if reason is None:
+            self._verified[address] = True
+            if hello.client_address:
+                self.peer_clients[address] = hello.client_address
+            return
+        self._verified[address] = reason
+        now = time.monotonic()
+        if now - self._refusal_logged.get(address, float("-inf")) >= 10.0:
+            self._refusal_logged[address] = now
+            log.error("refusing Raft traffic from %s: %s", address, reason)
+        # The transport may call this while SyncObj is still being built (before self._transport is set).
+        self._transport_holder[0].send(node, {"type": "pq_refused", "reason": reason, "by": self.self_addr})
+
+    def _on_refused(self, node, message) -> None:
+        """A peer refused this node's identity: never take part in Raft as this member; stop."""
+        reason = message.get("reason") if isinstance(message, dict) else None
+        log.critical("refusing to start: peer %s refused this node (%s): %s", node.address, self.self_addr,
+                     reason if isinstance(reason, str) else "no reason given")
+        logging.shutdown()
+        os._exit(EXIT_IDENTITY_REFUSED)
+
+    def peer_client_address(self, raft_address: str) -> str | None:
+        return self.peer_clients.get(raft_address)
+
+    # ------------------------------------------------------------ membership
+    def members(self) -> list[str]:
+        """Raft addresses of the voting members, this node first (this node's current view)."""
+        return [self.self_addr] + sorted(n.address for n in self._obj.otherNodes)
+
+    def _call(self, start: Callable[[Callable], None], timeout: float) -> None:
+        done = threading.Event()
+        outcome: list = []
+
+        def callback(result, error):
+            outcome.append(error)
+            done.set()
+
+        start(callback)
+        if not done.wait(timeout):
+            raise ProposalUnknown(f"no answer within {timeout:.1f}s")
+        error = outcome[0]
+        if error == FAIL_REASON.SUCCESS:
+            return
+        if error == FAIL_REASON.REQUEST_DENIED:
+            raise ProposalRejected("request denied (a membership change is still pending, the leader has not "
+                                   "committed an entry of its term yet, or the node is already in that state)")
+        if error in _DEFINITE:
+            raise ProposalRejected(_DEFINITE[error])
+        raise ProposalUnknown(f"outcome unknown (pysyncobj reason {error})")
+
+    def add_member(self, address: str, timeout: float) -> None:
+        """Append and commit the membership entry that adds ``address`` (leader only; one change at a time)."""
+        self._call(lambda cb: self._obj.addNodeToCluster(address, callback=cb), timeout)
+
+    def remove_member(self, address: str, timeout: float) -> None:
+        self._call(lambda cb: self._obj.removeNodeFromCluster(address, callback=cb), timeout)
+
+    def transfer_leadership(self, address: str | None, timeout: float) -> None:
+        """Ask the leader to hand over to ``address`` (None: the most caught-up follower).  Returns once
+        the request was sent; pysyncobj denies it when the target is not fully caught up."""
+        self._call(lambda cb: self._obj.transferLeadership(address, callback=cb), timeout)
 
     # ----------------------------------------------------------------- ticks
     def _on_tick(self):
@@ -293,6 +419,10 @@ class RaftNode:
             "journal_syncs": self.journal.syncs,
             "journal_sync_latency": self.journal.sync_latency.snapshot(),
             "leader_changes": self.leader_changes,
+            "members": self.members(),
+            "identity": self.identity.describe(),
+            "refused_peers": {a: r for a, r in self._verified.items() if r is not True},
+            "unverified_dropped": self.unverified_dropped,
         }
 
     def role(self) -> tuple[bool, str | None, int]:

@@ -29,6 +29,7 @@ from records import (
     SeedProducerIdsResponse,
 )
 
+from . import membership
 from . import protocol as p
 from .client import Connection, ConnectionFailed
 from .errors import (
@@ -167,6 +168,8 @@ class QuorumServer:
                 log.info("client %s: %s v%d -> %s: %s", peer, p.API_NAMES.get(req.api_key), req.api_version,
                          e.code.name, e.message)
             body = p.error_body(req.api_key, req.api_version, e.code, e.throttle_ms)
+            if req.api_key == p.ADMIN_API_KEY:
+                body["error_message"] = e.message  # admin actions (membership) say why they were refused
             if req.api_key == p.RECORD_API_KEY:
                 cls = p.RPC_RESPONSES.get(type(req.body), InitTransactionalProducerResponse)
                 body = cls(error_code=int(e.code), error_message=e.message)
@@ -182,6 +185,8 @@ class QuorumServer:
             return p.api_versions_body(req.api_version)
         if req.api_key == p.ADMIN_API_KEY:
             action = b.get("action")
+            if action in membership.ACTIONS:
+                return {"error_code": 0, **await membership.handle(self.service, action, b)}
             if action == "snapshot":
                 self.service.raft.force_snapshot()
             elif action is not None:
@@ -270,7 +275,8 @@ class QuorumServer:
                 return await self.proposer.submit(kind, args, remaining)
             if forwarded:
                 raise NotControllerError("not the leader (forwarded request)")
-            target = self.cfg.client_address_of(leader) if leader else None
+            target = (self.cfg.client_address_of(leader) or self.service.raft.peer_client_address(leader)
+                      if leader else None)  # a member added after this config was written: from its hello
             if target is not None:
                 try:
                     body = await self._forward(target, req, remaining)

@@ -36,6 +36,7 @@ from .errors import (
     RequestTimedOutError,
     UnknownServerError,
 )
+from .identity import NodeIdentity
 from .managers import BRIDGE, ROLLED_BACK, ApplyOutcome, QuorumState, Result
 from .raft import ProposalRejected, ProposalUnknown, RaftNode
 
@@ -58,10 +59,11 @@ class Service:
         self.state = QuorumState()
         self.applied_index = 0
         self.allocations: dict[int, list[int]] = {}  # broker id -> [blocks, IDs] committed (counted at apply)
+        self.identity = NodeIdentity.open(cfg.data_dir, cfg.secret, cfg.cluster_id, cfg.client_address)
         self.audit = AuditWriter(os.path.join(cfg.data_dir, "audit.log"))
         self.raft = RaftNode(cfg.raft_address, [p.raft_address for p in cfg.peers], cfg.data_dir, cfg.secret,
                              cfg.raft, on_apply=self._apply, snapshot_state=self._snapshot_state,
-                             restore_state=self._restore_state, bind_addr=cfg.raft_bind)
+                             restore_state=self._restore_state, bind_addr=cfg.raft_bind, identity=self.identity)
 
     # ---------------------------------------------- pysyncobj thread callbacks
     def _apply(self, index: int, term: int, payload: bytes) -> list[str | None]:

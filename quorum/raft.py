@@ -167,9 +167,17 @@ class _SyncingTransport(TCPTransport):
             return
         super()._onMessageReceived(node, message)
 
+    def destroy(self):
+        # pysyncobj's destroy() drops every node: that is a shutdown, not a membership change, and the
+        # identities this node learnt must survive it (else a wiped or restored peer is accepted after
+        # a restart of this node).
+        self._destroying = True
+        super().destroy()
+
     def dropNode(self, node):
         # A membership change removed ``node``: a fresh node may later be added at its address.
-        self.identity.forget(node.address)
+        if not getattr(self, "_destroying", False):
+            self.identity.forget(node.address)
         self.owner.peer_clients.pop(node.address, None)
         super().dropNode(node)
 

@@ -145,3 +145,26 @@ def test_transfer_leadership(cluster):
     assert json.loads(out)["leader"] == target.raft_address
     assert cluster.leader() == target.node_id
     allocate(lc.client_addresses(), 3)
+
+
+def test_identities_survive_a_graceful_restart_of_every_node(cluster):
+    """A clean stop is not a membership change: every node keeps what it learnt of its peers, so a node
+    wiped while the whole cluster was down is still refused when they all come back."""
+    from quorum.identity import PEERS_FILE, NodeIdentity
+
+    lc = cluster.lc
+    allocate(lc.client_addresses(), 3)
+    nodes = lc.nodes()
+    for n in nodes:  # every node has checked the hello of both others
+        wait_for(lambda n=n: len(NodeIdentity._load_peers(os.path.join(lc.data_dir(n.node_id), PEERS_FILE))) == 2,
+                 15, what=f"node {n.node_id} to know both peers")
+    lc.down()
+    for n in nodes:
+        known = NodeIdentity._load_peers(os.path.join(lc.data_dir(n.node_id), PEERS_FILE))
+        assert set(known) == {m.raft_address for m in nodes if m is not n}, (n.node_id, known)
+    victim = nodes[2]
+    shutil.rmtree(lc.data_dir(victim.node_id))
+    for n in nodes:
+        lc.start(n.node_id)
+    log = wait_refused_exit(lc, victim.node_id)
+    assert "its data directory was lost or replaced" in log

@@ -433,7 +433,10 @@ class ProducerIdManager:
     def _accept(self, start: int, length: int, latency: float, now: float) -> None:
         end = start + length
         if self._next >= self._end and not self._queue:
-            # Nothing in hand: the block becomes current straight away.
+            # Nothing in hand: the block becomes current straight away.  If a block had just run out and
+            # nobody was refused meanwhile, the prefetch was in time: a hit (a refusal counted the miss).
+            if not self._dry and self._end > self._cur_start:
+                self._prefetch_hits += 1
             self._consumed_before_current += self._end - self._cur_start
             self._cur_start, self._next, self._end = start, start, end
         else:

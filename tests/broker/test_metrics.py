@@ -292,3 +292,23 @@ def test_scraped_counters_move_after_allocations_and_pidctl_reads_the_same(meter
 def test_pidctl_broker_status_of_nothing_is_a_clear_error():
     res = CliRunner().invoke(cli, ["--timeout", "2", "broker", "status", "--metrics", f"127.0.0.1:{free_ports(1)[0]}"])
     assert res.exit_code == 3 and "cannot read" in res.output
+
+
+def test_a_block_arriving_just_as_the_last_one_ran_out_is_a_hit_and_a_dry_spell_is_a_miss():
+    """Every block switch counts once: hit (the next block was there in time, even if it arrived after
+    the last ID went out but before anyone asked again) or miss (somebody was refused)."""
+    mgr = ProducerIdManager(1, FakeQuorum(block_size=10))
+    counters = lambda: (mgr.stats()["counters"]["prefetch_hits"], mgr.stats()["counters"]["prefetch_misses"])  # noqa: E731
+    mgr._accept(0, 10, 0.001, time.monotonic())  # the first block: no switch
+    assert [mgr.generate_producer_id() for _ in range(10)] == list(range(10)) and counters() == (0, 0)
+    mgr._accept(10, 10, 0.001, time.monotonic())  # arrives as the first one is spent, nobody waited
+    assert [mgr.generate_producer_id() for _ in range(10)] == list(range(10, 20)) and counters() == (1, 0)
+    mgr._accept(20, 10, 0.001, time.monotonic())  # queued before the switch: a hit when taken
+    assert mgr.generate_producer_id() == 20 and counters() == (2, 0)
+    for _ in range(9):
+        mgr.generate_producer_id()
+    for _ in range(2):
+        with pytest.raises(CoordinatorLoadInProgressError):
+            mgr.generate_producer_id()
+    mgr._accept(30, 10, 0.001, time.monotonic())  # late: the refusal already counted the miss
+    assert mgr.generate_producer_id() == 30 and counters() == (2, 1)

@@ -37,6 +37,7 @@ import json
 import logging
 import math
 import os
+import struct
 import threading
 import time
 from dataclasses import dataclass
@@ -191,6 +192,30 @@ class _PrincipalState:
         if not self.samples:
             return 0.0
         return sum(c for _, c in self.samples) / max(now - self.samples[0][0], window.size_s)
+
+
+_BATCH_LENGTH = struct.Struct(">i")
+_PRODUCER_ID = struct.Struct(">q")
+_HEADER_BYTES = 61  # RecordBatch v2 header; producerId at offset 43, magic at 16
+MAX_BATCHES_SCANNED = 10_000
+
+
+def batch_producer_ids(records: bytes | bytearray | memoryview) -> list[int]:
+    """The distinct producer IDs (>= 0) of the v2 record batches in a Produce partition's records,
+    read from the headers alone.  Stops quietly at anything malformed: the append reports it."""
+    out: list[int] = []
+    pos, end = 0, len(records)
+    for _ in range(MAX_BATCHES_SCANNED):
+        if end - pos < _HEADER_BYTES or records[pos + 16] != 2:
+            break
+        pid = _PRODUCER_ID.unpack_from(records, pos + 43)[0]
+        if pid >= 0 and pid not in out:
+            out.append(pid)
+        length = _BATCH_LENGTH.unpack_from(records, pos + 8)[0]
+        if length < _HEADER_BYTES - 12:
+            break
+        pos += 12 + length
+    return out
 
 
 def user_of(principal: str) -> str:
@@ -419,4 +444,4 @@ def read_stats(broker_dir: str) -> dict[str, Any]:
     return data
 
 
-__all__ = ["LayeredBloomFilter", "ProducerIdQuotaManager", "QuotaConfigPoller", "QuotaWindow", "read_stats"]
+__all__ = ["batch_producer_ids", "LayeredBloomFilter", "ProducerIdQuotaManager", "QuotaConfigPoller", "QuotaWindow", "read_stats"]

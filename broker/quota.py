@@ -23,8 +23,10 @@ the user default; none: not limited, nothing is tracked):
 
 Memory is bounded by the quota, not by how many PIDs arrive: only admitted
 PIDs are added, and admissions are bounded by the bucket, so a layer is sized
-from ``rate * window_size_s`` and at most ``2 * window_num + 2`` layers exist
-(a hard cap: past it the oldest layer goes).  Refused PIDs add nothing.
+from ``rate * window_size_s`` and at most ``3 * window_num + 2`` layers exist
+(a hard cap: past it the oldest layer goes; only re-adding many long-lived PIDs
+can reach it, and then the oldest of them may cost a token once more).
+Refused PIDs add nothing.
 
 Threading: ``check`` runs on the broker's event loop; ``stats()`` may be
 called from any thread (a metrics exporter), so both take one lock.
@@ -80,7 +82,9 @@ class QuotaWindow:
 
     @property
     def max_layers(self) -> int:
-        return 2 * self.num + 2
+        # Layers alive within one span: filled by count <= 2 * num (admissions <= burst + refill =
+        # 2 * num * layer_items), opened by time <= num + 1; refreshes are the only way past it.
+        return 3 * self.num + 2
 
     @property
     def layer_false_positive_rate(self) -> float:

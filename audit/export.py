@@ -102,6 +102,7 @@ FIELD_TYPES: dict[str, pa.DataType] = {
     "bool": pa.bool_(),
     "string": pa.string(),
     "nullable_string": pa.string(),
+    "float64": pa.float64(),
 }
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +45,7 @@ from quorum.errors import (
 from . import kafkaio as kio_
 from .partition import Partition
 from .pid_manager import PidManagerConfig, ProducerIdManager
+from .quota import STATS_FILE, ProducerIdQuotaManager, QuotaConfigPoller, QuotaWindow, batch_producer_ids
 from .storage import Storage
 
 log = logging.getLogger(__name__)
@@ -89,6 +91,11 @@ class BrokerConfig:
     metrics_port: int = 0                 # Prometheus /metrics; 0 = off
     metrics_host: str = "127.0.0.1"
     pid_manager: PidManagerConfig = field(default_factory=PidManagerConfig)
+    # KIP-936 producer-ID quota: producer.id.quota.window.num / .size.seconds; quotas come from the quorum
+    producer_id_quota_window_num: int = 11
+    producer_id_quota_window_size_s: float = 3600.0
+    producer_id_quota_false_positive_rate: float = 0.001
+    quota_refresh_s: float = 1.0          # how often the quota configuration is read from the quorum
 
     def __post_init__(self) -> None:
         if not 0 <= self.broker_id <= 2**31 - 1:
@@ -101,6 +108,14 @@ class BrokerConfig:
             raise ValueError("fault_drop_every must be >= 0")
         if not 0 <= self.metrics_port < 65536:
             raise ValueError("metrics_port must be in 0..65535 (0 = off)")
+        if not 0 < self.quota_refresh_s <= 3600:
+            raise ValueError(f"quota refresh interval {self.quota_refresh_s} s is not in (0, 3600]")
+        self.quota_window  # checks the window settings
+
+    @property
+    def quota_window(self) -> QuotaWindow:
+        return QuotaWindow(num=self.producer_id_quota_window_num, size_s=float(self.producer_id_quota_window_size_s),
+                           false_positive_rate=float(self.producer_id_quota_false_positive_rate))
 
     @property
     def advertised_address(self) -> tuple[str, int]:
@@ -132,11 +147,17 @@ class BrokerServer:
         self._appended: asyncio.Condition | None = None
         self._produce_requests = 0
         self._connections: set[asyncio.Task] = set()
+        self.quotas = ProducerIdQuotaManager(cfg.quota_window)
+        self.quota_poller = QuotaConfigPoller(self.quotas, self.quorum, cfg.quota_refresh_s,
+                                              stats_path=os.path.join(cfg.data_dir, STATS_FILE))
+        self._quota_task: asyncio.Task | None = None
+        self._muted_until: dict[Any, float] = {}  # peer -> monotonic time its next request may be handled
         self.counters = {"requests": 0, "bad_frames": 0, "bad_requests": 0, "produce_batches": 0,
                          "duplicates": 0, "dropped_by_fault_injection": 0, "init_producer_id": 0,
-                         "load_in_progress": 0, "trailing_bytes": 0, "fenced_producers": 0}
+                         "load_in_progress": 0, "trailing_bytes": 0, "fenced_producers": 0,
+                         "quota_throttled_batches": 0}
         self.port: int | None = None
-        self.quota_provider: Any = None  # anything with stats() -> {principal: {rate, tokens, throttle_time_ms, ...}}
+        self.quota_provider: Any = self.quotas  # stats() -> {principal: {rate, tokens, throttle_time_ms, ...}}
 
     def quota_stats(self) -> dict[str, dict]:
         """Per-principal producer-ID quota figures of the quota provider ({} when there is none)."""
@@ -164,6 +185,9 @@ class BrokerServer:
                                       config=self.cfg.pid_manager)
         # Clients that connect before the first block is in hand get COORDINATOR_LOAD_IN_PROGRESS (retriable).
         await self.pids.start()
+        # Quotas in force from the first produce when the quorum answers now; else from the first poll that works.
+        await self.quota_poller.refresh()
+        self._quota_task = asyncio.get_running_loop().create_task(self.quota_poller.run())
         log.info("broker %d listening on %s:%d (epoch %s, data %s)", self.cfg.broker_id, host, self.port,
                  self.pids.broker_epoch, self.cfg.data_dir)
 
@@ -172,6 +196,8 @@ class BrokerServer:
             self._server.close()
         for t in list(self._connections):
             t.cancel()
+        if self._quota_task is not None:
+            self._quota_task.cancel()
         if self.pids is not None:
             await self.pids.close()
         await self.quorum.close()
@@ -205,6 +231,7 @@ class BrokerServer:
         finally:
             read_task.cancel()
             writer.close()
+            self._muted_until.pop(peer, None)
             if task is not None:
                 self._connections.discard(task)
 
@@ -218,6 +245,11 @@ class BrokerServer:
             await frames.put(None)
 
     async def _answer(self, frame: bytes, peer: Any) -> bytes | None:
+        muted_until = self._muted_until.pop(peer, None)
+        if muted_until is not None and muted_until > time.monotonic():
+            # The last response told the client to back off; as Kafka does (KIP-219), the
+            # connection's next request waits too, so a client that ignores it gains nothing.
+            await asyncio.sleep(muted_until - time.monotonic())
         try:
             req = p.parse_request(frame, SUPPORTED, NAMES, trailing_ok=True)
         except p.FrameError as e:
@@ -254,6 +286,9 @@ class BrokerServer:
             body = self._error_body(req.api_key, req.api_version, Errors.UNKNOWN_SERVER_ERROR, req.body)
         if body is None:  # acks=0 produce: no response at all
             return None
+        throttle_ms = kio_.ms(getattr(body, "throttle_time", None))
+        if throttle_ms > 0:
+            self._muted_until[peer] = time.monotonic() + throttle_ms / 1000
         return p.encode_response(req.api_key, req.api_version, req.correlation_id, body)
 
     # ------------------------------------------------------------ dispatch
@@ -448,6 +483,7 @@ class BrokerServer:
         loop = asyncio.get_running_loop()
         responses = []
         appended_any = False
+        refused = self._check_producer_id_quota(req)
         for t in b.topic_data:
             parts = []
             for pd in t.partition_data:
@@ -464,6 +500,16 @@ class BrokerServer:
                     continue
                 if pd.records is None:
                     r["error_code"], r["error_message"] = int(Errors.INVALID_RECORD), "no records"
+                    continue
+                throttled = max((refused.get(pid, 0) for pid in batch_producer_ids(pd.records)),
+                                default=0) if refused else 0
+                if throttled:
+                    # KIP-936: a producer ID this principal has not produced with lately, over its
+                    # producer_ids_rate: nothing is appended; retriable, with the throttle time.
+                    self.counters["quota_throttled_batches"] += 1
+                    r["error_code"] = int(Errors.THROTTLING_QUOTA_EXCEEDED)
+                    r["error_message"] = (f"{req.principal} is over its producer_ids_rate for new producer IDs; "
+                                          f"retry in {throttled} ms")
                     continue
                 res = await loop.run_in_executor(self._io, part.append, bytes(pd.records))
                 r["error_code"] = int(res.error)
@@ -488,7 +534,27 @@ class BrokerServer:
                 raise _DropConnection()
         if acks == 0:
             return None
-        return kio_.response(PRODUCE, v, {"responses": responses, "throttle_time": 0})
+        throttle_ms = max(refused.values(), default=0) if refused else 0
+        return kio_.response(PRODUCE, v, {"responses": responses, "throttle_time": throttle_ms})
+
+    def _check_producer_id_quota(self, req: p.Request) -> dict[int, int]:
+        """KIP-936: {producer id: throttle ms} for the new producer IDs of this request over the
+        principal's quota (empty: everything may go ahead).  Each producer ID is checked once."""
+        pids: set[int] = set()
+        for t in req.body.topic_data:
+            for pd in t.partition_data:
+                if pd.records is not None:
+                    pids.update(batch_producer_ids(pd.records))
+        now = time.monotonic()
+        out = {}
+        for pid in sorted(pids):
+            wait_ms = self.quotas.check(req.principal, pid, now)
+            if wait_ms:
+                out[pid] = wait_ms
+        if out:
+            log.debug("%s: %d new producer ID(s) over the producer_ids_rate quota; throttled %d ms", req.principal,
+                     len(out), max(out.values()))
+        return out
 
     # ------------------------------------------------------------ Fetch
     async def _fetch(self, req: p.Request) -> Any:

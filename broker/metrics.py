@@ -35,7 +35,8 @@ BROKER_METRICS = {
     "pidquorum_broker_pid_blocks_fetched": "Blocks accepted from the quorum.",
     "pidquorum_broker_pid_blocks_rejected": "Blocks refused by validation (never used).",
     "pidquorum_broker_pid_fetch_errors": "Failed AllocateProducerIds calls, by error.",
-    "pidquorum_broker_quota_rate_per_second": "Producer-ID quota of a principal (InitProducerId/s).",
+    "pidquorum_broker_quota_rate_per_second": "New producer IDs per second a principal was measured using.",
+    "pidquorum_broker_quota_limit_per_second": "A principal's producer_ids_rate quota (KIP-936).",
     "pidquorum_broker_quota_tokens": "Tokens left in a principal's producer-ID quota bucket.",
     "pidquorum_broker_quota_throttle_time_seconds": "Throttle time given to a principal's requests.",
     "pidquorum_broker_quota_throttled_requests": "Requests of a principal that were throttled.",
@@ -94,10 +95,13 @@ def broker_families(st: dict) -> Iterable[Any]:
 
 
 def quota_families(quota: dict[str, dict]) -> Iterable[Any]:
-    """Per-principal quota figures: ``{principal: {"rate", "tokens", "throttle_time_ms", "throttled_requests"}}``.
+    """Per-principal quota figures: ``{principal: {"rate", "quota", "tokens", "throttle_time_ms_total" (or
+    "throttle_time_ms"), "throttled_requests"}}`` (``broker.quota.ProducerIdQuotaManager.stats()``).
     A figure a provider does not give is left out for that principal."""
     rate = GaugeMetricFamily("pidquorum_broker_quota_rate_per_second",
                              BROKER_METRICS["pidquorum_broker_quota_rate_per_second"], labels=["principal"])
+    limit = GaugeMetricFamily("pidquorum_broker_quota_limit_per_second",
+                              BROKER_METRICS["pidquorum_broker_quota_limit_per_second"], labels=["principal"])
     tokens = GaugeMetricFamily("pidquorum_broker_quota_tokens", BROKER_METRICS["pidquorum_broker_quota_tokens"],
                                labels=["principal"])
     throttle = CounterMetricFamily("pidquorum_broker_quota_throttle_time_seconds",
@@ -110,10 +114,13 @@ def quota_families(quota: dict[str, dict]) -> Iterable[Any]:
         label = [str(principal)]
         if q.get("rate") is not None:
             rate.add_metric(label, float(q["rate"]))
+        if q.get("quota") is not None:
+            limit.add_metric(label, float(q["quota"]))
         if q.get("tokens") is not None:
             tokens.add_metric(label, float(q["tokens"]))
-        if q.get("throttle_time_ms") is not None:
-            throttle.add_metric(label, float(q["throttle_time_ms"]) / 1000.0)
+        total = q.get("throttle_time_ms_total", q.get("throttle_time_ms"))
+        if total is not None:
+            throttle.add_metric(label, float(total) / 1000.0)
         if q.get("throttled_requests") is not None:
             throttled.add_metric(label, float(q["throttled_requests"]))
-    return [rate, tokens, throttle, throttled]
+    return [rate, limit, tokens, throttle, throttled]

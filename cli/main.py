@@ -252,6 +252,12 @@ def broker():
               help="Fault injection: every Nth produce request is appended, then the connection is dropped "
                    "before the answer.")
 @click.option("--producer-id-expiration-ms", type=click.IntRange(1), default=24 * 3600 * 1000, show_default=True)
+@click.option("--producer-id-quota-window-num", type=click.IntRange(1, 1000), default=11, show_default=True,
+              help="KIP-936 producer.id.quota.window.num: windows a producer ID is remembered (and the burst).")
+@click.option("--producer-id-quota-window-size-s", type=click.FloatRange(0, 7 * 86400, min_open=True), default=3600.0,
+              show_default=True, help="KIP-936 producer.id.quota.window.size.seconds.")
+@click.option("--quota-refresh-s", type=click.FloatRange(0, 3600, min_open=True), default=1.0, show_default=True,
+              help="How often the client quotas are read from the quorum.")
 @click.option("--ready-file", type=click.Path(dir_okay=False), help="Written with 'pid port' once serving.")
 @click.option("--log-level", default="INFO", show_default=True)
 @log_format_option
@@ -261,8 +267,9 @@ def broker():
 @click.pass_obj
 @handle_errors
 def broker_start(obj: Ctx, broker_id, quorum_opt, listen, advertised, broker_dir, partitions, no_dedup,
-                 fault_drop_every, producer_id_expiration_ms, ready_file, log_level, log_format=None, metrics_port=0,
-                 metrics_host="127.0.0.1"):
+                 fault_drop_every, producer_id_expiration_ms, producer_id_quota_window_num,
+                 producer_id_quota_window_size_s, quota_refresh_s, ready_file, log_level, log_format=None,
+                 metrics_port=0, metrics_host="127.0.0.1"):
     """Run a Kafka-protocol broker in the foreground until SIGTERM.
 
     Producer IDs come from quorum-allocated blocks; idempotent produce with
@@ -279,7 +286,10 @@ def broker_start(obj: Ctx, broker_id, quorum_opt, listen, advertised, broker_dir
                            data_dir=broker_dir or f".pidquorum-broker-{broker_id}", default_partitions=partitions,
                            dedup=not no_dedup, fault_drop_every=fault_drop_every,
                            producer_id_expiration_ms=producer_id_expiration_ms, metrics_port=metrics_port,
-                           metrics_host=metrics_host)
+                           metrics_host=metrics_host,
+                           producer_id_quota_window_num=producer_id_quota_window_num,
+                           producer_id_quota_window_size_s=producer_id_quota_window_size_s,
+                           quota_refresh_s=quota_refresh_s)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     sys.exit(run_broker(cfg, ready_file))
@@ -583,6 +593,105 @@ def migrate_status(obj: Ctx, output):
     else:
         render.line(f"migration mode: {result['mode'] or 'none'}" + (f" (znode at {result['zk']})" if result["zk"] else "")
                     + f"; next producer ID {result['next_producer_id']}")
+
+
+# ------------------------------------------------------------------ quota (KIP-936)
+@cli.group()
+def quota():
+    """Client quotas kept in the quorum: producer_ids_rate per user or the user default (KIP-936)."""
+
+
+def _quota_entity(user: str | None, default: bool) -> str | None:
+    from quorum.quotas import parse_user
+
+    if (user is None) == (not default):
+        raise click.UsageError("give exactly one of --user USER and --default")
+    if default:
+        return None
+    try:
+        return parse_user(user)
+    except PidQuorumError as e:
+        raise click.UsageError(e.message) from None
+
+
+@quota.command("set")
+@click.option("--user", help="The user (SASL name, or User:<name>; ANONYMOUS for unauthenticated clients).")
+@click.option("--default", "default", is_flag=True, help="The default for every user without its own quota.")
+@click.option("--producer-ids-rate", "rate", type=float, required=True,
+              help="New producer IDs per second (averaged over the brokers' quota window).")
+@click.option("--dry-run", is_flag=True, help="Let the quorum check it, commit nothing.")
+@output_option
+@click.pass_obj
+@handle_errors
+def quota_set(obj: Ctx, user, default, rate, dry_run, output):
+    """Set producer_ids_rate for a user or the default (like kafka-configs --entity-type users)."""
+    from quorum.quotas import PRODUCER_IDS_RATE, check_value, entity_name
+
+    user = _quota_entity(user, default)
+    try:
+        rate = check_value(PRODUCER_IDS_RATE, rate)
+    except PidQuorumError as e:
+        raise click.UsageError(e.message) from None
+    changed = asyncio.run(run(lambda c: c.alter_client_quota(user, PRODUCER_IDS_RATE, rate,
+                                                             validate_only=dry_run))(obj.client()))
+    result = {"user": user, "entity": entity_name(user), "key": PRODUCER_IDS_RATE, "value": rate, "changed": changed,
+              "dry_run": dry_run}
+    if output == "json":
+        render.emit_json(result)
+    else:
+        verb = "would set" if dry_run else "set" if changed else "unchanged:"
+        render.line(f"{verb} {PRODUCER_IDS_RATE}={rate:g} for {result['entity']}")
+
+
+@quota.command("delete")
+@click.option("--user", help="The user.")
+@click.option("--default", "default", is_flag=True, help="The user default.")
+@output_option
+@click.pass_obj
+@handle_errors
+def quota_delete(obj: Ctx, user, default, output):
+    """Remove producer_ids_rate from a user (the default applies again) or from the default."""
+    from quorum.quotas import PRODUCER_IDS_RATE, entity_name
+
+    user = _quota_entity(user, default)
+    changed = asyncio.run(run(lambda c: c.alter_client_quota(user, PRODUCER_IDS_RATE, remove=True))(obj.client()))
+    result = {"user": user, "entity": entity_name(user), "key": PRODUCER_IDS_RATE, "removed": changed}
+    if output == "json":
+        render.emit_json(result)
+    else:
+        render.line(f"{'removed' if changed else 'was not set:'} {PRODUCER_IDS_RATE} of {result['entity']}")
+
+
+@quota.command("list")
+@output_option
+@click.pass_obj
+@handle_errors
+def quota_list(obj: Ctx, output):
+    """The quotas as the quorum has committed them (read from any node that follows a leader)."""
+    from quorum.quotas import entity_name
+
+    entries, node = asyncio.run(run(lambda c: c.describe_client_quotas())(obj.client()))
+    rows = [{"user": e["user"], "entity": entity_name(e["user"]), **e["values"]} for e in entries]
+    render.quotas(output, rows, node)
+
+
+@quota.command("status")
+@click.option("--broker-dir", "broker_dirs", multiple=True, required=True, type=click.Path(file_okay=False),
+              help="A broker's data dir (repeatable): the stats it writes every quota refresh.")
+@output_option
+@handle_errors
+def quota_status(broker_dirs, output):
+    """Per principal, on each broker: measured new-PID rate, tokens, throttle time, throttled requests."""
+    from broker.quota import read_stats
+
+    out = {}
+    for d in broker_dirs:
+        try:
+            out[d] = read_stats(d)
+        except (OSError, ValueError) as e:
+            render.error(str(e))
+            sys.exit(EXIT_ERROR)
+    render.quota_status(output, out)
 
 
 def _quiet_kazoo() -> None:

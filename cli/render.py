@@ -25,10 +25,14 @@ def emit_json(obj: Any) -> None:
 
 def table(title: str | None, columns: list[str], rows: Iterable[Iterable[Any]]) -> None:
     t = Table(title=title, title_justify="left")
-    for c in columns:
-        t.add_column(c)
-    for r in rows:
-        t.add_row(*["-" if v is None else str(v) for v in r])
+    cells = [["-" if v is None else str(v) for v in r] for r in rows]
+    for i, c in enumerate(columns):
+        if i == 0:  # the row's name (a principal, an address): never cut, however narrow the terminal
+            t.add_column(c, no_wrap=True, min_width=max([len(c)] + [len(r[0]) for r in cells if r]))
+        else:
+            t.add_column(c)
+    for r in cells:
+        t.add_row(*r)
     _out.print(t)
 
 
@@ -163,3 +167,28 @@ class progress:
 def console() -> Console:
     """The stdout console (for reports rendered by other packages)."""
     return _out
+
+
+def quotas(output: str, rows: list[dict], node: str) -> None:
+    if output == "json":
+        emit_json(rows)
+        return
+    table(f"client quotas (from {node})", ["entity", "producer_ids_rate"],
+          [[r["entity"], r.get("producer_ids_rate")] for r in rows])
+
+
+def quota_status(output: str, by_broker: dict[str, dict]) -> None:
+    if output == "json":
+        emit_json(by_broker)
+        return
+    for broker_dir, data in by_broker.items():
+        fresh = data.get("freshness") or {}
+        cfg = data.get("config") or {}
+        line(f"{broker_dir}: quotas read from {fresh.get('read_from') or '-'} {fresh.get('age_s')} s before the "
+             f"stats were written ({data.get('file_age_s')} s ago); window {cfg.get('window_num')} x "
+             f"{cfg.get('window_size_s')} s" + (f"; last error: {fresh['last_error']}" if fresh.get("last_error") else ""))
+        table(None, ["principal", "quota/s", "from", "rate/s", "tokens", "throttle ms", "throttled", "new PIDs",
+                     "seen", "filter KiB", "layers"],
+              [[p, s["quota"], s["quota_source"], s["rate"], s["tokens"], s["throttle_time_ms"],
+                s["throttled_requests"], s["new_pids"], s["seen_pids"], round(s["filter_bytes"] / 1024, 1),
+                s["filter_layers"]] for p, s in data["principals"].items()])

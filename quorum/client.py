@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from records import (
+    AlterClientQuotaRequest,
     DescribeTransactionalIdRequest,
     InitTransactionalProducerRequest,
     MigrationCommandRequest,
@@ -244,6 +245,27 @@ class QuorumClient:
         resp, _ = await self._call_any(MigrationCommandRequest(action=action, zk=zk))
         return {"mode": resp.mode, "changed": bool(resp.changed), "next_producer_id": int(resp.next_producer_id),
                 "message": resp.message}
+
+    async def alter_client_quota(self, user: str | None, key: str, value: float = 0.0, remove: bool = False,
+                                 validate_only: bool = False) -> bool:
+        """Set (or remove) one quota key of ``user`` (None: the user default); whether it changed.
+        Bad input raises InvalidRequestError with the reason."""
+        body = AlterClientQuotaRequest(user=user, key=key, value=float(value), remove=remove,
+                                       validate_only=validate_only)
+        resp, _ = await self._call_any(body)
+        return bool(resp.changed)
+
+    async def describe_client_quotas(self) -> tuple[list[dict], str]:
+        """Every user's quotas and the default ({"user": name | None, "values": {key: value}}), as the
+        answering node has applied them, and that node's address (Kafka's DescribeClientQuotas)."""
+        body = p.request_entity(p.DESCRIBE_CLIENT_QUOTAS, 1, components=(), strict=False)
+        resp, node = await self._call_any(body)
+        out = []
+        for e in resp.entries or ():
+            users = [d.entity_name for d in e.entity if d.entity_type == "user"]
+            if len(users) == 1:
+                out.append({"user": users[0], "values": {v.key: float(v.value) for v in e.values}})
+        return out, node
 
     async def describe(self, address: str, action: str | None = None) -> dict:
         """DescribeState from one node (no failover: the caller asked for that node).

@@ -22,6 +22,7 @@ from records import (
     AllocateProducerIdsRecord,
     BridgeReservationRecord,
     BrokerEpochCursorRecord,
+    ClientQuotaRecord,
     FenceBrokerRecord,
     MigrationCursorRecord,
     MigrationStateRecord,
@@ -44,6 +45,7 @@ from .errors import (
     StaleBrokerEpochError,
     UnknownServerError,
 )
+from .quotas import ClientQuotaManager
 
 DEFAULT_BLOCK_SIZE = 1000
 INT32_MAX = INT_RANGES["int32"][1]
@@ -507,6 +509,7 @@ class QuorumState:
     registrations: BrokerRegistrationManager = field(default_factory=BrokerRegistrationManager)
     transactions: TransactionalIdManager = field(default_factory=TransactionalIdManager)
     migration: MigrationManager = field(default_factory=MigrationManager)
+    quotas: ClientQuotaManager = field(default_factory=ClientQuotaManager)
 
     def replay(self, rec: Record) -> None:
         if isinstance(rec, AllocateProducerIdsRecord):
@@ -523,6 +526,8 @@ class QuorumState:
         elif isinstance(rec, (RegisterBrokerRecord, FenceBrokerRecord, UnfenceBrokerRecord, UnregisterBrokerRecord,
                               BrokerEpochCursorRecord)):
             self.registrations.replay(rec)
+        elif isinstance(rec, ClientQuotaRecord):
+            self.quotas.replay(rec)
         else:
             raise InvariantViolation(f"{type(rec).__name__} is not a replicated record")
 
@@ -540,13 +545,14 @@ class QuorumState:
     def fork(self) -> "QuorumState":
         """A scratch copy for generating a batch of records against."""
         return QuorumState(copy.deepcopy(self.producer_ids), copy.deepcopy(self.registrations),
-                           self.transactions.fork(), copy.deepcopy(self.migration))
+                           self.transactions.fork(), copy.deepcopy(self.migration), copy.deepcopy(self.quotas))
 
     def snapshot_records(self) -> list[Record]:
         """The state as records: the latest block (or cursor), live registrations, live transactional ids."""
         # The migration cursor last: the latest block replays before the mode that would guard it.
         return (self.producer_ids.snapshot_records() + self.registrations.snapshot_records()
-                + self.transactions.snapshot_records() + self.migration.snapshot_records())
+                + self.transactions.snapshot_records() + self.migration.snapshot_records()
+                + self.quotas.snapshot_records())
 
     @classmethod
     def from_records(cls, records: list[Record]) -> "QuorumState":
@@ -563,6 +569,7 @@ class QuorumState:
             "last_broker_epoch": self.registrations.last_epoch,
             "transactional_ids": len(self.transactions),
             "migration": self.migration.summary(),
+            "client_quotas": self.quotas.entries(),
             "brokers": [
                 {"broker_id": r.broker_id, "broker_epoch": r.broker_epoch, "incarnation_id": r.incarnation_id,
                  "listener": r.listener, "fenced": r.fenced}

@@ -27,9 +27,11 @@ from kio.schema.request_header.v1.header import RequestHeader as RequestHeaderV1
 from kio.schema.response_header.v0.header import ResponseHeader as ResponseHeaderV0
 from kio.serial import entity_reader, entity_writer
 from kio.serial.errors import SerialError
-from kio.static.primitive import i16, i32, i64, u16
+from kio.static.primitive import f64, i16, i32, i64, u16
 
 from records import (
+    AlterClientQuotaRequest,
+    AlterClientQuotaResponse,
     DescribeTransactionalIdRequest,
     DescribeTransactionalIdResponse,
     InitTransactionalProducerRequest,
@@ -47,6 +49,7 @@ RPC_RESPONSES: dict[type, type] = {
     DescribeTransactionalIdRequest: DescribeTransactionalIdResponse,
     SeedProducerIdsRequest: SeedProducerIdsResponse,
     MigrationCommandRequest: MigrationCommandResponse,
+    AlterClientQuotaRequest: AlterClientQuotaResponse,
 }
 from records.codec import from_obj, to_obj
 
@@ -59,6 +62,7 @@ API_VERSIONS = 18
 BROKER_REGISTRATION = 62
 BROKER_HEARTBEAT = 63
 ALLOCATE_PRODUCER_IDS = 67
+DESCRIBE_CLIENT_QUOTAS = 48  # Kafka's own API: brokers poll the quota configuration with it
 ADMIN_API_KEY = 10001  # pidquorum DescribeState (msgpack body); outside Kafka's key space
 RECORD_API_KEY = 10002  # pidquorum RPCs whose request and response are records (records/schema.py), msgpack
 TXN_API_KEY = RECORD_API_KEY  # the transactional-id RPCs travel on it
@@ -69,9 +73,11 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     BROKER_REGISTRATION: (0, 4),
     BROKER_HEARTBEAT: (0, 1),
     ALLOCATE_PRODUCER_IDS: (0, 0),
+    DESCRIBE_CLIENT_QUOTAS: (0, 1),
 }
 API_NAMES = {API_VERSIONS: "ApiVersions", BROKER_REGISTRATION: "BrokerRegistration",
              BROKER_HEARTBEAT: "BrokerHeartbeat", ALLOCATE_PRODUCER_IDS: "AllocateProducerIds",
+             DESCRIBE_CLIENT_QUOTAS: "DescribeClientQuotas",
              **MSGPACK_APIS}
 DEFAULT_MAX_FRAME = 1024 * 1024
 SIZE = struct.Struct(">i")
@@ -278,6 +284,8 @@ def error_body(api_key: int, api_version: int, code: Errors, throttle_ms: int = 
     if api_key == BROKER_HEARTBEAT:
         return resp_cls(throttle_time=_ms(throttle_ms), error_code=err, is_caught_up=False, is_fenced=True,
                         should_shut_down=False)
+    if api_key == DESCRIBE_CLIENT_QUOTAS:
+        return resp_cls(throttle_time=_ms(throttle_ms), error_code=err, error_message=code.name, entries=None)
     raise ValueError(f"no error body for API {api_key}")  # pragma: no cover
 
 
@@ -310,6 +318,16 @@ def allocate_response(start: int, length: int, throttle_ms: int = 0) -> Any:
     resp_cls = load_response_schema(ALLOCATE_PRODUCER_IDS, 0)
     return resp_cls(throttle_time=_ms(throttle_ms), error_code=ErrorCode.none, producer_id_start=i64(start),
                     producer_id_len=i32(length))
+
+
+def client_quotas_response(version: int, entries: list[dict]) -> Any:
+    """DescribeClientQuotas: one entry per user (entity_name None: the default), its quota values."""
+    resp_cls = load_response_schema(DESCRIBE_CLIENT_QUOTAS, version)
+    module = __import__(resp_cls.__module__, fromlist=["EntryData"])
+    return resp_cls(throttle_time=_ms(0), error_code=ErrorCode.none, error_message=None, entries=tuple(
+        module.EntryData(entity=(module.EntityData(entity_type="user", entity_name=e["user"]),),
+                         values=tuple(module.ValueData(key=k, value=f64(v)) for k, v in e["values"].items()))
+        for e in entries))
 
 
 def registration_response(version: int, epoch: int) -> Any:

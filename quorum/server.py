@@ -20,6 +20,8 @@ import time
 from typing import Any
 
 from records import (
+    AlterClientQuotaRequest,
+    AlterClientQuotaResponse,
     DescribeTransactionalIdRequest,
     DescribeTransactionalIdResponse,
     InitTransactionalProducerResponse,
@@ -42,6 +44,7 @@ from .errors import (
 )
 from .logs import request_context
 from .managers import TxnSettings
+from .quotas import ClientQuotaManager, parse_user
 from .service import Proposer, Service
 from .stats import REQUEST_BUCKETS, Histogram
 
@@ -222,6 +225,18 @@ class QuorumServer:
                     None, _write_rollback_placeholder, zk, next_id, self.cfg.block_size)
             return MigrationCommandResponse(error_code=0, mode=mode, changed=changed, next_producer_id=next_id,
                                             message=message)
+        if req.api_key == p.RECORD_API_KEY and isinstance(b, AlterClientQuotaRequest):
+            if b.validate_only:
+                with self.service.lock:
+                    scratch = ClientQuotaManager()
+                    scratch.quotas = {u: dict(v) for u, v in self.service.state.quotas.quotas.items()}
+                _, changed = scratch.generate_alter(b.user, b.key, b.value, b.remove, 0)
+                return AlterClientQuotaResponse(error_code=0, changed=changed)
+            args = {"user": b.user, "key": b.key, "value": b.value, "remove": b.remove}
+            result = await self._route(req, "alter_quota", args)
+            return AlterClientQuotaResponse(error_code=0, changed=result) if isinstance(result, bool) else result
+        if req.api_key == p.DESCRIBE_CLIENT_QUOTAS:
+            return self._describe_client_quotas(req)
         if req.api_key == p.RECORD_API_KEY and isinstance(b, SeedProducerIdsRequest):
             args = {"next_producer_id": b.next_producer_id, "origin": b.origin, "zk_broker": b.zk_broker,
                     "zk_block_start": b.zk_block_start, "zk_block_end": b.zk_block_end}
@@ -257,6 +272,36 @@ class QuorumServer:
                 self.allocate_latency.observe(time.monotonic() - t0)
             return p.allocate_response(*result) if isinstance(result, tuple) else result
         raise InvalidRequestError(f"API {req.api_key} has no handler")  # pragma: no cover
+
+    def _describe_client_quotas(self, req: p.Request) -> Any:
+        """DescribeClientQuotas from this node's applied state (no log entry: brokers poll it).
+
+        Served only while this node follows (or is) a leader, so a node cut off from the
+        quorum stops answering within an election timeout instead of serving old quotas.
+        Filters: user entity, exact name / default / any (Kafka's match types 0, 1, 2).
+        """
+        _, leader, _ = self.service.raft.role()
+        if not leader:
+            raise NotControllerError("no leader known: the quota configuration may be stale")
+        wanted: list[tuple[int, str | None]] = []
+        for c in req.body.components:
+            if c.entity_type != "user":
+                raise InvalidRequestError(f"quotas are per user; entity type {c.entity_type!r} is not supported")
+            match_type = int(c.match_type)
+            if match_type not in (0, 1, 2):
+                raise InvalidRequestError(f"unknown match type {match_type}")
+            wanted.append((match_type, parse_user(c.match) if match_type == 0 else None))
+        with self.service.lock:
+            entries = self.service.state.quotas.entries()
+
+        def keep(user: str | None) -> bool:
+            for match_type, name in wanted:
+                if match_type == 0 and user != name or match_type == 1 and user is not None:
+                    return False
+                if match_type == 2 and user is None:
+                    return False  # "any" names a specific user, not the default (as in Kafka)
+            return True
+        return p.client_quotas_response(req.api_version, [e for e in entries if keep(e["user"])])
 
     async def _route(self, req: p.Request, kind: str, args: dict) -> Any:
         """Propose on the leader, or forward to it.  Returns the op's response, or a

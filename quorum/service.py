@@ -158,6 +158,9 @@ class Op:
         if self.kind == "seed":
             return state.producer_ids.generate_seed(a["next_producer_id"], a["origin"], a["zk_broker"],
                                                     a["zk_block_start"], a["zk_block_end"], now_ms)
+        if self.kind == "alter_quota":
+            records, changed = state.quotas.generate_alter(a["user"], a["key"], a["value"], a["remove"], now_ms)
+            return Result(records, changed)
         if self.kind == "read_txn":
             return Result([], state.transactions.get(a["transactional_id"]))
         if self.kind == "init_txn":

@@ -2,6 +2,9 @@
 from .codec import (  # noqa: F401
     CLASSES,
     AllocateProducerIdsRecord,
+    AlterClientQuotaRequest,
+    AlterClientQuotaResponse,
+    ClientQuotaRecord,
     AuditEntry,
     AuditGap,
     BridgeReservationRecord,

@@ -37,6 +37,10 @@ def check_value(spec: RecordSpec, f: schema.FieldSpec, value: Any) -> Any:
     elif f.type == "nullable_string":
         if value is not None and not isinstance(value, str):
             raise RecordError(f"{where}: expected string or null, got {type(value).__name__}")
+    elif f.type == "float64":
+        # A float, never an int: msgpack encodes 1 and 1.0 differently, and the bytes must not depend on it.
+        if not isinstance(value, float):
+            raise RecordError(f"{where}: expected float64, got {type(value).__name__}")
     return value
 
 
@@ -102,6 +106,9 @@ BridgeReservationRecord = CLASSES[schema.BRIDGE_RESERVATION.type_id]
 MigrationCursorRecord = CLASSES[schema.MIGRATION_CURSOR.type_id]
 MigrationCommandRequest = CLASSES[schema.MIGRATION_REQUEST.type_id]
 MigrationCommandResponse = CLASSES[schema.MIGRATION_RESPONSE.type_id]
+ClientQuotaRecord = CLASSES[schema.CLIENT_QUOTA.type_id]
+AlterClientQuotaRequest = CLASSES[schema.ALTER_CLIENT_QUOTA_REQUEST.type_id]
+AlterClientQuotaResponse = CLASSES[schema.ALTER_CLIENT_QUOTA_RESPONSE.type_id]
 
 
 def to_obj(record: Record) -> list:

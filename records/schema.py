@@ -20,7 +20,7 @@ INT_RANGES = {
     "int32": (-(2**31), 2**31 - 1),
     "int64": (-(2**63), 2**63 - 1),
 }
-TYPES = set(INT_RANGES) | {"string", "bool", "nullable_string"}
+TYPES = set(INT_RANGES) | {"string", "bool", "nullable_string", "float64"}
 
 LONG_MAX = 2**63 - 1
 
@@ -275,6 +275,25 @@ MIGRATION_CURSOR = RecordSpec(
     ),
 )
 
+CLIENT_QUOTA = RecordSpec(
+    name="ClientQuotaRecord",
+    type_id=16,
+    version=0,
+    doc=(
+        "A client quota set or removed for one user, or for the user default (user null), "
+        "like Kafka's ClientQuotaRecord and its /config/users/<user> and /config/users/<default>. "
+        "Keys: producer_ids_rate (KIP-936: new producer IDs per second a principal may start "
+        "producing with).  Snapshots carry the live quotas as these records again (remove false)."
+    ),
+    fields=(
+        FieldSpec("user", "nullable_string", "The user (principal name without 'User:'); null: the default."),
+        FieldSpec("key", "string", "The quota key (producer_ids_rate)."),
+        FieldSpec("value", "float64", "The quota value; ignored when remove is true.", default=0.0),
+        FieldSpec("remove", "bool", "True: the key is removed from the entity.", default=False),
+        FieldSpec("timestamp_ms", "int64", "Proposer's wall clock (ms); audit only.", default=-1),
+    ),
+)
+
 RECORDS: tuple[RecordSpec, ...] = (
     ALLOCATE_PRODUCER_IDS,
     REGISTER_BROKER,
@@ -289,6 +308,7 @@ RECORDS: tuple[RecordSpec, ...] = (
     MIGRATION_STATE,
     BRIDGE_RESERVATION,
     MIGRATION_CURSOR,
+    CLIENT_QUOTA,
 )
 
 # --------------------------------------------------------------------------
@@ -434,9 +454,37 @@ MIGRATION_RESPONSE = RecordSpec(
     ),
 )
 
+ALTER_CLIENT_QUOTA_REQUEST = RecordSpec(
+    name="AlterClientQuotaRequest",
+    type_id=115,
+    version=0,
+    doc="pidquorum RPC (API key 10002): `pidctl quota set|delete` sets or removes one quota key of one user.",
+    fields=(
+        FieldSpec("user", "nullable_string", "The user; null: the default for every user without its own."),
+        FieldSpec("key", "string", "The quota key (producer_ids_rate)."),
+        FieldSpec("value", "float64", "The new value (finite, > 0); ignored when remove.", default=0.0),
+        FieldSpec("remove", "bool", "Remove the key instead of setting it.", default=False),
+        FieldSpec("validate_only", "bool", "Check the request, commit nothing.", default=False),
+    ),
+)
+
+ALTER_CLIENT_QUOTA_RESPONSE = RecordSpec(
+    name="AlterClientQuotaResponse",
+    type_id=116,
+    version=0,
+    doc="The answer to AlterClientQuotaRequest.",
+    fields=(
+        FieldSpec("error_code", "int16", "Kafka error code (0: none)."),
+        FieldSpec("error_message", "nullable_string", "Why, when error_code is not 0.", default=None),
+        FieldSpec("changed", "bool", "False if the quota already had that value (nothing committed).",
+                  default=False),
+    ),
+)
+
 PAYLOADS: tuple[RecordSpec, ...] = (AUDIT_ENTRY, AUDIT_GAP, INIT_TRANSACTIONAL_REQUEST, INIT_TRANSACTIONAL_RESPONSE,
                                     DESCRIBE_TRANSACTIONAL_REQUEST, DESCRIBE_TRANSACTIONAL_RESPONSE,
-                                    SEED_REQUEST, SEED_RESPONSE, MIGRATION_REQUEST, MIGRATION_RESPONSE)
+                                    SEED_REQUEST, SEED_RESPONSE, MIGRATION_REQUEST, MIGRATION_RESPONSE,
+                                    ALTER_CLIENT_QUOTA_REQUEST, ALTER_CLIENT_QUOTA_RESPONSE)
 
 for _spec in RECORDS + PAYLOADS:
     validate_spec(_spec)

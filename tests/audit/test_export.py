@@ -49,7 +49,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 # Written out independently of audit.export, so a wrong mapping there fails here.
 EXPECTED_ARROW = {"int8": pa.int8(), "int16": pa.int16(), "int32": pa.int32(), "int64": pa.int64(),
-                  "bool": pa.bool_(), "string": pa.string(), "nullable_string": pa.string()}
+                  "bool": pa.bool_(), "string": pa.string(), "nullable_string": pa.string(),
+                  "float64": pa.float64()}
 
 
 def read_table(directory: str, rel: str) -> pa.Table:
@@ -248,6 +249,8 @@ def one_of_each() -> list:
                 kwargs[f.name] = None
             elif f.type == "bool":
                 kwargs[f.name] = True
+            elif f.type == "float64":
+                kwargs[f.name] = 0.1 + i
             else:
                 kwargs[f.name] = {"int8": 127, "int16": 32767, "int32": 2**31 - 1 - i, "int64": 2**63 - 1 - i}[f.type]
         out.append(CLASSES[spec.type_id](**kwargs))

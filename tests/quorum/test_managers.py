@@ -591,7 +591,7 @@ def test_snapshot_round_trip_empty_state(state):
     back = _round_trip(state)
     assert back.summary() == {"next_producer_id": 0, "latest_block": None, "last_broker_epoch": 0, "brokers": [],
                               "transactional_ids": 0,
-                              "migration": {"mode": None, "zk": "", "reserved_until": 0}}
+                              "migration": {"mode": None, "zk": "", "reserved_until": 0}, "client_quotas": []}
 
 
 def test_snapshot_round_trip_with_fenced_brokers_and_blocks(state):

@@ -10,10 +10,13 @@ import records
 from records import (
     CLASSES,
     AllocateProducerIdsRecord,
+    AlterClientQuotaRequest,
+    AlterClientQuotaResponse,
     AuditEntry,
     AuditGap,
     BridgeReservationRecord,
     BrokerEpochCursorRecord,
+    ClientQuotaRecord,
     FenceBrokerRecord,
     DescribeTransactionalIdRequest,
     DescribeTransactionalIdResponse,
@@ -111,6 +114,11 @@ GOLDEN = {
         MigrationCursorRecord(mode="bridge", zk="127.0.0.1:2181/kafka", reserved_until=6000),
         "930d0093a6627269646765b43132372e302e302e313a323138312f6b61666b61cd1770",
     ),
+    "ClientQuotaRecord": (
+        ClientQuotaRecord(user="alice", key="producer_ids_rate", value=2.5, remove=False, timestamp_ms=TS + 8),
+        # ... cb 4004000000000000: the value is always a msgpack float64 (2.5), never an int
+        "93100095a5616c696365b170726f64756365725f6964735f72617465cb4004000000000000c2cf0000018bcfe56808",
+    ),
 }
 
 GOLDEN_PAYLOADS = {
@@ -158,6 +166,14 @@ GOLDEN_PAYLOADS = {
         MigrationCommandResponse(error_code=0, error_message=None, mode="bridge", changed=True, next_producer_id=5000,
                                  message="ok"),
         "936d009600c0a6627269646765c3cd1388a26f6b",
+    ),
+    "AlterClientQuotaRequest": (
+        AlterClientQuotaRequest(user=None, key="producer_ids_rate", value=0.5, remove=False, validate_only=True),
+        "93730095c0b170726f64756365725f6964735f72617465cb3fe0000000000000c2c3",
+    ),
+    "AlterClientQuotaResponse": (
+        AlterClientQuotaResponse(error_code=42, error_message="rate must be finite", changed=False),
+        "937400932ab372617465206d7573742062652066696e697465c2",
     ),
 }
 
@@ -209,6 +225,7 @@ def test_golden_type_ids_and_versions_are_stable():
         "MigrationStateRecord": (11, 0),
         "BridgeReservationRecord": (12, 0),
         "MigrationCursorRecord": (13, 0),
+        "ClientQuotaRecord": (16, 0),
         "AuditEntry": (100, 0),
         "AuditGap": (101, 0),
         "InitTransactionalProducerRequest": (102, 0),
@@ -219,6 +236,8 @@ def test_golden_type_ids_and_versions_are_stable():
         "SeedProducerIdsResponse": (107, 0),
         "MigrationCommandRequest": (108, 0),
         "MigrationCommandResponse": (109, 0),
+        "AlterClientQuotaRequest": (115, 0),
+        "AlterClientQuotaResponse": (116, 0),
     }
 
 
@@ -306,6 +325,9 @@ def test_records_are_frozen_and_replace_checks_values():
     (AuditEntry, dict(raft_index=1, position=0, accepted=1, record="X"), "expected bool, got int"),
     (AuditEntry, dict(raft_index=1, position=0, accepted=True, record="X", error=5),
      "expected string or null, got int"),
+    (ClientQuotaRecord, dict(user="a", key="k", value=2), "expected float64, got int"),
+    (ClientQuotaRecord, dict(user="a", key="k", value=True), "expected float64, got bool"),
+    (ClientQuotaRecord, dict(user="a", key="k", value="2.5"), "expected float64, got str"),
 ])
 def test_constructor_checks_field_types(cls, kwargs, fragment):
     with pytest.raises(RecordError) as ei:
@@ -505,6 +527,8 @@ def test_decode_refuses_wrong_string_types():
         decode(_packed([100, 0, [1, 1, 0, 1, None, "X"]]))
     with pytest.raises(RecordError, match="error: expected string or null, got int"):
         decode(_packed([100, 0, [1, 1, 0, True, 3, "X"]]))
+    with pytest.raises(RecordError, match="value: expected float64, got int"):
+        decode(_packed([16, 0, [None, "producer_ids_rate", 2, False, TS]]))
 
 
 @pytest.mark.parametrize("data", [

@@ -1,0 +1,202 @@
+"""ProducerIdQuotaManager (KIP-936): token bucket + time-layered Bloom filter, on a simulated clock."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+
+import pytest
+
+from broker.quota import (
+    STATS_FILE,
+    LayeredBloomFilter,
+    ProducerIdQuotaManager,
+    QuotaConfigPoller,
+    QuotaWindow,
+    read_stats,
+)
+from quorum.errors import RequestTimedOutError
+
+ROGUE, GOOD, FREE = "User:rogue", "User:good", "User:free"
+
+
+def manager(rate=1.0, num=2, size_s=1.0, users=None, default=None, fpp=0.001) -> ProducerIdQuotaManager:
+    m = ProducerIdQuotaManager(QuotaWindow(num=num, size_s=size_s, false_positive_rate=fpp))
+    entries = [{"user": u, "values": {"producer_ids_rate": r}} for u, r in (users or {"rogue": rate}).items()]
+    if default is not None:
+        entries.append({"user": None, "values": {"producer_ids_rate": default}})
+    m.configure(entries)
+    return m
+
+
+def test_a_principal_without_a_quota_is_not_tracked():
+    m = manager()
+    assert all(m.check(FREE, pid, 0.0) == 0 for pid in range(10_000))
+    assert FREE not in m.stats(0.0) and m.unlimited_checks == 10_000
+
+
+def test_burst_then_throttle_with_the_time_until_the_next_token():
+    m = manager(rate=1.0, num=2, size_s=1.0)  # burst = 1/s * 2 windows * 1 s = 2
+    assert m.check(ROGUE, 100, 0.0) == 0
+    assert m.check(ROGUE, 101, 0.0) == 0
+    assert m.check(ROGUE, 102, 0.0) == 1000
+    assert m.check(ROGUE, 102, 0.25) == 750
+    assert m.check(ROGUE, 102, 1.0) == 0  # one token back after 1 s
+    s = m.stats(1.0)[ROGUE]
+    assert (s["new_pids"], s["throttled_requests"], s["throttle_time_ms"], s["quota"]) == (3, 2, 750, 1.0)
+    assert s["tokens"] == 0.0 and s["burst"] == 2.0
+
+
+def test_a_seen_pid_never_costs_quota_even_with_no_tokens_left():
+    m = manager(rate=1.0)
+    m.check(ROGUE, 1, 0.0)
+    m.check(ROGUE, 2, 0.0)
+    assert m.check(ROGUE, 3, 0.0) > 0
+    for i in range(1000):
+        assert m.check(ROGUE, 1, i * 0.001) == 0 and m.check(ROGUE, 2, i * 0.001) == 0
+    assert m.stats(1.0)[ROGUE]["seen_pids"] == 2000
+
+
+def test_a_refused_pid_is_not_remembered_its_retry_costs_a_token():
+    m = manager(rate=1.0)
+    m.check(ROGUE, 1, 0.0)
+    m.check(ROGUE, 2, 0.0)
+    assert m.check(ROGUE, 3, 0.0) == 1000
+    assert m.check(ROGUE, 3, 0.5) == 500  # still new: refusals add nothing to the filter
+    assert m.check(ROGUE, 3, 1.0) == 0
+    assert m.check(ROGUE, 3, 1.0) == 0
+
+
+def test_an_idle_pid_is_forgotten_after_the_window_a_busy_one_is_not():
+    m = manager(rate=10.0, num=4, size_s=1.0)  # remembered for 4 s
+    m.check(ROGUE, 1, 0.0)  # idle after this
+    m.check(ROGUE, 2, 0.0)  # keeps producing
+    t = 0.0
+    while t < 20:
+        t += 0.5
+        assert m.check(ROGUE, 2, t) == 0
+    before = m.stats(t)[ROGUE]["new_pids"]
+    assert m.check(ROGUE, 1, t) == 0  # admitted again, as a new PID
+    after = m.stats(t)[ROGUE]
+    assert after["new_pids"] == before + 1 and after["refreshed_pids"] >= 1
+    assert m.stats(t)[ROGUE]["new_pids"] == 3  # PID 2 was never counted twice
+
+
+def test_user_quota_wins_over_the_default_and_default_applies_to_anonymous():
+    m = manager(users={"rogue": 1.0}, default=100.0)
+    assert m.quota_of(ROGUE) == (1.0, "user")
+    assert m.quota_of("User:ANONYMOUS") == (100.0, "default")
+    assert all(m.check("User:ANONYMOUS", pid, 0.0) == 0 for pid in range(200))  # burst 100/s * 2 * 1 s
+    assert m.check("User:ANONYMOUS", 10_000, 0.0) == 10  # the next token in 1/100 s
+    assert m.check(ROGUE, 1, 0.0) == 0 and m.check(ROGUE, 2, 0.0) == 0 and m.check(ROGUE, 3, 0.0) == 1000
+    assert m.stats(0.0)["User:ANONYMOUS"]["quota_source"] == "default"
+
+
+def test_changing_and_lifting_a_quota():
+    m = manager(rate=1.0)
+    m.check(ROGUE, 1, 0.0)
+    m.check(ROGUE, 2, 0.0)
+    assert m.check(ROGUE, 3, 0.0) > 0
+    m.configure([{"user": "rogue", "values": {"producer_ids_rate": 1000.0}}])
+    assert m.check(ROGUE, 3, 0.01) == 0  # refilled at the new rate
+    assert m.check(ROGUE, 1, 0.01) == 0  # the filter survived the change
+    m.configure([])
+    assert ROGUE not in m.stats(0.02)
+    assert all(m.check(ROGUE, pid, 0.02) == 0 for pid in range(10, 1000))
+
+
+def test_bad_values_from_the_quorum_are_ignored_not_fatal():
+    m = ProducerIdQuotaManager(QuotaWindow(num=2, size_s=1.0))
+    m.configure([{"user": "a", "values": {"producer_ids_rate": float("nan")}},
+                 {"user": "b", "values": {"producer_ids_rate": -1.0}}, {"user": "c", "values": {}}])
+    assert m.config()["users"] == {}
+
+
+def test_sweep_forgets_idle_principals():
+    m = manager(rate=1.0, num=2, size_s=1.0)
+    m.check(ROGUE, 1, 0.0)
+    assert m.sweep(1.0) == 0
+    assert m.sweep(10.0) == 1 and ROGUE not in m.stats(10.0)
+
+
+def test_memory_is_bounded_by_the_quota_not_by_the_pids_that_arrive():
+    rate, num, size = 50.0, 3, 1.0
+    m = manager(rate=rate, num=num, size_s=size)
+    layer = LayeredBloomFilter(m.window, m.window.layer_items(rate))
+    layer.add(0, 0.0)
+    bound = m.window.max_layers * layer.nbytes
+    peak = 0
+    pid = 0
+    for step in range(2000):  # 200 s of a rogue offering 100 new PIDs every 0.1 s (20x its quota)
+        now = step * 0.1
+        for _ in range(100):
+            m.check(ROGUE, pid, now)
+            pid += 1
+        peak = max(peak, m.stats(now)[ROGUE]["filter_bytes"])
+    s = m.stats(now)[ROGUE]
+    assert pid == 200_000
+    assert 0 < peak <= bound
+    assert s["filter_layers"] <= m.window.max_layers and s["layers_dropped_early"] == 0
+    # admitted about rate * time + burst, everything else refused
+    assert rate * 200 <= s["new_pids"] <= rate * 200 + m.window.burst(rate) + 1
+
+
+def test_no_false_negatives_every_admitted_pid_in_the_window_passes():
+    m = manager(rate=100.0, num=3, size_s=1.0, fpp=0.01)
+    admitted = []
+    for i in range(300):
+        now = i * 0.01
+        if m.check(ROGUE, 10_000 + i, now) == 0:
+            admitted.append(10_000 + i)
+    assert len(admitted) == 300  # within burst + refill
+    assert all(m.check(ROGUE, pid, 3.0) == 0 for pid in admitted)
+    assert m.stats(3.0)[ROGUE]["new_pids"] == 300
+
+
+@pytest.mark.parametrize("kwargs,fragment", [
+    (dict(num=0), "window num"), (dict(num=True), "window num"), (dict(size_s=0), "window size"),
+    (dict(size_s=float("inf")), "window size"), (dict(false_positive_rate=0.0), "false positive"),
+    (dict(false_positive_rate=0.5), "false positive"),
+])
+def test_bad_window_settings_are_refused(kwargs, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        QuotaWindow(**kwargs)
+
+
+class FakeQuorum:
+    """Stands in for QuorumClient.describe_client_quotas (the real one is exercised in the broker test)."""
+
+    def __init__(self):
+        self.entries = [{"user": "rogue", "values": {"producer_ids_rate": 2.0}}]
+        self.fail = False
+
+    async def describe_client_quotas(self):
+        if self.fail:
+            raise RequestTimedOutError("no node answered")
+        return self.entries, "127.0.0.1:1"
+
+
+def test_poller_applies_keeps_last_config_on_failure_and_writes_stats(tmp_path):
+    m = ProducerIdQuotaManager(QuotaWindow(num=2, size_s=1.0))
+    q = FakeQuorum()
+    p = QuotaConfigPoller(m, q, interval_s=0.01, stats_path=str(tmp_path / STATS_FILE))
+    assert asyncio.run(p.refresh()) is True
+    assert m.quota_of(ROGUE) == (2.0, "user")
+    q.fail = True
+    assert asyncio.run(p.refresh()) is False
+    assert m.quota_of(ROGUE) == (2.0, "user")  # last known configuration stays in force
+    m.check(ROGUE, 7)
+    p.write_stats()
+    data = read_stats(str(tmp_path))
+    assert data["principals"][ROGUE]["new_pids"] == 1
+    assert data["freshness"]["read_from"] == "127.0.0.1:1" and "RequestTimedOutError" in data["freshness"]["last_error"]
+    assert data["config"]["users"] == {"rogue": 2.0}
+
+
+def test_read_stats_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no quota stats"):
+        read_stats(str(tmp_path))
+    with open(os.path.join(tmp_path, STATS_FILE), "w") as f:
+        json.dump([1], f)
+    with pytest.raises(ValueError, match="not a quota stats file"):
+        read_stats(str(tmp_path))

@@ -147,6 +147,8 @@ class Op:
         if self.kind == "seed":
             return state.producer_ids.generate_seed(a["next_producer_id"], a["origin"], a["zk_broker"],
                                                     a["zk_block_start"], a["zk_block_end"], now_ms)
+        if self.kind == "alter_acl":
+            return state.acls.generate_alter(a["action"], a["acl"], now_ms)
         if self.kind == "read_txn":
             return Result([], state.transactions.get(a["transactional_id"]))
         if self.kind == "init_txn":

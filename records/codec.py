@@ -102,6 +102,12 @@ BridgeReservationRecord = CLASSES[schema.BRIDGE_RESERVATION.type_id]
 MigrationCursorRecord = CLASSES[schema.MIGRATION_CURSOR.type_id]
 MigrationCommandRequest = CLASSES[schema.MIGRATION_REQUEST.type_id]
 MigrationCommandResponse = CLASSES[schema.MIGRATION_RESPONSE.type_id]
+AclRecord = CLASSES[schema.ACL.type_id]
+RemoveAclRecord = CLASSES[schema.REMOVE_ACL.type_id]
+AlterAclsRequest = CLASSES[schema.ALTER_ACLS_REQUEST.type_id]
+AlterAclsResponse = CLASSES[schema.ALTER_ACLS_RESPONSE.type_id]
+DescribeAclsRequest = CLASSES[schema.DESCRIBE_ACLS_REQUEST.type_id]
+DescribeAclsResponse = CLASSES[schema.DESCRIBE_ACLS_RESPONSE.type_id]
 
 
 def to_obj(record: Record) -> list:

@@ -1,0 +1,46 @@
+"""TLS contexts (Python's ssl module) for the two servers and for clients.
+
+A server's ``tls_cafile`` turns on mutual TLS: clients must then present a
+certificate signed by that CA.  A client verifies the server against its own
+``cafile`` (or the system's trust store) and checks the host name / IP.
+"""
+from __future__ import annotations
+
+import ssl
+
+
+class TlsConfigError(ValueError):
+    """A certificate, key or CA file cannot be used; the message names the file."""
+
+
+def _load(action, what: str, *paths: str | None):
+    try:
+        return action()
+    except (OSError, ssl.SSLError) as e:
+        names = ", ".join(p for p in paths if p)
+        raise TlsConfigError(f"{what} ({names}): {getattr(e, 'strerror', None) or e}") from None
+
+
+def server_context(certfile: str, keyfile: str | None = None, cafile: str | None = None) -> ssl.SSLContext:
+    if not certfile:
+        raise TlsConfigError("TLS needs a certificate file (tls_certfile)")
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    _load(lambda: ctx.load_cert_chain(certfile, keyfile), "cannot load the TLS certificate/key", certfile, keyfile)
+    if cafile:
+        _load(lambda: ctx.load_verify_locations(cafile), "cannot load the TLS CA file", cafile)
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+def client_context(cafile: str | None = None, certfile: str | None = None, keyfile: str | None = None,
+                   check_hostname: bool = True) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    if cafile:
+        _load(lambda: ctx.load_verify_locations(cafile), "cannot load the TLS CA file", cafile)
+    if certfile:
+        _load(lambda: ctx.load_cert_chain(certfile, keyfile), "cannot load the TLS client certificate/key",
+              certfile, keyfile)
+    ctx.check_hostname = check_hostname
+    return ctx

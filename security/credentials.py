@@ -97,6 +97,10 @@ class Credentials:
         self.path = path
         self.users = users
 
+    def with_internal(self, internal: dict[str, ScramCredential]) -> "Credentials":
+        """These users plus internal ones (reserved names, never in the file)."""
+        return self if not internal else Credentials(self.path, {**self.users, **internal})
+
     def get(self, user: str) -> ScramCredential | None:
         return self.users.get(user)
 
@@ -110,6 +114,19 @@ class Credentials:
 
 
 _DUMMY = make_credential("", salt=b"\0" * 16)
+
+# The quorum nodes authenticate to each other (a follower forwarding to the leader) as this
+# user, with a password derived from the cluster secret; it is a super user on the quorum.
+NODE_USER = RESERVED_PREFIX + "pidquorum_node__"
+
+
+def node_password(cluster_secret: str) -> str:
+    return hmac.new(cluster_secret.encode(), b"pidquorum node-to-node SASL v1", hashlib.sha256).hexdigest()
+
+
+def node_credential(cluster_secret: str) -> ScramCredential:
+    salt = hmac.new(cluster_secret.encode(), b"pidquorum node-to-node salt v1", hashlib.sha256).digest()[:16]
+    return make_credential(node_password(cluster_secret), salt=salt)
 
 
 def _b64(path: str, user: str, entry: dict, key: str) -> bytes:

@@ -39,9 +39,8 @@ class PlainServer(Mechanism):
 
     name = PLAIN
 
-    def __init__(self, creds: Credentials, extra_check=None):
+    def __init__(self, creds: Credentials):
         self.creds = creds
-        self.extra_check = extra_check  # (user, password) -> bool | None: internal principals
 
     def step(self, token: bytes) -> bytes:
         if self.done:
@@ -63,10 +62,7 @@ class PlainServer(Mechanism):
         if authzid and authzid != user:
             raise AuthenticationFailed("Authentication failed: Client requested an authorization id that is "
                                        "different from username")
-        ok = self.extra_check(user, password) if self.extra_check is not None else None
-        if ok is None:
-            ok = self.creds.verify_plain(user, password)
-        if not ok:
+        if not self.creds.verify_plain(user, password):
             raise AuthenticationFailed("Authentication failed: Invalid username or password")
         self.user, self.done = user, True
         return b""
@@ -201,9 +197,9 @@ class ScramClient:
             raise AuthenticationFailed("the server's SCRAM signature is wrong")
 
 
-def server_mechanism(name: str, creds: Credentials, extra_check=None) -> Mechanism:
+def server_mechanism(name: str, creds: Credentials) -> Mechanism:
     if name == PLAIN:
-        return PlainServer(creds, extra_check)
+        return PlainServer(creds)
     if name == SCRAM_SHA_256:
         return ScramServer(creds)
     raise ValueError(f"unknown mechanism {name}")  # pragma: no cover - checked by the handshake

@@ -33,7 +33,7 @@ import asyncio
 import logging
 import struct
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from kio.index import load_response_schema
 from kio.schema.errors import ErrorCode
@@ -42,7 +42,7 @@ from quorum import protocol as p
 from quorum.errors import Errors
 
 from .acl import ANONYMOUS, principal_of
-from .credentials import CredentialsStore
+from .credentials import CredentialsStore, ScramCredential
 from .mechanisms import MECHANISMS, AuthenticationFailed, Mechanism, server_mechanism
 
 log = logging.getLogger(__name__)
@@ -76,13 +76,13 @@ class SaslAuthenticator:
     """The SASL settings of one listener; ``session()`` makes the per-connection state."""
 
     def __init__(self, credentials_file: str, mechanisms: tuple[str, ...] = MECHANISMS,
-                 extra_check: Callable[[str, str], bool | None] | None = None, counters: dict | None = None):
+                 internal_users: dict[str, ScramCredential] | None = None, counters: dict | None = None):
         unknown = [m for m in mechanisms if m not in MECHANISMS]
         if unknown or not mechanisms:
             raise ValueError(f"SASL mechanisms {list(mechanisms)}: each must be one of {', '.join(MECHANISMS)}")
         self.store = CredentialsStore(credentials_file)
         self.mechanisms = tuple(mechanisms)
-        self.extra_check = extra_check
+        self.internal_users = dict(internal_users or {})
         self.counters = counters if counters is not None else {}
         for k in ("sasl_authenticated", "sasl_failed", "sasl_refused_requests"):
             self.counters.setdefault(k, 0)
@@ -145,9 +145,10 @@ class SaslSession:
         except p.FrameError as e:
             return Verdict("close", reason=str(e))
         except p.BadRequest as e:
-            self._fail(e.message)
-            data = p.error_response(e, SASL_SUPPORTED, lambda k, v, c: sasl_error_body(k, v, c, e.message))
-            return Verdict("reply", data, close=not self.authenticated, reason=e.message)
+            msg = e.message
+            self._fail(msg)
+            data = p.error_response(e, SASL_SUPPORTED, lambda k, v, c: sasl_error_body(k, v, c, msg))
+            return Verdict("reply", data, close=not self.authenticated, reason=msg)
 
         def reply(body: Any, close: bool = False, reason: str = "") -> Verdict:
             return Verdict("reply", p.encode_response(req.api_key, req.api_version, req.correlation_id, body),
@@ -167,7 +168,8 @@ class SaslSession:
                 return reply(sasl_error_body(req.api_key, req.api_version, Errors.UNSUPPORTED_SASL_MECHANISM,
                                              mechanisms=self.auth.mechanisms), close=True,
                              reason=f"unsupported SASL mechanism {mech[:64]!r}")
-            self.mechanism = server_mechanism(mech, self.auth.store.current(), self.auth.extra_check)
+            creds = self.auth.store.current().with_internal(self.auth.internal_users)
+            self.mechanism = server_mechanism(mech, creds)
             self.state = "authenticate"
             self.raw = req.api_version == 0
             return reply(sasl_error_body(req.api_key, req.api_version, Errors.NONE,

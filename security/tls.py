@@ -1,8 +1,9 @@
 """TLS contexts (Python's ssl module) for the two servers and for clients.
 
-A server's ``tls_cafile`` turns on mutual TLS: clients must then present a
-certificate signed by that CA.  A client verifies the server against its own
-``cafile`` (or the system's trust store) and checks the host name / IP.
+A server's ``tls_cafile`` is the CA it trusts; with ``tls_client_auth`` clients
+must present a certificate signed by it (mutual TLS).  A client verifies the
+server against its own ``cafile`` (or the system's trust store) and checks the
+host name / IP.
 """
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ def _load(action, what: str, *paths: str | None):
         raise TlsConfigError(f"{what} ({names}): {getattr(e, 'strerror', None) or e}") from None
 
 
-def server_context(certfile: str, keyfile: str | None = None, cafile: str | None = None) -> ssl.SSLContext:
+def server_context(certfile: str, keyfile: str | None = None, cafile: str | None = None,
+                   client_auth: bool = False) -> ssl.SSLContext:
     if not certfile:
         raise TlsConfigError("TLS needs a certificate file (tls_certfile)")
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -29,6 +31,9 @@ def server_context(certfile: str, keyfile: str | None = None, cafile: str | None
     _load(lambda: ctx.load_cert_chain(certfile, keyfile), "cannot load the TLS certificate/key", certfile, keyfile)
     if cafile:
         _load(lambda: ctx.load_verify_locations(cafile), "cannot load the TLS CA file", cafile)
+    if client_auth:
+        if not cafile:
+            raise TlsConfigError("tls_client_auth needs tls_cafile (the CA that signs client certificates)")
         ctx.verify_mode = ssl.CERT_REQUIRED
     return ctx
 

@@ -29,10 +29,11 @@ output_option = click.option("-o", "--output", type=click.Choice(["table", "json
 
 
 class Ctx:
-    def __init__(self, data_dir: str, quorum: str | None, timeout: float):
+    def __init__(self, data_dir: str, quorum: str | None, timeout: float, security=None):
         self.data_dir = data_dir
         self.quorum = quorum
         self.timeout = timeout
+        self.security = security  # security.client.ClientSecurity, None: PLAINTEXT
 
     @property
     def cluster(self) -> LocalCluster:
@@ -45,7 +46,7 @@ class Ctx:
 
     def client(self) -> QuorumClient:
         return QuorumClient(self.addresses(), RetryPolicy(timeout=self.timeout, attempt_timeout=min(2.0, self.timeout)),
-                            client_id="pidctl")
+                            client_id="pidctl", security=self.security)
 
 
 def _chaos_errors() -> tuple[type[Exception], ...]:
@@ -76,6 +77,14 @@ def _audit_errors() -> tuple[type[Exception], ...]:
     return tuple(out)
 
 
+def _security_errors() -> tuple[type[Exception], ...]:
+    from security.acl import AclError
+    from security.credentials import CredentialsError
+    from security.tls import TlsConfigError
+
+    return (AclError, CredentialsError, TlsConfigError)
+
+
 def handle_errors(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -85,7 +94,8 @@ def handle_errors(fn):
             render.error(e.message)
             code = EXIT_UNAVAILABLE if e.code in (Errors.REQUEST_TIMED_OUT, Errors.NOT_CONTROLLER) else EXIT_REFUSED
             sys.exit(code)
-        except (ClusterError, ConfigError, CorruptFileError, *_chaos_errors(), *_audit_errors()) as e:
+        except (ClusterError, ConfigError, CorruptFileError, *_chaos_errors(), *_audit_errors(),
+                *_security_errors()) as e:
             render.error(str(e))
             sys.exit(EXIT_UNAVAILABLE if type(e).__name__ == "ZkUnavailable" else EXIT_ERROR)
         except KeyboardInterrupt:
@@ -108,10 +118,28 @@ def run(coro_fn):
               help="Directory of the local cluster (pidctl cluster ...).")
 @click.option("--quorum", envvar="PIDQUORUM_QUORUM", help="Client addresses host:port,... (default: the local cluster's).")
 @click.option("--timeout", type=float, default=10.0, show_default=True, help="Deadline of one call, in seconds.")
+@click.option("--security-protocol", envvar="PIDQUORUM_SECURITY_PROTOCOL", default="PLAINTEXT", show_default=True,
+              type=click.Choice(["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]),
+              help="How to reach the quorum (as Kafka's security.protocol).")
+@click.option("--sasl-mechanism", envvar="PIDQUORUM_SASL_MECHANISM", default="PLAIN", show_default=True,
+              type=click.Choice(["PLAIN", "SCRAM-SHA-256"]))
+@click.option("--sasl-username", envvar="PIDQUORUM_SASL_USERNAME", help="SASL user (env PIDQUORUM_SASL_USERNAME).")
+@click.option("--sasl-password", envvar="PIDQUORUM_SASL_PASSWORD",
+              help="SASL password; prefer the environment variable PIDQUORUM_SASL_PASSWORD.")
+@click.option("--tls-cafile", envvar="PIDQUORUM_TLS_CAFILE", type=click.Path(dir_okay=False),
+              help="CA that signed the quorum's certificates (default: the system's trust store).")
 @click.pass_context
-def cli(ctx, data_dir, quorum, timeout):
+def cli(ctx, data_dir, quorum, timeout, security_protocol, sasl_mechanism, sasl_username, sasl_password, tls_cafile):
     """pidquorum: producer-ID blocks from a Raft quorum."""
-    ctx.obj = Ctx(data_dir, quorum, timeout)
+    security = None
+    if security_protocol != "PLAINTEXT":
+        from security.client import ClientSecurity
+
+        try:
+            security = ClientSecurity(security_protocol, sasl_mechanism, sasl_username, sasl_password, tls_cafile)
+        except ValueError as e:
+            raise click.UsageError(str(e)) from None
+    ctx.obj = Ctx(data_dir, quorum, timeout, security)
 
 
 # ------------------------------------------------------------------ cluster
@@ -788,6 +816,11 @@ def demo(ctx, count):
     render.table("allocated blocks", ["broker", "epoch", "start", "end (excl.)", "len", "via node"], rows)
     ctx.invoke(quorum_status, output="table")
     render.line(f"stop it with: pidctl --data-dir {obj.data_dir} cluster down")
+
+
+from . import security_cmds  # noqa: E402 - registers `pidctl user ...` and `pidctl acl ...`
+
+_SECURITY_COMMANDS = (security_cmds.user, security_cmds.acl)
 
 
 def main() -> None:

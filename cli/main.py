@@ -265,10 +265,33 @@ def broker():
 @click.option("--producer-id-expiration-ms", type=click.IntRange(1), default=24 * 3600 * 1000, show_default=True)
 @click.option("--ready-file", type=click.Path(dir_okay=False), help="Written with 'pid port' once serving.")
 @click.option("--log-level", default="INFO", show_default=True)
+@click.option("--sasl-credentials-file", type=click.Path(dir_okay=False),
+              help="Require SASL (PLAIN, SCRAM-SHA-256) from clients, with these users; ACLs are then enforced.")
+@click.option("--sasl-mechanism", "sasl_mechanisms", multiple=True, type=click.Choice(["PLAIN", "SCRAM-SHA-256"]),
+              help="Enabled mechanisms (repeat; default: both).")
+@click.option("--super-user", "super_users", multiple=True, help="User:<name> the ACLs never refuse (repeat).")
+@click.option("--acl-refresh-ms", type=click.IntRange(10), default=1000, show_default=True,
+              help="How often the ACLs are read from the quorum.")
+@click.option("--tls-certfile", type=click.Path(dir_okay=False), help="Serve TLS with this certificate (chain).")
+@click.option("--tls-keyfile", type=click.Path(dir_okay=False))
+@click.option("--tls-cafile", type=click.Path(dir_okay=False), help="CA of client certificates (--tls-client-auth).")
+@click.option("--tls-client-auth", is_flag=True, help="Require client certificates (mutual TLS).")
+@click.option("--quorum-security-protocol", default="PLAINTEXT", show_default=True,
+              type=click.Choice(["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]), help="How to reach the quorum.")
+@click.option("--quorum-sasl-mechanism", default="PLAIN", show_default=True,
+              type=click.Choice(["PLAIN", "SCRAM-SHA-256"]))
+@click.option("--quorum-sasl-username", envvar="PIDQUORUM_BROKER_SASL_USERNAME",
+              help="The broker's user on the quorum (needs CLUSTER_ACTION).")
+@click.option("--quorum-sasl-password", envvar="PIDQUORUM_BROKER_SASL_PASSWORD",
+              help="Prefer the environment variable PIDQUORUM_BROKER_SASL_PASSWORD.")
+@click.option("--quorum-tls-cafile", type=click.Path(dir_okay=False), help="CA of the quorum's certificates.")
 @click.pass_obj
 @handle_errors
 def broker_start(obj: Ctx, broker_id, quorum_opt, listen, advertised, broker_dir, partitions, no_dedup,
-                 fault_drop_every, producer_id_expiration_ms, ready_file, log_level):
+                 fault_drop_every, producer_id_expiration_ms, ready_file, log_level, sasl_credentials_file,
+                 sasl_mechanisms, super_users, acl_refresh_ms, tls_certfile, tls_keyfile, tls_cafile, tls_client_auth,
+                 quorum_security_protocol, quorum_sasl_mechanism, quorum_sasl_username, quorum_sasl_password,
+                 quorum_tls_cafile):
     """Run a Kafka-protocol broker in the foreground until SIGTERM.
 
     Producer IDs come from quorum-allocated blocks; idempotent produce with
@@ -281,10 +304,21 @@ def broker_start(obj: Ctx, broker_id, quorum_opt, listen, advertised, broker_dir
     setup_logging(log_level)
     quorum = [a.strip() for a in quorum_opt.split(",") if a.strip()] if quorum_opt else obj.addresses()
     try:
+        quorum_security = obj.security
+        if quorum_security_protocol != "PLAINTEXT":
+            from security.client import ClientSecurity
+
+            quorum_security = ClientSecurity(quorum_security_protocol, quorum_sasl_mechanism, quorum_sasl_username,
+                                             quorum_sasl_password, quorum_tls_cafile)
+        security = {"sasl_credentials_file": sasl_credentials_file, "super_users": tuple(super_users),
+                    "acl_refresh_s": acl_refresh_ms / 1000, "tls_certfile": tls_certfile, "tls_keyfile": tls_keyfile,
+                    "tls_cafile": tls_cafile, "tls_client_auth": tls_client_auth, "quorum_security": quorum_security}
+        if sasl_mechanisms:
+            security["sasl_mechanisms"] = tuple(sasl_mechanisms)
         cfg = BrokerConfig(broker_id=broker_id, quorum=quorum, listen=listen, advertised=advertised,
                            data_dir=broker_dir or f".pidquorum-broker-{broker_id}", default_partitions=partitions,
                            dedup=not no_dedup, fault_drop_every=fault_drop_every,
-                           producer_id_expiration_ms=producer_id_expiration_ms)
+                           producer_id_expiration_ms=producer_id_expiration_ms, **security)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     sys.exit(run_broker(cfg, ready_file))

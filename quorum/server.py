@@ -144,6 +144,7 @@ class QuorumServer:
         responses: asyncio.Queue = asyncio.Queue()
         writer_task = asyncio.get_running_loop().create_task(self._write_responses(responses, writer))
         session = self.sasl.session(peer) if self.sasl is not None else None
+        refused = False
         try:
             async for frame in p.iter_frames(reader, self.cfg.max_frame_bytes, peer, self.counters):
                 if session is not None:
@@ -152,6 +153,7 @@ class QuorumServer:
                         responses.put_nowait(verdict.data)
                     if verdict.kind == "close" or verdict.close:
                         log.warning("client %s: %s; closing", peer, verdict.reason)
+                        refused = True
                         break
                     if verdict.kind == "reply":
                         continue
@@ -178,6 +180,9 @@ class QuorumServer:
             responses.put_nowait(None)
             try:
                 await writer_task
+                if refused:
+                    from security.sasl import linger_close
+                    await linger_close(reader, writer)
             except (ConnectionError, OSError, asyncio.CancelledError):
                 pass
             writer.close()

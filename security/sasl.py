@@ -187,6 +187,25 @@ class SaslSession:
         return reply(cls(error_code=ErrorCode.none, error_message=None, auth_bytes=out))
 
 
+async def linger_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, timeout: float = 1.0) -> None:
+    """After refusing a client: give it up to ``timeout`` to read the answer and hang up first.
+
+    Closing a socket with unread input sends a reset, and a reset can destroy the answer still on
+    its way (kafka-python then reports "socket disconnected" instead of the authentication error).
+    So: stop writing, discard what the client still sends until it closes, then close.
+    """
+    try:
+        if writer.can_write_eof():
+            writer.write_eof()
+        else:  # TLS cannot half-close: the client sees no end of stream until we close, so linger less
+            timeout = min(timeout, 0.25)
+        async with asyncio.timeout(timeout):
+            while await reader.read(65536):
+                pass
+    except (OSError, TimeoutError, asyncio.IncompleteReadError):
+        pass
+
+
 def api_versions_table(base: dict[int, tuple[int, int]], sasl: SaslAuthenticator | None) -> dict:
     """The ApiVersions table of a listener: its APIs, plus the SASL ones when SASL is on."""
     return base if sasl is None else {**base, **SASL_SUPPORTED}

@@ -35,8 +35,8 @@ class SecureQuorum:
                             client_id=f"test-{user}", security=self.security(user, password, mechanism))
 
     def cli_args(self, user: str = "admin") -> list[str]:
-        return ["--quorum", ",".join(self.addresses), "--security-protocol", "SASL_SSL", "--sasl-username", user,
-                "--sasl-password", PASSWORDS[user], "--tls-cafile", self.pki.cafile]
+        return ["--quorum", ",".join(self.addresses), "--timeout", "30", "--security-protocol", "SASL_SSL",
+                "--sasl-username", user, "--sasl-password", PASSWORDS[user], "--tls-cafile", self.pki.cafile]
 
 
 @pytest.fixture(scope="module")

@@ -109,10 +109,10 @@ def test_acls_grant_and_revoke_cluster_action_through_a_follower(secure_quorum):
     assert code == 0, out
     wait_for(lambda: _refused(lambda: run(_call(sq.client("broker", addresses=[leader]),
                                                 lambda c: c.register_broker(9)))), 10, what="the deny to apply")
-    assert pidctl(sq, "acl", "remove", "--principal", "User:*", "--operation", "ALL", "--permission", "deny",
-                  "--cluster")[0] == 0
-    assert pidctl(sq, "acl", "remove", "--principal", "User:broker", "--operation", "CLUSTER_ACTION",
-                  "--cluster")[0] == 0
+    for principal, op, perm in (("User:*", "ALL", "deny"), ("User:broker", "CLUSTER_ACTION", "allow")):
+        code, out = pidctl(sq, "acl", "remove", "--principal", principal, "--operation", op, "--permission", perm,
+                           "--cluster")
+        assert code == 0 and "removed" in out, out
     wait_for(lambda: _refused(lambda: run(_call(sq.client("broker", addresses=[follower]),
                                                 lambda c: c.register_broker(7)))), 10, what="the removal to apply")
     code, out = pidctl(sq, "acl", "add", "--principal", "alice", "--operation", "WRITE", "--cluster")

@@ -20,7 +20,7 @@ from typing import Any
 
 from quorum.client import ConnectionFailed
 from quorum.errors import PidQuorumError
-from security.acl import Acl, authorize
+from security.acl import Acl, AclIndex
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,7 @@ class AclCache:
         self.refresh_s = refresh_s
         self.super_users = frozenset(super_users)
         self.acls: list[Acl] = []
+        self._index = AclIndex()
         self.applied_index = -1
         self.fetched_at: float | None = None  # monotonic time of the last successful fetch
         self.fetches = self.failures = self.stale_answers = 0
@@ -49,6 +50,8 @@ class AclCache:
         changed = acls != self.acls
         if changed:
             log.info("ACLs: %d entries (quorum applied index %d)", len(acls), applied)
+        if changed:
+            self._index = AclIndex(acls)
         self.acls, self.applied_index = acls, applied
         return changed
 
@@ -76,7 +79,7 @@ class AclCache:
                 pass
 
     def authorize(self, principal: str, resource_type: str, name: str, operation: str, host: str | None) -> bool:
-        return authorize(self.acls, principal, resource_type, name, operation, self.super_users, host)
+        return self._index.authorize(principal, resource_type, name, operation, self.super_users, host)
 
     def stats(self) -> dict:
         return {"entries": len(self.acls), "applied_index": self.applied_index, "fetches": self.fetches,

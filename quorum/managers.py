@@ -37,7 +37,7 @@ from records import (
     UnregisterBrokerRecord,
 )
 from records.schema import INT_RANGES, LONG_MAX
-from security.acl import Acl, AclError
+from security.acl import Acl, AclError, AclIndex
 
 from .errors import (
     InvalidRequestError,
@@ -492,9 +492,16 @@ class AclManager:
 
     def __init__(self) -> None:
         self.entries: dict[Acl, AclRecord] = {}
+        self._index: AclIndex | None = None
 
     def acls(self) -> list[Acl]:
         return sorted(self.entries)
+
+    def index(self) -> AclIndex:
+        """The entries grouped for checks; rebuilt after a change (read it under the state's lock)."""
+        if self._index is None:
+            self._index = AclIndex(self.entries)
+        return self._index
 
     def fork(self) -> "AclManager":
         out = AclManager()
@@ -525,10 +532,12 @@ class AclManager:
             if acl in self.entries:
                 raise InvariantViolation(f"ACL entry {acl} already exists")
             self.entries[acl] = rec
+            self._index = None
         elif isinstance(rec, RemoveAclRecord):
             if acl not in self.entries:
                 raise InvariantViolation(f"ACL entry {acl} does not exist")
             del self.entries[acl]
+            self._index = None
         else:  # pragma: no cover - dispatch bug
             raise TypeError(f"not an ACL record: {rec!r}")
 
@@ -624,7 +633,6 @@ class QuorumState:
             "last_broker_epoch": self.registrations.last_epoch,
             "transactional_ids": len(self.transactions),
             "migration": self.migration.summary(),
-            "acls": len(self.acls.entries),
             "brokers": [
                 {"broker_id": r.broker_id, "broker_epoch": r.broker_epoch, "incarnation_id": r.incarnation_id,
                  "listener": r.listener, "fenced": r.fenced}

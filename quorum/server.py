@@ -238,9 +238,9 @@ class QuorumServer:
         if req.principal in self.super_users:
             return
         with self.service.lock:
-            acls = list(self.service.state.acls.entries)
+            index = self.service.state.acls.index()  # immutable once built: safe to use after the lock
         host = a.peer_host(peer)
-        if any(a.authorize(acls, req.principal, a.CLUSTER, a.CLUSTER_NAME, op, (), host) for op in ops):
+        if any(index.authorize(req.principal, a.CLUSTER, a.CLUSTER_NAME, op, (), host) for op in ops):
             return
         raise ClusterAuthorizationFailedError(
             f"{req.principal} is not allowed {' or '.join(ops)} on the cluster "

@@ -115,6 +115,25 @@ def authorize(acls: Iterable[Acl], principal: str, resource_type: str, name: str
     return allowed
 
 
+class AclIndex:
+    """Entries grouped by principal, built once per change: a check reads only the entries of the
+    principal and of ``User:*``, not every entry (``authorize`` on a list is linear in all of them)."""
+
+    def __init__(self, acls: Iterable[Acl] = ()):
+        self.by_principal: dict[str, list[Acl]] = {}
+        for acl in acls:
+            self.by_principal.setdefault(acl.principal, []).append(acl)
+        self.size = sum(len(v) for v in self.by_principal.values())
+
+    def authorize(self, principal: str, resource_type: str, name: str, operation: str,
+                  super_users: Iterable[str] = (), host: str | None = None) -> bool:
+        if principal in super_users:
+            return True
+        own = self.by_principal.get(principal, ())
+        everyone = self.by_principal.get("User:*", ()) if principal != "User:*" else ()
+        return authorize((*own, *everyone), principal, resource_type, name, operation, (), host)
+
+
 def principal_of(user: str) -> str:
     return f"User:{user}"
 
@@ -126,4 +145,4 @@ def peer_host(peer: Any) -> str | None:
     return None
 
 
-__all__ = ["Acl", "AclError", "authorize", "principal_of", "peer_host"]
+__all__ = ["Acl", "AclError", "AclIndex", "authorize", "principal_of", "peer_host"]

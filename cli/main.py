@@ -852,9 +852,9 @@ def demo(ctx, count):
     render.line(f"stop it with: pidctl --data-dir {obj.data_dir} cluster down")
 
 
-from . import security_cmds  # noqa: E402 - registers `pidctl user ...` and `pidctl acl ...`
+from .security_cmds import register as _register_security_commands  # noqa: E402
 
-_SECURITY_COMMANDS = (security_cmds.user, security_cmds.acl)
+_register_security_commands(cli, handle_errors=handle_errors, output_option=output_option, run=run)
 
 
 def main() -> None:

@@ -187,3 +187,19 @@ def test_broker_closes_unauthenticated_requests_and_keeps_serving(secure_brokers
     assert s.recv(4) == b""
     s.close()
     test_kafka_python_right_password(secure_brokers, tls=False)  # still serving
+
+
+def test_broker_refuses_to_start_without_cluster_action_or_with_a_corrupt_file(secure_quorum, tmp_path):
+    sq = secure_quorum
+    quorum_as_bob = ["--quorum-security-protocol", "SASL_SSL", "--quorum-sasl-username", "bob",
+                     "--quorum-sasl-password", PASSWORDS["bob"], "--quorum-tls-cafile", sq.pki.cafile]
+    b = BrokerProcess(str(tmp_path), 5, sq.addresses, "--sasl-credentials-file", sq.users_file, *quorum_as_bob)
+    with pytest.raises(AssertionError, match="exited with 69") as e:
+        b.start(timeout=30)
+    assert "CLUSTER_AUTHORIZATION_FAILED" in str(e.value) and "not allowed" in str(e.value)
+    bad = tmp_path / "users.json"
+    bad.write_text('{"format": "pidquorum-credentials", "version": 1, "users": {"x": 1}}')
+    b = BrokerProcess(str(tmp_path), 6, sq.addresses, "--sasl-credentials-file", str(bad), *quorum_as_bob)
+    with pytest.raises(AssertionError, match="exited with 78") as e:
+        b.start(timeout=30)
+    assert str(bad) in str(e.value) and "entry must be an object" in str(e.value)

@@ -268,3 +268,27 @@ def test_node_refuses_to_start_with_a_corrupt_credentials_file(tmp_path):
     assert "users.json" in str(e.value) and "invalid JSON" in str(e.value)
     lc.down(timeout=5)
 
+
+
+def test_acls_survive_a_snapshot_and_a_restart(secure_quorum):
+    sq = secure_quorum
+    code, out = pidctl(sq, "acl", "add", "--principal", "User:alice", "--operation", "WRITE", "--transactional-id",
+                       "keep-", "--prefixed")
+    assert code == 0, out
+    code, out = pidctl(sq, "snapshot", "take")
+    assert code == 0, out
+    pidctl(sq, "acl", "add", "--principal", "User:bob", "--operation", "DESCRIBE", "--cluster")  # after the snapshot
+    node = sq.lc.nodes()[0]
+    sq.lc.stop(node.node_id)
+    sq.lc.start(node.node_id)
+    sq.lc.wait_ready([node.node_id])
+
+    def listed():
+        try:
+            client = sq.client("admin", addresses=[node.client_address], timeout=3)
+            acls, _ = run(_call(client, lambda c: c.describe_acls()))
+        except Exception:  # noqa: BLE001 - still starting
+            return None
+        names = {(x.principal, x.resource_name) for x in acls}
+        return names if {("User:alice", "keep-"), ("User:bob", "kafka-cluster")} <= names else None
+    assert wait_for(listed, 20, what="the restarted node to list both entries")

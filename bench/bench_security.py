@@ -49,7 +49,8 @@ def phase_mechanisms(args, tmp: str) -> dict:
         final = client.final(first)  # the client's PBKDF2 is timed too: a full exchange in one process
         server.step(final)
         scram.append(time.perf_counter() - t)
-    return {"iterations": args.iterations, "plain_verify": _ms_stats(plain), "scram_exchange_incl_client": _ms_stats(scram)}
+    return {"iterations": args.iterations, "plain_verify": _ms_stats(plain),
+            "scram_exchange_incl_client": _ms_stats(scram)}
 
 
 def phase_authorize(args, tmp: str) -> dict:

@@ -242,9 +242,11 @@ class QuorumServer:
         host = a.peer_host(peer)
         if any(index.authorize(req.principal, a.CLUSTER, a.CLUSTER_NAME, op, (), host) for op in ops):
             return
+        what = p.API_NAMES.get(req.api_key, str(req.api_key))
+        if req.api_key == p.RECORD_API_KEY:
+            what += " " + type(b).SPEC.name
         raise ClusterAuthorizationFailedError(
-            f"{req.principal} is not allowed {' or '.join(ops)} on the cluster "
-            f"({p.API_NAMES.get(req.api_key, req.api_key)}{'' if req.api_key != p.RECORD_API_KEY else ' ' + type(b).SPEC.name})")
+            f"{req.principal} is not allowed {' or '.join(ops)} on the cluster ({what})")
 
     # --------------------------------------------------------------- handlers
     async def _handle(self, req: p.Request) -> Any:

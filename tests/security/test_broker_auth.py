@@ -161,7 +161,7 @@ def test_kafka_python_refusals(secure_brokers, caplog):
                    and "Invalid username or password" in r.getMessage() for r in caplog.records)
     producer = kafka_python_producer(secure_brokers, "bob", enable_idempotence=True, acks="all")
     try:
-        # kafka-python wraps it: "Unexpected error in InitProducerIdResponse: [Error 31] ClusterAuthorizationFailedError"
+        # kafka-python wraps it: "Unexpected error in InitProducerIdResponse: [Error 31] ClusterAuthorization..."
         with pytest.raises(kerrors.KafkaError, match="ClusterAuthorizationFailed"):
             producer.send("secured-kp", value=b"x").get(timeout=20)
     finally:

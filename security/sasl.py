@@ -117,6 +117,13 @@ class SaslSession:
         return out
 
     async def on_frame(self, frame: bytes) -> Verdict:
+        try:
+            return await self._on_frame(frame)
+        except Exception as e:  # noqa: BLE001 - connection boundary: a bug here closes this connection only
+            log.exception("client %s: SASL gate failed", self.peer)
+            return Verdict("close", reason=f"internal error in the SASL exchange: {type(e).__name__}")
+
+    async def _on_frame(self, frame: bytes) -> Verdict:
         if self.raw:
             return await self._raw_token(frame)
         if len(frame) < 8:

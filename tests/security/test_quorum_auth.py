@@ -292,3 +292,33 @@ def test_acls_survive_a_snapshot_and_a_restart(secure_quorum):
         names = {(x.principal, x.resource_name) for x in acls}
         return names if {("User:alice", "keep-"), ("User:bob", "kafka-cluster")} <= names else None
     assert wait_for(listed, 20, what="the restarted node to list both entries")
+
+
+def test_tls_only_quorum_forwards_over_tls_and_refuses_plaintext(tmp_path):
+    from quorum.client import QuorumClient, RetryPolicy
+    from quorum.errors import RequestTimedOutError
+    from quorum.localcluster import LocalCluster
+    from security.client import ClientSecurity
+    from tests.security.certs import make_pki
+
+    pki = make_pki(str(tmp_path / "pki"))
+    lc = LocalCluster(str(tmp_path / "c"))
+    lc.up(3, tls_certfile=pki.certfile, tls_keyfile=pki.keyfile, tls_cafile=pki.cafile)
+    try:
+        tls = ClientSecurity("SSL", cafile=pki.cafile)
+
+        async def work(addresses):
+            c = QuorumClient(addresses, RetryPolicy(timeout=15, attempt_timeout=2), security=tls)
+            try:
+                epoch = await c.register_broker(3)
+                return await c.allocate(3, epoch)
+            finally:
+                await c.close()
+        # every node, followers included (they forward to the leader over TLS, as the node principal)
+        for address in lc.client_addresses():
+            assert run(work([address])).length > 0
+        plain = QuorumClient(lc.client_addresses()[:1], RetryPolicy(timeout=1.5, attempt_timeout=0.5))
+        with pytest.raises(RequestTimedOutError):
+            run(_call(plain, lambda c: c.register_broker(4)))
+    finally:
+        lc.down(timeout=5)

@@ -34,13 +34,17 @@ from quorum import protocol as p
 from quorum.client import QuorumClient, RetryPolicy
 from quorum.logs import end_request_context, request_context
 from quorum.errors import (
+    ClusterAuthorizationFailedError,
     CoordinatorLoadInProgressError,
     Errors,
     InvalidRequestError,
     PidQuorumError,
     StaleBrokerEpochError,
+    TransactionalIdAuthorizationFailedError,
     UnknownTopicOrPartitionError,
 )
+
+from security.sasl import linger_close
 
 from . import kafkaio as kio_
 from .partition import Partition
@@ -96,6 +100,17 @@ class BrokerConfig:
     producer_id_quota_window_size_s: float = 3600.0
     producer_id_quota_false_positive_rate: float = 0.001
     quota_refresh_s: float = 1.0          # how often the quota configuration is read from the quorum
+    # Security (README "Security").  sasl_credentials_file set: SASL is required on the listener and
+    # InitProducerId / the transactional requests are authorized with the quorum's ACLs.
+    sasl_credentials_file: str | None = None
+    sasl_mechanisms: tuple[str, ...] = ("PLAIN", "SCRAM-SHA-256")
+    super_users: tuple[str, ...] = ()      # principals the ACLs never refuse (Kafka's super.users)
+    acl_refresh_s: float = 1.0             # how often the ACLs are read from the quorum
+    tls_certfile: str | None = None        # set: the listener speaks TLS (SSL / SASL_SSL)
+    tls_keyfile: str | None = None
+    tls_cafile: str | None = None          # CA for client certificates (with tls_client_auth)
+    tls_client_auth: bool = False          # clients must present a certificate (mutual TLS)
+    quorum_security: Any = None            # security.client.ClientSecurity: how to reach the quorum
 
     def __post_init__(self) -> None:
         if not 0 <= self.broker_id <= 2**31 - 1:
@@ -111,6 +126,13 @@ class BrokerConfig:
         if not 0 < self.quota_refresh_s <= 3600:
             raise ValueError(f"quota refresh interval {self.quota_refresh_s} s is not in (0, 3600]")
         self.quota_window  # checks the window settings
+        if (self.tls_keyfile or self.tls_cafile or self.tls_client_auth) and not self.tls_certfile:
+            raise ValueError("tls_keyfile / tls_cafile / tls_client_auth need tls_certfile")
+        if self.acl_refresh_s <= 0:
+            raise ValueError("acl_refresh_s must be positive")
+        for u in self.super_users:
+            if not u.startswith("User:") or len(u) <= 5:
+                raise ValueError(f"super user {u!r} is not User:<name>")
 
     @property
     def quota_window(self) -> QuotaWindow:
@@ -137,7 +159,7 @@ class BrokerServer:
     def __init__(self, cfg: BrokerConfig):
         self.cfg = cfg
         self.quorum = QuorumClient(list(cfg.quorum), RetryPolicy(timeout=cfg.quorum_timeout_s),
-                                   client_id=f"broker-{cfg.broker_id}")
+                                   client_id=f"broker-{cfg.broker_id}", security=cfg.quorum_security)
         self.pids: ProducerIdManager | None = None  # created once the listener's port is known
         self.storage = Storage(cfg.data_dir, default_partitions=cfg.default_partitions,
                                auto_create=cfg.auto_create_topics, dedup=cfg.dedup, segment_bytes=cfg.segment_bytes,
@@ -158,6 +180,24 @@ class BrokerServer:
                          "quota_throttled_batches": 0}
         self.port: int | None = None
         self.quota_provider: Any = self.quotas  # stats() -> {principal: {rate, tokens, throttle_time_ms, ...}}
+        self._setup_security()
+
+    def _setup_security(self) -> None:
+        from security.sasl import SaslAuthenticator, api_versions_table
+        from security.tls import server_context
+
+        from .acl_cache import AclCache
+
+        cfg = self.cfg
+        self.sasl = self.acls = None
+        if cfg.sasl_credentials_file:
+            self.counters["authorization_failures"] = 0
+            self.sasl = SaslAuthenticator(cfg.sasl_credentials_file, tuple(cfg.sasl_mechanisms),
+                                          counters=self.counters)
+            self.acls = AclCache(self.quorum, cfg.acl_refresh_s, tuple(cfg.super_users))
+        self.ssl = (server_context(cfg.tls_certfile, cfg.tls_keyfile, cfg.tls_cafile, cfg.tls_client_auth)
+                    if cfg.tls_certfile else None)
+        self.api_table = api_versions_table(SUPPORTED, self.sasl)
 
     def quota_stats(self) -> dict[str, dict]:
         """Per-principal producer-ID quota figures of the quota provider ({} when there is none)."""
@@ -176,8 +216,10 @@ class BrokerServer:
     # --------------------------------------------------------------- lifecycle
     async def start(self) -> None:
         self._appended = asyncio.Condition()
+        if self.acls is not None:
+            await self.acls.start()  # no first copy of the ACLs: do not serve (raises the quorum's answer)
         host, port = self.cfg.listen.rsplit(":", 1)
-        self._server = await asyncio.start_server(self._connection, host, int(port))
+        self._server = await asyncio.start_server(self._connection, host, int(port), ssl=self.ssl)
         self.port = self._server.sockets[0].getsockname()[1]
         self.cfg.with_bound_port(self.port)
         adv_host, adv_port = self.cfg.advertised_address
@@ -200,6 +242,8 @@ class BrokerServer:
             self._quota_task.cancel()
         if self.pids is not None:
             await self.pids.close()
+        if self.acls is not None:
+            await self.acls.close()
         await self.quorum.close()
         self._io.shutdown(wait=True)
         self.storage.close()
@@ -212,12 +256,26 @@ class BrokerServer:
         peer = writer.get_extra_info("peername")
         frames: asyncio.Queue = asyncio.Queue(maxsize=64)
         read_task = asyncio.get_running_loop().create_task(self._read_frames(reader, frames, peer))
+        session = self.sasl.session(peer) if self.sasl is not None else None
         try:
             while True:
                 item = await frames.get()
                 if item is None:
                     break
-                data = await self._answer(item, peer)
+                if session is not None:
+                    verdict = await session.on_frame(item)
+                    if verdict.kind == "reply":
+                        writer.write(verdict.data)
+                        await writer.drain()
+                    if verdict.kind == "close" or verdict.close:
+                        log.warning("client %s: %s; closing", peer, verdict.reason)
+                        read_task.cancel()
+                        await asyncio.wait([read_task])  # one reader at a time
+                        await linger_close(reader, writer)
+                        break
+                    if verdict.kind == "reply":
+                        continue
+                data = await self._answer(item, peer, session.principal if session is not None else None)
                 if data is not None:
                     writer.write(data)
                     await writer.drain()
@@ -244,7 +302,7 @@ class BrokerServer:
         finally:
             await frames.put(None)
 
-    async def _answer(self, frame: bytes, peer: Any) -> bytes | None:
+    async def _answer(self, frame: bytes, peer: Any, principal: str | None = None) -> bytes | None:
         muted_until = self._muted_until.pop(peer, None)
         if muted_until is not None and muted_until > time.monotonic():
             # The last response told the client to back off; as Kafka does (KIP-219), the
@@ -261,6 +319,8 @@ class BrokerServer:
             log.warning("client %s: %s (answered %s)", peer, e.message, e.code.name)
             return p.error_response(e, SUPPORTED, self._error_body)
         self.counters["requests"] += 1
+        if principal is not None:
+            req.principal = principal
         token = request_context(req.client_id, req.correlation_id)
         try:
             return await self._answer_request(req, peer)
@@ -273,6 +333,8 @@ class BrokerServer:
             log.debug("client %s: %s v%d: %d bytes after the body, ignored (as Kafka does)", peer,
                       NAMES.get(req.api_key), req.api_version, req.trailing)
         try:
+            if self.acls is not None:
+                self._authorize(req, peer)
             body = await self._handle(req)
         except _DropConnection:
             raise
@@ -291,11 +353,37 @@ class BrokerServer:
             self._muted_until[peer] = time.monotonic() + throttle_ms / 1000
         return p.encode_response(req.api_key, req.api_version, req.correlation_id, body)
 
+    # ------------------------------------------------------------ authorization
+    def _authorize(self, req: p.Request, peer: Any) -> None:
+        """ACLs (SASL on): InitProducerId needs IDEMPOTENT_WRITE on the cluster without a transactional
+        id (else CLUSTER_AUTHORIZATION_FAILED) and WRITE on the transactional id with one, as do
+        AddPartitionsToTxn and EndTxn (else TRANSACTIONAL_ID_AUTHORIZATION_FAILED).  Topics have no ACLs."""
+        from security import acl as a
+
+        b, k = req.body, req.api_key
+        if k == INIT_PRODUCER_ID and b.transactional_id is None:
+            if not self.acls.authorize(req.principal, a.CLUSTER, a.CLUSTER_NAME, a.IDEMPOTENT_WRITE,
+                                       a.peer_host(peer)):
+                self.counters["authorization_failures"] += 1
+                raise ClusterAuthorizationFailedError(f"{req.principal} is not allowed IDEMPOTENT_WRITE on the "
+                                                      "cluster")
+            return
+        if k in (INIT_PRODUCER_ID, END_TXN):
+            tid = b.transactional_id
+        elif k == ADD_PARTITIONS_TO_TXN:
+            tid = b.v3_and_below_transactional_id
+        else:
+            return
+        if not self.acls.authorize(req.principal, a.TRANSACTIONAL_ID, str(tid), a.WRITE, a.peer_host(peer)):
+            self.counters["authorization_failures"] += 1
+            raise TransactionalIdAuthorizationFailedError(
+                f"{req.principal} is not allowed WRITE on transactional id {str(tid)[:200]!r}")
+
     # ------------------------------------------------------------ dispatch
     async def _handle(self, req: p.Request) -> Any:
         k = req.api_key
         if k == p.API_VERSIONS:
-            return p.api_versions_body(req.api_version, Errors.NONE, SUPPORTED)
+            return p.api_versions_body(req.api_version, Errors.NONE, self.api_table)
         if k == METADATA:
             return self._metadata(req)
         if k == INIT_PRODUCER_ID:

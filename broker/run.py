@@ -9,13 +9,15 @@ import signal
 from quorum import logs
 from quorum.errors import CorruptFileError, PidQuorumError
 from quorum.metrics import serve_metrics
+from security.credentials import CredentialsError
+from security.tls import TlsConfigError
 
 from .frontend import BrokerConfig, BrokerServer
 from .metrics import broker_families
 
 log = logging.getLogger("pidquorum.broker")
 
-EXIT_CORRUPT, EXIT_UNAVAILABLE, EXIT_OS = 66, 69, 71
+EXIT_CORRUPT, EXIT_UNAVAILABLE, EXIT_OS, EXIT_CONFIG = 66, 69, 71, 78
 
 
 async def _serve(cfg: BrokerConfig, ready_file: str | None) -> None:
@@ -57,4 +59,7 @@ def run_broker(cfg: BrokerConfig, ready_file: str | None = None) -> int:
     except OSError as e:
         log.critical("cannot start: %s", e)
         return EXIT_OS
+    except (CredentialsError, TlsConfigError) as e:
+        log.critical("refusing to start: %s", e)
+        return EXIT_CONFIG
     return 0

@@ -31,10 +31,11 @@ output_option = click.option("-o", "--output", type=click.Choice(["table", "json
 
 
 class Ctx:
-    def __init__(self, data_dir: str, quorum: str | None, timeout: float):
+    def __init__(self, data_dir: str, quorum: str | None, timeout: float, security=None):
         self.data_dir = data_dir
         self.quorum = quorum
         self.timeout = timeout
+        self.security = security  # security.client.ClientSecurity, None: PLAINTEXT
 
     @property
     def cluster(self) -> LocalCluster:
@@ -47,7 +48,7 @@ class Ctx:
 
     def client(self) -> QuorumClient:
         return QuorumClient(self.addresses(), RetryPolicy(timeout=self.timeout, attempt_timeout=min(2.0, self.timeout)),
-                            client_id="pidctl")
+                            client_id="pidctl", security=self.security)
 
 
 def _chaos_errors() -> tuple[type[Exception], ...]:
@@ -78,6 +79,14 @@ def _audit_errors() -> tuple[type[Exception], ...]:
     return tuple(out)
 
 
+def _security_errors() -> tuple[type[Exception], ...]:
+    from security.acl import AclError
+    from security.credentials import CredentialsError
+    from security.tls import TlsConfigError
+
+    return (AclError, CredentialsError, TlsConfigError)
+
+
 def handle_errors(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -87,7 +96,8 @@ def handle_errors(fn):
             render.error(e.message)
             code = EXIT_UNAVAILABLE if e.code in (Errors.REQUEST_TIMED_OUT, Errors.NOT_CONTROLLER) else EXIT_REFUSED
             sys.exit(code)
-        except (ClusterError, ConfigError, CorruptFileError, *_chaos_errors(), *_audit_errors()) as e:
+        except (ClusterError, ConfigError, CorruptFileError, *_chaos_errors(), *_audit_errors(),
+                *_security_errors()) as e:
             render.error(str(e))
             sys.exit(EXIT_UNAVAILABLE if type(e).__name__ == "ZkUnavailable" else EXIT_ERROR)
         except KeyboardInterrupt:
@@ -110,10 +120,28 @@ def run(coro_fn):
               help="Directory of the local cluster (pidctl cluster ...).")
 @click.option("--quorum", envvar="PIDQUORUM_QUORUM", help="Client addresses host:port,... (default: the local cluster's).")
 @click.option("--timeout", type=float, default=10.0, show_default=True, help="Deadline of one call, in seconds.")
+@click.option("--security-protocol", envvar="PIDQUORUM_SECURITY_PROTOCOL", default="PLAINTEXT", show_default=True,
+              type=click.Choice(["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]),
+              help="How to reach the quorum (as Kafka's security.protocol).")
+@click.option("--sasl-mechanism", envvar="PIDQUORUM_SASL_MECHANISM", default="PLAIN", show_default=True,
+              type=click.Choice(["PLAIN", "SCRAM-SHA-256"]))
+@click.option("--sasl-username", envvar="PIDQUORUM_SASL_USERNAME", help="SASL user (env PIDQUORUM_SASL_USERNAME).")
+@click.option("--sasl-password", envvar="PIDQUORUM_SASL_PASSWORD",
+              help="SASL password; prefer the environment variable PIDQUORUM_SASL_PASSWORD.")
+@click.option("--tls-cafile", envvar="PIDQUORUM_TLS_CAFILE", type=click.Path(dir_okay=False),
+              help="CA that signed the quorum's certificates (default: the system's trust store).")
 @click.pass_context
-def cli(ctx, data_dir, quorum, timeout):
+def cli(ctx, data_dir, quorum, timeout, security_protocol, sasl_mechanism, sasl_username, sasl_password, tls_cafile):
     """pidquorum: producer-ID blocks from a Raft quorum."""
-    ctx.obj = Ctx(data_dir, quorum, timeout)
+    security = None
+    if security_protocol != "PLAINTEXT":
+        from security.client import ClientSecurity
+
+        try:
+            security = ClientSecurity(security_protocol, sasl_mechanism, sasl_username, sasl_password, tls_cafile)
+        except ValueError as e:
+            raise click.UsageError(str(e)) from None
+    ctx.obj = Ctx(data_dir, quorum, timeout, security)
 
 
 # ------------------------------------------------------------------ cluster
@@ -264,12 +292,34 @@ def broker():
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=0, show_default=True,
               help="Serve Prometheus metrics on this port (0 = off).")
 @click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Address the metrics port binds to.")
+@click.option("--sasl-credentials-file", type=click.Path(dir_okay=False),
+              help="Require SASL (PLAIN, SCRAM-SHA-256) from clients, with these users; ACLs are then enforced.")
+@click.option("--sasl-mechanism", "sasl_mechanisms", multiple=True, type=click.Choice(["PLAIN", "SCRAM-SHA-256"]),
+              help="Enabled mechanisms (repeat; default: both).")
+@click.option("--super-user", "super_users", multiple=True, help="User:<name> the ACLs never refuse (repeat).")
+@click.option("--acl-refresh-ms", type=click.IntRange(10), default=1000, show_default=True,
+              help="How often the ACLs are read from the quorum.")
+@click.option("--tls-certfile", type=click.Path(dir_okay=False), help="Serve TLS with this certificate (chain).")
+@click.option("--tls-keyfile", type=click.Path(dir_okay=False))
+@click.option("--tls-cafile", type=click.Path(dir_okay=False), help="CA of client certificates (--tls-client-auth).")
+@click.option("--tls-client-auth", is_flag=True, help="Require client certificates (mutual TLS).")
+@click.option("--quorum-security-protocol", default="PLAINTEXT", show_default=True,
+              type=click.Choice(["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]), help="How to reach the quorum.")
+@click.option("--quorum-sasl-mechanism", default="PLAIN", show_default=True,
+              type=click.Choice(["PLAIN", "SCRAM-SHA-256"]))
+@click.option("--quorum-sasl-username", envvar="PIDQUORUM_BROKER_SASL_USERNAME",
+              help="The broker's user on the quorum (needs CLUSTER_ACTION).")
+@click.option("--quorum-sasl-password", envvar="PIDQUORUM_BROKER_SASL_PASSWORD",
+              help="Prefer the environment variable PIDQUORUM_BROKER_SASL_PASSWORD.")
+@click.option("--quorum-tls-cafile", type=click.Path(dir_okay=False), help="CA of the quorum's certificates.")
 @click.pass_obj
 @handle_errors
 def broker_start(obj: Ctx, broker_id, quorum_opt, listen, advertised, broker_dir, partitions, no_dedup,
                  fault_drop_every, producer_id_expiration_ms, producer_id_quota_window_num,
-                 producer_id_quota_window_size_s, quota_refresh_s, ready_file, log_level, log_format=None,
-                 metrics_port=0, metrics_host="127.0.0.1"):
+                 producer_id_quota_window_size_s, quota_refresh_s, ready_file, log_level, sasl_credentials_file,
+                 sasl_mechanisms, super_users, acl_refresh_ms, tls_certfile, tls_keyfile, tls_cafile, tls_client_auth,
+                 quorum_security_protocol, quorum_sasl_mechanism, quorum_sasl_username, quorum_sasl_password,
+                 quorum_tls_cafile, log_format=None, metrics_port=0, metrics_host="127.0.0.1"):
     """Run a Kafka-protocol broker in the foreground until SIGTERM.
 
     Producer IDs come from quorum-allocated blocks; idempotent produce with
@@ -282,6 +332,17 @@ def broker_start(obj: Ctx, broker_id, quorum_opt, listen, advertised, broker_dir
     setup_logging(log_level, log_format or "human")
     quorum = [a.strip() for a in quorum_opt.split(",") if a.strip()] if quorum_opt else obj.addresses()
     try:
+        quorum_security = obj.security
+        if quorum_security_protocol != "PLAINTEXT":
+            from security.client import ClientSecurity
+
+            quorum_security = ClientSecurity(quorum_security_protocol, quorum_sasl_mechanism, quorum_sasl_username,
+                                             quorum_sasl_password, quorum_tls_cafile)
+        security = {"sasl_credentials_file": sasl_credentials_file, "super_users": tuple(super_users),
+                    "acl_refresh_s": acl_refresh_ms / 1000, "tls_certfile": tls_certfile, "tls_keyfile": tls_keyfile,
+                    "tls_cafile": tls_cafile, "tls_client_auth": tls_client_auth, "quorum_security": quorum_security}
+        if sasl_mechanisms:
+            security["sasl_mechanisms"] = tuple(sasl_mechanisms)
         cfg = BrokerConfig(broker_id=broker_id, quorum=quorum, listen=listen, advertised=advertised,
                            data_dir=broker_dir or f".pidquorum-broker-{broker_id}", default_partitions=partitions,
                            dedup=not no_dedup, fault_drop_every=fault_drop_every,
@@ -289,7 +350,7 @@ def broker_start(obj: Ctx, broker_id, quorum_opt, listen, advertised, broker_dir
                            metrics_host=metrics_host,
                            producer_id_quota_window_num=producer_id_quota_window_num,
                            producer_id_quota_window_size_s=producer_id_quota_window_size_s,
-                           quota_refresh_s=quota_refresh_s)
+                           quota_refresh_s=quota_refresh_s, **security)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     sys.exit(run_broker(cfg, ready_file))
@@ -991,6 +1052,11 @@ def demo(ctx, count):
     render.table("allocated blocks", ["broker", "epoch", "start", "end (excl.)", "len", "via node"], rows)
     ctx.invoke(quorum_status, output="table")
     render.line(f"stop it with: pidctl --data-dir {obj.data_dir} cluster down")
+
+
+from .security_cmds import register as _register_security_commands  # noqa: E402
+
+_register_security_commands(cli, handle_errors=handle_errors, output_option=output_option, run=run)
 
 
 def main() -> None:

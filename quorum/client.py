@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from records import (
+    AlterAclsRequest,
+    DescribeAclsRequest,
     AlterClientQuotaRequest,
     DescribeTransactionalIdRequest,
     InitTransactionalProducerRequest,
@@ -32,9 +34,10 @@ class ConnectionFailed(Exception):
 
 
 class Connection:
-    def __init__(self, address: str, client_id: str = "pidquorum"):
+    def __init__(self, address: str, client_id: str = "pidquorum", security: Any = None):
         self.address = address
         self.client_id = client_id
+        self.security = security  # security.client.ClientSecurity, or None for PLAINTEXT
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._pending: dict[int, tuple[asyncio.Future, int, int]] = {}
@@ -48,11 +51,32 @@ class Connection:
 
     async def connect(self, timeout: float) -> None:
         host, port = self.address.rsplit(":", 1)
+        sec = self.security
         try:
-            self._reader, self._writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), timeout)
+            if sec is None or sec.protocol == "PLAINTEXT":
+                self._reader, self._writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), timeout)
+            else:
+                self._reader, self._writer = await asyncio.wait_for(self._secure_connect(host, int(port)), timeout)
         except (OSError, asyncio.TimeoutError) as e:
+            self.close()
             raise ConnectionFailed(f"{self.address}: {e or type(e).__name__}") from None
+        except PidQuorumError:
+            self.close()  # SASL refused us: not retriable, the caller sees why
+            raise
         self._read_task = asyncio.get_running_loop().create_task(self._read_loop())
+
+    async def _secure_connect(self, host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        from security.client import authenticate
+
+        ctx = self.security.ssl_context()
+        reader, writer = await asyncio.open_connection(host, port, ssl=ctx, server_hostname=host if ctx else None)
+        self._writer = writer
+        if self.security.sasl:
+            try:
+                await authenticate(reader, writer, self.security, self.client_id, self.address)
+            except p.FrameError as e:
+                raise ConnectionError(f"SASL: {e}") from None
+        return reader, writer
 
     async def _read_loop(self) -> None:
         assert self._reader is not None
@@ -145,6 +169,7 @@ class QuorumClient:
     addresses: list[str]
     policy: RetryPolicy = field(default_factory=RetryPolicy)
     client_id: str = "pidquorum"
+    security: Any = None  # security.client.ClientSecurity (SASL / TLS), None: PLAINTEXT
 
     def __post_init__(self) -> None:
         if not self.addresses:
@@ -155,7 +180,7 @@ class QuorumClient:
     def _conn(self, address: str) -> Connection:
         conn = self._conns.get(address)
         if conn is None:
-            conn = self._conns[address] = Connection(address, self.client_id)
+            conn = self._conns[address] = Connection(address, self.client_id, self.security)
         return conn
 
     async def _call_any(self, body: Any) -> tuple[Any, str]:
@@ -245,6 +270,24 @@ class QuorumClient:
         resp, _ = await self._call_any(MigrationCommandRequest(action=action, zk=zk))
         return {"mode": resp.mode, "changed": bool(resp.changed), "next_producer_id": int(resp.next_producer_id),
                 "message": resp.message}
+
+    async def alter_acl(self, action: str, acl: Any) -> bool:
+        """``pidctl acl add|remove``: add or remove one ``security.acl.Acl``; whether anything changed."""
+        resp, _ = await self._call_any(AlterAclsRequest(action=action, **acl.to_dict()))
+        return bool(resp.changed)
+
+    async def describe_acls(self, principal: str = "") -> tuple[list[Any], int]:
+        """The ACL entries as some node has applied them, and that node's applied Raft index."""
+        import json
+
+        from security.acl import Acl
+
+        resp, _ = await self._call_any(DescribeAclsRequest(principal=principal))
+        try:
+            acls = [Acl.from_obj(a) for a in json.loads(resp.acls)]
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
+            raise ConnectionFailed(f"DescribeAcls: unreadable entry list: {e}") from None
+        return acls, int(resp.applied_index)
 
     async def alter_client_quota(self, user: str | None, key: str, value: float = 0.0, remove: bool = False,
                                  validate_only: bool = False) -> bool:

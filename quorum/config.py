@@ -14,6 +14,16 @@ Example::
     allocate_rate_per_broker = 1000.0        # blocks/s per broker; 0 = no limit
     allocate_burst = 2000
     max_frame_bytes = 1048576
+    # Authentication (optional; see README "Security"): SASL on the client port,
+    # optionally inside TLS; ACLs are enforced when SASL is on.
+    sasl_credentials_file = "users.json"     # pidctl user add --file users.json ...
+    sasl_mechanisms = ["PLAIN", "SCRAM-SHA-256"]
+    super_users = ["User:admin"]              # may do anything (ACL bootstrap)
+    tls_certfile = "node1.pem"                # TLS on the client port
+    tls_keyfile = "node1.key"
+    tls_cafile = "ca.pem"                     # the CA this node trusts: verifies the other nodes when
+                                              # forwarding (default: the system's trust store)
+    tls_client_auth = false                   # true: clients must present a certificate (mutual TLS)
     metrics_port = 9095                      # Prometheus /metrics on metrics_host (127.0.0.1); 0 = off
     log_format = "json"                      # default "human"
 
@@ -64,6 +74,13 @@ class NodeConfig:
     max_batch: int = 512
     transactional_id_expiration_ms: int = 7 * 24 * 3600 * 1000   # Kafka's transactional.id.expiration.ms
     transaction_max_timeout_ms: int = 15 * 60 * 1000               # Kafka's transaction.max.timeout.ms
+    sasl_credentials_file: str | None = None   # set: SASL required on the client port, ACLs enforced
+    sasl_mechanisms: list[str] = field(default_factory=lambda: ["PLAIN", "SCRAM-SHA-256"])
+    super_users: list[str] = field(default_factory=list)  # principals ACLs never refuse (Kafka's super.users)
+    tls_certfile: str | None = None            # set: the client port speaks TLS
+    tls_keyfile: str | None = None
+    tls_cafile: str | None = None
+    tls_client_auth: bool = False
     metrics_port: int = 0                  # Prometheus /metrics; 0 = off
     metrics_host: str = "127.0.0.1"
     log_format: str = "human"              # or "json": one JSON object per line
@@ -102,6 +119,20 @@ class NodeConfig:
         if self.transactional_id_expiration_ms <= 0 or not 0 < self.transaction_max_timeout_ms <= 2**31 - 1:
             raise ConfigError("transactional_id_expiration_ms and transaction_max_timeout_ms must be positive "
                               "(the timeout at most 2147483647)")
+        if self.tls_keyfile and not self.tls_certfile:
+            raise ConfigError("tls_keyfile is set but tls_certfile is not")
+        if (self.tls_cafile or self.tls_client_auth) and not self.tls_certfile:
+            raise ConfigError("tls_cafile / tls_client_auth are set but tls_certfile is not (TLS is off)")
+        if self.tls_client_auth and not self.tls_cafile:
+            raise ConfigError("tls_client_auth needs tls_cafile (the CA that signs client certificates)")
+        for m in self.sasl_mechanisms:
+            if m not in ("PLAIN", "SCRAM-SHA-256"):
+                raise ConfigError(f"sasl_mechanisms: {m!r} is not PLAIN or SCRAM-SHA-256")
+        if self.sasl_credentials_file is not None and not self.sasl_mechanisms:
+            raise ConfigError("sasl_mechanisms must not be empty")
+        for u in self.super_users:
+            if not isinstance(u, str) or not u.startswith("User:") or len(u) <= 5:
+                raise ConfigError(f"super_users: {u!r} is not User:<name>")
         if isinstance(self.metrics_port, bool) or not isinstance(self.metrics_port, int) \
                 or not 0 <= self.metrics_port < 65536:
             raise ConfigError(f"metrics_port must be in 0..65535 (0 = off), got {self.metrics_port!r}")
@@ -164,6 +195,9 @@ def from_dict(raw: dict, base_dir: str = ".") -> NodeConfig:
             raise
         raise ConfigError(f"bad config: {e}") from None
     cfg.data_dir = os.path.join(base_dir, cfg.data_dir)
+    for name in ("sasl_credentials_file", "tls_certfile", "tls_keyfile", "tls_cafile"):
+        if getattr(cfg, name):
+            setattr(cfg, name, os.path.join(base_dir, getattr(cfg, name)))
     cfg.validate()
     return cfg
 
@@ -196,6 +230,8 @@ def _toml_lines(obj, fields) -> list[str]:
 
 
 def _toml_value(v) -> str:
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     if isinstance(v, str):
         return f'"{v}"'
     if isinstance(v, bool):

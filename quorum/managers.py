@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from records import (
+    AclRecord,
     AllocateProducerIdsRecord,
     BridgeReservationRecord,
     BrokerEpochCursorRecord,
@@ -30,12 +31,14 @@ from records import (
     ProducerIdSeedRecord,
     Record,
     RegisterBrokerRecord,
+    RemoveAclRecord,
     RemoveTransactionalIdRecord,
     TransactionalIdRecord,
     UnfenceBrokerRecord,
     UnregisterBrokerRecord,
 )
 from records.schema import INT_RANGES, LONG_MAX
+from security.acl import Acl, AclError, AclIndex
 
 from .errors import (
     InvalidRequestError,
@@ -481,6 +484,69 @@ class MigrationManager:
         return {"mode": self.mode, "zk": self.zk, "reserved_until": self.reserved_until}
 
 
+# --------------------------------------------------------------------------
+# Access-control entries (security/acl.py decides; this slice stores them)
+# --------------------------------------------------------------------------
+
+
+class AclManager:
+    """The ACL entries, keyed by all their fields (the timestamp is audit only)."""
+
+    def __init__(self) -> None:
+        self.entries: dict[Acl, AclRecord] = {}
+        self._index: AclIndex | None = None
+
+    def acls(self) -> list[Acl]:
+        return sorted(self.entries)
+
+    def index(self) -> AclIndex:
+        """The entries grouped for checks; rebuilt after a change (read it under the state's lock)."""
+        if self._index is None:
+            self._index = AclIndex(self.entries)
+        return self._index
+
+    def fork(self) -> "AclManager":
+        out = AclManager()
+        out.entries = dict(self.entries)  # entries are frozen
+        return out
+
+    def generate_alter(self, action: str, acl: Acl, now_ms: int) -> Result:
+        """Response: changed (False: already there for add, absent for remove; nothing is committed)."""
+        if action not in ("add", "remove"):
+            raise InvalidRequestError(f"unknown ACL action {action!r} (add, remove)")
+        try:
+            acl.validate()
+        except AclError as e:
+            raise InvalidRequestError(str(e)) from None
+        present = acl in self.entries
+        if (action == "add") == present:
+            return Result([], False)
+        cls = AclRecord if action == "add" else RemoveAclRecord
+        return Result([cls(**acl.to_dict(), timestamp_ms=now_ms)], True)
+
+    def replay(self, rec: Record) -> None:
+        acl = Acl.from_obj(rec)
+        try:
+            acl.validate()
+        except AclError as e:
+            raise InvariantViolation(f"invalid ACL entry: {e}") from None
+        if isinstance(rec, AclRecord):
+            if acl in self.entries:
+                raise InvariantViolation(f"ACL entry {acl} already exists")
+            self.entries[acl] = rec
+            self._index = None
+        elif isinstance(rec, RemoveAclRecord):
+            if acl not in self.entries:
+                raise InvariantViolation(f"ACL entry {acl} does not exist")
+            del self.entries[acl]
+            self._index = None
+        else:  # pragma: no cover - dispatch bug
+            raise TypeError(f"not an ACL record: {rec!r}")
+
+    def snapshot_records(self) -> list[Record]:
+        return [self.entries[a] for a in sorted(self.entries)]
+
+
 def _check_broker_id(broker_id: int) -> None:
     if isinstance(broker_id, bool) or not isinstance(broker_id, int) or not 0 <= broker_id <= INT32_MAX:
         raise InvalidRequestError(f"broker id {broker_id!r} is not in 0..{INT32_MAX}")
@@ -509,6 +575,7 @@ class QuorumState:
     registrations: BrokerRegistrationManager = field(default_factory=BrokerRegistrationManager)
     transactions: TransactionalIdManager = field(default_factory=TransactionalIdManager)
     migration: MigrationManager = field(default_factory=MigrationManager)
+    acls: AclManager = field(default_factory=AclManager)
     quotas: ClientQuotaManager = field(default_factory=ClientQuotaManager)
 
     def replay(self, rec: Record) -> None:
@@ -526,6 +593,8 @@ class QuorumState:
         elif isinstance(rec, (RegisterBrokerRecord, FenceBrokerRecord, UnfenceBrokerRecord, UnregisterBrokerRecord,
                               BrokerEpochCursorRecord)):
             self.registrations.replay(rec)
+        elif isinstance(rec, (AclRecord, RemoveAclRecord)):
+            self.acls.replay(rec)
         elif isinstance(rec, ClientQuotaRecord):
             self.quotas.replay(rec)
         else:
@@ -545,14 +614,15 @@ class QuorumState:
     def fork(self) -> "QuorumState":
         """A scratch copy for generating a batch of records against."""
         return QuorumState(copy.deepcopy(self.producer_ids), copy.deepcopy(self.registrations),
-                           self.transactions.fork(), copy.deepcopy(self.migration), copy.deepcopy(self.quotas))
+                           self.transactions.fork(), copy.deepcopy(self.migration), acls=self.acls.fork(),
+                           quotas=copy.deepcopy(self.quotas))
 
     def snapshot_records(self) -> list[Record]:
         """The state as records: the latest block (or cursor), live registrations, live transactional ids."""
         # The migration cursor last: the latest block replays before the mode that would guard it.
         return (self.producer_ids.snapshot_records() + self.registrations.snapshot_records()
                 + self.transactions.snapshot_records() + self.migration.snapshot_records()
-                + self.quotas.snapshot_records())
+                + self.acls.snapshot_records() + self.quotas.snapshot_records())
 
     @classmethod
     def from_records(cls, records: list[Record]) -> "QuorumState":

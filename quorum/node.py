@@ -7,6 +7,9 @@ import os
 import signal
 import sys
 
+from security.credentials import CredentialsError
+from security.tls import TlsConfigError
+
 from . import logs
 from .config import NodeConfig
 from .errors import CorruptFileError
@@ -57,6 +60,9 @@ def run_node(cfg: NodeConfig, ready_file: str | None = None) -> int:
     except CorruptFileError as e:
         log.critical("refusing to start: %s", e)
         return 66
+    except (CredentialsError, TlsConfigError) as e:
+        log.critical("refusing to start: %s", e)
+        return 78
     except IdentityError as e:
         log.critical("refusing to start: %s", e)
         return EXIT_IDENTITY_REFUSED

@@ -30,6 +30,10 @@ from kio.serial.errors import SerialError
 from kio.static.primitive import f64, i16, i32, i64, u16
 
 from records import (
+    AlterAclsRequest,
+    AlterAclsResponse,
+    DescribeAclsRequest,
+    DescribeAclsResponse,
     AlterClientQuotaRequest,
     AlterClientQuotaResponse,
     DescribeTransactionalIdRequest,
@@ -49,6 +53,8 @@ RPC_RESPONSES: dict[type, type] = {
     DescribeTransactionalIdRequest: DescribeTransactionalIdResponse,
     SeedProducerIdsRequest: SeedProducerIdsResponse,
     MigrationCommandRequest: MigrationCommandResponse,
+    AlterAclsRequest: AlterAclsResponse,
+    DescribeAclsRequest: DescribeAclsResponse,
     AlterClientQuotaRequest: AlterClientQuotaResponse,
 }
 from records.codec import from_obj, to_obj

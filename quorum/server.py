@@ -15,11 +15,16 @@ answer is NOT_CONTROLLER or REQUEST_TIMED_OUT, both retriable.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from typing import Any
 
 from records import (
+    AlterAclsRequest,
+    AlterAclsResponse,
+    DescribeAclsRequest,
+    DescribeAclsResponse,
     AlterClientQuotaRequest,
     AlterClientQuotaResponse,
     DescribeTransactionalIdRequest,
@@ -35,6 +40,7 @@ from . import membership
 from . import protocol as p
 from .client import Connection, ConnectionFailed
 from .errors import (
+    ClusterAuthorizationFailedError,
     Errors,
     InvalidRequestError,
     NotControllerError,
@@ -98,6 +104,31 @@ class QuorumServer:
         self._tasks: list[asyncio.Task] = []
         self.counters = {"requests": 0, "forwarded": 0, "throttled": 0, "bad_frames": 0, "bad_requests": 0}
         self.allocate_latency = Histogram(REQUEST_BUCKETS)  # AllocateProducerIds answered OK by this node
+        self._setup_security()
+
+    def _setup_security(self) -> None:
+        """SASL (and with it ACLs) and TLS on the client port, from the config; off: exactly as before."""
+        from security.client import ClientSecurity
+        from security.credentials import NODE_USER, node_credential, node_password
+        from security.sasl import SaslAuthenticator, api_versions_table
+        from security.tls import server_context
+
+        cfg = self.cfg
+        self.sasl = None
+        self.super_users: frozenset[str] = frozenset()
+        if cfg.sasl_credentials_file:
+            self.sasl = SaslAuthenticator(cfg.sasl_credentials_file, tuple(cfg.sasl_mechanisms),
+                                          internal_users={NODE_USER: node_credential(cfg.secret)},
+                                          counters=self.counters)
+            self.super_users = frozenset(cfg.super_users) | {f"User:{NODE_USER}"}
+        self.ssl = (server_context(cfg.tls_certfile, cfg.tls_keyfile, cfg.tls_cafile, cfg.tls_client_auth)
+                    if cfg.tls_certfile else None)
+        self.api_table = api_versions_table(p.SUPPORTED, self.sasl)
+        protocol = ("SASL_" if self.sasl else "") + ("SSL" if self.ssl else "PLAINTEXT")
+        self.forward_security = None if protocol == "PLAINTEXT" else ClientSecurity(
+            protocol=protocol, mechanism="PLAIN" if "PLAIN" in cfg.sasl_mechanisms else cfg.sasl_mechanisms[0],
+            username=NODE_USER, password=node_password(cfg.secret), cafile=cfg.tls_cafile,
+            certfile=cfg.tls_certfile, keyfile=cfg.tls_keyfile)
 
     def status(self) -> dict[str, Any]:
         """Everything DescribeState answers; the metrics endpoint reads the same dict."""
@@ -107,7 +138,7 @@ class QuorumServer:
 
     async def start(self) -> None:
         host, port = (self.cfg.client_bind or self.cfg.client_address).rsplit(":", 1)
-        self._server = await asyncio.start_server(self._connection, host, int(port))
+        self._server = await asyncio.start_server(self._connection, host, int(port), ssl=self.ssl)
         self._tasks.append(asyncio.get_running_loop().create_task(self.proposer.run()))
         log.info("client port listening on %s:%s", host, port)
 
@@ -125,8 +156,20 @@ class QuorumServer:
         peer = writer.get_extra_info("peername")
         responses: asyncio.Queue = asyncio.Queue()
         writer_task = asyncio.get_running_loop().create_task(self._write_responses(responses, writer))
+        session = self.sasl.session(peer) if self.sasl is not None else None
+        refused = False
         try:
             async for frame in p.iter_frames(reader, self.cfg.max_frame_bytes, peer, self.counters):
+                if session is not None:
+                    verdict = await session.on_frame(frame)
+                    if verdict.kind == "reply":
+                        responses.put_nowait(verdict.data)
+                    if verdict.kind == "close" or verdict.close:
+                        log.warning("client %s: %s; closing", peer, verdict.reason)
+                        refused = True
+                        break
+                    if verdict.kind == "reply":
+                        continue
                 try:
                     req = p.parse_request(frame)
                 except p.FrameError as e:
@@ -138,6 +181,8 @@ class QuorumServer:
                     log.warning("client %s: %s (answered %s)", peer, e.message, e.code.name)
                     responses.put_nowait(p.error_response(e))
                     continue
+                if session is not None:
+                    req.principal = session.principal
                 self.counters["requests"] += 1
                 responses.put_nowait(asyncio.get_running_loop().create_task(self._dispatch(req, peer)))
         except (ConnectionError, OSError) as e:
@@ -148,6 +193,9 @@ class QuorumServer:
             responses.put_nowait(None)
             try:
                 await writer_task
+                if refused:
+                    from security.sasl import linger_close
+                    await linger_close(reader, writer)
             except (ConnectionError, OSError, asyncio.CancelledError):
                 pass
             writer.close()
@@ -165,6 +213,8 @@ class QuorumServer:
     async def _dispatch(self, req: p.Request, peer: Any) -> bytes:
         request_context(req.client_id, req.correlation_id)  # this task's log lines carry it
         try:
+            if self.sasl is not None:
+                self._authorize(req, peer)
             body = await self._handle(req)
         except PidQuorumError as e:
             if e.code not in (Errors.NOT_CONTROLLER,):
@@ -181,11 +231,59 @@ class QuorumServer:
             body = p.error_body(req.api_key, req.api_version, Errors.UNKNOWN_SERVER_ERROR)
         return p.encode_response(req.api_key, req.api_version, req.correlation_id, body)
 
+    # --------------------------------------------------------- authorization
+    def _authorize(self, req: p.Request, peer: Any) -> None:
+        """ACLs on the cluster resource (SASL on): CLUSTER_ACTION for what brokers do, ALTER for
+        administration, DESCRIBE to read; else CLUSTER_AUTHORIZATION_FAILED.  A forwarded request was
+        checked by the node that forwarded it (as the node principal, a super user here)."""
+        from security import acl as a
+
+        b = req.body
+        if req.api_key == p.API_VERSIONS:
+            return
+        if req.api_key in (p.BROKER_REGISTRATION, p.BROKER_HEARTBEAT, p.ALLOCATE_PRODUCER_IDS):
+            ops = (a.CLUSTER_ACTION,)
+        elif req.api_key == p.ADMIN_API_KEY:
+            ops = (a.ALTER,) if b.get("action") is not None else (a.DESCRIBE, a.CLUSTER_ACTION)
+        elif isinstance(b, DescribeAclsRequest) or req.api_key == p.DESCRIBE_CLIENT_QUOTAS:
+            ops = (a.DESCRIBE, a.CLUSTER_ACTION)  # brokers poll both
+        elif isinstance(b, (AlterAclsRequest, AlterClientQuotaRequest, SeedProducerIdsRequest,
+                            MigrationCommandRequest)):
+            ops = (a.ALTER,)
+        else:  # the brokers' transactional-id RPCs
+            ops = (a.CLUSTER_ACTION,)
+        if req.principal in self.super_users:
+            return
+        with self.service.lock:
+            index = self.service.state.acls.index()  # immutable once built: safe to use after the lock
+        host = a.peer_host(peer)
+        if any(index.authorize(req.principal, a.CLUSTER, a.CLUSTER_NAME, op, (), host) for op in ops):
+            return
+        what = p.API_NAMES.get(req.api_key, str(req.api_key))
+        if req.api_key == p.RECORD_API_KEY:
+            what += " " + type(b).SPEC.name
+        raise ClusterAuthorizationFailedError(
+            f"{req.principal} is not allowed {' or '.join(ops)} on the cluster ({what})")
+
     # --------------------------------------------------------------- handlers
     async def _handle(self, req: p.Request) -> Any:
         b = req.body
         if req.api_key == p.API_VERSIONS:
-            return p.api_versions_body(req.api_version)
+            return p.api_versions_body(req.api_version, supported=self.api_table)
+        if req.api_key == p.RECORD_API_KEY and isinstance(b, DescribeAclsRequest):
+            # This node's applied entries (no trip to the leader): at most its replication lag behind.
+            with self.service.lock:
+                acls = self.service.state.acls.acls()
+                applied = self.service.applied_index
+            rows = [x.to_dict() for x in acls if not b.principal or x.principal == b.principal]
+            return DescribeAclsResponse(error_code=0, acls=json.dumps(rows), applied_index=applied)
+        if req.api_key == p.RECORD_API_KEY and isinstance(b, AlterAclsRequest):
+            from security.acl import Acl
+
+            acl = Acl(principal=b.principal, resource_type=b.resource_type, resource_name=b.resource_name,
+                      pattern_type=b.pattern_type, operation=b.operation, permission=b.permission, host=b.host)
+            result = await self._route(req, "alter_acl", {"action": b.action, "acl": acl})
+            return AlterAclsResponse(error_code=0, changed=result) if isinstance(result, bool) else result
         if req.api_key == p.ADMIN_API_KEY:
             action = b.get("action")
             if action in membership.ACTIONS:
@@ -334,7 +432,7 @@ class QuorumServer:
     async def _forward(self, address: str, req: p.Request, timeout: float) -> Any:
         conn = self._forward_conns.get(address)
         if conn is None:
-            conn = self._forward_conns[address] = Connection(address, FORWARD_CLIENT_ID)
+            conn = self._forward_conns[address] = Connection(address, FORWARD_CLIENT_ID, self.forward_security)
         self.counters["forwarded"] += 1
         return await conn.call(req.body, timeout)
 

@@ -158,6 +158,8 @@ class Op:
         if self.kind == "seed":
             return state.producer_ids.generate_seed(a["next_producer_id"], a["origin"], a["zk_broker"],
                                                     a["zk_block_start"], a["zk_block_end"], now_ms)
+        if self.kind == "alter_acl":
+            return state.acls.generate_alter(a["action"], a["acl"], now_ms)
         if self.kind == "alter_quota":
             records, changed = state.quotas.generate_alter(a["user"], a["key"], a["value"], a["remove"], now_ms)
             return Result(records, changed)

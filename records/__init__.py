@@ -1,5 +1,11 @@
 """Record and RPC schemas, defined once (``schema``), and their msgpack codec (``codec``)."""
 from .codec import (  # noqa: F401
+    AclRecord,
+    AlterAclsRequest,
+    AlterAclsResponse,
+    DescribeAclsRequest,
+    DescribeAclsResponse,
+    RemoveAclRecord,
     CLASSES,
     AllocateProducerIdsRecord,
     AlterClientQuotaRequest,

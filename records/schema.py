@@ -275,6 +275,44 @@ MIGRATION_CURSOR = RecordSpec(
     ),
 )
 
+ACL = RecordSpec(
+    name="AclRecord",
+    type_id=14,
+    version=0,
+    doc=(
+        "An access-control entry was added (pidctl acl add).  Entries are identified by all "
+        "their fields but the timestamp; the quorum and the brokers authorize requests with them "
+        "(security/acl.py).  Also the snapshot form of every live entry."
+    ),
+    fields=(
+        FieldSpec("principal", "string", "User:<name>, or User:* for every principal."),
+        FieldSpec("resource_type", "string", "Cluster | TransactionalId."),
+        FieldSpec("resource_name", "string", "kafka-cluster for the cluster; a transactional id, a prefix, or '*'."),
+        FieldSpec("pattern_type", "string", "LITERAL (the name '*' matches every name) | PREFIXED."),
+        FieldSpec("operation", "string", "ALL | CLUSTER_ACTION | IDEMPOTENT_WRITE | WRITE | DESCRIBE | ALTER."),
+        FieldSpec("permission", "string", "ALLOW | DENY (a matching DENY wins)."),
+        FieldSpec("host", "string", "Client address the entry applies to, '*' for any.", default="*"),
+        FieldSpec("timestamp_ms", "int64", "Proposer's wall clock (ms); audit only, never read by replay.", default=-1),
+    ),
+)
+
+REMOVE_ACL = RecordSpec(
+    name="RemoveAclRecord",
+    type_id=15,
+    version=0,
+    doc="An access-control entry was removed (pidctl acl remove); replay checks it exists.",
+    fields=(
+        FieldSpec("principal", "string", "User:<name>, or User:* for every principal."),
+        FieldSpec("resource_type", "string", "Cluster | TransactionalId."),
+        FieldSpec("resource_name", "string", "kafka-cluster for the cluster; a transactional id, a prefix, or '*'."),
+        FieldSpec("pattern_type", "string", "LITERAL (the name '*' matches every name) | PREFIXED."),
+        FieldSpec("operation", "string", "ALL | CLUSTER_ACTION | IDEMPOTENT_WRITE | WRITE | DESCRIBE | ALTER."),
+        FieldSpec("permission", "string", "ALLOW | DENY (a matching DENY wins)."),
+        FieldSpec("host", "string", "Client address the entry applies to, '*' for any.", default="*"),
+        FieldSpec("timestamp_ms", "int64", "Proposer's wall clock (ms); audit only, never read by replay.", default=-1),
+    ),
+)
+
 CLIENT_QUOTA = RecordSpec(
     name="ClientQuotaRecord",
     type_id=16,
@@ -308,6 +346,8 @@ RECORDS: tuple[RecordSpec, ...] = (
     MIGRATION_STATE,
     BRIDGE_RESERVATION,
     MIGRATION_CURSOR,
+    ACL,
+    REMOVE_ACL,
     CLIENT_QUOTA,
 )
 
@@ -454,6 +494,61 @@ MIGRATION_RESPONSE = RecordSpec(
     ),
 )
 
+ALTER_ACLS_REQUEST = RecordSpec(
+    name="AlterAclsRequest",
+    type_id=110,
+    version=0,
+    doc="pidquorum RPC (API key 10002): `pidctl acl add|remove`; needs ALTER on the cluster.",
+    fields=(
+        FieldSpec("action", "string", "add | remove."),
+        FieldSpec("principal", "string", "User:<name> or User:*."),
+        FieldSpec("resource_type", "string", "Cluster | TransactionalId."),
+        FieldSpec("resource_name", "string", "kafka-cluster, a transactional id, a prefix or '*'."),
+        FieldSpec("pattern_type", "string", "LITERAL | PREFIXED.", default="LITERAL"),
+        FieldSpec("operation", "string", "The operation."),
+        FieldSpec("permission", "string", "ALLOW | DENY.", default="ALLOW"),
+        FieldSpec("host", "string", "Client address, '*' for any.", default="*"),
+    ),
+)
+
+ALTER_ACLS_RESPONSE = RecordSpec(
+    name="AlterAclsResponse",
+    type_id=111,
+    version=0,
+    doc="The answer to AlterAclsRequest.",
+    fields=(
+        FieldSpec("error_code", "int16", "Kafka error code (0: none)."),
+        FieldSpec("error_message", "nullable_string", "Why, when error_code is not 0.", default=None),
+        FieldSpec("changed", "bool", "False if the entry was already there (add) or absent (remove).", default=False),
+    ),
+)
+
+DESCRIBE_ACLS_REQUEST = RecordSpec(
+    name="DescribeAclsRequest",
+    type_id=112,
+    version=0,
+    doc=(
+        "pidquorum RPC (API key 10002): the ACL entries as the answering node has applied them "
+        "(`pidctl acl list`; brokers poll it).  Needs DESCRIBE or CLUSTER_ACTION on the cluster."
+    ),
+    fields=(FieldSpec("principal", "string", "Only this principal's entries ('': all).", default=""),),
+)
+
+DESCRIBE_ACLS_RESPONSE = RecordSpec(
+    name="DescribeAclsResponse",
+    type_id=113,
+    version=0,
+    doc="The answer to DescribeAclsRequest.",
+    fields=(
+        FieldSpec("error_code", "int16", "Kafka error code (0: none)."),
+        FieldSpec("error_message", "nullable_string", "Why, when error_code is not 0.", default=None),
+        FieldSpec("acls", "string", "The entries, a JSON array of objects with the AclRecord fields (no timestamp).",
+                  default="[]"),
+        FieldSpec("applied_index", "int64", "The answering node's applied Raft index (how fresh the list is).",
+                  default=-1),
+    ),
+)
+
 ALTER_CLIENT_QUOTA_REQUEST = RecordSpec(
     name="AlterClientQuotaRequest",
     type_id=115,
@@ -484,7 +579,9 @@ ALTER_CLIENT_QUOTA_RESPONSE = RecordSpec(
 PAYLOADS: tuple[RecordSpec, ...] = (AUDIT_ENTRY, AUDIT_GAP, INIT_TRANSACTIONAL_REQUEST, INIT_TRANSACTIONAL_RESPONSE,
                                     DESCRIBE_TRANSACTIONAL_REQUEST, DESCRIBE_TRANSACTIONAL_RESPONSE,
                                     SEED_REQUEST, SEED_RESPONSE, MIGRATION_REQUEST, MIGRATION_RESPONSE,
-                                    ALTER_CLIENT_QUOTA_REQUEST, ALTER_CLIENT_QUOTA_RESPONSE)
+                                    ALTER_ACLS_REQUEST, ALTER_ACLS_RESPONSE, DESCRIBE_ACLS_REQUEST,
+                                    DESCRIBE_ACLS_RESPONSE, ALTER_CLIENT_QUOTA_REQUEST,
+                                    ALTER_CLIENT_QUOTA_RESPONSE)
 
 for _spec in RECORDS + PAYLOADS:
     validate_spec(_spec)

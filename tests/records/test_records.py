@@ -9,6 +9,12 @@ import pytest
 import records
 from records import (
     CLASSES,
+    AclRecord,
+    AlterAclsRequest,
+    AlterAclsResponse,
+    DescribeAclsRequest,
+    DescribeAclsResponse,
+    RemoveAclRecord,
     AllocateProducerIdsRecord,
     AlterClientQuotaRequest,
     AlterClientQuotaResponse,
@@ -114,6 +120,19 @@ GOLDEN = {
         MigrationCursorRecord(mode="bridge", zk="127.0.0.1:2181/kafka", reserved_until=6000),
         "930d0093a6627269646765b43132372e302e302e313a323138312f6b61666b61cd1770",
     ),
+    "AclRecord": (
+        AclRecord(principal="User:broker", resource_type="Cluster", resource_name="kafka-cluster",
+                  pattern_type="LITERAL", operation="CLUSTER_ACTION", permission="ALLOW", host="*", timestamp_ms=TS),
+        "930e0098ab557365723a62726f6b6572a7436c7573746572ad6b61666b612d636c7573746572a74c49544552414cae434c5553"
+        "5445525f414354494f4ea5414c4c4f57a12acf0000018bcfe56800",
+    ),
+    "RemoveAclRecord": (
+        RemoveAclRecord(principal="User:alice", resource_type="TransactionalId", resource_name="orders-",
+                        pattern_type="PREFIXED", operation="WRITE", permission="DENY", host="10.0.0.7",
+                        timestamp_ms=TS),
+        "930f0098aa557365723a616c696365af5472616e73616374696f6e616c4964a76f72646572732da85052454649584544a55752"
+        "495445a444454e59a831302e302e302e37cf0000018bcfe56800",
+    ),
     "ClientQuotaRecord": (
         ClientQuotaRecord(user="alice", key="producer_ids_rate", value=2.5, remove=False, timestamp_ms=TS + 8),
         # ... cb 4004000000000000: the value is always a msgpack float64 (2.5), never an int
@@ -166,6 +185,24 @@ GOLDEN_PAYLOADS = {
         MigrationCommandResponse(error_code=0, error_message=None, mode="bridge", changed=True, next_producer_id=5000,
                                  message="ok"),
         "936d009600c0a6627269646765c3cd1388a26f6b",
+    ),
+    "AlterAclsRequest": (
+        AlterAclsRequest(action="add", principal="User:alice", resource_type="TransactionalId", resource_name="*",
+                         pattern_type="LITERAL", operation="WRITE", permission="ALLOW", host="*"),
+        "936e0098a3616464aa557365723a616c696365af5472616e73616374696f6e616c4964a12aa74c49544552414ca557524954"
+        "45a5414c4c4f57a12a",
+    ),
+    "AlterAclsResponse": (
+        AlterAclsResponse(error_code=0, error_message=None, changed=True),
+        "936f009300c0c3",
+    ),
+    "DescribeAclsRequest": (
+        DescribeAclsRequest(principal="User:alice"),
+        "93700091aa557365723a616c696365",
+    ),
+    "DescribeAclsResponse": (
+        DescribeAclsResponse(error_code=31, error_message="denied", acls="[]", applied_index=42),
+        "937100941fa664656e696564a25b5d2a",
     ),
     "AlterClientQuotaRequest": (
         AlterClientQuotaRequest(user=None, key="producer_ids_rate", value=0.5, remove=False, validate_only=True),
@@ -225,6 +262,8 @@ def test_golden_type_ids_and_versions_are_stable():
         "MigrationStateRecord": (11, 0),
         "BridgeReservationRecord": (12, 0),
         "MigrationCursorRecord": (13, 0),
+        "AclRecord": (14, 0),
+        "RemoveAclRecord": (15, 0),
         "ClientQuotaRecord": (16, 0),
         "AuditEntry": (100, 0),
         "AuditGap": (101, 0),
@@ -236,6 +275,10 @@ def test_golden_type_ids_and_versions_are_stable():
         "SeedProducerIdsResponse": (107, 0),
         "MigrationCommandRequest": (108, 0),
         "MigrationCommandResponse": (109, 0),
+        "AlterAclsRequest": (110, 0),
+        "AlterAclsResponse": (111, 0),
+        "DescribeAclsRequest": (112, 0),
+        "DescribeAclsResponse": (113, 0),
         "AlterClientQuotaRequest": (115, 0),
         "AlterClientQuotaResponse": (116, 0),
     }
@@ -465,7 +508,7 @@ def _packed(obj) -> bytes:
 
 @pytest.mark.parametrize("obj,fragment", [
     ([0, 0, []], "unknown record type 0"),
-    ([14, 0, [1]], "unknown record type 14"),
+    ([99, 0, [1]], "unknown record type 99"),
     ([-1, 0, [1]], "unknown record type -1"),
     ([99, 0, [1]], "unknown record type 99"),
     (["AllocateProducerIdsRecord", 0, [1]], "unknown record type"),

@@ -1,0 +1,135 @@
+"""Cost of authentication and authorization.
+
+Phases:
+  mechanisms  server-side PLAIN verification and a full SCRAM-SHA-256 exchange, in-process
+              (PBKDF2-HMAC-SHA256 with the credentials file's iteration count dominates both)
+  authorize   the per-request ACL check with 10 / 100 / 1000 entries: a plain list, and AclIndex
+              (what the servers use)
+  connect     a new connection to a one-node SASL_SSL quorum: TCP + TLS + SASL + one DescribeAcls
+
+Run: python bench/bench_security.py [--quick] [--json bench-results/security.json]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.common import environment_info, log, percentile, utc_now  # noqa: E402
+from security import acl as a  # noqa: E402
+from security import credentials  # noqa: E402
+from security.mechanisms import PlainServer, ScramClient, ScramServer  # noqa: E402
+
+
+def _ms_stats(samples: list[float]) -> dict:
+    s = sorted(samples)
+    return {"n": len(s), "median_ms": round(statistics.median(s) * 1000, 3),
+            "p99_ms": round(percentile(s, 99) * 1000, 3), "max_ms": round(s[-1] * 1000, 3)}
+
+
+def phase_mechanisms(args, tmp: str) -> dict:
+    path = os.path.join(tmp, "users.json")
+    credentials.add_user(path, "alice", "alice-pw", iterations=args.iterations)
+    creds = credentials.load(path)
+    plain, scram = [], []
+    for _ in range(args.auths):
+        t = time.perf_counter()
+        PlainServer(creds).step(b"\0alice\0alice-pw")
+        plain.append(time.perf_counter() - t)
+        client, server = ScramClient("alice", "alice-pw"), ScramServer(creds)
+        t = time.perf_counter()
+        first = server.step(client.first())
+        final = client.final(first)  # the client's PBKDF2 is timed too: a full exchange in one process
+        server.step(final)
+        scram.append(time.perf_counter() - t)
+    return {"iterations": args.iterations, "plain_verify": _ms_stats(plain),
+            "scram_exchange_incl_client": _ms_stats(scram)}
+
+
+def phase_authorize(args, tmp: str) -> dict:
+    out = {}
+    for n in (10, 100, 1000):
+        acls = [a.Acl(f"User:u{i}", a.TRANSACTIONAL_ID, f"tx-{i}-", a.PREFIXED, a.WRITE, a.ALLOW) for i in range(n)]
+        acls.append(a.Acl("User:alice", a.CLUSTER, a.CLUSTER_NAME, a.LITERAL, a.IDEMPOTENT_WRITE, a.ALLOW))
+        calls = args.calls
+        t = time.perf_counter()
+        for _ in range(calls):
+            a.authorize(acls, "User:alice", a.CLUSTER, a.CLUSTER_NAME, a.IDEMPOTENT_WRITE, (), "127.0.0.1")
+        out[f"list_{n}_entries_us_per_call"] = round((time.perf_counter() - t) / calls * 1e6, 2)
+        index = a.AclIndex(acls)  # what the servers use: only the principal's and User:*'s entries are read
+        t = time.perf_counter()
+        for _ in range(calls):
+            index.authorize("User:alice", a.CLUSTER, a.CLUSTER_NAME, a.IDEMPOTENT_WRITE, (), "127.0.0.1")
+        out[f"index_{n}_entries_us_per_call"] = round((time.perf_counter() - t) / calls * 1e6, 2)
+    return out
+
+
+def phase_connect(args, tmp: str) -> dict:
+    from quorum.client import QuorumClient, RetryPolicy
+    from quorum.localcluster import LocalCluster
+    from security.client import ClientSecurity
+    from tests.security.certs import make_pki
+
+    pki = make_pki(os.path.join(tmp, "pki"))
+    users = os.path.join(tmp, "users.json")
+    credentials.add_user(users, "admin", "admin-pw", iterations=args.iterations)
+    lc = LocalCluster(os.path.join(tmp, "cluster"))
+    lc.up(1, sasl_credentials_file=users, super_users=["User:admin"], tls_certfile=pki.certfile,
+          tls_keyfile=pki.keyfile, tls_cafile=pki.cafile)
+    try:
+        out = {}
+        for mech in ("PLAIN", "SCRAM-SHA-256"):
+            sec = ClientSecurity("SASL_SSL", mech, "admin", "admin-pw", pki.cafile)
+
+            async def one():
+                c = QuorumClient(lc.client_addresses(), RetryPolicy(timeout=10), security=sec)
+                t = time.perf_counter()
+                try:
+                    await c.describe_acls()
+                    return time.perf_counter() - t
+                finally:
+                    await c.close()
+
+            async def go():
+                await one()  # leader election, warm-up
+                return [await one() for _ in range(args.connects)]
+            out[mech] = _ms_stats(asyncio.run(go()))
+        return out
+    finally:
+        lc.down(timeout=5)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer samples")
+    ap.add_argument("--json", default="bench-results/security.json")
+    ap.add_argument("--iterations", type=int, default=credentials.DEFAULT_ITERATIONS)
+    ap.add_argument("--phases", default="mechanisms,authorize,connect")
+    args = ap.parse_args(argv)
+    args.auths = 50 if args.quick else 300
+    args.calls = 20_000 if args.quick else 100_000
+    args.connects = 20 if args.quick else 100
+    res = {"params": {k: v for k, v in vars(args).items()}, "environment": environment_info(),
+           "started_at": utc_now(), "phases": {}}
+    fns = {"mechanisms": phase_mechanisms, "authorize": phase_authorize, "connect": phase_connect}
+    with tempfile.TemporaryDirectory(prefix="bench-security-") as tmp:
+        for name in [p.strip() for p in args.phases.split(",") if p.strip()]:
+            log(f"phase {name}")
+            res["phases"][name] = fns[name](args, tmp)
+            print(f"{name}: {json.dumps(res['phases'][name])}")
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump(res, f, indent=2)
+    log(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""``pidctl user ...`` (the SASL credentials file) and ``pidctl acl ...`` (ACLs in the quorum).
+
+``cli.main`` calls ``register`` with its group and helpers; this module never imports
+``cli.main`` (so ``python -m cli.main`` gets these commands too).
+"""
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import click
+
+from security import acl as a
+from security import credentials
+
+from . import render
+
+
+def _acl_options(fn):
+    for option in reversed([
+        click.option("--principal", required=True, help="User:<name>, or User:* for everyone."),
+        click.option("--operation", required=True, type=click.Choice(a.OPERATIONS, case_sensitive=False)),
+        click.option("--permission", type=click.Choice(a.PERMISSIONS, case_sensitive=False), default=a.ALLOW,
+                     show_default=True),
+        click.option("--cluster", is_flag=True, help="The cluster resource (kafka-cluster)."),
+        click.option("--transactional-id", help="A transactional id, a prefix (--prefixed), or '*'."),
+        click.option("--prefixed", is_flag=True, help="--transactional-id is a prefix."),
+        click.option("--host", default=a.WILDCARD, show_default=True, help="Client address, '*' for any."),
+    ]):
+        fn = option(fn)
+    return fn
+
+
+def _acl(principal, operation, permission, cluster, transactional_id, prefixed, host) -> a.Acl:
+    if cluster == (transactional_id is not None):
+        raise click.UsageError("give exactly one of --cluster or --transactional-id NAME")
+    if cluster:
+        if prefixed:
+            raise click.UsageError("--prefixed applies to --transactional-id only")
+        rtype, name, pattern = a.CLUSTER, a.CLUSTER_NAME, a.LITERAL
+    else:
+        rtype, name, pattern = a.TRANSACTIONAL_ID, transactional_id, a.PREFIXED if prefixed else a.LITERAL
+    return a.Acl(principal, rtype, name, pattern, operation.upper(), permission.upper(), host).validate()
+
+
+def _describe(e: a.Acl) -> str:
+    pattern = "" if e.pattern_type == a.LITERAL else f" ({e.pattern_type.lower()})"
+    return (f"{e.permission} {e.principal} {e.operation} on {e.resource_type} {e.resource_name!r}{pattern}"
+            f" from {e.host}")
+
+
+def register(cli, *, handle_errors, output_option, run) -> None:
+    """Add the ``user`` and ``acl`` groups to ``cli``."""
+
+    # ----------------------------------------------------------------- user
+    @cli.group()
+    def user():
+        """Users of a SASL credentials file (stored as salted SCRAM-SHA-256 keys; they serve PLAIN too)."""
+
+    file_option = click.option("--file", "path", required=True, type=click.Path(dir_okay=False),
+                               help="The credentials file (the servers' sasl_credentials_file).")
+
+    @user.command("add")
+    @click.argument("name")
+    @file_option
+    @click.option("--password-stdin", is_flag=True, help="Read the password from the first line of stdin.")
+    @click.option("--iterations", type=click.IntRange(credentials.MIN_ITERATIONS, credentials.MAX_ITERATIONS),
+                  default=credentials.DEFAULT_ITERATIONS, show_default=True, help="PBKDF2 iterations.")
+    @handle_errors
+    def user_add(name, path, password_stdin, iterations):
+        """Create NAME, or set a new password (and salt) for it."""
+        if password_stdin:
+            password = sys.stdin.readline().rstrip("\r\n")
+        else:
+            password = click.prompt(f"password for {name}", hide_input=True, confirmation_prompt=True)
+        new = credentials.add_user(path, name, password, iterations)
+        render.line(f"user {name} {'added to' if new else 'updated in'} {path}")
+
+    @user.command("remove")
+    @click.argument("name")
+    @file_option
+    @handle_errors
+    def user_remove(name, path):
+        if not credentials.remove_user(path, name):
+            raise credentials.CredentialsError(f"{path}: no user {name!r}")
+        render.line(f"user {name} removed from {path}")
+
+    @user.command("list")
+    @file_option
+    @output_option
+    @handle_errors
+    def user_list(path, output):
+        rows = credentials.list_users(path)
+        render.listing(output, rows, f"users in {path}", ["user", "mechanism", "iterations"],
+                       [[r["user"], r["mechanism"], r["iterations"]] for r in rows])
+
+    # ------------------------------------------------------------------ acl
+    @cli.group()
+    def acl():
+        """ACLs, stored in the quorum (enforced where SASL is on)."""
+
+    def alter(obj, action: str, entry: a.Acl, output: str) -> None:
+        changed = asyncio.run(run(lambda c: c.alter_acl(action, entry))(obj.client()))
+        if output == "json":
+            render.emit_json({"action": action, "changed": changed, "acl": entry.to_dict()})
+        elif changed:
+            render.line(f"{'added' if action == 'add' else 'removed'}: {_describe(entry)}")
+        else:
+            render.line(f"unchanged (already {'there' if action == 'add' else 'absent'}): {_describe(entry)}")
+
+    @acl.command("add")
+    @_acl_options
+    @output_option
+    @click.pass_obj
+    @handle_errors
+    def acl_add(obj, output, **kw):
+        """Add an entry, e.g. --principal User:broker --operation CLUSTER_ACTION --cluster."""
+        alter(obj, "add", _acl(**kw), output)
+
+    @acl.command("remove")
+    @_acl_options
+    @output_option
+    @click.pass_obj
+    @handle_errors
+    def acl_remove(obj, output, **kw):
+        """Remove an entry (all its fields must match)."""
+        alter(obj, "remove", _acl(**kw), output)
+
+    @acl.command("list")
+    @click.option("--principal", default="", help="Only this principal's entries.")
+    @output_option
+    @click.pass_obj
+    @handle_errors
+    def acl_list(obj, principal, output):
+        """The entries, as the answering node has applied them."""
+        entries, applied = asyncio.run(run(lambda c: c.describe_acls(principal))(obj.client()))
+        render.listing(output, [e.to_dict() for e in entries], f"ACLs (applied index {applied})",
+                       ["principal", "permission", "operation", "resource type", "name", "pattern", "host"],
+                       [[e.principal, e.permission, e.operation, e.resource_type, e.resource_name, e.pattern_type,
+                         e.host] for e in entries])

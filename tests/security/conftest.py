@@ -1,0 +1,57 @@
+"""A SASL_SSL quorum (throwaway CA) with users admin (super user), broker and alice, shared by a module."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from quorum.client import QuorumClient, RetryPolicy
+from quorum.localcluster import LocalCluster
+from security import credentials
+from security.client import ClientSecurity
+from tests.security.certs import make_pki
+
+PASSWORDS = {"admin": "admin-pw", "broker": "broker-pw", "alice": "alice-pw", "bob": "bob-pw"}
+
+
+class SecureQuorum:
+    def __init__(self, lc: LocalCluster, pki, users_file: str):
+        self.lc, self.pki, self.users_file = lc, pki, users_file
+
+    @property
+    def addresses(self) -> list[str]:
+        return self.lc.client_addresses()
+
+    def security(self, user: str | None, password: str | None = None, mechanism: str = "PLAIN",
+                 protocol: str = "SASL_SSL") -> ClientSecurity:
+        if user is None:
+            return ClientSecurity("SSL", cafile=self.pki.cafile)
+        return ClientSecurity(protocol, mechanism, user, PASSWORDS.get(user) if password is None else password,
+                              self.pki.cafile)
+
+    def client(self, user: str | None, password: str | None = None, mechanism: str = "PLAIN",
+               addresses: list[str] | None = None, timeout: float = 10.0) -> QuorumClient:
+        return QuorumClient(addresses or self.addresses, RetryPolicy(timeout=timeout, attempt_timeout=2.0),
+                            client_id=f"test-{user}", security=self.security(user, password, mechanism))
+
+    def cli_args(self, user: str = "admin") -> list[str]:
+        return ["--quorum", ",".join(self.addresses), "--timeout", "30", "--security-protocol", "SASL_SSL",
+                "--sasl-username", user, "--sasl-password", PASSWORDS[user], "--tls-cafile", self.pki.cafile]
+
+
+@pytest.fixture(scope="module")
+def secure_quorum(tmp_path_factory):
+    base = tmp_path_factory.mktemp("secure")
+    pki = make_pki(str(base / "pki"))
+    users = str(base / "users.json")
+    for user, password in PASSWORDS.items():
+        credentials.add_user(users, user, password)
+    lc = LocalCluster(str(base / "cluster"))
+    lc.up(3, sasl_credentials_file=users, super_users=["User:admin"], tls_certfile=pki.certfile,
+          tls_keyfile=pki.keyfile, tls_cafile=pki.cafile)
+    sq = SecureQuorum(lc, pki, users)
+    yield sq
+    for n in lc.nodes():
+        if os.environ.get("PIDQUORUM_SHOW_LOGS"):
+            print(f"----- node {n.node_id} -----\n{lc.tail_log(n.node_id, 40)}")
+    lc.down(timeout=5)

@@ -19,7 +19,6 @@ from collections import Counter
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kio.index import load_request_schema
 
 from quorum import protocol as p
 from quorum.errors import Errors

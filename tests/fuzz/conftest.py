@@ -5,6 +5,7 @@ import resource
 
 import pytest
 
+from tests.broker import conftest as _broker_conftest
 from tests.fuzz.inputs import load_hypothesis_profile
 
 load_hypothesis_profile()
@@ -34,3 +35,6 @@ def memory_bound():
         yield limit
     finally:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+brokers = _broker_conftest.brokers  # real broker processes, for test_servers.py

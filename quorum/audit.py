@@ -110,15 +110,21 @@ def read_audit(path: str, repair: bool = False, start: int = 0) -> tuple[list[Au
 
 
 def _check_line(entry: Record, record: Record | None) -> None:
-    """An AuditEntry with the replicated record it names, or an AuditGap with none."""
+    """An AuditEntry with the replicated record it names, or an AuditGap with none
+    (the same checks, in the same words, as the audit exporter's)."""
     if isinstance(entry, AuditGap):
         if record is not None:
-            raise RecordError(f"an AuditGap carries no record, got {record.SPEC.name}")
-    elif not isinstance(entry, AuditEntry):
-        raise RecordError(f"expected AuditEntry or AuditGap, got {entry.SPEC.name}")
-    elif record is None or record.SPEC.type_id not in _REPLICATED or record.SPEC.name != entry.record:
-        got = "no record" if record is None else record.SPEC.name
-        raise RecordError(f"an AuditEntry for {entry.record} carries {got}")
+            raise RecordError(f"gap line at raft index {entry.raft_index} carries a record")
+        return
+    if not isinstance(entry, AuditEntry):
+        raise RecordError(f"audit line starts with a {entry.SPEC.name}, not an AuditEntry")
+    where = f"audit line at raft index {entry.raft_index} position {entry.position}"
+    if record is None:
+        raise RecordError(f"{where} has no record")
+    if record.SPEC.name != entry.record:
+        raise RecordError(f"{where} says {entry.record} but holds a {record.SPEC.name}")
+    if record.SPEC.type_id not in _REPLICATED:
+        raise RecordError(f"{where} holds a {record.SPEC.name}, which is not a replicated record")
 
 
 def _valid_frame_after(data: bytes, start: int) -> bool:

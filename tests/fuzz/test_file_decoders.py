@@ -74,12 +74,14 @@ def _good_line() -> bytes:
 @pytest.mark.parametrize("body,match", [
     ({"a": 1}, "expected \\[entry, record\\], got dict"),  # was KeyError: 0
     ([to_obj(AllocateProducerIdsRecord(broker_id=1, broker_epoch=2, producer_id_start=0, producer_id_len=1)),
-      None], "expected AuditEntry or AuditGap, got AllocateProducerIdsRecord"),  # was accepted
+      None], "starts with a AllocateProducerIdsRecord, not an AuditEntry"),  # was accepted
     ([to_obj(AuditEntry(raft_index=1, position=0, accepted=True, record="AllocateProducerIdsRecord")), None],
-     "carries no record"),  # was accepted
+     "has no record"),  # was accepted
     ([to_obj(AuditEntry(raft_index=1, position=0, accepted=True, record="AllocateProducerIdsRecord")),
-      to_obj(AuditGap(raft_index=3))], "carries AuditGap"),  # a payload as the record: was accepted
-    ([to_obj(AuditGap(raft_index=3)), to_obj(AuditGap(raft_index=3))], "an AuditGap carries no record"),
+      to_obj(AuditGap(raft_index=3))], "says AllocateProducerIdsRecord but holds a AuditGap"),  # was accepted
+    ([to_obj(AuditGap(raft_index=3)), to_obj(AuditGap(raft_index=3))], "gap line at raft index 3 carries a record"),
+    ([to_obj(AuditEntry(raft_index=1, position=0, accepted=True, record="AuditGap")), to_obj(AuditGap(raft_index=3))],
+     "holds a AuditGap, which is not a replicated record"),
 ])
 def test_checksum_valid_audit_lines_of_the_wrong_shape_are_corrupt(tmp_path, body, match):
     path = _audit_file(tmp_path / "audit.log", _good_line(), _frame(body), _good_line())
@@ -94,7 +96,7 @@ def test_entry_naming_another_record_is_corrupt(tmp_path):
     rec = AllocateProducerIdsRecord(broker_id=1, broker_epoch=2, producer_id_start=0, producer_id_len=10)
     entry = AuditEntry(raft_index=1, position=0, accepted=True, record="RegisterBrokerRecord")
     path = _audit_file(tmp_path / "audit.log", _frame([to_obj(entry), to_obj(rec)]))
-    with pytest.raises(CorruptFileError, match="AuditEntry for RegisterBrokerRecord carries AllocateProducerIdsRecord"):
+    with pytest.raises(CorruptFileError, match="says RegisterBrokerRecord but holds a AllocateProducerIdsRecord"):
         read_audit(path)
 
 

@@ -46,7 +46,7 @@ def test_every_supported_api_is_fuzzed():
 
 
 @pytest.mark.parametrize("server", SERVERS)
-@settings(max_examples=F.examples(400))
+@settings(max_examples=F.examples(250))
 @given(data=st.data())
 def test_valid_requests_decode_to_what_was_sent(server, data):
     src = F.HypothesisSource(data)
@@ -58,7 +58,7 @@ def test_valid_requests_decode_to_what_was_sent(server, data):
 
 
 @pytest.mark.parametrize("server", SERVERS)
-@settings(max_examples=F.examples(1000))
+@settings(max_examples=F.examples(600))
 @given(data=st.data())
 def test_corrupted_requests_get_the_documented_outcome(server, data):
     src = F.HypothesisSource(data)
@@ -92,10 +92,10 @@ def test_any_bytes_after_a_supported_header(frame, key, version):
 
 @pytest.mark.parametrize("server,seed", [("quorum", 7001), ("broker", 7002)])
 def test_seeded_mutations_of_every_api(server, seed):
-    """10,000 seeded inputs per server (reproducible: ``RandomSource(random.Random(seed))``)."""
+    """6,000 seeded inputs per server (reproducible: ``RandomSource(random.Random(seed))``)."""
     src = F.RandomSource(random.Random(seed))
     outcomes = Counter()
-    for _ in range(F.examples(10_000)):
+    for _ in range(F.examples(6_000)):
         frame, _ = F.fuzz_frame(server, src)
         outcomes[F.check_request_decoder(server, frame).split(":")[0]] += 1
     # every outcome is reached, so the inputs are not all refused at the first byte

@@ -8,8 +8,9 @@ classes, without building values: each length (array, string, bytes, tagged
 field) must fit in the bytes that are left.  A frame that passes cannot make
 the native reader allocate more than a small multiple of its own size.
 
-Only the layout is checked (sizes, varint widths, nesting); values (UTF-8,
-UUIDs, enums) are still checked by kio itself.
+Only the layout is checked (sizes, varint widths, nesting, and null only where
+the schema allows it: kio reads a null non-nullable array or string as None,
+which Kafka refuses); values (UTF-8, UUIDs, enums) are still checked by kio itself.
 """
 from __future__ import annotations
 

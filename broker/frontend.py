@@ -351,7 +351,13 @@ class BrokerServer:
         throttle_ms = kio_.ms(getattr(body, "throttle_time", None))
         if throttle_ms > 0:
             self._muted_until[peer] = time.monotonic() + throttle_ms / 1000
-        return p.encode_response(req.api_key, req.api_version, req.correlation_id, body)
+        try:
+            return p.encode_response(req.api_key, req.api_version, req.correlation_id, body)
+        except Exception:  # noqa: BLE001 - an answer the client's version cannot carry: answer the error instead
+            log.exception("client %s: %s v%d: the answer cannot be encoded", peer, NAMES.get(req.api_key),
+                          req.api_version)
+            body = self._error_body(req.api_key, req.api_version, Errors.UNKNOWN_SERVER_ERROR, req.body)
+            return p.encode_response(req.api_key, req.api_version, req.correlation_id, body)
 
     # ------------------------------------------------------------ authorization
     def _authorize(self, req: p.Request, peer: Any) -> None:
@@ -415,7 +421,7 @@ class BrokerServer:
                                                     "node_id": -1, "host": "", "port": -1})
         if api_key == METADATA:
             topics = [] if body is None or body.topics is None else [
-                {"error_code": c, "name": t.name, "topic_id": None, "partitions": []} for t in body.topics]
+                {"error_code": c, "name": t.name or "", "topic_id": None, "partitions": []} for t in body.topics]
             return kio_.response(api_key, version, {"throttle_time": 0, "brokers": [], "topics": topics,
                                                     "cluster_id": self.cfg.cluster_id, "controller_id": -1})
         if api_key == PRODUCE:
@@ -456,13 +462,14 @@ class BrokerServer:
         raise ValueError(f"no error body for API {api_key}")  # pragma: no cover
 
     # ------------------------------------------------------------ Metadata
-    def _topic_metadata(self, name: str, create: bool) -> dict:
+    def _topic_metadata(self, name: str | None, create: bool) -> dict:
         try:
             topic = self.storage.ensure_topic(name) if create else self.storage.topic(name)
         except PidQuorumError as e:
-            return {"error_code": int(e.code), "name": name, "topic_id": None, "partitions": []}
+            # A null name (Metadata v10+, a topic asked for by id) is "" in the answer: v10-v11 cannot carry null.
+            return {"error_code": int(e.code), "name": name or "", "topic_id": None, "partitions": []}
         if topic is None:
-            return {"error_code": int(Errors.UNKNOWN_TOPIC_OR_PARTITION), "name": name, "topic_id": None,
+            return {"error_code": int(Errors.UNKNOWN_TOPIC_OR_PARTITION), "name": name or "", "topic_id": None,
                     "partitions": []}
         me = self.cfg.broker_id
         return {"error_code": 0, "name": name, "topic_id": topic.topic_id, "is_internal": False,

@@ -32,6 +32,7 @@ from typing import Iterator
 import msgpack
 
 from records import AuditEntry, AuditGap, Record, RecordError
+from records.schema import RECORDS
 from records.codec import from_obj, to_obj
 
 from .errors import CorruptFileError
@@ -39,6 +40,7 @@ from .fsutil import atomic_write
 
 log = logging.getLogger(__name__)
 _FRAME = struct.Struct("<II")
+_REPLICATED = {spec.type_id for spec in RECORDS}
 
 
 @dataclass
@@ -84,8 +86,11 @@ def read_audit(path: str, repair: bool = False, start: int = 0) -> tuple[list[Au
             break
         try:
             obj = msgpack.unpackb(body, raw=False)
+            if not isinstance(obj, list) or len(obj) != 2:
+                raise RecordError(f"expected [entry, record], got {type(obj).__name__}")
             entry = from_obj(obj[0])
             record = from_obj(obj[1]) if obj[1] is not None else None
+            _check_line(entry, record)
         except (RecordError, ValueError, TypeError, IndexError) as e:
             raise CorruptFileError(path, f"bad audit line at offset {start + pos}: {e}") from None
         lines.append(AuditLine(entry, record))
@@ -102,6 +107,24 @@ def read_audit(path: str, repair: bool = False, start: int = 0) -> tuple[list[Au
                 f.truncate(start + pos)
                 os.fsync(f.fileno())
     return lines, start + pos
+
+
+def _check_line(entry: Record, record: Record | None) -> None:
+    """An AuditEntry with the replicated record it names, or an AuditGap with none
+    (the same checks, in the same words, as the audit exporter's)."""
+    if isinstance(entry, AuditGap):
+        if record is not None:
+            raise RecordError(f"gap line at raft index {entry.raft_index} carries a record")
+        return
+    if not isinstance(entry, AuditEntry):
+        raise RecordError(f"audit line starts with a {entry.SPEC.name}, not an AuditEntry")
+    where = f"audit line at raft index {entry.raft_index} position {entry.position}"
+    if record is None:
+        raise RecordError(f"{where} has no record")
+    if record.SPEC.name != entry.record:
+        raise RecordError(f"{where} says {entry.record} but holds a {record.SPEC.name}")
+    if record.SPEC.type_id not in _REPLICATED:
+        raise RecordError(f"{where} holds a {record.SPEC.name}, which is not a replicated record")
 
 
 def _valid_frame_after(data: bytes, start: int) -> bool:
@@ -132,9 +155,9 @@ def read_checkpoint(path: str) -> tuple[int, int] | None:
         if length != len(body) or zlib.crc32(body) != crc:
             raise ValueError("checksum mismatch")
         obj = msgpack.unpackb(body, raw=False)
-        size, last = int(obj["length"]), int(obj["last_index"])
-        if size < 0 or last < 0:
-            raise ValueError("negative values")
+        size, last = obj["length"], obj["last_index"]
+        if type(size) is not int or type(last) is not int or size < 0 or last < 0:  # inf, 1.5, True ...
+            raise ValueError(f"length {size!r} and last_index {last!r} are not integers >= 0")
         return size, last
     except (struct.error, ValueError, TypeError, KeyError, msgpack.UnpackException) as e:
         # Only a cache of what a full scan finds: fall back to the scan, loudly.

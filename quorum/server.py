@@ -56,6 +56,7 @@ from .stats import REQUEST_BUCKETS, Histogram
 
 log = logging.getLogger(__name__)
 FORWARD_CLIENT_ID = "pidquorum-forward"
+BUCKET_PRUNE_AT = 1024  # throttle buckets kept before idle ones are pruned
 
 
 def _write_rollback_placeholder(zk_hosts: str, start: int, length: int) -> str:
@@ -99,6 +100,7 @@ class QuorumServer:
         self.cfg = service.cfg
         self.proposer = Proposer(service)
         self._buckets: dict[int, TokenBucket] = {}
+        self._bucket_limit = BUCKET_PRUNE_AT
         self._forward_conns: dict[str, Connection] = {}
         self._server: asyncio.AbstractServer | None = None
         self._tasks: list[asyncio.Task] = []
@@ -436,12 +438,21 @@ class QuorumServer:
         self.counters["forwarded"] += 1
         return await conn.call(req.body, timeout)
 
+    def _prune_buckets(self) -> None:
+        """Forget buckets that have refilled to their burst (a new bucket is the same), so requests
+        naming ever new broker ids (garbage) cannot grow the table without bound."""
+        now = time.monotonic()
+        self._buckets = {b: t for b, t in self._buckets.items() if t.tokens + (now - t.stamp) * t.rate < t.burst}
+        self._bucket_limit = max(BUCKET_PRUNE_AT, 2 * len(self._buckets))
+
     def _throttle(self, broker_id: int) -> None:
         rate = self.cfg.allocate_rate_per_broker
         if rate <= 0:
             return
         bucket = self._buckets.get(broker_id)
         if bucket is None:
+            if len(self._buckets) >= self._bucket_limit:
+                self._prune_buckets()
             bucket = self._buckets[broker_id] = TokenBucket(rate, self.cfg.allocate_burst)
         wait_ms = bucket.take()
         if wait_ms:

@@ -8,8 +8,9 @@ classes, without building values: each length (array, string, bytes, tagged
 field) must fit in the bytes that are left.  A frame that passes cannot make
 the native reader allocate more than a small multiple of its own size.
 
-Only the layout is checked (sizes, varint widths, nesting); values (UTF-8,
-UUIDs, enums) are still checked by kio itself.
+Only the layout is checked (sizes, varint widths, nesting, and null only where
+the schema allows it: kio reads a null non-nullable array or string as None,
+which Kafka refuses); values (UTF-8, UUIDs, enums) are still checked by kio itself.
 """
 from __future__ import annotations
 
@@ -74,6 +75,12 @@ class _Field:
     size: int = 0
     entity: Any = None
     array: bool = False
+    nullable: bool = True  # may the field (an array: the array itself) be null (-1)?
+    elem_nullable: bool = True  # arrays: may an element be null?
+
+
+def _is_optional(hint: Any) -> bool:
+    return typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in typing.get_args(hint)
 
 
 def unwrap_optional(hint: Any) -> Any:
@@ -93,17 +100,21 @@ def _plan(cls: type) -> tuple[tuple[_Field, ...], bool, dict[int, _Field]]:
     out = []
     tagged: dict[int, _Field] = {}
     for f in dataclasses.fields(cls):
+        nullable = _is_optional(hints[f.name])
         hint = unwrap_optional(hints[f.name])
         array = typing.get_origin(hint) is tuple
+        elem_nullable = False
         if array:
+            elem_nullable = _is_optional(typing.get_args(hint)[0])
             hint = unwrap_optional(typing.get_args(hint)[0])
         kafka_type = f.metadata.get("kafka_type")
+        kw = dict(array=array, nullable=nullable, elem_nullable=elem_nullable)
         if kafka_type in _FIXED:
-            field = _Field(f.name, "fixed", _FIXED[kafka_type], array=array)
+            field = _Field(f.name, "fixed", _FIXED[kafka_type], **kw)
         elif kafka_type in _STRINGS:
-            field = _Field(f.name, _STRINGS[kafka_type], array=array)
+            field = _Field(f.name, _STRINGS[kafka_type], **kw)
         elif kafka_type is None and dataclasses.is_dataclass(hint):
-            field = _Field(f.name, "entity", entity=hint, array=array)
+            field = _Field(f.name, "entity", entity=hint, **kw)
         else:
             raise TypeError(f"{cls.__qualname__}.{f.name}: unknown kafka type {kafka_type!r}")
         if "tag" in f.metadata:
@@ -135,13 +146,15 @@ def _length(cur: _Cursor, flexible: bool, kind: str, where: str) -> int:
     return cur.int_be(2 if kind == "string" else 4, f"{where} length")
 
 
-def _value(cur: _Cursor, f: _Field, flexible: bool, where: str, depth: int) -> None:
+def _value(cur: _Cursor, f: _Field, flexible: bool, where: str, depth: int, nullable: bool) -> None:
     if f.kind == "fixed":
         cur.skip(f.size, where)
     elif f.kind in ("string", "bytes"):
         n = _length(cur, flexible, f.kind, where)
         if n < -1:
             raise FrameBoundsError(f"{where}: invalid length {n}")
+        if n == -1 and not nullable:
+            raise FrameBoundsError(f"{where}: null, but the field is not nullable")
         if n > 0:
             cur.skip(n, where)
     else:
@@ -150,16 +163,19 @@ def _value(cur: _Cursor, f: _Field, flexible: bool, where: str, depth: int) -> N
 
 def _field(cur: _Cursor, f: _Field, flexible: bool, name: str, depth: int) -> None:
     if not f.array:
-        _value(cur, f, flexible, name, depth)
+        _value(cur, f, flexible, name, depth, f.nullable)
         return
     n = cur.uvarint(f"{name} length") - 1 if flexible else cur.int_be(4, f"{name} length")
     if n < -1:
         raise FrameBoundsError(f"{name}: invalid array length {n}")
+    if n == -1 and not f.nullable:
+        # kio would read it as None; Kafka refuses a null non-nullable field (INVALID_REQUEST)
+        raise FrameBoundsError(f"{name}: null array, but the field is not nullable")
     # Every element takes at least one byte: this bounds what the native reader allocates.
     if n > cur.left():
         raise FrameBoundsError(f"{name}: array of {n} elements but only {cur.left()} bytes left")
     for i in range(max(n, 0)):
-        _value(cur, f, flexible, f"{name}[{i}]", depth)
+        _value(cur, f, flexible, f"{name}[{i}]", depth, f.elem_nullable)
 
 
 def _entity(cur: _Cursor, cls: type, where: str, depth: int = 0) -> None:

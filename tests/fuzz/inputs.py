@@ -315,6 +315,9 @@ def valid_field_value(src, f: rschema.FieldSpec) -> Any:
         return src.text(16)
     if f.type == "nullable_string":
         return None if src.boolean(0.3) else src.text(16)
+    if f.type == "float64":
+        return src.choice([0.0, -0.0, 0.5, float("inf"), float("nan"), 1e308]) if src.boolean(0.2) \
+            else float(src.integer(-(2**53), 2**53)) / 8
     raise TypeError(f"no generator for record field type {f.type!r}")  # pragma: no cover
 
 
@@ -333,6 +336,8 @@ def wrong_value(src, f: rschema.FieldSpec) -> Any:
         return src.choice([0, 1, "true", None, b"", [], 1.0])
     if f.type == "string":
         return src.choice([None, 1, b"bytes", [], {"a": "b"}, True, 2.5])
+    if f.type == "float64":  # an int is refused too: 1 and 1.0 are different msgpack bytes
+        return src.choice([None, 1, 0, 2**63, True, "1.5", b"\x01", [], {"a": 1.0}])
     return src.choice([1, b"bytes", [], {"a": "b"}, True, 2.5])  # nullable_string
 
 

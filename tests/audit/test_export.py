@@ -411,7 +411,7 @@ def test_a_real_short_chaos_run(tmp_path):
     (s,) = m["sources"]
     assert (s["name"], s["kind"], s["counts"]["nodes"]) == ("kill-leader", "chaos", 3)
     alloc, gen = expected_chaos("kill-leader", os.path.join(run_dir, "history.jsonl"))
-    assert len(alloc) > 20 and len(gen) > 500
+    assert len(alloc) >= 5 and len(gen) >= 100  # a loaded machine does less in 8 s; the export must match whatever ran
     assert rows_of(out, "chaos/allocate/part-kill-leader.parquet") == alloc
     assert rows_of(out, "chaos/generate/part-kill-leader.parquet") == gen
     check_source_matches_audits(out, m, "kill-leader", [

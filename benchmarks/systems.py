@@ -42,6 +42,7 @@ ETCD_BIN = "/usr/bin/etcd"
 PACKAGES = {"zookeeper": "zookeeper", "etcd": "etcd-server"}
 SYSTEMS = ("pidquorum", "zookeeper", "etcd")
 APT_TIMEOUT = 900.0
+RESERVE_BLOCKS = 32
 
 
 class SystemUnavailable(Exception):
@@ -233,7 +234,8 @@ class PidquorumSystem(System):
 
     def __init__(self, keep: bool = False, **options):
         super().__init__(keep)
-        self.options = {"allocate_rate_per_broker": 0, **options}
+        # Rate limit off (as in bench/bench_quorum.py); the leader-side reserve on (NodeConfig.allocate_reserve_blocks).
+        self.options = {"allocate_rate_per_broker": 0, "allocate_reserve_blocks": RESERVE_BLOCKS, **options}
         self.lc = LocalCluster(os.path.join(self.dir, "cluster"))
 
     def start(self) -> None:

@@ -177,7 +177,8 @@ class QuorumServer:
             elif action is not None:
                 raise InvalidRequestError(f"unknown DescribeState action {action!r}")
             return {"error_code": 0, **self.service.describe(), "server": dict(self.counters),
-                    "proposer": {"batches": self.proposer.batches, "records": self.proposer.proposed_records}}
+                    "proposer": {"batches": self.proposer.batches, "records": self.proposer.proposed_records,
+                                 "reserve_served": self.proposer.reserve_served}}
         if req.api_key == p.BROKER_REGISTRATION:
             if b.incarnation_id is None:
                 raise InvalidRequestError("incarnation id is required")

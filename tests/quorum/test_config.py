@@ -22,6 +22,7 @@ def test_to_toml_round_trips_every_field(tmp_path):
         peers=[Peer(8, "10.0.0.8:19093", "10.0.0.8:19092"), Peer(9, "10.0.0.9:19093", "10.0.0.9:19092")],
         raft_bind="0.0.0.0:19093", client_bind="0.0.0.0:19092", block_size=4096, request_timeout_ms=1500,
         allocate_rate_per_broker=12.5, allocate_burst=40, max_frame_bytes=65536, max_batch=64,
+        allocate_reserve_blocks=16,
         transactional_id_expiration_ms=3600000, transaction_max_timeout_ms=60000,
         raft=RaftConfig(heartbeat_interval=0.02, election_timeout_min=0.1, election_timeout_max=0.3,
                         connection_timeout=0.6, reconnect_interval=0.05, peer_ping_interval=0.2,

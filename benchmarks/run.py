@@ -267,12 +267,19 @@ class Bench:
                                "leader_search_s": t_kill - t_find, "restart_ready_s": time.monotonic() - t_restart})
 
         recs, mgr, window, _ = self.allocate_run(sys_, f"w3-{sys_.name}", BROKERS, seconds, during, extra)
+        outages = []
         for r in rounds:
-            r["outage_s"] = outage_of(recs, r["t_kill"])
-        outages = [r["outage_s"] for r in rounds if r["outage_s"] is not None]
+            o = outage_of(recs, r["t_kill"])
+            r["no_block_after_kill"] = o is not None and math.isinf(o)  # until the run's end
+            r["outage_s"] = None if o is None or math.isinf(o) else o
+            if o is not None:
+                outages.append(o)
+        med, worst = median(outages), (max(outages) if outages else None)
+        # JSON has no infinity: an unbounded outage is null with outage_unbounded set.
         res = {**throughput(recs, window), "kills": len(rounds), "rounds": rounds,
-               "outage_median_ms": _ms(median(outages)), "outage_max_ms": _ms(max(outages)) if outages else None,
-               "load_before": load["loadavg"]}
+               "outage_median_ms": None if med is None or math.isinf(med) else _ms(med),
+               "outage_max_ms": None if worst is None or math.isinf(worst) else _ms(worst),
+               "outage_unbounded": any(r["no_block_after_kill"] for r in rounds), "load_before": load["loadavg"]}
         if mgr:
             res["manager"] = manager_summary(mgr[0])
         return res
@@ -347,7 +354,11 @@ def evaluate_targets(res: dict) -> list[dict]:
         target("w2: pidquorum blocks/s >= 1.5x ZooKeeper's, p99 no higher", a >= 1.5 * b and pa <= pb,
                f"{a:,.0f} vs {b:,.0f} blocks/s ({a / b:.2f}x); p99 {pa:.2f} vs {pb:.2f} ms")
     a, b = g(pq, "w3", "outage_median_ms"), g(zk, "w3", "outage_median_ms")
-    if a is not None and b is not None:
+    if a is None and g(pq, "w3", "outage_unbounded") and g(zk, "w3", "kills"):
+        target("w3: pidquorum outage (median) <= ZooKeeper's", False, "pidquorum: no block after a kill")
+    elif b is None and a is not None and g(zk, "w3", "outage_unbounded"):
+        target("w3: pidquorum outage (median) <= ZooKeeper's", True, f"{a:.0f} ms vs ZooKeeper: no block after a kill")
+    elif a is not None and b is not None:
         target("w3: pidquorum outage (median) <= ZooKeeper's", a <= b, f"{a:.0f} vs {b:.0f} ms")
     p99, waits = g(pq, "w4", "p99_us"), g(pq, "w3", "manager", "client_visible_waits")
     if p99 is not None:
@@ -527,6 +538,10 @@ def render_table(res: dict) -> str:
               if _get(res["systems"][n], (k, "disjoint_check", "disjoint")) is False]
     for n, k in checks:
         out.append(f"OVERLAPPING BLOCKS: {n} {k}")
+    for n in names:
+        if _get(res["systems"][n], ("w3", "outage_unbounded")):
+            out.append(f"{n}: after a leader kill some broker got no block until the end of workload 3 "
+                       f"(outage shown as '-' when it decides the figure)")
     out.append(f"JSON: {res.get('json_path')}  chart: {res.get('png_path')}")
     return "\n".join(out)
 
@@ -550,11 +565,14 @@ def draw_chart(res: dict, path: str) -> str:
                        color=[colors[n] for n in names], alpha=1.0 if j == 0 else 0.55)
             ax.set_xticks(range(len(names)), names)
         else:
-            vals = [_get(res["systems"][n], path_) for n in names]
-            vals = [0 if v is None or (isinstance(v, float) and math.isinf(v)) else v for v in vals]
+            raw = [_get(res["systems"][n], path_) for n in names]
+            raw = [math.inf if r is None and _get(res["systems"][n], ("w3", "outage_unbounded")) and path_[0] == "w3"
+                   else r for r, n in zip(raw, names)]
+            vals = [0 if v is None or (isinstance(v, float) and math.isinf(v)) else v for v in raw]
             ax.bar(names, vals, color=[colors[n] for n in names])
-            for i, v in enumerate(vals):
-                ax.text(i, v, f"{v:,.0f}", ha="center", va="bottom", fontsize=8)
+            for i, (v, r) in enumerate(zip(vals, raw)):
+                label = "not run" if r is None else "no block after kill" if math.isinf(r) else f"{v:,.0f}"
+                ax.text(i, v, label, ha="center", va="bottom", fontsize=8)
         ax.set_title(title, fontsize=10)
     fig.suptitle(f"pidctl bench, {res['started_at']} (load avg at start {res['environment']['loadavg_start'][0]})",
                  fontsize=10)

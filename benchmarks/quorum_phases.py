@@ -492,7 +492,34 @@ async def fill(lc: LocalCluster, target: int, n_tasks: int, cap_s: float) -> dic
             "projected_full_fill_s": (target / (reached / elapsed)) if reached and elapsed > 0 else None}
 
 
-async def history_row(bench: Bench, target: int) -> dict:
+async def snapshot_all(lc: LocalCluster, timeout: float = 60.0) -> dict:
+    """Ask every node to write a snapshot now (DescribeState action "snapshot") and wait until each has."""
+    c = QuorumClient(lc.client_addresses(), DESCRIBE_POLICY, client_id="bench-snapshot")
+    try:
+        before = {n.node_id: (await c.describe(n.client_address))["snapshot"]["mtime_ns"] for n in lc.nodes()}
+        for n in lc.nodes():
+            await c.describe(n.client_address, action="snapshot")
+        t0 = time.perf_counter()
+        pending = set(before)
+        while pending:
+            for n in lc.nodes():
+                if n.node_id in pending and (await c.describe(n.client_address))["snapshot"]["mtime_ns"] != before[n.node_id]:
+                    pending.discard(n.node_id)
+            if pending and time.perf_counter() - t0 > timeout:
+                return {"ok": False, "missing": sorted(pending)}
+            await asyncio.sleep(0.05)
+        return {"ok": True, "seconds": time.perf_counter() - t0}
+    finally:
+        await c.close()
+
+
+async def history_row(bench: Bench, target: int, snapshot_before_stop: bool = False) -> dict:
+    """Fill a fresh cluster with ``target`` allocations, stop it, measure files, restart it.
+
+    ``snapshot_before_stop``: every node writes a snapshot first, so that snapshot sizes compare
+    like with like (without it a short history has no snapshot yet, and the journal tail left to
+    replay is wherever the last automatic compaction happened to leave it, 0 to
+    ``compaction_min_entries`` entries)."""
     a = bench.args
     log(f"phase 4: history {target:,} allocations ({a.fill_clients} tasks, cap {a.fill_cap:.0f}s)")
     with bench.cluster(f"hist-{target}") as lc:
@@ -502,6 +529,9 @@ async def history_row(bench: Bench, target: int) -> dict:
         max_end = dis["max_end"]
         del starts, lengths
         conv = await wait_converged(lc, max(a.catchup_timeout, 60))
+        forced = await snapshot_all(lc) if snapshot_before_stop else None
+        if forced is not None and not forced["ok"]:
+            bench.failures.append(f"history {target}: nodes {forced['missing']} wrote no snapshot when asked")
         before = await describe_all(lc, DESCRIBE_POLICY)
         lc.down(timeout=30)
         files = {}
@@ -534,6 +564,7 @@ async def history_row(bench: Bench, target: int) -> dict:
         bench.failures.append(f"history {target}: nodes had not converged before the stop")
     sizes = lambda key: [files[nid][key] for nid in sorted(files)]  # noqa: E731
     return {"history_target": target, **f, "fill_disjoint_check": dis, "converged_before_stop": conv["ok"],
+            "snapshot_before_stop": forced,
             "files_bytes": {str(k): v for k, v in files.items()}, "snapshots_written": snaps,
             "compaction_min_entries": RaftConfig().compaction_min_entries,
             "snapshot_bytes_max": max((x or 0) for x in sizes("raft.snapshot")),

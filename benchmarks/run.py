@@ -162,21 +162,34 @@ def throughput(records: list[dict], window: tuple[float, float]) -> dict:
             "errors": errors, "disjoint_check": check_disjoint(blocks)}
 
 
-def outage_of(records: list[dict], t_kill: float) -> float | None:
-    """The longest gap between one broker's consecutive completions that contains ``t_kill``."""
+def outage_of(records: list[dict], t_kill: float, window: float = KILL_PERIOD_S) -> float | None:
+    """The longest time one broker went without a block because of the kill at ``t_kill``.
+
+    Per broker: the longest gap between consecutive completions among those that end within
+    ``window`` s after the kill (a gap may start before it: an answer already on its way when the
+    leader died arrives just after the kill and must not hide the wait that follows).  The worst
+    broker's figure; inf if some broker got no block at all after the kill; None if no broker ran."""
     worst = None
     for r in records:
         t1 = r["t1"]
+        if not t1 or t1[0] > t_kill:
+            continue
         prev = None
+        best = None
+        after = False
         for t in t1:
-            if t >= t_kill:
-                gap = t - (prev if prev is not None else t_kill)
-                worst = gap if worst is None else max(worst, gap)
+            if t > t_kill + window:
+                if not after:  # nothing in the window: the gap runs to the first completion after it
+                    best = t - prev
+                    after = True
                 break
+            if t >= t_kill and prev is not None:
+                after = True
+                best = t - prev if best is None else max(best, t - prev)
             prev = t
-        else:
-            if prev is not None:  # no block after the kill at all
-                worst = math.inf
+        if not after:
+            best = math.inf
+        worst = best if worst is None else max(worst, best)
     return worst
 
 
@@ -309,12 +322,13 @@ class Bench:
             self.say(f"w5: pidquorum history of {target:,} allocations (fill cap {self.o.fill_cap:.0f}s)")
             qb = QBench(argparse.Namespace(fill_clients=self.o.fill_clients, fill_cap=self.o.fill_cap,
                                            catchup_timeout=60.0, keep=self.o.keep))
-            row = asyncio.run(history_row(qb, target))
+            row = asyncio.run(history_row(qb, target, snapshot_before_stop=True))
             row["failures"] = list(qb.failures)
             rows.append(row)
         keep = ("history_target", "reached", "complete", "fill_s", "fill_rate_per_s", "up_s",
                 "restart_to_first_allocation_s", "snapshot_bytes_max", "journal_bytes_max", "audit_bytes_max",
                 "snapshots_written", "journal_entries_before_stop", "after_restart_above_every_earlier_block",
+                "snapshot_before_stop",
                 "compaction_min_entries", "failures")
         return {"rows": [{k: r.get(k) for k in keep} for r in rows]}
 

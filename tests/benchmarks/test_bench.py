@@ -75,10 +75,15 @@ def test_bench_bad_options_are_usage_errors(tmp_path):
     assert not os.path.exists(tmp_path / "bench.json")
 
 
-def test_outage_is_the_gap_around_the_kill_for_the_worst_broker():
+def test_outage_is_the_longest_wait_after_the_kill_for_the_worst_broker():
     recs = [{"t1": [1.0, 2.0, 5.0, 6.0]}, {"t1": [1.5, 2.5, 3.0]}]
     assert outage_of(recs, 2.2) == pytest.approx(3.0)   # broker 1: 2.0 -> 5.0
     assert outage_of(recs, 3.5) == math.inf              # broker 2 never got another block
+    # An answer that was on its way when the leader died lands just after the kill: the wait after it counts.
+    recs = [{"t1": [0.9, 1.0, 1.002, 1.9, 1.91, 1.92]}]
+    assert outage_of(recs, 1.001, window=4.0) == pytest.approx(0.898)
+    # Nothing within the window: the gap runs to the first block after it.
+    assert outage_of([{"t1": [1.0, 9.0]}], 1.5, window=4.0) == pytest.approx(8.0)
 
 
 def test_throughput_counts_every_call_and_checks_overlaps():

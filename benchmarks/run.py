@@ -328,7 +328,7 @@ class Bench:
         keep = ("history_target", "reached", "complete", "fill_s", "fill_rate_per_s", "up_s",
                 "restart_to_first_allocation_s", "snapshot_bytes_max", "journal_bytes_max", "audit_bytes_max",
                 "snapshots_written", "journal_entries_before_stop", "after_restart_above_every_earlier_block",
-                "snapshot_before_stop",
+                "snapshot_before_stop", "registered_brokers",
                 "compaction_min_entries", "failures")
         return {"rows": [{k: r.get(k) for k in keep} for r in rows]}
 

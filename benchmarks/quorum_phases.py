@@ -752,7 +752,6 @@ def main(argv=None) -> int:
         "phases": {}, "errors": [], "failed_checks": bench.failures,
     }
     try:
-        import pysyncobj  # noqa: F401
         from importlib.metadata import version
         results["environment"]["pysyncobj"] = version("pysyncobj")
     except Exception:  # noqa: BLE001

@@ -72,6 +72,9 @@ class NodeConfig:
     allocate_burst: int = 2000
     max_frame_bytes: int = 1024 * 1024
     max_batch: int = 512
+    # Leader-side reserve (0 = off): a broker allocating again within a second gets up to this many
+    # blocks committed for it ahead of its requests, then answered without waiting for a commit.
+    allocate_reserve_blocks: int = 0
     transactional_id_expiration_ms: int = 7 * 24 * 3600 * 1000   # Kafka's transactional.id.expiration.ms
     transaction_max_timeout_ms: int = 15 * 60 * 1000               # Kafka's transaction.max.timeout.ms
     sasl_credentials_file: str | None = None   # set: SASL required on the client port, ACLs enforced
@@ -114,6 +117,8 @@ class NodeConfig:
             raise ConfigError("allocate_rate_per_broker must be >= 0 and allocate_burst >= 1")
         if self.cluster_id is not None and (not isinstance(self.cluster_id, str) or not self.cluster_id.strip()):
             raise ConfigError("cluster_id must be a non-empty string")
+        if not 0 <= self.allocate_reserve_blocks <= 1024:
+            raise ConfigError("allocate_reserve_blocks must be in 0..1024")
         if self.max_frame_bytes < 1024:
             raise ConfigError("max_frame_bytes must be at least 1024")
         if self.transactional_id_expiration_ms <= 0 or not 0 < self.transaction_max_timeout_ms <= 2**31 - 1:

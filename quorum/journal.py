@@ -5,10 +5,12 @@ This one keeps pysyncobj's journal interface (add / clear / deleteEntriesFrom /
 deleteEntriesTo / indexing / term, vote and commit-index metadata) and adds:
 
 * **Group commit.**  ``add`` only buffers; ``sync()`` writes the buffer and
-  fdatasyncs once.  The Raft adapter calls ``sync()`` before *any* message
-  leaves the node (see ``quorum.raft``), so a follower never acknowledges an
-  entry, and a leader never ships one, before it is on stable storage.  A
-  commit therefore means "durable on a majority".
+  fdatasyncs once.  The Raft adapter calls ``sync()`` before any message
+  leaves the node except the leader's AppendEntries (see ``quorum.raft``), so
+  a follower never acknowledges an entry before it is on stable storage; the
+  leader syncs right after sending, in parallel with its followers, and
+  ``setRaftCommitIndex`` syncs before a new commit index is recorded.  A
+  commit therefore means "durable on a majority", the leader included.
 * **Checksums.**  Every entry is ``u32 len | u32 crc32 | u64 index | u64 term |
   command``.  On open, a torn *tail* (an incomplete or bad last entry with
   nothing valid after it: the unsynced end of a write cut by a crash) is cut

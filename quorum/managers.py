@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,14 +139,21 @@ class BrokerRegistrationManager:
                 raise InvariantViolation(f"broker {rec.broker_id} epoch {rec.broker_epoch} is not registered")
             if isinstance(rec, UnregisterBrokerRecord):
                 del self.brokers[rec.broker_id]
-            else:
-                reg.fenced = isinstance(rec, FenceBrokerRecord)
+            else:  # a new object, never changed in place: forks share registrations (see fork)
+                self.brokers[rec.broker_id] = dataclasses.replace(reg, fenced=isinstance(rec, FenceBrokerRecord))
         elif isinstance(rec, BrokerEpochCursorRecord):
             if rec.last_broker_epoch < self.last_epoch:
                 raise InvariantViolation("broker epoch cursor would move backwards")
             self.last_epoch = rec.last_broker_epoch
         else:  # pragma: no cover - dispatch bug
             raise TypeError(f"not a registration record: {rec!r}")
+
+    def fork(self) -> "BrokerRegistrationManager":
+        """A scratch copy: a new dict over the same Registration objects (replay replaces, never mutates, them)."""
+        other = BrokerRegistrationManager.__new__(BrokerRegistrationManager)
+        other.brokers = dict(self.brokers)
+        other.last_epoch = self.last_epoch
+        return other
 
     def snapshot_records(self) -> list[Record]:
         # Registrations in epoch order replay cleanly; the cursor goes last, since
@@ -613,8 +621,10 @@ class QuorumState:
 
     def fork(self) -> "QuorumState":
         """A scratch copy for generating a batch of records against."""
-        return QuorumState(copy.deepcopy(self.producer_ids), copy.deepcopy(self.registrations),
-                           self.transactions.fork(), copy.deepcopy(self.migration), acls=self.acls.fork(),
+        # Per batch on the leader: no deepcopy (it was the proposer's largest cost).  The cursor and the
+        # migration manager hold only ints, strings and frozen records: a shallow copy is a full one.
+        return QuorumState(copy.copy(self.producer_ids), self.registrations.fork(), self.transactions.fork(),
+                           copy.copy(self.migration), acls=self.acls.fork(),
                            quotas=copy.deepcopy(self.quotas))
 
     def snapshot_records(self) -> list[Record]:

@@ -7,7 +7,8 @@ values or configuration names.  What this module adds to pysyncobj:
   batch of records (the on-disk format is then not tied to Python method names);
 * durability: ``DurableJournal`` replaces pysyncobj's unsynced mmap journal
   (through pysyncobj's journal factory, the only hook it has), and the
-  transport syncs that journal before any message leaves the node;
+  transport syncs that journal before any message leaves the node (the
+  leader's AppendEntries: right after, in parallel with its followers);
 * snapshots as records (``snapshots.format``) instead of pickles;
 * fast failover: short election timeouts and peer pings that keep
   follower-to-follower links alive (pysyncobj leaves them idle, so the first
@@ -121,16 +122,26 @@ logging.getLogger(_syncobj_module.__name__).addFilter(_KeptCommittedFilter())
 
 
 class _SyncingTransport(TCPTransport):
-    """TCP transport that makes the journal durable before any message leaves, and that lets
-    no message of a connection reach Raft before the peer's identity hello was checked
-    (``quorum.identity``)."""
+    """TCP transport that makes the journal durable before any message leaves, except the leader's AppendEntries.
+
+    A follower's acknowledgement, a vote, anything that reflects this node's log or term, waits for
+    the fdatasync.  The leader's AppendEntries go out first and the leader syncs right after (the tick
+    callback), so its fdatasync runs while the followers do theirs: one disk sync on the critical path
+    instead of two (Raft thesis 10.2.1).  Safe because the leader's own copy only matters for commit,
+    and pysyncobj records a new commit index through ``DurableJournal.setRaftCommitIndex``, which syncs
+    first: nothing is applied, answered or announced as committed before the leader's copy is durable.
+
+    It also lets no message of a connection reach Raft before the peer's identity hello was checked
+    (``quorum.identity``).
+    """
 
     journal: DurableJournal
     identity: NodeIdentity
     owner: "RaftNode"
 
     def send(self, node, message):
-        self.journal.sync()
+        if not (isinstance(message, dict) and message.get("type") == "append_entries"):
+            self.journal.sync()
         return super().send(node, message)
 
     def _onNodeConnected(self, node):
@@ -372,6 +383,7 @@ class RaftNode:
 
     # ----------------------------------------------------------------- ticks
     def _on_tick(self):
+        self.journal.sync()  # the leader's entries sent this tick (see _SyncingTransport)
         now = time.monotonic()
         if now - self._last_ping >= self._ping_interval:
             self._last_ping = now

@@ -135,7 +135,8 @@ class QuorumServer:
     def status(self) -> dict[str, Any]:
         """Everything DescribeState answers; the metrics endpoint reads the same dict."""
         return {**self.service.describe(), "server": dict(self.counters),
-                "proposer": {"batches": self.proposer.batches, "records": self.proposer.proposed_records},
+                "proposer": {"batches": self.proposer.batches, "records": self.proposer.proposed_records,
+                             "reserve_served": self.proposer.reserve_served},
                 "allocate_latency": self.allocate_latency.snapshot()}
 
     async def start(self) -> None:

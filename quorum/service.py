@@ -19,6 +19,7 @@ guard: it refuses any block below the cursor.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import threading
@@ -37,7 +38,7 @@ from .errors import (
     UnknownServerError,
 )
 from .identity import NodeIdentity
-from .managers import BRIDGE, ROLLED_BACK, ApplyOutcome, QuorumState, Result
+from .managers import BRIDGE, FINALIZED, ROLLED_BACK, ApplyOutcome, QuorumState, Result
 from .raft import ProposalRejected, ProposalUnknown, RaftNode
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,14 @@ log = logging.getLogger(__name__)
 # that trusted a stale copy of its cursor after a restart would.
 BROKEN_ALLOCATOR_ENV = "PIDQUORUM_UNSAFE_BROKEN_ALLOCATOR"
 BROKEN_ALLOCATOR_MODES = ("reuse-after-restart",)
+
+# Batching (see Proposer._linger): brokers that had a request in one of the last
+# LINGER_HISTORY_BATCHES batches are waited for, at most LINGER_MAX_S.
+LINGER_MAX_S = 0.002
+LINGER_HISTORY_BATCHES = 8
+# Leader-side reserve (NodeConfig.allocate_reserve_blocks): kept for brokers whose last request is this recent.
+RESERVE_ACTIVE_S = 1.0
+RESERVE_MAX_BROKERS = 4096  # bookkeeping is pruned beyond 4x this many brokers
 
 
 class Service:
@@ -141,12 +150,21 @@ class Op:
 
     def generate(self, state: QuorumState, block_size: int, now_ms: int) -> Result:
         a = self.args
-        if self.kind in ("allocate", "init_txn", "seed") and state.migration.mode == ROLLED_BACK:
+        if self.kind in ("allocate", "init_txn", "seed", "reserve") and state.migration.mode == ROLLED_BACK:
             raise UnknownServerError("producer IDs are allocated by ZooKeeper again (the migration was rolled "
                                      "back); run `pidctl migrate bridge` to come back")
         if self.kind == "allocate":
             return state.producer_ids.generate_allocate(a["broker_id"], a["broker_epoch"], state.registrations,
                                                         block_size, now_ms)
+        if self.kind == "reserve":  # several blocks for one broker, one after the other: [(start, length), ...]
+            tmp, records, blocks = state.fork(), [], []
+            for _ in range(a["count"]):
+                r = tmp.producer_ids.generate_allocate(a["broker_id"], a["broker_epoch"], tmp.registrations,
+                                                       block_size, now_ms)
+                tmp.apply_batch(r.records)
+                records += r.records
+                blocks.append(r.response)
+            return Result(records, blocks)
         if self.kind == "register":
             return state.registrations.generate_register(a["broker_id"], a["incarnation_id"], a["listener"], now_ms)
         if self.kind == "heartbeat":
@@ -181,6 +199,15 @@ class Op:
             self.future.set_result(response)
 
 
+@dataclass
+class _Reserve:
+    term: int
+    epoch: int
+    blocks: collections.deque = field(default_factory=collections.deque)
+    in_flight: int = 0
+    refilling: asyncio.Future | None = None
+
+
 class Proposer:
     def __init__(self, service: Service):
         self.service = service
@@ -190,16 +217,121 @@ class Proposer:
         self.proposed_records = 0
         self.unsafe_reuse_block = _broken_allocator_mode() is not None
         self.zk_reservations = 0
+        self.reserve_blocks = 0 if self.unsafe_reuse_block else service.cfg.allocate_reserve_blocks
+        self.reserve_served = 0
+        self._reserves: dict[int, _Reserve] = {}
+        self._last_end: dict[int, int] = {}
+        self._last_request: dict[int, float] = {}
+        self.linger_max_s = LINGER_MAX_S
+        self._recent_brokers: collections.deque[set] = collections.deque(maxlen=LINGER_HISTORY_BATCHES)
+        self._last_round_s = 0.0
         self._zk = None  # KazooClient, bridge mode only (leader)
         self._zk_hosts = ""
 
     async def submit(self, kind: str, args: dict[str, Any], timeout: float) -> Any:
+        active = False
+        if kind == "allocate" and self.reserve_blocks:
+            active = self._note_activity(args["broker_id"])
+            block = self._from_reserve(args["broker_id"], args["broker_epoch"], active)
+            if block is not None:
+                return block
+            r = self._reserves.get(args["broker_id"])
+            if r is not None and r.refilling is not None:
+                # Its blocks are being committed: wait for them rather than commit one more block after
+                # them (which the broker's increasing order would then force us to skip them for).
+                await asyncio.wait([r.refilling], timeout=timeout)
+                block = self._from_reserve(args["broker_id"], args["broker_epoch"], active)
+                if block is not None:
+                    return block
         fut = asyncio.get_running_loop().create_future()
         self.queue.put_nowait(Op(kind, args, fut))
         try:
-            return await asyncio.wait_for(fut, timeout)
+            result = await asyncio.wait_for(fut, timeout)
         except asyncio.TimeoutError:
             raise RequestTimedOutError(f"not committed within {timeout:.2f}s") from None
+        if kind == "allocate" and self.reserve_blocks:
+            self._handed_out(args["broker_id"], args["broker_epoch"], result, active)
+        return result
+
+    # ------------------------------------------------ leader-side block reserve
+    # With ``allocate_reserve_blocks`` > 0, a broker that allocates again within RESERVE_ACTIVE_S gets
+    # blocks committed for it (AllocateProducerIdsRecords with its id and epoch, in one entry) before it
+    # asks; its next requests are answered from them at once.  Safety: a block enters the reserve only
+    # once its entry is committed and applied here (durable on a majority), leaves it exactly once
+    # (popped), only to the broker and epoch it was committed for, only while this node leads in the term
+    # the reserve was filled in, and only if it lies above every block this broker got from this node
+    # (so a broker sees increasing blocks).  Anything else drops the reserve: its blocks are skipped,
+    # never issued again (the cursor is past them).  A new leader starts with no reserve.
+    def _from_reserve(self, broker_id: int, epoch: int, active: bool):
+        r = self._reserves.get(broker_id)
+        if r is None or not r.blocks:
+            return None
+        is_leader, _, term = self.service.raft.role()
+        svc = self.service
+        with svc.lock:
+            reg = svc.state.registrations.brokers.get(broker_id)
+            mode = svc.state.migration.mode
+        if (not is_leader or term != r.term or r.epoch != epoch or reg is None or reg.broker_epoch != epoch
+                or mode not in (None, FINALIZED)):
+            self._reserves.pop(broker_id, None)
+            return None
+        floor = self._last_end.get(broker_id, -1)
+        while r.blocks:
+            start, length = r.blocks.popleft()
+            if start >= floor:
+                self._last_end[broker_id] = start + length
+                self.reserve_served += 1
+                self._refill(broker_id, epoch, active)
+                return (start, length)
+        return None
+
+    def _handed_out(self, broker_id: int, epoch: int, block, active: bool) -> None:
+        start, length = block
+        self._last_end[broker_id] = max(self._last_end.get(broker_id, -1), start + length)
+        self._refill(broker_id, epoch, active)
+
+    def _note_activity(self, broker_id: int) -> bool:
+        """Whether this broker's previous allocate was less than RESERVE_ACTIVE_S ago."""
+        now = time.monotonic()
+        last = self._last_request.get(broker_id)
+        self._last_request[broker_id] = now
+        if len(self._last_request) > 4 * RESERVE_MAX_BROKERS:  # forget brokers long gone
+            for b, t in list(self._last_request.items()):
+                if now - t > RESERVE_ACTIVE_S:
+                    del self._last_request[b]
+                    self._reserves.pop(b, None)
+                    self._last_end.pop(b, None)
+        return last is not None and now - last < RESERVE_ACTIVE_S
+
+    def _refill(self, broker_id: int, epoch: int, active: bool) -> None:
+        if not active:
+            return
+        is_leader, _, term = self.service.raft.role()
+        with self.service.lock:
+            mode = self.service.state.migration.mode
+        if not is_leader or mode not in (None, FINALIZED):
+            return
+        r = self._reserves.get(broker_id)
+        if r is None or r.term != term or r.epoch != epoch:
+            r = self._reserves[broker_id] = _Reserve(term, epoch)
+        have = len(r.blocks) + r.in_flight
+        if have > self.reserve_blocks // 2:
+            return
+        count = self.reserve_blocks - have
+        r.in_flight += count
+        fut = asyncio.get_running_loop().create_future()
+        self.queue.put_nowait(Op("reserve", {"broker_id": broker_id, "broker_epoch": epoch, "count": count}, fut))
+        r.refilling = fut
+
+        def filled(f: asyncio.Future) -> None:
+            r.in_flight -= count
+            if r.refilling is f:
+                r.refilling = None
+            if f.cancelled() or f.exception() is not None:
+                return  # nothing committed, or unknown: those blocks (if any) are skipped
+            if self._reserves.get(broker_id) is r:
+                r.blocks.extend(f.result())
+        fut.add_done_callback(filled)
 
     async def _propose(self, payload: bytes, timeout: float) -> Any:
         loop = asyncio.get_running_loop()
@@ -222,13 +354,49 @@ class Proposer:
             raise ProposalUnknown(f"not applied within {timeout:.2f}s") from None
 
     async def run(self) -> None:
+        max_batch = self.service.cfg.max_batch
+        loop = asyncio.get_running_loop()
         while True:
             ops = [await self.queue.get()]
-            while len(ops) < self.service.cfg.max_batch and not self.queue.empty():
+            while len(ops) < max_batch and not self.queue.empty():
                 ops.append(self.queue.get_nowait())
+            await self._linger(ops, max_batch, loop)
+            self._recent_brokers.append({op.args.get("broker_id") for op in ops} - {None})
             ops = [op for op in ops if not op.future.done()]
             if ops:
+                t0 = loop.time()
                 await self._run_batch(ops)
+                self._last_round_s = loop.time() - t0
+
+    async def _linger(self, ops: list[Op], max_batch: int, loop: asyncio.AbstractEventLoop) -> None:
+        """Wait briefly for the requests of the brokers seen in the last few batches that are not queued yet.
+
+        One entry is in flight at a time, so the requests answered together come back together:
+        without this, the first to return is proposed alone and the others wait a whole round
+        (three busy brokers gave 1.5 records per entry).  The wait ends as soon as every recently
+        active broker has a request queued, and never exceeds LINGER_MAX_S or half of the last
+        round: a lone broker (sequential allocations) never waits.
+        """
+        active = set().union(*self._recent_brokers) if self._recent_brokers else set()
+        expected = len(active)
+        if len(ops) >= expected or self.linger_max_s <= 0:
+            return
+        queued = {op.args.get("broker_id") for op in ops}
+        deadline = loop.time() + min(self.linger_max_s, self._last_round_s / 2)
+        while len(ops) < max_batch and not active <= queued:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            try:
+                op = await asyncio.wait_for(self.queue.get(), remaining)
+            except asyncio.TimeoutError:
+                return
+            ops.append(op)
+            queued.add(op.args.get("broker_id"))
+            while len(ops) < max_batch and not self.queue.empty():
+                op = self.queue.get_nowait()
+                ops.append(op)
+                queued.add(op.args.get("broker_id"))
 
     async def _run_batch(self, ops: list[Op]) -> None:
         svc = self.service

@@ -1,0 +1,1 @@
+"""Benchmarks that ship with pidquorum: ``pidctl bench`` (pidquorum vs ZooKeeper and etcd) and their helpers."""

@@ -1,0 +1,596 @@
+"""``pidctl bench``: pidquorum against ZooKeeper and etcd, side by side, in one run.
+
+Every requested system is started as a three-node cluster on 127.0.0.1 (``benchmarks.systems``) and
+all of them stay up for the whole run; each workload then runs against each system in turn, so that
+the machine's changing load falls on all of them alike.  Clients are separate processes
+(``benchmarks.worker``), one per broker.  Before each scenario the load average is recorded, and a
+warning is printed when it is above the CPU count (figures from a busy machine are noisy: compare the
+systems of one run with each other, not with another run).
+
+Workloads (1,000-ID blocks, durability on everywhere):
+
+1. one broker allocating blocks back to back for ``duration`` s: blocks/s, p50, p99;
+2. three brokers (three processes) allocating concurrently: blocks/s, p50, p99, and the
+   compare-and-set retries per block (the peers' conditional-update loops; pidquorum has none);
+3. leader ``kill -9`` during workload 2, ``kills`` times (the killed node is restarted 1.5 s later and
+   the next kill waits until it serves): the outage of a kill is the longest any broker went without
+   a block across the kill (the gap between its completions that contains the kill); median and max
+   over the kills;
+4. pidquorum only: ``generate_producer_id()`` latency at a broker (``ProducerIdManager`` on the real
+   quorum, paced demand), and during workload 3 a second manager counts client-visible waits
+   (COORDINATOR_LOAD_IN_PROGRESS refusals, longest time without an ID);
+5. pidquorum only: restart time and snapshot size after 10 and after ``history`` allocations
+   (``benchmarks.quorum_phases.history_row``).
+
+Output: a plain-text table with each peer's figure and its ratio to pidquorum's, the targets and
+whether they hold, ``bench.json`` (every figure, per-kill outages, load averages, settings) and
+``bench.png`` (bar charts) in ``out_dir``.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+from .common import environment_info, loadavg, log, percentile, table, utc_now
+from .systems import SYSTEMS, SystemUnavailable, install_packages, make_system, missing_reason, package_version
+
+BROKERS = 3
+RESTART_AFTER_S = 1.5
+KILL_PERIOD_S = 4.0
+MANAGER_BROKER_ID = 100
+
+
+@dataclass
+class BenchOptions:
+    systems: list[str] = field(default_factory=lambda: list(SYSTEMS))
+    duration: float = 10.0
+    out_dir: str = "bench-results"
+    kills: int = 5
+    history: int = 1_000_000
+    fill_cap: float = 600.0
+    fill_clients: int = 64
+    manager_rate: float = 20_000.0
+    workloads: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
+    install_peers: bool = False
+    keep: bool = False
+
+
+# ------------------------------------------------------------------ workers
+def _worker_cmd(system: str, endpoints: str, broker_id: int, out: str, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "benchmarks.worker", "--system", system, "--endpoints", endpoints,
+            "--broker-id", str(broker_id), "--out", out, *extra]
+
+
+def _package_root() -> str:
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Workers:
+    """Worker processes that have said READY; ``go(start, stop)`` releases them; ``collect()`` their JSON."""
+
+    def __init__(self, cmds: list[tuple[list[str], str]], ready_timeout: float = 120.0):
+        self.procs: list[tuple[subprocess.Popen, str]] = []
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_package_root(), env.get("PYTHONPATH")) if p)
+        for cmd, out in cmds:
+            with open(out + ".log", "w") as errf:  # a file, not a pipe: kazoo's failover chatter must not block
+                p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errf, text=True,
+                                     env=env)
+            self.procs.append((p, out))
+        deadline = time.monotonic() + ready_timeout
+        for p, _ in self.procs:
+            line = p.stdout.readline().strip()  # blocks until READY or exit
+            if line != "READY" or time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError(f"worker {' '.join(p.args[3:9])} did not start: {line!r} {_tail(p.args)}")
+
+    def go(self, start: float, stop: float) -> None:
+        for p, _ in self.procs:
+            p.stdin.write(f"GO {start} {stop}\n")
+            p.stdin.flush()
+
+    def collect(self, timeout: float) -> list[dict]:
+        out = []
+        deadline = time.monotonic() + timeout
+        for p, path in self.procs:
+            try:
+                p.wait(max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.kill()
+                raise RuntimeError(f"worker {path} did not finish in time")
+            if p.returncode != 0:
+                raise RuntimeError(f"worker {path} exited {p.returncode}: {_tail(p.args)}")
+            with open(path) as f:
+                out.append(json.load(f))
+        return out
+
+    def kill(self) -> None:
+        for p, _ in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+
+
+def _tail(args: list[str]) -> str:
+    try:
+        with open(args[args.index("--out") + 1] + ".log", errors="replace") as f:
+            return f.read()[-2000:]
+    except (OSError, ValueError):
+        return ""
+
+
+# ------------------------------------------------------------------ figures
+def _ms(v):
+    return None if v is None else v * 1000.0
+
+
+def latency_summary(seconds: list[float]) -> dict:
+    s = sorted(seconds)
+    return {"n": len(s), "p50_ms": _ms(percentile(s, 50)), "p99_ms": _ms(percentile(s, 99)),
+            "max_ms": _ms(s[-1]) if s else None}
+
+
+def check_disjoint(blocks: list[tuple[int, int]]) -> dict:
+    """Every block returned to any broker is disjoint from every other (the peers are checked too)."""
+    blocks = sorted(blocks)
+    overlaps = sum(1 for a, b in zip(blocks, blocks[1:]) if b[0] < a[0] + a[1])
+    return {"blocks": len(blocks), "disjoint": overlaps == 0, "overlaps": overlaps}
+
+
+def throughput(records: list[dict], window: tuple[float, float]) -> dict:
+    lat, blocks, retries = [], [], 0
+    errors: dict[str, int] = {}
+    for r in records:
+        lat += [b - a for a, b in zip(r["t0"], r["t1"])]
+        blocks += list(zip(r["start"], r["length"]))
+        retries += sum(r["retries"])
+        for k, v in r["errors"].items():
+            errors[k] = errors.get(k, 0) + v
+    # Calls issued before the stop all count; the time runs until the last of them returned.
+    end = max([window[1], *(r["t1"][-1] for r in records if r["t1"])])
+    elapsed = end - window[0]
+    n = len(lat)
+    return {"brokers": len(records), "blocks": n, "seconds": elapsed, "blocks_per_s": n / elapsed if elapsed else 0.0,
+            "latency": latency_summary(lat), "cas_retries_per_block": retries / n if n else None,
+            "errors": errors, "disjoint_check": check_disjoint(blocks)}
+
+
+def outage_of(records: list[dict], t_kill: float, window: float = KILL_PERIOD_S) -> float | None:
+    """The longest time one broker went without a block because of the kill at ``t_kill``.
+
+    Per broker: the longest gap between consecutive completions among those that end within
+    ``window`` s after the kill (a gap may start before it: an answer already on its way when the
+    leader died arrives just after the kill and must not hide the wait that follows).  The worst
+    broker's figure; inf if some broker got no block at all after the kill; None if no broker ran."""
+    worst = None
+    for r in records:
+        t1 = r["t1"]
+        if not t1 or t1[0] > t_kill:
+            continue
+        prev = None
+        best = None
+        after = False
+        for t in t1:
+            if t > t_kill + window:
+                if not after:  # nothing in the window: the gap runs to the first completion after it
+                    best = t - prev
+                    after = True
+                break
+            if t >= t_kill and prev is not None:
+                after = True
+                best = t - prev if best is None else max(best, t - prev)
+            prev = t
+        if not after:
+            best = math.inf
+        worst = best if worst is None else max(worst, best)
+    return worst
+
+
+def median(values: list[float]):
+    s = sorted(values)
+    if not s:
+        return None
+    m = len(s) // 2
+    return s[m] if len(s) % 2 else (s[m - 1] + s[m]) / 2
+
+
+# ------------------------------------------------------------------ the run
+class Bench:
+    def __init__(self, opts: BenchOptions, say=log):
+        self.o = opts
+        self.say = say
+        self.tmp = os.path.join(os.path.abspath(opts.out_dir), "workers")
+        os.makedirs(self.tmp, exist_ok=True)
+        self.loads: list[dict] = []
+        self.busy_warnings: list[str] = []
+
+    def note_load(self, scenario: str) -> dict:
+        la = loadavg()
+        cpus = os.cpu_count() or 1
+        entry = {"scenario": scenario, "loadavg": la, "cpus": cpus, "busy": la[0] > cpus, "at": utc_now()}
+        self.loads.append(entry)
+        if entry["busy"]:
+            msg = (f"WARNING: the machine was busy before {scenario}: load average {la[0]:.2f} on {cpus} CPUs; "
+                   f"figures are noisy, compare systems within this run only")
+            self.busy_warnings.append(msg)
+            self.say(msg)
+        return entry
+
+    def _out(self, tag: str) -> str:
+        return os.path.join(self.tmp, f"{tag}.json")
+
+    def allocate_run(self, sys_, tag: str, n_brokers: int, seconds: float, during=None, extra_workers=()):
+        """n_brokers allocating workers (+ extra (cmd, out) workers); ``during(start, stop)`` runs meanwhile."""
+        eps = sys_.endpoints()
+        cmds = [(_worker_cmd(sys_.name, eps, i + 1, self._out(f"{tag}-{i + 1}")), self._out(f"{tag}-{i + 1}"))
+                for i in range(n_brokers)]
+        w = Workers(cmds + list(extra_workers))
+        try:
+            start = time.monotonic() + 0.3
+            stop = start + seconds
+            w.go(start, stop)
+            extra = during(start, stop) if during is not None else None
+            recs = w.collect(seconds + 120)
+        finally:
+            w.kill()
+        return recs[:n_brokers], recs[n_brokers:], (start, stop), extra
+
+    # -- workloads 1 and 2
+    def w_throughput(self, sys_, n_brokers: int) -> dict:
+        label = "w1" if n_brokers == 1 else "w2"
+        load = self.note_load(f"{label} {sys_.name}")
+        self.say(f"{label}: {sys_.name}, {n_brokers} broker(s), {self.o.duration:.0f}s")
+        recs, _, window, _ = self.allocate_run(sys_, f"{label}-{sys_.name}", n_brokers, self.o.duration)
+        return {**throughput(recs, window), "load_before": load["loadavg"]}
+
+    # -- workload 3 (+ 4b for pidquorum)
+    def w_kills(self, sys_) -> dict:
+        load = self.note_load(f"w3 {sys_.name}")
+        kills = self.o.kills
+        seconds = 1.0 + kills * KILL_PERIOD_S + 3.0
+        self.say(f"w3: {sys_.name}, {BROKERS} brokers, {kills} leader kill(s) in {seconds:.0f}s")
+        extra = []
+        if sys_.name == "pidquorum":
+            out = self._out(f"w4b-{sys_.name}")
+            extra.append((_worker_cmd(sys_.name, sys_.endpoints(), MANAGER_BROKER_ID, out, "--mode", "manager",
+                                      "--rate", str(self.o.manager_rate)), out))
+        rounds: list[dict] = []
+
+        def during(start, stop):
+            for i in range(kills):
+                due = start + 1.0 + i * KILL_PERIOD_S
+                time.sleep(max(0.0, due - time.monotonic()))
+                if time.monotonic() + RESTART_AFTER_S + 3.0 > stop:
+                    break  # a slow restart ate the time: a kill now could not be measured
+                t_find = time.monotonic()
+                leader = sys_.leader(20.0)
+                t_kill = time.monotonic()
+                sys_.kill(leader)
+                time.sleep(max(0.0, t_kill + RESTART_AFTER_S - time.monotonic()))
+                t_restart = time.monotonic()
+                sys_.restart(leader, 60.0)
+                rounds.append({"node": leader, "t_kill": t_kill, "late_s": t_kill - due,
+                               "leader_search_s": t_kill - t_find, "restart_ready_s": time.monotonic() - t_restart})
+
+        recs, mgr, window, _ = self.allocate_run(sys_, f"w3-{sys_.name}", BROKERS, seconds, during, extra)
+        outages = []
+        for r in rounds:
+            o = outage_of(recs, r["t_kill"])
+            r["no_block_after_kill"] = o is not None and math.isinf(o)  # until the run's end
+            r["outage_s"] = None if o is None or math.isinf(o) else o
+            if o is not None:
+                outages.append(o)
+        med, worst = median(outages), (max(outages) if outages else None)
+        # JSON has no infinity: an unbounded outage is null with outage_unbounded set.
+        res = {**throughput(recs, window), "kills": len(rounds), "rounds": rounds,
+               "outage_median_ms": None if med is None or math.isinf(med) else _ms(med),
+               "outage_max_ms": None if worst is None or math.isinf(worst) else _ms(worst),
+               "outage_unbounded": any(r["no_block_after_kill"] for r in rounds), "load_before": load["loadavg"]}
+        if mgr:
+            res["manager"] = manager_summary(mgr[0])
+        return res
+
+    # -- workload 4a
+    def w_generate(self, sys_) -> dict:
+        load = self.note_load("w4 pidquorum")
+        self.say(f"w4: generate_producer_id() at a broker, {self.o.manager_rate:,.0f} IDs/s for {self.o.duration:.0f}s")
+        out = self._out("w4a-pidquorum")
+        w = Workers([(_worker_cmd("pidquorum", sys_.endpoints(), MANAGER_BROKER_ID + 1, out, "--mode", "manager",
+                                  "--rate", str(self.o.manager_rate)), out)])
+        try:
+            start = time.monotonic() + 0.2
+            w.go(start, start + self.o.duration)
+            rec = w.collect(self.o.duration + 120)[0]
+        finally:
+            w.kill()
+        return {**manager_summary(rec), "load_before": load["loadavg"]}
+
+    # -- workload 5
+    def w_history(self) -> dict:
+        from .quorum_phases import Bench as QBench, history_row
+        import asyncio
+        rows = []
+        for target in (10, self.o.history):
+            self.note_load(f"w5 history {target}")
+            self.say(f"w5: pidquorum history of {target:,} allocations (fill cap {self.o.fill_cap:.0f}s)")
+            qb = QBench(argparse.Namespace(fill_clients=self.o.fill_clients, fill_cap=self.o.fill_cap,
+                                           catchup_timeout=60.0, keep=self.o.keep))
+            row = asyncio.run(history_row(qb, target, snapshot_before_stop=True))
+            row["failures"] = list(qb.failures)
+            rows.append(row)
+        keep = ("history_target", "reached", "complete", "fill_s", "fill_rate_per_s", "up_s",
+                "restart_to_first_allocation_s", "snapshot_bytes_max", "journal_bytes_max", "audit_bytes_max",
+                "snapshots_written", "journal_entries_before_stop", "after_restart_above_every_earlier_block",
+                "snapshot_before_stop", "registered_brokers",
+                "compaction_min_entries", "failures")
+        return {"rows": [{k: r.get(k) for k in keep} for r in rows]}
+
+
+def manager_summary(rec: dict) -> dict:
+    lat = sorted(rec["latency_ns"])
+    us = lambda v: None if v is None else v / 1000.0  # noqa: E731
+    return {"calls": len(lat), "ids": rec["ids"], "rate_ids_per_s": rec["rate"],
+            "p50_us": us(percentile(lat, 50)), "p99_us": us(percentile(lat, 99)),
+            "p99_9_us": us(percentile(lat, 99.9)), "max_us": us(lat[-1]) if lat else None,
+            "timer_pair_us": us(rec["timer_pair_ns"]), "client_visible_waits": rec["refusals"],
+            "longest_without_id_ms": rec["max_dry_s"] * 1000.0, "ids_increasing": rec["ids_increasing"],
+            "manager_stats": rec.get("manager_stats")}
+
+
+def evaluate_targets(res: dict) -> list[dict]:
+    s = res["systems"]
+    pq, zk = s.get("pidquorum", {}), s.get("zookeeper", {})
+    out = []
+
+    def target(name, holds, detail):
+        out.append({"target": name, "holds": holds, "detail": detail})
+
+    def g(d, *path):
+        for p in path:
+            if not isinstance(d, dict):
+                return None
+            d = d.get(p)
+        return d
+
+    a, b = g(pq, "w1", "blocks_per_s"), g(zk, "w1", "blocks_per_s")
+    if a is not None and b is not None:
+        target("w1: pidquorum blocks/s >= ZooKeeper's", a >= b, f"{a:,.0f} vs {b:,.0f} blocks/s ({a / b:.2f}x)")
+    a, b = g(pq, "w2", "blocks_per_s"), g(zk, "w2", "blocks_per_s")
+    pa, pb = g(pq, "w2", "latency", "p99_ms"), g(zk, "w2", "latency", "p99_ms")
+    if None not in (a, b, pa, pb):
+        target("w2: pidquorum blocks/s >= 1.5x ZooKeeper's, p99 no higher", a >= 1.5 * b and pa <= pb,
+               f"{a:,.0f} vs {b:,.0f} blocks/s ({a / b:.2f}x); p99 {pa:.2f} vs {pb:.2f} ms")
+    a, b = g(pq, "w3", "outage_median_ms"), g(zk, "w3", "outage_median_ms")
+    if a is None and g(pq, "w3", "outage_unbounded") and g(zk, "w3", "kills"):
+        target("w3: pidquorum outage (median) <= ZooKeeper's", False, "pidquorum: no block after a kill")
+    elif b is None and a is not None and g(zk, "w3", "outage_unbounded"):
+        target("w3: pidquorum outage (median) <= ZooKeeper's", True, f"{a:.0f} ms vs ZooKeeper: no block after a kill")
+    elif a is not None and b is not None:
+        target("w3: pidquorum outage (median) <= ZooKeeper's", a <= b, f"{a:.0f} vs {b:.0f} ms")
+    p99, waits = g(pq, "w4", "p99_us"), g(pq, "w3", "manager", "client_visible_waits")
+    if p99 is not None:
+        target("w4: generate_producer_id() p99 < 10 us", p99 < 10.0, f"p99 {p99:.2f} us")
+    if waits is not None:
+        target("w4: zero client-visible waits during leader kills", waits == 0,
+               f"{waits} refusals, longest without an ID "
+               f"{g(pq, 'w3', 'manager', 'longest_without_id_ms'):.1f} ms")
+    rows = g(pq, "w5", "rows")
+    if rows and len(rows) == 2:
+        small, big = rows
+        rs, rb = small["restart_to_first_allocation_s"], big["restart_to_first_allocation_s"]
+        ss, sb = small["snapshot_bytes_max"] or 0, big["snapshot_bytes_max"] or 0
+        # "The same": restart within 2x (and 1 s) of the small one, snapshot bounded (no growth with history).
+        holds = rb <= max(2 * rs, rs + 1.0) and sb <= max(4096, 2 * ss)
+        target(f"w5: restart time and snapshot size the same at 10 and {big['reached']:,} allocations", holds,
+               f"restart {rs:.2f} s vs {rb:.2f} s; snapshot {ss} B vs {sb} B"
+               + ("" if big["complete"] else f" (history INCOMPLETE: {big['reached']:,} of "
+                                             f"{big['history_target']:,})"))
+    return out
+
+
+def run_bench(opts: BenchOptions, say=log) -> dict:
+    """Run the benchmark; returns the results dict (also written to ``out_dir/bench.json``)."""
+    os.makedirs(opts.out_dir, exist_ok=True)
+    res: dict = {"params": asdict(opts), "environment": environment_info(), "started_at": utc_now(),
+                 "systems": {}, "skipped": {}, "errors": [], "load": []}
+    bench = Bench(opts, say)
+    if opts.install_peers:
+        for s, problem in install_packages(opts.systems, say).items():
+            say(f"could not install {s}: {problem}")
+    systems = []
+    with contextlib.ExitStack() as stack:
+        for name in opts.systems:
+            reason = missing_reason(name)
+            if reason:
+                res["skipped"][name] = reason
+                say(f"skipping {name}: {reason}")
+                continue
+            say(f"starting {name} (3 nodes on 127.0.0.1)")
+            try:
+                sys_ = stack.enter_context(make_system(name, opts.keep))
+            except (SystemUnavailable, RuntimeError, OSError) as e:
+                res["skipped"][name] = f"{type(e).__name__}: {e}"
+                say(f"skipping {name}: {e}")
+                continue
+            systems.append(sys_)
+            res["systems"][name] = {"version": package_version(name), "settings": sys_.settings()}
+
+        def attempt(name, key, fn, *args):
+            try:
+                res["systems"][name][key] = fn(*args)
+            except Exception as e:  # noqa: BLE001 - recorded; the next scenario runs
+                import traceback
+                traceback.print_exc()
+                res["errors"].append({"system": name, "workload": key, "error": f"{type(e).__name__}: {e}"})
+
+        if 1 in opts.workloads:
+            for s in systems:
+                attempt(s.name, "w1", bench.w_throughput, s, 1)
+        if 2 in opts.workloads:
+            for s in systems:
+                attempt(s.name, "w2", bench.w_throughput, s, BROKERS)
+        if 3 in opts.workloads:
+            for s in systems:
+                attempt(s.name, "w3", bench.w_kills, s)
+        pq = next((s for s in systems if s.name == "pidquorum"), None)
+        if pq is not None and 4 in opts.workloads:
+            attempt("pidquorum", "w4", bench.w_generate, pq)
+    if "pidquorum" in res["systems"] and 5 in opts.workloads:
+        attempt("pidquorum", "w5", bench.w_history)
+    res["load"] = bench.loads
+    res["busy_warnings"] = bench.busy_warnings
+    res["targets"] = evaluate_targets(res)
+    res["finished_at"] = utc_now()
+    res["environment"]["loadavg_end"] = loadavg()
+    path = os.path.join(opts.out_dir, "bench.json")
+    with open(path, "w") as f:
+        json.dump(res, f, indent=2, default=str)
+    res["json_path"] = path
+    try:
+        res["png_path"] = draw_chart(res, os.path.join(opts.out_dir, "bench.png"))
+    except Exception as e:  # noqa: BLE001 - the figures are in the JSON anyway
+        res["errors"].append({"system": None, "workload": "chart", "error": f"{type(e).__name__}: {e}"})
+    return res
+
+
+# ------------------------------------------------------------------ output
+def _fmt(v, spec):
+    if v is None:
+        return "-"
+    if isinstance(v, float) and math.isinf(v):
+        return "inf"
+    return format(v, spec)
+
+
+ROWS = [  # (workload label, metric label, path, format, higher is better)
+    ("1 one broker, sequential", "blocks/s", ("w1", "blocks_per_s"), ",.0f", True),
+    ("", "p50 ms", ("w1", "latency", "p50_ms"), ".2f", False),
+    ("", "p99 ms", ("w1", "latency", "p99_ms"), ".2f", False),
+    ("2 three brokers, concurrent", "blocks/s", ("w2", "blocks_per_s"), ",.0f", True),
+    ("", "p50 ms", ("w2", "latency", "p50_ms"), ".2f", False),
+    ("", "p99 ms", ("w2", "latency", "p99_ms"), ".2f", False),
+    ("", "CAS retries/block", ("w2", "cas_retries_per_block"), ".2f", False),
+    ("3 leader kill -9 under load", "outage median ms", ("w3", "outage_median_ms"), ",.0f", False),
+    ("", "outage max ms", ("w3", "outage_max_ms"), ",.0f", False),
+    ("", "kills", ("w3", "kills"), "d", None),
+    ("", "blocks/s under kills", ("w3", "blocks_per_s"), ",.0f", True),
+]
+
+
+def _get(d, path):
+    for p in path:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(p)
+    return d
+
+
+def render_table(res: dict) -> str:
+    names = [n for n in SYSTEMS if n in res["systems"]]
+    peers = [n for n in names if n != "pidquorum"]
+    headers = ["workload", "metric", *names, *(f"{p}/pq" for p in peers)]
+    rows = []
+    for wl, metric, path, spec, _ in ROWS:
+        vals = [_get(res["systems"][n], path) for n in names]
+        if all(v is None for v in vals):
+            continue
+        pqv = _get(res["systems"].get("pidquorum", {}), path)
+        ratios = []
+        for p in peers:
+            v = _get(res["systems"][p], path)
+            ok = isinstance(v, (int, float)) and isinstance(pqv, (int, float)) and pqv and not math.isinf(pqv)
+            ratios.append(f"{v / pqv:.2f}x" if ok and not math.isinf(v) else "-")
+        rows.append([wl, metric, *(_fmt(v, spec) for v in vals), *ratios])
+    out = [table(f"pidctl bench: three-node clusters on 127.0.0.1, durability on "
+                 f"({res['params']['duration']:.0f}s per throughput scenario; blocks of 1,000 IDs)", headers, rows)]
+    pq = res["systems"].get("pidquorum", {})
+    w4, mgr = pq.get("w4"), _get(pq, ("w3", "manager"))
+    if w4 or mgr:
+        lines = []
+        if w4:
+            lines.append(["4 generate_producer_id()", f"{w4['rate_ids_per_s']:,.0f} IDs/s steady", _fmt(w4["p50_us"], ".2f"),
+                          _fmt(w4["p99_us"], ".2f"), _fmt(w4["p99_9_us"], ".2f"), w4["client_visible_waits"],
+                          _fmt(w4["longest_without_id_ms"], ".1f")])
+        if mgr:
+            lines.append(["4 during workload 3", f"{mgr['rate_ids_per_s']:,.0f} IDs/s, leader kills",
+                          _fmt(mgr["p50_us"], ".2f"), _fmt(mgr["p99_us"], ".2f"), _fmt(mgr["p99_9_us"], ".2f"),
+                          mgr["client_visible_waits"], _fmt(mgr["longest_without_id_ms"], ".1f")])
+        out.append("")
+        out.append(table("pidquorum at the broker (ProducerIdManager on the real quorum)",
+                         ["workload", "demand", "p50 us", "p99 us", "p99.9 us", "waits", "longest w/o ID ms"], lines))
+    w5 = pq.get("w5")
+    if w5 and w5.get("rows"):
+        lines = []
+        for r in w5["rows"]:
+            lines.append([f"{r['history_target']:,}", f"{r['reached']:,}" + ("" if r["complete"] else " (INCOMPLETE)"),
+                          _fmt(r["fill_rate_per_s"], ",.0f"), _fmt(r["up_s"], ".2f"),
+                          _fmt(r["restart_to_first_allocation_s"], ".2f"), _fmt(r["snapshot_bytes_max"], ",d"),
+                          _fmt(r["journal_bytes_max"], ",d")])
+        out.append("")
+        out.append(table("5 pidquorum restart vs history (whole cluster stopped and started)",
+                         ["history", "reached", "fill/s", "up s", "restart->1st alloc s", "snapshot B",
+                          "journal B"], lines))
+    if res.get("targets"):
+        out.append("")
+        out.append("Targets:")
+        for t in res["targets"]:
+            out.append(f"  [{'HOLDS' if t['holds'] else 'MISSED'}] {t['target']}: {t['detail']}")
+    for name, why in res.get("skipped", {}).items():
+        out.append(f"skipped {name}: {why}")
+    for w in res.get("busy_warnings", []):
+        out.append(w)
+    for e in res.get("errors", []):
+        out.append(f"ERROR in {e['system'] or ''} {e['workload']}: {e['error']}")
+    checks = [(n, k) for n in names for k in ("w1", "w2", "w3")
+              if _get(res["systems"][n], (k, "disjoint_check", "disjoint")) is False]
+    for n, k in checks:
+        out.append(f"OVERLAPPING BLOCKS: {n} {k}")
+    for n in names:
+        if _get(res["systems"][n], ("w3", "outage_unbounded")):
+            out.append(f"{n}: after a leader kill some broker got no block until the end of workload 3 "
+                       f"(outage shown as '-' when it decides the figure)")
+    out.append(f"JSON: {res.get('json_path')}  chart: {res.get('png_path')}")
+    return "\n".join(out)
+
+
+def draw_chart(res: dict, path: str) -> str:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    names = [n for n in SYSTEMS if n in res["systems"]]
+    colors = {"pidquorum": "#2a7ab0", "zookeeper": "#d98b2b", "etcd": "#4a9c5d"}
+    panels = [("1 broker: blocks/s", ("w1", "blocks_per_s")), ("3 brokers: blocks/s", ("w2", "blocks_per_s")),
+              ("p99 latency ms (1 broker | 3 brokers)", None), ("leader kill: outage ms (median)",
+                                                               ("w3", "outage_median_ms"))]
+    fig, axes = plt.subplots(1, 4, figsize=(16, 4))
+    for ax, (title, path_) in zip(axes, panels):
+        if path_ is None:
+            w = 0.38
+            for j, key in enumerate(("w1", "w2")):
+                vals = [_get(res["systems"][n], (key, "latency", "p99_ms")) or 0 for n in names]
+                ax.bar([i + (j - 0.5) * w for i in range(len(names))], vals, w,
+                       color=[colors[n] for n in names], alpha=1.0 if j == 0 else 0.55)
+            ax.set_xticks(range(len(names)), names)
+        else:
+            raw = [_get(res["systems"][n], path_) for n in names]
+            raw = [math.inf if r is None and _get(res["systems"][n], ("w3", "outage_unbounded")) and path_[0] == "w3"
+                   else r for r, n in zip(raw, names)]
+            vals = [0 if v is None or (isinstance(v, float) and math.isinf(v)) else v for v in raw]
+            ax.bar(names, vals, color=[colors[n] for n in names])
+            for i, (v, r) in enumerate(zip(vals, raw)):
+                label = "not run" if r is None else "no block after kill" if math.isinf(r) else f"{v:,.0f}"
+                ax.text(i, v, label, ha="center", va="bottom", fontsize=8)
+        ax.set_title(title, fontsize=10)
+    fig.suptitle(f"pidctl bench, {res['started_at']} (load avg at start {res['environment']['loadavg_start'][0]})",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path

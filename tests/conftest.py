@@ -13,6 +13,14 @@ import pytest
 from quorum.client import QuorumClient, RetryPolicy
 from quorum.localcluster import LocalCluster
 
+# hypothesis' storage goes to a temp dir, never into the repo or a test's working directory: kio imports
+# hypothesis when it is installed, so every pidctl or node process a test starts would otherwise create
+# ./.hypothesis wherever it runs (the variable is inherited by those processes).
+import os as _os  # noqa: E402
+import tempfile as _tempfile  # noqa: E402
+
+_os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = _os.path.join(_tempfile.gettempdir(), "pidquorum-hypothesis")
+
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item, call):

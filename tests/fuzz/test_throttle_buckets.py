@@ -12,7 +12,7 @@ from quorum.server import BUCKET_PRUNE_AT, QuorumServer
 def _server(rate: float = 1000.0, burst: int = 2000) -> QuorumServer:
     cfg = types.SimpleNamespace(allocate_rate_per_broker=rate, allocate_burst=burst, secret="s", sasl_credentials_file=None,
                                 sasl_mechanisms=["PLAIN"], super_users=[], tls_certfile=None, tls_keyfile=None,
-                                tls_cafile=None, tls_client_auth=False)
+                                tls_cafile=None, tls_client_auth=False, allocate_reserve_blocks=0)
     return QuorumServer(types.SimpleNamespace(cfg=cfg))
 
 

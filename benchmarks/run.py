@@ -39,7 +39,8 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from .common import environment_info, loadavg, log, percentile, table, utc_now
-from .systems import SYSTEMS, SystemUnavailable, install_packages, make_system, missing_reason, package_version
+from .systems import (RESERVE_BLOCKS, SYSTEMS, SystemUnavailable, install_packages, make_system, missing_reason,
+                      package_version)
 
 BROKERS = 3
 RESTART_AFTER_S = 1.5
@@ -60,6 +61,7 @@ class BenchOptions:
     workloads: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
     install_peers: bool = False
     keep: bool = False
+    reserve_blocks: int = RESERVE_BLOCKS  # pidquorum's allocate_reserve_blocks (0: the node default, no reserve)
 
 
 # ------------------------------------------------------------------ workers
@@ -414,7 +416,7 @@ def run_bench(opts: BenchOptions, say=log) -> dict:
                 continue
             say(f"starting {name} (3 nodes on 127.0.0.1)")
             try:
-                sys_ = stack.enter_context(make_system(name, opts.keep))
+                sys_ = stack.enter_context(make_system(name, opts.keep, opts.reserve_blocks))
             except (SystemUnavailable, RuntimeError, OSError) as e:
                 res["skipped"][name] = f"{type(e).__name__}: {e}"
                 say(f"skipping {name}: {e}")

@@ -510,9 +510,9 @@ def etcd_post(address: str, path: str, body: dict, timeout: float, conn: http.cl
             conn.close()
 
 
-def make_system(name: str, keep: bool = False) -> System:
+def make_system(name: str, keep: bool = False, reserve_blocks: int = RESERVE_BLOCKS) -> System:
     if name == "pidquorum":
-        return PidquorumSystem(keep)
+        return PidquorumSystem(keep, allocate_reserve_blocks=reserve_blocks)
     if name == "zookeeper":
         return ZooKeeperSystem(keep)
     if name == "etcd":

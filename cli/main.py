@@ -1072,8 +1072,11 @@ def demo(ctx, count):
               help="IDs/s asked of the broker's ProducerIdManager in workload 4.")
 @click.option("--install-peers", is_flag=True, help="apt-get install the missing peers' Debian packages first.")
 @click.option("--keep", is_flag=True, help="Keep the clusters' directories.")
+@click.option("--reserve-blocks", type=click.IntRange(0, 1024), default=32, show_default=True,
+              help="pidquorum's allocate_reserve_blocks (leader-side reserve; 0 = the node default, off).")
 @handle_errors
-def bench(systems, duration, out_dir, kills, history, fill_cap, workloads, manager_rate, install_peers, keep):
+def bench(systems, duration, out_dir, kills, history, fill_cap, workloads, manager_rate, install_peers, keep,
+          reserve_blocks):
     """Benchmark pidquorum against ZooKeeper and etcd (three-node clusters on loopback), in one run."""
     from benchmarks.run import BenchOptions, render_table, run_bench
     from benchmarks.systems import SYSTEMS
@@ -1090,7 +1093,7 @@ def bench(systems, duration, out_dir, kills, history, fill_cap, workloads, manag
         raise click.UsageError(f"--workloads: expected numbers 1-5, got {workloads!r}")
     opts = BenchOptions(systems=names, duration=duration, out_dir=out_dir, kills=kills, history=history,
                         fill_cap=fill_cap, workloads=wl, manager_rate=manager_rate, install_peers=install_peers,
-                        keep=keep)
+                        keep=keep, reserve_blocks=reserve_blocks)
     res = run_bench(opts)  # progress on stderr
     click.echo(render_table(res))
     if res["errors"]:

@@ -79,10 +79,11 @@ def _quorum_figures(nodes: list[dict]) -> None:
     if not nodes:
         return
     rows = []
+    names = {n["raft"].get("self"): f"node {n['node_id']}" for n in nodes if n.get("raft")}  # raft address -> node
     for n in nodes:
         r, snap = n["raft"], n["snapshot"]
         sync, alloc = r.get("journal_sync_latency") or {}, n.get("allocate_latency") or {}
-        followers = ", ".join(f"{peer} {p['lag_entries']}" for peer, p in sorted(r["peers"].items())
+        followers = ", ".join(f"{names.get(peer, peer)}: {p['lag_entries']}" for peer, p in sorted(r["peers"].items())
                               if p.get("lag_entries") is not None)
         allocations = ", ".join(f"{b}: {a['blocks']}" for b, a in (n.get("allocations") or {}).items())
         server = n.get("server", {})

@@ -170,8 +170,13 @@ class LocalCluster:
         node = next((n for n in state["nodes"] if n["node_id"] == node_id), None)
         if node is None:
             raise ClusterError(f"no node {node_id}")
-        if node.get("pid") and _alive(node["pid"]):
-            return node["pid"]
+        if node.get("pid") and _alive(node["pid"], getattr(self, "_procs", {})):
+            if self._our_pid(node_id):
+                return node["pid"]
+            # Alive but no longer readable as our node: it is dying (after kill -9 its cmdline reads
+            # empty before it exits).  Wait for it: starting now would find the stale ready file and
+            # "start" nothing.
+            self._wait_exit(node["pid"], 10.0)
         ready = os.path.join(self.dir, f"node-{node_id}.ready")
         if os.path.exists(ready):
             os.unlink(ready)
@@ -225,11 +230,14 @@ class LocalCluster:
             os.kill(pid, sig)
 
     def kill(self, node_id: int) -> None:
-        """kill -9, and wait until the process is gone."""
+        """kill -9, and wait until the process is gone (also one already signalled, whose cmdline
+        reads empty while it dies)."""
         pid = self._our_pid(node_id)
         if pid:
             os.kill(pid, signal.SIGKILL)
-            self._wait_exit(pid, 10.0)
+        recorded = next((n.pid for n in self.nodes() if n.node_id == node_id), None)
+        if recorded:
+            self._wait_exit(recorded, 10.0)
 
     def stop(self, node_id: int, timeout: float = 10.0) -> None:
         pid = self._our_pid(node_id)

@@ -145,3 +145,27 @@ def test_sigterm_with_open_client_connections_stops_cleanly(cluster):
     with open(cluster.lc.log_path(node.node_id)) as f:
         text = f.read()
     assert "Traceback" not in text, text[-3000:]
+
+
+def test_start_waits_for_a_dying_process_instead_of_taking_it_for_the_node(tmp_path):
+    """After kill -9 a node's cmdline reads empty while it still dies; start() must not take that
+    process (or the stale ready file) for a running node, but wait for it and start a new one."""
+    import subprocess as sp
+
+    from quorum.localcluster import LocalCluster
+
+    lc = LocalCluster(str(tmp_path / "c"))
+    lc.up(3)
+    try:
+        lc.kill(1)
+        dying = sp.Popen(["sleep", "0.5"])  # alive, not our node: as a process in its exit
+        state = lc.load()
+        next(n for n in state["nodes"] if n["node_id"] == 1)["pid"] = dying.pid
+        lc._save(state)
+        open(os.path.join(lc.dir, "node-1.ready"), "w").close()  # left by the first run
+        pid = lc.start(1)
+        assert pid != dying.pid and lc._our_pid(1) == pid
+        lc.wait_ready([1])
+        dying.wait()
+    finally:
+        lc.down()

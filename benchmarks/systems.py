@@ -291,10 +291,31 @@ def four_letter(port: int, cmd: str, timeout: float = 2.0) -> str:
     return b"".join(chunks).decode(errors="replace")
 
 
-class ZooKeeperSystem(System):
+class _PeerSystem(System):
+    """A peer run as three server processes (``_spawn(i)``, ``_wait_serving``) on ``client_ports``."""
+    start_timeout = 60.0
+    client_ports: list[int]
+
+    def _spawn(self, i: int) -> None:
+        raise NotImplementedError
+
+    def _wait_serving(self, nodes, timeout: float) -> None:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        for i in range(self.nodes):
+            self._spawn(i)
+        self._wait_serving(range(self.nodes), self.start_timeout)
+
+    def endpoints(self) -> str:
+        return ",".join(f"{HOST}:{p}" for p in self.client_ports)
+
+
+class ZooKeeperSystem(_PeerSystem):
     """A three-server ZooKeeper ensemble (QuorumPeerMain) from Debian's package."""
 
     name = "zookeeper"
+    start_timeout = 90.0
     # Debian's /etc/zookeeper/conf/zoo.cfg as shipped; fsync (forceSync) left at its default: on.
     TIMING = {"tickTime": 2000, "initLimit": 10, "syncLimit": 5}
     HEAP = "-Xmx512m"
@@ -361,14 +382,6 @@ class ZooKeeperSystem(System):
                                        + _tail(os.path.join(self._node_dir(i), "zookeeper.log")))
                 time.sleep(0.05)
 
-    def start(self) -> None:
-        for i in range(3):
-            self._spawn(i)
-        self._wait_serving(range(3), 90.0)
-
-    def endpoints(self) -> str:
-        return ",".join(f"{HOST}:{p}" for p in self.client_ports)
-
     def leader(self, timeout: float = 30.0) -> int:
         deadline = time.monotonic() + timeout
         while True:
@@ -394,7 +407,7 @@ class ZooKeeperSystem(System):
                 "client": "kazoo, migration.zk.LegacyAllocator (Kafka's conditional setData loop)"}
 
 
-class EtcdSystem(System):
+class EtcdSystem(_PeerSystem):
     """A three-member etcd cluster from Debian's etcd-server package."""
 
     name = "etcd"
@@ -451,14 +464,6 @@ class EtcdSystem(System):
                     raise RuntimeError(f"etcd member {i + 1} not serving after {timeout:.0f}s:\n"
                                        + _tail(os.path.join(self._node_dir(i), "etcd.log")))
                 time.sleep(0.05)
-
-    def start(self) -> None:
-        for i in range(3):
-            self._spawn(i)
-        self._wait_serving(range(3), 60.0)
-
-    def endpoints(self) -> str:
-        return ",".join(f"{HOST}:{p}" for p in self.client_ports)
 
     def leader(self, timeout: float = 30.0) -> int:
         deadline = time.monotonic() + timeout

@@ -76,14 +76,19 @@ class ClusterHarness:
         return wait_for(find, timeout, what="a leader")
 
 
-@pytest.fixture
-def cluster(tmp_path, request):
+def cluster_harness(tmp_path, request, **node_options):
+    """A three-node LocalCluster with ``node_options`` as a ClusterHarness (a generator for fixtures);
+    prints the nodes' logs when the test failed, and stops the nodes."""
     lc = LocalCluster(str(tmp_path / "cluster"))
-    lc.up(3)
-    harness = ClusterHarness(lc)
-    yield harness
+    lc.up(3, **node_options)
+    yield ClusterHarness(lc)
     failed = getattr(request.node, "rep_call", None)
     if failed is not None and failed.failed:
         for n in lc.nodes():
             print(f"----- node {n.node_id} log -----\n{lc.tail_log(n.node_id, 60)}")
     lc.down(timeout=5)
+
+
+@pytest.fixture
+def cluster(tmp_path, request):
+    yield from cluster_harness(tmp_path, request)

@@ -13,20 +13,12 @@ import pytest
 
 from quorum.audit import iter_blocks
 from quorum.localcluster import LocalCluster
-from tests.conftest import ClusterHarness, run, wait_for
+from tests.conftest import ClusterHarness, cluster_harness, run, wait_for
 
 
 @pytest.fixture
 def reserve_cluster(tmp_path, request):
-    lc = LocalCluster(str(tmp_path / "cluster"))
-    lc.up(3, allocate_rate_per_broker=0, allocate_reserve_blocks=8)
-    harness = ClusterHarness(lc)
-    yield harness
-    failed = getattr(request.node, "rep_call", None)
-    if failed is not None and failed.failed:
-        for n in lc.nodes():
-            print(f"----- node {n.node_id} log -----\n{lc.tail_log(n.node_id, 60)}")
-    lc.down(timeout=5)
+    yield from cluster_harness(tmp_path, request, allocate_rate_per_broker=0, allocate_reserve_blocks=8)
 
 
 def audit_blocks(lc: LocalCluster) -> dict[int, tuple[int, int]]:

@@ -134,7 +134,7 @@ if _REPO not in sys.path:
 import confluent_kafka  # noqa: E402
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition  # noqa: E402
 
-from bench.common import (HOST, LeaderKill, check_inside, environment_info, kill_leaders, loadavg, log,  # noqa: E402
+from bench.common import (HOST, LeaderKill, check_inside, paced, environment_info, kill_leaders, loadavg, log,  # noqa: E402
                           percentile, print_footer, run_phases, table, temp_cluster, utc_now)
 from bench.common import fmt_num as f  # noqa: E402
 from broker.frontend import BrokerConfig, BrokerServer  # noqa: E402
@@ -591,14 +591,7 @@ class WireLoad:
 
     async def run(self, t_start: float, t_stop: float) -> None:
         self.t_start = t_start
-        k = 0
-        while True:
-            k += 1
-            due = t_start + k * TICK_S
-            now = time.perf_counter()
-            if due > now:
-                await asyncio.sleep(due - now)
-            now = time.perf_counter()
+        async for due, now in paced(t_start, TICK_S, time.perf_counter):
             self.max_tick_lag_s = max(self.max_tick_lag_s, now - due)
             if now - due >= STALL_MS / 1000 and len(self.stalls) < 1000:
                 self.stalls.append((round(due - t_start, 3), round((now - due) * 1000, 1)))

@@ -63,7 +63,7 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
-from bench.common import (HOST, LeaderKill, check_inside, environment_info, kill_leaders, log,  # noqa: E402
+from bench.common import (HOST, LeaderKill, check_inside, paced, environment_info, kill_leaders, log,  # noqa: E402
                           percentile, print_footer, run_phases, table, temp_cluster, utc_now)
 from bench.common import fmt_num as f  # noqa: E402
 from broker.pid_manager import PidManagerConfig, ProducerIdManager  # noqa: E402
@@ -181,14 +181,7 @@ class Demand:
 
     async def run(self, t_start: float, t_stop: float) -> None:
         gen, ids = self.mgr.generate_producer_id, self.ids
-        k = 0
-        while True:
-            k += 1
-            due = t_start + k * TICK_S
-            now = time.perf_counter()
-            if due > now:
-                await asyncio.sleep(due - now)
-            now = time.perf_counter()
+        async for due, now in paced(t_start, TICK_S, time.perf_counter):
             self.max_tick_lag_s = max(self.max_tick_lag_s, now - due)
             owed = int((min(now, t_stop) - t_start) * self.rate) - len(ids)
             try:

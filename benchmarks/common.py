@@ -44,6 +44,20 @@ def log(msg: str) -> None:
 
 
 # --------------------------------------------------------------------------- stats
+async def paced(start: float, tick: float, clock=time.monotonic):
+    """Yield ``(due, now)`` once per tick after ``start`` (due = start + k * tick), sleeping until each is
+    due; a late loop is not made to catch up ticks, its caller pays what is owed by ``now``.  Endless:
+    the caller breaks out at its stop time."""
+    k = 0
+    while True:
+        k += 1
+        due = start + k * tick
+        now = clock()
+        if due > now:
+            await asyncio.sleep(due - now)
+        yield due, clock()
+
+
 def percentile(sorted_values, q: float):
     """Nearest-rank percentile of an already sorted sequence (q in 0..100); None if empty."""
     n = len(sorted_values)

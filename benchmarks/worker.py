@@ -35,6 +35,8 @@ import json
 import sys
 import time
 
+from benchmarks.common import paced
+
 BLOCK = 1000
 ATTEMPT_TIMEOUT_S = 1.0
 
@@ -271,14 +273,7 @@ async def run_manager(endpoints: str, broker_id: int, rate: float) -> dict:
                     break
         start, stop = await asyncio.to_thread(handshake)
         await asyncio.sleep(max(0.0, start - time.monotonic()))
-        k = 0
-        while True:
-            k += 1
-            due = start + k * tick
-            now = time.monotonic()
-            if due > now:
-                await asyncio.sleep(due - now)
-            now = time.monotonic()
+        async for _, now in paced(start, tick):
             if now >= stop:
                 break
             owed = int((now - start) * rate) - ids

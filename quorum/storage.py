@@ -1,0 +1,236 @@
+"""Every durable file operation of a quorum node, in one place, under one write discipline.
+
+A node relies on these files (``docs/durability.md`` draws the crash states of each):
+
+====================  =========================================================  ==================
+file                  holds                                                      written as
+====================  =========================================================  ==================
+raft.journal          the Raft log after the snapshot, checksummed entries       append file
+raft.journal.meta     term, vote, commit index, durable log end, recovery target  whole file
+raft.snapshot         the state as records, and the two log entries it ends at   whole file
+identity              cluster id, node uuid                                      whole file
+peers                 each peer's uuid, last run, highest log position it held   whole file
+audit.log             every applied record                                       append file
+audit.log.checkpoint  the synced length of audit.log                             whole file
+====================  =========================================================  ==================
+
+The discipline:
+
+* **Whole files** are replaced, never edited: write ``<path>.tmp`` (every byte,
+  short writes continued), fsync it, rename it over ``<path>``, fsync the
+  directory.  After a power loss at any instant the path holds the old content
+  or the new one, whole; a leftover ``.tmp`` is ignored and overwritten.
+* **Append files** grow at the end; nothing in them counts as durable before
+  ``AppendFile.sync`` (fdatasync) returned.  A cut (``truncate``) is synced before
+  anything is written after it, so a crash can never leave old bytes behind new
+  ones.  New files are created whole (header written to a temp file and renamed).
+* **Every I/O error is fail-stop.**  After a failed fsync the kernel may have
+  dropped the dirty pages and the next fsync may succeed with the data gone (the
+  PostgreSQL fsync lesson), so nothing may be acknowledged afterwards: the node
+  calls its ``failstop`` with ``EXIT_STORAGE``, which in a node process logs the
+  reason and exits at once, from whichever thread hit the error.
+
+``Disk`` is the only place that touches these files.  Tests and the simulator
+substitute their own ``Disk`` (a recording disk, a disk that loses unsynced
+writes, a failing disk) and their own ``failstop``; production code never
+looks for a switch.
+"""
+from __future__ import annotations
+
+import errno as _errno
+import logging
+import os
+import sys
+from typing import Callable, NoReturn
+
+log = logging.getLogger(__name__)
+
+# Process exit codes of a node (sysexits.h names; the systemd unit lists which are not restarted).
+EXIT_CORRUPT = 66        # EX_DATAERR-ish: a damaged or inconsistent data file; needs an operator
+EXIT_UNAVAILABLE = 69    # EX_UNAVAILABLE: cannot start (port taken, missing directory ...)
+EXIT_SOFTWARE = 70       # EX_SOFTWARE: an unexpected error in the Raft thread; state may be half-changed
+EXIT_STORAGE = 74        # EX_IOERR: an I/O error or a full disk on the durable path
+EXIT_DIVERGED = 75       # a committed entry differs from the leader's: this node's log diverged
+EXIT_IDENTITY_REFUSED = 78  # EX_CONFIG: a peer refused this node's identity (another cluster, replaced node)
+
+FailStop = Callable[[int, str], NoReturn]
+
+
+def process_failstop(code: int, message: str) -> NoReturn:
+    """Stop this process now: log why, flush the logs, ``os._exit(code)`` (no cleanup runs, so
+    nothing is written or sent after the failure)."""
+    try:
+        log.critical("stopping (exit %d): %s", code, message)
+        logging.shutdown()
+    finally:
+        try:
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+class StorageFailure(Exception):
+    """An I/O error on the durable path.  Raised only where ``failstop`` returns (never in a node
+    process); callers must not catch it and go on."""
+
+    def __init__(self, op: str, path: str, error: OSError):
+        self.op, self.path, self.error = op, path, error
+        name = _errno.errorcode.get(error.errno or 0, "?")
+        reason = "disk full" if error.errno == _errno.ENOSPC else (error.strerror or str(error))
+        super().__init__(f"{op} {path}: {reason} ({name})")
+
+
+class AppendFile:
+    """An append-only file opened by ``Disk.open_append``: ``write`` at the end, ``sync``, ``truncate``."""
+
+    def __init__(self, disk: "Disk", path: str, fd: int, size: int):
+        self.disk = disk
+        self.path = path
+        self._fd = fd
+        self.size = size  # bytes written (durable or not)
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        """Write every byte at the end (a short write is continued where it stopped).  Not durable."""
+        view = memoryview(data)
+        while view:
+            try:
+                n = os.write(self._fd, view)
+            except OSError as e:
+                self.disk.fail("write", self.path, e)
+            view = view[n:]
+            self.size += n
+
+    def sync(self) -> None:
+        """fdatasync: everything written so far is on stable storage when this returns."""
+        try:
+            os.fdatasync(self._fd)
+        except OSError as e:
+            self.disk.fail("fdatasync", self.path, e)
+
+    def truncate(self, size: int) -> None:
+        """Cut the file to ``size`` bytes, durably (synced before anything is written after it)."""
+        try:
+            os.ftruncate(self._fd, size)
+            os.lseek(self._fd, size, os.SEEK_SET)
+            os.fdatasync(self._fd)
+        except OSError as e:
+            self.disk.fail("truncate", self.path, e)
+        self.size = size
+
+    def close(self) -> None:
+        if self._fd < 0:
+            return
+        fd, self._fd = self._fd, -1
+        try:
+            os.close(fd)
+        except OSError as e:
+            self.disk.fail("close", self.path, e)
+
+
+class Disk:
+    """The real file system, under the discipline above."""
+
+    append_file_class = AppendFile  # what ``open_append`` returns (a fault-injecting disk subclasses both)
+
+    def __init__(self, failstop: FailStop = process_failstop):
+        self.failstop = failstop
+
+    # ---------------------------------------------------------------- errors
+    def fail(self, op: str, path: str, error: OSError) -> NoReturn:
+        failure = StorageFailure(op, path, error)
+        self.failstop(EXIT_STORAGE, f"I/O error on the durable path, {failure}; nothing more is written or "
+                                    f"acknowledged (restart the node once the disk is healthy)")
+        raise failure  # only reached where failstop returns (tests, the simulator)
+
+    # ----------------------------------------------------------------- reads
+    def read(self, path: str, offset: int = 0) -> bytes | None:
+        """The file's bytes from ``offset`` on, or None if there is no such file."""
+        try:
+            with open(path, "rb") as f:
+                if offset:
+                    f.seek(offset)
+                return f.read()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            self.fail("read", path, e)
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def size(self, path: str) -> int | None:
+        try:
+            return os.stat(path).st_size
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            self.fail("stat", path, e)
+
+    # ---------------------------------------------------------------- writes
+    def make_dir(self, path: str) -> None:
+        """Create ``path`` (and its parents) if missing, durably."""
+        path = os.path.abspath(path)
+        if os.path.isdir(path):
+            return
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as e:
+            self.fail("mkdir", path, e)
+        self.sync_dir(os.path.dirname(path))
+
+    def write_file(self, path: str, data: bytes) -> None:
+        """Replace ``path`` with ``data``: temp file, fsync, rename, fsync of the directory."""
+        tmp = path + ".tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        except OSError as e:
+            self.fail("create", tmp, e)
+        f = AppendFile(self, tmp, fd, 0)
+        try:
+            f.write(data)
+            try:
+                os.fsync(fd)
+            except OSError as e:
+                self.fail("fsync", tmp, e)
+        finally:
+            f.close()
+        try:
+            os.replace(tmp, path)
+        except OSError as e:
+            self.fail("rename", f"{tmp} -> {path}", e)
+        self.sync_dir(os.path.dirname(os.path.abspath(path)))
+
+    def remove(self, path: str) -> None:
+        """Unlink ``path`` (if it exists), durably."""
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            self.fail("unlink", path, e)
+        self.sync_dir(os.path.dirname(os.path.abspath(path)))
+
+    def open_append(self, path: str) -> AppendFile:
+        """An existing file, positioned at its end."""
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except OSError as e:
+            self.fail("open", path, e)
+        try:
+            size = os.lseek(fd, 0, os.SEEK_END)
+        except OSError as e:
+            os.close(fd)
+            self.fail("seek", path, e)
+        return self.append_file_class(self, path, fd, size)
+
+    def sync_dir(self, path: str) -> None:
+        try:
+            fd = os.open(path or ".", os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as e:
+            self.fail("open directory", path, e)
+        try:
+            os.fsync(fd)
+        except OSError as e:
+            self.fail("fsync directory", path, e)
+        finally:
+            os.close(fd)

@@ -18,7 +18,7 @@ go through the Kafka wire protocol on the nodes' client ports
 1. Sequential: one broker, one outstanding AllocateProducerIds at a time, for
    ``--duration`` seconds (after a short warm-up): blocks/s, latency
    p50/p99/max.  Run twice, once durable (journal fdatasync, the default) and
-   once with ``PIDQUORUM_UNSAFE_NO_FSYNC=1`` (benchmark-only), and report
+   once with nodes started by ``chaos.faultnode --no-fsync`` (benchmark-only), and report
    the ratio between the two.  The two clusters are up side by side and are
    measured in alternating ``--slice`` second slices, so that the noise of a
    shared machine falls on both peers alike.
@@ -62,15 +62,15 @@ import time
 from collections import Counter
 
 from quorum.client import QuorumClient, RetryPolicy
-from quorum.journal import NO_FSYNC_ENV
 from quorum.localcluster import LocalCluster
 from quorum.raft import RaftConfig
+from chaos.faultnode import FAULT_NODE_COMMAND
 from snapshots.format import read_snapshot
 
 from .common import (HOST, describe_all, environment_info, find_leader, log, percentile, print_footer, run_phases,
                      table, temp_cluster, utc_now)
 
-NO_FSYNC = {NO_FSYNC_ENV: "1"}
+NO_FSYNC = {"node_command": [*FAULT_NODE_COMMAND, "--no-fsync"]}  # benchmark-only: what durability costs
 CLUSTER_OPTIONS = {"allocate_rate_per_broker": 0}  # rate limit off in every phase
 THROUGHPUT_POLICY = RetryPolicy(timeout=10.0, attempt_timeout=3.0)
 FAILOVER_POLICY = RetryPolicy(timeout=30.0, attempt_timeout=1.0)
@@ -134,8 +134,8 @@ class Bench:
 
     @contextlib.contextmanager
     def cluster(self, label: str, env: dict | None = None, **options):
-        with temp_cluster(f"pidquorum-bench-{label}-", self.args.keep, label, env=env, **CLUSTER_OPTIONS,
-                          **options) as (lc, _):
+        with temp_cluster(f"pidquorum-bench-{label}-", self.args.keep, label, env=env, **{**CLUSTER_OPTIONS,
+                                                                                         **options}) as (lc, _):
             yield lc
 
 
@@ -295,14 +295,14 @@ async def phase_sequential(bench: Bench) -> dict:
     """Both clusters (fsync / no fsync) run side by side and are measured in alternating
     slices, so that the machine's noise falls on both alike."""
     a = bench.args
-    log(f"phase 1: one broker, sequential, fsync vs {NO_FSYNC_ENV}=1, {a.duration}s each "
+    log(f"phase 1: one broker, sequential, fsync vs no fsync (chaos.faultnode --no-fsync), {a.duration}s each "
         f"in alternating {a.slice}s slices")
-    configs = (("fsync", None), ("no_fsync", NO_FSYNC))
+    configs = (("fsync", {}), ("no_fsync", NO_FSYNC))
     out: dict = {}
     with contextlib.ExitStack() as stack:
         loads = {}
-        for label, env in configs:
-            lc = stack.enter_context(bench.cluster(f"seq-{label}", env=env))
+        for label, options in configs:
+            lc = stack.enter_context(bench.cluster(f"seq-{label}", **options))
             loads[label] = Load(lc, 1, f"seq-{label}")
         try:
             for load in loads.values():

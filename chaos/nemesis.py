@@ -11,7 +11,8 @@ keeps going while a node is killed or restarted.
 Faults: kill -9 of the leader (``stop`` restarts it), SIGSTOP/SIGCONT of the
 leader, kill -9 of every node (``stop`` restarts them all), a rolling restart
 (SIGTERM and start, one node at a time, followers first), a slow disk (the
-journal's ``fault-sync-delay-ms`` file, read by ``quorum.journal`` at run time:
+``fault-sync-delay-ms`` file, read at run time by the disk of a node started through
+``chaos.faultnode`` (as the chaos runner starts them):
 each sync sleeps before its fdatasync), and a partition that isolates the
 leader's Raft traffic from both followers, in both directions.
 
@@ -70,7 +71,7 @@ from typing import Any, Callable
 from quorum import config as quorum_config
 from quorum.client import ConnectionFailed, QuorumClient, RetryPolicy
 from quorum.errors import PidQuorumError
-from quorum.journal import FAULT_SYNC_DELAY_FILE
+from .faultnode import FAULT_SYNC_DELAY_FILE
 from quorum.localcluster import LocalCluster
 
 _log = logging.getLogger(__name__)
@@ -565,7 +566,7 @@ class PartitionLeader(Nemesis):
 class SlowDisk(Nemesis):
     """Every journal sync of the leader (``scope="leader"``) or of every node (``"all"``)
     sleeps ``delay_ms`` (a uniform draw in MIN..MAX) first; stop removes the delay.
-    Takes effect within 0.1 s, with no restart (``quorum.journal.FAULT_SYNC_DELAY_FILE``)."""
+    Takes effect within 0.1 s, with no restart: the nodes run ``chaos.faultnode`` (``FAULT_SYNC_DELAY_FILE``)."""
 
     name = "slow-disk"
 

@@ -32,6 +32,7 @@ from quorum.client import QuorumClient, RetryPolicy
 from quorum.localcluster import LocalCluster
 
 from .checker import Verdict, check
+from .faultnode import FAULT_NODE_COMMAND
 from .history import HistoryWriter, Op, now_ns, read_final, read_history, write_final
 from .nemesis import SCENARIOS, Mixed, NemesisContext, RaftNetwork
 from .workload import BrokerAllocator, PidManagerWorkload, WorkloadConfig
@@ -119,7 +120,7 @@ async def run(cfg: RunConfig, progress: Callable[[float, str], None] | None = No
     lc.create(3, raft_proxy=True)
     net = RaftNetwork(lc).start()
     try:
-        lc.up(3, env=cfg.node_env or None)
+        lc.up(3, env=cfg.node_env or None, node_command=FAULT_NODE_COMMAND)
         return await _run(cfg, lc, net, history, rng, meta, progress)
     finally:
         lc.down(timeout=10)  # on every exit path: no node outlives its run

@@ -62,7 +62,8 @@ def quorum_status(output: str, nodes: list[dict]) -> None:
             rows.append([n["node_id"], n["client_address"], "down", None, None, None, None, None, n["error"]])
             continue
         r = n["raft"]
-        rows.append([n["node_id"], n["client_address"], r["state"], r["leader"], r["term"], r["commit_index"],
+        state = r["state"] + (" (recovering)" if r.get("recovering") else "")
+        rows.append([n["node_id"], n["client_address"], state, r["leader"], r["term"], r["commit_index"],
                      r["last_applied"], n.get("lag"), n["state"]["next_producer_id"]])
     listing(output, nodes, "quorum status",
             ["node", "client", "state", "leader (raft)", "term", "commit idx", "applied", "lag", "next PID"], rows)

@@ -23,7 +23,6 @@ check every line's checksum.
 from __future__ import annotations
 
 import logging
-import os
 import struct
 import zlib
 from dataclasses import dataclass
@@ -36,7 +35,7 @@ from records.schema import RECORDS
 from records.codec import from_obj, to_obj
 
 from .errors import CorruptFileError
-from .fsutil import atomic_write
+from .storage import Disk
 
 log = logging.getLogger(__name__)
 _FRAME = struct.Struct("<II")
@@ -61,15 +60,21 @@ def _frame(obj) -> bytes:
     return _FRAME.pack(len(body), zlib.crc32(body)) + body
 
 
-def read_audit(path: str, repair: bool = False, start: int = 0) -> tuple[list[AuditLine], int]:
-    """All lines of an audit file from byte ``start`` on, and the byte length of its valid part.
-
-    A torn last frame (crash mid-append) ends the file; with ``repair`` it is
-    cut off.  A bad frame with more data after it is corruption.
-    """
+def read_audit(path: str, start: int = 0) -> tuple[list[AuditLine], int]:
+    """All lines of an audit file from byte ``start`` on, and the byte length of its valid part
+    (a torn last frame, from a crash mid-append, ends the file; a bad frame with more data after
+    it is corruption).  Read-only."""
     with open(path, "rb") as f:
         f.seek(start)
         data = f.read()
+    lines, end = parse_audit(path, data, start)
+    if end != start + len(data):
+        log.warning("audit %s: torn last line at offset %d", path, end)
+    return lines, end
+
+
+def parse_audit(path: str, data: bytes, start: int = 0) -> tuple[list[AuditLine], int]:
+    """The lines in ``data`` (the file's bytes from offset ``start``) and the end of its valid part."""
     lines: list[AuditLine] = []
     pos = 0
     while pos < len(data):
@@ -97,15 +102,6 @@ def read_audit(path: str, repair: bool = False, start: int = 0) -> tuple[list[Au
         pos = end
     if pos != len(data) and _valid_frame_after(data, pos + 1):
         raise CorruptFileError(path, f"damaged audit line at offset {start + pos} with valid lines after it")
-    if pos != len(data):
-        if not repair:
-            log.warning("audit %s: torn last line at offset %d", path, start + pos)
-        else:
-            log.warning("audit %s: cutting torn last line at offset %d (%d bytes)",
-                        path, start + pos, len(data) - pos)
-            with open(path, "r+b") as f:
-                f.truncate(start + pos)
-                os.fsync(f.fileno())
     return lines, start + pos
 
 
@@ -141,13 +137,11 @@ def checkpoint_path(path: str) -> str:
     return path + ".checkpoint"
 
 
-def read_checkpoint(path: str) -> tuple[int, int] | None:
+def read_checkpoint(path: str, disk: Disk | None = None) -> tuple[int, int] | None:
     """(synced length, last raft index) from the audit file's checkpoint, or None if absent or unusable."""
     cp = checkpoint_path(path)
-    try:
-        with open(cp, "rb") as f:
-            raw = f.read()
-    except FileNotFoundError:
+    raw = (disk or Disk()).read(cp)
+    if raw is None:
         return None
     try:
         length, crc = _FRAME.unpack_from(raw, 0)
@@ -166,23 +160,32 @@ def read_checkpoint(path: str) -> tuple[int, int] | None:
 
 
 class AuditWriter:
-    def __init__(self, path: str):
+    """Appends what this node applies to ``audit.log``, through the node's ``Disk`` (every I/O error is
+    fail-stop; the file is synced, and its checkpoint replaced whole, before every snapshot)."""
+
+    def __init__(self, path: str, disk: Disk | None = None):
         self.path = path
+        self.disk = disk or Disk()
         self.last_index = 0
         self.scanned_bytes = 0  # how much start-up had to read (constant with a checkpoint)
-        if os.path.exists(path):
-            cp = read_checkpoint(path)
-            size = os.path.getsize(path)
-            start = 0
-            if cp is not None:
-                if size < cp[0]:
-                    raise CorruptFileError(path, f"file is {size} bytes but {cp[0]} bytes were synced "
-                                                 f"(checkpoint {checkpoint_path(path)}): audit lines lost")
-                start, self.last_index = cp
-            lines, end = read_audit(path, repair=True, start=start)
-            self.scanned_bytes = size - start
-            self.last_index = max(self.last_index, max((ln.entry.raft_index for ln in lines), default=0))
-        self._f = open(path, "ab")
+        size = self.disk.size(path)
+        if size is None:
+            self.disk.write_file(path, b"")  # created whole, so the directory entry is durable
+            size = 0
+        cp = read_checkpoint(path, self.disk)
+        start = 0
+        if cp is not None:
+            if size < cp[0]:
+                raise CorruptFileError(path, f"file is {size} bytes but {cp[0]} bytes were synced "
+                                             f"(checkpoint {checkpoint_path(path)}): audit lines lost")
+            start, self.last_index = cp
+        lines, end = parse_audit(path, self.disk.read(path, start) or b"", start)
+        self.scanned_bytes = size - start
+        self.last_index = max(self.last_index, max((ln.entry.raft_index for ln in lines), default=0))
+        self._f = self.disk.open_append(path)
+        if end != size:
+            log.warning("audit %s: cutting torn last line at offset %d (%d bytes)", path, end, size - end)
+            self._f.truncate(end)
         self._checkpointed = -1
 
     def append(self, raft_index: int, raft_term: int, outcomes) -> None:
@@ -196,7 +199,6 @@ class AuditWriter:
             buf += _frame([to_obj(entry), to_obj(outcome.record)])
         if buf:
             self._f.write(buf)
-            self._f.flush()
         self.last_index = raft_index
 
     def gap(self, raft_index: int) -> None:
@@ -204,16 +206,14 @@ class AuditWriter:
         if raft_index <= self.last_index:
             return
         self._f.write(_frame([to_obj(AuditGap(raft_index=raft_index)), None]))
-        self._f.flush()
         self.last_index = raft_index
 
     def sync(self) -> None:
-        self._f.flush()
-        os.fsync(self._f.fileno())
-        size = self._f.tell()
+        self._f.sync()
+        size = self._f.size
         if size != self._checkpointed:
             body = msgpack.packb({"length": size, "last_index": self.last_index}, use_bin_type=True)
-            atomic_write(checkpoint_path(self.path), _FRAME.pack(len(body), zlib.crc32(body)) + body)
+            self.disk.write_file(checkpoint_path(self.path), _FRAME.pack(len(body), zlib.crc32(body)) + body)
             self._checkpointed = size
 
     def close(self) -> None:

@@ -1,34 +1,41 @@
-"""Who a node is, and who its peers were: the guard against a node that forgot its log.
+"""Who a node is, and what its peers saw it hold: the guard against a node that forgot its log.
 
-A Raft member that acknowledged entries and then lost them (its data directory
-wiped, or an old backup restored) must never take part again under its old
-name: the entries it acknowledged may exist on no other live node, so an
-election it votes in can drop committed entries, and the quorum would then
-issue those producer IDs a second time.
+A Raft member that acknowledged entries and then lost them (an old backup of
+its data directory restored, a journal cut by a disk fault, a data directory
+that kept its identity but lost its Raft files) must not vote or count toward a
+majority until it holds again what it may have acknowledged: the entries may
+exist on no other live node, so an election it votes in can drop committed
+entries, and the quorum would then issue those producer IDs a second time.
+Whether it lost anything is decided by **log position**, never by how often it
+started: restarts cannot wear the check down.
 
-Two small files in the data directory say who the node is and what it knows:
+Two small files in the data directory (written whole, ``quorum.storage``):
 
 ``identity``
     ``cluster_id`` (fixed when the cluster was bootstrapped), ``node_uuid``
-    (fixed when this data directory was created) and ``generation``, raised by
-    one, durably, on every start.  Each process also draws a random ``run``.
+    (fixed when this data directory was created) and ``generation`` (a start
+    counter, for logs and status only).  Each process also draws a random ``run``.
 ``peers``
-    for each peer's Raft address, the (``node_uuid``, ``generation``, ``run``)
-    it last presented.
+    for each peer's Raft address: its ``node`` uuid, the last ``run`` seen, and
+    ``held``: the highest log position ``[term, index]`` the peer was seen to
+    hold durably (from its hellos and pings, and, on the leader, from its
+    acknowledgements).  ``held`` only ever rises.  It is written when a peer is
+    first seen or starts a new run, and otherwise at most once a second.
 
-Every Raft connection starts with a hello carrying the sender's identity (see
-``quorum.raft``); no other message of that connection reaches Raft before the
-receiver has checked it against ``peers`` and stored what it learned.  Refused:
+Every Raft connection starts with a hello carrying the sender's identity and
+its durable log end (see ``quorum.raft``).  The receiver answers with a verdict:
 
-* another ``cluster_id``: a node of another cluster;
-* another ``node_uuid`` for a known address: the node's data directory was
-  lost or replaced (an empty data directory gets a new uuid);
-* a lower ``generation``, or the same generation with another ``run``: an old
-  copy of the data directory (a restored backup) started again.
+* another ``cluster_id``: refused (a node of another cluster);
+* another ``node_uuid`` for a known address: refused (the data directory was
+  wiped or replaced: the node must be removed and added as a new member);
+* a new run whose log end is below ``held``: welcomed **with a recovery target**
+  (``held``): the node records it durably before anything else and stays a
+  non-voting, non-counting member until its log reaches it (``quorum.raft``);
+* otherwise welcomed.
 
-The refused node is told why, logs it with what to do, and exits
-(``EXIT_IDENTITY_REFUSED``).  The check needs one peer that saw the later run;
-``docs/deployment.md`` explains the limit.
+A refused node logs why and exits (``EXIT_IDENTITY_REFUSED``).  The check is as
+good as what the peers saw: a node's position reaches its peers within a ping
+interval and their disks within a second (``docs/durability.md`` states the limit).
 
 Data directories from versions before this file existed get an identity on
 their first start (with a log line); the cluster id then defaults to one
@@ -44,7 +51,8 @@ import uuid
 from dataclasses import dataclass
 
 from .errors import CorruptFileError
-from .fsutil import atomic_write, seal, unseal
+from .fsutil import seal, unseal
+from .storage import EXIT_IDENTITY_REFUSED, Disk  # noqa: F401 - EXIT_IDENTITY_REFUSED is part of this API
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +60,10 @@ IDENTITY_FILE = "identity"
 PEERS_FILE = "peers"
 IDENTITY_MAGIC = b"PQIDNT\x00\x01"
 PEERS_MAGIC = b"PQPEER\x00\x01"
-EXIT_IDENTITY_REFUSED = 78  # EX_CONFIG: systemd must not restart it (deploy/pidquorum-node@.service)
-RAFT_FILES = ("raft.journal", "raft.snapshot")
+RAFT_FILES = ("raft.journal", "raft.journal.meta", "raft.snapshot")
+HELLO_PROTO = 2  # 2: hellos carry the log end and are answered with a verdict (pq_welcome / pq_refused)
+
+Position = tuple[int, int]
 
 
 class IdentityError(Exception):
@@ -70,6 +80,15 @@ def new_cluster_id() -> str:
     return "c-" + uuid.uuid4().hex
 
 
+def _parse_position(value, what: str) -> Position | None:
+    if value is None:
+        return None
+    if (not isinstance(value, (list, tuple)) or len(value) != 2
+            or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in value)):
+        raise ValueError(f"{what} is {value!r}, not [term, index]")
+    return (int(value[0]), int(value[1]))
+
+
 @dataclass(frozen=True)
 class Hello:
     cluster_id: str
@@ -77,10 +96,14 @@ class Hello:
     generation: int
     run: str
     client_address: str | None = None
+    log_end: Position | None = None   # the sender's durable log end (term, index)
+    proto: int = HELLO_PROTO
 
-    def message(self) -> dict:
+    def message(self, log_end: Position | None = None) -> dict:
+        end = log_end if log_end is not None else self.log_end
         return {"type": "pq_hello", "cluster": self.cluster_id, "node": self.node_uuid, "gen": self.generation,
-                "run": self.run, "client": self.client_address}
+                "run": self.run, "client": self.client_address, "log": list(end) if end else None,
+                "proto": self.proto}
 
     @classmethod
     def from_message(cls, m: dict) -> "Hello":
@@ -90,18 +113,34 @@ class Hello:
         for key in ("cluster", "node", "run"):
             if not isinstance(m.get(key), str) or not m[key]:
                 raise ValueError(f"bad {key} {m.get(key)!r}")
+        proto = m.get("proto", 1)
+        if isinstance(proto, bool) or not isinstance(proto, int) or proto < 1:
+            raise ValueError(f"bad proto {proto!r}")
         client = m.get("client")
-        return cls(m["cluster"], m["node"], gen, m["run"], client if isinstance(client, str) else None)
+        return cls(m["cluster"], m["node"], gen, m["run"], client if isinstance(client, str) else None,
+                   _parse_position(m.get("log"), "log"), proto)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What this node decided about a peer's hello."""
+
+    refused: str | None = None          # why the peer may not talk Raft with us (it must stop)
+    recover: Position | None = None     # the peer lost entries: it must reach this position first
+    new_run: bool = False               # the peer restarted since we last saw it (or is new to us)
 
 
 class NodeIdentity:
-    """This node's identity (raised a generation by ``open``) and its durable knowledge of peers."""
+    """This node's identity and its durable knowledge of peers."""
 
-    def __init__(self, data_dir: str, hello: Hello, peers: dict[str, dict]):
+    def __init__(self, data_dir: str, hello: Hello, peers: dict[str, dict], disk: Disk, existed: bool):
         self.data_dir = data_dir
         self.hello = hello
+        self.disk = disk
+        self.existed = existed  # the identity file was there before this start
         self._peers = peers
         self._peers_path = os.path.join(data_dir, PEERS_FILE)
+        self._dirty = False
 
     @property
     def cluster_id(self) -> str:
@@ -109,14 +148,11 @@ class NodeIdentity:
 
     @classmethod
     def open(cls, data_dir: str, secret: str, configured_cluster_id: str | None = None,
-             client_address: str | None = None) -> "NodeIdentity":
-        os.makedirs(data_dir, exist_ok=True)
+             client_address: str | None = None, disk: Disk | None = None) -> "NodeIdentity":
+        disk = disk or Disk()
+        disk.make_dir(data_dir)
         path = os.path.join(data_dir, IDENTITY_FILE)
-        try:
-            with open(path, "rb") as f:
-                data = f.read()
-        except FileNotFoundError:
-            data = None
+        data = disk.read(path)
         if data is not None:
             body = unseal(path, data, IDENTITY_MAGIC, "identity file")
             try:
@@ -133,7 +169,7 @@ class NodeIdentity:
             generation += 1
             created = body.get("created_ms", 0)
         else:
-            legacy = [f for f in RAFT_FILES if os.path.exists(os.path.join(data_dir, f))]
+            legacy = [f for f in RAFT_FILES if disk.exists(os.path.join(data_dir, f))]
             cluster_id = configured_cluster_id or derived_cluster_id(secret)
             node_uuid, generation, created = uuid.uuid4().hex, 1, int(time.time() * 1000)
             if legacy:
@@ -144,57 +180,84 @@ class NodeIdentity:
                                                              "in the config to fix it)")
             else:
                 log.info("new data directory %s: node %s in cluster %s", data_dir, node_uuid, cluster_id)
-        # Durable before any peer can see this generation: a later start must present a higher one.
-        atomic_write(path, seal(IDENTITY_MAGIC, {"cluster_id": cluster_id, "node_uuid": node_uuid,
-                                                 "generation": generation, "created_ms": created}))
-        peers = cls._load_peers(os.path.join(data_dir, PEERS_FILE))
+        disk.write_file(path, seal(IDENTITY_MAGIC, {"cluster_id": cluster_id, "node_uuid": node_uuid,
+                                                    "generation": generation, "created_ms": created}))
+        peers = cls._load_peers(disk, os.path.join(data_dir, PEERS_FILE))
         hello = Hello(cluster_id, node_uuid, generation, uuid.uuid4().hex[:16], client_address)
-        log.info("node identity: cluster %s, node %s, generation %d", cluster_id, node_uuid, generation)
-        return cls(data_dir, hello, peers)
+        log.info("node identity: cluster %s, node %s, start %d", cluster_id, node_uuid, generation)
+        return cls(data_dir, hello, peers, disk, existed=data is not None)
 
     @staticmethod
-    def _load_peers(path: str) -> dict[str, dict]:
-        try:
-            with open(path, "rb") as f:
-                data = f.read()
-        except FileNotFoundError:
+    def _load_peers(disk: Disk, path: str) -> dict[str, dict]:
+        data = disk.read(path)
+        if data is None:
             return {}
         body = unseal(path, data, PEERS_MAGIC, "peers file")
         peers = body.get("peers", {})
         if not isinstance(peers, dict):
             raise CorruptFileError(path, "peers is not a map")
-        return peers
+        out = {}
+        for address, known in peers.items():
+            if not isinstance(address, str) or not isinstance(known, dict) or not isinstance(known.get("node"), str):
+                raise CorruptFileError(path, f"bad entry for {address!r}: {known!r}")
+            try:
+                held = _parse_position(known.get("held"), "held")
+            except ValueError as e:
+                raise CorruptFileError(path, f"{address}: {e}") from None
+            out[address] = {"node": known["node"], "run": known.get("run"), "gen": known.get("gen"), "held": held}
+        return out
 
     def _store_peers(self) -> None:
-        atomic_write(self._peers_path, seal(PEERS_MAGIC, {"peers": self._peers}))
+        self.disk.write_file(self._peers_path, seal(PEERS_MAGIC, {"peers": self._peers}))
+        self._dirty = False
+
+    def flush(self) -> None:
+        """Write what was learned since the last write (called at most once a second, and at shutdown)."""
+        if self._dirty:
+            self._store_peers()
 
     # ---------------------------------------------------------------- checks
-    def check(self, address: str, hello: Hello) -> str | None:
-        """None if the peer at ``address`` may talk Raft with us (what we learned is stored first),
-        else the reason it may not."""
+    def admit(self, address: str, hello: Hello) -> Verdict:
+        """Decide about the peer at ``address`` (what we learned is stored durably first when it matters)."""
         if hello.cluster_id != self.cluster_id:
-            return (f"{address} belongs to cluster {hello.cluster_id}, this is cluster {self.cluster_id}: "
-                    f"a node of another cluster (check its config's peers and cluster_id)")
+            return Verdict(refused=f"{address} belongs to cluster {hello.cluster_id}, this is cluster "
+                                   f"{self.cluster_id}: a node of another cluster (check its config's peers and "
+                                   f"cluster_id)")
         known = self._peers.get(address)
-        if known is not None:
-            if hello.node_uuid != known["node"]:
-                return (f"{address} presents node identity {hello.node_uuid}, but this cluster knows {address} as "
-                        f"node {known['node']} (generation {known['gen']}): its data directory was lost or "
-                        f"replaced, and a node that lost its log must never rejoin as the same member (it could "
-                        f"drop committed entries and re-issue producer IDs). Replace it: 'pidctl quorum "
-                        f"remove-node {address}' on the cluster, then start a fresh node with an empty data "
-                        f"directory and 'pidctl quorum add-node' it (docs/operations.md)")
-            if hello.generation < known["gen"] or (hello.generation == known["gen"] and hello.run != known["run"]):
-                return (f"{address} (node {hello.node_uuid}) presents generation {hello.generation}, but it "
-                        f"already ran as generation {known['gen']}: this is an older copy of its data directory "
-                        f"(a restored backup?) that may lack entries it acknowledged. Never restart a node from "
-                        f"an old backup; replace it: 'pidctl quorum remove-node {address}', then add a fresh node "
-                        f"(docs/deployment.md, backup and restore)")
-            if hello.generation == known["gen"]:
-                return None  # the same run, reconnecting
-        self._peers[address] = {"node": hello.node_uuid, "gen": hello.generation, "run": hello.run}
-        self._store_peers()
-        return None
+        if known is not None and hello.node_uuid != known["node"]:
+            return Verdict(refused=(
+                f"{address} presents node identity {hello.node_uuid}, but this cluster knows {address} as node "
+                f"{known['node']}: its data directory was lost or replaced, and a node that lost its log must "
+                f"never rejoin as the same member (it could drop committed entries and re-issue producer IDs). "
+                f"Replace it: 'pidctl quorum remove-node {address}' on the cluster, then start a fresh node with "
+                f"an empty data directory and 'pidctl quorum add-node' it (docs/operations.md)"))
+        new_run = known is None or known.get("run") != hello.run
+        held = known.get("held") if known else None
+        recover = None
+        if new_run and held is not None and (hello.log_end is None or hello.log_end < held):
+            recover = held
+        entry = {"node": hello.node_uuid, "run": hello.run, "gen": hello.generation,
+                 "held": _max_position(held, hello.log_end)}
+        self._peers[address] = entry
+        if new_run:
+            self._store_peers()  # a restart is rare: remember it at once
+        elif entry["held"] != held:
+            self._dirty = True
+        return Verdict(recover=recover, new_run=new_run)
+
+    def note_held(self, address: str, position: Position) -> None:
+        """``address`` showed it holds ``position`` durably (a ping, or an acknowledgement to this leader)."""
+        known = self._peers.get(address)
+        if known is None:
+            return
+        top = _max_position(known.get("held"), position)
+        if top != known.get("held"):
+            known["held"] = top
+            self._dirty = True
+
+    def held(self, address: str) -> Position | None:
+        known = self._peers.get(address)
+        return known.get("held") if known else None
 
     def forget(self, address: str) -> None:
         """``address`` was removed from the cluster: a fresh node may be added there later."""
@@ -208,3 +271,11 @@ class NodeIdentity:
     def describe(self) -> dict:
         h = self.hello
         return {"cluster_id": h.cluster_id, "node_uuid": h.node_uuid, "generation": h.generation, "run": h.run}
+
+
+def _max_position(a: Position | None, b: Position | None) -> Position | None:
+    if a is None:
+        return tuple(b) if b is not None else None
+    if b is None:
+        return tuple(a)
+    return tuple(max(tuple(a), tuple(b)))

@@ -27,6 +27,7 @@ from .identity import new_cluster_id
 from .raft import RaftConfig
 
 STATE_FILE = "cluster.json"
+DEFAULT_NODE_COMMAND = ("-m", "quorum")
 
 
 class ClusterError(Exception):
@@ -100,7 +101,7 @@ class LocalCluster:
     # ---------------------------------------------------------------- create
     def create(self, size: int = 3, host: str = "127.0.0.1", block_size: int = 1000,
                raft: RaftConfig | None = None, raft_proxy: bool = False, metrics: bool = False,
-               **node_options) -> None:
+               node_command: list[str] | None = None, **node_options) -> None:
         """Write configs and a secret for a new cluster (no processes started).
 
         ``raft_proxy``: each node binds its Raft port on a port of its own
@@ -109,6 +110,8 @@ class LocalCluster:
         (``chaos.nemesis.RaftNetwork``, which cuts links to make partitions).
         ``metrics``: each node serves Prometheus metrics on a free port of ``host``
         (``NodeInfo.metrics_address``).
+        ``node_command``: what runs a node, after the interpreter (default ``-m quorum``); chaos runs
+        and benchmarks use ``-m chaos.faultnode`` for a disk they can slow down.
         """
         if self.exists():
             return
@@ -135,7 +138,7 @@ class LocalCluster:
                              block_size=block_size, raft=raft or RaftConfig(), **node_options)
             with open(self.config_path(info.node_id), "w") as f:
                 f.write(to_toml(cfg, "secret"))
-        self._save({"nodes": [vars(i) for i in infos]})
+        self._save({"nodes": [vars(i) for i in infos], "node_command": list(node_command or DEFAULT_NODE_COMMAND)})
 
     def add_node_config(self, host: str = "127.0.0.1") -> NodeInfo:
         """Write the config of a new node (next id, free ports, empty data dir) whose peers are the
@@ -181,8 +184,9 @@ class LocalCluster:
         if os.path.exists(ready):
             os.unlink(ready)
         logf = open(self.log_path(node_id), "ab")
+        command = state.get("node_command") or DEFAULT_NODE_COMMAND
         proc = subprocess.Popen(
-            [sys.executable, "-m", "quorum", "--config", self.config_path(node_id), "--ready-file", ready],
+            [sys.executable, *command, "--config", self.config_path(node_id), "--ready-file", ready],
             stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.dir,
             env={**os.environ, **(env or {})}, start_new_session=True)
         logf.close()

@@ -43,6 +43,9 @@ QUORUM_METRICS = {
     "pidquorum_raft_follower_lag_entries": "On the leader: committed entries a follower does not hold yet.",
     "pidquorum_raft_follower_connected": "On any node: 1 if the link to that peer is up.",
     "pidquorum_raft_has_quorum": "1 if this node is a leader that has a quorum (pysyncobj's view).",
+    "pidquorum_raft_recovering": "1 while this node may have lost entries it acknowledged (a restored backup, a "
+                                 "journal cut by a fault): it does not vote, stand or count toward a majority "
+                                 "until its log is back where it was.",
     "pidquorum_raft_leader_changes": "Times this node saw a new leader since it started.",
     "pidquorum_raft_journal_entries": "Entries in the Raft journal (since the last snapshot).",
     "pidquorum_journal_syncs": "fdatasync calls on the Raft journal.",
@@ -107,6 +110,7 @@ def quorum_families(st: dict) -> Iterable[Any]:
     yield lag
     yield conn
     yield _gauge("pidquorum_raft_has_quorum", 1.0 if raft["has_quorum"] else 0.0)
+    yield _gauge("pidquorum_raft_recovering", 1.0 if raft.get("recovering") else 0.0)
     yield _counter("pidquorum_raft_leader_changes", raft["leader_changes"])
     yield _gauge("pidquorum_raft_journal_entries", st["journal_entries"])
     yield _counter("pidquorum_journal_syncs", raft["journal_syncs"])

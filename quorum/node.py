@@ -14,9 +14,10 @@ from . import logs
 from .config import NodeConfig
 from .errors import CorruptFileError
 from .metrics import quorum_families, serve_metrics
-from .identity import EXIT_IDENTITY_REFUSED, IdentityError
+from .identity import IdentityError
 from .server import QuorumServer
 from .service import Service
+from .storage import EXIT_CORRUPT, EXIT_IDENTITY_REFUSED, EXIT_UNAVAILABLE, Disk
 
 log = logging.getLogger("pidquorum.node")
 
@@ -25,9 +26,9 @@ def setup_logging(level: str = "INFO", fmt: str = "human") -> None:
     logs.setup_logging(level, fmt, sys.stderr)
 
 
-async def _serve(cfg: NodeConfig, ready_file: str | None) -> None:
+async def _serve(cfg: NodeConfig, ready_file: str | None, disk: Disk | None) -> None:
     logs.set_identity(node_id=cfg.node_id)
-    service = Service(cfg)
+    service = Service(cfg, disk)
     logs.set_context_source("term", service.raft.current_term)
     server = QuorumServer(service)
     endpoint = None
@@ -53,13 +54,14 @@ async def _serve(cfg: NodeConfig, ready_file: str | None) -> None:
         service.close()
 
 
-def run_node(cfg: NodeConfig, ready_file: str | None = None) -> int:
-    """Serve until stopped.  Returns a process exit code."""
+def run_node(cfg: NodeConfig, ready_file: str | None = None, disk: Disk | None = None) -> int:
+    """Serve until stopped.  Returns a process exit code (``quorum.storage``: an I/O error on the durable
+    path, a diverged log or a refused identity stop the process at once, with their own codes)."""
     try:
-        asyncio.run(_serve(cfg, ready_file))
+        asyncio.run(_serve(cfg, ready_file, disk))
     except CorruptFileError as e:
         log.critical("refusing to start: %s", e)
-        return 66
+        return EXIT_CORRUPT
     except (CredentialsError, TlsConfigError) as e:
         log.critical("refusing to start: %s", e)
         return 78
@@ -68,5 +70,5 @@ def run_node(cfg: NodeConfig, ready_file: str | None = None) -> int:
         return EXIT_IDENTITY_REFUSED
     except OSError as e:
         log.critical("cannot start: %s", e)
-        return 69
+        return EXIT_UNAVAILABLE
     return 0

@@ -1,18 +1,48 @@
 """The one module that adapts pysyncobj (in the manner of Patroni's ``dcs/raft.py``).
 
 Nothing else in pidquorum imports pysyncobj or sees its callbacks, FAIL_REASON
-values or configuration names.  What this module adds to pysyncobj:
+values or configuration names.  pysyncobj keeps what it does well (elections,
+the leader's replication loop, membership entries, TCP framing and
+encryption); **this adapter owns everything that decides durability and log
+matching**, because pysyncobj's own code for it is unsafe (``docs/durability.md``
+has the details and the crash states):
+
+=====================================  ============================================  ==========================
+pysyncobj path                         why it is unsafe                               replaced by
+=====================================  ============================================  ==========================
+mmap journal, never fsync'd            acknowledged entries lost on power loss       ``quorum.journal``
+compaction in two ticks                a stop in between makes the next start        ``_compact``: snapshot
+(snapshot renamed, journal cut later)  ``clear()`` the journal: committed entries    durable, then the journal
+                                       erased                                        rebased, in one step
+start-up: journal does not match the   ``clear()``: same loss                        ``reconcile``: finish the
+snapshot                                                                             cut, or refuse and say why
+follower snapshot install              written and renamed without fsync, journal    ``_install``: verified,
+                                       cleared and synced, then acknowledged         snapshot durable first
+AppendEntries: cut after every         acknowledged entries thrown away              ``_append_entries``: Raft
+prevLogIdx, even where entries match                                                 5.3, cut at the first
+                                                                                     conflict only
+a snapshot chunk (or serialized=None)  commit index advanced over entries never      commit only to what the
+advances the commit index              verified: a node applies uncommitted entries  message verified
+tick catches every exception           a failed fsync is forgotten and the next      own tick thread: any
+                                       sync is a no-op                               error stops the node
+bind 0.0.0.0 when no bind address      the Raft port open on every interface         bind the advertised host
+=====================================  ============================================  ==========================
+
+Also here:
 
 * one replicated entry point, ``apply_entry(payload)``, that applies an encoded
   batch of records (the on-disk format is then not tied to Python method names);
-* durability: ``DurableJournal`` replaces pysyncobj's unsynced mmap journal
-  (through pysyncobj's journal factory, the only hook it has), and the
-  transport syncs that journal before any message leaves the node (the
-  leader's AppendEntries: right after, in parallel with its followers);
-* snapshots as records (``snapshots.format``) instead of pickles;
+* the transport syncs the journal before any message that reflects this node's
+  log or term leaves it; the leader's AppendEntries go first and the leader syncs
+  right after, in parallel with its followers (Raft thesis 10.2.1), and records a
+  commit index only after that sync (``DurableJournal.setRaftCommitIndex``);
+* the identity gate and the **recovery gate**: a node that may have lost entries
+  it acknowledged (its own files say so, or a peer saw it hold more than it now
+  has: ``quorum.identity``) records a recovery target durably and, until its
+  durable log reaches it, neither stands for election, nor votes, nor has its
+  acknowledgements counted; it then refuses to vote in the term it caught up in;
 * fast failover: short election timeouts and peer pings that keep
-  follower-to-follower links alive (pysyncobj leaves them idle, so the first
-  RequestVote after a leader dies often finds a dead link: ~1.7 s elections);
+  follower-to-follower links alive (they also carry each node's durable log end);
 * typed outcomes: ``ProposalRejected`` (definitely not applied) versus
   ``ProposalUnknown`` (may have been applied).
 """
@@ -20,29 +50,61 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import pysyncobj.pickle as _pickle
 import pysyncobj.syncobj as _syncobj_module
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
+from pysyncobj.config import SERIALIZER_STATE
 from pysyncobj.node import TCPNode
+from pysyncobj.syncobj import SyncObjException
 from pysyncobj.transport import TCPTransport
 
-from snapshots.format import Snapshot, read_snapshot, write_snapshot
+from snapshots.format import Snapshot, decode_snapshot
+from snapshots.store import SnapshotStore
 
-from .identity import EXIT_IDENTITY_REFUSED, Hello, NodeIdentity
-from .journal import DurableJournal
+from .errors import CorruptFileError
+from .identity import Hello, NodeIdentity, Verdict
+from .journal import UNKNOWN_INDEX, DurableJournal, Position
+from .storage import (
+    EXIT_DIVERGED,
+    EXIT_IDENTITY_REFUSED,
+    EXIT_SOFTWARE,
+    EXIT_STORAGE,
+    Disk,
+    FailStop,
+    StorageFailure,
+    process_failstop,
+)
 
 log = logging.getLogger(__name__)
 
-EXIT_CORRUPT_SNAPSHOT = 70
+_FOLLOWER, _CANDIDATE, _LEADER = 0, 1, 2
+RECOVERED_VOTE = "<recovered: no vote this term>"  # votedFor after catching up (a vote there may be lost)
+
+# pysyncobj internals this adapter reads or replaces (pysyncobj is pinned below 0.4; a release that
+# renames them fails here, at import, rather than silently running its own unsafe code path).
+_REPLACED = ("_SyncObj__onMessageReceived", "_SyncObj__tryLogCompaction", "_SyncObj__loadDumpFile")
+_USED = ("_SyncObj__onLeaderChanged", "_SyncObj__setCurrentTerm", "_SyncObj__setState",
+         "_SyncObj__generateRaftTimeout", "_SyncObj__sendNextNodeIdx", "_SyncObj__parseChangeClusterRequest",
+         "_SyncObj__doChangeCluster", "_SyncObj__updateClusterConfiguration", "_SyncObj__onSetCodeVersion")
+_missing = [name for name in _REPLACED + _USED if not hasattr(SyncObj, name)]
+if _missing:  # pragma: no cover - only with an unsupported pysyncobj
+    raise ImportError(f"pysyncobj {getattr(_syncobj_module, 'VERSION', '?')} lacks {', '.join(_missing)}: "
+                      f"quorum.raft replaces those code paths and supports pysyncobj 0.3.16-0.3.x only")
+
+
+def _clock() -> float:
+    return _syncobj_module.monotonicTime()  # pysyncobj's clock (the simulator replaces it)
 
 
 @dataclass
 class RaftConfig:
-    """Raft timing, in seconds, snake_case; mapped to pysyncobj's names in ``to_conf`` only."""
+    """Raft timing, in seconds, snake_case; mapped to pysyncobj's names in ``RaftNode`` only."""
 
     heartbeat_interval: float = 0.05
     election_timeout_min: float = 0.25
@@ -88,12 +150,14 @@ _DEFINITE = {FAIL_REASON.QUEUE_FULL: "queue full", FAIL_REASON.MISSING_LEADER: "
              FAIL_REASON.REQUEST_DENIED: "request denied"}
 
 # ---------------------------------------------------------------------------
-# The journal hook.  SyncObj.__init__ calls the module-level createJournal of
-# pysyncobj.syncobj; we route our journal paths to the DurableJournal the
-# adapter built, and leave any other use of pysyncobj untouched.
-_pending_journals: dict[str, DurableJournal] = {}
+# Construction hooks.  SyncObj.__init__ calls the module-level createJournal and
+# Serializer of pysyncobj.syncobj; the adapter's own journal and snapshot store are
+# handed over by path, and any other use of pysyncobj is left untouched.
 _pending_lock = threading.Lock()
+_pending_journals: dict[str, DurableJournal] = {}
+_pending_stores: dict[str, "_SnapshotShim"] = {}
 _original_create_journal = _syncobj_module.createJournal
+_original_serializer = _syncobj_module.Serializer
 
 
 def _create_journal(path=None):
@@ -102,23 +166,123 @@ def _create_journal(path=None):
     return journal if journal is not None else _original_create_journal(path)
 
 
+def _create_serializer(fileName, *args, **kwargs):
+    with _pending_lock:
+        shim = _pending_stores.pop(fileName, None) if fileName is not None else None
+    return shim if shim is not None else _original_serializer(fileName, *args, **kwargs)
+
+
 _syncobj_module.createJournal = _create_journal
+_syncobj_module.Serializer = _create_serializer
 
 
-class _KeptCommittedFilter(logging.Filter):
-    """pysyncobj logs CRITICAL "truncating already-applied log entries ... may have diverged"
-    before it asks the journal to cut; the DurableJournal keeps committed entries (and stops
-    the node if one ever differs), so say what really happens, at INFO."""
+class _SnapshotShim:
+    """pysyncobj's Serializer interface over ``SnapshotStore``.  The leader's replication loop still
+    asks it for chunks to send; everything that writes or loads a snapshot is the adapter's."""
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.msg, str) and record.msg.startswith("truncating already-applied log entries"):
-            record.msg = ("an AppendEntries asked to cut applied entries from index %d (last applied %d); "
-                          "the journal keeps committed entries")
-            record.levelno, record.levelname = logging.INFO, "INFO"
-        return True
+    def __init__(self, store: SnapshotStore, batch_bytes: int):
+        self.store = store
+        self.batch_bytes = batch_bytes
+
+    def checkSerializing(self):
+        return SERIALIZER_STATE.NOT_SERIALIZING, None
+
+    def getTransmissionData(self, node):
+        return self.store.chunk(node, self.batch_bytes)
+
+    def cancelTransmisstion(self, node):  # (sic) pysyncobj's name
+        self.store.cancel(node)
+
+    def serialize(self, *args, **kwargs):
+        raise AssertionError("compaction is the adapter's (RaftNode._compact)")
+
+    def deserialize(self, *args, **kwargs):
+        raise AssertionError("snapshot loading is the adapter's (RaftNode._load_snapshot)")
+
+    def setTransmissionData(self, *args, **kwargs):
+        raise AssertionError("snapshot install is the adapter's (_Replicated._snapshot_chunk)")
 
 
-logging.getLogger(_syncobj_module.__name__).addFilter(_KeptCommittedFilter())
+def reconcile(journal: DurableJournal, snap: Snapshot | None, journal_path: str, snapshot_path: str) -> str | None:
+    """Make the journal and the snapshot agree at start, finishing an interrupted compaction or install.
+
+    Every state the write discipline can leave is explained and repaired (``docs/durability.md``); any
+    other combination is refused with ``CorruptFileError`` naming both files.  Returns what was done
+    (for the log), or None if nothing had to be.
+    """
+    entries = journal.entries
+    if snap is None:
+        if entries and entries[0][1] != 1:
+            raise CorruptFileError(journal_path, f"the journal starts at index {entries[0][1]}, but there is no "
+                                                 f"{snapshot_path} to hold the entries before it")
+        return None
+    last, prev = snap.last_entry, snap.prev_entry
+    if entries and entries[0][1] > prev[1]:
+        raise CorruptFileError(journal_path, f"the journal starts at index {entries[0][1]}, after the snapshot "
+                                             f"{snapshot_path}, which ends at index {last[1]} (it must start at "
+                                             f"{prev[1]}): entries are in neither file")
+    if entries and entries[0][1] == prev[1] and len(entries) >= 2 and entries[0][2] == prev[2] \
+            and entries[1][1] == last[1] and entries[1][2] == last[2]:
+        return None  # the usual state: the journal starts with the snapshot's two entries
+    first = entries[0][1] if entries else None
+    dropped = journal.rebase(prev, last)
+    if first is None:
+        return f"the journal was empty: it now starts at the snapshot's last index {last[1]}"
+    if dropped:
+        return (f"the journal disagreed with the snapshot at index {last[1]}: dropped {dropped} entries after it "
+                f"(never committed; an interrupted snapshot install)")
+    return f"finished an interrupted compaction: the journal now starts at index {prev[1]} (it started at {first})"
+
+
+@dataclass
+class NodeFiles:
+    """A node's Raft files as start-up leaves them: the snapshot store (and snapshot, if any) and the
+    journal, made to agree (``reconcile``); ``note`` says what start-up had to repair."""
+
+    store: SnapshotStore
+    snapshot: Snapshot | None
+    journal: DurableJournal
+    note: str | None
+
+
+def open_node_files(disk: Disk, data_dir: str) -> NodeFiles:
+    """What a node does with its Raft files before it takes part in Raft (CorruptFileError if they
+    cannot be explained)."""
+    journal_path = os.path.join(data_dir, "raft.journal")
+    snapshot_path = os.path.join(data_dir, "raft.snapshot")
+    store = SnapshotStore(snapshot_path, disk)
+    snap = store.load()
+    journal = DurableJournal(journal_path, disk)
+    note = reconcile(journal, snap, journal_path, snapshot_path)
+    return NodeFiles(store, snap, journal, note)
+
+
+def loss_evidence(journal: DurableJournal, snap: Snapshot | None, identity_existed: bool,
+                  data_dir: str) -> list[tuple[Position, str]]:
+    """What a node's own files say it may have lost: (position it must reach again, why) pairs.
+
+    * the journal ends below the log end or the commit index the meta file recorded as durable
+      (a disk that lost synced writes, a journal cut by a fault);
+    * the meta file (term and vote) is gone while the log holds more than its first entry;
+    * the data directory kept its identity but lost its Raft files.
+    A position with index ``UNKNOWN_INDEX`` is reached only by an entry of a newer term.
+    """
+    end = journal.durable_end()
+    found: list[tuple[Position, str]] = []
+    meta_end = journal.meta_log_end()
+    if meta_end is not None and meta_end > end:
+        found.append((meta_end, f"the journal ends at {_fmt(end)}, but {journal.path}.meta recorded "
+                                f"{_fmt(meta_end)} as durable"))
+    commit = journal.getRaftCommitIndex() if not journal.meta_missing else 0
+    if commit > end[1]:
+        found.append(((journal.meta_term(), commit), f"the journal ends at index {end[1]}, below the durable "
+                                                     f"commit index {commit}"))
+    if journal.meta_missing and (end[1] > 1 or snap is not None):
+        found.append(((end[0], UNKNOWN_INDEX), f"{journal.path}.meta (term and vote) is missing"))
+    if identity_existed and journal.file_was_missing and snap is None:
+        found.append(((journal.meta_term(), UNKNOWN_INDEX), f"{data_dir} has an identity but lost its Raft files "
+                                                            f"(raft.journal, raft.snapshot)"))
+    return found
 
 
 class _SyncingTransport(TCPTransport):
@@ -132,49 +296,56 @@ class _SyncingTransport(TCPTransport):
     first: nothing is applied, answered or announced as committed before the leader's copy is durable.
 
     It also lets no message of a connection reach Raft before the peer's identity hello was checked
-    (``quorum.identity``).
+    and the peer's verdict on this node arrived (``quorum.identity``), and binds the Raft port to the
+    advertised host unless a bind address is configured.
     """
 
-    journal: DurableJournal
-    identity: NodeIdentity
     owner: "RaftNode"
 
     def send(self, node, message):
         if not (isinstance(message, dict) and message.get("type") == "append_entries"):
-            self.journal.sync()
+            self.owner.journal.sync()
         return super().send(node, message)
 
+    def send_unsynced(self, node, message):
+        """Identity-gate messages: they carry only the durable log end, never anything unsynced."""
+        return super().send(node, message)
+
+    def tryGetReady(self):
+        super().tryGetReady()
+        if not self._ready:
+            time.sleep(0.05)  # pysyncobj retries the bind in a busy loop when it is not ticking itself
+
     def _onNodeConnected(self, node):
-        self.owner._verified.pop(node.address, None)
+        self.owner._reset_peer_checks(node)
         # First on the connection, so it arrives before anything pysyncobj sends on it.
-        super().send(node, self.identity.hello.message())
+        super().send(node, self.owner.hello_message())
         super()._onNodeConnected(node)
 
     def _onNodeDisconnected(self, node):
-        self.owner._verified.pop(node.address, None)
+        self.owner._reset_peer_checks(node)
         super()._onNodeDisconnected(node)
 
     def _onMessageReceived(self, node, message):
         kind = message.get("type") if isinstance(message, dict) else None
+        owner = self.owner
         if kind == "pq_hello":
-            self.owner._on_hello(node, message)
+            owner._on_hello(node, message)
+            return
+        if kind == "pq_welcome":
+            owner._on_welcome(node, message)
             return
         if kind == "pq_refused":
-            self.owner._on_refused(node, message)
+            owner._on_refused(node, message)
             return
         if kind == "pq_hello_request":
-            super().send(node, self.identity.hello.message())
+            super().send(node, owner.hello_message())
             return
-        verdict = self.owner._verified.get(node.address)
-        if verdict is not True:
-            self.owner.unverified_dropped += 1
-            if verdict is None:
-                # Traffic before the peer's hello (its hello went out on a connection that was then
-                # replaced, or a message raced it): ask for the hello again, at most twice a second.
-                now = time.monotonic()
-                if now - self.owner._hello_asked.get(node.address, float("-inf")) >= 0.5:
-                    self.owner._hello_asked[node.address] = now
-                    super().send(node, {"type": "pq_hello_request"})
+        if not owner._admitted(node.address):
+            owner._not_admitted(node)
+            return
+        if kind == "pq_ping":
+            owner._on_ping(node, message)
             return
         super()._onMessageReceived(node, message)
 
@@ -188,77 +359,304 @@ class _SyncingTransport(TCPTransport):
     def dropNode(self, node):
         # A membership change removed ``node``: a fresh node may later be added at its address.
         if not getattr(self, "_destroying", False):
-            self.identity.forget(node.address)
+            self.owner.identity.forget(node.address)
         self.owner.peer_clients.pop(node.address, None)
         super().dropNode(node)
 
 
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 class _Replicated(SyncObj):
-    def __init__(self, self_addr, partners, conf, transport_class, on_apply):
-        self._on_apply = on_apply
+    """SyncObj with the unsafe code paths replaced (see the module docstring).  The replacements are
+    methods named as pysyncobj's private ones, so pysyncobj's own calls reach them."""
+
+    def __init__(self, self_addr, partners, conf, transport_class, node: "RaftNode"):
+        self._pq = node
         super().__init__(self_addr, partners, conf, transportClass=transport_class)
 
     @replicated
     def apply_entry(self, payload):
         # pysyncobj increments raftLastApplied after this returns, so the index
         # of the entry being applied is raftLastApplied + 1, on replay too.
-        return self._on_apply(self.raftLastApplied + 1, bytes(payload))
+        return self._pq._apply(self.raftLastApplied + 1, bytes(payload))
+
+    # ------------------------------------------------------------- the tick
+    def _onTick(self, timeToWait=0.0):
+        if self._pq.recovery is not None:
+            # A node that may have lost acknowledged entries never stands for election.
+            self._SyncObj__raftElectionDeadline = _clock() + self._SyncObj__generateRaftTimeout()
+        super()._onTick(timeToWait)
+
+    # ------------------------------------------------------ replaced: messages
+    def _SyncObj__onMessageReceived(self, node, message):
+        kind = message.get("type") if isinstance(message, dict) else None
+        if kind == "append_entries":
+            self._append_entries(node, message)
+            return
+        if self._pq.recovery is not None and kind in ("request_vote", "timeout_now"):
+            self._withhold(node, message)
+            return
+        SyncObj._SyncObj__onMessageReceived(self, node, message)
+        if (kind == "next_node_idx" and message.get("success") and self._SyncObj__raftState == _LEADER):
+            match = self._SyncObj__raftMatchIndex.get(node)
+            entry = self._pq.journal.entry(match) if match else None
+            if entry is not None:
+                self._pq.identity.note_held(node.address, (entry[2], entry[1]))
+
+    def _withhold(self, node, message) -> None:
+        """A recovering node keeps up with terms but grants no vote and takes no leadership."""
+        term = message.get("term")
+        if _is_int(term) and term > self._SyncObj__raftCurrentTerm:
+            self._SyncObj__setCurrentTerm(term, None)
+            self._SyncObj__setState(_FOLLOWER)
+            self._SyncObj__raftLeader = None
+        self._pq.votes_withheld += 1
+
+    def _append_entries(self, node, m) -> None:
+        term, leader_commit = m.get("term"), m.get("commit_index")
+        if not (_is_int(term) and _is_int(leader_commit)):
+            log.warning("dropping a malformed AppendEntries from %s", node.address)
+            return
+        if term < self._SyncObj__raftCurrentTerm:
+            return  # a deposed leader (pysyncobj's leader steps down on a higher term it hears of)
+        if term > self._SyncObj__raftCurrentTerm:
+            self._SyncObj__transferInProgress = False  # a new leader supersedes any pending transfer
+        if not self._SyncObj__transferInProgress:
+            self._SyncObj__raftElectionDeadline = _clock() + self._SyncObj__generateRaftTimeout()
+        if self._SyncObj__raftLeader != node:
+            self._SyncObj__onLeaderChanged()
+        self._SyncObj__raftLeader = node
+        if term > self._SyncObj__raftCurrentTerm:
+            self._SyncObj__setCurrentTerm(term, None)  # durable before anything below is acknowledged
+        self._SyncObj__setState(_FOLLOWER)
+        self._SyncObj__leaderCommitIndex = leader_commit
+        if "prevLogIdx" in m:
+            entries = m.get("entries", [])
+            transmission = m.get("transmission")
+            if transmission is not None:  # one entry too large for a message, in pieces
+                if transmission == "start":
+                    self._SyncObj__recvTransmission = m["data"]
+                elif transmission == "process":
+                    self._SyncObj__recvTransmission += m["data"]
+                elif transmission == "finish":
+                    entries = [_pickle.loads(self._SyncObj__recvTransmission + m["data"])]
+                    self._SyncObj__recvTransmission = ""
+                if transmission != "finish":
+                    self._SyncObj__sendNextNodeIdx(node, success=False, reset=False)
+                    return
+            self._match_and_append(node, m.get("prevLogIdx"), m.get("prevLogTerm"), entries, leader_commit)
+        elif m.get("serialized") is not None:
+            self._snapshot_chunk(node, term, m["serialized"])
+        # A message without entries and without a snapshot chunk verifies nothing: the commit
+        # index does not move (pysyncobj advanced it here, over entries it never matched).
+
+    def _match_and_append(self, node, prev_idx, prev_term, entries, leader_commit) -> None:
+        journal = self._pq.journal
+        if not (_is_int(prev_idx) and _is_int(prev_term) and isinstance(entries, (list, tuple))
+                and all(isinstance(e, (list, tuple)) and len(e) == 3 and _is_int(e[1]) and _is_int(e[2])
+                        and e[1] == prev_idx + 1 + i for i, e in enumerate(entries))):
+            log.warning("dropping a malformed AppendEntries from %s", node.address)
+            return
+        last = journal.entries[-1][1]
+        prev = journal.entry(prev_idx)
+        if prev is None:  # beyond our log (or below its start): resume from our end
+            self._reply(node, last + 1, verified=False)
+            return
+        if prev[2] != prev_term:
+            self._reply(node, prev_idx, verified=False)
+            return
+        # Raft 5.3: skip what we hold; cut only at the first entry that conflicts.
+        new = []
+        for i, e in enumerate(entries):
+            held = journal.entry(e[1])
+            if held is None:
+                new = entries[i:]
+                break
+            if held[2] != e[2]:
+                if e[1] <= self._SyncObj__raftCommitIndex:
+                    self._pq.diverged(e[1], e[2], held)
+                self._rollback_membership(e[1])
+                dropped = journal.truncate_from(e[1])
+                log.info("AppendEntries from %s conflicts at index %d (term %d here, %d from the leader): "
+                         "cut %d uncommitted entries", node.address, e[1], held[2], e[2], dropped)
+                new = entries[i:]
+                break
+        dynamic = self._SyncObj__conf.dynamicMembershipChange
+        for command, idx, eterm in new:
+            command = bytes(command)
+            journal.add(command, idx, eterm)
+            if dynamic:
+                change = self._SyncObj__parseChangeClusterRequest(command)
+                if change is not None:
+                    self._SyncObj__doChangeCluster(change)
+        verified = entries[-1][1] if entries else prev_idx
+        commit = min(leader_commit, verified)
+        if commit > self._SyncObj__raftCommitIndex:
+            self._SyncObj__raftCommitIndex = commit
+            journal.setRaftCommitIndex(commit)  # syncs first
+        self._reply(node, verified + 1, verified=True)
+
+    def _rollback_membership(self, from_index: int) -> None:
+        if not self._SyncObj__conf.dynamicMembershipChange:
+            return
+        journal = self._pq.journal
+        for entry in reversed([e for e in journal.entries if e[1] >= from_index]):
+            change = self._SyncObj__parseChangeClusterRequest(entry[0])
+            if change is not None:
+                self._SyncObj__doChangeCluster(change, reverse=True)
+
+    def _reply(self, node, next_index: int, verified: bool) -> None:
+        """Acknowledge up to ``next_index - 1`` (durable first), or ask the leader to resume there.
+        A recovering node's acknowledgements are sent as the latter: they move the leader's send
+        position but never count toward a majority."""
+        self._pq.journal.sync()
+        self._pq.check_recovery()
+        if verified and self._pq.recovery is None:
+            self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=next_index, success=True)
+        else:
+            self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=next_index, success=False, reset=True)
+
+    def _snapshot_chunk(self, node, term: int, serialized) -> None:
+        pq = self._pq
+        try:
+            data, is_first, is_last = serialized
+        except (TypeError, ValueError):
+            log.warning("dropping a malformed snapshot chunk from %s", node.address)
+            return
+        whole = pq.store.receive((node.address, term), data, bool(is_first), bool(is_last))
+        if whole is None:
+            return
+        try:
+            snap = decode_snapshot(f"snapshot from {node.address}", whole)  # verified before anything is written
+        except CorruptFileError as e:
+            log.error("refusing a snapshot from %s: %s", node.address, e)
+            return
+        commit = self._SyncObj__raftCommitIndex
+        if snap.last_index <= commit:  # we hold everything it covers: resume after our commit index
+            self._reply(node, commit + 1, verified=False)
+            return
+        pq.install(snap, whole)
+        self.load_snapshot(snap)
+        self._reply(node, snap.last_index + 1, verified=True)
+
+    # --------------------------------------------------- replaced: snapshots
+    def load_snapshot(self, snap: Snapshot) -> None:
+        """Make ``snap`` the applied state (at start, and after an install)."""
+        last = snap.last_index
+        self._pq._restore_state(snap.records, last)
+        self._SyncObj__raftLastApplied = last
+        if self._SyncObj__raftCommitIndex < last:
+            self._SyncObj__raftCommitIndex = last
+            self._pq.journal.setRaftCommitIndex(last)
+        waiting = self._SyncObj__commandsWaitingCommit
+        for idx in sorted(i for i in waiting if i <= last):
+            for _term, callback in waiting.pop(idx):
+                callback(None, FAIL_REASON.UNKNOWN_OUTCOME)  # overtaken by the snapshot: outcome unknown
+        if self._SyncObj__conf.dynamicMembershipChange:
+            me = self._SyncObj__selfNode.address
+            self._SyncObj__updateClusterConfiguration([TCPNode(a) for a in snap.cluster if a != me])
+        self._SyncObj__onSetCodeVersion(0)
+        self._SyncObj__needLoadDumpFile = False
+
+    def _SyncObj__loadDumpFile(self, clearJournal):
+        raise AssertionError("snapshot loading is the adapter's (load_snapshot); pysyncobj's would clear the journal")
+
+    def _SyncObj__tryLogCompaction(self):
+        pq = self._pq
+        conf = self._SyncObj__conf
+        now = _clock()
+        if (not self._SyncObj__forceLogCompaction and len(pq.journal) <= conf.logCompactionMinEntries
+                and now - pq.last_compaction <= conf.logCompactionMinTime):
+            return
+        self._SyncObj__forceLogCompaction = False
+        pq.last_compaction = now
+        applied = self._SyncObj__raftLastApplied
+        prev, last = pq.journal.entry(applied - 1), pq.journal.entry(applied)
+        current = pq.store.current
+        if prev is None or last is None or (current is not None and current.last_index >= applied):
+            return
+        cluster = [self._SyncObj__selfNode.address] + [n.address for n in self._SyncObj__otherNodes]
+        pq.compact(prev, last, cluster)
+
+    # ------------------------------------------------------------ recovery
+    def step_down(self) -> None:
+        if self._SyncObj__raftState != _FOLLOWER:
+            self._SyncObj__setState(_FOLLOWER)
+            self._SyncObj__raftLeader = None
+
+    def forget_match(self, node) -> None:
+        """``node`` restarted: what it acknowledged before may be gone; count only new acknowledgements."""
+        if node in self._SyncObj__raftMatchIndex:
+            self._SyncObj__raftMatchIndex[node] = 0
+
+    def no_vote_this_term(self) -> None:
+        if self._SyncObj__votedForNodeId is None:
+            self._SyncObj__setCurrentTerm(self._SyncObj__raftCurrentTerm, RECOVERED_VOTE)
 
 
 class RaftNode:
     """A running Raft member.
 
     ``on_apply(index, term, payload) -> result`` is called for every committed entry,
-    in order, from pysyncobj's thread.  ``snapshot_state() -> records`` and
+    in order, from the Raft thread.  ``snapshot_state() -> records`` and
     ``restore_state(records, last_index)`` turn the state into records and back.
+    ``disk`` and ``failstop`` are the node's storage and its way to stop (tests and
+    the simulator pass their own).
     """
 
     def __init__(self, self_addr: str, partners: list[str], data_dir: str, secret: str, raft: RaftConfig,
                  on_apply: Callable[[int, int, bytes], Any], snapshot_state: Callable[[], list],
                  restore_state: Callable[[list, int], None], bind_addr: str | None = None,
-                 identity: NodeIdentity | None = None):
+                 identity: NodeIdentity | None = None, disk: Disk | None = None,
+                 failstop: FailStop | None = None, transport_class: type | None = None, tick_thread: bool = True):
         if not secret:
             raise ValueError("a cluster secret is required: the Raft port executes what it receives")
         raft.validate()
         self.self_addr = self_addr
         self.data_dir = data_dir
+        self.failstop = failstop or (disk.failstop if disk is not None else process_failstop)
+        self.disk = disk or Disk(self.failstop)
         self.journal_path = os.path.join(data_dir, "raft.journal")
         self.snapshot_path = os.path.join(data_dir, "raft.snapshot")
+        self._on_apply = on_apply
         self._snapshot_state = snapshot_state
-        self._restore_state = restore_state
+        self._restore_state_cb = restore_state
+        self.identity = identity or NodeIdentity.open(data_dir, secret, disk=self.disk)
         self.last_snapshot_bytes = 0
-        # Refuse to start from a damaged snapshot: pysyncobj would log and go on empty.
-        if os.path.exists(self.snapshot_path):
-            read_snapshot(self.snapshot_path)
-        self.identity = identity or NodeIdentity.open(data_dir, secret)
-        self._verified: dict[str, bool | str] = {}  # peer raft address -> True, or why it was refused
-        self.peer_clients: dict[str, str] = {}  # peer raft address -> client address (from its hello)
+        self.last_compaction = _clock()
+        self.votes_withheld = 0
         self.unverified_dropped = 0
-        self._hello_asked: dict[str, float] = {}
+        self._verified: dict[str, bool | str] = {}  # peer raft address -> True, or why it was refused
+        self._welcomed: dict[str, bool] = {}  # peer raft address -> its verdict on this node arrived
+        self.peer_clients: dict[str, str] = {}  # peer raft address -> client address (from its hello)
+        self._nudged: dict[str, float] = {}
         self._refusal_logged: dict[str, float] = {}
-        self.journal = DurableJournal(self.journal_path)
-        journal = self.journal
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()  # closures to run on the Raft thread
 
-        class Transport(_SyncingTransport):
-            pass
-
-        Transport.journal = journal
-        Transport.identity = self.identity
-        Transport.owner = self
-        self._transport_holder: list = []
-
-        def make_transport(*args, **kwargs):
-            t = Transport(*args, **kwargs)
-            self._transport_holder.append(t)
-            return t
+        # Durable state: snapshot, journal, and the two made to agree before pysyncobj sees them.
+        files = open_node_files(self.disk, data_dir)
+        self.store, self.journal, snap = files.store, files.journal, files.snapshot
+        if files.note:
+            log.warning("start-up: %s", files.note)
+        self.last_snapshot_bytes = self.store.size
+        self.recovery: Position | None = self.journal.recovery_target()
+        self.recovery_reason: str | None = "recorded before the last stop" if self.recovery else None
+        self._own_loss_evidence(snap)
+        if self.recovery is not None and not partners:
+            raise CorruptFileError(self.journal_path, f"this single-node cluster may have lost entries it "
+                                                      f"committed ({self.recovery_reason}), and no peer holds them")
+        last = self.journal.entries[-1][1] if self.journal.entries else (snap.last_index if snap else 0)
+        self.journal.clamp_commit_index(max(last, snap.last_index if snap else 0))
 
         self.leader_changed = threading.Event()
+        node = self
         conf = SyncObjConf(
             password=secret,
             journalFile=self.journal_path,
             fullDumpFile=self.snapshot_path,
-            serializer=self._serialize,
-            deserializer=self._deserialize,
+            autoTick=False,
             appendEntriesUseBatch=False,
             appendEntriesPeriod=raft.heartbeat_interval,
             raftMinTimeout=raft.election_timeout_min,
@@ -270,75 +668,240 @@ class RaftNode:
             logCompactionMinTime=raft.compaction_min_time,
             commandsWaitLeader=False,
             dynamicMembershipChange=True,
-            bindAddress=bind_addr,
-            onStateChanged=lambda old, new: self.leader_changed.set(),
+            # pysyncobj binds 0.0.0.0 without a bind address; bind the advertised host instead.
+            bindAddress=bind_addr or self_addr,
+            bindRetryTime=0.25,
+            maxBindRetries=20,
+            onStateChanged=lambda old, new: node.leader_changed.set(),
         )
+        self._tick_period = conf.autoTickPeriod
+
+        base = transport_class or _SyncingTransport
+
+        class Transport(base):
+            owner = node
+
+        self._transport_holder: list = []
+
+        def make_transport(*args, **kwargs):
+            t = Transport(*args, **kwargs)
+            self._transport_holder.append(t)
+            return t
+
         with _pending_lock:
-            _pending_journals[self.journal_path] = journal
+            _pending_journals[self.journal_path] = self.journal
+            _pending_stores[self.snapshot_path] = _SnapshotShim(self.store, conf.logCompactionBatchSize)
         try:
-            self._obj = _Replicated(self_addr, partners, conf, make_transport,
-                                    lambda index, payload: on_apply(index, self.entry_term(index), payload))
+            self._obj = _Replicated(self_addr, partners, conf, make_transport, self)
+        except SyncObjException as e:
+            raise OSError(f"cannot bind the Raft port {bind_addr or self_addr}: {e.errorCode}") from None
         finally:
             with _pending_lock:
                 _pending_journals.pop(self.journal_path, None)
+                _pending_stores.pop(self.snapshot_path, None)
         self._transport = self._transport_holder[0]
+        if snap is not None:
+            self._obj.load_snapshot(snap)
+        self._obj._SyncObj__needLoadDumpFile = False
         self._ping_interval = raft.peer_ping_interval
         self._last_ping = 0.0
+        self._last_flush = _clock()
         self._last_leader = None
         self.leader_changes = 0  # times this node saw a new leader (an election it took part in or heard of)
         self._obj.addOnTickCallback(self._on_tick)
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        if tick_thread:
+            self._thread = threading.Thread(target=self._run, name=f"raft-{self_addr}", daemon=True)
+            self._thread.start()
 
-    # ------------------------------------------------------------ snapshots
-    def _serialize(self, file_name, raft_data):
-        last_entry, prev_entry, cluster = raft_data
-        records = self._snapshot_state()
-        snap = Snapshot(records=records, last_entry=tuple(last_entry), prev_entry=tuple(prev_entry),
-                        cluster=[n.address for n in cluster], meta={"written_by": self.self_addr,
-                                                                     "written_at_ms": int(time.time() * 1000)})
-        self.last_snapshot_bytes = write_snapshot(file_name, snap)
-        log.info("snapshot at index %d: %d records, %d bytes", last_entry[1], len(records),
-                 self.last_snapshot_bytes)
-
-    def _deserialize(self, file_name):
+    # ------------------------------------------------------------ the thread
+    def _run(self) -> None:
+        """The Raft thread.  Any exception stops the node: pysyncobj's own loop logged it and went on,
+        which after a failed fsync meant acknowledging entries that were never written."""
         try:
-            snap = read_snapshot(file_name)
-            self._restore_state(snap.records, snap.last_index)
-        except Exception:  # noqa: BLE001 - pysyncobj would swallow it and diverge; stop instead
-            log.critical("cannot load snapshot %s; stopping rather than serving a wrong state", file_name,
-                         exc_info=True)
-            logging.shutdown()
-            os._exit(EXIT_CORRUPT_SNAPSHOT)
-        return (snap.last_entry, snap.prev_entry, {TCPNode(a) for a in snap.cluster})
+            while not self._stopping:
+                self._obj.doTick(self._tick_period)
+        except StorageFailure as e:
+            self.failstop(EXIT_STORAGE, f"the Raft thread hit an I/O error: {e}")
+        except Exception as e:  # noqa: BLE001 - fail-stop on anything unexpected
+            log.critical("the Raft thread failed", exc_info=True)
+            self.failstop(EXIT_SOFTWARE, f"the Raft thread failed: {type(e).__name__}: {e}")
+
+    def tick(self, timeout: float = 0.0) -> None:
+        """One tick, for a caller that drives the node itself (``tick_thread=False``)."""
+        self._obj.doTick(timeout)
+
+    def _on_tick(self) -> None:
+        self.journal.sync()  # the leader's entries sent this tick (see _SyncingTransport)
+        self.check_recovery()
+        while True:
+            try:
+                call = self._calls.get_nowait()
+            except queue.Empty:
+                break
+            call()
+        now = _clock()
+        if now - self._last_ping >= self._ping_interval:
+            self._last_ping = now
+            ping = {"type": "pq_ping", "log": list(self.journal.durable_end())}
+            for node in self._obj.otherNodes:
+                self._transport.send_unsynced(node, ping)
+        if now - self._last_flush >= 1.0:
+            self._last_flush = now
+            self.identity.flush()
+        leader = self._obj._getLeader()
+        if leader != self._last_leader:
+            self._last_leader = leader
+            if leader is not None:
+                self.leader_changes += 1
+            self.leader_changed.set()
+
+    def _on_raft_thread(self, fn: Callable[[], None]) -> None:
+        self._calls.put(fn)
+
+    # ----------------------------------------------------------- durability
+    def _apply(self, index: int, payload: bytes):
+        return self._on_apply(index, self.entry_term(index), payload)
+
+    def _restore_state(self, records: list, last_index: int) -> None:
+        self._restore_state_cb(records, last_index)
+
+    def compact(self, prev, last, cluster: list[str]) -> None:
+        """Snapshot the applied state at ``last`` and cut the journal before ``prev``, in that order,
+        each step durable: at every instant the files hold every committed entry."""
+        records = self._snapshot_state()
+        snap = Snapshot(records=records, last_entry=tuple(last), prev_entry=tuple(prev), cluster=cluster,
+                        meta={"written_by": self.self_addr, "written_at_ms": int(time.time() * 1000)})
+        self.last_snapshot_bytes = self.store.write(snap)
+        self.journal.rebase(tuple(prev), tuple(last))
+        log.info("snapshot at index %d: %d records, %d bytes; journal now starts at %d", last[1], len(records),
+                 self.last_snapshot_bytes, prev[1])
+
+    def install(self, snap: Snapshot, data: bytes) -> None:
+        """A snapshot from the leader: the file durable first, then the journal rebased on it."""
+        self.store.install(data)
+        self.last_snapshot_bytes = len(data)
+        dropped = self.journal.rebase(snap.prev_entry, snap.last_entry)
+        log.info("installed a snapshot at index %d from the leader (%d bytes)%s", snap.last_index, len(data),
+                 f"; dropped {dropped} uncommitted entries after it" if dropped else "")
+
+    def diverged(self, index: int, term: int, held) -> None:
+        self.failstop(EXIT_DIVERGED, f"the leader sent entry {index} (term {term}) but this node committed term "
+                                     f"{held[2]} there: this node's log diverged (journal {self.journal_path})")
+
+    # ------------------------------------------------------------- recovery
+    def _own_loss_evidence(self, snap: Snapshot | None) -> None:
+        for target, reason in loss_evidence(self.journal, snap, self.identity.existed, self.data_dir):
+            self.adopt_target(target, reason)
+
+    def adopt_target(self, target: Position, reason: str) -> None:
+        """This node may have lost entries it acknowledged, up to ``target``: record that durably, then
+        stop voting, standing and counting until the durable log reaches it."""
+        target = (int(target[0]), int(target[1]))
+        current = self.recovery
+        new = max(current, target) if current is not None else target
+        if self.journal.durable_end() >= new:
+            return
+        if new != current:
+            self.journal.set_recovery_target(new)  # durable before this node acts on anything else
+            self.recovery, self.recovery_reason = new, reason
+            log.warning("this node may have lost entries it acknowledged (%s): it will not vote, stand for "
+                        "election or count toward a majority until its log reaches %s (now %s)", reason,
+                        _fmt(new), _fmt(self.journal.durable_end()))
+        obj = getattr(self, "_obj", None)
+        if obj is not None:
+            obj.step_down()
+
+    def check_recovery(self) -> None:
+        if self.recovery is None or self.journal.durable_end() < self.recovery:
+            return
+        self._obj.no_vote_this_term()  # a vote in this term may have been lost with the log: cast none
+        self.journal.set_recovery_target(None)
+        log.warning("caught up to %s (log now %s): this node votes and counts toward a majority again",
+                    _fmt(self.recovery), _fmt(self.journal.durable_end()))
+        self.recovery = self.recovery_reason = None
 
     # -------------------------------------------------------------- identity
+    def hello_message(self) -> dict:
+        return self.identity.hello.message(self.journal.durable_end())
+
+    def _reset_peer_checks(self, node) -> None:
+        """A connection to ``node`` was (re)established or lost: its checks start again."""
+        self._verified.pop(node.address, None)
+        self._welcomed.pop(node.address, None)
+
+    def _admitted(self, address: str) -> bool:
+        return self._verified.get(address) is True and self._welcomed.get(address, False)
+
+    def _not_admitted(self, node) -> None:
+        """Raft traffic before both checks passed is dropped; ask for what is missing, twice a second at most."""
+        self.unverified_dropped += 1
+        address = node.address
+        if isinstance(self._verified.get(address), str):
+            return  # refused
+        now = _clock()
+        if now - self._nudged.get(address, float("-inf")) < 0.5:
+            return
+        self._nudged[address] = now
+        if address not in self._verified:
+            self._transport.send_unsynced(node, {"type": "pq_hello_request"})
+        else:
+            self._transport.send_unsynced(node, self.hello_message())  # answered with its verdict
+
     def _on_hello(self, node, message) -> None:
-        """A peer's hello (pysyncobj's thread): let its messages through, or refuse it and say why."""
+        """A peer's hello (Raft thread): our verdict on it, sent back to it."""
         address = node.address
         try:
             hello = Hello.from_message(message)
-            reason = self.identity.check(address, hello)
+            verdict = self.identity.admit(address, hello)
         except ValueError as e:
-            reason = f"malformed hello from {address}: {e}"
-        if reason is None:
-            self._verified[address] = True
-            if hello.client_address:
-                self.peer_clients[address] = hello.client_address
+            hello, verdict = None, Verdict(refused=f"malformed hello from {address}: {e}")
+        if verdict.refused is not None:
+            self._verified[address] = verdict.refused
+            now = _clock()
+            if now - self._refusal_logged.get(address, float("-inf")) >= 10.0:
+                self._refusal_logged[address] = now
+                log.error("refusing Raft traffic from %s: %s", address, verdict.refused)
+            self._transport_holder[0].send_unsynced(node, {"type": "pq_refused", "reason": verdict.refused,
+                                                           "by": self.self_addr})
             return
-        self._verified[address] = reason
-        now = time.monotonic()
-        if now - self._refusal_logged.get(address, float("-inf")) >= 10.0:
-            self._refusal_logged[address] = now
-            log.error("refusing Raft traffic from %s: %s", address, reason)
-        # The transport may call this while SyncObj is still being built (before self._transport is set).
-        self._transport_holder[0].send(node, {"type": "pq_refused", "reason": reason, "by": self.self_addr})
+        self._verified[address] = True
+        if hello.proto < 2:
+            self._welcomed[address] = True  # an older version sends no verdict
+        if hello.client_address:
+            self.peer_clients[address] = hello.client_address
+        if verdict.new_run:
+            self._obj.forget_match(node)
+        if verdict.recover is not None:
+            log.warning("%s started with its log at %s, below %s it was seen to hold: it must catch up before it "
+                        "votes or counts toward a majority", address, _fmt(hello.log_end), _fmt(verdict.recover))
+        self._transport_holder[0].send_unsynced(node, {
+            "type": "pq_welcome", "by": self.self_addr,
+            "recover": list(verdict.recover) if verdict.recover is not None else None})
+
+    def _on_welcome(self, node, message) -> None:
+        """A peer's verdict on this node: welcomed, perhaps with a position this node must reach first."""
+        target = message.get("recover")
+        if target is not None:
+            if not (isinstance(target, (list, tuple)) and len(target) == 2 and all(_is_int(x) and x >= 0
+                                                                                     for x in target)):
+                log.warning("ignoring a malformed verdict from %s: recover=%r", node.address, target)
+                return
+            self.adopt_target(tuple(target), f"{node.address} saw this node hold {_fmt(tuple(target))}")
+        self._welcomed[node.address] = True
 
     def _on_refused(self, node, message) -> None:
         """A peer refused this node's identity: never take part in Raft as this member; stop."""
         reason = message.get("reason") if isinstance(message, dict) else None
-        log.critical("refusing to start: peer %s refused this node (%s): %s", node.address, self.self_addr,
-                     reason if isinstance(reason, str) else "no reason given")
-        logging.shutdown()
-        os._exit(EXIT_IDENTITY_REFUSED)
+        self.failstop(EXIT_IDENTITY_REFUSED, f"refusing to start: peer {node.address} refused this node "
+                                             f"({self.self_addr}): "
+                                             f"{reason if isinstance(reason, str) else 'no reason given'}")
+
+    def _on_ping(self, node, message) -> None:
+        pos = message.get("log")
+        if isinstance(pos, (list, tuple)) and len(pos) == 2 and all(_is_int(x) and x >= 0 for x in pos):
+            self.identity.note_held(node.address, (pos[0], pos[1]))
 
     def peer_client_address(self, raft_address: str) -> str | None:
         return self.peer_clients.get(raft_address)
@@ -379,27 +942,13 @@ class RaftNode:
     def transfer_leadership(self, address: str | None, timeout: float) -> None:
         """Ask the leader to hand over to ``address`` (None: the most caught-up follower).  Returns once
         the request was sent; pysyncobj denies it when the target is not fully caught up."""
-        self._call(lambda cb: self._obj.transferLeadership(address, callback=cb), timeout)
-
-    # ----------------------------------------------------------------- ticks
-    def _on_tick(self):
-        self.journal.sync()  # the leader's entries sent this tick (see _SyncingTransport)
-        now = time.monotonic()
-        if now - self._last_ping >= self._ping_interval:
-            self._last_ping = now
-            for node in self._obj.otherNodes:
-                self._transport.send(node, {"type": "pq_ping"})
-        leader = self._obj.getStatus()["leader"]
-        if leader != self._last_leader:
-            self._last_leader = leader
-            if leader is not None:
-                self.leader_changes += 1
-            self.leader_changed.set()
+        self._call(lambda cb: self._on_raft_thread(lambda: self._obj.transferLeadership(address, callback=cb)),
+                   timeout)
 
     # ------------------------------------------------------------- proposals
     def propose(self, payload: bytes, on_done: Callable[[Any, Exception | None], None]) -> None:
         """Submit an entry; ``on_done(result, None)`` after it is applied here, or
-        ``on_done(None, ProposalRejected|ProposalUnknown)``.  Called from pysyncobj's thread."""
+        ``on_done(None, ProposalRejected|ProposalUnknown)``.  Called from any thread."""
 
         def callback(result, error):
             if error == FAIL_REASON.SUCCESS:
@@ -416,7 +965,7 @@ class RaftNode:
         s = self._obj.getStatus()
         leader = s.get("leader")
         peers = {}
-        is_leader = s["state"] == 2
+        is_leader = s["state"] == _LEADER
         for node in self._obj.otherNodes:
             match = s.get(f"match_idx_server_{node.id}")
             peers[node.address] = {
@@ -426,6 +975,10 @@ class RaftNode:
                 # On the leader: committed entries the follower does not hold yet.
                 "lag_entries": max(0, s["commit_idx"] - match) if is_leader and match is not None else None,
             }
+        recovery = None
+        if self.recovery is not None:
+            recovery = {"target": list(self.recovery), "log_end": list(self.journal.durable_end()),
+                        "reason": self.recovery_reason, "votes_withheld": self.votes_withheld}
         return {
             "self": self.self_addr,
             "state": {0: "follower", 1: "candidate", 2: "leader"}.get(s["state"], str(s["state"])),
@@ -443,28 +996,37 @@ class RaftNode:
             "identity": self.identity.describe(),
             "refused_peers": {a: r for a, r in self._verified.items() if r is not True},
             "unverified_dropped": self.unverified_dropped,
+            "recovering": recovery,
         }
 
     def role(self) -> tuple[bool, str | None, int]:
         """(is leader, leader raft address or None, term)."""
         s = self._obj.getStatus()
         leader = s.get("leader")
-        return s["state"] == 2, (leader.address if leader is not None else None), s["raft_term"]
+        return s["state"] == _LEADER, (leader.address if leader is not None else None), s["raft_term"]
 
     def current_term(self) -> int:
         """The term this node durably knows (cheap; for log lines)."""
         return self.journal.getCurrentTerm()
 
     def entry_term(self, index: int) -> int:
-        entries = self.journal.entries
-        if entries:
-            pos = index - entries[0][1]
-            if 0 <= pos < len(entries):
-                return entries[pos][2]
-        return -1
+        entry = self.journal.entry(index)
+        return entry[2] if entry is not None else -1
 
     def force_snapshot(self) -> None:
         self._obj.forceLogCompaction()
 
     def destroy(self) -> None:
+        """Stop the Raft thread, then close: the journal synced and its meta written, the peers' positions kept."""
+        self._stopping = True
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
         self._obj.destroy()
+        self.identity.flush()
+
+
+def _fmt(pos) -> str:
+    if pos is None:
+        return "nothing"
+    term, index = pos
+    return f"term {term} index {'?' if index >= UNKNOWN_INDEX else index}"

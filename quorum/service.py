@@ -40,6 +40,7 @@ from .errors import (
 from .identity import NodeIdentity
 from .managers import BRIDGE, FINALIZED, ROLLED_BACK, ApplyOutcome, QuorumState, Result
 from .raft import ProposalRejected, ProposalUnknown, RaftNode
+from .storage import Disk
 
 log = logging.getLogger(__name__)
 
@@ -61,18 +62,23 @@ RESERVE_MAX_BROKERS = 4096  # bookkeeping is pruned beyond 4x this many brokers
 
 
 class Service:
-    def __init__(self, cfg: NodeConfig):
+    """``disk`` is where every durable file goes (``quorum.storage``); tests and fault runs pass their own."""
+
+    def __init__(self, cfg: NodeConfig, disk: Disk | None = None, **raft_options):
         self.cfg = cfg
-        os.makedirs(cfg.data_dir, exist_ok=True)
+        self.disk = disk or Disk()
+        self.disk.make_dir(cfg.data_dir)
         self.lock = threading.Lock()
         self.state = QuorumState()
         self.applied_index = 0
         self.allocations: dict[int, list[int]] = {}  # broker id -> [blocks, IDs] committed (counted at apply)
-        self.identity = NodeIdentity.open(cfg.data_dir, cfg.secret, cfg.cluster_id, cfg.client_address)
-        self.audit = AuditWriter(os.path.join(cfg.data_dir, "audit.log"))
+        self.identity = NodeIdentity.open(cfg.data_dir, cfg.secret, cfg.cluster_id, cfg.client_address,
+                                          disk=self.disk)
+        self.audit = AuditWriter(os.path.join(cfg.data_dir, "audit.log"), self.disk)
         self.raft = RaftNode(cfg.raft_address, [p.raft_address for p in cfg.peers], cfg.data_dir, cfg.secret,
                              cfg.raft, on_apply=self._apply, snapshot_state=self._snapshot_state,
-                             restore_state=self._restore_state, bind_addr=cfg.raft_bind, identity=self.identity)
+                             restore_state=self._restore_state, bind_addr=cfg.raft_bind, identity=self.identity,
+                             disk=self.disk, **raft_options)
 
     # ---------------------------------------------- pysyncobj thread callbacks
     def _apply(self, index: int, term: int, payload: bytes) -> list[str | None]:

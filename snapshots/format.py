@@ -7,8 +7,9 @@ were ever issued.  It also carries what pysyncobj needs to resume its log
 after the snapshot: the last two applied entries and the cluster members.
 
 Layout: ``MAGIC | u32 body length | body (msgpack) | u32 crc32(body)``.
-Writers fsync the file; the rename into place is done by pysyncobj and made
-durable by the journal before it drops the entries the snapshot covers.
+The file is always replaced whole (temp file, fsync, rename, fsync of the
+directory: ``quorum.storage.Disk.write_file``); ``snapshots.store`` keeps the
+node's copy and is the only writer of ``raft.snapshot``.
 """
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from typing import Any
 
 
 from quorum.errors import CorruptFileError
-from quorum.fsutil import write_synced, seal, unseal
+from quorum.fsutil import seal, unseal
+from quorum.storage import Disk
 from records import Record, RecordError
 from records.codec import from_obj, to_obj
 
@@ -51,10 +53,10 @@ def encode_snapshot(snap: Snapshot) -> bytes:
     })
 
 
-def write_snapshot(path: str, snap: Snapshot) -> int:
-    """Write and fsync ``path``; returns its size in bytes."""
+def write_snapshot(path: str, snap: Snapshot, disk: Disk | None = None) -> int:
+    """Replace ``path`` with ``snap``, durably (see ``Disk.write_file``); returns its size in bytes."""
     data = encode_snapshot(snap)
-    write_synced(path, data)
+    (disk or Disk()).write_file(path, data)
     return len(data)
 
 

@@ -28,7 +28,8 @@ from chaos.nemesis import (
 )
 from quorum.client import QuorumClient, RetryPolicy
 from quorum.errors import PidQuorumError
-from quorum.journal import FAULT_SYNC_DELAY_FILE, DurableJournal
+from chaos.faultnode import FAULT_NODE_COMMAND, FAULT_SYNC_DELAY_FILE, FaultDisk
+from quorum.journal import DurableJournal
 from quorum.localcluster import LocalCluster
 from quorum.service import BROKEN_ALLOCATOR_ENV
 from tests.conftest import run, wait_for
@@ -42,7 +43,7 @@ def make_cluster(tmp_path, request):
 
     def make(proxy: bool = False, env: dict | None = None) -> NemesisContext:
         lc = LocalCluster(str(tmp_path / f"cluster-{len(made)}"))
-        lc.create(3, raft_proxy=proxy)
+        lc.create(3, raft_proxy=proxy, node_command=FAULT_NODE_COMMAND)  # as the chaos runner starts nodes
         net = RaftNetwork(lc).start() if proxy else None
         made.append((lc, net))
         lc.up(3, env=env)
@@ -386,7 +387,8 @@ def test_partition_needs_a_cluster_created_with_a_raft_proxy(tmp_path):
 
 
 def test_journal_sync_delay_file_is_read_at_run_time(tmp_path):
-    journal = DurableJournal(str(tmp_path / "raft.journal"))
+    """A node started through chaos.faultnode: its disk reads the delay file at run time."""
+    journal = DurableJournal(str(tmp_path / "raft.journal"), FaultDisk(str(tmp_path)))
     delay_file = tmp_path / FAULT_SYNC_DELAY_FILE
     index = iter(range(1, 10_000))
 
@@ -407,3 +409,18 @@ def test_journal_sync_delay_file_is_read_at_run_time(tmp_path):
     delay_file.unlink()
     assert wait_for(lambda: timed_sync() < 0.05, 2, what="syncs to be fast again")
     journal._destroy()
+
+
+def test_fault_disk_without_fsync_still_writes_entries_but_never_syncs(tmp_path, monkeypatch):
+    """``chaos.faultnode --no-fsync`` (benchmarks only): entries are written, fdatasync is never called."""
+    import os as _os
+
+    synced = []
+    monkeypatch.setattr(_os, "fdatasync", lambda fd: synced.append(fd))
+    journal = DurableJournal(str(tmp_path / "raft.journal"), FaultDisk(str(tmp_path), fsync=False))
+    for i in range(1, 4):
+        journal.add(b"x", i, 1)
+    journal.sync()
+    journal._destroy()
+    assert synced == []
+    assert [e[1] for e in DurableJournal(str(tmp_path / "raft.journal"), FaultDisk(str(tmp_path))).entries] == [1, 2, 3]

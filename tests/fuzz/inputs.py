@@ -889,13 +889,15 @@ def _read_file(kind: str, path: str, workdir: str) -> Any:
         return (snap.records, snap.last_entry, snap.prev_entry, snap.cluster, snap.meta)
     if kind in ("journal", "meta"):
         from quorum.journal import DurableJournal
+        from quorum.storage import Disk
 
-        j = DurableJournal(os.path.join(workdir, "raft.journal"))
+        j = DurableJournal(os.path.join(workdir, "raft.journal"), Disk())
         try:
             entries = list(j.entries)
-            meta = (j.getCurrentTerm(), j.getVotedForNodeId(), j.getRaftCommitIndex())
+            meta = (j.getCurrentTerm(), j.getVotedForNodeId(), j.getRaftCommitIndex(), j.meta_log_end(),
+                    j.recovery_target())
         finally:
-            os.close(j._fd)
+            j._file.close()
         for (cmd, idx, term) in entries:
             if not (isinstance(cmd, bytes) and type(idx) is int and type(term) is int):
                 raise FuzzFinding("file:journal", b"", f"accepted a bad entry {(cmd, idx, term)!r}")

@@ -6,7 +6,7 @@ import logging
 import pytest
 
 from quorum.errors import CorruptFileError
-from quorum.identity import IDENTITY_FILE, Hello, IdentityError, NodeIdentity, derived_cluster_id
+from quorum.identity import IDENTITY_FILE, Hello, IdentityError, NodeIdentity, Verdict, derived_cluster_id
 
 ADDR = "10.0.0.3:9093"
 
@@ -47,32 +47,51 @@ def test_damaged_identity_file_is_refused(tmp_path):
         NodeIdentity.open(str(tmp_path), "s", "c-1")
 
 
-def _hello(node="n1", gen=1, run="r1", cluster="c-1"):
-    return Hello(cluster, node, gen, run, "10.0.0.3:9092")
+def _hello(node="n1", gen=1, run="r1", cluster="c-1", log=(1, 10)):
+    return Hello(cluster, node, gen, run, "10.0.0.3:9092", log)
 
 
-def test_checks_and_durable_knowledge(tmp_path):
+def test_verdicts_decide_by_log_position_not_by_start_count(tmp_path):
     me = NodeIdentity.open(str(tmp_path), "s", "c-1")
-    assert me.check(ADDR, _hello()) is None                      # first sight: recorded
-    assert me.check(ADDR, _hello()) is None                      # same run reconnecting
-    assert "another cluster" in me.check(ADDR, _hello(cluster="c-9"))
-    assert "lost or replaced" in me.check(ADDR, _hello(node="n2"))   # wiped data dir: new uuid
-    assert me.check(ADDR, _hello(gen=2, run="r2")) is None       # a normal restart
-    assert "older copy" in me.check(ADDR, _hello(gen=1, run="r3"))   # a backup from before
-    assert "older copy" in me.check(ADDR, _hello(gen=2, run="r9"))   # the same generation started twice
-    # The knowledge survives a restart of this node.
+    v = me.admit(ADDR, _hello())
+    assert v.refused is None and v.recover is None and v.new_run          # first sight: recorded
+    assert me.admit(ADDR, _hello()) == Verdict()                          # same run reconnecting
+    assert "another cluster" in me.admit(ADDR, _hello(cluster="c-9")).refused
+    assert "lost or replaced" in me.admit(ADDR, _hello(node="n2")).refused  # wiped data dir: new uuid
+    assert me.admit(ADDR, _hello(gen=2, run="r2", log=(1, 12))).recover is None  # a normal restart
+    me.note_held(ADDR, (2, 30))                                           # pings / acknowledgements
+    assert me.held(ADDR) == (2, 30)
+    # A restart whose log is below what it was seen to hold: a restored backup, a journal cut by a
+    # fault.  However many times it starts, and whatever start counter it shows, it gets the target.
+    for gen, run in ((3, "r3"), (1, "r4"), (99, "r5"), (100, "r6")):
+        v = me.admit(ADDR, _hello(gen=gen, run=run, log=(2, 12)))
+        assert v.refused is None and v.recover == (2, 30) and v.new_run
+    assert me.admit(ADDR, _hello(run="r7", log=(3, 1))).recover is None   # a newer term covers it
+    # What was learned survives a restart of this node, and only ever rises.
     again = NodeIdentity.open(str(tmp_path), "s", "c-1")
-    assert again.known_peers()[ADDR] == {"node": "n1", "gen": 2, "run": "r2"}
-    assert "older copy" in again.check(ADDR, _hello(gen=2, run="r3"))
+    assert again.known_peers()[ADDR]["held"] == (3, 1)
+    assert again.admit(ADDR, _hello(run="r8", log=(2, 40))).recover == (3, 1)
     # Removed from the cluster: a fresh node may be added at the address.
     again.forget(ADDR)
-    assert again.check(ADDR, _hello(node="n5")) is None
+    assert again.admit(ADDR, _hello(node="n5", log=None)).refused is None
+
+
+def test_positions_learned_between_restarts_are_written_at_most_lazily(tmp_path):
+    me = NodeIdentity.open(str(tmp_path), "s", "c-1")
+    me.admit(ADDR, _hello())
+    me.note_held(ADDR, (1, 50))
+    assert NodeIdentity.open(str(tmp_path), "s", "c-1").held(ADDR) == (1, 10)  # not yet written
+    me.flush()
+    assert NodeIdentity.open(str(tmp_path), "s", "c-1").held(ADDR) == (1, 50)
 
 
 @pytest.mark.parametrize("message", [{}, {"cluster": "c", "node": "n", "run": "r", "gen": 0},
                                      {"cluster": "c", "node": "n", "run": "r", "gen": True},
                                      {"cluster": 1, "node": "n", "run": "r", "gen": 1},
-                                     {"cluster": "c", "node": "", "run": "r", "gen": 1}])
+                                     {"cluster": "c", "node": "", "run": "r", "gen": 1},
+                                     {"cluster": "c", "node": "n", "run": "r", "gen": 1, "log": [1]},
+                                     {"cluster": "c", "node": "n", "run": "r", "gen": 1, "log": [1, -1]},
+                                     {"cluster": "c", "node": "n", "run": "r", "gen": 1, "proto": "2"}])
 def test_malformed_hello(message):
     with pytest.raises(ValueError):
         Hello.from_message(message)

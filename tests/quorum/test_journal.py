@@ -1,7 +1,5 @@
-"""Unit tests for quorum.journal (DurableJournal, MetaFile) on files in tmp_path.
-
-No Raft and no network; every test opens, damages and reopens real files.
-"""
+"""Unit tests for quorum.journal (DurableJournal, MetaFile): real files in tmp_path through the real
+``Disk``, and a ``SimDisk`` where a power loss must drop exactly what was not synced.  No Raft."""
 from __future__ import annotations
 
 import os
@@ -12,29 +10,19 @@ import zlib
 import msgpack
 import pytest
 
+from chaos.sim.disk import LossPolicy, SimDisk
 from quorum.errors import CorruptFileError
-from quorum.journal import (
-    _ENTRY,
-    MAGIC,
-    META_MAGIC,
-    NO_FSYNC_ENV,
-    SIMULATE_ENV,
-    DurableJournal,
-    MetaFile,
-    encode_entry,
-)
-
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch):
-    monkeypatch.delenv(SIMULATE_ENV, raising=False)
-    monkeypatch.delenv(NO_FSYNC_ENV, raising=False)
+from quorum.journal import _ENTRY, MAGIC, META_MAGIC, UNKNOWN_INDEX, DurableJournal, MetaFile, encode_entry
+from quorum.raft import loss_evidence
+from quorum.storage import Disk
 
 
 @pytest.fixture
 def path(tmp_path) -> str:
     return str(tmp_path / "raft.journal")
 
+
+DISK = Disk()
 
 ENTRIES = [
     (b"first command", 1, 1),
@@ -45,6 +33,10 @@ ENTRIES = [
 ]
 
 
+def journal(path: str) -> DurableJournal:
+    return DurableJournal(path, DISK)
+
+
 def fill(j: DurableJournal, entries=ENTRIES) -> None:
     for e in entries:
         j.add(*e)
@@ -52,12 +44,12 @@ def fill(j: DurableJournal, entries=ENTRIES) -> None:
 
 def crash(j: DurableJournal) -> None:
     """Drop the journal as a killed process would: no sync, no meta write."""
-    os.close(j._fd)
+    j._file.close()
 
 
 def reopen(j: DurableJournal) -> DurableJournal:
     crash(j)
-    return DurableJournal(j.path)
+    return journal(j.path)
 
 
 def size(path: str) -> int:
@@ -85,18 +77,19 @@ def cut(path: str, length: int) -> None:
         f.truncate(length)
 
 
-# --------------------------------------------------------------------------
-# basics
-# --------------------------------------------------------------------------
+def durable(j: DurableJournal, commit: int) -> None:
+    """Record in the meta file that entries up to ``commit`` are committed (and the log end durable)."""
+    j.setRaftCommitIndex(commit)
+    j.onOneSecondTimer()
 
 
+# --------------------------------------------------------------------------- basics
 def test_new_journal_is_empty_with_default_meta(path):
-    j = DurableJournal(path)
+    j = journal(path)
     assert len(j) == 0 and j.entries == []
-    assert j.getCurrentTerm() == 0
-    assert j.getVotedForNodeId() is None
-    assert j.getRaftCommitIndex() == 1
-    assert j.syncs == 0 and not j.dirty
+    assert j.getCurrentTerm() == 0 and j.getVotedForNodeId() is None and j.getRaftCommitIndex() == 1
+    assert j.syncs == 0 and not j.dirty and j.durable_end() == (0, 0)
+    assert j.file_was_missing and j.meta_missing
     with open(path, "rb") as f:
         assert f.read() == MAGIC
     assert not os.path.exists(path + ".meta")
@@ -104,45 +97,48 @@ def test_new_journal_is_empty_with_default_meta(path):
 
 
 def test_add_sync_reopen_identical_entries(path):
-    j = DurableJournal(path)
+    j = journal(path)
     fill(j)
-    assert j.dirty
+    assert j.dirty and j.durable_end() == (0, 0)
     j.sync()
-    assert not j.dirty
+    assert not j.dirty and j.durable_end() == (3, 5)
     assert size(path) == len(MAGIC) + sum(_ENTRY.size + len(c) for c, _, _ in ENTRIES)
     j2 = reopen(j)
-    assert j2.entries == ENTRIES
-    assert len(j2) == len(ENTRIES)
-    assert j2[0] == ENTRIES[0] and j2[-1] == ENTRIES[-1]
+    assert j2.entries == ENTRIES and len(j2) == len(ENTRIES)
+    assert j2[0] == ENTRIES[0] and j2[-1] == ENTRIES[-1] and j2.entry(3) == ENTRIES[2] and j2.entry(9) is None
     for (cmd, idx, term) in j2.entries:
         assert type(cmd) is bytes and type(idx) is int and type(term) is int
     j2._destroy()
 
 
 def test_add_accepts_bytes_like_and_stores_bytes(path):
-    j = DurableJournal(path)
+    j = journal(path)
     j.add(bytearray(b"abc"), 1, 1)
     j.add(memoryview(b"def"), 2, 1)
     assert j.entries == [(b"abc", 1, 1), (b"def", 2, 1)]
-    assert all(type(c) is bytes for c, _, _ in j.entries)
     j.sync()
-    j2 = reopen(j)
-    assert j2.entries == [(b"abc", 1, 1), (b"def", 2, 1)]
-    j2._destroy()
+    assert reopen(j).entries == [(b"abc", 1, 1), (b"def", 2, 1)]
+
+
+def test_append_must_follow_the_last_entry(path):
+    """The adapter appends only after the last entry, never a lower term: anything else is its bug."""
+    j = journal(path)
+    fill(j, ENTRIES[:3])
+    for bad in [(b"gap", 5, 2), (b"again", 3, 2), (b"older term", 4, 1)]:
+        with pytest.raises(AssertionError):
+            j.add(*bad)
 
 
 def test_empty_command_round_trips(path):
-    j = DurableJournal(path)
+    j = journal(path)
     j.add(b"", 1, 1)
     j.add(b"after", 2, 1)
     j.sync()
-    j2 = reopen(j)
-    assert j2.entries == [(b"", 1, 1), (b"after", 2, 1)]
-    j2._destroy()
+    assert reopen(j).entries == [(b"", 1, 1), (b"after", 2, 1)]
 
 
 def test_on_disk_entry_format(path):
-    j = DurableJournal(path)
+    j = journal(path)
     j.add(b"cmd", 7, 3)
     j.sync()
     j._destroy()
@@ -152,85 +148,74 @@ def test_on_disk_entry_format(path):
     length, crc, index, term = struct.unpack_from("<IIQQ", data, len(MAGIC))
     assert (length, index, term) == (3, 7, 3)
     assert crc == zlib.crc32(b"cmd", zlib.crc32(struct.pack("<QQ", 7, 3)))
-    assert data[len(MAGIC) + 24:] == b"cmd"
     assert encode_entry(b"cmd", 7, 3) == data[len(MAGIC):]
 
 
-def test_entries_survive_several_reopens_and_appends(path):
-    j = DurableJournal(path)
-    fill(j, ENTRIES[:2])
-    j.sync()
-    j = reopen(j)
-    fill(j, ENTRIES[2:])
-    j.sync()
-    j = reopen(j)
+def test_pysyncobj_cuts_are_refused(path):
+    """Log cuts are the adapter's (truncate_from, rebase): pysyncobj's own paths must never be reached."""
+    j = journal(path)
+    fill(j)
+    for call in (j.clear, lambda: j.deleteEntriesFrom(1), lambda: j.deleteEntriesTo(1)):
+        with pytest.raises(AssertionError, match="adapter"):
+            call()
     assert j.entries == ENTRIES
-    j._destroy()
 
 
-# --------------------------------------------------------------------------
-# durability: only synced entries survive a power loss
-# --------------------------------------------------------------------------
-
-
-def test_unsynced_entries_are_lost_on_power_loss(path, monkeypatch):
-    monkeypatch.setenv(SIMULATE_ENV, "1")
-    j = DurableJournal(path)
-    synced_file = path + ".synced"
-    with open(synced_file) as f:
-        assert int(f.read()) == len(MAGIC)
+# ------------------------------------------------------------ power loss (SimDisk)
+def test_unsynced_entries_are_lost_on_power_loss_and_synced_ones_never():
+    disk = SimDisk()
+    disk.make_dir("/d")
+    j = DurableJournal("/d/raft.journal", disk)
     fill(j, ENTRIES[:3])
     j.sync()
-    with open(synced_file) as f:
-        synced = int(f.read())
-    assert synced == size(path) == len(MAGIC) + sum(_ENTRY.size + len(c) for c, _, _ in ENTRIES[:3])
-    fill(j, ENTRIES[3:])  # added, never synced
-    # What the page cache might hold at the moment of the power loss: the
-    # unsynced entries written out, but not on stable storage.
-    with open(path, "ab") as f:
-        for e in ENTRIES[3:]:
-            f.write(encode_entry(*e))
-    assert size(path) > synced
-    crash(j)
-    with open(synced_file) as f:
-        assert int(f.read()) == synced  # no sync happened since
-    cut(path, synced)
-    j2 = DurableJournal(path)
-    assert j2.entries == ENTRIES[:3]
-    j2._destroy()
+    fill(j, ENTRIES[3:])
+    j._file.write(j._pending)  # in the page cache, never synced
+    j._pending = bytearray()
+    assert DurableJournal("/d/raft.journal", disk.power_loss()).entries == ENTRIES[:3]
+    assert DurableJournal("/d/raft.journal", disk.crash()).entries == ENTRIES  # a process crash keeps them
+    for seed in range(20):  # any prefix of the unsynced writes, the last torn: never less than the synced
+        got = DurableJournal("/d/raft.journal", disk.power_loss(LossPolicy("random", random.Random(seed)))).entries
+        assert got[:3] == ENTRIES[:3] and got == ENTRIES[:len(got)]
 
 
-def test_synced_marker_only_written_when_simulating(path):
-    j = DurableJournal(path)
-    fill(j)
+def test_every_crash_state_of_a_journal_write_keeps_the_synced_entries():
+    """Before every file operation of appends, a Raft conflict cut and a rebase, each state a power loss
+    can leave must hold every synced entry the operation in progress keeps (a cut drops what follows it,
+    a rebase what precedes the snapshot's entries, deliberately)."""
+    disk = SimDisk()
+    disk.make_dir("/d")
+    j = DurableJournal("/d/raft.journal", disk)
+    fill(j, ENTRIES[:2])
     j.sync()
-    j._destroy()
-    assert not os.path.exists(path + ".synced")
+    keep = {"from": 1, "below": 1 << 62}
+    states = []
 
+    def check(op):
+        durable_now = [e for e in j.entries[:j._durable] if keep["from"] <= e[1] < keep["below"]]
+        for label, image in disk.crash_states():
+            states.append(label)
+            got = {e[1]: e for e in DurableJournal("/d/raft.journal", image).entries}
+            for e in durable_now:
+                assert got.get(e[1]) == e, f"{label}, before {op}: lost entry {e[1]}"
 
-def test_synced_marker_tracks_deletes_and_compaction(path, monkeypatch):
-    monkeypatch.setenv(SIMULATE_ENV, "1")
-    j = DurableJournal(path)
-    fill(j)
+    disk.on_op = check
+    fill(j, ENTRIES[2:4])
     j.sync()
-    j.deleteEntriesFrom(3)
+    keep["below"] = 4
+    j.truncate_from(4)
+    keep["below"] = 1 << 62
+    j.add(b"new four", 4, 3)
     j.sync()
-    with open(path + ".synced") as f:
-        assert int(f.read()) == size(path)
-    j.deleteEntriesTo(1)
-    with open(path + ".synced") as f:
-        assert int(f.read()) == size(path)
-    j._destroy()
+    keep["from"] = 2
+    j.rebase(ENTRIES[1], ENTRIES[2])
+    disk.on_op = None
+    assert len(states) > 10
 
 
-# --------------------------------------------------------------------------
-# torn tails are cut; corruption is refused
-# --------------------------------------------------------------------------
-
-
+# ------------------------------------------------------- torn tails and corruption
 @pytest.mark.parametrize("n_garbage", [1, 7, 23, 24, 25, 300])
 def test_random_garbage_tail_is_cut_on_reopen(path, n_garbage):
-    j = DurableJournal(path)
+    j = journal(path)
     fill(j)
     j.sync()
     good = size(path)
@@ -238,390 +223,294 @@ def test_random_garbage_tail_is_cut_on_reopen(path, n_garbage):
     rng = random.Random(n_garbage)
     with open(path, "ab") as f:
         f.write(bytes(rng.randrange(256) for _ in range(n_garbage)))
-    j2 = DurableJournal(path)
-    assert j2.entries == ENTRIES
-    assert size(path) == good
-    # Still usable: append, sync, reopen.
+    j2 = journal(path)
+    assert j2.entries == ENTRIES and size(path) == good and "cut" in j2.cut_on_open
     j2.add(b"next", 6, 3)
     j2.sync()
-    j3 = reopen(j2)
-    assert j3.entries == ENTRIES + [(b"next", 6, 3)]
-    j3._destroy()
+    assert reopen(j2).entries == ENTRIES + [(b"next", 6, 3)]
 
 
 @pytest.mark.parametrize("keep", [1, _ENTRY.size - 1, _ENTRY.size, _ENTRY.size + 4])
 def test_last_entry_cut_short_is_cut_on_reopen(path, keep):
-    j = DurableJournal(path)
+    j = journal(path)
     fill(j)
     j.sync()
     crash(j)
     last = entry_offsets(ENTRIES)[-1]
-    assert last + keep < size(path)
     cut(path, last + keep)
-    j2 = DurableJournal(path)
-    assert j2.entries == ENTRIES[:-1]
-    assert size(path) == last
+    j2 = journal(path)
+    assert j2.entries == ENTRIES[:-1] and size(path) == last
     j2.add(b"replacement", 5, 4)
     j2.sync()
-    j3 = reopen(j2)
-    assert j3.entries == ENTRIES[:-1] + [(b"replacement", 5, 4)]
-    j3._destroy()
+    assert reopen(j2).entries == ENTRIES[:-1] + [(b"replacement", 5, 4)]
 
 
 def test_bad_last_entry_is_treated_as_torn_tail(path):
-    j = DurableJournal(path)
+    j = journal(path)
     fill(j)
     j.sync()
     crash(j)
-    flip(path, size(path) - 1)  # last byte of the last command
-    j2 = DurableJournal(path)
-    assert j2.entries == ENTRIES[:-1]
-    j2._destroy()
+    flip(path, size(path) - 1)
+    assert journal(path).entries == ENTRIES[:-1]
 
 
 def test_only_entry_torn_leaves_usable_empty_journal(path):
-    j = DurableJournal(path)
+    j = journal(path)
     j.add(b"only", 1, 1)
     j.sync()
     crash(j)
     cut(path, len(MAGIC) + 5)
-    j2 = DurableJournal(path)
-    assert j2.entries == []
-    assert size(path) == len(MAGIC)
-    j2._destroy()
+    j2 = journal(path)
+    assert j2.entries == [] and size(path) == len(MAGIC)
 
 
-@pytest.mark.parametrize("field_offset", [
-    0,                    # length
-    3,                    # length, high byte
-    4,                    # crc
-    8,                    # index
-    16,                   # term
-    _ENTRY.size,          # first command byte
-    _ENTRY.size + 7,      # a later command byte
-])
-def test_flipped_byte_with_valid_entries_after_is_corruption(path, field_offset):
-    j = DurableJournal(path)
+FIELDS = [0, 3, 4, 8, 16, _ENTRY.size, _ENTRY.size + 7]  # length, its high byte, crc, index, term, command bytes
+
+
+@pytest.mark.parametrize("field_offset", FIELDS)
+def test_damage_inside_what_was_durable_with_valid_entries_after_is_corruption(path, field_offset):
+    j = journal(path)
     fill(j)
-    j.sync()
+    durable(j, 5)
     crash(j)
     flip(path, entry_offsets(ENTRIES)[1] + field_offset)
     before = open(path, "rb").read()
     with pytest.raises(CorruptFileError) as ei:
-        DurableJournal(path)
-    assert ei.value.path == path
-    assert path in str(ei.value)
-    assert "corrupt" in str(ei.value)
+        journal(path)
+    assert ei.value.path == path and path in str(ei.value) and "synced data was damaged" in str(ei.value)
     assert open(path, "rb").read() == before  # nothing was cut
 
 
-def test_non_consecutive_indexes_are_corruption(path):
+@pytest.mark.parametrize("field_offset", FIELDS)
+def test_damage_beyond_what_was_durable_is_cut(path, field_offset):
+    """Unsynced pages reach the disk in any order: a bad entry past the recorded durable end, even with
+    valid-looking entries after it, is the tail of a crash."""
+    j = journal(path)
+    fill(j, ENTRIES[:1])
+    durable(j, 1)  # the meta file records index 1 as durable ...
+    fill(j, ENTRIES[1:])
+    j.sync()  # ... the rest was synced after it (the meta is rewritten once a second)
+    crash(j)
+    flip(path, entry_offsets(ENTRIES)[3] + field_offset)
+    assert journal(path).entries == ENTRIES[:3]
+
+
+@pytest.mark.parametrize("second, problem", [((b"b", 3, 2), "has index 3, expected 2"),
+                                             ((b"b", 2, 1), "has term 1 after term 2")])
+def test_checksum_valid_entry_out_of_order_is_corruption(path, second, problem):
+    """No crash leaves one (cuts are synced before anything follows, rewrites are whole files)."""
     with open(path, "wb") as f:
-        f.write(MAGIC + encode_entry(b"a", 1, 1) + encode_entry(b"b", 3, 1))
-    with pytest.raises(CorruptFileError, match="has index 3, expected 2") as ei:
-        DurableJournal(path)
+        f.write(MAGIC + encode_entry(b"a", 1, 2) + encode_entry(*second))
+    with pytest.raises(CorruptFileError, match=problem) as ei:
+        journal(path)
     assert path in str(ei.value)
 
 
-def test_torn_tail_below_commit_index_is_corruption(path):
-    j = DurableJournal(path)
+def test_journal_shorter_than_its_durable_end_is_evidence_of_loss(path):
+    j = journal(path)
     fill(j)
-    j.setRaftCommitIndex(5)
-    j.onOneSecondTimer()
-    crash(j)
-    cut(path, entry_offsets(ENTRIES)[-1] + 10)  # entry 5, committed, is torn
-    with pytest.raises(CorruptFileError, match="lose committed entries") as ei:
-        DurableJournal(path)
-    assert path in str(ei.value)
-
-
-def test_torn_tail_above_commit_index_is_cut(path):
-    j = DurableJournal(path)
-    fill(j)
-    j.setRaftCommitIndex(4)
-    j.onOneSecondTimer()
-    crash(j)
-    cut(path, entry_offsets(ENTRIES)[-1] + 10)  # entry 5 is not committed
-    j2 = DurableJournal(path)
-    assert j2.entries == ENTRIES[:-1]
-    assert j2.getRaftCommitIndex() == 4
-    j2._destroy()
-
-
-def test_torn_tail_losing_several_committed_entries_is_corruption(path):
-    j = DurableJournal(path)
-    fill(j)
-    j.setRaftCommitIndex(5)
+    durable(j, 5)
     j._destroy()
-    cut(path, entry_offsets(ENTRIES)[3] + _ENTRY.size + 100)  # entry 4 torn, entry 5 gone
-    with pytest.raises(CorruptFileError):
-        DurableJournal(path)
-
-
-def test_torn_first_entry_after_compaction_below_commit_index_is_corruption(path):
-    j = DurableJournal(path)
-    fill(j)
-    j.setRaftCommitIndex(5)
-    # pysyncobj compacts up to the snapshot's last entry (index 3 here) and keeps it:
-    # entries 4 and 5 are committed and exist only in this journal (and on peers).
-    j.deleteEntriesTo(2)
-    assert [e[1] for e in j.entries] == [3, 4, 5]
-    j._destroy()
-    cut(path, len(MAGIC) + 10)  # the tear starts inside entry 3; 4 and 5 are gone
-    with pytest.raises(CorruptFileError):
-        DurableJournal(path)
+    cut(path, entry_offsets(ENTRIES)[3])  # entries 4 and 5, synced, are gone
+    j2 = journal(path)
+    assert j2.entries == ENTRIES[:3]
+    found = loss_evidence(j2, None, True, "/d")
+    assert found and max(t for t, _ in found) == (3, 5) and "recorded" in found[0][1]
 
 
 @pytest.mark.parametrize("content", [
-    b"XQJRNL\x00\x01" + encode_entry(b"a", 1, 1),   # wrong magic
-    b"PQJRNL\x00\x02" + encode_entry(b"a", 1, 1),   # unknown journal version
-    b"\x00" * 64,
-    b"XQJRNL\x00\x01",                              # just a wrong header
-], ids=["wrong", "version", "zeros", "header-only"])
+    b"XQJRNL\x00\x01" + encode_entry(b"a", 1, 1),
+    b"PQJRNL\x00\x02" + encode_entry(b"a", 1, 1),
+    b"XQJRNL\x00\x01",
+], ids=["wrong", "version", "header-only"])
 def test_bad_magic_is_corruption(path, content):
     with open(path, "wb") as f:
         f.write(content)
     with pytest.raises(CorruptFileError, match="not a pidquorum journal") as ei:
-        DurableJournal(path)
-    assert ei.value.path == path
-    assert path in str(ei.value)
+        journal(path)
+    assert ei.value.path == path and path in str(ei.value)
     assert open(path, "rb").read() == content  # left alone for the operator
 
 
-HEADERLESS = [b"", MAGIC[:3], MAGIC[:-1], b"\x00" * 5]
-HEADERLESS_IDS = ["empty", "short", "one-byte-short", "zeros"]
-
-
-@pytest.mark.parametrize("content", HEADERLESS, ids=HEADERLESS_IDS)
-@pytest.mark.parametrize("meta", [None, {}, {"term": 2, "voted_for": "127.0.0.1:7002"}],
-                         ids=["no-meta", "empty-meta", "term-and-vote"])
-def test_headerless_journal_with_nothing_durable_starts_fresh(path, content, meta, caplog):
-    """A crash between creating the journal and syncing its header leaves a file that
-    cannot hold an entry; with no durable commit index, the node starts on a fresh one."""
+@pytest.mark.parametrize("content", [b"", MAGIC[:3], MAGIC[:-1], b"\x00" * 5],
+                         ids=["empty", "short", "one-byte-short", "zeros"])
+def test_headerless_journal_starts_empty_and_loss_is_judged_against_the_meta(path, content):
     with open(path, "wb") as f:
         f.write(content)
-    if meta is not None:
-        MetaFile(path + ".meta").store(meta)
-    with caplog.at_level("WARNING", logger="quorum.journal"):
-        j = DurableJournal(path)
-    assert f"{len(content)} bytes, shorter than its header" in caplog.text and "fresh journal" in caplog.text
-    assert len(j) == 0 and not j.dirty
-    assert j.getCurrentTerm() == (meta or {}).get("term", 0)
-    with open(path, "rb") as f:
-        assert f.read() == MAGIC
-    fill(j)
-    j.sync()
-    j2 = reopen(j)
-    assert j2.entries == ENTRIES
-    j2._destroy()
-
-
-@pytest.mark.parametrize("content", HEADERLESS, ids=HEADERLESS_IDS)
-def test_headerless_journal_with_durable_commit_index_is_refused(path, content):
-    MetaFile(path + ".meta").store({"term": 2, "voted_for": None, "commit_index": 4})
+    j = journal(path)
+    assert len(j) == 0 and not j.dirty and open(path, "rb").read() == MAGIC
+    assert loss_evidence(j, None, True, "/d") == []  # nothing was ever recorded as durable
+    j._file.close()
     with open(path, "wb") as f:
         f.write(content)
-    with pytest.raises(CorruptFileError, match="shorter than the journal header") as ei:
-        DurableJournal(path)
-    assert ei.value.path == path
-    assert path in str(ei.value) and "index 4" in str(ei.value)
-    assert open(path, "rb").read() == content  # left alone for the operator
+    MetaFile(path + ".meta", DISK).store({"term": 2, "voted_for": None, "commit_index": 4, "log_end": [2, 4]})
+    found = loss_evidence(journal(path), None, True, "/d")
+    assert max(t for t, _ in found) == (2, 4)
 
 
-# --------------------------------------------------------------------------
-# deleting entries
-# --------------------------------------------------------------------------
-
-
-def test_delete_entries_from_then_reopen(path):
-    j = DurableJournal(path)
+def test_missing_meta_with_a_log_is_evidence_the_vote_was_lost(path):
+    j = journal(path)
     fill(j)
     j.sync()
-    j.deleteEntriesFrom(3)
-    assert j.entries == ENTRIES[:3]
+    found = loss_evidence(j, None, False, "/d")
+    assert found == [((3, UNKNOWN_INDEX), f"{path}.meta (term and vote) is missing")]
+
+
+def test_identity_without_raft_files_is_evidence(path):
+    j = journal(path)  # created now: there was no journal
+    assert [reason for _, reason in loss_evidence(j, None, True, "/d")] == [
+        "/d has an identity but lost its Raft files (raft.journal, raft.snapshot)"]
+    assert loss_evidence(j, None, False, "/d") == []  # a new node
+
+
+# --------------------------------------------------------------- cuts and rebase
+def test_truncate_from_is_durable_before_anything_follows(tmp_path):
+    disk = SimDisk()
+    disk.make_dir("/d")
+    j = DurableJournal("/d/raft.journal", disk)
+    fill(j)
     j.sync()
-    j2 = reopen(j)
-    assert j2.entries == ENTRIES[:3]
-    assert size(path) == entry_offsets(ENTRIES)[3]
-    # A new leader's entries replace the deleted ones.
-    j2.add(b"new-4", 4, 9)
-    j2.sync()
-    j3 = reopen(j2)
-    assert j3.entries == ENTRIES[:3] + [(b"new-4", 4, 9)]
-    j3._destroy()
+    assert j.truncate_from(4) == 2
+    assert j.durable_end() == (2, 3)
+    # the cut is on disk already, before the new entry is even written
+    assert DurableJournal("/d/raft.journal", disk.power_loss()).entries == ENTRIES[:3]
+    j.add(b"new four", 4, 9)
+    j.sync()
+    assert DurableJournal("/d/raft.journal", disk.power_loss()).entries == ENTRIES[:3] + [(b"new four", 4, 9)]
 
 
-def test_delete_entries_from_with_unsynced_entries(path):
-    j = DurableJournal(path)
+def test_truncate_of_only_buffered_entries_writes_nothing(path):
+    j = journal(path)
     fill(j, ENTRIES[:2])
     j.sync()
-    fill(j, ENTRIES[2:])  # pending
-    j.deleteEntriesFrom(3)
-    j.add(b"new-4", 4, 9)
+    fill(j, ENTRIES[2:])
+    assert j.truncate_from(3) == 3
+    j.add(b"three", 3, 4)
     j.sync()
-    j2 = reopen(j)
-    assert j2.entries == ENTRIES[:3] + [(b"new-4", 4, 9)]
-    j2._destroy()
+    assert reopen(j).entries == ENTRIES[:2] + [(b"three", 3, 4)]
 
 
-def test_delete_entries_from_zero_and_past_end(path):
-    j = DurableJournal(path)
+def test_truncate_outside_the_log_does_nothing(path):
+    j = journal(path)
     fill(j)
     j.sync()
-    j.deleteEntriesFrom(len(ENTRIES))  # no-op
-    j.deleteEntriesFrom(len(ENTRIES) + 3)  # no-op
+    assert j.truncate_from(6) == 0 and j.truncate_from(0) == 0
     assert j.entries == ENTRIES
-    assert not j.dirty
-    j.deleteEntriesFrom(0)
-    assert j.entries == []
-    j.sync()
-    j2 = reopen(j)
-    assert j2.entries == []
-    assert size(path) == len(MAGIC)
-    j2._destroy()
 
 
-@pytest.mark.parametrize("n", [0, 1, 3, 5])
-def test_delete_entries_to_compaction_then_reopen(path, n):
-    j = DurableJournal(path)
+def test_rebase_keeps_the_entries_after_a_matching_snapshot_entry(path):
+    j = journal(path)
     fill(j)
     j.sync()
-    j.deleteEntriesTo(n)
-    assert j.entries == ENTRIES[n:]
-    assert not j.dirty
-    j2 = reopen(j)
-    assert j2.entries == ENTRIES[n:]
-    assert size(path) == len(MAGIC) + sum(_ENTRY.size + len(c) for c, _, _ in ENTRIES[n:])
-    j2.add(b"six", 6, 3)
-    j2.sync()
-    j3 = reopen(j2)
-    assert j3.entries == ENTRIES[n:] + [(b"six", 6, 3)]
-    j3._destroy()
+    assert j.rebase(ENTRIES[1], ENTRIES[2]) == 0
+    assert j.entries == ENTRIES[1:]
+    assert reopen(j).entries == ENTRIES[1:]
 
 
-def test_delete_entries_to_syncs_pending_entries_first(path):
-    j = DurableJournal(path)
-    fill(j)  # never explicitly synced
-    j.deleteEntriesTo(2)
-    j2 = reopen(j)
-    assert j2.entries == ENTRIES[2:]
-    j2._destroy()
-
-
-def test_delete_entries_to_then_from(path):
-    j = DurableJournal(path)
-    fill(j)
-    j.deleteEntriesTo(2)         # entries 3, 4, 5
-    j.deleteEntriesFrom(1)       # keep entry 3 (list positions are relative to what is kept)
-    assert j.entries == ENTRIES[2:3]
-    j.add(b"four", 4, 5)
-    j.sync()
-    j2 = reopen(j)
-    assert j2.entries == [ENTRIES[2], (b"four", 4, 5)]
-    j2._destroy()
-
-
-def test_clear(path):
-    j = DurableJournal(path)
+def test_rebase_on_a_conflicting_snapshot_drops_everything_after_it(path):
+    j = journal(path)
     fill(j)
     j.sync()
-    j.clear()
-    assert j.entries == [] and len(j) == 0
-    j.sync()
-    j2 = reopen(j)
-    assert j2.entries == []
-    assert size(path) == len(MAGIC)
-    j2.add(b"fresh", 10, 4)
-    j2.sync()
-    j3 = reopen(j2)
-    assert j3.entries == [(b"fresh", 10, 4)]
-    j3._destroy()
+    prev, last = (b"p", 3, 4), (b"l", 4, 4)  # the committed entry 4 has term 4, not 2
+    assert j.rebase(prev, last) == 2  # entries 4 and 5 (held here, in term 2) were never committed
+    assert j.entries == [prev, last]
+    assert reopen(j).entries == [prev, last]
 
 
-def test_clear_with_pending_entries(path):
-    j = DurableJournal(path)
+def test_rebase_past_the_end_of_the_log(path):
+    j = journal(path)
     fill(j)
-    j.clear()
-    j.add(b"fresh", 1, 1)
+    assert j.rebase((b"p", 9, 5), (b"l", 10, 5)) == 0
+    assert reopen(j).entries == [(b"p", 9, 5), (b"l", 10, 5)]
+
+
+def test_rebase_writes_a_whole_new_file_and_keeps_pending_entries(path):
+    j = journal(path)
+    fill(j, ENTRIES[:4])
     j.sync()
-    j2 = reopen(j)
-    assert j2.entries == [(b"fresh", 1, 1)]
-    j2._destroy()
+    j.add(*ENTRIES[4])  # not yet synced
+    j.rebase(ENTRIES[1], ENTRIES[2])
+    assert not j.dirty and j.durable_end() == (3, 5)
+    assert not os.path.exists(path + ".tmp")
+    assert reopen(j).entries == ENTRIES[1:]
 
 
-# --------------------------------------------------------------------------
-# metadata
-# --------------------------------------------------------------------------
-
-
+# ---------------------------------------------------------------------- metadata
 def test_term_and_vote_persist_immediately(path):
-    j = DurableJournal(path)
+    j = journal(path)
     j.setCurrentTerm(5, "127.0.0.1:7001")
-    assert (j.getCurrentTerm(), j.getVotedForNodeId()) == (5, "127.0.0.1:7001")
     j2 = reopen(j)  # a crash right after: no timer, no _destroy
     assert (j2.getCurrentTerm(), j2.getVotedForNodeId()) == (5, "127.0.0.1:7001")
     j2.setCurrentTerm(6, None)
     j3 = reopen(j2)
     assert (j3.getCurrentTerm(), j3.getVotedForNodeId()) == (6, None)
-    j3._destroy()
 
 
-def test_commit_index_persists_via_one_second_timer(path):
-    j = DurableJournal(path)
+def test_commit_index_and_log_end_persist_via_one_second_timer(path):
+    j = journal(path)
     fill(j)
     j.setRaftCommitIndex(3)
-    assert j.getRaftCommitIndex() == 3
     assert not j.dirty  # setRaftCommitIndex syncs the entries it covers first
     j.onOneSecondTimer()
     j2 = reopen(j)
-    assert j2.getRaftCommitIndex() == 3
-    assert j2.entries == ENTRIES
-    j2._destroy()
+    assert j2.getRaftCommitIndex() == 3 and j2.meta_log_end() == (3, 5) and j2.entries == ENTRIES
 
 
 def test_commit_index_not_persisted_without_timer_or_destroy(path):
-    j = DurableJournal(path)
+    j = journal(path)
     fill(j)
     j.setRaftCommitIndex(4)
     j2 = reopen(j)
-    assert j2.getRaftCommitIndex() == 1  # the default: the hint was never written
-    assert j2.entries == ENTRIES        # but the entries were synced
-    j2._destroy()
+    assert j2.getRaftCommitIndex() == 1 and j2.entries == ENTRIES
 
 
 def test_commit_index_persists_via_destroy(path):
-    j = DurableJournal(path)
+    j = journal(path)
     fill(j)
     j.setRaftCommitIndex(5)
     j._destroy()
-    j2 = DurableJournal(path)
-    assert j2.getRaftCommitIndex() == 5
-    assert j2.entries == ENTRIES
-    j2._destroy()
+    assert journal(path).getRaftCommitIndex() == 5
+
+
+def test_clamp_commit_index(path):
+    j = journal(path)
+    fill(j)
+    j.setRaftCommitIndex(5)
+    j.clamp_commit_index(3)
+    assert j.getRaftCommitIndex() == 3
+    j.clamp_commit_index(9)
+    assert j.getRaftCommitIndex() == 3
+
+
+def test_recovery_target_is_durable_at_once(path):
+    j = journal(path)
+    j.set_recovery_target((4, 17))
+    j2 = reopen(j)
+    assert j2.recovery_target() == (4, 17)
+    j2.set_recovery_target(None)
+    assert reopen(j2).recovery_target() is None
 
 
 def test_timer_without_changes_writes_nothing(path):
-    j = DurableJournal(path)
+    j = journal(path)
     j.onOneSecondTimer()
     assert not os.path.exists(path + ".meta")
-    j.setRaftCommitIndex(1)  # equal to the default, but not stored yet: dirty
+    j.setRaftCommitIndex(1)
     j.onOneSecondTimer()
-    assert os.path.exists(path + ".meta")
     assert open(path + ".meta", "rb").read().startswith(META_MAGIC)
     os.remove(path + ".meta")
-    j.setRaftCommitIndex(1)  # unchanged now: not dirty
+    j.setRaftCommitIndex(1)
     j.onOneSecondTimer()
     assert not os.path.exists(path + ".meta")
-    j._destroy()
 
 
 def test_meta_file_round_trip(tmp_path):
-    m = MetaFile(str(tmp_path / "x.meta"))
-    assert m.load() == {}
-    m.store({"term": 3, "voted_for": "a:1", "commit_index": 9})
-    assert m.load() == {"term": 3, "voted_for": "a:1", "commit_index": 9}
+    m = MetaFile(str(tmp_path / "x.meta"), DISK)
+    assert m.load() is None
+    m.store({"term": 3, "voted_for": "a:1", "commit_index": 9, "log_end": (3, 9), "recover_to": None})
+    assert m.load() == {"term": 3, "voted_for": "a:1", "commit_index": 9, "log_end": (3, 9), "recover_to": None}
     m.store({})
-    assert m.load() == {}
+    assert m.load() == {"log_end": None, "recover_to": None}
 
 
 def _corrupt_meta(path: str, how: str) -> None:
@@ -649,29 +538,27 @@ def _corrupt_meta(path: str, how: str) -> None:
 
 @pytest.mark.parametrize("how", ["flip_body", "flip_crc", "truncate", "tiny", "magic", "empty", "not_a_map"])
 def test_corrupt_meta_file_is_refused_naming_meta_path(path, how):
-    j = DurableJournal(path)
+    j = journal(path)
     j.setCurrentTerm(3, "127.0.0.1:7002")
     j._destroy()
     _corrupt_meta(path, how)
     with pytest.raises(CorruptFileError) as ei:
-        DurableJournal(path)
-    assert ei.value.path == path + ".meta"
-    assert (path + ".meta") in str(ei.value)
+        journal(path)
+    assert ei.value.path == path + ".meta" and (path + ".meta") in str(ei.value)
 
 
 def _framed_meta(body: bytes) -> bytes:
-    """A meta file whose header and checksum are right, around any body."""
     return META_MAGIC + body + struct.pack("<I", zlib.crc32(body))
 
 
 @pytest.mark.parametrize("content", [
-    random.Random(1).randbytes(64),                                # random bytes, no header
-    _framed_meta(random.Random(2).randbytes(64)),                  # random body, valid checksum
-    _framed_meta(b"\xc1"),                                         # never-used msgpack byte
-    _framed_meta(msgpack.packb({"term": 1, "voted_for": None})[:-1]),  # truncated msgpack
-    _framed_meta(msgpack.packb({"term": 1}) + b"\x00"),            # trailing data
-    _framed_meta(b"\xa3\xff\xfe\xfd"),                             # invalid UTF-8 string
-    _framed_meta(msgpack.packb({1: 2})),                           # non-string key
+    random.Random(1).randbytes(64),
+    _framed_meta(random.Random(2).randbytes(64)),
+    _framed_meta(b"\xc1"),
+    _framed_meta(msgpack.packb({"term": 1, "voted_for": None})[:-1]),
+    _framed_meta(msgpack.packb({"term": 1}) + b"\x00"),
+    _framed_meta(b"\xa3\xff\xfe\xfd"),
+    _framed_meta(msgpack.packb({1: 2})),
     _framed_meta(msgpack.packb("term")),
     _framed_meta(msgpack.packb(7)),
     _framed_meta(msgpack.packb({"term": "3"})),
@@ -682,37 +569,36 @@ def _framed_meta(body: bytes) -> bytes:
     _framed_meta(msgpack.packb({"commit_index": [4]})),
     _framed_meta(msgpack.packb({"voted_for": 7})),
     _framed_meta(msgpack.packb({"voted_for": b"127.0.0.1:7002"}, use_bin_type=True)),
+    _framed_meta(msgpack.packb({"log_end": [1]})),
+    _framed_meta(msgpack.packb({"recover_to": [1, -2]})),
+    _framed_meta(msgpack.packb({"recover_to": "x"})),
 ], ids=["random", "random-body", "c1", "truncated", "extra", "utf8", "int-key", "str", "int", "term-str",
-        "term-float", "term-bool", "term-negative", "commit-nil", "commit-list", "vote-int", "vote-bytes"])
+        "term-float", "term-bool", "term-negative", "commit-nil", "commit-list", "vote-int", "vote-bytes",
+        "log-end-short", "recover-negative", "recover-str"])
 def test_malformed_meta_file_is_corrupt_file_error(tmp_path, content):
     path = str(tmp_path / "raft.journal.meta")
     with open(path, "wb") as f:
         f.write(content)
     with pytest.raises(CorruptFileError) as ei:
-        MetaFile(path).load()
+        MetaFile(path, DISK).load()
     assert ei.value.path == path
 
 
 def test_meta_file_garbage_bodies_only_raise_corrupt_file_error(tmp_path):
-    """Checksum-valid random bodies: either a meta map loads or CorruptFileError, nothing else."""
     path = str(tmp_path / "raft.journal.meta")
     rng = random.Random(0x3E7A)
     for _ in range(1000):
         with open(path, "wb") as f:
             f.write(_framed_meta(rng.randbytes(rng.randrange(0, 24))))
         try:
-            assert isinstance(MetaFile(path).load(), dict)
+            assert isinstance(MetaFile(path, DISK).load(), dict)
         except CorruptFileError as e:
             assert e.path == path
 
 
-# --------------------------------------------------------------------------
-# group commit
-# --------------------------------------------------------------------------
-
-
+# --------------------------------------------------------------------- group commit
 def test_sync_counts_only_when_something_is_pending(path):
-    j = DurableJournal(path)
+    j = journal(path)
     j.sync()
     assert j.syncs == 0
     j.add(b"a", 1, 1)
@@ -726,102 +612,20 @@ def test_sync_counts_only_when_something_is_pending(path):
     assert j.syncs == 2  # one sync for the whole group
     j.setRaftCommitIndex(2)
     j.onOneSecondTimer()
-    assert j.syncs == 2  # nothing pending
-    j.deleteEntriesFrom(2)
-    assert j.dirty
-    j.sync()
-    assert j.syncs == 3  # the new size must be made durable
-    j.sync()
-    assert j.syncs == 3
-    j._destroy()
+    assert j.syncs == 2
 
 
 def test_add_only_buffers_until_sync(path):
-    j = DurableJournal(path)
+    j = journal(path)
     fill(j)
-    assert size(path) == len(MAGIC)
-    assert j.dirty
+    assert size(path) == len(MAGIC) and j.dirty
     j.sync()
     assert size(path) > len(MAGIC)
-    j._destroy()
 
 
 def test_set_commit_index_syncs_pending_entries(path):
-    j = DurableJournal(path)
+    j = journal(path)
     fill(j)
     j.setRaftCommitIndex(2)
     assert j.syncs == 1 and not j.dirty
     assert size(path) == len(MAGIC) + sum(_ENTRY.size + len(c) for c, _, _ in ENTRIES)
-    j._destroy()
-
-
-def test_no_fsync_env_still_writes_entries(path, monkeypatch):
-    monkeypatch.setenv(NO_FSYNC_ENV, "1")
-    j = DurableJournal(path)
-    fill(j)
-    j.sync()
-    assert not j.dirty
-    assert size(path) == len(MAGIC) + sum(_ENTRY.size + len(c) for c, _, _ in ENTRIES)
-    j2 = reopen(j)
-    assert j2.entries == ENTRIES
-    j2._destroy()
-
-
-def test_clean_cut_below_commit_index_is_corruption(path):
-    # No torn bytes at all, but the journal ends before the durable commit index:
-    # a disk that lost synced writes.  Cutting nothing would silently lose entry 5.
-    j = DurableJournal(path)
-    fill(j)
-    j.setRaftCommitIndex(5)
-    j._destroy()
-    cut(path, entry_offsets(ENTRIES)[-1])
-    with pytest.raises(CorruptFileError) as ei:
-        DurableJournal(path)
-    assert path in str(ei.value)
-
-
-# ------------------------------------------------- committed entries are never cut
-def test_cut_below_the_commit_index_keeps_committed_entries(path):
-    """pysyncobj cuts after an AppendEntries' prevLogIdx even where entries match; a resent
-    AppendEntries with an older prevLogIdx must not remove committed (applied) entries."""
-    j = DurableJournal(path)
-    fill(j)
-    j.setRaftCommitIndex(3)  # entries 1..3 committed, 4..5 not
-    j.deleteEntriesFrom(1)  # "cut from index 2"
-    assert [e[1] for e in j.entries] == [1, 2, 3]  # only the uncommitted tail went
-    assert j.kept_committed == 1
-    # The leader's copies follow: the same entries are recognised and skipped ...
-    for e in ENTRIES[1:3]:
-        j.add(*e)
-    # ... and the uncommitted ones appended again.
-    j.add(b"new four", 4, 4)
-    j.sync()
-    assert [(e[1], e[2]) for e in j.entries] == [(1, 1), (2, 1), (3, 2), (4, 4)]
-    again = reopen(j)
-    assert [e[1] for e in again.entries] == [1, 2, 3, 4]
-    assert again.entries[3][0] == b"new four"
-
-
-def test_cut_above_the_commit_index_is_a_plain_cut(path):
-    j = DurableJournal(path)
-    fill(j)
-    j.setRaftCommitIndex(2)
-    j.deleteEntriesFrom(3)
-    assert [e[1] for e in j.entries] == [1, 2, 3]
-    assert j.kept_committed == 0
-    j.add(b"other four", 4, 9)
-    assert j.entries[-1] == (b"other four", 4, 9)
-
-
-@pytest.mark.parametrize("change", ["term", "command"])
-def test_a_different_committed_entry_stops_the_node(path, monkeypatch, change):
-    exits = []
-    monkeypatch.setattr(os, "_exit", lambda code: exits.append(code))
-    j = DurableJournal(path)
-    fill(j)
-    j.setRaftCommitIndex(3)
-    j.deleteEntriesFrom(1)
-    command, idx, term = ENTRIES[1]
-    j.add(*((command, idx, term + 1) if change == "term" else (b"not the same", idx, term)))
-    from quorum.journal import EXIT_DIVERGED
-    assert exits == [EXIT_DIVERGED]

@@ -1,0 +1,271 @@
+"""Quorum nodes in the test process: the real ``Service`` and ``RaftNode`` (pysyncobj over loopback
+TCP, the Raft thread running), each node's files on its own ``SimDisk``.
+
+What this adds over ``LocalCluster`` (real processes): the instant of a crash can be chosen to the
+file operation (``SimDisk.stop``), a power loss can drop exactly what was not synced
+(``SimDisk.power_loss``), and disk errors can be injected (``SimDisk.fail``).  The test-only hooks
+live here and in ``chaos.sim``; the nodes run production code unchanged.
+
+``SimCluster.allocate`` is a minimal proposer with the real one's rules (a barrier entry of the
+leader's term first, then a block generated from the applied state, committed as one entry); a block
+is *acknowledged* when its entry was applied on the leader with the record accepted.
+"""
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from chaos.sim.disk import LossPolicy, MachineStopped, NodeHalted, SimDisk
+from quorum.config import NodeConfig, Peer
+from quorum.localcluster import free_ports
+from quorum.raft import ProposalRejected, ProposalUnknown, RaftConfig
+from quorum.service import Service
+from records import encode_batch
+
+DATA = "/data"
+
+_default_excepthook = threading.excepthook
+
+
+def _quiet_stops(args) -> None:
+    """A node's thread ended by a simulated machine stop or fail-stop: expected, not a test error."""
+    if issubclass(args.exc_type, (MachineStopped, NodeHalted)):
+        return
+    _default_excepthook(args)
+
+
+threading.excepthook = _quiet_stops
+FAST = RaftConfig(heartbeat_interval=0.02, election_timeout_min=0.15, election_timeout_max=0.3,
+                  connection_timeout=0.6, reconnect_interval=0.05, peer_ping_interval=0.05,
+                  leader_step_down_timeout=0.5)
+
+
+@dataclass
+class SimNode:
+    node_id: int
+    cfg: NodeConfig
+    disk: SimDisk
+    service: Service | None = None
+    halted: tuple[int, str] | None = None   # (exit code, reason) of a fail-stop
+    starts: int = 0
+    refused: list = field(default_factory=list)
+    on_start: object = None  # called with the node after every start (the cluster re-applies its cuts)
+
+    def _failstop(self, code: int, message: str):
+        if self.halted is None:
+            self.halted = (code, message)
+        raise NodeHalted(code, message)
+
+    def start(self) -> None:
+        self.halted = None
+        self.disk.failstop = self._failstop
+        self.starts += 1
+        self.service = Service(self.cfg, disk=self.disk, failstop=self._failstop)
+        if self.on_start is not None:
+            self.on_start(self)
+
+    @property
+    def raft(self):
+        return self.service.raft
+
+    @property
+    def running(self) -> bool:
+        return (self.service is not None and self.raft._thread is not None and self.raft._thread.is_alive()
+                and not self.disk.stopped and self.halted is None)
+
+    def crash(self) -> None:
+        """The process dies here: no tick after the current one, no file written, sockets closed."""
+        if self.service is None:
+            return
+        raft = self.raft
+        raft._stopping = True
+        if raft._thread is not None:
+            raft._thread.join(timeout=10)
+        self.disk.stopped = True  # nothing more reaches the files
+        try:
+            raft._obj._SyncObj__transport.destroy()
+        except (MachineStopped, NodeHalted):
+            pass
+        self.service = None
+
+    def stop(self) -> None:
+        """A clean stop (SIGTERM): the Raft thread ends, the journal is synced, files closed."""
+        if self.service is None:
+            return
+        self.service.close()
+        self.service = None
+
+    def restart(self, disk: SimDisk) -> None:
+        self.crash()
+        self.disk = disk
+        self.start()
+
+    def power_loss(self, policy: LossPolicy | None = None) -> None:
+        """The machine loses power: what was not synced is gone (per ``policy``); start again."""
+        self.crash()
+        was = self.disk
+        was.stopped = False
+        image = was.power_loss(policy)
+        self.disk = image
+        self.start()
+
+    # ------------------------------------------------------------ reading
+    def next_producer_id(self) -> int:
+        with self.service.lock:
+            return self.service.state.producer_ids.next_producer_id
+
+    def status(self) -> dict:
+        return self.raft.status()
+
+
+class SimCluster:
+    def __init__(self, size: int = 3, raft: RaftConfig = FAST, block_size: int = 1000, start: bool = True,
+                 **node_options):
+        ports = free_ports(2 * size)
+        addresses = [(f"127.0.0.1:{ports[2 * i]}", f"127.0.0.1:{ports[2 * i + 1]}") for i in range(size)]
+        self.secret = "sim-secret-" + uuid.uuid4().hex
+        cluster_id = "c-" + uuid.uuid4().hex
+        self.nodes: dict[int, SimNode] = {}
+        for i, (r, c) in enumerate(addresses):
+            peers = [Peer(j + 1, rr, cc) for j, (rr, cc) in enumerate(addresses) if j != i]
+            cfg = NodeConfig(node_id=i + 1, data_dir=DATA, raft_address=r, client_address=c, secret=self.secret,
+                             peers=peers, block_size=block_size, raft=raft, cluster_id=cluster_id, **node_options)
+            self.nodes[i + 1] = SimNode(i + 1, cfg, SimDisk(), on_start=self._filter_sends)
+        self.acknowledged: list[tuple[int, int]] = []
+        self._cuts: set[frozenset] = set()
+        if start:
+            for n in self.nodes.values():
+                n.start()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self) -> None:
+        for n in self.nodes.values():
+            try:
+                n.crash()
+            except BaseException:  # noqa: BLE001 - tearing down whatever state it is in
+                pass
+
+    def running(self) -> list[SimNode]:
+        return [n for n in self.nodes.values() if n.running]
+
+    def leader(self, timeout: float = 15.0, among: list[int] | None = None) -> SimNode:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for n in self.running():
+                if among is not None and n.node_id not in among:
+                    continue
+                if n.raft.role()[0]:
+                    return n
+            time.sleep(0.01)
+        raise TimeoutError(f"no leader within {timeout}s among {[n.node_id for n in self.running()]}")
+
+    def wait(self, condition, timeout: float = 15.0, what: str = "a condition"):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            got = condition()
+            if got:
+                return got
+            time.sleep(0.01)
+        raise TimeoutError(f"{what} not within {timeout}s")
+
+    # ------------------------------------------------------------ network
+    def cut(self, a: int, b: int) -> None:
+        """Drop every Raft message between nodes ``a`` and ``b`` (both ways; the TCP link stays up)."""
+        self._cuts.add(frozenset((a, b)))
+
+    def heal(self) -> None:
+        self._cuts.clear()
+
+    def _filter_sends(self, node: SimNode) -> None:
+        transport = node.raft._transport
+        if getattr(transport, "_sim_filtered", False):
+            return
+        addresses = {n.cfg.raft_address: n.node_id for n in self.nodes.values()}
+        original = transport.send
+        cluster = self
+
+        def send(peer, message):
+            if frozenset((node.node_id, addresses.get(peer.address))) in cluster._cuts:
+                return False
+            return original(peer, message)
+
+        transport.send = send
+        transport.send_unsynced = lambda peer, message: (
+            False if frozenset((node.node_id, addresses.get(peer.address))) in cluster._cuts
+            else type(transport).send_unsynced(transport, peer, message))
+        transport._sim_filtered = True
+
+    # ------------------------------------------------------------ proposing
+    def _propose(self, node: SimNode, records: list, timeout: float):
+        done = threading.Event()
+        out: list = []
+
+        def callback(result, error):
+            out.append((result, error))
+            done.set()
+
+        node.raft.propose(encode_batch(records), callback)
+        if not done.wait(timeout):
+            raise ProposalUnknown(f"no answer within {timeout}s")
+        result, error = out[0]
+        if error is not None:
+            raise error
+        return result
+
+    def _with_leader(self, generate, timeout: float, among: list[int] | None):
+        """Barrier, generate from the applied state, propose; retry afresh on any failure."""
+        deadline = time.monotonic() + timeout
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            try:
+                leader = self.leader(max(0.1, deadline - time.monotonic()), among)
+                self._propose(leader, [], 2.0)  # every earlier entry is applied here after this
+                with leader.service.lock:
+                    result = generate(leader.service.state, int(time.time() * 1000))
+                outcome = self._propose(leader, result.records, 2.0)
+                if outcome and any(e is not None for e in outcome):
+                    raise ProposalRejected(f"replay refused: {outcome}")
+                return result.response
+            except (ProposalRejected, ProposalUnknown, TimeoutError, AttributeError) as e:
+                last = e
+                time.sleep(0.02)
+        raise TimeoutError(f"not committed within {timeout}s: {last}")
+
+    def register(self, broker_id: int, timeout: float = 20.0, among: list[int] | None = None) -> int:
+        incarnation = uuid.uuid4().hex
+        return self._with_leader(lambda state, now: state.registrations.generate_register(
+            broker_id, incarnation, "127.0.0.1:1", now), timeout, among)
+
+    def allocate(self, broker_id: int, epoch: int, timeout: float = 20.0,
+                 among: list[int] | None = None) -> tuple[int, int]:
+        block = self._with_leader(lambda state, now: state.producer_ids.generate_allocate(
+            broker_id, epoch, state.registrations, self.nodes[1].cfg.block_size, now), timeout, among)
+        self.acknowledged.append(block)
+        return block
+
+    def assert_no_block_reissued(self, blocks: list[tuple[int, int]] | None = None) -> None:
+        ranges = sorted((s, s + n) for s, n in (blocks if blocks is not None else self.acknowledged))
+        for (s1, e1), (s2, e2) in zip(ranges, ranges[1:]):
+            assert s2 >= e1, f"blocks overlap: [{s1},{e1}) and [{s2},{e2})"
+
+
+def stop_at(predicate):
+    """A ``SimDisk.stop`` hook: stop the machine at the first operation for which
+    ``predicate(op, when)`` holds (``when`` is "before" or "after")."""
+    fired = []
+
+    def hook(op, when):
+        if not fired and predicate(op, when):
+            fired.append((op, when))
+            return True
+        return False
+
+    hook.fired = fired
+    return hook

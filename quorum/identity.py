@@ -148,7 +148,10 @@ class NodeIdentity:
 
     @classmethod
     def open(cls, data_dir: str, secret: str, configured_cluster_id: str | None = None,
-             client_address: str | None = None, disk: Disk | None = None) -> "NodeIdentity":
+             client_address: str | None = None, disk: Disk | None = None,
+             new_id=lambda: uuid.uuid4().hex) -> "NodeIdentity":
+        """``new_id()`` draws the uuid of a new data directory and each run's id (the simulator passes
+        a seeded one)."""
         disk = disk or Disk()
         disk.make_dir(data_dir)
         path = os.path.join(data_dir, IDENTITY_FILE)
@@ -171,7 +174,7 @@ class NodeIdentity:
         else:
             legacy = [f for f in RAFT_FILES if disk.exists(os.path.join(data_dir, f))]
             cluster_id = configured_cluster_id or derived_cluster_id(secret)
-            node_uuid, generation, created = uuid.uuid4().hex, 1, int(time.time() * 1000)
+            node_uuid, generation, created = new_id(), 1, int(time.time() * 1000)
             if legacy:
                 log.warning("data directory %s has Raft state (%s) but no identity file (written by an earlier "
                             "version): creating identity node %s in cluster %s%s", data_dir, ", ".join(legacy),
@@ -183,7 +186,7 @@ class NodeIdentity:
         disk.write_file(path, seal(IDENTITY_MAGIC, {"cluster_id": cluster_id, "node_uuid": node_uuid,
                                                     "generation": generation, "created_ms": created}))
         peers = cls._load_peers(disk, os.path.join(data_dir, PEERS_FILE))
-        hello = Hello(cluster_id, node_uuid, generation, uuid.uuid4().hex[:16], client_address)
+        hello = Hello(cluster_id, node_uuid, generation, new_id()[:16], client_address)
         log.info("node identity: cluster %s, node %s, start %d", cluster_id, node_uuid, generation)
         return cls(data_dir, hello, peers, disk, existed=data is not None)
 

@@ -285,9 +285,10 @@ def loss_evidence(journal: DurableJournal, snap: Snapshot | None, identity_exist
     return found
 
 
-class _SyncingTransport(TCPTransport):
-    """TCP transport that makes the journal durable before any message leaves, except the leader's AppendEntries.
+class _Gate:
+    """Mixed into the node's transport (TCP in a node process; any pysyncobj ``Transport``).
 
+    It makes the journal durable before any message leaves, except the leader's AppendEntries.
     A follower's acknowledgement, a vote, anything that reflects this node's log or term, waits for
     the fdatasync.  The leader's AppendEntries go out first and the leader syncs right after (the tick
     callback), so its fdatasync runs while the followers do theirs: one disk sync on the critical path
@@ -296,8 +297,7 @@ class _SyncingTransport(TCPTransport):
     first: nothing is applied, answered or announced as committed before the leader's copy is durable.
 
     It also lets no message of a connection reach Raft before the peer's identity hello was checked
-    and the peer's verdict on this node arrived (``quorum.identity``), and binds the Raft port to the
-    advertised host unless a bind address is configured.
+    and the peer's verdict on this node arrived (``quorum.identity``).
     """
 
     owner: "RaftNode"
@@ -310,11 +310,6 @@ class _SyncingTransport(TCPTransport):
     def send_unsynced(self, node, message):
         """Identity-gate messages: they carry only the durable log end, never anything unsynced."""
         return super().send(node, message)
-
-    def tryGetReady(self):
-        super().tryGetReady()
-        if not self._ready:
-            time.sleep(0.05)  # pysyncobj retries the bind in a busy loop when it is not ticking itself
 
     def _onNodeConnected(self, node):
         self.owner._reset_peer_checks(node)
@@ -362,6 +357,16 @@ class _SyncingTransport(TCPTransport):
             self.owner.identity.forget(node.address)
         self.owner.peer_clients.pop(node.address, None)
         super().dropNode(node)
+
+
+class _TCP(TCPTransport):
+    """pysyncobj's TCP transport, binding the advertised host (``bindAddress`` is always set by
+    ``RaftNode``; pysyncobj binds 0.0.0.0 without one) and not spinning while the bind is retried."""
+
+    def tryGetReady(self):
+        super().tryGetReady()
+        if not self._ready:
+            time.sleep(0.05)  # pysyncobj retries the bind in a busy loop when it is not ticking itself
 
 
 def _is_int(x) -> bool:
@@ -602,20 +607,24 @@ class RaftNode:
     ``on_apply(index, term, payload) -> result`` is called for every committed entry,
     in order, from the Raft thread.  ``snapshot_state() -> records`` and
     ``restore_state(records, last_index)`` turn the state into records and back.
-    ``disk`` and ``failstop`` are the node's storage and its way to stop (tests and
-    the simulator pass their own).
+    ``disk`` and ``failstop`` are the node's storage and its way to stop, ``transport_class`` the
+    pysyncobj transport under the identity gate (TCP by default), ``clock`` what gives wall time
+    (``time``); tests and the simulator pass their own.  With ``tick_thread=False`` the caller drives
+    the node with ``tick()``.
     """
 
     def __init__(self, self_addr: str, partners: list[str], data_dir: str, secret: str, raft: RaftConfig,
                  on_apply: Callable[[int, int, bytes], Any], snapshot_state: Callable[[], list],
                  restore_state: Callable[[list, int], None], bind_addr: str | None = None,
                  identity: NodeIdentity | None = None, disk: Disk | None = None,
-                 failstop: FailStop | None = None, transport_class: type | None = None, tick_thread: bool = True):
+                 failstop: FailStop | None = None, transport_class: type | None = None, tick_thread: bool = True,
+                 clock=time):
         if not secret:
             raise ValueError("a cluster secret is required: the Raft port executes what it receives")
         raft.validate()
         self.self_addr = self_addr
         self.data_dir = data_dir
+        self._clock = clock
         self.failstop = failstop or (disk.failstop if disk is not None else process_failstop)
         self.disk = disk or Disk(self.failstop)
         self.journal_path = os.path.join(data_dir, "raft.journal")
@@ -676,9 +685,7 @@ class RaftNode:
         )
         self._tick_period = conf.autoTickPeriod
 
-        base = transport_class or _SyncingTransport
-
-        class Transport(base):
+        class Transport(_Gate, transport_class or _TCP):
             owner = node
 
         self._transport_holder: list = []
@@ -733,7 +740,7 @@ class RaftNode:
         self._obj.doTick(timeout)
 
     def _on_tick(self) -> None:
-        self.journal.sync()  # the leader's entries sent this tick (see _SyncingTransport)
+        self.journal.sync()  # the leader's entries sent this tick (see _Gate)
         self.check_recovery()
         while True:
             try:
@@ -772,7 +779,7 @@ class RaftNode:
         each step durable: at every instant the files hold every committed entry."""
         records = self._snapshot_state()
         snap = Snapshot(records=records, last_entry=tuple(last), prev_entry=tuple(prev), cluster=cluster,
-                        meta={"written_by": self.self_addr, "written_at_ms": int(time.time() * 1000)})
+                        meta={"written_by": self.self_addr, "written_at_ms": int(self._clock.time() * 1000)})
         self.last_snapshot_bytes = self.store.write(snap)
         self.journal.rebase(tuple(prev), tuple(last))
         log.info("snapshot at index %d: %d records, %d bytes; journal now starts at %d", last[1], len(records),

@@ -62,10 +62,13 @@ RESERVE_MAX_BROKERS = 4096  # bookkeeping is pruned beyond 4x this many brokers
 
 
 class Service:
-    """``disk`` is where every durable file goes (``quorum.storage``); tests and fault runs pass their own."""
+    """``disk`` is where every durable file goes (``quorum.storage``), ``clock`` what tells the time (the
+    ``time`` module), ``new_id`` what draws identity ids (uuid4); tests, fault runs and the simulator
+    pass their own."""
 
-    def __init__(self, cfg: NodeConfig, disk: Disk | None = None, **raft_options):
+    def __init__(self, cfg: NodeConfig, disk: Disk | None = None, clock=time, new_id=None, **raft_options):
         self.cfg = cfg
+        self.clock = clock  # time.time() for record timestamps, time.monotonic() for the proposer's pacing
         self.disk = disk or Disk()
         self.disk.make_dir(cfg.data_dir)
         self.lock = threading.Lock()
@@ -73,12 +76,12 @@ class Service:
         self.applied_index = 0
         self.allocations: dict[int, list[int]] = {}  # broker id -> [blocks, IDs] committed (counted at apply)
         self.identity = NodeIdentity.open(cfg.data_dir, cfg.secret, cfg.cluster_id, cfg.client_address,
-                                          disk=self.disk)
+                                          disk=self.disk, **({"new_id": new_id} if new_id else {}))
         self.audit = AuditWriter(os.path.join(cfg.data_dir, "audit.log"), self.disk)
         self.raft = RaftNode(cfg.raft_address, [p.raft_address for p in cfg.peers], cfg.data_dir, cfg.secret,
                              cfg.raft, on_apply=self._apply, snapshot_state=self._snapshot_state,
                              restore_state=self._restore_state, bind_addr=cfg.raft_bind, identity=self.identity,
-                             disk=self.disk, **raft_options)
+                             disk=self.disk, clock=clock, **raft_options)
 
     # ---------------------------------------------- pysyncobj thread callbacks
     def _apply(self, index: int, term: int, payload: bytes) -> list[str | None]:
@@ -298,7 +301,7 @@ class Proposer:
 
     def _note_activity(self, broker_id: int) -> bool:
         """Whether this broker's previous allocate was less than RESERVE_ACTIVE_S ago."""
-        now = time.monotonic()
+        now = self.service.clock.monotonic()
         last = self._last_request.get(broker_id)
         self._last_request[broker_id] = now
         if len(self._last_request) > 4 * RESERVE_MAX_BROKERS:  # forget brokers long gone
@@ -421,7 +424,7 @@ class Proposer:
                 for op in ops:
                     op.finish(error=NotControllerError(f"leadership not established: {e}"))
                 return
-        now_ms = int(time.time() * 1000)
+        now_ms = int(svc.clock.time() * 1000)
         with svc.lock:
             scratch = svc.state.fork()
         records: list[Record] = []

@@ -73,8 +73,11 @@ def read_audit(path: str, start: int = 0) -> tuple[list[AuditLine], int]:
     return lines, end
 
 
-def parse_audit(path: str, data: bytes, start: int = 0) -> tuple[list[AuditLine], int]:
-    """The lines in ``data`` (the file's bytes from offset ``start``) and the end of its valid part."""
+def parse_audit(path: str, data: bytes, start: int = 0, tail: bool = False) -> tuple[list[AuditLine], int]:
+    """The lines in ``data`` (the file's bytes from offset ``start``) and the end of its valid part.
+
+    ``tail``: ``data`` was never synced (it follows the checkpoint), so a bad line is a crash's torn
+    write whatever follows it, not corruption."""
     lines: list[AuditLine] = []
     pos = 0
     while pos < len(data):
@@ -86,7 +89,7 @@ def parse_audit(path: str, data: bytes, start: int = 0) -> tuple[list[AuditLine]
             break
         body = data[pos + _FRAME.size:end]
         if zlib.crc32(body) != crc:
-            if end < len(data):
+            if end < len(data) and not tail:
                 raise CorruptFileError(path, f"checksum mismatch in audit line at offset {start + pos}")
             break
         try:
@@ -100,7 +103,7 @@ def parse_audit(path: str, data: bytes, start: int = 0) -> tuple[list[AuditLine]
             raise CorruptFileError(path, f"bad audit line at offset {start + pos}: {e}") from None
         lines.append(AuditLine(entry, record))
         pos = end
-    if pos != len(data) and _valid_frame_after(data, pos + 1):
+    if pos != len(data) and not tail and _valid_frame_after(data, pos + 1):
         raise CorruptFileError(path, f"damaged audit line at offset {start + pos} with valid lines after it")
     return lines, start + pos
 
@@ -179,7 +182,9 @@ class AuditWriter:
                 raise CorruptFileError(path, f"file is {size} bytes but {cp[0]} bytes were synced "
                                              f"(checkpoint {checkpoint_path(path)}): audit lines lost")
             start, self.last_index = cp
-        lines, end = parse_audit(path, self.disk.read(path, start) or b"", start)
+        # Past the checkpoint nothing was synced: a crash may have persisted those pages in any order,
+        # so the first bad line ends the trail there (the journal replays what is cut).
+        lines, end = parse_audit(path, self.disk.read(path, start) or b"", start, tail=True)
         self.scanned_bytes = size - start
         self.last_index = max(self.last_index, max((ln.entry.raft_index for ln in lines), default=0))
         self._f = self.disk.open_append(path)

@@ -377,9 +377,9 @@ class _Replicated(SyncObj):
     """SyncObj with the unsafe code paths replaced (see the module docstring).  The replacements are
     methods named as pysyncobj's private ones, so pysyncobj's own calls reach them."""
 
-    def __init__(self, self_addr, partners, conf, transport_class, node: "RaftNode"):
+    def __init__(self, self_addr, partners, conf, transport_class, node: "RaftNode", node_class=TCPNode):
         self._pq = node
-        super().__init__(self_addr, partners, conf, transportClass=transport_class)
+        super().__init__(self_addr, partners, conf, transportClass=transport_class, nodeClass=node_class)
 
     @replicated
     def apply_entry(self, payload):
@@ -403,12 +403,29 @@ class _Replicated(SyncObj):
         if self._pq.recovery is not None and kind in ("request_vote", "timeout_now"):
             self._withhold(node, message)
             return
+        if kind == "response_vote" and not self._new_voter(node, message):
+            return
+        if kind == "next_node_idx" and message.get("term", self._SyncObj__raftCurrentTerm) != \
+                self._SyncObj__raftCurrentTerm:
+            return  # an acknowledgement from another term (delayed): it says nothing about this leader's log
         SyncObj._SyncObj__onMessageReceived(self, node, message)
         if (kind == "next_node_idx" and message.get("success") and self._SyncObj__raftState == _LEADER):
             match = self._SyncObj__raftMatchIndex.get(node)
             entry = self._pq.journal.entry(match) if match else None
             if entry is not None:
                 self._pq.identity.note_held(node.address, (entry[2], entry[1]))
+
+    def _new_voter(self, node, message) -> bool:
+        """pysyncobj counts vote messages, not voters: a vote delivered twice would count twice (two
+        leaders in one term).  Count each voter once per term."""
+        term = self._SyncObj__raftCurrentTerm
+        if getattr(self, "_voters_term", None) != term:
+            self._voters_term, self._voters = term, set()
+        if node.address in self._voters:
+            return False
+        if message.get("term") == term:
+            self._voters.add(node.address)
+        return True
 
     def _withhold(self, node, message) -> None:
         """A recovering node keeps up with terms but grants no vote and takes no leadership."""
@@ -518,10 +535,11 @@ class _Replicated(SyncObj):
         position but never count toward a majority."""
         self._pq.journal.sync()
         self._pq.check_recovery()
-        if verified and self._pq.recovery is None:
-            self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=next_index, success=True)
-        else:
-            self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=next_index, success=False, reset=True)
+        counted = verified and self._pq.recovery is None
+        # pysyncobj's acknowledgement, plus the term it answers (the leader ignores any other term's).
+        self._SyncObj__transport.send(node, {"type": "next_node_idx", "next_node_idx": next_index,
+                                            "reset": not counted, "success": counted,
+                                            "term": self._SyncObj__raftCurrentTerm})
 
     def _snapshot_chunk(self, node, term: int, serialized) -> None:
         pq = self._pq
@@ -561,9 +579,30 @@ class _Replicated(SyncObj):
                 callback(None, FAIL_REASON.UNKNOWN_OUTCOME)  # overtaken by the snapshot: outcome unknown
         if self._SyncObj__conf.dynamicMembershipChange:
             me = self._SyncObj__selfNode.address
-            self._SyncObj__updateClusterConfiguration([TCPNode(a) for a in snap.cluster if a != me])
+            node_class = self._SyncObj__nodeClass
+            self._SyncObj__updateClusterConfiguration([node_class(a) for a in snap.cluster if a != me])
         self._SyncObj__onSetCodeVersion(0)
         self._SyncObj__needLoadDumpFile = False
+
+    def adopt_log_configuration(self, after_index: int) -> int:
+        """At start: apply the membership changes in the journal after ``after_index`` (the snapshot).
+
+        Raft: a server uses the latest configuration in its log, committed or not, and pysyncobj does so
+        for entries it appends.  But on a restart it rebuilds membership from the snapshot and then only
+        from entries as they are committed, and the durable commit index is a hint written once a second:
+        a restarted node did not know members added just before it stopped, could not connect to them,
+        and so could not hear a leader or a verdict from them.  Applying a change twice is a no-op
+        (pysyncobj re-applies committed ones).  Returns how many changes were applied."""
+        if not self._SyncObj__conf.dynamicMembershipChange:
+            return 0
+        applied = 0
+        for command, index, _term in list(self._pq.journal.entries):
+            if index <= after_index:
+                continue
+            change = self._SyncObj__parseChangeClusterRequest(command)
+            if change is not None and self._SyncObj__doChangeCluster(change):
+                applied += 1
+        return applied
 
     def _SyncObj__loadDumpFile(self, clearJournal):
         raise AssertionError("snapshot loading is the adapter's (load_snapshot); pysyncobj's would clear the journal")
@@ -608,8 +647,8 @@ class RaftNode:
     in order, from the Raft thread.  ``snapshot_state() -> records`` and
     ``restore_state(records, last_index)`` turn the state into records and back.
     ``disk`` and ``failstop`` are the node's storage and its way to stop, ``transport_class`` the
-    pysyncobj transport under the identity gate (TCP by default), ``clock`` what gives wall time
-    (``time``); tests and the simulator pass their own.  With ``tick_thread=False`` the caller drives
+    pysyncobj transport under the identity gate (TCP by default), ``node_class`` pysyncobj's node
+    type (``TCPNode``), ``clock`` what gives wall time (``time``); tests and the simulator pass their own.  With ``tick_thread=False`` the caller drives
     the node with ``tick()``.
     """
 
@@ -618,7 +657,7 @@ class RaftNode:
                  restore_state: Callable[[list, int], None], bind_addr: str | None = None,
                  identity: NodeIdentity | None = None, disk: Disk | None = None,
                  failstop: FailStop | None = None, transport_class: type | None = None, tick_thread: bool = True,
-                 clock=time):
+                 clock=time, node_class: type = TCPNode):
         if not secret:
             raise ValueError("a cluster secret is required: the Raft port executes what it receives")
         raft.validate()
@@ -699,7 +738,7 @@ class RaftNode:
             _pending_journals[self.journal_path] = self.journal
             _pending_stores[self.snapshot_path] = _SnapshotShim(self.store, conf.logCompactionBatchSize)
         try:
-            self._obj = _Replicated(self_addr, partners, conf, make_transport, self)
+            self._obj = _Replicated(self_addr, partners, conf, make_transport, self, node_class)
         except SyncObjException as e:
             raise OSError(f"cannot bind the Raft port {bind_addr or self_addr}: {e.errorCode}") from None
         finally:
@@ -710,6 +749,10 @@ class RaftNode:
         if snap is not None:
             self._obj.load_snapshot(snap)
         self._obj._SyncObj__needLoadDumpFile = False
+        changes = self._obj.adopt_log_configuration(snap.last_index if snap is not None else 0)
+        if changes:
+            log.info("start-up: %d membership change(s) in the journal applied (members: %s)", changes,
+                     ", ".join(self.members()))
         self._ping_interval = raft.peer_ping_interval
         self._last_ping = 0.0
         self._last_flush = _clock()

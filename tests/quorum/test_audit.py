@@ -273,20 +273,36 @@ def test_garbage_after_last_line_is_cut_on_reopen(path):
 
 
 @pytest.mark.parametrize("where", ["crc", "body"])
-def test_corrupt_middle_line_is_corruption(path, where):
+def test_corrupt_middle_line_is_corruption_for_readers(path, where):
     write_trail(path, [(1, 1, [ok(reg())]), (2, 1, [ok(alloc(0))]), (3, 1, [ok(alloc(100))])])
     offsets = frame_offsets(path)
     flip(path, offsets[1] + (4 if where == "crc" else 8 + 3))
     with open(path, "rb") as f:
         before = f.read()
-    for open_it in (read_audit, AuditWriter):
-        with pytest.raises(CorruptFileError) as ei:
-            open_it(path)
-        assert ei.value.path == path
-        assert path in str(ei.value)
-        assert f"offset {offsets[1]}" in str(ei.value)
+    with pytest.raises(CorruptFileError) as ei:
+        read_audit(path)
+    assert ei.value.path == path and path in str(ei.value) and f"offset {offsets[1]}" in str(ei.value)
     with open(path, "rb") as f:
         assert f.read() == before  # nothing cut
+
+
+@pytest.mark.parametrize("where", ["crc", "body"])
+def test_damage_past_the_checkpoint_is_a_crash_tail_at_start(path, where):
+    """Nothing after the checkpoint was synced, and a power loss may persist those pages in any order: a
+    torn line with valid lines after it is a crash's tail there.  Start-up cuts it (found by the
+    simulator: the node refused to start after a power loss); the journal replays what was cut."""
+    write_trail(path, [(1, 1, [ok(reg())])], checkpoint=True)
+    synced = os.path.getsize(path)
+    w = AuditWriter(path)
+    w.append(2, 1, [ok(alloc(0))])
+    w.append(3, 1, [ok(alloc(100))])
+    w._f.close()  # a crash: written, never synced, no new checkpoint
+    offsets = frame_offsets(path)
+    flip(path, offsets[1] + (4 if where == "crc" else 8 + 3))
+    with pytest.raises(CorruptFileError):
+        read_audit(path)  # readers still say what they see
+    w2 = AuditWriter(path)
+    assert w2.last_index == 1 and os.path.getsize(path) == synced
 
 
 def test_checksum_valid_but_undecodable_middle_line_is_corruption(path):
@@ -303,17 +319,20 @@ def test_checksum_valid_but_undecodable_middle_line_is_corruption(path):
         AuditWriter(path)
 
 
-def test_corrupt_length_of_middle_line_is_corruption_not_torn(path):
+def test_damaged_length_without_a_checkpoint_is_cut_at_start_and_refused_by_readers(path):
+    """Without a checkpoint nothing of the trail was synced, so the journal still holds every entry it
+    covers (compaction syncs the trail first): start-up cuts at the damage and replay writes the lines
+    again.  Readers, which cannot replay, refuse."""
     write_trail(path, [(1, 1, [ok(reg())]), (2, 1, [ok(alloc(0))]), (3, 1, [ok(alloc(100))])])
     offsets = frame_offsets(path)
-    size = os.path.getsize(path)
     flip(path, offsets[1] + 3, 0x80)  # high byte of line 2's length
-    try:
-        with pytest.raises(CorruptFileError):
-            AuditWriter(path)
-    finally:
-        # Whatever happens, the valid lines after the damage must not be destroyed.
-        assert os.path.getsize(path) == size
+    with pytest.raises(CorruptFileError):
+        read_audit(path)
+    w = AuditWriter(path)
+    assert w.last_index == 1 and os.path.getsize(path) == offsets[1]
+    w.append(2, 1, [ok(alloc(0))])
+    w.close()
+    assert [i for i, _ in indexes(path)] == [1, 2]
 
 
 # --------------------------------------------------------------------------

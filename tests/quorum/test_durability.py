@@ -360,7 +360,8 @@ def test_every_crash_state_of_every_node_keeps_its_committed_entries():
                 raft = getattr(service, "raft", None) if service is not None else None
                 if raft is not None and hasattr(raft, "_obj"):
                     commit = raft._obj.raftCommitIndex
-                    committed = {e[1]: e[2] for e in raft.journal.entries if e[1] <= commit}
+                    # (index 1 term 0 is pysyncobj's implicit first no-op, re-created on an empty journal)
+                    committed = {e[1]: e[2] for e in raft.journal.entries if e[1] <= commit and e[2] > 0}
                 instants.append((node.node_id, str(op), node.disk.clone(), committed))
             return on_op
 
@@ -404,3 +405,81 @@ def test_every_crash_state_of_every_node_keeps_its_committed_entries():
           f"{sum(1 for i in instants if 'raft.snapshot' in i[1])} snapshot operations")
     assert len(instants) > 300 and states > len(instants)
     assert any("raft.snapshot" in i[1] for i in instants if i[0] == lagging.node_id)  # the install was covered
+
+
+# --------------------------------------------------- found by the deterministic simulation
+def test_a_vote_delivered_twice_counts_once():
+    """pysyncobj counted vote messages, not voters: in a five-node cluster, its own vote plus one vote
+    delivered twice made a "majority" and two leaders in one term (simulation, five nodes, duplication)."""
+    with SimCluster(size=5, start=False) as c:
+        n = c.nodes[1]
+        n.start()
+        obj = n.raft._obj
+        done = []
+
+        def become_candidate():
+            obj._SyncObj__setCurrentTerm(5, n.cfg.raft_address)
+            obj._SyncObj__setState(1)
+            obj._SyncObj__votesCount = 1
+            done.append(True)
+        n.raft._on_raft_thread(become_candidate)
+        c.wait(lambda: done, what="the candidate")
+        for _ in range(2):
+            _deliver(n, _fake_peer(c, 2), {"type": "response_vote", "term": 5})
+        assert not n.raft.role()[0]  # 2 voters of 5, however many messages
+        _deliver(n, _fake_peer(c, 3), {"type": "response_vote", "term": 5})
+        assert n.raft.role()[0]
+
+
+def test_an_acknowledgement_from_another_term_is_ignored():
+    """pysyncobj's acknowledgements carried no term: a delayed success from an earlier term raised the
+    leader's match index for a follower whose log was cut since, and an entry was committed that the
+    majority did not hold.  Acknowledgements now carry their term; the leader ignores other terms'."""
+    with SimCluster(start=False) as c:
+        n = c.nodes[1]
+        n.start()
+        obj = n.raft._obj
+        done = []
+
+        def become_leader():
+            obj._SyncObj__setCurrentTerm(7, n.cfg.raft_address)
+            obj._SyncObj__onBecomeLeader()
+            done.append(True)
+        n.raft._on_raft_thread(become_leader)
+        c.wait(lambda: done, what="the leader")
+        peer = _fake_peer(c, 2)
+        stale = {"type": "next_node_idx", "next_node_idx": 3, "reset": False, "success": True, "term": 5}
+        _deliver(n, peer, stale)
+        assert obj._SyncObj__raftMatchIndex[peer] == 0
+        _deliver(n, peer, dict(stale, term=7))
+        assert obj._SyncObj__raftMatchIndex[peer] == 2
+
+
+def test_a_restarted_node_uses_the_membership_in_its_journal():
+    """After a restart pysyncobj rebuilt membership from the snapshot and then only from entries as they
+    were committed again; the durable commit index is a hint written once a second, so a node restarted
+    right after a member was added did not know it, could not connect to it, and could not hear its
+    verdict that the node was behind (simulation: a leader elected without a committed entry)."""
+    import msgpack
+
+    with SimCluster() as c:
+        c.register(1)
+        leader = c.leader()
+        follower = next(x for x in c.nodes.values() if x is not leader)
+        extra = "127.0.0.1:1"  # a member that never runs
+        done = []
+        leader.raft._on_raft_thread(lambda: leader.raft._obj.addNodeToCluster(
+            extra, callback=lambda r, e: done.append(e)))
+        c.wait(lambda: extra in follower.raft.members(), what="the follower to append the change")
+        follower.crash()
+        image = follower.disk.crash()
+        meta_path = os.path.join(DATA, "raft.journal.meta")
+        data = image.read(meta_path)
+        body = msgpack.unpackb(data[8:-4], raw=False)
+        body["commit_index"] = 1  # what a node that stopped within a second of the change has on disk
+        import struct
+        import zlib
+        raw = msgpack.packb(body, use_bin_type=True)
+        image.write_file(meta_path, data[:8] + raw + struct.pack("<I", zlib.crc32(raw)))
+        follower.restart(image)
+        assert extra in follower.raft.members()

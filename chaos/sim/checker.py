@@ -1,0 +1,229 @@
+"""What must hold after every step of a simulation, and at its end.
+
+Raft's safety properties (Raft paper, figure 3), checked on the nodes' real state:
+
+* **election safety**: at most one leader per term;
+* **log matching**: two logs holding an entry with the same index and term hold the
+  same command there and the same entries before it;
+* **leader completeness**: a leader holds every entry committed in an earlier term
+  (in its journal, or below its snapshot);
+* **state-machine safety**: no two nodes apply different entries at one index.
+
+And pidquorum's own:
+
+* **no committed entry lost from a node's durable state**: every entry up to a
+  node's commit index is on its disk (synced journal, or its snapshot), and after
+  a crash or a power loss the node still holds what it knew was committed;
+* **no producer ID issued twice**: acknowledged blocks, new transactional producer
+  IDs and the ZooKeeper-era blocks of acknowledged seeds never overlap, and the
+  committed allocations never overlap;
+* **every acknowledged block is in the final state**.
+"""
+from __future__ import annotations
+
+import bisect
+import zlib
+from typing import TYPE_CHECKING
+
+from records import AllocateProducerIdsRecord, ProducerIdSeedRecord, RecordError, TransactionalIdRecord, decode_batch
+
+if TYPE_CHECKING:
+    from .node import SimulatedNode
+    from .sim import Simulation
+
+_LEADER = 2
+
+
+class Violation(AssertionError):
+    """A safety property failed (the message says which, where and with what)."""
+
+
+def _h(payload: bytes) -> int:
+    return zlib.crc32(payload)
+
+
+class Ranges:
+    """Disjoint [start, end) ranges, each with what it was; ``add`` refuses an overlap."""
+
+    def __init__(self):
+        self.starts: list[int] = []
+        self.items: list[tuple[int, int, str]] = []
+
+    def overlap(self, start: int, end: int) -> tuple[int, int, str] | None:
+        i = bisect.bisect_right(self.starts, start)
+        for j in (i - 1, i):
+            if 0 <= j < len(self.items):
+                s, e, w = self.items[j]
+                if start < e and s < end:
+                    return self.items[j]
+        return None
+
+    def add(self, start: int, end: int, what: str) -> None:
+        i = bisect.bisect_right(self.starts, start)
+        self.starts.insert(i, start)
+        self.items.insert(i, (start, end, what))
+
+    def __contains__(self, span: tuple[int, int]) -> bool:
+        i = bisect.bisect_left(self.starts, span[0])
+        return i < len(self.items) and self.items[i][:2] == span
+
+
+class Checker:
+    def __init__(self, sim: "Simulation"):
+        self.sim = sim
+        self.ledger: dict[int, tuple[int, int]] = {}      # committed index -> (term, crc of the command)
+        self.applied_by: dict[int, str] = {}               # index -> the first node that applied it
+        self.commit_term: dict[int, int] = {}              # index -> a term by which it was committed (an upper bound)
+        self.leaders: dict[int, str] = {}                 # term -> leader address
+        self.committed = Ranges()                        # committed allocations (and seeded ZooKeeper blocks)
+        self.issued = Ranges()                           # acknowledged [start, end) ranges, with what
+        self.max_index = 0
+        self.txn_epochs: set[tuple[str, int, int]] = set()
+        self.txn_pid: dict[str, int] = {}
+        self.checks = 0
+
+    # ------------------------------------------------------------ applies
+    def watch(self, node: "SimulatedNode") -> None:
+        raft = node.service.raft
+        original = raft._on_apply
+
+        def on_apply(index, term, payload, _node=node, _original=original):
+            result = _original(index, term, payload)
+            self._applied(_node, index, term, payload, result)
+            return result
+
+        raft._on_apply = on_apply
+
+    def _applied(self, node: "SimulatedNode", index: int, term: int, payload: bytes, result) -> None:
+        entry = node.raft.journal.entry(index)  # what is compared is the log entry's command, as in the logs
+        key = (term, _h(entry[0]) if entry is not None else _h(payload))
+        known = self.ledger.get(index)
+        current = node.raft._obj.raftCurrentTerm  # the applying node learnt of the commit in this term
+        if current < self.commit_term.get(index, current + 1):
+            self.commit_term[index] = current
+        if known is None:
+            self.ledger[index] = key
+            self.max_index = max(self.max_index, index)
+            self.applied_by[index] = node.address
+            self._note_records(index, payload, result)
+        elif known != key:
+            raise Violation(f"state-machine safety: node {node.node_id} applied entry {index} in term {term} "
+                            f"(command crc {key[1]:#x}), but {self.applied_by[index]} applied term {known[0]} "
+                            f"(crc {known[1]:#x}) there")
+
+    def _note_records(self, index: int, payload: bytes, result) -> None:
+        try:
+            records = decode_batch(payload)
+        except RecordError:
+            return
+        errors = result if isinstance(result, list) else [None] * len(records)
+        blocks = []
+        for rec, err in zip(records, errors):
+            if err is not None:
+                continue
+            if isinstance(rec, AllocateProducerIdsRecord):
+                blocks.append((rec.producer_id_start, rec.producer_id_start + rec.producer_id_len,
+                               f"block for broker {rec.broker_id} at index {index}"))
+            elif isinstance(rec, ProducerIdSeedRecord):
+                if (rec.zk_block_start, rec.zk_block_end + 1) not in self.committed:  # a retried seed: the same block
+                    blocks.append((rec.zk_block_start, rec.zk_block_end + 1, f"ZooKeeper block seeded at index {index}"))
+            elif isinstance(rec, TransactionalIdRecord) and rec.producer_id >= 0:
+                pass  # a transactional id's producer id comes from a one-ID block in the same entry
+        for start, end, what in blocks:
+            other = self.committed.overlap(start, end)
+            if other is not None:
+                raise Violation(f"producer IDs issued twice: committed {what} [{start}, {end}) overlaps committed "
+                                f"{other[2]} [{other[0]}, {other[1]})")
+            self.committed.add(start, end, what)
+
+    # --------------------------------------------------------------- steps
+    def step(self) -> None:
+        """Raft's safety properties and durable commits, on every running node."""
+        self.checks += 1
+        nodes = [n for n in self.sim.nodes.values() if n.running]
+        logs = {}
+        for n in nodes:
+            raft = n.raft
+            obj = raft._obj
+            term = obj.raftCurrentTerm
+            if obj._SyncObj__raftState == _LEADER:
+                holder = self.leaders.setdefault(term, n.address)
+                if holder != n.address:
+                    raise Violation(f"election safety: {n.address} and {holder} both lead term {term}")
+            journal = raft.journal
+            snap = raft.store.current
+            base = snap.last_index if snap else 1  # index 1: pysyncobj's implicit first no-op, on every node
+            entries = {e[1]: (e[2], _h(e[0])) for e in journal.entries}
+            logs[n.address] = (entries, base)
+            commit = obj.raftCommitIndex
+            durable = journal.durable_end()[1]
+            if commit > max(durable, base):
+                raise Violation(f"durability: node {n.node_id} has commit index {commit} but its journal is durable "
+                                f"only to {durable} (snapshot at {base})")
+            for index in range(base + 1, commit + 1):
+                want = self.ledger.get(index)
+                have = entries.get(index)
+                if have is None:
+                    raise Violation(f"durability: node {n.node_id} committed index {index} but holds no entry there "
+                                    f"(journal {min(entries, default=None)}..{max(entries, default=None)}, "
+                                    f"snapshot at {base})")
+                if want is not None and have != want:
+                    raise Violation(f"state-machine safety: node {n.node_id} holds {have} at committed index {index}, "
+                                    f"the committed entry is {want}")
+            if obj._SyncObj__raftState == _LEADER:
+                for index in range(base + 1, self.max_index + 1):
+                    want = self.ledger.get(index)
+                    if want is not None and self.commit_term[index] < term and entries.get(index) != want:
+                        raise Violation(f"leader completeness: {n.address} leads term {term} without committed entry "
+                                        f"{index} (term {want[0]}); it holds {entries.get(index)}")
+        self._log_matching(logs)
+
+    def _log_matching(self, logs: dict) -> None:
+        seen: dict[tuple[int, int], tuple[int, str]] = {}
+        for address, (entries, _base) in logs.items():
+            for index, (term, crc) in entries.items():
+                other = seen.setdefault((index, term), (crc, address))
+                if other[0] != crc:
+                    raise Violation(f"log matching: {address} and {other[1]} hold different commands at index {index} "
+                                    f"in term {term}")
+        addresses = sorted(logs)
+        for i, a in enumerate(addresses):
+            ea = logs[a][0]
+            for b in addresses[i + 1:]:
+                eb = logs[b][0]
+                common = [x for x in ea if x in eb and ea[x][0] == eb[x][0]]
+                if not common:
+                    continue
+                top = max(common)
+                for index in ea:
+                    if index <= top and index in eb and ea[index] != eb[index]:
+                        raise Violation(f"log matching: {a} and {b} agree at index {top} but differ at {index} "
+                                        f"({ea[index]} / {eb[index]})")
+
+    # ----------------------------------------------------------- workload
+    def issue(self, start: int, end: int, what: str) -> None:
+        """A range of producer IDs was handed to a client (acknowledged): it must be new."""
+        other = self.issued.overlap(start, end)
+        if other is not None:
+            raise Violation(f"producer IDs issued twice: {what} [{start}, {end}) overlaps {other[2]} "
+                            f"[{other[0]}, {other[1]})")
+        self.issued.add(start, end, what)
+
+    def txn_init(self, txn_id: str, pid: int, epoch: int, what: str) -> None:
+        key = (txn_id, pid, epoch)
+        if key in self.txn_epochs:
+            raise Violation(f"{what}: producer epoch {epoch} of {txn_id} (producer id {pid}) handed out twice")
+        self.txn_epochs.add(key)
+        if self.txn_pid.get(txn_id) != pid:
+            self.txn_pid[txn_id] = pid
+            self.issue(pid, pid + 1, f"producer id of {txn_id} ({what})")
+
+    def final(self, states: dict[int, int], acked_blocks: list[tuple[int, int, int]]) -> None:
+        """At the end, once converged: every acknowledged block is in the committed log and below every
+        node's cursor."""
+        for broker, start, end in acked_blocks:
+            if (start, end) not in self.committed:
+                raise Violation(f"acknowledged block [{start}, {end}) of broker {broker} is not in the committed log")
+            for node_id, cursor in states.items():
+                if cursor < end:
+                    raise Violation(f"acknowledged block [{start}, {end}) is above node {node_id}'s cursor {cursor}")

@@ -1,0 +1,207 @@
+"""A simulated network between quorum nodes, and the pysyncobj transport that uses it.
+
+Connections behave like the TCP links pysyncobj opens: a link between two nodes
+exists while both run and know each other, is set up when both directions pass,
+carries messages in order with a delay, and is closed when a node stops or when
+one side has heard nothing for the connection timeout (a partition).  Messages of
+a closed link are never delivered.  On top of that the seed's faults:
+
+* **drop** a message, **duplicate** it, **reorder** it (deliver it out of order
+  on its link), **delay** it (long tails);
+* **partitions**: a set of blocked directions, symmetric or one-way.
+
+Every message is pickled on send and unpickled on delivery (as over TCP), so no
+two nodes share an object.  All randomness comes from the simulation's generator.
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import pysyncobj.pickle as _pickle
+from pysyncobj.node import TCPNode
+from pysyncobj.transport import Transport
+
+if TYPE_CHECKING:
+    from .sim import Simulation
+
+
+class StableNode(TCPNode):
+    """pysyncobj's TCP node with a hash that does not depend on PYTHONHASHSEED, so the order in which
+    pysyncobj walks its sets of nodes (and so sends messages) is the same in every process."""
+
+    def __hash__(self):
+        return zlib.crc32(self.id.encode())
+
+
+@dataclass
+class NetFaults:
+    drop: float = 0.0          # probability a message is lost
+    duplicate: float = 0.0     # probability a message is delivered twice
+    reorder: float = 0.0       # probability a message ignores the link's order
+    delay: tuple[float, float] = (0.0001, 0.002)   # seconds, uniform
+    long_delay: float = 0.0    # probability of a delay of up to ``long_delay_max``
+    long_delay_max: float = 1.5
+
+
+@dataclass
+class _Link:
+    epoch: int
+    a: str
+    b: str
+    heard: dict = field(default_factory=dict)      # address -> last time it received anything on this link
+    last_at: dict = field(default_factory=dict)    # (src, dst) -> delivery time of the last in-order message
+
+
+class SimNetwork:
+    def __init__(self, sim: "Simulation", faults: NetFaults, connection_timeout: float, reconnect_interval: float):
+        self.sim = sim
+        self.faults = faults
+        self.connection_timeout = connection_timeout
+        self.reconnect_interval = reconnect_interval
+        self.endpoints: dict[str, "SimTransport"] = {}
+        self.links: dict[frozenset, _Link] = {}
+        self.blocked: set[tuple[str, str]] = set()
+        self._epochs = 0
+        self.sent = self.delivered = self.dropped = 0
+
+    # ----------------------------------------------------------- endpoints
+    def attach(self, t: "SimTransport") -> None:
+        self.endpoints[t.address] = t
+        self.sim.note(f"net: {t.address} up")
+
+    def detach(self, address: str) -> None:
+        if self.endpoints.pop(address, None) is None:
+            return
+        for key in [k for k in self.links if address in k]:
+            self._close(key, f"{address} stopped")
+
+    def passable(self, src: str, dst: str) -> bool:
+        return (src, dst) not in self.blocked
+
+    def maintain(self) -> None:
+        """Connect pairs that should be connected; close links that heard nothing for too long."""
+        now = self.sim.clock.now
+        for key, link in list(self.links.items()):
+            for side in (link.a, link.b):
+                if now - link.heard.get(side, now) > self.connection_timeout:
+                    self._close(key, f"{side} heard nothing for {self.connection_timeout}s")
+                    break
+        addresses = sorted(self.endpoints)
+        for i, a in enumerate(addresses):
+            for b in addresses[i + 1:]:
+                key = frozenset((a, b))
+                if key in self.links:
+                    continue
+                ta, tb = self.endpoints[a], self.endpoints[b]
+                if b in ta.peers and a in tb.peers and self.passable(a, b) and self.passable(b, a):
+                    self._open(key, a, b)
+
+    def _open(self, key: frozenset, a: str, b: str) -> None:
+        self._epochs += 1
+        now = self.sim.clock.now
+        link = _Link(self._epochs, a, b, heard={a: now, b: now})
+        self.links[key] = link
+        self.sim.note(f"net: link {a} <-> {b} up (epoch {link.epoch})")
+        for side, other in ((a, b), (b, a)):
+            t = self.endpoints[side]
+            t.connected(other)
+
+    def _close(self, key: frozenset, why: str) -> None:
+        link = self.links.pop(key, None)
+        if link is None:
+            return
+        self.sim.note(f"net: link {link.a} <-> {link.b} down ({why})")
+        for side, other in ((link.a, link.b), (link.b, link.a)):
+            t = self.endpoints.get(side)
+            if t is not None:
+                t.disconnected(other)
+
+    def forget(self, address: str, peer: str) -> None:
+        """``address`` dropped ``peer`` from its membership: their link goes."""
+        self._close(frozenset((address, peer)), f"{address} dropped {peer}")
+
+    # ------------------------------------------------------------ messages
+    def send(self, src: str, dst: str, message) -> bool:
+        link = self.links.get(frozenset((src, dst)))
+        if link is None:
+            return False
+        self.sent += 1
+        f, rng = self.faults, self.sim.rng
+        if not self.passable(src, dst) or rng.random() < f.drop:
+            self.dropped += 1
+            return True
+        data = _pickle.dumps(message)
+        copies = 2 if rng.random() < f.duplicate else 1
+        for _ in range(copies):
+            delay = rng.uniform(*f.delay)
+            if rng.random() < f.long_delay:
+                delay += rng.uniform(0, f.long_delay_max)
+            at = self.sim.clock.now + delay
+            if rng.random() >= f.reorder:
+                at = max(at, link.last_at.get((src, dst), 0.0))
+                link.last_at[(src, dst)] = at
+            self.sim.schedule(at, "deliver", self._deliver, link.epoch, src, dst, data)
+        return True
+
+    def _deliver(self, epoch: int, src: str, dst: str, data: bytes) -> None:
+        link = self.links.get(frozenset((src, dst)))
+        t = self.endpoints.get(dst)
+        if link is None or link.epoch != epoch or t is None:
+            return  # the connection it was sent on is gone
+        link.heard[dst] = self.sim.clock.now
+        self.delivered += 1
+        t.deliver(src, _pickle.loads(data))
+
+
+class SimTransport(Transport):
+    """pysyncobj's transport interface over ``SimNetwork`` (the node's identity gate is mixed in by
+    ``RaftNode``).  ``network`` and ``node`` are set on a subclass made per node."""
+
+    network: SimNetwork
+    node: object  # the SimulatedNode, told when messages arrive (it ticks soon after)
+
+    def __init__(self, syncObj, selfNode, otherNodes):
+        super().__init__(syncObj, selfNode, otherNodes)
+        self.address = selfNode.address
+        self.peers: dict[str, object] = {n.address: n for n in otherNodes}
+        self._connected: set[str] = set()
+        self.network.attach(self)
+
+    def connected(self, peer: str) -> None:
+        node = self.peers.get(peer)
+        if node is not None and peer not in self._connected:
+            self._connected.add(peer)
+            self.node.guard(self._onNodeConnected, node)
+
+    def disconnected(self, peer: str) -> None:
+        node = self.peers.get(peer)
+        if node is not None and peer in self._connected:
+            self._connected.discard(peer)
+            self.node.guard(self._onNodeDisconnected, node)
+
+    def deliver(self, src: str, message) -> None:
+        node = self.peers.get(src)
+        if node is None or src not in self._connected:
+            return
+        self.node.guard(self._onMessageReceived, node, message)
+        self.node.wake()
+
+    # ---------------------------------------------------- pysyncobj's side
+    def send(self, node, message):
+        if node.address not in self._connected:
+            return False
+        return self.network.send(self.address, node.address, message)
+
+    def addNode(self, node):
+        self.peers[node.address] = node
+
+    def dropNode(self, node):
+        self.peers.pop(node.address, None)
+        self._connected.discard(node.address)
+        self.network.forget(self.address, node.address)
+
+    def destroy(self):
+        self.network.detach(self.address)
+        self._connected.clear()

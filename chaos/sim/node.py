@@ -1,0 +1,209 @@
+"""One quorum node inside the simulation: the production ``Service`` (adapter, journal, snapshot
+store, identity gate, state machine) and its ``Proposer``, on a ``SimDisk`` and the simulated
+network, ticked by the simulation instead of a thread, its asyncio work run on simulated time."""
+from __future__ import annotations
+
+import asyncio
+import os
+import selectors
+from typing import TYPE_CHECKING
+
+from quorum.config import NodeConfig
+from quorum.errors import CorruptFileError
+from quorum.identity import IdentityError
+from quorum.service import Proposer, Service
+
+from .disk import LossPolicy, MachineStopped, NodeHalted, SimDisk
+from .net import SimTransport, StableNode
+
+if TYPE_CHECKING:
+    from .sim import Simulation
+
+
+class _NoWait(selectors.DefaultSelector):
+    """A selector that never blocks: time passes only when the simulation moves its clock."""
+
+    def select(self, timeout=None):
+        return super().select(0)
+
+
+class SimLoop(asyncio.SelectorEventLoop):
+    """An asyncio loop whose clock is the simulation's; ``pump`` runs what is due now."""
+
+    def __init__(self, clock):
+        super().__init__(_NoWait())
+        self._sim_clock = clock
+
+    def time(self) -> float:
+        return self._sim_clock.now
+
+    def pump(self, limit: int = 1000) -> None:
+        asyncio.events._set_running_loop(self)
+        try:
+            for _ in range(limit):
+                due = self._scheduled and self._scheduled[0]._when <= self.time()
+                if not self._ready and not due:
+                    return
+                self._run_once()
+        finally:
+            asyncio.events._set_running_loop(None)
+
+    def shut(self) -> None:
+        for _ in range(10):
+            tasks = [t for t in asyncio.all_tasks(self) if not t.done()]
+            if not tasks:
+                break
+            for task in tasks:
+                task.cancel()
+            self.pump()
+        self.close()
+
+
+class SimulatedNode:
+    def __init__(self, sim: "Simulation", node_id: int, cfg: NodeConfig, disk: SimDisk):
+        self.sim = sim
+        self.node_id = node_id
+        self.cfg = cfg
+        self.disk = disk
+        self.service: Service | None = None
+        self.proposer: Proposer | None = None
+        self.loop: SimLoop | None = None
+        self.halted: tuple[int, str] | None = None
+        self.refused: str | None = None  # why the last start was refused, if it was
+        self.starts = 0
+        self.next_tick: float | None = None
+        self.slow: float = 0.0  # a slow disk: seconds each tick that synced adds before the next
+        self.removed = False  # no longer a member (membership change); never started again
+
+    @property
+    def address(self) -> str:
+        return self.cfg.raft_address
+
+    @property
+    def running(self) -> bool:
+        return self.service is not None
+
+    @property
+    def raft(self):
+        return self.service.raft
+
+    # ------------------------------------------------------------ lifecycle
+    def _failstop(self, code: int, message: str):
+        if self.halted is None:
+            self.halted = (code, message)
+        raise NodeHalted(code, message)
+
+    def start(self) -> bool:
+        """Start a process on the node's disk; False (and ``refused``) if it refuses to start."""
+        assert self.service is None
+        self.halted = self.refused = None
+        self.disk.failstop = self._failstop
+        self.disk.stopped = False
+        self.starts += 1
+        node, net = self, self.sim.net
+
+        class Transport(SimTransport):
+            network = net
+
+        Transport.node = node
+        self.loop = SimLoop(self.sim.clock)
+        try:
+            self.service = Service(self.cfg, disk=self.disk, clock=self.sim.clock, new_id=self.sim.new_id,
+                                   failstop=self._failstop, transport_class=Transport, tick_thread=False,
+                                   node_class=StableNode)
+        except (CorruptFileError, IdentityError) as e:
+            self.refused = str(e)
+            self.sim.note(f"node {self.node_id} refuses to start: {e}")
+            self._teardown()
+            return False
+        except (NodeHalted, MachineStopped) as e:
+            self.refused = f"stopped while starting: {e}"
+            self.sim.note(f"node {self.node_id} {self.refused}")
+            self._teardown()
+            return False
+        self.sim.checker.watch(self)
+        self.proposer = Proposer(self.service)
+        self.proposer.linger_max_s = 0.0  # lingering only waits on real time patterns; keep batches plain
+        self.loop.create_task(self.proposer.run())
+        self.sim.note(f"node {self.node_id} started (start {self.starts}"
+                      f"{', recovering to ' + str(self.raft.recovery) if self.raft.recovery else ''})")
+        self.wake(0.0)
+        return True
+
+    def _teardown(self) -> None:
+        """The process is gone: its sockets close, nothing more reaches its files."""
+        service, self.service, self.proposer = self.service, None, None
+        if service is not None:
+            obj = getattr(getattr(service, "raft", None), "_obj", None)
+            if obj is not None:
+                try:
+                    obj._SyncObj__transport.destroy()
+                except (NodeHalted, MachineStopped):
+                    pass
+                notifier = getattr(obj, "_SyncObj__pipeNotifier", None)
+                if notifier is not None:
+                    for fd in (notifier._PipeNotifier__pipeR, notifier._PipeNotifier__pipeW):
+                        try:
+                            os.close(fd)
+                        except OSError:
+                            pass
+        elif self.sim.net.endpoints.get(self.address) is not None:
+            self.sim.net.detach(self.address)
+        if self.loop is not None:
+            self.loop.shut()
+            self.loop = None
+        self.next_tick = None
+
+    def crash(self, why: str = "crash") -> None:
+        """The process dies now (kill -9): what it wrote stays in the page cache."""
+        if self.service is None:
+            return
+        self.sim.note(f"node {self.node_id} {why}")
+        self._teardown()
+
+    def power_loss(self, policy: LossPolicy) -> None:
+        """The machine loses power: the process dies and what was not synced is lost (per ``policy``)."""
+        self.crash("loses power")
+        self.disk.stopped = False
+        self.disk = self.disk.power_loss(policy)
+
+    # --------------------------------------------------------------- ticks
+    def wake(self, after: float = 0.00005) -> None:
+        """Tick soon (a message arrived, or work was queued)."""
+        if self.service is None:
+            return
+        at = self.sim.clock.now + after + self.slow
+        if self.next_tick is None or at < self.next_tick:
+            self.next_tick = at
+            self.sim.schedule(at, "tick", self._tick_event, at)
+
+    def _tick_event(self, at: float) -> None:
+        if self.service is None or self.next_tick != at:
+            return  # superseded, or the node is down
+        self.next_tick = None
+        self.tick()
+        if self.service is not None:
+            self.wake(self.sim.tick_period)
+
+    def tick(self) -> None:
+        def go():
+            syncs = self.raft.journal.syncs
+            for _ in range(2):  # pysyncobj, then what the proposer queued, then pysyncobj again
+                self.raft.tick(0.0)
+                self.loop.pump()
+            if self.raft.journal.syncs != syncs and self.slow:
+                self.next_tick = None  # the disk is slow: the next tick waits for it
+        self.guard(go)
+
+    def guard(self, fn, *args) -> None:
+        """Run ``fn`` as this node's process would: a fail-stop or a machine stop ends the process."""
+        if self.service is None:
+            return
+        try:
+            fn(*args)
+        except NodeHalted as e:
+            self.sim.note(f"node {self.node_id} fail-stops (exit {e.code}): {e.message}")
+            self._teardown()
+        except MachineStopped as e:
+            self.sim.note(f"node {self.node_id} machine stopped: {e}")
+            self._teardown()

@@ -1,0 +1,752 @@
+"""Deterministic simulation of a whole quorum: the real code, a simulated world, one seed.
+
+``Simulation(SimConfig(seed=...)).run()`` runs three (or five) quorum nodes in this
+process: the production ``Service`` (pysyncobj's SyncObj with pidquorum's adapter,
+journal, snapshot store, identity gate, state machine) and ``Proposer`` on each,
+with the network (``net``), the disks (``disk``) and the clock (``clock``)
+simulated.  One ``random.Random(seed)`` drives everything: the order of events,
+message delays and faults, disk crash states, pysyncobj's election jitter, the
+workload and the identities, so a seed replays the same run bit for bit
+(``SimResult.digest``).
+
+The workload: brokers that register, allocate blocks, re-register, start and bump
+transactional ids, and a ZooKeeper migration seed.  The faults, mixed by the seed
+(``FaultPlan``): message drop, delay, reorder and duplication; symmetric and
+one-way partitions; process crashes between events and in the middle of a file
+operation; power loss of one node, a minority or all (unsynced data and renames
+lost, the last write torn); fsync and write errors and a full disk; slow disks;
+restarts from an older copy of a data directory; membership changes and
+leadership transfers; snapshots under load.
+
+After every step ``checker.Checker.step`` checks Raft's safety properties and that
+no node's durable state lost a committed entry; every acknowledged answer is
+checked as it arrives (no producer ID issued twice); at the end the faults stop,
+the cluster converges and every acknowledged block must be in the final state.  A
+failure carries the seed, the step and the last events.
+"""
+from __future__ import annotations
+
+import hashlib
+import heapq
+import random
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from quorum.config import NodeConfig, Peer
+from quorum.errors import PidQuorumError
+from quorum.raft import RaftConfig
+from quorum.storage import EXIT_STORAGE
+
+from .checker import Checker, Violation
+from .clock import SimClock, patched
+from .disk import LossPolicy, MachineStopped, NodeHalted, SimDisk
+from .net import NetFaults, SimNetwork
+from .node import SimulatedNode
+
+DATA = "/data"
+LEGIT_HALTS = {EXIT_STORAGE}  # a fail-stop the simulation caused on purpose (an injected disk error)
+
+
+@dataclass
+class FaultPlan:
+    """How often each fault happens (per simulated second), drawn per seed by ``FaultPlan.draw``."""
+
+    net: NetFaults = field(default_factory=NetFaults)
+    crash: float = 0.0
+    crash_in_io: float = 0.0
+    power_loss: float = 0.0
+    partition: float = 0.0
+    disk_error: float = 0.0
+    disk_full: float = 0.0
+    slow_disk: float = 0.0
+    restore_backup: float = 0.0
+    membership: float = 0.0
+    transfer: float = 0.0
+    snapshot: float = 0.0
+
+    @classmethod
+    def draw(cls, rng: random.Random) -> "FaultPlan":
+        def rate(p_on: float, hi: float) -> float:
+            return rng.uniform(0.05, hi) if rng.random() < p_on else 0.0
+        net = NetFaults(drop=rate(0.5, 0.05), duplicate=rate(0.4, 0.05), reorder=rate(0.4, 0.1),
+                        long_delay=rate(0.4, 0.02), long_delay_max=rng.choice([0.3, 1.0, 2.5]))
+        return cls(net=net, crash=rate(0.6, 0.4), crash_in_io=rate(0.5, 0.4), power_loss=rate(0.5, 0.3),
+                   partition=rate(0.5, 0.4), disk_error=rate(0.4, 0.2), disk_full=rate(0.3, 0.15),
+                   slow_disk=rate(0.3, 0.3), restore_backup=rate(0.4, 0.2), membership=rate(0.3, 0.15),
+                   transfer=rate(0.4, 0.3), snapshot=rate(0.8, 1.0))
+
+    def describe(self) -> dict:
+        out = {k: round(v, 3) for k, v in vars(self).items() if k != "net" and v}
+        out.update({f"net_{k}": (round(v, 3) if isinstance(v, float) else v) for k, v in vars(self.net).items()
+                    if v and k not in ("delay",)})
+        return out
+
+
+@dataclass
+class SimConfig:
+    seed: int
+    steps: int = 6000
+    nodes: int = 3
+    brokers: int = 3
+    faults: bool = True
+    block_size: int = 1000
+
+
+@dataclass
+class SimResult:
+    seed: int
+    ok: bool
+    steps: int
+    sim_seconds: float
+    wall_seconds: float
+    violation: str | None = None
+    failed_step: int | None = None
+    trace: list[str] = field(default_factory=list)
+    stats: dict[str, Any] = field(default_factory=dict)
+    digest: str = ""
+
+    def replay_command(self, steps: int, nodes: int) -> str:
+        return f"pidctl chaos simulate --seeds {self.seed} --steps {steps} --nodes {nodes} --trace"
+
+
+class Simulation:
+    def __init__(self, config: SimConfig):
+        self.config = config
+        self.rng = random.Random(config.seed)
+        self.clock = SimClock()
+        self.raft_rng = random.Random(self.rng.getrandbits(64))
+        self._events: list = []
+        self._seq = 0
+        self.trace: deque[str] = deque(maxlen=80)
+        self._digest = hashlib.sha256()
+        self.tick_period = 0.05
+        self.step_no = 0
+        self.stats: dict[str, int] = {"faults": 0, "ops": 0, "acked": 0, "unknown": 0, "refused": 0,
+                                      "restarts": 0, "crash_states": 0}
+        self.faults_seen: dict[str, int] = {}
+        self.plan = FaultPlan.draw(self.rng) if config.faults else FaultPlan()
+        raft = RaftConfig(compaction_min_entries=self.rng.choice([8, 20, 60, 5000]),
+                          compaction_min_time=self.rng.choice([2.0, 30.0, 300.0]))
+        self.raft_config = raft
+        self.checker = Checker(self)
+        self.net = SimNetwork(self, self.plan.net, raft.connection_timeout, raft.reconnect_interval)
+        reserve = self.rng.choice([0, 0, 8])
+        addresses = [f"10.0.0.{i + 1}:9093" for i in range(config.nodes)]
+        clients = [f"10.0.0.{i + 1}:9092" for i in range(config.nodes)]
+        self.nodes: dict[int, SimulatedNode] = {}
+        for i in range(config.nodes):
+            peers = [Peer(j + 1, addresses[j], clients[j]) for j in range(config.nodes) if j != i]
+            cfg = NodeConfig(node_id=i + 1, data_dir=DATA, raft_address=addresses[i], client_address=clients[i],
+                             secret="simulated", peers=peers, block_size=config.block_size, raft=raft,
+                             cluster_id="c-simulated", allocate_reserve_blocks=reserve)
+            self.nodes[i + 1] = SimulatedNode(self, i + 1, cfg, SimDisk())
+        self.backups: dict[int, tuple[float, SimDisk]] = {}
+        self.acked_blocks: list[tuple[int, int, int]] = []
+        self.brokers = [_Broker(self, 1 + b) for b in range(config.brokers)]
+        self.expected_loss: set[int] = set()  # nodes restored from a backup (may lack what they acknowledged)
+        self._replacing = False
+        self._restored: tuple[SimulatedNode, float | None] | None = None
+
+    # ------------------------------------------------------------ plumbing
+    def new_id(self) -> str:
+        return "%032x" % self.rng.getrandbits(128)
+
+    def schedule(self, at: float, kind: str, fn: Callable, *args) -> None:
+        self._seq += 1
+        heapq.heappush(self._events, (at, self._seq, kind, fn, args))
+
+    def after(self, delay: float, kind: str, fn: Callable, *args) -> None:
+        self.schedule(self.clock.now + delay, kind, fn, *args)
+
+    def note(self, message: str) -> None:
+        line = f"{self.clock.now:9.4f}s #{self.step_no} {message}"
+        self.trace.append(line)
+        self._digest.update(line.encode())
+
+    def fault(self, name: str) -> None:
+        self.stats["faults"] += 1
+        self.faults_seen[name] = self.faults_seen.get(name, 0) + 1
+
+    def running(self) -> list[SimulatedNode]:
+        return [n for n in self.nodes.values() if n.running]
+
+    def leader(self) -> SimulatedNode | None:
+        for n in self.running():
+            if n.raft._obj._SyncObj__raftState == 2:
+                return n
+        return None
+
+    # ------------------------------------------------------------------ run
+    def run(self) -> SimResult:
+        t0 = time.perf_counter()
+        with patched(self.clock, self.raft_rng):
+            try:
+                self._run()
+                return self._result(True, None, t0)
+            except Violation as v:
+                return self._result(False, str(v), t0)
+            finally:
+                for n in self.nodes.values():
+                    try:
+                        n.crash("stops (end of simulation)")
+                    except (NodeHalted, MachineStopped):
+                        pass
+
+    def _result(self, ok: bool, violation: str | None, t0: float) -> SimResult:
+        stats = dict(self.stats, messages=self.net.sent, delivered=self.net.delivered, dropped=self.net.dropped,
+                     checks=self.checker.checks, committed=len(self.checker.ledger),
+                     faults_by_kind=dict(sorted(self.faults_seen.items())), plan=self.plan.describe())
+        return SimResult(self.config.seed, ok, self.step_no, self.clock.now, time.perf_counter() - t0, violation,
+                         None if ok else self.step_no, list(self.trace), stats, self._digest.hexdigest()[:16])
+
+    def _run(self) -> None:
+        for n in self.nodes.values():
+            n.start()
+        self.after(0.0, "net", self._maintain_net)
+        for b in self.brokers:
+            self.after(self.rng.uniform(0.3, 1.0), "client", b.act)
+        if self.config.faults:
+            self.after(self.rng.uniform(0.5, 1.5), "fault", self._inject)
+        self.after(self.rng.uniform(1.0, 3.0), "client", self._seed_once)
+        while self.step_no < self.config.steps and self._events:
+            self._step()
+        self._converge()
+
+    def _step(self) -> None:
+        at, _, kind, fn, args = heapq.heappop(self._events)
+        if at > self.clock.now:
+            self.clock.now = at
+        self.step_no += 1
+        fn(*args)
+        self._notice_halts()
+        self.checker.step()
+
+    def _maintain_net(self) -> None:
+        self.net.maintain()
+        self.after(self.raft_config.reconnect_interval, "net", self._maintain_net)
+
+    # ------------------------------------------------------------- the end
+    def _converge(self) -> None:
+        """Stop the faults, heal everything, start every member; the cluster must agree and hold every
+        acknowledged block."""
+        self.note("converging: faults stop, partitions heal, every member starts")
+        self.net.blocked.clear()
+        self.net.faults = NetFaults()
+        self._events = [e for e in self._events if e[2] in ("deliver", "tick", "net", "membership")]
+        heapq.heapify(self._events)
+        for n in self.nodes.values():
+            n.disk.fail = None
+            n.disk.capacity = None
+            n.disk.stop = None
+            n.slow = 0.0
+            if not n.running and not n.removed:
+                self._start(n)
+        deadline = self.clock.now + 60.0
+        quiet_since = None
+        while self._events and self.clock.now < deadline:
+            self._step()
+            members = [n for n in self.nodes.values() if not n.removed]
+            if any(not n.running for n in members):
+                for n in members:
+                    if not n.running and n.halted is None:
+                        self._start(n)
+                continue
+            leader = self.leader()
+            if leader is None:
+                continue
+            last = leader.raft.journal.entries[-1][1]
+            if all(n.raft._obj.raftLastApplied == last and n.raft.recovery is None for n in members):
+                quiet_since = quiet_since or self.clock.now
+                if self.clock.now - quiet_since > 0.5:
+                    break
+            else:
+                quiet_since = None
+        members = [n for n in self.nodes.values() if not n.removed]
+        if not all(n.running for n in members) or self.leader() is None:
+            raise Violation("after the faults stopped, the cluster did not come back within 60 simulated seconds: "
+                            + ", ".join(f"node {n.node_id}: {'up' if n.running else (n.refused or n.halted)}"
+                                        for n in members))
+        states = {}
+        for n in members:
+            with n.service.lock:
+                states[n.node_id] = n.service.state.producer_ids.next_producer_id
+        self.checker.final(states, self.acked_blocks)
+
+    # --------------------------------------------------------------- faults
+    def _start(self, node: SimulatedNode) -> bool:
+        self.stats["restarts"] += 1
+        before = getattr(node, "_committed_before", None)
+        ok = node.start()
+        if not ok:
+            if node.disk.stopped:  # the machine stopped in the middle of the start: it loses power there
+                node.disk.stopped = False
+                node.disk.stop = None
+                node.disk = node.disk.power_loss(LossPolicy("random", self.rng))
+                self.after(self.rng.uniform(0.05, 1.0), "restart", self._restart, node)
+                return False
+            if node.halted is not None and node.halted[0] in LEGIT_HALTS:
+                node.halted = None
+                self.after(self.rng.uniform(0.1, 1.0), "restart", self._restart, node)
+                return False
+            self.stats["refused"] += 1
+            raise Violation(f"node {node.node_id} refused to start: {node.refused}")
+        if before is not None and node.node_id not in self.expected_loss:
+            journal, snap = node.raft.journal, node.raft.store.current
+            base = snap.last_index if snap else 0
+            held = {e[1]: e[2] for e in journal.entries}
+            for index in range(base + 1, before + 1):
+                want = self.checker.ledger.get(index)
+                if want is not None and held.get(index) != want[0]:
+                    raise Violation(f"durability: node {node.node_id} knew index {index} committed before it "
+                                    f"stopped, and its disk lost it (journal {min(held, default=None)}.."
+                                    f"{max(held, default=None)}, snapshot at {base})")
+        node._committed_before = None
+        return ok
+
+    def _stop(self, node: SimulatedNode, how: str, policy: LossPolicy | None = None) -> None:
+        if node.running:
+            node._committed_before = node.raft._obj.raftCommitIndex
+        if policy is None:
+            node.crash(how)
+        else:
+            node.power_loss(policy)
+        self.after(self.rng.uniform(0.05, 2.5), "restart", self._restart, node)
+
+    def _restart(self, node: SimulatedNode) -> None:
+        if not node.running and not node.removed:
+            self._start(node)
+
+    LOSSES = ("crash", "crash_in_io", "power_loss", "disk_error", "disk_full", "restore_backup", "membership",
+              "partition")
+
+    def _inject(self) -> None:
+        plan = self.plan
+        kinds = [(k, getattr(plan, k)) for k in ("crash", "crash_in_io", "power_loss", "partition", "disk_error",
+                                                 "disk_full", "slow_disk", "restore_backup", "membership",
+                                                 "transfer", "snapshot") if getattr(plan, k)]
+        if self._restored_pending():
+            # A restored node is held back only by what live peers saw it hold: until it has rejoined and
+            # heard their verdicts, losing or cutting them off too is a second fault (docs/durability.md).
+            kinds = [(k, w) for k, w in kinds if k not in self.LOSSES]
+        if kinds:
+            total = sum(w for _, w in kinds)
+            kind = self.rng.choices([k for k, _ in kinds], [w for _, w in kinds])[0]
+            getattr(self, f"_fault_{kind}")()
+            self.after(self.rng.expovariate(total) + 0.05, "fault", self._inject)
+        self._maybe_backup()
+
+    def _notice_halts(self) -> None:
+        for n in self.nodes.values():
+            if not n.running and n.halted is not None and not n.removed:
+                code, message = n.halted
+                if code not in LEGIT_HALTS:
+                    raise Violation(f"node {n.node_id} stopped with exit {code}: {message}")
+                n.halted = None
+                n.disk.fail = None
+                self.after(self.rng.uniform(0.1, 1.0), "restart", self._restart, n)
+
+    def _pick(self, running: bool = True) -> SimulatedNode | None:
+        pool = [n for n in self.nodes.values() if n.running == running and not n.removed]
+        return self.rng.choice(pool) if pool else None
+
+    def _fault_crash(self) -> None:
+        n = self._pick()
+        if n:
+            self.fault("crash")
+            self._stop(n, "is killed (kill -9)")
+
+    def _fault_crash_in_io(self) -> None:
+        n = self._pick()
+        if n is None:
+            return
+        self.fault("crash_in_io")
+        remaining = [self.rng.randint(1, 40)]
+        kind = self.rng.choice([None, "rename", "sync", "sync_dir", "write", "truncate", "create"])
+        moment = self.rng.choice(["before", "after"])
+
+        def stop(op, when):
+            if (kind is not None and op.kind != kind) or when != moment:
+                return False
+            remaining[0] -= 1
+            return remaining[0] <= 0
+        n.disk.stop = stop
+        self.note(f"node {n.node_id}: the machine will stop {moment} its {remaining[0]}th "
+                  f"{kind or 'file'} operation")
+        self.after(0.0, "watch", self._watch_machine_stop, n, 60)
+
+    def _watch_machine_stop(self, n: SimulatedNode, tries: int) -> None:
+        if n.disk.stopped or (not n.running and n.disk.stop is not None):
+            n.disk.stop = None
+            if n.running:
+                n.crash("machine stopped")
+            if n.disk.stopped:
+                n._committed_before = getattr(n, "_committed_before", None)
+                n.disk.stopped = False
+                n.disk = n.disk.power_loss(LossPolicy("random", self.rng))
+                self.note(f"node {n.node_id}: power lost where the machine stopped")
+                self.after(self.rng.uniform(0.05, 2.0), "restart", self._restart, n)
+            return
+        if tries <= 0:
+            n.disk.stop = None
+            return
+        self.after(0.05, "watch", self._watch_machine_stop, n, tries - 1)
+
+    def _fault_power_loss(self) -> None:
+        members = [n for n in self.nodes.values() if not n.removed]
+        scope = self.rng.choice(["one", "minority", "all"])
+        if scope == "one":
+            victims = [self.rng.choice(members)]
+        elif scope == "minority":
+            victims = self.rng.sample(members, (len(members) - 1) // 2)
+        else:
+            victims = members
+        self.fault(f"power_loss_{scope}")
+        for n in victims:
+            if n.running:
+                n._committed_before = n.raft._obj.raftCommitIndex
+            if n.running or n.disk is not None:
+                n.power_loss(LossPolicy("random", self.rng, torn=0.5))
+                self.after(self.rng.uniform(0.05, 2.5), "restart", self._restart, n)
+
+    def _fault_partition(self) -> None:
+        addresses = [n.address for n in self.nodes.values() if not n.removed]
+        shape = self.rng.choice(["isolate", "one-way", "split"])
+        if shape == "isolate":
+            a = self.rng.choice(addresses)
+            cut = {(a, b) for b in addresses if b != a} | {(b, a) for b in addresses if b != a}
+        elif shape == "one-way":
+            a, b = self.rng.sample(addresses, 2)
+            cut = {(a, b)}
+        else:
+            side = set(self.rng.sample(addresses, len(addresses) // 2))
+            cut = {(a, b) for a in addresses for b in addresses if (a in side) != (b in side)}
+        self.fault(f"partition_{shape}")
+        self.net.blocked |= cut
+        self.note(f"partition ({shape}): {sorted(cut)}")
+        self.after(self.rng.uniform(0.3, 4.0), "heal", self._heal, cut)
+
+    def _heal(self, cut: set) -> None:
+        self.net.blocked -= cut
+        self.note("partition healed")
+
+    def _fault_disk_error(self) -> None:
+        n = self._pick()
+        if n is None:
+            return
+        self.fault("disk_error")
+        import errno
+        kind = self.rng.choice(["sync", "write", "rename", "sync_dir"])
+        countdown = [self.rng.randint(1, 20)]
+        err = OSError(errno.EIO, "Input/output error")
+
+        def fail(op, _kind=kind):
+            if op.kind != _kind:
+                return None
+            countdown[0] -= 1
+            return err if countdown[0] == 0 else None
+        n.disk.fail = fail
+        self.note(f"node {n.node_id}: EIO at its {countdown[0]}th {kind}")
+
+    def _fault_disk_full(self) -> None:
+        n = self._pick()
+        if n is None:
+            return
+        self.fault("disk_full")
+        n.disk.capacity = n.disk.used() + self.rng.randint(0, 4000)
+        self.note(f"node {n.node_id}: the disk fills up at {n.disk.capacity} bytes")
+        self.after(self.rng.uniform(0.5, 3.0), "heal", self._free_disk, n)
+
+    def _free_disk(self, n: SimulatedNode) -> None:
+        n.disk.capacity = None
+        self.note(f"node {n.node_id}: disk space freed")
+
+    def _fault_slow_disk(self) -> None:
+        n = self._pick()
+        if n is None:
+            return
+        self.fault("slow_disk")
+        n.slow = self.rng.uniform(0.01, 0.3)
+        self.note(f"node {n.node_id}: every sync now takes {n.slow * 1000:.0f} ms")
+        self.after(self.rng.uniform(1.0, 4.0), "heal", self._fast_disk, n)
+
+    def _fast_disk(self, n: SimulatedNode) -> None:
+        n.slow = 0.0
+
+    def _maybe_backup(self) -> None:
+        if not self.plan.restore_backup or self.rng.random() > 0.3 or self._replacing:
+            return
+        n = self._pick()
+        if n is not None:
+            self.backups[n.node_id] = (self.clock.now, n.disk.crash())
+            self.note(f"node {n.node_id}: its data directory is copied (a backup)")
+
+    def _fault_restore_backup(self) -> None:
+        """An old copy of a node's data directory is started in its place.  Only when every other member
+        runs: a node whose later position no live peer saw cannot be told apart (docs/durability.md)."""
+        candidates = [i for i in self.backups if not self.nodes[i].removed and self.nodes[i].running]
+        if not candidates:
+            return
+        i = self.rng.choice(candidates)
+        n = self.nodes[i]
+        others = [m for m in self.nodes.values() if m is not n and not m.removed]
+        if self._replacing or not all(m.running and m.raft.recovery is None and m.disk.stop is None
+                                      and m.disk.fail is None and m.disk.capacity is None for m in others):
+            return  # with a member already recovering, or one being replaced, a second loss is a majority's
+        self.fault("restore_backup")
+        taken, disk = self.backups.pop(i)
+        n.crash(f"is stopped and its data directory replaced by the backup from {taken:.2f}s")
+        n._committed_before = None
+        n.disk = disk.crash()
+        self.expected_loss.add(i)
+        self._restored = (n, None)
+        self.after(self.rng.uniform(0.05, 1.0), "restart", self._restart, n)
+
+    def _restored_pending(self) -> bool:
+        if self._restored is None:
+            return False
+        n, since = self._restored
+        if not n.running:
+            return True
+        if since is None:
+            self._restored = (n, self.clock.now)
+            return True
+        if self.clock.now - since < 2.0:
+            return True
+        self._restored = None
+        return False
+
+    def _fault_membership(self) -> None:
+        """Replace a follower the documented way: remove it from the membership, retire it, then add a
+        fresh node (empty data directory, a new address) and start it (docs/operations.md).  Like an
+        operator, the simulation checks the committed membership rather than trusting the command's
+        answer (the leader may die before it answers)."""
+        leader = self.leader()
+        members = [n for n in self.nodes.values() if not n.removed]
+        followers = [n for n in self.running() if n is not leader and not n.removed]
+        if (leader is None or not followers or len(self.running()) < len(members) or self._replacing
+                or any(n.raft.recovery is not None for n in self.running())):
+            return
+        victim = self.rng.choice(followers)
+        self.fault("membership")
+        self._replacing = True
+        self.note(f"membership: replacing node {victim.node_id}")
+        leader.guard(leader.raft._obj.removeNodeFromCluster, victim.address,
+                     lambda r, e, _v=victim: self.note(f"membership: removal of node {_v.node_id}: "
+                                                       f"{'done' if e == 0 else e}"))
+        self.after(0.2, "membership", self._watch_membership, victim, None, self.clock.now)
+
+    def _committed_members(self) -> list[str] | None:
+        """The leader's membership, once everything in its log is committed (so it holds)."""
+        leader = self.leader()
+        if leader is None:
+            return None
+        obj = leader.raft._obj
+        if obj.raftCommitIndex != leader.raft.journal.entries[-1][1]:
+            return None
+        return leader.raft.members()
+
+    def _watch_membership(self, victim: SimulatedNode | None, fresh: SimulatedNode | None, since: float) -> None:
+        members = self._committed_members()
+        if victim is not None:
+            if members is not None and victim.address not in members:
+                self.backups.clear()  # a copy from before a membership change cannot reach members added since
+                victim.removed = True
+                victim.crash("is removed from the cluster and retired")
+                self.note(f"membership: node {victim.node_id} is out")
+                self.after(self.rng.uniform(0.2, 1.5), "membership", self._add_fresh)
+                return
+            if self.clock.now - since > 3.0 and self.leader() is not None:
+                leader = self.leader()
+                self.note(f"membership: removing node {victim.node_id} again")
+                leader.guard(leader.raft._obj.removeNodeFromCluster, victim.address, lambda r, e: None)
+                since = self.clock.now
+            self.after(0.2, "membership", self._watch_membership, victim, None, since)
+            return
+        if members is not None and fresh.address in members:
+            self.note(f"membership: node {fresh.node_id} is in")
+            self.backups.clear()
+            self._replacing = False
+            return
+        if self.clock.now - since > 3.0 and self.leader() is not None and fresh.running:
+            leader = self.leader()
+            self.note(f"membership: adding node {fresh.node_id} again")
+            leader.guard(leader.raft._obj.addNodeToCluster, fresh.address, lambda r, e: None)
+            since = self.clock.now
+        elif not fresh.running and not fresh.removed:
+            self._restart(fresh)
+        self.after(0.2, "membership", self._watch_membership, None, fresh, since)
+
+    def _add_fresh(self) -> None:
+        """(An operator finishing a replacement retries until it is done.)"""
+        leader = self.leader()
+        if leader is None:
+            self.after(0.3, "membership", self._add_fresh)
+            return
+        node_id = max(self.nodes) + 1
+        address, client = f"10.0.0.{node_id}:9093", f"10.0.0.{node_id}:9092"
+        members = [n for n in self.nodes.values() if not n.removed]
+        template = members[0].cfg
+        cfg = NodeConfig(node_id=node_id, data_dir=DATA, raft_address=address, client_address=client,
+                         secret=template.secret, peers=[Peer(n.node_id, n.address, n.cfg.client_address)
+                                                        for n in members],
+                         block_size=template.block_size, raft=template.raft, cluster_id=template.cluster_id,
+                         allocate_reserve_blocks=template.allocate_reserve_blocks)
+        node = SimulatedNode(self, node_id, cfg, SimDisk())
+        self.nodes[node_id] = node
+        self._start(node)
+        leader.guard(leader.raft._obj.addNodeToCluster, address,
+                     lambda r, e, _n=node: self.note(f"membership: adding node {_n.node_id}: {'done' if e == 0 else e}"))
+        self.after(0.2, "membership", self._watch_membership, None, node, self.clock.now)
+
+    def _fault_transfer(self) -> None:
+        leader = self.leader()
+        if leader is not None:
+            self.fault("transfer")
+            leader.guard(leader.raft._obj.transferLeadership, None, lambda r, e: self.note(
+                f"leadership transfer from node {leader.node_id}: {'sent' if e == 0 else f'denied ({e})'}"))
+
+    def _fault_snapshot(self) -> None:
+        n = self._pick()
+        if n is not None:
+            self.fault("snapshot")
+            n.raft.force_snapshot()
+            n.wake(0.0)
+
+    # ------------------------------------------------------------ workload
+    def _seed_once(self) -> None:
+        """A migration from ZooKeeper: the last ZooKeeper block is far above the cursor; the seed must make
+        the quorum continue above its end (block_end is inclusive)."""
+        node = self._pick()
+        if node is None:
+            self.after(0.5, "client", self._seed_once)
+            return
+        with node.service.lock:
+            cursor = node.service.state.producer_ids.next_producer_id
+        start = cursor + 10_000_000
+        end = start + 999
+        args = {"next_producer_id": end + 1, "origin": "sim", "zk_broker": 99, "zk_block_start": start,
+                "zk_block_end": end}
+        _Op(self, "seed", args, f"seed after ZooKeeper block [{start}, {end}]", on_ok=lambda r: (
+            self.checker.issue(start, end + 1, f"ZooKeeper block [{start}, {end}] (seeded)") if r[0] else None))
+
+
+class _Op:
+    """One client request: sent to a node, retried on another after a definite refusal, until its deadline.
+    ``ok`` answers are checked at once; a timeout or a node dying under it is an unknown outcome."""
+
+    def __init__(self, sim: Simulation, kind: str, args: dict, what: str, on_ok: Callable[[Any], None],
+                 on_done: Callable[[], None] | None = None, deadline: float = 6.0):
+        self.sim, self.kind, self.args, self.what = sim, kind, args, what
+        self.on_ok, self.on_done = on_ok, on_done
+        self.deadline = sim.clock.now + deadline
+        self.finished = False
+        sim.stats["ops"] += 1
+        self._try()
+
+    def _try(self) -> None:
+        sim = self.sim
+        if sim.clock.now >= self.deadline:
+            self._end("unknown")
+            return
+        node = sim._pick()
+        if node is None or node.proposer is None:
+            sim.after(0.1, "client", self._try)
+            return
+        task = node.loop.create_task(node.proposer.submit(self.kind, self.args, min(2.0, self.deadline - sim.clock.now)))
+        task.add_done_callback(lambda t, _n=node: self._answered(t, _n))
+        node.wake(0.0)
+
+    def _answered(self, task, node) -> None:
+        if self.finished:
+            return
+        if task.cancelled():
+            self._end("unknown")  # the node died under it: may or may not be committed
+            return
+        err = task.exception()
+        if err is None:
+            self.sim.note(f"client: {self.what}: ok {task.result()!r} (node {node.node_id})")
+            self.finished = True
+            self.sim.stats["acked"] += 1
+            self.on_ok(task.result())
+            if self.on_done:
+                self.on_done()
+            return
+        if isinstance(err, PidQuorumError) and type(err).__name__ in ("NotControllerError", "StaleBrokerEpochError",
+                                                                         "InvalidRequestError"):
+            if type(err).__name__ == "NotControllerError":
+                self.sim.after(self.sim.rng.uniform(0.02, 0.2), "client", self._try)
+                return
+            self._end(f"refused: {err}")
+            return
+        self._end("unknown")
+
+    def _end(self, how: str) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        if how == "unknown":
+            self.sim.stats["unknown"] += 1
+        self.sim.note(f"client: {self.what}: {how}")
+        if self.on_done:
+            self.on_done()
+
+
+class _Broker:
+    """A broker: registers, allocates blocks, sometimes re-registers, starts and bumps transactional ids."""
+
+    def __init__(self, sim: Simulation, broker_id: int):
+        self.sim = sim
+        self.broker_id = broker_id
+        self.epoch: int | None = None
+        self.busy = False
+        self.txn: dict[str, tuple[int, int]] = {}
+
+    def act(self) -> None:
+        sim = self.sim
+        if not self.busy:
+            self.busy = True
+            roll = sim.rng.random()
+            if self.epoch is None or roll < 0.03:
+                incarnation = sim.new_id()
+                _Op(sim, "register", {"broker_id": self.broker_id, "incarnation_id": incarnation,
+                                      "listener": f"broker-{self.broker_id}:9092"},
+                    f"broker {self.broker_id} registers", on_ok=self._registered, on_done=self._idle)
+            elif roll < 0.12:
+                tid = f"txn-{self.broker_id}-{sim.rng.randint(0, 2)}"
+                pid, epoch = self.txn.get(tid, (-1, -1))
+                from quorum.managers import TxnSettings
+                _Op(sim, "init_txn", {"broker_id": self.broker_id, "broker_epoch": self.epoch,
+                                      "transactional_id": tid, "timeout_ms": 60_000, "producer_id": pid,
+                                      "producer_epoch": epoch, "settings": TxnSettings()},
+                    f"broker {self.broker_id} InitProducerId({tid})",
+                    on_ok=lambda r, _t=tid: self._txn(_t, r), on_done=self._idle)
+            else:
+                epoch = self.epoch
+                _Op(sim, "allocate", {"broker_id": self.broker_id, "broker_epoch": epoch},
+                    f"broker {self.broker_id} allocates", on_ok=self._allocated, on_done=self._idle)
+        sim.after(sim.rng.expovariate(8.0), "client", self.act)
+
+    def _idle(self) -> None:
+        self.busy = False
+
+    def _registered(self, epoch) -> None:
+        self.epoch = epoch
+
+    def _allocated(self, block) -> None:
+        start, length = block
+        self.sim.checker.issue(start, start + length, f"block of broker {self.broker_id}")
+        self.sim.acked_blocks.append((self.broker_id, start, start + length))
+
+    def _txn(self, tid: str, result) -> None:
+        pid, epoch = result
+        self.sim.checker.txn_init(tid, pid, epoch, f"InitProducerId of broker {self.broker_id}")
+        self.txn[tid] = (pid, epoch)
+
+
+def simulate(seed: int, steps: int = 6000, nodes: int = 3, faults: bool = True) -> SimResult:
+    return Simulation(SimConfig(seed=seed, steps=steps, nodes=nodes, faults=faults)).run()
+
+
+__all__ = ["Simulation", "SimConfig", "SimResult", "FaultPlan", "simulate"]

@@ -92,3 +92,22 @@ def cluster_harness(tmp_path, request, **node_options):
 @pytest.fixture
 def cluster(tmp_path, request):
     yield from cluster_harness(tmp_path, request)
+
+
+SUMMARY_PROPERTIES = ("fresh_simulation_seeds", "seeds_to_find", "explorer_found", "crash_states")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Print what the simulation tests recorded (fresh seeds, so a failure can be replayed; figures)."""
+    lines = []
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if getattr(report, "when", None) != "call":
+                continue
+            for name, value in getattr(report, "user_properties", ()):
+                if name in SUMMARY_PROPERTIES:
+                    lines.append(f"{report.nodeid.split('::')[-1]}: {name} = {value}")
+    if lines:
+        terminalreporter.section("simulation")
+        for line in sorted(lines):
+            terminalreporter.write_line(line)

@@ -80,6 +80,7 @@ class Checker:
         self.max_index = 0
         self.txn_epochs: set[tuple[str, int, int]] = set()
         self.txn_pid: dict[str, int] = {}
+        self.handed: dict[int, int] = {}  # producer ID -> the broker that handed it out
         self.checks = 0
 
     # ------------------------------------------------------------ applies
@@ -208,6 +209,17 @@ class Checker:
             raise Violation(f"producer IDs issued twice: {what} [{start}, {end}) overlaps {other[2]} "
                             f"[{other[0]}, {other[1]})")
         self.issued.add(start, end, what)
+
+    def hand_out(self, broker_id: int, pid: int, acked: "Ranges") -> None:
+        """A broker's ProducerIdManager handed ``pid`` to a producer: never twice, and only from a block the
+        quorum acknowledged to that broker."""
+        owner = self.handed.get(pid)
+        if owner is not None:
+            raise Violation(f"producer ID {pid} handed out twice (brokers {owner} and {broker_id})")
+        self.handed[pid] = broker_id
+        if acked.overlap(pid, pid + 1) is None:
+            raise Violation(f"broker {broker_id} handed out producer ID {pid}, outside every block the quorum "
+                            f"acknowledged to it")
 
     def txn_init(self, txn_id: str, pid: int, epoch: int, what: str) -> None:
         key = (txn_id, pid, epoch)

@@ -19,7 +19,8 @@ garbage).  Which prefix is chosen by ``LossPolicy`` (everything lost, everything
 drawn from a seeded generator).  ``crash_states()`` enumerates the states of one instant for
 the crash-state explorer.
 
-Faults: ``fail`` makes a chosen operation raise an OSError (EIO, ENOSPC ...), ``stop``
+Faults: ``fail`` makes a chosen operation raise an OSError (EIO, ENOSPC ...; a failed sync also
+drops the file's unsynced writes, as Linux does), ``stop``
 stops the machine at a chosen operation (before or after it) by raising ``MachineStopped``,
 and ``capacity`` turns writes beyond it into ENOSPC.  Every operation is recorded in ``ops``.
 """
@@ -194,8 +195,19 @@ class SimDisk:
             error = self.fail(op)
             if error is not None:
                 op.detail["error"] = errno.errorcode.get(error.errno, str(error.errno))
+                if kind == "sync":
+                    self._drop_dirty(path)
                 self._raise(kind, path, error)
         return op
+
+    def _drop_dirty(self, path: str) -> None:
+        """A failed fsync: the kernel marks the dirty pages clean and drops them (Linux, 2018: the
+        PostgreSQL fsync lesson), so the file reads as its last durable content and a later fsync
+        succeeds with nothing to write."""
+        inode = self._lookup(path)
+        if inode is not None:
+            inode.data = bytearray(inode.durable)
+            inode.pending.clear()
 
     def _after(self, op_kind: str) -> None:
         op = self.ops[-1]

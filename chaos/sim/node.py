@@ -74,6 +74,7 @@ class SimulatedNode:
         self.next_tick: float | None = None
         self.slow: float = 0.0  # a slow disk: seconds each tick that synced adds before the next
         self.removed = False  # no longer a member (membership change); never started again
+        self.cut = False  # a crash-state exploration cut this node's power (its restart is scheduled)
 
     @property
     def address(self) -> str:
@@ -96,6 +97,7 @@ class SimulatedNode:
     def start(self) -> bool:
         """Start a process on the node's disk; False (and ``refused``) if it refuses to start."""
         assert self.service is None
+        self.cut = False
         self.halted = self.refused = None
         self.disk.failstop = self._failstop
         self.disk.stopped = False

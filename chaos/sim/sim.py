@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from quorum.config import NodeConfig, Peer
-from quorum.errors import PidQuorumError
+from quorum.errors import CoordinatorLoadInProgressError, PidQuorumError, RequestTimedOutError
 from quorum.raft import RaftConfig
 from quorum.storage import EXIT_STORAGE
 
@@ -62,6 +62,7 @@ class FaultPlan:
     disk_full: float = 0.0
     slow_disk: float = 0.0
     restore_backup: float = 0.0
+    bad_answer: float = 0.0
     membership: float = 0.0
     transfer: float = 0.0
     snapshot: float = 0.0
@@ -74,7 +75,8 @@ class FaultPlan:
                         long_delay=rate(0.4, 0.02), long_delay_max=rng.choice([0.3, 1.0, 2.5]))
         return cls(net=net, crash=rate(0.6, 0.4), crash_in_io=rate(0.5, 0.4), power_loss=rate(0.5, 0.3),
                    partition=rate(0.5, 0.4), disk_error=rate(0.4, 0.2), disk_full=rate(0.3, 0.15),
-                   slow_disk=rate(0.3, 0.3), restore_backup=rate(0.4, 0.2), membership=rate(0.3, 0.15),
+                   slow_disk=rate(0.3, 0.3), restore_backup=rate(0.4, 0.2), bad_answer=rate(0.4, 0.3),
+                   membership=rate(0.3, 0.15),
                    transfer=rate(0.4, 0.3), snapshot=rate(0.8, 1.0))
 
     def describe(self) -> dict:
@@ -90,8 +92,10 @@ class SimConfig:
     steps: int = 6000
     nodes: int = 3
     brokers: int = 3
+    managed_brokers: int = 2  # brokers running the real ProducerIdManager (broker side)
     faults: bool = True
     block_size: int = 1000
+    compaction_min_entries: int | None = None  # default: drawn by the seed
 
 
 @dataclass
@@ -127,7 +131,8 @@ class Simulation:
                                       "restarts": 0, "crash_states": 0}
         self.faults_seen: dict[str, int] = {}
         self.plan = FaultPlan.draw(self.rng) if config.faults else FaultPlan()
-        raft = RaftConfig(compaction_min_entries=self.rng.choice([8, 20, 60, 5000]),
+        compaction = self.rng.choice([8, 20, 60, 5000])
+        raft = RaftConfig(compaction_min_entries=config.compaction_min_entries or compaction,
                           compaction_min_time=self.rng.choice([2.0, 30.0, 300.0]))
         self.raft_config = raft
         self.checker = Checker(self)
@@ -145,9 +150,12 @@ class Simulation:
         self.backups: dict[int, tuple[float, SimDisk]] = {}
         self.acked_blocks: list[tuple[int, int, int]] = []
         self.brokers = [_Broker(self, 1 + b) for b in range(config.brokers)]
+        self.managed: list[_ManagedBroker] = []
         self.expected_loss: set[int] = set()  # nodes restored from a backup (may lack what they acknowledged)
         self._replacing = False
         self._restored: tuple[SimulatedNode, float | None] | None = None
+        self.script: Callable[["Simulation"], None] | None = None  # extra scripted events (crash-state exploration)
+        self.child_pipe: int | None = None  # set in a crash-state exploration child
 
     # ------------------------------------------------------------ plumbing
     def new_id(self) -> str:
@@ -184,17 +192,26 @@ class Simulation:
         with patched(self.clock, self.raft_rng):
             try:
                 self._run()
-                return self._result(True, None, t0)
+                outcome = self._result(True, None, t0)
             except Violation as v:
-                return self._result(False, str(v), t0)
+                outcome = self._result(False, str(v), t0)
             finally:
                 for n in self.nodes.values():
                     try:
                         n.crash("stops (end of simulation)")
                     except (NodeHalted, MachineStopped):
                         pass
+                for b in self.managed:
+                    b.close()
+        if self.child_pipe is not None:
+            from .explore import report_child
+            report_child(self, outcome)
+        return outcome
 
     def _result(self, ok: bool, violation: str | None, t0: float) -> SimResult:
+        for index in sorted(self.checker.ledger):  # the committed log itself, entry by entry
+            term, crc = self.checker.ledger[index]
+            self._digest.update(f"{index}:{term}:{crc};".encode())
         stats = dict(self.stats, messages=self.net.sent, delivered=self.net.delivered, dropped=self.net.dropped,
                      checks=self.checker.checks, committed=len(self.checker.ledger),
                      faults_by_kind=dict(sorted(self.faults_seen.items())), plan=self.plan.describe())
@@ -209,7 +226,10 @@ class Simulation:
             self.after(self.rng.uniform(0.3, 1.0), "client", b.act)
         if self.config.faults:
             self.after(self.rng.uniform(0.5, 1.5), "fault", self._inject)
+        if self.script is not None:
+            self.script(self)
         self.after(self.rng.uniform(1.0, 3.0), "client", self._seed_once)
+        self.managed = [_ManagedBroker(self, 101 + b) for b in range(self.config.managed_brokers)]
         while self.step_no < self.config.steps and self._events:
             self._step()
         self._converge()
@@ -234,7 +254,9 @@ class Simulation:
         self.note("converging: faults stop, partitions heal, every member starts")
         self.net.blocked.clear()
         self.net.faults = NetFaults()
-        self._events = [e for e in self._events if e[2] in ("deliver", "tick", "net", "membership")]
+        self._events = [e for e in self._events if e[2] in ("deliver", "tick", "net", "membership", "broker")]
+        for b in self.managed:
+            b.bad_answer = False
         heapq.heapify(self._events)
         for n in self.nodes.values():
             n.disk.fail = None
@@ -280,6 +302,9 @@ class Simulation:
         before = getattr(node, "_committed_before", None)
         ok = node.start()
         if not ok:
+            if node.cut:  # a crash-state exploration cut this start short; its restart is scheduled
+                node.cut = False
+                return False
             if node.disk.stopped:  # the machine stopped in the middle of the start: it loses power there
                 node.disk.stopped = False
                 node.disk.stop = None
@@ -324,8 +349,8 @@ class Simulation:
     def _inject(self) -> None:
         plan = self.plan
         kinds = [(k, getattr(plan, k)) for k in ("crash", "crash_in_io", "power_loss", "partition", "disk_error",
-                                                 "disk_full", "slow_disk", "restore_backup", "membership",
-                                                 "transfer", "snapshot") if getattr(plan, k)]
+                                                 "disk_full", "slow_disk", "restore_backup", "bad_answer",
+                                                 "membership", "transfer", "snapshot") if getattr(plan, k)]
         if self._restored_pending():
             # A restored node is held back only by what live peers saw it hold: until it has rejoined and
             # heard their verdicts, losing or cutting them off too is a second fault (docs/durability.md).
@@ -600,6 +625,12 @@ class Simulation:
                      lambda r, e, _n=node: self.note(f"membership: adding node {_n.node_id}: {'done' if e == 0 else e}"))
         self.after(0.2, "membership", self._watch_membership, None, node, self.clock.now)
 
+    def _fault_bad_answer(self) -> None:
+        if self.managed:
+            broker = self.rng.choice(self.managed)
+            self.fault("bad_answer")
+            broker.bad_answer = True
+
     def _fault_transfer(self) -> None:
         leader = self.leader()
         if leader is not None:
@@ -637,9 +668,10 @@ class _Op:
     ``ok`` answers are checked at once; a timeout or a node dying under it is an unknown outcome."""
 
     def __init__(self, sim: Simulation, kind: str, args: dict, what: str, on_ok: Callable[[Any], None],
-                 on_done: Callable[[], None] | None = None, deadline: float = 6.0):
+                 on_done: Callable[[], None] | None = None, deadline: float = 6.0,
+                 on_error: Callable[[Exception], None] | None = None):
         self.sim, self.kind, self.args, self.what = sim, kind, args, what
-        self.on_ok, self.on_done = on_ok, on_done
+        self.on_ok, self.on_done, self.on_error = on_ok, on_done, on_error
         self.deadline = sim.clock.now + deadline
         self.finished = False
         sim.stats["ops"] += 1
@@ -678,17 +710,19 @@ class _Op:
             if type(err).__name__ == "NotControllerError":
                 self.sim.after(self.sim.rng.uniform(0.02, 0.2), "client", self._try)
                 return
-            self._end(f"refused: {err}")
+            self._end(f"refused: {err}", err)
             return
         self._end("unknown")
 
-    def _end(self, how: str) -> None:
+    def _end(self, how: str, err: Exception | None = None) -> None:
         if self.finished:
             return
         self.finished = True
         if how == "unknown":
             self.sim.stats["unknown"] += 1
         self.sim.note(f"client: {self.what}: {how}")
+        if self.on_error:
+            self.on_error(err or RequestTimedOutError(f"{self.what}: outcome unknown"))
         if self.on_done:
             self.on_done()
 
@@ -743,6 +777,107 @@ class _Broker:
         pid, epoch = result
         self.sim.checker.txn_init(tid, pid, epoch, f"InitProducerId of broker {self.broker_id}")
         self.txn[tid] = (pid, epoch)
+
+
+class _Block:
+    def __init__(self, start: int, length: int):
+        self.start, self.length, self.throttle_ms = start, length, 0
+
+
+class _SimQuorum:
+    """The ``PidQuorum`` a managed broker's ``ProducerIdManager`` uses: requests to the simulated quorum,
+    answered on the broker's own loop.  With the "bad answer" fault it delivers, once, a block shifted to
+    start at the broker's last held ID (a controller off by one: the input KAFKA-20031's guard exists for)."""
+
+    def __init__(self, sim: Simulation, broker: "_ManagedBroker"):
+        self.sim, self.broker = sim, broker
+
+    def _call(self, kind: str, args: dict, what: str, shape: Callable[[Any], Any]):
+        fut = self.broker.loop.create_future()
+
+        def ok(result):
+            if not fut.done():
+                fut.set_result(shape(result))
+            self.broker.wake()
+
+        def error(err):
+            if not fut.done():
+                fut.set_exception(err)
+            self.broker.wake()
+        _Op(self.sim, kind, args, what, on_ok=ok, on_error=error)
+        return fut
+
+    async def register_broker(self, broker_id, incarnation_id=None, listener=""):
+        return await self._call("register", {"broker_id": broker_id, "incarnation_id": self.sim.new_id(),
+                                             "listener": f"managed-{broker_id}:9092"},
+                                f"managed broker {broker_id} registers", lambda epoch: epoch)
+
+    async def allocate(self, broker_id, broker_epoch):
+        def shape(block):
+            start, length = block
+            self.sim.checker.issue(start, start + length, f"block of managed broker {broker_id}")
+            self.broker.acked.add(start, start + length, "acked")
+            last = self.broker.manager._last_accepted_end
+            if self.broker.bad_answer and last is not None:
+                self.broker.bad_answer = False
+                self.sim.note(f"managed broker {broker_id}: the answer [{start}, +{length}) arrives as "
+                              f"[{last - 1}, +{length}) (bad answer)")
+                return _Block(last - 1, length)
+            return _Block(start, length)
+        return await self._call("allocate", {"broker_id": broker_id, "broker_epoch": broker_epoch},
+                                f"managed broker {broker_id} allocates", shape)
+
+
+class _ManagedBroker:
+    """A broker running the real ``broker.pid_manager.ProducerIdManager`` (prefetch, re-registration, block
+    validation) against the simulated quorum; producers ask it for IDs, and every ID it hands out must be
+    new and inside a block the quorum acknowledged to it."""
+
+    def __init__(self, sim: Simulation, broker_id: int):
+        from broker.pid_manager import PidManagerConfig, ProducerIdManager
+        from .checker import Ranges
+        from .node import SimLoop
+
+        self.sim, self.broker_id = sim, broker_id
+        self.loop = SimLoop(sim.clock)
+        self.acked = Ranges()
+        self.bad_answer = False
+        self.manager = ProducerIdManager(broker_id, _SimQuorum(sim, self), clock=sim.clock.monotonic,
+                                         rng=random.Random(sim.rng.getrandbits(64)),
+                                         config=PidManagerConfig(start_timeout_s=3600.0))
+        self._next: float | None = None
+        self.loop.create_task(self.manager.start())
+        self.wake()
+        sim.after(sim.rng.uniform(0.5, 1.5), "client", self.produce)
+
+    def wake(self) -> None:
+        """Run the broker's loop when it next has work: now if callbacks are ready, else at its next timer."""
+        loop, now = self.loop, self.sim.clock.now
+        when = now if loop._ready else (loop._scheduled[0]._when if loop._scheduled else None)
+        if when is not None and (self._next is None or when < self._next):
+            self._next = max(when, now)
+            self.sim.schedule(self._next, "broker", self._pump, self._next)
+
+    def _pump(self, at: float) -> None:
+        if self._next != at:
+            return
+        self._next = None
+        self.loop.pump()
+        self.wake()
+
+    def produce(self) -> None:
+        for _ in range(self.sim.rng.randint(1, 20)):
+            try:
+                pid = self.manager.generate_producer_id()
+            except (CoordinatorLoadInProgressError, PidQuorumError):
+                break
+            self.sim.checker.hand_out(self.broker_id, pid, self.acked)
+        self.loop.pump()
+        self.wake()
+        self.sim.after(self.sim.rng.expovariate(20.0), "client", self.produce)
+
+    def close(self) -> None:
+        self.loop.shut()
 
 
 def simulate(seed: int, steps: int = 6000, nodes: int = 3, faults: bool = True) -> SimResult:

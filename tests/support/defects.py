@@ -1,0 +1,169 @@
+"""Switches that put back the defects the storage/replication work removed (test-only code).
+
+Each is a context manager that patches production code from the outside, for the length of
+the block; nothing in a production module reads a switch.  They exist to prove that the
+deterministic simulation and the crash-state explorer *can fail*: with a switch on, they must
+find a violation (tests/chaos/test_simulation.py).  Worker processes forked inside the block
+inherit the patch.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+
+import quorum.raft as raft_module
+from broker.pid_manager import ProducerIdManager
+from quorum.identity import NodeIdentity, Verdict
+from quorum.journal import DurableJournal
+from quorum.managers import ProducerIdsManager
+from records import ProducerIdSeedRecord
+from snapshots.format import decode_snapshot
+from snapshots.store import SnapshotStore
+
+
+@contextlib.contextmanager
+def _patched(*triples):
+    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in triples]
+    try:
+        for obj, name, value in triples:
+            setattr(obj, name, value)
+        yield
+    finally:
+        for obj, name, value in saved:
+            setattr(obj, name, value)
+
+
+def journal_cleared_on_mismatch():
+    """Defect 1: a start that finds a journal not beginning with the snapshot's two entries clears it
+    (pysyncobj's ``__loadDumpFile``) instead of finishing the interrupted compaction."""
+    original = raft_module.reconcile
+
+    def reconcile(journal, snap, journal_path, snapshot_path):
+        if snap is not None and journal.entries and not (
+                len(journal.entries) >= 2 and journal.entries[0][1:] == snap.prev_entry[1:]
+                and journal.entries[1][1:] == snap.last_entry[1:]):
+            journal._write_whole([tuple(snap.prev_entry), tuple(snap.last_entry)])
+            return "cleared the journal (defect switch)"
+        return original(journal, snap, journal_path, snapshot_path)
+    return _patched((raft_module, "reconcile", reconcile))
+
+
+def install_not_synced():
+    """Defect 2: a follower writes and renames an installed snapshot with no fsync of the file or the
+    directory (pysyncobj's ``setTransmissionData``); the journal is rebased and the install
+    acknowledged all the same.  (Simulated disks only.)"""
+    def install(self, data):
+        snap = decode_snapshot(f"{self.path} (received)", data)
+        disk = self.disk
+        d = disk._dir(os.path.dirname(self.path))
+        inode = disk._new_inode()
+        disk._set_entry(d, os.path.basename(self.path) + ".1.tmp", inode.ino)
+        disk._apply_write(inode, 0, bytes(data))
+        disk._del_entry(d, os.path.basename(self.path) + ".1.tmp")
+        disk._set_entry(d, os.path.basename(self.path), inode.ino)
+        self.current, self._bytes = snap, bytes(data)
+        self._sending.clear()
+        return snap
+    return _patched((SnapshotStore, "install", install))
+
+
+def failed_sync_ignored():
+    """Defect 3: bytes count as synced before fdatasync returns, and an error is caught and forgotten
+    (pysyncobj's tick logged it and went on); acknowledgements leave with nothing on disk."""
+    def sync(self):
+        if self._durable == len(self.entries) and not self._pending:
+            return
+        pending, self._pending = self._pending, bytearray()
+        self._durable = len(self.entries)
+        try:
+            if pending:
+                self._file.write(pending)
+            self._file.sync()
+        except BaseException:  # noqa: BLE001 - the defect: the error is swallowed
+            pass
+    return _patched((DurableJournal, "sync", sync))
+
+
+def restored_backup_accepted():
+    """Defect 4: a node that lost what it acknowledged is let in as a full member: peers never hand out
+    a recovery target, and the node's own evidence is ignored."""
+    original = NodeIdentity.admit
+
+    def admit(self, address, hello):
+        v = original(self, address, hello)
+        return Verdict(refused=v.refused, recover=None, new_run=v.new_run)
+    return _patched((NodeIdentity, "admit", admit), (raft_module, "loss_evidence", lambda *a: []))
+
+
+def commit_from_unverified_message():
+    """Defect 5: an AppendEntries carrying a snapshot chunk (or ``serialized=None``) moves the follower's
+    commit index to the leader's, over entries it never matched."""
+    original = raft_module._Replicated._append_entries
+
+    def append_entries(self, node, m):
+        original(self, node, m)
+        if "prevLogIdx" not in m and isinstance(m.get("commit_index"), int) and m.get("term", -1) >= \
+                self._SyncObj__raftCurrentTerm:
+            commit = min(m["commit_index"], self._pq.journal.entries[-1][1])
+            if commit > self._SyncObj__raftCommitIndex:
+                self._SyncObj__raftCommitIndex = commit
+                self._pq.journal.setRaftCommitIndex(commit)
+    return _patched((raft_module._Replicated, "_append_entries", append_entries))
+
+
+def truncate_after_prev_index():
+    """Defect 6: the follower cuts its log after every AppendEntries' prevLogIdx whenever it holds entries
+    after it, even where they match and even for a heartbeat without entries (pysyncobj; Raft 5.3: only
+    at the first conflict), and clamps its commit index to what is left."""
+    original = raft_module._Replicated._match_and_append
+
+    def match_and_append(self, node, prev_idx, prev_term, entries, leader_commit):
+        journal = self._pq.journal
+        prev = journal.entry(prev_idx) if isinstance(prev_idx, int) else None
+        if prev is not None and prev[2] == prev_term and journal.entries[-1][1] > prev_idx:
+            journal.truncate_from(prev_idx + 1)
+            if self._SyncObj__raftCommitIndex > prev_idx:
+                self._SyncObj__raftCommitIndex = prev_idx
+        original(self, node, prev_idx, prev_term, entries, leader_commit)
+    return _patched((raft_module._Replicated, "_match_and_append", match_and_append))
+
+
+def kafka_15552_seed_at_block_start():
+    """KAFKA-15552: the migration seeds the quorum with the ZooKeeper block's start instead of
+    block_end + 1, so the quorum issues that block again."""
+    original = ProducerIdsManager.generate_seed
+
+    def generate_seed(self, next_producer_id, origin, zk_broker, zk_block_start, zk_block_end, now_ms):
+        result = original(self, next_producer_id, origin, zk_broker, zk_block_start, zk_block_end, now_ms)
+        result.records[:] = [ProducerIdSeedRecord(next_producer_id=zk_block_start, origin=r.origin,
+                                                  zk_broker=r.zk_broker, zk_block_start=r.zk_block_start,
+                                                  zk_block_end=r.zk_block_end, timestamp_ms=r.timestamp_ms)
+                             if isinstance(r, ProducerIdSeedRecord) else r for r in result.records]
+        return result
+    return _patched((ProducerIdsManager, "generate_seed", generate_seed))
+
+
+def kafka_20031_less_than_for_at_most():
+    """KAFKA-20031: the broker's check of a returned block used ``<`` where ``<=`` belongs, so a block
+    starting at the last ID it already held was accepted and that ID handed out twice."""
+    original = ProducerIdManager._validate
+
+    def validate(self, start, length):
+        problem = original(self, start, length)
+        last = self._last_accepted_end
+        if problem is not None and last is not None and start == last - 1 and problem.startswith("start is at"):
+            return None
+        return problem
+    return _patched((ProducerIdManager, "_validate", validate))
+
+
+SWITCHES = {
+    "journal-cleared-on-mismatch": journal_cleared_on_mismatch,
+    "install-not-synced": install_not_synced,
+    "failed-sync-ignored": failed_sync_ignored,
+    "restored-backup-accepted": restored_backup_accepted,
+    "commit-from-unverified-message": commit_from_unverified_message,
+    "truncate-after-prev-index": truncate_after_prev_index,
+    "kafka-15552-seed-at-block-start": kafka_15552_seed_at_block_start,
+    "kafka-20031-less-than-for-at-most": kafka_20031_less_than_for_at_most,
+}

@@ -826,7 +826,7 @@ def migrate_export(obj: Ctx, zk_hosts, out_file):
     try:
         atomic_write(out_file, data)
     except OSError as e:
-        _remove_quietly(f"{out_file}.tmp.{os.getpid()}")  # atomic_write's temp file, if it got that far
+        _remove_quietly(f"{out_file}.tmp")  # atomic_write's temp file, if it got that far
         raise click.FileError(out_file, hint=e.strerror or str(e)) from None
     render.line(f"exported {ZK_BLOCK_PATH} from {zk_hosts} (znode version {stat.version}): block "
                 f"[{block.block_start}, {block.block_end}] of broker {block.broker} -> {out_file}")
@@ -965,12 +965,7 @@ def chaos_simulate(seeds, steps, nodes, jobs, trace, json_path, output):
         def progress(done, total, result):
             update(done / total, f"seed {result.seed}: {'ok' if result.ok else 'VIOLATION'}")
         result = run_campaign(seed_list, steps, int(nodes), jobs, progress)
-    figures = result.to_dict()
-    if json_path:
-        atomic_json(json_path, figures)
-    if output == "json":
-        render.emit_json(figures)
-    else:
+    if _figures(result.to_dict(), json_path, output):
         rates = result.rates()
         render.table("simulation", ["figure", "value"], [
             ["seeds", result.seeds], ["failed", len(result.failures)], ["nodes", nodes],
@@ -1021,12 +1016,7 @@ def chaos_crash_states(seed, steps, nodes, max_ops, around, after_steps, jobs, j
             update(0.0, f"{result.states} states, {len(result.failures)} failing")
         result = explore(seed, steps, list(nodes) or None, after_steps, jobs, max_ops, progress, around)
         update(1.0, f"{result.states} states")
-    figures = result.to_dict()
-    if json_path:
-        atomic_json(json_path, figures)
-    if output == "json":
-        render.emit_json(figures)
-    else:
+    if _figures(result.to_dict(), json_path, output):
         render.table("crash states", ["node", "file operations cut", "crash states", "failing"],
                      [[n, c["ops"], c["states"], c["failed"]] for n, c in sorted(result.by_node.items())]
                      + [["all", result.ops, result.states, len(result.failures)]])
@@ -1038,10 +1028,17 @@ def chaos_crash_states(seed, steps, nodes, max_ops, around, after_steps, jobs, j
         sys.exit(EXIT_ANOMALY)
 
 
-def atomic_json(path: str, obj) -> None:
-    from quorum.fsutil import atomic_write
+def _figures(figures: dict, json_path: str | None, output: str) -> bool:
+    """Write ``figures`` to ``json_path`` (if given) and print them as JSON if asked; True if the caller
+    should render its tables instead."""
+    if json_path:
+        from quorum.fsutil import atomic_write
 
-    atomic_write(path, (json.dumps(obj, indent=1, default=str) + "\n").encode())
+        atomic_write(json_path, (json.dumps(figures, indent=1, default=str) + "\n").encode())
+    if output == "json":
+        render.emit_json(figures)
+        return False
+    return True
 
 
 def _show_verdict(verdict, output: str, run_dir: str) -> None:

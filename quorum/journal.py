@@ -233,11 +233,6 @@ class DurableJournal:
         e = self.entries[self._durable - 1]
         return (e[2], e[1])
 
-    def last_position(self) -> Position:
-        if not self.entries:
-            return (0, 0)
-        return (self.entries[-1][2], self.entries[-1][1])
-
     def entry(self, index: int) -> Entry | None:
         if not self.entries:
             return None

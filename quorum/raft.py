@@ -26,6 +26,10 @@ advances the commit index              verified: a node applies uncommitted entr
 tick catches every exception           a failed fsync is forgotten and the next      own tick thread: any
                                        sync is a no-op                               error stops the node
 bind 0.0.0.0 when no bind address      the Raft port open on every interface         bind the advertised host
+votes counted per message              a duplicated vote: two leaders in one term    counted per voter
+acknowledgements carry no term         a delayed one raises a match index wrongly    term checked
+restart rebuilds membership from       a restarted node cannot reach a member added  the journal's latest
+committed entries only                 just before it stopped                        configuration, at start
 =====================================  ============================================  ==========================
 
 Also here:

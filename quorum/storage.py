@@ -69,15 +69,18 @@ def process_failstop(code: int, message: str) -> NoReturn:
             os._exit(code)
 
 
-class StorageFailure(Exception):
-    """An I/O error on the durable path.  Raised only where ``failstop`` returns (never in a node
-    process); callers must not catch it and go on."""
+class StorageFailure(OSError):
+    """An I/O error on the durable path.  Raised only where ``failstop`` returns (never on a node's
+    own files, whose failstop ends the process); a node's code must not catch it and go on."""
 
     def __init__(self, op: str, path: str, error: OSError):
         self.op, self.path, self.error = op, path, error
         name = _errno.errorcode.get(error.errno or 0, "?")
         reason = "disk full" if error.errno == _errno.ENOSPC else (error.strerror or str(error))
-        super().__init__(f"{op} {path}: {reason} ({name})")
+        super().__init__(error.errno, f"{op} {path}: {reason} ({name})")
+
+    def __str__(self) -> str:
+        return self.strerror
 
 
 class AppendFile:

@@ -18,7 +18,7 @@ from typing import Any
 
 
 from quorum.errors import CorruptFileError
-from quorum.fsutil import seal, unseal
+from quorum.fsutil import atomic_write, seal, unseal
 from quorum.storage import Disk
 from records import Record, RecordError
 from records.codec import from_obj, to_obj
@@ -54,9 +54,13 @@ def encode_snapshot(snap: Snapshot) -> bytes:
 
 
 def write_snapshot(path: str, snap: Snapshot, disk: Disk | None = None) -> int:
-    """Replace ``path`` with ``snap``, durably (see ``Disk.write_file``); returns its size in bytes."""
+    """Replace ``path`` with ``snap``, durably (``Disk.write_file``; without a node's ``disk``, an I/O
+    error raises); returns its size in bytes."""
     data = encode_snapshot(snap)
-    (disk or Disk()).write_file(path, data)
+    if disk is None:
+        atomic_write(path, data)
+    else:
+        disk.write_file(path, data)
     return len(data)
 
 

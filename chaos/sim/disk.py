@@ -35,6 +35,9 @@ from typing import Callable, Iterator
 from quorum.storage import FailStop, StorageFailure
 
 
+SYNCS = ("fsync", "fdatasync")  # a file's data to stable storage (directory entries: "sync_dir")
+
+
 class MachineStopped(BaseException):
     """The simulated machine stopped at an operation (not an Exception: nothing may catch it and go on)."""
 
@@ -54,7 +57,7 @@ def halting_failstop(code: int, message: str):
 @dataclass
 class Op:
     seq: int
-    kind: str       # create write sync truncate rename unlink mkdir sync_dir
+    kind: str       # create write fsync fdatasync truncate rename unlink mkdir sync_dir read
     path: str
     detail: dict = field(default_factory=dict)
 
@@ -137,14 +140,14 @@ class SimAppendFile:
         self.disk._check_space(len(data), self.path)
         self.disk._apply_write(self._inode, len(self._inode.data), data)
 
-    def sync(self) -> None:
-        self.disk._op("sync", self.path)
+    def sync(self, kind: str = "fdatasync") -> None:
+        self.disk._op(kind, self.path)
         self.disk._sync_inode(self._inode)
 
     def truncate(self, size: int) -> None:
         self.disk._op("truncate", self.path, size=size)
         self.disk._apply_truncate(self._inode, size)
-        self.disk._op("sync", self.path)
+        self.disk._op("fdatasync", self.path)
         self.disk._sync_inode(self._inode)
 
     def close(self) -> None:
@@ -195,7 +198,7 @@ class SimDisk:
             error = self.fail(op)
             if error is not None:
                 op.detail["error"] = errno.errorcode.get(error.errno, str(error.errno))
-                if kind == "sync":
+                if kind in SYNCS:
                     self._drop_dirty(path)
                 self._raise(kind, path, error)
         return op
@@ -308,7 +311,7 @@ class SimDisk:
         f = SimAppendFile(self, tmp, inode)
         f.write(data)
         self._after("write")
-        f.sync()
+        f.sync("fsync")
         self._op("rename", tmp, to=path)
         self._del_entry(d, os.path.basename(tmp))
         self._set_entry(d, os.path.basename(path), inode.ino)

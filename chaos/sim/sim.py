@@ -388,7 +388,7 @@ class Simulation:
             return
         self.fault("crash_in_io")
         remaining = [self.rng.randint(1, 40)]
-        kind = self.rng.choice([None, "rename", "sync", "sync_dir", "write", "truncate", "create"])
+        kind = self.rng.choice([None, "rename", "fdatasync", "fsync", "sync_dir", "write", "truncate", "create"])
         moment = self.rng.choice(["before", "after"])
 
         def stop(op, when):
@@ -462,7 +462,7 @@ class Simulation:
             return
         self.fault("disk_error")
         import errno
-        kind = self.rng.choice(["sync", "write", "rename", "sync_dir"])
+        kind = self.rng.choice(["fdatasync", "fsync", "write", "rename", "sync_dir"])
         countdown = [self.rng.randint(1, 20)]
         err = OSError(errno.EIO, "Input/output error")
 

@@ -54,14 +54,7 @@ def test_power_loss_after_a_follower_acknowledged_a_snapshot_install(policy):
     cleared and the install acknowledged.  Here the follower loses power right after it acknowledged an
     install and must come back holding what the snapshot covers."""
     with SimCluster(raft=_compact_often()) as c:
-        epoch = c.register(1)
-        leader = c.leader()
-        f = next(n for n in c.nodes.values() if n is not leader)
-        f.crash()
-        for _ in range(12):
-            c.allocate(1, epoch)
-        leader.raft.force_snapshot()
-        c.wait(lambda: leader.raft.store.current is not None, what="the leader's snapshot")
+        epoch, leader, f = _follower_behind_a_snapshot(c, 12)
         top = leader.raft.store.current.last_index
         f.restart(f.disk.crash())
         c.wait(lambda: f.raft.store.current is not None and f.raft.store.current.last_index >= top,
@@ -70,6 +63,20 @@ def test_power_loss_after_a_follower_acknowledged_a_snapshot_install(policy):
         f.power_loss(LossPolicy(policy))
         assert f.raft.store.current is not None and f.raft.store.current.last_index >= top
         c.wait(lambda: f.next_producer_id() == acked_next, what="the follower to hold every block")
+
+
+def _follower_behind_a_snapshot(c, allocations: int):
+    """Keep a follower down while the leader allocates and compacts: started again, it needs a snapshot.
+    Returns (broker epoch, leader, the follower, still down)."""
+    epoch = c.register(1)
+    leader = c.leader()
+    follower = next(n for n in c.nodes.values() if n is not leader)
+    follower.crash()
+    for _ in range(allocations):
+        c.allocate(1, epoch)
+    leader.raft.force_snapshot()
+    c.wait(lambda: leader.raft.store.current is not None, what="the leader's snapshot")
+    return epoch, leader, follower
 
 
 def _compact_often():
@@ -88,7 +95,7 @@ def test_fsync_error_stops_the_node_and_nothing_is_acknowledged_after_it():
         failed, sent_after = [], []
 
         def fail(op):
-            if op.kind == "sync" and op.path.endswith("raft.journal"):
+            if op.kind == "fdatasync" and op.path.endswith("raft.journal"):
                 failed.append(op)
                 return OSError(errno.EIO, "Input/output error")
             return None
@@ -369,14 +376,7 @@ def test_every_crash_state_of_every_node_keeps_its_committed_entries():
             node.disk.on_op = recorder(node)
         for n in c.nodes.values():
             watch(n)
-        epoch = c.register(1)
-        leader = c.leader()
-        lagging = next(n for n in c.nodes.values() if n is not leader)
-        lagging.crash()
-        for _ in range(14):
-            c.allocate(1, epoch)
-        leader.raft.force_snapshot()
-        c.wait(lambda: leader.raft.store.current is not None, what="a snapshot")
+        epoch, leader, lagging = _follower_behind_a_snapshot(c, 14)
         lagging.restart(lagging.disk.crash())
         watch(lagging)
         c.wait(lambda: lagging.raft.store.current is not None, what="the install")

@@ -11,6 +11,9 @@ def main() -> int:
     ap.add_argument("--config", required=True)
     ap.add_argument("--ready-file")
     ap.add_argument("--log-level", default="INFO")
+    ap.add_argument("--trust-own-log", action="store_true",
+                    help="The operator's word that this data directory was not restored from a copy: count "
+                         "without waiting for the peers' word (only when a peer is lost for good).")
     ap.add_argument("--log-format", choices=["human", "json"],
                     help="Log lines as text or one JSON object per line (default: the config's log_format).")
     args = ap.parse_args()
@@ -22,7 +25,7 @@ def main() -> int:
         return 2
     if args.log_format is None and cfg.log_format != "human":
         setup_logging(args.log_level, cfg.log_format)
-    return run_node(cfg, args.ready_file)
+    return run_node(cfg, args.ready_file, trust_own_log=args.trust_own_log)
 
 
 if __name__ == "__main__":

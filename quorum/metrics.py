@@ -44,8 +44,9 @@ QUORUM_METRICS = {
     "pidquorum_raft_follower_connected": "On any node: 1 if the link to that peer is up.",
     "pidquorum_raft_has_quorum": "1 if this node is a leader that has a quorum (pysyncobj's view).",
     "pidquorum_raft_recovering": "1 while this node may have lost entries it acknowledged (a restored backup, a "
-                                 "journal cut by a fault): it does not vote, stand or count toward a majority "
-                                 "until its log is back where it was.",
+                                 "journal cut by a fault), or after a start until enough peers vouched for it: it "
+                                 "does not stand or count toward a majority (and votes only for a candidate that "
+                                 "holds what it may have lost) until its log is back where it was.",
     "pidquorum_raft_leader_changes": "Times this node saw a new leader since it started.",
     "pidquorum_raft_journal_entries": "Entries in the Raft journal (since the last snapshot).",
     "pidquorum_journal_syncs": "fdatasync calls on the Raft journal.",

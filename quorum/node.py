@@ -26,9 +26,9 @@ def setup_logging(level: str = "INFO", fmt: str = "human") -> None:
     logs.setup_logging(level, fmt, sys.stderr)
 
 
-async def _serve(cfg: NodeConfig, ready_file: str | None, disk: Disk | None) -> None:
+async def _serve(cfg: NodeConfig, ready_file: str | None, disk: Disk | None, trust_own_log: bool) -> None:
     logs.set_identity(node_id=cfg.node_id)
-    service = Service(cfg, disk)
+    service = Service(cfg, disk, trust_own_log=trust_own_log)
     logs.set_context_source("term", service.raft.current_term)
     server = QuorumServer(service)
     endpoint = None
@@ -54,11 +54,15 @@ async def _serve(cfg: NodeConfig, ready_file: str | None, disk: Disk | None) -> 
         service.close()
 
 
-def run_node(cfg: NodeConfig, ready_file: str | None = None, disk: Disk | None = None) -> int:
+def run_node(cfg: NodeConfig, ready_file: str | None = None, disk: Disk | None = None,
+             trust_own_log: bool = False) -> int:
     """Serve until stopped.  Returns a process exit code (``quorum.storage``: an I/O error on the durable
-    path, a diverged log or a refused identity stop the process at once, with their own codes)."""
+    path, a diverged log or a refused identity stop the process at once, with their own codes).
+
+    ``trust_own_log``: the operator's word that this data directory is the one the node last ran on (not
+    a restored copy), so the node counts without waiting for its peers to vouch (docs/operations.md)."""
     try:
-        asyncio.run(_serve(cfg, ready_file, disk))
+        asyncio.run(_serve(cfg, ready_file, disk, trust_own_log))
     except CorruptFileError as e:
         log.critical("refusing to start: %s", e)
         return EXIT_CORRUPT

@@ -43,8 +43,11 @@ Also here:
 * the identity gate and the **recovery gate**: a node that may have lost entries
   it acknowledged (its own files say so, or a peer saw it hold more than it now
   has: ``quorum.identity``) records a recovery target durably and, until its
-  durable log reaches it, neither stands for election, nor votes, nor has its
-  acknowledgements counted; it then refuses to vote in the term it caught up in;
+  durable log reaches it, neither stands for election, nor votes (except for a
+  candidate that holds its target), nor has its acknowledgements counted; it
+  then refuses to vote in the term it caught up in.  Since a start on a restored
+  copy looks like any restart, every start first needs the word of enough peers
+  (n - majority + 1: ``check_vouched``), whose log ends become its target;
 * fast failover: short election timeouts and peer pings that keep
   follower-to-follower links alive (they also carry each node's durable log end);
 * typed outcomes: ``ProposalRejected`` (definitely not applied) versus
@@ -393,7 +396,7 @@ class _Replicated(SyncObj):
 
     # ------------------------------------------------------------- the tick
     def _onTick(self, timeToWait=0.0):
-        if self._pq.recovery is not None:
+        if self._pq.restricted:
             # A node that may have lost acknowledged entries never stands for election.
             self._SyncObj__raftElectionDeadline = _clock() + self._SyncObj__generateRaftTimeout()
         super()._onTick(timeToWait)
@@ -404,7 +407,7 @@ class _Replicated(SyncObj):
         if kind == "append_entries":
             self._append_entries(node, message)
             return
-        if self._pq.recovery is not None and kind in ("request_vote", "timeout_now"):
+        if kind in ("request_vote", "timeout_now") and self._pq.restricted and not self._may_vote(message):
             self._withhold(node, message)
             return
         if kind == "response_vote" and not self._new_voter(node, message):
@@ -430,6 +433,16 @@ class _Replicated(SyncObj):
         if message.get("term") == term:
             self._voters.add(node.address)
         return True
+
+    def _may_vote(self, message) -> bool:
+        """A vouched node still catching up may vote for a candidate whose log reaches its recovery
+        target: that candidate holds every committed entry this node may have lost.  No leadership
+        transfer to it, and no vote at all before the peers vouched for it."""
+        pq = self._pq
+        if message.get("type") != "request_vote" or not pq.vouched or pq.recovery is None:
+            return False
+        last = (message.get("last_log_term"), message.get("last_log_index"))
+        return all(_is_int(x) for x in last) and last >= pq.recovery
 
     def _withhold(self, node, message) -> None:
         """A recovering node keeps up with terms but grants no vote and takes no leadership."""
@@ -539,7 +552,7 @@ class _Replicated(SyncObj):
         position but never count toward a majority."""
         self._pq.journal.sync()
         self._pq.check_recovery()
-        counted = verified and self._pq.recovery is None
+        counted = verified and not self._pq.restricted
         # pysyncobj's acknowledgement, plus the term it answers (the leader ignores any other term's).
         self._SyncObj__transport.send(node, {"type": "next_node_idx", "next_node_idx": next_index,
                                             "reset": not counted, "success": counted,
@@ -643,6 +656,18 @@ class _Replicated(SyncObj):
         if self._SyncObj__votedForNodeId is None:
             self._SyncObj__setCurrentTerm(self._SyncObj__raftCurrentTerm, RECOVERED_VOTE)
 
+    def current_term(self) -> int:
+        return self._SyncObj__raftCurrentTerm
+
+    def vouched_term(self, term: int) -> None:
+        """The vouchers' highest term: this node may have voted in it (or below) in a run whose record
+        it lost, so it casts no vote up to that term (durable before anything else)."""
+        if term > self._SyncObj__raftCurrentTerm:
+            self._SyncObj__setCurrentTerm(term, RECOVERED_VOTE)
+            self.step_down()
+        else:
+            self.no_vote_this_term()
+
 
 class RaftNode:
     """A running Raft member.
@@ -661,7 +686,7 @@ class RaftNode:
                  restore_state: Callable[[list, int], None], bind_addr: str | None = None,
                  identity: NodeIdentity | None = None, disk: Disk | None = None,
                  failstop: FailStop | None = None, transport_class: type | None = None, tick_thread: bool = True,
-                 clock=time, node_class: type = TCPNode):
+                 clock=time, node_class: type = TCPNode, trust_own_log: bool = False):
         if not secret:
             raise ValueError("a cluster secret is required: the Raft port executes what it receives")
         raft.validate()
@@ -693,6 +718,13 @@ class RaftNode:
         if files.note:
             log.warning("start-up: %s", files.note)
         self.last_snapshot_bytes = self.store.size
+        # Every start may be of a restored copy: until enough peers vouched for it (see check_vouched)
+        # this node neither votes, nor stands, nor counts toward a majority.
+        self._vouchers: dict[str, tuple[Position | None, int]] = {}  # peer -> (its log end or held, its term)
+        self.vouched = not partners or trust_own_log
+        if trust_own_log and partners:
+            log.warning("started with the operator's word that this data directory was not restored from a copy "
+                        "(--trust-own-log): votes and acknowledgements count without the peers' word")
         self.recovery: Position | None = self.journal.recovery_target()
         self.recovery_reason: str | None = "recorded before the last stop" if self.recovery else None
         self._own_loss_evidence(snap)
@@ -788,6 +820,7 @@ class RaftNode:
 
     def _on_tick(self) -> None:
         self.journal.sync()  # the leader's entries sent this tick (see _Gate)
+        self.check_vouched()  # (the membership may have shrunk)
         self.check_recovery()
         while True:
             try:
@@ -867,6 +900,36 @@ class RaftNode:
         if obj is not None:
             obj.step_down()
 
+    @property
+    def restricted(self) -> bool:
+        """Neither votes (but see _may_vote), nor stands for election, nor counts toward a majority."""
+        return self.recovery is not None or not self.vouched
+
+    def vouchers_needed(self) -> int:
+        """Peers whose word a restarted node needs: enough to meet every majority it could have been part
+        of without itself (n - majority + 1 of the n - 1 others: both in three nodes, three of four in five)."""
+        n = len(self._obj.otherNodes) + 1
+        return min(n - (n // 2 + 1) + 1, n - 1)
+
+    def check_vouched(self) -> None:
+        """Vouched once ``vouchers_needed`` current peers sent their verdict in this run: then the node
+        reaches the highest log end and ``held`` they reported before it counts, and casts no vote up to
+        their highest term (a vote of a lost run may be missing from its files)."""
+        if self.vouched:
+            return
+        peers = {n.address for n in self._obj.otherNodes}
+        have = sorted(a for a in self._vouchers if a in peers)
+        if len(have) < self.vouchers_needed():
+            return
+        self.vouched = True
+        self._obj.vouched_term(max(self._vouchers[a][1] for a in have))
+        targets = [t for a in have if (t := self._vouchers[a][0]) is not None]
+        log.info("vouched for by %s (log end %s, theirs up to %s)", ", ".join(have), _fmt(self.journal.durable_end()),
+                 _fmt(max(targets)) if targets else "-")
+        if targets:
+            self.adopt_target(max(targets), f"the peers that vouched for this start ({', '.join(have)}) hold "
+                                            f"{_fmt(max(targets))}: a restored copy would lack what it acknowledged")
+
     def check_recovery(self) -> None:
         if self.recovery is None or self.journal.durable_end() < self.recovery:
             return
@@ -930,12 +993,28 @@ class RaftNode:
         if verdict.recover is not None:
             log.warning("%s started with its log at %s, below %s it was seen to hold: it must catch up before it "
                         "votes or counts toward a majority", address, _fmt(hello.log_end), _fmt(verdict.recover))
+        held = self.identity.held(address)
         self._transport_holder[0].send_unsynced(node, {
             "type": "pq_welcome", "by": self.self_addr,
-            "recover": list(verdict.recover) if verdict.recover is not None else None})
+            "recover": list(verdict.recover) if verdict.recover is not None else None,
+            "vouch": {"log_end": list(self.journal.durable_end()), "held": list(held) if held else None,
+                      "term": self._obj.current_term()}})
 
     def _on_welcome(self, node, message) -> None:
-        """A peer's verdict on this node: welcomed, perhaps with a position this node must reach first."""
+        """A peer's verdict on this node: welcomed, perhaps with a position this node must reach first,
+        and its word for this start (its log end, what it saw this node hold, its term)."""
+        vouch = message.get("vouch")
+        if isinstance(vouch, dict) and not self.vouched:
+            ends = [vouch.get("log_end"), vouch.get("held")]
+            term = vouch.get("term")
+            if _is_int(term) and term >= 0 and all(e is None or (isinstance(e, (list, tuple)) and len(e) == 2 and all(
+                    _is_int(x) and x >= 0 for x in e)) for e in ends):
+                top = max((tuple(e) for e in ends if e is not None), default=None)
+                self._vouchers[node.address] = (top, term)
+            else:
+                log.warning("ignoring a malformed vouch from %s: %r", node.address, vouch)
+        elif vouch is None and not self.vouched:
+            self._vouchers[node.address] = (None, 0)  # an older version's verdict: its recover target below
         target = message.get("recover")
         if target is not None:
             if not (isinstance(target, (list, tuple)) and len(target) == 2 and all(_is_int(x) and x >= 0
@@ -944,6 +1023,7 @@ class RaftNode:
                 return
             self.adopt_target(tuple(target), f"{node.address} saw this node hold {_fmt(tuple(target))}")
         self._welcomed[node.address] = True
+        self.check_vouched()
 
     def _on_refused(self, node, message) -> None:
         """A peer refused this node's identity: never take part in Raft as this member; stop."""
@@ -1030,9 +1110,14 @@ class RaftNode:
                 "lag_entries": max(0, s["commit_idx"] - match) if is_leader and match is not None else None,
             }
         recovery = None
-        if self.recovery is not None:
-            recovery = {"target": list(self.recovery), "log_end": list(self.journal.durable_end()),
-                        "reason": self.recovery_reason, "votes_withheld": self.votes_withheld}
+        if self.restricted:
+            reason = self.recovery_reason if self.recovery is not None else (
+                f"waiting for the word of {self.vouchers_needed()} peer(s) that this start is not of a restored "
+                f"copy (heard from {len(self._vouchers)})")
+            recovery = {"target": list(self.recovery) if self.recovery is not None else None,
+                        "log_end": list(self.journal.durable_end()), "reason": reason,
+                        "votes_withheld": self.votes_withheld, "vouched": self.vouched,
+                        "vouched_by": sorted(self._vouchers)}
         return {
             "self": self.self_addr,
             "state": {0: "follower", 1: "candidate", 2: "leader"}.get(s["state"], str(s["state"])),

@@ -279,7 +279,7 @@ class Simulation:
             if leader is None:
                 continue
             last = leader.raft.journal.entries[-1][1]
-            if all(n.raft._obj.raftLastApplied == last and n.raft.recovery is None for n in members):
+            if all(n.raft._obj.raftLastApplied == last and not n.raft.restricted for n in members):
                 quiet_since = quiet_since or self.clock.now
                 if self.clock.now - quiet_since > 0.5:
                     break
@@ -516,7 +516,7 @@ class Simulation:
         i = self.rng.choice(candidates)
         n = self.nodes[i]
         others = [m for m in self.nodes.values() if m is not n and not m.removed]
-        if self._replacing or not all(m.running and m.raft.recovery is None and m.disk.stop is None
+        if self._replacing or not all(m.running and not m.raft.restricted and m.disk.stop is None
                                       and m.disk.fail is None and m.disk.capacity is None for m in others):
             return  # with a member already recovering, or one being replaced, a second loss is a majority's
         self.fault("restore_backup")
@@ -551,7 +551,7 @@ class Simulation:
         members = [n for n in self.nodes.values() if not n.removed]
         followers = [n for n in self.running() if n is not leader and not n.removed]
         if (leader is None or not followers or len(self.running()) < len(members) or self._replacing
-                or any(n.raft.recovery is not None for n in self.running())):
+                or any(n.raft.restricted for n in self.running())):
             return
         victim = self.rng.choice(followers)
         self.fault("membership")

@@ -86,13 +86,17 @@ def failed_sync_ignored():
 
 def restored_backup_accepted():
     """Defect 4: a node that lost what it acknowledged is let in as a full member: peers never hand out
-    a recovery target, and the node's own evidence is ignored."""
+    a recovery target, a restart needs no peer's word, and the node's own evidence is ignored."""
     original = NodeIdentity.admit
 
     def admit(self, address, hello):
         v = original(self, address, hello)
         return Verdict(refused=v.refused, recover=None, new_run=v.new_run)
-    return _patched((NodeIdentity, "admit", admit), (raft_module, "loss_evidence", lambda *a: []))
+
+    def check_vouched(self):
+        self.vouched = True
+    return _patched((NodeIdentity, "admit", admit), (raft_module, "loss_evidence", lambda *a: []),
+                    (raft_module.RaftNode, "check_vouched", check_vouched))
 
 
 def commit_from_unverified_message():

@@ -58,11 +58,12 @@ class SimNode:
             self.halted = (code, message)
         raise NodeHalted(code, message)
 
-    def start(self) -> None:
+    def start(self, **raft_options) -> None:
+        """Start (again) on ``self.disk``; ``raft_options`` go to ``RaftNode`` (e.g. trust_own_log)."""
         self.halted = None
         self.disk.failstop = self._failstop
         self.starts += 1
-        self.service = Service(self.cfg, disk=self.disk, failstop=self._failstop)
+        self.service = Service(self.cfg, disk=self.disk, failstop=self._failstop, **raft_options)
         if self.on_start is not None:
             self.on_start(self)
 
@@ -97,19 +98,19 @@ class SimNode:
         self.service.close()
         self.service = None
 
-    def restart(self, disk: SimDisk) -> None:
+    def restart(self, disk: SimDisk, **raft_options) -> None:
         self.crash()
         self.disk = disk
-        self.start()
+        self.start(**raft_options)
 
-    def power_loss(self, policy: LossPolicy | None = None) -> None:
+    def power_loss(self, policy: LossPolicy | None = None, **raft_options) -> None:
         """The machine loses power: what was not synced is gone (per ``policy``); start again."""
         self.crash()
         was = self.disk
         was.stopped = False
         image = was.power_loss(policy)
         self.disk = image
-        self.start()
+        self.start(**raft_options)
 
     # ------------------------------------------------------------ reading
     def next_producer_id(self) -> int:

@@ -142,7 +142,7 @@ from broker.pid_manager import PidManagerConfig  # noqa: E402
 from quorum import protocol as p  # noqa: E402
 from quorum.audit import iter_blocks  # noqa: E402
 from quorum.client import Connection, ConnectionFailed  # noqa: E402
-from quorum.errors import Errors, RequestTimedOutError  # noqa: E402
+from wire.errors import Errors, RequestTimedOutError  # noqa: E402
 from quorum.localcluster import LocalCluster, free_ports  # noqa: E402
 
 BLOCK = 1000
@@ -436,7 +436,7 @@ def rk_idempotent(bootstrap: str, n: int) -> dict:
 
 # ------------------------------------------------------------------ wire helpers
 def init_body(tid: str | None, pid: int = -1, epoch: int = -1):
-    return p.request_entity(INIT_PRODUCER_ID, 4, transactional_id=tid, transaction_timeout=TXN_TIMEOUT,
+    return kafka.request_entity(INIT_PRODUCER_ID, 4, transactional_id=tid, transaction_timeout=TXN_TIMEOUT,
                             producer_id=pid, producer_epoch=epoch)
 
 

@@ -69,7 +69,7 @@ from bench.common import fmt_num as f  # noqa: E402
 from broker.pid_manager import PidManagerConfig, ProducerIdManager  # noqa: E402
 from quorum.audit import iter_blocks  # noqa: E402
 from quorum.client import AllocatedBlock, QuorumClient, RetryPolicy  # noqa: E402
-from quorum.errors import CoordinatorLoadInProgressError, PidQuorumError  # noqa: E402
+from wire.errors import CoordinatorLoadInProgressError, PidQuorumError  # noqa: E402
 from quorum.localcluster import LocalCluster  # noqa: E402
 
 BLOCK = 1000

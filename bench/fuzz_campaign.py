@@ -314,7 +314,7 @@ def run_servers(seconds: float, seed: int, out_dir: str) -> dict:
                 await c.close()
             conn = Connection(broker.bootstrap, "fuzz-campaign")
             try:
-                resp = await conn.call(p.request_entity(22, 4, transactional_id=None,
+                resp = await conn.call(kafka.request_entity(22, 4, transactional_id=None,
                                                         transaction_timeout=__import__("datetime").timedelta(
                                                             seconds=60), producer_id=-1, producer_epoch=-1), 10.0)
             finally:

@@ -242,7 +242,7 @@ async def run_manager(endpoints: str, broker_id: int, rate: float) -> dict:
     """A broker's ProducerIdManager on the real quorum; generate_producer_id() paced at ``rate`` IDs/s."""
     from broker.pid_manager import ProducerIdManager
     from quorum.client import QuorumClient
-    from quorum.errors import CoordinatorLoadInProgressError
+    from wire.errors import CoordinatorLoadInProgressError
     c = QuorumClient(endpoints.split(","), policy(), client_id=f"bench-manager-{broker_id}")
     mgr = ProducerIdManager(broker_id, c)
     await mgr.start()

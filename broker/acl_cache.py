@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from quorum.client import ConnectionFailed
-from quorum.errors import PidQuorumError
+from wire.errors import PidQuorumError
 from security.acl import Acl, AclIndex
 
 log = logging.getLogger(__name__)

@@ -30,10 +30,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from quorum import protocol as p
+from wire import kafka
 from quorum.client import QuorumClient, RetryPolicy
 from quorum.logs import end_request_context, request_context
-from quorum.errors import (
+from wire.errors import (
     ClusterAuthorizationFailedError,
     CoordinatorLoadInProgressError,
     Errors,
@@ -63,14 +63,14 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     LIST_OFFSETS: (1, 7),
     METADATA: (0, 12),
     FIND_COORDINATOR: (0, 2),
-    p.API_VERSIONS: (0, 3),
+    kafka.API_VERSIONS: (0, 3),
     INIT_PRODUCER_ID: (0, 4),
     DESCRIBE_PRODUCERS: (0, 0),
     ADD_PARTITIONS_TO_TXN: (0, 3),
     END_TXN: (0, 3),
 }
 NAMES = {PRODUCE: "Produce", FETCH: "Fetch", LIST_OFFSETS: "ListOffsets", METADATA: "Metadata",
-         FIND_COORDINATOR: "FindCoordinator", p.API_VERSIONS: "ApiVersions", INIT_PRODUCER_ID: "InitProducerId",
+         FIND_COORDINATOR: "FindCoordinator", kafka.API_VERSIONS: "ApiVersions", INIT_PRODUCER_ID: "InitProducerId",
          DESCRIBE_PRODUCERS: "DescribeProducers", ADD_PARTITIONS_TO_TXN: "AddPartitionsToTxn", END_TXN: "EndTxn"}
 LATEST_TIMESTAMP, EARLIEST_TIMESTAMP = -1, -2
 
@@ -180,6 +180,8 @@ class BrokerServer:
                          "quota_throttled_batches": 0}
         self.port: int | None = None
         self.quota_provider: Any = self.quotas  # stats() -> {principal: {rate, tokens, throttle_time_ms, ...}}
+        self.api = kafka.ApiTable(SUPPORTED, NAMES, lambda key, version, code, message, throttle_ms:
+                                  self._error_body(key, version, code), trailing_ok=True)
         self._setup_security()
 
     def _setup_security(self) -> None:
@@ -295,7 +297,7 @@ class BrokerServer:
 
     async def _read_frames(self, reader: asyncio.StreamReader, frames: asyncio.Queue, peer: Any) -> None:
         try:
-            async for frame in p.iter_frames(reader, self.cfg.max_frame_bytes, peer, self.counters):
+            async for frame in kafka.iter_frames(reader, self.cfg.max_frame_bytes, peer, self.counters):
                 await frames.put(frame)
         except (ConnectionError, OSError) as e:
             log.info("client %s: %s", peer, e)
@@ -309,15 +311,15 @@ class BrokerServer:
             # connection's next request waits too, so a client that ignores it gains nothing.
             await asyncio.sleep(muted_until - time.monotonic())
         try:
-            req = p.parse_request(frame, SUPPORTED, NAMES, trailing_ok=True)
-        except p.FrameError as e:
+            req = self.api.parse(frame)
+        except kafka.FrameError as e:
             self.counters["bad_frames"] += 1
             log.warning("client %s: %s; closing", peer, e)
             raise ConnectionResetError(str(e)) from None
-        except p.BadRequest as e:
+        except kafka.BadRequest as e:
             self.counters["bad_requests"] += 1
             log.warning("client %s: %s (answered %s)", peer, e.message, e.code.name)
-            return p.error_response(e, SUPPORTED, self._error_body)
+            return self.api.error_response(e)
         self.counters["requests"] += 1
         if principal is not None:
             req.principal = principal
@@ -327,7 +329,7 @@ class BrokerServer:
         finally:
             end_request_context(token)
 
-    async def _answer_request(self, req: p.Request, peer: Any) -> bytes | None:
+    async def _answer_request(self, req: kafka.Request, peer: Any) -> bytes | None:
         if req.trailing:
             self.counters["trailing_bytes"] += 1
             log.debug("client %s: %s v%d: %d bytes after the body, ignored (as Kafka does)", peer,
@@ -352,15 +354,15 @@ class BrokerServer:
         if throttle_ms > 0:
             self._muted_until[peer] = time.monotonic() + throttle_ms / 1000
         try:
-            return p.encode_response(req.api_key, req.api_version, req.correlation_id, body)
+            return self.api.encode(req.api_key, req.api_version, req.correlation_id, body)
         except Exception:  # noqa: BLE001 - an answer the client's version cannot carry: answer the error instead
             log.exception("client %s: %s v%d: the answer cannot be encoded", peer, NAMES.get(req.api_key),
                           req.api_version)
             body = self._error_body(req.api_key, req.api_version, Errors.UNKNOWN_SERVER_ERROR, req.body)
-            return p.encode_response(req.api_key, req.api_version, req.correlation_id, body)
+            return self.api.encode(req.api_key, req.api_version, req.correlation_id, body)
 
     # ------------------------------------------------------------ authorization
-    def _authorize(self, req: p.Request, peer: Any) -> None:
+    def _authorize(self, req: kafka.Request, peer: Any) -> None:
         """ACLs (SASL on): InitProducerId needs IDEMPOTENT_WRITE on the cluster without a transactional
         id (else CLUSTER_AUTHORIZATION_FAILED) and WRITE on the transactional id with one, as do
         AddPartitionsToTxn and EndTxn (else TRANSACTIONAL_ID_AUTHORIZATION_FAILED).  Topics have no ACLs."""
@@ -386,10 +388,10 @@ class BrokerServer:
                 f"{req.principal} is not allowed WRITE on transactional id {str(tid)[:200]!r}")
 
     # ------------------------------------------------------------ dispatch
-    async def _handle(self, req: p.Request) -> Any:
+    async def _handle(self, req: kafka.Request) -> Any:
         k = req.api_key
-        if k == p.API_VERSIONS:
-            return p.api_versions_body(req.api_version, Errors.NONE, self.api_table)
+        if k == kafka.API_VERSIONS:
+            return kafka.api_versions_body(req.api_version, Errors.NONE, self.api_table)
         if k == METADATA:
             return self._metadata(req)
         if k == INIT_PRODUCER_ID:
@@ -411,8 +413,8 @@ class BrokerServer:
     def _error_body(self, api_key: int, version: int, code: Errors, body: Any = None) -> Any:
         """A response carrying only ``code``, shaped like the request (per-partition errors)."""
         c = int(code)
-        if api_key == p.API_VERSIONS:
-            return p.api_versions_body(version, code, SUPPORTED)
+        if api_key == kafka.API_VERSIONS:
+            return kafka.api_versions_body(version, code, SUPPORTED)
         if api_key == INIT_PRODUCER_ID:
             return kio_.response(api_key, version, {"throttle_time": 0, "error_code": c, "producer_id": -1,
                                                     "producer_epoch": -1})
@@ -478,7 +480,7 @@ class BrokerServer:
                                for i in range(topic.partitions)],
                 "topic_authorized_operations": -2147483648}
 
-    def _metadata(self, req: p.Request) -> Any:
+    def _metadata(self, req: kafka.Request) -> Any:
         b, v = req.body, req.api_version
         if b.topics is None or (v == 0 and not b.topics):
             names, create = [t.name for t in self.storage.topics()], False
@@ -496,7 +498,7 @@ class BrokerServer:
         })
 
     # ------------------------------------------------------------ FindCoordinator
-    def _find_coordinator(self, req: p.Request) -> Any:
+    def _find_coordinator(self, req: kafka.Request) -> Any:
         b = req.body
         key_type = int(getattr(b, "key_type", 0))
         if key_type not in (0, 1):
@@ -508,7 +510,7 @@ class BrokerServer:
             "host": host, "port": port})
 
     # ------------------------------------------------------------ InitProducerId
-    async def _init_producer_id(self, req: p.Request) -> Any:
+    async def _init_producer_id(self, req: kafka.Request) -> Any:
         b, v = req.body, req.api_version
         self.counters["init_producer_id"] += 1
         expected_pid = int(getattr(b, "producer_id", -1))
@@ -571,7 +573,7 @@ class BrokerServer:
             raise UnknownTopicOrPartitionError(f"unknown topic {topic!r}")
         return self.storage.partition(topic, index)
 
-    async def _produce(self, req: p.Request) -> Any:
+    async def _produce(self, req: kafka.Request) -> Any:
         b, v = req.body, req.api_version
         acks = int(b.acks)
         self._produce_requests += 1
@@ -632,7 +634,7 @@ class BrokerServer:
         throttle_ms = max(refused.values(), default=0) if refused else 0
         return kio_.response(PRODUCE, v, {"responses": responses, "throttle_time": throttle_ms})
 
-    def _check_producer_id_quota(self, req: p.Request) -> dict[int, int]:
+    def _check_producer_id_quota(self, req: kafka.Request) -> dict[int, int]:
         """KIP-936: {producer id: throttle ms} for the new producer IDs of this request over the
         principal's quota (empty: everything may go ahead).  Each producer ID is checked once."""
         pids: set[int] = set()
@@ -652,7 +654,7 @@ class BrokerServer:
         return out
 
     # ------------------------------------------------------------ Fetch
-    async def _fetch(self, req: p.Request) -> Any:
+    async def _fetch(self, req: kafka.Request) -> Any:
         b, v = req.body, req.api_version
         deadline = time.monotonic() + min(kio_.ms(b.max_wait), 30_000) / 1000
         min_bytes = max(int(b.min_bytes), 0)
@@ -708,7 +710,7 @@ class BrokerServer:
         return responses, total
 
     # ------------------------------------------------------------ ListOffsets
-    async def _list_offsets(self, req: p.Request) -> Any:
+    async def _list_offsets(self, req: kafka.Request) -> Any:
         b, v = req.body, req.api_version
         topics = []
         for t in b.topics:
@@ -737,7 +739,7 @@ class BrokerServer:
         return kio_.response(LIST_OFFSETS, v, {"throttle_time": 0, "topics": topics})
 
     # ------------------------------------------------------------ DescribeProducers
-    def _describe_producers(self, req: p.Request) -> Any:
+    def _describe_producers(self, req: kafka.Request) -> Any:
         """Kafka's DescribeProducers (KIP-664): the idempotence state of each partition's producers."""
         topics = []
         for t in req.body.topics:
@@ -760,7 +762,7 @@ class BrokerServer:
         return kio_.response(DESCRIBE_PRODUCERS, req.api_version, {"throttle_time": 0, "topics": topics})
 
     # ------------------------------------------------------------ AddPartitionsToTxn / EndTxn
-    async def _txn_request(self, req: p.Request) -> Any:
+    async def _txn_request(self, req: kafka.Request) -> Any:
         """Fencing for transactional producers; transactions themselves are not served.
 
         The (producer id, epoch) is checked against the quorum's current state for the

@@ -46,8 +46,8 @@ import zlib
 from array import array
 from collections.abc import Iterator
 
-from quorum.errors import CorruptFileError, Errors, for_code
-from quorum.fsutil import atomic_write, fsync_dir
+from wire.errors import CorruptFileError, Errors, for_code
+from storage.files import atomic_write, fsync_dir
 
 from .recordbatch import (
     CURRENT_MAGIC,

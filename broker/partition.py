@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from quorum.errors import Errors
+from wire.errors import Errors
 
 from .log import DEFAULT_SEGMENT_BYTES, PartitionLog
 from .producer_state import (

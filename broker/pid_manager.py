@@ -57,7 +57,7 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable, Protocol
 
-from quorum.errors import (
+from wire.errors import (
     BrokerIdNotRegisteredError,
     CoordinatorLoadInProgressError,
     PidQuorumError,

@@ -33,7 +33,7 @@ records an appended batch.
 **Snapshots.**  ``write_snapshot(path, offset)`` stores the whole state as it is
 once the log holds every offset below ``offset``:
 ``MAGIC | u32 length | msgpack body | u32 crc32(body)``, replaced atomically
-(``quorum.fsutil.atomic_write``).  A damaged file is refused with
+(``storage.files.atomic_write``).  A damaged file is refused with
 ``CorruptFileError``.  ``recover`` loads the newest snapshot at offset X and
 replays only the batch headers from X to the log end, so opening costs what
 was appended since the last snapshot, not the whole history.  The partition
@@ -57,8 +57,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-from quorum.errors import CorruptFileError, Errors
-from quorum.fsutil import atomic_write, fsync_dir, seal, unseal
+from wire.errors import CorruptFileError, Errors
+from storage.files import atomic_write, fsync_dir, seal, unseal
 
 from .recordbatch import INT32_MAX, NO_SEQUENCE, BatchHeader, increment_sequence
 

@@ -387,7 +387,7 @@ class QuotaConfigPoller:
 
     async def refresh(self) -> bool:
         from quorum.client import ConnectionFailed
-        from quorum.errors import PidQuorumError
+        from wire.errors import PidQuorumError
 
         try:
             entries, node = await self.quorum.describe_client_quotas()

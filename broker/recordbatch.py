@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from crc32c import crc32c
 
-from quorum.errors import Errors, PidQuorumError
+from wire.errors import Errors, PidQuorumError
 
 HEADER = struct.Struct(">qiibIhiqqqhii")
 HEADER_SIZE = HEADER.size  # 61

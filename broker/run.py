@@ -7,7 +7,7 @@ import os
 import signal
 
 from quorum import logs
-from quorum.errors import CorruptFileError, PidQuorumError
+from wire.errors import CorruptFileError, PidQuorumError
 from quorum.metrics import serve_metrics
 from security.credentials import CredentialsError
 from security.tls import TlsConfigError

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 
-from quorum.errors import CorruptFileError, Errors, for_code
-from quorum.fsutil import atomic_write, seal, unseal
+from wire.errors import CorruptFileError, Errors, for_code
+from storage.files import atomic_write, seal, unseal
 
 from .partition import Partition
 

@@ -21,7 +21,7 @@ import random
 import sys
 import time
 
-from quorum.storage import AppendFile, Disk
+from storage.disk import AppendFile, Disk
 
 log = logging.getLogger(__name__)
 

@@ -70,7 +70,7 @@ from typing import Any, Callable
 
 from quorum import config as quorum_config
 from quorum.client import ConnectionFailed, QuorumClient, RetryPolicy
-from quorum.errors import PidQuorumError
+from wire.errors import PidQuorumError
 from .faultnode import FAULT_SYNC_DELAY_FILE
 from quorum.localcluster import LocalCluster
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from broker.pid_manager import PidManagerConfig, ProducerIdManager
 from quorum.client import AllocatedBlock, ConnectionFailed, QuorumClient, RetryPolicy
-from quorum.errors import Errors, PidQuorumError
+from wire.errors import Errors, PidQuorumError
 
 from .history import HistoryWriter, Op, now_ns
 

@@ -18,7 +18,7 @@ import click
 from quorum.audit import iter_blocks
 from quorum.client import QuorumClient, RetryPolicy
 from quorum.config import ConfigError
-from quorum.errors import CorruptFileError, Errors, PidQuorumError, RequestTimedOutError
+from wire.errors import CorruptFileError, Errors, PidQuorumError, RequestTimedOutError
 from quorum.localcluster import ClusterError, LocalCluster
 
 from . import render
@@ -804,7 +804,7 @@ def migrate_export(obj: Ctx, zk_hosts, out_file):
     from kazoo.exceptions import NoNodeError
 
     from migration.zk import UNKNOWN_OUTCOME_ERRORS, ZK_BLOCK_PATH, ZkMigrationError, ZkUnavailable, parse_block
-    from quorum.fsutil import atomic_write
+    from storage.files import atomic_write
 
     zk = _zk_session(zk_hosts, obj.timeout)
     try:
@@ -1036,7 +1036,7 @@ def _figures(figures: dict, json_path: str | None, output: str) -> bool:
     """Write ``figures`` to ``json_path`` (if given) and print them as JSON if asked; True if the caller
     should render its tables instead."""
     if json_path:
-        from quorum.fsutil import atomic_write
+        from storage.files import atomic_write
 
         atomic_write(json_path, (json.dumps(figures, indent=1, default=str) + "\n").encode())
     if output == "json":

@@ -34,8 +34,8 @@ from records import AuditEntry, AuditGap, Record, RecordError
 from records.schema import RECORDS
 from records.codec import from_obj, to_obj
 
-from .errors import CorruptFileError
-from .storage import Disk
+from wire.errors import CorruptFileError
+from storage.disk import Disk
 
 log = logging.getLogger(__name__)
 _FRAME = struct.Struct("<II")

@@ -25,8 +25,10 @@ from records import (
     SeedProducerIdsRequest,
 )
 
+from wire import kafka
+
 from . import protocol as p
-from .errors import Errors, PidQuorumError, RequestTimedOutError, for_code
+from wire.errors import Errors, PidQuorumError, RequestTimedOutError, for_code
 
 
 class ConnectionFailed(Exception):
@@ -74,7 +76,7 @@ class Connection:
         if self.security.sasl:
             try:
                 await authenticate(reader, writer, self.security, self.client_id, self.address)
-            except p.FrameError as e:
+            except kafka.FrameError as e:
                 raise ConnectionError(f"SASL: {e}") from None
         return reader, writer
 
@@ -83,16 +85,16 @@ class Connection:
         error: Exception = ConnectionFailed(f"{self.address}: connection closed")
         try:
             while True:
-                size = p.SIZE.unpack(await self._reader.readexactly(4))[0]
+                size = kafka.SIZE.unpack(await self._reader.readexactly(4))[0]
                 frame = await self._reader.readexactly(size)
-                corr = p.SIZE.unpack_from(frame, 0)[0]
+                corr = kafka.SIZE.unpack_from(frame, 0)[0]
                 entry = self._pending.pop(corr, None)
                 if entry is None:
                     continue
                 fut, api_key, version = entry
                 if not fut.done():
                     try:
-                        fut.set_result(p.parse_response(frame, api_key, version)[1])
+                        fut.set_result(p.QUORUM_API.parse_response(frame, api_key, version)[1])
                     except Exception as e:  # noqa: BLE001 - hand any decode failure to the caller
                         fut.set_exception(ConnectionFailed(f"{self.address}: bad response: {e}"))
         except (asyncio.IncompleteReadError, OSError) as e:
@@ -115,7 +117,7 @@ class Connection:
         if not hasattr(body, "__api_key__"):  # a pidquorum msgpack API
             frame, api_key, version = p.encode_admin_request(body, corr, self.client_id), p.msgpack_api_of(body), 0
         else:
-            frame, api_key, version = p.encode_request(body, corr, self.client_id), body.__api_key__, body.__version__
+            frame, api_key, version = kafka.encode_request(body, corr, self.client_id), body.__api_key__, body.__version__
         fut = asyncio.get_running_loop().create_future()
         self._pending[corr] = (fut, api_key, version)
         try:
@@ -217,7 +219,7 @@ class QuorumClient:
     async def register_broker(self, broker_id: int, incarnation_id: uuid.UUID | None = None,
                               listener: str = "") -> int:
         listeners = p.listeners(listener)
-        body = p.request_entity(p.BROKER_REGISTRATION, 0, broker_id=p.i32(broker_id), cluster_id="pidquorum",
+        body = kafka.request_entity(p.BROKER_REGISTRATION, 0, broker_id=p.i32(broker_id), cluster_id="pidquorum",
                                 incarnation_id=incarnation_id or uuid.uuid4(), listeners=listeners, features=(),
                                 rack=None)
         resp, _ = await self._call_any(body)
@@ -225,14 +227,14 @@ class QuorumClient:
 
     async def heartbeat(self, broker_id: int, broker_epoch: int, want_fence: bool = False,
                         want_shut_down: bool = False) -> dict:
-        body = p.request_entity(p.BROKER_HEARTBEAT, 0, broker_id=p.i32(broker_id), broker_epoch=p.i64(broker_epoch),
+        body = kafka.request_entity(p.BROKER_HEARTBEAT, 0, broker_id=p.i32(broker_id), broker_epoch=p.i64(broker_epoch),
                                 current_metadata_offset=p.i64(0), want_fence=want_fence,
                                 want_shut_down=want_shut_down)
         resp, _ = await self._call_any(body)
         return {"is_fenced": resp.is_fenced, "should_shut_down": resp.should_shut_down}
 
     async def allocate(self, broker_id: int, broker_epoch: int) -> AllocatedBlock:
-        body = p.request_entity(p.ALLOCATE_PRODUCER_IDS, 0, broker_id=p.i32(broker_id),
+        body = kafka.request_entity(p.ALLOCATE_PRODUCER_IDS, 0, broker_id=p.i32(broker_id),
                                 broker_epoch=p.i64(broker_epoch))
         resp, node = await self._call_any(body)
         return AllocatedBlock(int(resp.producer_id_start), int(resp.producer_id_len), _throttle_ms(resp), node)
@@ -301,7 +303,7 @@ class QuorumClient:
     async def describe_client_quotas(self) -> tuple[list[dict], str]:
         """Every user's quotas and the default ({"user": name | None, "values": {key: value}}), as the
         answering node has applied them, and that node's address (Kafka's DescribeClientQuotas)."""
-        body = p.request_entity(p.DESCRIBE_CLIENT_QUOTAS, 1, components=(), strict=False)
+        body = kafka.request_entity(p.DESCRIBE_CLIENT_QUOTAS, 1, components=(), strict=False)
         resp, node = await self._call_any(body)
         out = []
         for e in resp.entries or ():

@@ -9,7 +9,7 @@ entries, and the quorum would then issue those producer IDs a second time.
 Whether it lost anything is decided by **log position**, never by how often it
 started: restarts cannot wear the check down.
 
-Two small files in the data directory (written whole, ``quorum.storage``):
+Two small files in the data directory (written whole, ``storage.disk``):
 
 ``identity``
     ``cluster_id`` (fixed when the cluster was bootstrapped), ``node_uuid``
@@ -50,9 +50,9 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from .errors import CorruptFileError
-from .fsutil import seal, unseal
-from .storage import EXIT_IDENTITY_REFUSED, Disk  # noqa: F401 - EXIT_IDENTITY_REFUSED is part of this API
+from wire.errors import CorruptFileError
+from storage.files import seal, unseal
+from storage.disk import EXIT_IDENTITY_REFUSED, Disk  # noqa: F401 - EXIT_IDENTITY_REFUSED is part of this API
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The Raft log on disk: a durable, checksummed journal in pysyncobj's journal interface.
 
 pysyncobj's own journal is an mmap that is never fsync'd, with no checksums.
-This one is written through ``quorum.storage.Disk`` (one write discipline; every
+This one is written through ``storage.disk.Disk`` (one write discipline; every
 I/O error is fail-stop) and keeps the part of pysyncobj's journal interface the
 adapter still lets pysyncobj use (``add``, indexing, term / vote / commit
 index); what cuts the log is the adapter's, not pysyncobj's (see
@@ -39,9 +39,9 @@ from typing import Optional
 
 import msgpack
 
-from .errors import CorruptFileError
+from wire.errors import CorruptFileError
 from .stats import SYNC_BUCKETS, Histogram
-from .storage import Disk
+from storage.disk import Disk
 
 log = logging.getLogger(__name__)
 

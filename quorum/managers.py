@@ -41,7 +41,7 @@ from records import (
 from records.schema import INT_RANGES, LONG_MAX
 from security.acl import Acl, AclError, AclIndex
 
-from .errors import (
+from wire.errors import (
     InvalidRequestError,
     InvalidTransactionTimeoutError,
     InvariantViolation,

@@ -33,7 +33,7 @@ import asyncio
 import time
 from typing import Any
 
-from .errors import InvalidRequestError, NotControllerError, RequestTimedOutError
+from wire.errors import InvalidRequestError, NotControllerError, RequestTimedOutError
 from .raft import ProposalRejected, ProposalUnknown
 
 ACTIONS = ("add_node", "remove_node", "transfer_leadership")

@@ -12,12 +12,12 @@ from security.tls import TlsConfigError
 
 from . import logs
 from .config import NodeConfig
-from .errors import CorruptFileError
+from wire.errors import CorruptFileError
 from .metrics import quorum_families, serve_metrics
 from .identity import IdentityError
 from .server import QuorumServer
 from .service import Service
-from .storage import EXIT_CORRUPT, EXIT_IDENTITY_REFUSED, EXIT_UNAVAILABLE, Disk
+from storage.disk import EXIT_CORRUPT, EXIT_IDENTITY_REFUSED, EXIT_UNAVAILABLE, Disk
 
 log = logging.getLogger("pidquorum.node")
 
@@ -56,7 +56,7 @@ async def _serve(cfg: NodeConfig, ready_file: str | None, disk: Disk | None, tru
 
 def run_node(cfg: NodeConfig, ready_file: str | None = None, disk: Disk | None = None,
              trust_own_log: bool = False) -> int:
-    """Serve until stopped.  Returns a process exit code (``quorum.storage``: an I/O error on the durable
+    """Serve until stopped.  Returns a process exit code (``storage.disk``: an I/O error on the durable
     path, a diverged log or a refused identity stop the process at once, with their own codes).
 
     ``trust_own_log``: the operator's word that this data directory is the one the node last ran on (not

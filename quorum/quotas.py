@@ -19,7 +19,7 @@ from typing import Any
 
 from records import ClientQuotaRecord, Record
 
-from .errors import InvalidRequestError, InvariantViolation
+from wire.errors import InvalidRequestError, InvariantViolation
 
 PRODUCER_IDS_RATE = "producer_ids_rate"
 QUOTA_KEYS: dict[str, str] = {

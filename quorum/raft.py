@@ -74,10 +74,10 @@ from pysyncobj.transport import TCPTransport
 from snapshots.format import Snapshot, decode_snapshot
 from snapshots.store import SnapshotStore
 
-from .errors import CorruptFileError
+from wire.errors import CorruptFileError
 from .identity import Hello, NodeIdentity, Verdict
 from .journal import UNKNOWN_INDEX, DurableJournal, Position
-from .storage import (
+from storage.disk import (
     EXIT_DIVERGED,
     EXIT_IDENTITY_REFUSED,
     EXIT_SOFTWARE,

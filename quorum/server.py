@@ -37,9 +37,11 @@ from records import (
 )
 
 from . import membership
+from wire import kafka
+
 from . import protocol as p
 from .client import Connection, ConnectionFailed
-from .errors import (
+from wire.errors import (
     ClusterAuthorizationFailedError,
     Errors,
     InvalidRequestError,
@@ -162,7 +164,7 @@ class QuorumServer:
         session = self.sasl.session(peer) if self.sasl is not None else None
         refused = False
         try:
-            async for frame in p.iter_frames(reader, self.cfg.max_frame_bytes, peer, self.counters):
+            async for frame in kafka.iter_frames(reader, self.cfg.max_frame_bytes, peer, self.counters):
                 if session is not None:
                     verdict = await session.on_frame(frame)
                     if verdict.kind == "reply":
@@ -174,15 +176,15 @@ class QuorumServer:
                     if verdict.kind == "reply":
                         continue
                 try:
-                    req = p.parse_request(frame)
-                except p.FrameError as e:
+                    req = p.QUORUM_API.parse(frame)
+                except kafka.FrameError as e:
                     self.counters["bad_frames"] += 1
                     log.warning("client %s: %s; closing", peer, e)
                     break
-                except p.BadRequest as e:
+                except kafka.BadRequest as e:
                     self.counters["bad_requests"] += 1
                     log.warning("client %s: %s (answered %s)", peer, e.message, e.code.name)
-                    responses.put_nowait(p.error_response(e))
+                    responses.put_nowait(p.QUORUM_API.error_response(e))
                     continue
                 if session is not None:
                     req.principal = session.principal
@@ -213,7 +215,7 @@ class QuorumServer:
             writer.write(data)
             await writer.drain()
 
-    async def _dispatch(self, req: p.Request, peer: Any) -> bytes:
+    async def _dispatch(self, req: kafka.Request, peer: Any) -> bytes:
         request_context(req.client_id, req.correlation_id)  # this task's log lines carry it
         try:
             if self.sasl is not None:
@@ -223,7 +225,7 @@ class QuorumServer:
             if e.code not in (Errors.NOT_CONTROLLER,):
                 log.info("client %s: %s v%d -> %s: %s", peer, p.API_NAMES.get(req.api_key), req.api_version,
                          e.code.name, e.message)
-            body = p.error_body(req.api_key, req.api_version, e.code, e.throttle_ms)
+            body = p.QUORUM_API.error(req.api_key, req.api_version, e.code, throttle_ms=e.throttle_ms)
             if req.api_key == p.ADMIN_API_KEY:
                 body["error_message"] = e.message  # admin actions (membership) say why they were refused
             if req.api_key == p.RECORD_API_KEY:
@@ -231,11 +233,11 @@ class QuorumServer:
                 body = cls(error_code=int(e.code), error_message=e.message)
         except Exception:  # noqa: BLE001 - request boundary: log, answer, keep serving
             log.exception("client %s: %s v%d failed", peer, p.API_NAMES.get(req.api_key), req.api_version)
-            body = p.error_body(req.api_key, req.api_version, Errors.UNKNOWN_SERVER_ERROR)
-        return p.encode_response(req.api_key, req.api_version, req.correlation_id, body)
+            body = p.QUORUM_API.error(req.api_key, req.api_version, Errors.UNKNOWN_SERVER_ERROR)
+        return p.QUORUM_API.encode(req.api_key, req.api_version, req.correlation_id, body)
 
     # --------------------------------------------------------- authorization
-    def _authorize(self, req: p.Request, peer: Any) -> None:
+    def _authorize(self, req: kafka.Request, peer: Any) -> None:
         """ACLs on the cluster resource (SASL on): CLUSTER_ACTION for what brokers do, ALTER for
         administration, DESCRIBE to read; else CLUSTER_AUTHORIZATION_FAILED.  A forwarded request was
         checked by the node that forwarded it (as the node principal, a super user here)."""
@@ -269,10 +271,10 @@ class QuorumServer:
             f"{req.principal} is not allowed {' or '.join(ops)} on the cluster ({what})")
 
     # --------------------------------------------------------------- handlers
-    async def _handle(self, req: p.Request) -> Any:
+    async def _handle(self, req: kafka.Request) -> Any:
         b = req.body
         if req.api_key == p.API_VERSIONS:
-            return p.api_versions_body(req.api_version, supported=self.api_table)
+            return kafka.api_versions_body(req.api_version, Errors.NONE, self.api_table)
         if req.api_key == p.RECORD_API_KEY and isinstance(b, DescribeAclsRequest):
             # This node's applied entries (no trip to the leader): at most its replication lag behind.
             with self.service.lock:
@@ -374,7 +376,7 @@ class QuorumServer:
             return p.allocate_response(*result) if isinstance(result, tuple) else result
         raise InvalidRequestError(f"API {req.api_key} has no handler")  # pragma: no cover
 
-    def _describe_client_quotas(self, req: p.Request) -> Any:
+    def _describe_client_quotas(self, req: kafka.Request) -> Any:
         """DescribeClientQuotas from this node's applied state (no log entry: brokers poll it).
 
         Served only while this node follows (or is) a leader, so a node cut off from the
@@ -404,7 +406,7 @@ class QuorumServer:
             return True
         return p.client_quotas_response(req.api_version, [e for e in entries if keep(e["user"])])
 
-    async def _route(self, req: p.Request, kind: str, args: dict) -> Any:
+    async def _route(self, req: kafka.Request, kind: str, args: dict) -> Any:
         """Propose on the leader, or forward to it.  Returns the op's response, or a
         forwarded response body to relay as is."""
         timeout = self.cfg.request_timeout_ms / 1000
@@ -432,7 +434,7 @@ class QuorumServer:
                     log.debug("forward to %s failed: %s", target, e)
             await asyncio.sleep(min(0.02, max(remaining, 0)))
 
-    async def _forward(self, address: str, req: p.Request, timeout: float) -> Any:
+    async def _forward(self, address: str, req: kafka.Request, timeout: float) -> Any:
         conn = self._forward_conns.get(address)
         if conn is None:
             conn = self._forward_conns[address] = Connection(address, FORWARD_CLIENT_ID, self.forward_security)

@@ -31,7 +31,7 @@ from records import AllocateProducerIdsRecord, BridgeReservationRecord, Record, 
 
 from .audit import AuditWriter
 from .config import NodeConfig
-from .errors import (
+from wire.errors import (
     NotControllerError,
     PidQuorumError,
     RequestTimedOutError,
@@ -40,7 +40,7 @@ from .errors import (
 from .identity import NodeIdentity
 from .managers import BRIDGE, FINALIZED, ROLLED_BACK, ApplyOutcome, QuorumState, Result
 from .raft import ProposalRejected, ProposalUnknown, RaftNode
-from .storage import Disk
+from storage.disk import Disk
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ RESERVE_MAX_BROKERS = 4096  # bookkeeping is pruned beyond 4x this many brokers
 
 
 class Service:
-    """``disk`` is where every durable file goes (``quorum.storage``), ``clock`` what tells the time (the
+    """``disk`` is where every durable file goes (``storage.disk``), ``clock`` what tells the time (the
     ``time`` module), ``new_id`` what draws identity ids (uuid4); tests, fault runs and the simulator
     pass their own."""
 

@@ -13,8 +13,8 @@ import ssl
 from dataclasses import dataclass
 from typing import Any
 
-from quorum import protocol as p
-from quorum.errors import Errors, for_code
+from wire import kafka
+from wire.errors import Errors, for_code
 
 from .mechanisms import MECHANISMS, PLAIN, AuthenticationFailed, ScramClient
 from .tls import client_context
@@ -62,12 +62,12 @@ class ClientSecurity:
 
 async def _roundtrip(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, body: Any, corr: int,
                      client_id: str) -> Any:
-    writer.write(p.encode_request(body, corr, client_id))
+    writer.write(kafka.encode_request(body, corr, client_id))
     await writer.drain()
-    frame = await p.read_frame(reader, p.DEFAULT_MAX_FRAME)
+    frame = await kafka.read_frame(reader, kafka.DEFAULT_MAX_FRAME)
     if frame is None:
         raise ConnectionError("the server closed the connection during SASL authentication")
-    got, resp = p.parse_response(frame, body.__api_key__, body.__version__)
+    got, resp = kafka.parse_response(frame, body.__api_key__, body.__version__)
     if got != corr:
         raise ConnectionError(f"SASL response for correlation id {got}, expected {corr}")
     return resp
@@ -85,11 +85,11 @@ def _check(resp: Any, what: str) -> None:
 async def authenticate(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, sec: ClientSecurity,
                        client_id: str, address: str) -> None:
     """Raises SaslAuthenticationFailedError / UnsupportedSaslMechanismError (not retriable) or ConnectionError."""
-    hs = p.request_entity(17, 1, mechanism=sec.mechanism)
+    hs = kafka.request_entity(17, 1, mechanism=sec.mechanism)
     _check(await _roundtrip(reader, writer, hs, 1, client_id), f"{address}: SaslHandshake")
 
     async def send(token: bytes, corr: int) -> bytes:
-        resp = await _roundtrip(reader, writer, p.request_entity(36, 2, auth_bytes=token), corr, client_id)
+        resp = await _roundtrip(reader, writer, kafka.request_entity(36, 2, auth_bytes=token), corr, client_id)
         _check(resp, f"{address}: SASL {sec.mechanism} as {sec.username!r}")
         return bytes(resp.auth_bytes)
 

@@ -38,8 +38,8 @@ from typing import Any
 from kio.index import load_response_schema
 from kio.schema.errors import ErrorCode
 
-from quorum import protocol as p
-from quorum.errors import Errors
+from wire import kafka
+from wire.errors import Errors
 
 from .acl import ANONYMOUS, principal_of
 from .credentials import CredentialsStore, ScramCredential
@@ -70,6 +70,10 @@ def sasl_error_body(api_key: int, version: int, code: Errors, message: str | Non
         return cls(error_code=ErrorCode(int(code)), mechanisms=tuple(mechanisms))
     return cls(error_code=ErrorCode(int(code)), error_message=message or (code.name if code else None),
                auth_bytes=b"")
+
+
+SASL_API = kafka.ApiTable(SASL_SUPPORTED, SASL_NAMES,
+                          lambda key, version, code, message, throttle_ms: sasl_error_body(key, version, code, message))
 
 
 class SaslAuthenticator:
@@ -131,7 +135,7 @@ class SaslSession:
         api_key = struct.unpack_from(">h", frame)[0]
         if api_key in SASL_SUPPORTED:
             return await self._sasl_request(frame)
-        if self.authenticated or api_key == p.API_VERSIONS:
+        if self.authenticated or api_key == kafka.API_VERSIONS:
             return PASS
         self.auth.counters["sasl_refused_requests"] += 1
         return Verdict("close", reason=f"unexpected request (API key {api_key}) before SASL authentication")
@@ -144,21 +148,21 @@ class SaslSession:
             return Verdict("close", reason=f"SASL authentication failed: {e}")
         if self.authenticated:
             self.raw = False
-        return Verdict("reply", p.SIZE.pack(len(out)) + out)
+        return Verdict("reply", kafka.SIZE.pack(len(out)) + out)
 
     async def _sasl_request(self, frame: bytes) -> Verdict:
         try:
-            req = p.parse_request(frame, SASL_SUPPORTED, SASL_NAMES)
-        except p.FrameError as e:
+            req = SASL_API.parse(frame)
+        except kafka.FrameError as e:
             return Verdict("close", reason=str(e))
-        except p.BadRequest as e:
+        except kafka.BadRequest as e:
             msg = e.message
             self._fail(msg)
-            data = p.error_response(e, SASL_SUPPORTED, lambda k, v, c: sasl_error_body(k, v, c, msg))
+            data = SASL_API.error_response(e)
             return Verdict("reply", data, close=not self.authenticated, reason=msg)
 
         def reply(body: Any, close: bool = False, reason: str = "") -> Verdict:
-            return Verdict("reply", p.encode_response(req.api_key, req.api_version, req.correlation_id, body),
+            return Verdict("reply", SASL_API.encode(req.api_key, req.api_version, req.correlation_id, body),
                            close=close, reason=reason)
 
         if self.authenticated:

@@ -8,7 +8,7 @@ after the snapshot: the last two applied entries and the cluster members.
 
 Layout: ``MAGIC | u32 body length | body (msgpack) | u32 crc32(body)``.
 The file is always replaced whole (temp file, fsync, rename, fsync of the
-directory: ``quorum.storage.Disk.write_file``); ``snapshots.store`` keeps the
+directory: ``storage.disk.Disk.write_file``); ``snapshots.store`` keeps the
 node's copy and is the only writer of ``raft.snapshot``.
 """
 from __future__ import annotations
@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-from quorum.errors import CorruptFileError
-from quorum.fsutil import atomic_write, seal, unseal
-from quorum.storage import Disk
+from wire.errors import CorruptFileError
+from storage.files import atomic_write, seal, unseal
+from storage.disk import Disk
 from records import Record, RecordError
 from records.codec import from_obj, to_obj
 

@@ -1,7 +1,7 @@
 """An in-memory disk with the crash semantics POSIX allows: what a node's files look like after a
 process crash or a power loss at any instant.
 
-``SimDisk`` has the interface of ``quorum.storage.Disk`` (a node takes it in place of the
+``SimDisk`` has the interface of ``storage.disk.Disk`` (a node takes it in place of the
 real one) and models what a file system keeps:
 
 * **inodes** hold bytes.  Writes and truncates change the inode at once (what a reader
@@ -32,7 +32,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from quorum.storage import FailStop, StorageFailure
+from storage.disk import FailStop, StorageFailure
 
 
 SYNCS = ("fsync", "fdatasync")  # a file's data to stable storage (directory entries: "sync_dir")

@@ -9,7 +9,7 @@ import selectors
 from typing import TYPE_CHECKING
 
 from quorum.config import NodeConfig
-from quorum.errors import CorruptFileError
+from wire.errors import CorruptFileError
 from quorum.identity import IdentityError
 from quorum.service import Proposer, Service
 

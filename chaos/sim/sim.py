@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from quorum.config import NodeConfig, Peer
-from quorum.errors import CoordinatorLoadInProgressError, PidQuorumError, RequestTimedOutError
+from wire.errors import CoordinatorLoadInProgressError, PidQuorumError, RequestTimedOutError
 from quorum.raft import RaftConfig
-from quorum.storage import EXIT_STORAGE
+from storage.disk import EXIT_STORAGE
 
 from .checker import Checker, Violation
 from .clock import SimClock, patched

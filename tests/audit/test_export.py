@@ -37,7 +37,7 @@ from audit.export import (
 from chaos.history import HistoryError, HistoryWriter, Op, owner, read_history, write_final
 from cli.main import EXIT_ERROR, EXIT_OK, EXIT_USAGE, cli
 from quorum.audit import AuditWriter, read_audit
-from quorum.errors import CorruptFileError
+from wire.errors import CorruptFileError
 from quorum.localcluster import LocalCluster
 from quorum.managers import ApplyOutcome
 from records import AuditEntry, AuditGap

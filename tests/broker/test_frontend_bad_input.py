@@ -12,9 +12,10 @@ from kio.index import load_request_schema, load_response_schema
 from kio.serial import entity_reader
 
 from broker.recordbatch import encode_batch
+from wire import kafka
 from quorum import protocol as p
 from quorum.client import Connection
-from quorum.errors import Errors
+from wire.errors import Errors
 from quorum.localcluster import LocalCluster
 from tests.broker.harness import BrokerProcess
 from tests.quorum.test_bad_input import framed, header_v1, header_v2, raw_conn, read_until_closed
@@ -37,7 +38,7 @@ def broker(tmp_path_factory):
 
 
 def call(b: BrokerProcess, api_key: int, version: int, **fields):
-    body = p.request_entity(api_key, version, **fields)
+    body = kafka.request_entity(api_key, version, **fields)
 
     async def go():
         conn = Connection(b.bootstrap, "bad-input-test")
@@ -134,7 +135,7 @@ def test_unknown_api_key_closes_the_connection(broker, api_key):
 # ------------------------------------------------------------------ versions
 def test_newer_api_versions_is_answered_in_v0_with_the_ranges(broker):
     data = raw_answer(broker, header_v2(18, 4, 77) + b"\x00\x00\x00")
-    corr, body = p.parse_response(data, 18, 0)
+    corr, body = p.QUORUM_API.parse_response(data, 18, 0)
     assert corr == 77 and int(body.error_code) == Errors.UNSUPPORTED_VERSION
     ranges = {int(k.api_key): (int(k.min_version), int(k.max_version)) for k in body.api_keys}
     assert ranges[0] == (3, 10) and ranges[1] == (4, 12) and ranges[22] == (0, 4) and ranges[3] == (0, 12)
@@ -160,7 +161,7 @@ def test_unsupported_version_is_answered_unsupported_version(broker, api_key, ve
 # ------------------------------------------------------------------ malformed bodies
 def test_malformed_produce_body_is_invalid_request(broker):
     data = raw_answer(broker, header_v1(PRODUCE, 3, 41) + b"\xff\xff\x00")
-    corr, body = p.parse_response(data, PRODUCE, 3)
+    corr, body = p.QUORUM_API.parse_response(data, PRODUCE, 3)
     assert corr == 41
     assert_serves(broker)
 

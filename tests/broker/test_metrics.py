@@ -16,9 +16,10 @@ from broker.metrics import BROKER_METRICS, broker_families, quota_families
 from broker.pid_manager import PidManagerConfig, ProducerIdManager
 from broker.recordbatch import encode_batch
 from cli.main import cli
+from wire import kafka
 from quorum import protocol as p
 from quorum.client import Connection
-from quorum.errors import CoordinatorLoadInProgressError, Errors
+from wire.errors import CoordinatorLoadInProgressError, Errors
 from quorum.localcluster import LocalCluster, free_ports
 from quorum.metrics import make_registry, read_metrics
 from quorum.server import TokenBucket
@@ -115,7 +116,7 @@ def test_prefetch_hits_and_misses():
 
 # ------------------------------------------------------------------------- integration
 def _init_pid(conn: Connection, tid=None, pid=-1, epoch=-1):
-    body = p.request_entity(INIT_PRODUCER_ID, 4, transactional_id=tid, producer_id=pid, producer_epoch=epoch,
+    body = kafka.request_entity(INIT_PRODUCER_ID, 4, transactional_id=tid, producer_id=pid, producer_epoch=epoch,
                             transaction_timeout=datetime.timedelta(seconds=60))
     return asyncio.run(_call(conn, body))
 
@@ -130,7 +131,7 @@ def _produce(conn: Connection, records: bytes):
     mod = __import__(load_request_schema(PRODUCE, 9).__module__, fromlist=["x"])
     pd = mod.PartitionProduceData(index=0, records=records)
     td = mod.TopicProduceData(name="metrics", partition_data=(pd,))
-    body = p.request_entity(PRODUCE, 9, transactional_id=None, acks=-1, timeout=datetime.timedelta(seconds=5),
+    body = kafka.request_entity(PRODUCE, 9, transactional_id=None, acks=-1, timeout=datetime.timedelta(seconds=5),
                             topic_data=(td,))
     r = asyncio.run(_call(conn, body)).responses[0].partition_responses[0]
     return Errors(int(r.error_code))

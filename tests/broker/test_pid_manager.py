@@ -20,7 +20,7 @@ import pytest
 from broker.pid_manager import LONG_MAX, PidManagerConfig, ProducerIdManager
 from quorum.audit import iter_blocks
 from quorum.client import AllocatedBlock
-from quorum.errors import (
+from wire.errors import (
     BrokerIdNotRegisteredError,
     ClusterAuthorizationFailedError,
     CoordinatorLoadInProgressError,

@@ -17,7 +17,7 @@ from broker.producer_state import (
     snapshot_path,
 )
 from broker.recordbatch import INT32_MAX, BatchHeader, encode_batch, parse_header
-from quorum.errors import CorruptFileError, Errors
+from wire.errors import CorruptFileError, Errors
 
 NOW = 1_700_000_000_000
 DAY = 24 * 3600 * 1000

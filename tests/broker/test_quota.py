@@ -15,7 +15,7 @@ from broker.quota import (
     QuotaWindow,
     read_stats,
 )
-from quorum.errors import RequestTimedOutError
+from wire.errors import RequestTimedOutError
 
 ROGUE, GOOD, FREE = "User:rogue", "User:good", "User:free"
 

@@ -25,9 +25,10 @@ from kio.index import load_request_schema
 
 from broker.quota import read_stats
 from cli.main import cli
+from wire import kafka
 from quorum import protocol as p
 from quorum.client import Connection
-from quorum.errors import Errors
+from wire.errors import Errors
 from tests.conftest import wait_for
 
 PRODUCE, INIT_PRODUCER_ID, LIST_OFFSETS = 0, 22, 2
@@ -66,7 +67,7 @@ def produce_request(pid: int, topic: str = "q", seq: int = 0):
     records = encode_batch([(None, f"m{pid}-{seq}".encode())], producer_id=pid, producer_epoch=0, base_sequence=seq)
     pd = _entity("PartitionProduceData", index=0, records=records)
     td = _entity("TopicProduceData", name=topic, partition_data=(pd,))
-    return p.request_entity(PRODUCE, 9, transactional_id=None, acks=-1, timeout=datetime.timedelta(seconds=5),
+    return kafka.request_entity(PRODUCE, 9, transactional_id=None, acks=-1, timeout=datetime.timedelta(seconds=5),
                             topic_data=(td,))
 
 
@@ -99,7 +100,7 @@ def test_pidctl_quota_and_raw_produce_over_the_quota(cluster, brokers):
         try:
             pids = []
             for _ in range(4):
-                r = await conn.call(p.request_entity(INIT_PRODUCER_ID, 4, transactional_id=None,
+                r = await conn.call(kafka.request_entity(INIT_PRODUCER_ID, 4, transactional_id=None,
                                                      transaction_timeout=datetime.timedelta(seconds=60),
                                                      producer_id=-1, producer_epoch=-1), 10)
                 pids.append(int(r.producer_id))
@@ -146,7 +147,7 @@ def test_pidctl_quota_and_raw_produce_over_the_quota(cluster, brokers):
             mod = __import__(load_request_schema(LIST_OFFSETS, 7).__module__, fromlist=["ListOffsetsTopic"])
             topic = mod.ListOffsetsTopic(name="q", partitions=(mod.ListOffsetsPartition(
                 partition_index=0, current_leader_epoch=-1, timestamp=-1),))
-            r = await conn.call(p.request_entity(LIST_OFFSETS, 7, replica_id=-1, isolation_level=0,
+            r = await conn.call(kafka.request_entity(LIST_OFFSETS, 7, replica_id=-1, isolation_level=0,
                                                  topics=(topic,)), 10)
             return int(r.topics[0].partitions[0].offset)
         finally:

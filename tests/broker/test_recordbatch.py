@@ -21,7 +21,7 @@ from broker.recordbatch import (
     split_batches,
     with_base_offset,
 )
-from quorum.errors import Errors
+from wire.errors import Errors
 
 TS = 1_700_000_000_123
 

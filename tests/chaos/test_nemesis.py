@@ -27,7 +27,7 @@ from chaos.nemesis import (
     SlowDisk,
 )
 from quorum.client import QuorumClient, RetryPolicy
-from quorum.errors import PidQuorumError
+from wire.errors import PidQuorumError
 from chaos.faultnode import FAULT_NODE_COMMAND, FAULT_SYNC_DELAY_FILE, FaultDisk
 from quorum.journal import DurableJournal
 from quorum.localcluster import LocalCluster

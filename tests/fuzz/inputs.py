@@ -38,9 +38,10 @@ from kio.index import load_request_schema
 from kio.serial import entity_writer
 from kio.static.primitive import i16, i32
 
+from wire import kafka
 from quorum import protocol as p
-from quorum.errors import Errors
-from quorum.wirecheck import unwrap_optional
+from wire.errors import Errors
+from wire.bounds import unwrap_optional
 from records import schema as rschema
 from records.codec import CLASSES, Record, RecordError, decode, decode_batch, from_json_dict, from_obj, to_obj
 
@@ -231,7 +232,7 @@ def header_size(api_key: int, version: int, frame: bytes) -> int:
         cls = load_request_schema(api_key, version)
     except Exception:  # noqa: BLE001 - not a kio API (msgpack APIs, bogus keys)
         return min(len(frame), 8)
-    from quorum.wirecheck import FrameBoundsError, _Cursor, _tagged
+    from wire.bounds import FrameBoundsError, _Cursor, _tagged
 
     cur = _Cursor(frame, 8)
     try:
@@ -265,6 +266,16 @@ def broker_tables() -> tuple[dict, dict]:
     from broker.frontend import NAMES, SUPPORTED
 
     return SUPPORTED, NAMES
+
+
+def server_api(server: str) -> kafka.ApiTable:
+    """The API table ``server`` parses and answers with: the quorum's, or the broker's (its own error bodies)."""
+    if server == "quorum":
+        return p.QUORUM_API
+    supported, names = broker_tables()
+    error_body = _broker_error_body()
+    return kafka.ApiTable(supported, names, lambda key, version, code, message, throttle_ms:
+                          error_body(key, version, code), trailing_ok=True)
 
 
 def kafka_apis(server: str) -> list[Api]:
@@ -536,37 +547,32 @@ def check_request_decoder(server: str, frame: bytes) -> str:
     "frame-error" (connection closed), "bad-request:<code>" or "decoded:<api>";
     raises FuzzFinding for anything else.
     """
-    if server == "quorum":
-        supported, names, trailing_ok, make_body = None, None, False, None
-    else:
-        supported, names = broker_tables()
-        trailing_ok, make_body = True, _broker_error_body()
+    api = server_api(server)
     try:
-        req = p.parse_request(frame, supported, names, trailing_ok=trailing_ok)
-    except p.FrameError:
+        req = api.parse(frame)
+    except kafka.FrameError:
         return "frame-error"
-    except p.BadRequest as e:
+    except kafka.BadRequest as e:
         if e.code not in (Errors.INVALID_REQUEST, Errors.UNSUPPORTED_VERSION):
             raise FuzzFinding(server, frame, f"BadRequest with code {e.code.name}") from None
         try:
-            answer = p.error_response(e, supported, make_body)
+            answer = api.error_response(e)
         except Exception as err:  # noqa: BLE001 - that is the finding
             raise FuzzFinding(server, frame, f"error_response failed: {type(err).__name__}: {err}") from err
         _check_answer(server, frame, answer, e.correlation_id)
         return f"bad-request:{e.code.name}"
     except Exception as err:  # noqa: BLE001 - that is the finding
         raise FuzzFinding(server, frame, f"parse_request raised {type(err).__name__}: {err}") from err
-    table = p.SUPPORTED if supported is None else supported
-    if req.api_key not in table and not (server == "quorum" and req.api_key in p.MSGPACK_APIS):
+    if req.api_key not in api.versions and req.api_key not in api.msgpack:
         raise FuzzFinding(server, frame, f"decoded API {req.api_key}, which the server does not support")
     try:
-        if make_body is not None:
-            body = make_body(req.api_key, req.api_version, Errors.UNKNOWN_SERVER_ERROR, req.body)
+        if server != "quorum":
+            body = _broker_error_body()(req.api_key, req.api_version, Errors.UNKNOWN_SERVER_ERROR, req.body)
         elif req.api_key == p.RECORD_API_KEY:
             body = p.RPC_RESPONSES[type(req.body)](error_code=int(Errors.UNKNOWN_SERVER_ERROR), error_message="x")
         else:
-            body = p.error_body(req.api_key, req.api_version, Errors.UNKNOWN_SERVER_ERROR)
-        answer = p.encode_response(req.api_key, req.api_version, req.correlation_id, body)
+            body = api.error(req.api_key, req.api_version, Errors.UNKNOWN_SERVER_ERROR)
+        answer = api.encode(req.api_key, req.api_version, req.correlation_id, body)
     except Exception as err:  # noqa: BLE001 - that is the finding
         raise FuzzFinding(server, frame, f"the error answer to a decoded {req.api_key} v{req.api_version} "
                                          f"request failed: {type(err).__name__}: {err}") from err
@@ -822,7 +828,7 @@ def check_file_decoder(kind: str, data: bytes, original: bytes | None, workdir: 
     import os
 
     from chaos.history import HistoryError
-    from quorum.errors import CorruptFileError
+    from wire.errors import CorruptFileError
 
     path = os.path.join(workdir, {"journal": "raft.journal", "meta": "raft.journal.meta",
                                   "checkpoint": "audit.log.checkpoint", "audit": "audit.log"}.get(kind, kind))
@@ -889,7 +895,7 @@ def _read_file(kind: str, path: str, workdir: str) -> Any:
         return (snap.records, snap.last_entry, snap.prev_entry, snap.cluster, snap.meta)
     if kind in ("journal", "meta"):
         from quorum.journal import DurableJournal
-        from quorum.storage import Disk
+        from storage.disk import Disk
 
         j = DurableJournal(os.path.join(workdir, "raft.journal"), Disk())
         try:

@@ -22,6 +22,7 @@ from collections import Counter
 from typing import Any
 
 from broker.kafkaio import ms as kafka_ms
+from wire import kafka
 from quorum import protocol as p
 from tests.fuzz import inputs as F
 
@@ -63,11 +64,8 @@ def classify(server: str, frame: bytes, registered: set[tuple[int, int]], regist
     return "valid-skipped"
 
 
-def _parse(server: str, frame: bytes) -> p.Request:
-    if server == "quorum":
-        return p.parse_request(frame)
-    supported, names = F.broker_tables()
-    return p.parse_request(frame, supported, names, trailing_ok=True)
+def _parse(server: str, frame: bytes) -> kafka.Request:
+    return F.server_api(server).parse(frame)
 
 
 def make_inputs(server: str, src, n: int, registered_ids: set[int]) -> tuple[list[Input], Counter]:

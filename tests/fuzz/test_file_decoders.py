@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quorum.audit import AuditWriter, _frame, read_audit, read_checkpoint
-from quorum.errors import CorruptFileError
+from wire.errors import CorruptFileError
 from records import AllocateProducerIdsRecord, AuditEntry, AuditGap
 from records.codec import to_obj
 from tests.fuzz import inputs as F

@@ -20,19 +20,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from wire import kafka
 from quorum import protocol as p
-from quorum.errors import Errors
+from wire.errors import Errors
 from tests.fuzz import inputs as F
 
 pytestmark = pytest.mark.usefixtures("memory_bound")
 SERVERS = ("quorum", "broker")
 
 
-def _parse(server: str, frame: bytes) -> p.Request:
-    if server == "quorum":
-        return p.parse_request(frame)
-    supported, names = F.broker_tables()
-    return p.parse_request(frame, supported, names, trailing_ok=True)
+def _parse(server: str, frame: bytes) -> kafka.Request:
+    return F.server_api(server).parse(frame)
 
 
 def test_every_supported_api_is_fuzzed():
@@ -82,7 +80,7 @@ def test_msgpack_api_requests(data):
 
 @settings(max_examples=F.examples(300))
 @given(frame=st.binary(max_size=200), key=st.sampled_from(sorted(set(p.SUPPORTED) | set(F.broker_tables()[0])
-                                                                  | set(p.MSGPACK_APIS))),
+                                                                  | set(p.QUORUM_API.msgpack))),
        version=st.integers(-(2**15), 2**15 - 1))
 def test_any_bytes_after_a_supported_header(frame, key, version):
     data = struct.pack(">hhi", key, version, 1) + frame
@@ -131,7 +129,7 @@ def test_null_non_nullable_array_is_invalid_request_not_none():
     handlers and error answers then failed on it (Produce topic_data, ListOffsets topics ...)."""
     hdr = struct.pack(">hhih", 0, 3, 11, 1) + b"c"
     body = struct.pack(">h", -1) + struct.pack(">hi", -1, 5000) + struct.pack(">i", -1)  # topic_data: null
-    with pytest.raises(p.BadRequest) as ei:
+    with pytest.raises(kafka.BadRequest) as ei:
         _parse("broker", hdr + body)
     assert ei.value.code == Errors.INVALID_REQUEST and "topic_data: null array" in ei.value.message
     assert F.check_request_decoder("broker", hdr + body) == "bad-request:INVALID_REQUEST"

@@ -14,9 +14,10 @@ import random
 import struct
 
 
+from wire import kafka
 from quorum import protocol as p
 from quorum.client import Connection, QuorumClient, RetryPolicy
-from quorum.errors import Errors
+from wire.errors import Errors
 from tests.conftest import run, wait_for
 from tests.fuzz import inputs as F
 from tests.fuzz import servers as S
@@ -90,7 +91,7 @@ def test_quorum_survives_garbage_and_its_state_does_not_move(cluster):
     async def control_after(address):
         conn = Connection(address, "fuzz-check")
         try:
-            body = await conn.call(p.request_entity(p.API_VERSIONS, 3, client_software_name="t",
+            body = await conn.call(kafka.request_entity(p.API_VERSIONS, 3, client_software_name="t",
                                                     client_software_version="1"), 10.0)
             assert int(body.error_code) == 0
         finally:

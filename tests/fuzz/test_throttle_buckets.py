@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import types
 
-from quorum.errors import ThrottlingQuotaExceededError
+from wire.errors import ThrottlingQuotaExceededError
 from quorum.server import BUCKET_PRUNE_AT, QuorumServer
 
 

@@ -16,7 +16,7 @@ import pytest
 from migration.zk import LegacyAllocator, connect, read_block
 from quorum.audit import iter_blocks
 from quorum.client import QuorumClient, RetryPolicy
-from quorum.errors import PidQuorumError
+from wire.errors import PidQuorumError
 from quorum.localcluster import LocalCluster
 from quorum.managers import BRIDGE, FINALIZED, ROLLED_BACK, QuorumState
 from records import AllocateProducerIdsRecord, BridgeReservationRecord, MigrationStateRecord

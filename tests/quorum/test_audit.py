@@ -9,7 +9,7 @@ import msgpack
 import pytest
 
 from quorum.audit import AuditLine, AuditWriter, checkpoint_path, iter_blocks, read_audit
-from quorum.errors import CorruptFileError
+from wire.errors import CorruptFileError
 from quorum.managers import ApplyOutcome, QuorumState
 from records import (
     AllocateProducerIdsRecord,

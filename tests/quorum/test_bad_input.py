@@ -22,9 +22,10 @@ import uuid
 import msgpack
 import pytest
 
+from wire import kafka
 from quorum import protocol as p
 from quorum.client import Connection, QuorumClient, RetryPolicy
-from quorum.errors import Errors, InvalidRequestError, StaleBrokerEpochError
+from wire.errors import Errors, InvalidRequestError, StaleBrokerEpochError
 from quorum.localcluster import LocalCluster
 from tests.conftest import ClusterHarness, run, wait_for
 
@@ -170,7 +171,7 @@ def assert_serves(h: ClusterHarness, address: str) -> None:
     async def go():
         conn = Connection(address, "bad-input-check")
         try:
-            body = await conn.call(p.request_entity(p.API_VERSIONS, 3, client_software_name="t",
+            body = await conn.call(kafka.request_entity(p.API_VERSIONS, 3, client_software_name="t",
                                                     client_software_version="1"), IO_TIMEOUT)
         finally:
             conn.close()
@@ -208,7 +209,7 @@ def apiversions_v3_frame(corr: int, total: int) -> bytes:
     """A valid ApiVersions v3 request whose payload (without size prefix) is exactly ``total`` bytes."""
     pad = max(0, total - 40)
     while True:
-        data = p.encode_request(p.request_entity(p.API_VERSIONS, 3, client_software_name="a" * pad,
+        data = kafka.encode_request(kafka.request_entity(p.API_VERSIONS, 3, client_software_name="a" * pad,
                                                  client_software_version="1"), corr, "bad-input")
         diff = total - (len(data) - 4)
         if diff == 0:
@@ -245,7 +246,7 @@ def test_frame_of_exactly_max_size_is_served(qcluster):
     with raw_conn(address) as s:
         s.sendall(data)
         frame = read_frame(s)
-    corr, body = p.parse_response(frame, p.API_VERSIONS, 3)
+    corr, body = p.QUORUM_API.parse_response(frame, p.API_VERSIONS, 3)
     assert corr == 4242 and int(body.error_code) == 0
     assert_serves(qcluster, address)
 
@@ -295,7 +296,7 @@ def test_truncated_frame_held_open_does_not_block_others(qcluster):
         # The held frame was still being waited for, not dropped: complete it and get the answer.
         s.sendall(data[4 + 10:])
         frame = read_frame(s)
-        corr, body = p.parse_response(frame, p.API_VERSIONS, 3)
+        corr, body = p.QUORUM_API.parse_response(frame, p.API_VERSIONS, 3)
         assert corr == 777 and int(body.error_code) == 0
     assert_serves(qcluster, address)
 
@@ -334,7 +335,7 @@ def test_unknown_api_key_closes_connection(qcluster, api_key):
 def test_unknown_api_key_after_valid_requests_flushes_their_answers(qcluster):
     """Requests read before the bad frame are still answered, in order, then the connection closes."""
     address = qcluster.lc.client_addresses()[1]
-    good1 = p.encode_request(p.request_entity(p.API_VERSIONS, 0), 11)
+    good1 = kafka.encode_request(kafka.request_entity(p.API_VERSIONS, 0), 11)
     good2 = p.encode_admin_request({}, 12)
     with raw_conn(address) as s:
         s.sendall(good1 + good2 + framed(header_v2(9999, 0, 13)))
@@ -346,8 +347,8 @@ def test_unknown_api_key_after_valid_requests_flushes_their_answers(qcluster):
         frames.append(data[4:4 + size])
         data = data[4 + size:]
     assert [corr_of(f) for f in frames] == [11, 12]
-    assert int(p.parse_response(frames[0], p.API_VERSIONS, 0)[1].error_code) == 0
-    assert p.parse_response(frames[1], p.ADMIN_API_KEY, 0)[1]["error_code"] == 0
+    assert int(p.QUORUM_API.parse_response(frames[0], p.API_VERSIONS, 0)[1].error_code) == 0
+    assert p.QUORUM_API.parse_response(frames[1], p.ADMIN_API_KEY, 0)[1]["error_code"] == 0
     assert_serves(qcluster, address)
 
 
@@ -360,13 +361,13 @@ def test_unsupported_allocate_version_answers_35(qcluster):
     with raw_conn(address) as s:
         s.sendall(framed(header_v2(p.ALLOCATE_PRODUCER_IDS, 7, 0x0A0B0C0D) + alloc_body(1, 1)))
         frame = read_frame(s)
-        corr, body = p.parse_response(frame, p.ALLOCATE_PRODUCER_IDS, 0)
+        corr, body = p.QUORUM_API.parse_response(frame, p.ALLOCATE_PRODUCER_IDS, 0)
         assert corr == 0x0A0B0C0D
         assert int(body.error_code) == Errors.UNSUPPORTED_VERSION == 35
         assert int(body.producer_id_start) == -1 and int(body.producer_id_len) == 0
         # An answered bad request keeps the connection open.
-        s.sendall(p.encode_request(p.request_entity(p.API_VERSIONS, 0), 0x0A0B0C0E))
-        corr, body = p.parse_response(read_frame(s), p.API_VERSIONS, 0)
+        s.sendall(kafka.encode_request(kafka.request_entity(p.API_VERSIONS, 0), 0x0A0B0C0E))
+        corr, body = p.QUORUM_API.parse_response(read_frame(s), p.API_VERSIONS, 0)
         assert corr == 0x0A0B0C0E and int(body.error_code) == 0
     assert wait_counter(qcluster, address, "bad_requests", before + 1) == before + 1
     assert_serves(qcluster, address)
@@ -411,14 +412,14 @@ def test_malformed_allocate_body_answers_42(qcluster):
     before = counters(qcluster, address)["bad_requests"]
     with raw_conn(address) as s:
         s.sendall(framed(header_v2(p.ALLOCATE_PRODUCER_IDS, 0, 0x22446688) + garbage))
-        corr, body = p.parse_response(read_frame(s), p.ALLOCATE_PRODUCER_IDS, 0)
+        corr, body = p.QUORUM_API.parse_response(read_frame(s), p.ALLOCATE_PRODUCER_IDS, 0)
         assert corr == 0x22446688, f"garbage {garbage!r}"
         assert int(body.error_code) == Errors.INVALID_REQUEST == 42, f"garbage {garbage!r}"
         assert int(body.producer_id_start) == -1 and int(body.producer_id_len) == 0
         # Empty body, and a body cut inside the epoch.
         for corr_id, bad in ((0x22446689, b""), (0x2244668A, alloc_body(1, 1)[:7])):
             s.sendall(framed(header_v2(p.ALLOCATE_PRODUCER_IDS, 0, corr_id) + bad))
-            corr, body = p.parse_response(read_frame(s), p.ALLOCATE_PRODUCER_IDS, 0)
+            corr, body = p.QUORUM_API.parse_response(read_frame(s), p.ALLOCATE_PRODUCER_IDS, 0)
             assert (corr, int(body.error_code)) == (corr_id, 42), bad
     assert wait_counter(qcluster, address, "bad_requests", before + 3) == before + 3
     assert_serves(qcluster, address)
@@ -427,13 +428,13 @@ def test_malformed_allocate_body_answers_42(qcluster):
 @pytest.mark.parametrize("trailer", [b"\x00", b"xyz", bytes(64)], ids=["1", "3", "64"])
 def test_trailing_bytes_after_valid_body_answers_42(qcluster, trailer):
     address = qcluster.lc.client_addresses()[2]
-    apiv = (p.encode_request(p.request_entity(p.API_VERSIONS, 0), 0x101)[4:], p.API_VERSIONS, 0)
+    apiv = (kafka.encode_request(kafka.request_entity(p.API_VERSIONS, 0), 0x101)[4:], p.API_VERSIONS, 0)
     alloc = (header_v2(p.ALLOCATE_PRODUCER_IDS, 0, 0x102) + alloc_body(1, 1), p.ALLOCATE_PRODUCER_IDS, 0)
     with raw_conn(address) as s:
         for payload, key, version in (apiv, alloc):
             corr = corr_of(payload[4:])
             s.sendall(framed(payload + trailer))
-            got_corr, body = p.parse_response(read_frame(s), key, version)
+            got_corr, body = p.QUORUM_API.parse_response(read_frame(s), key, version)
             assert got_corr == corr
             assert int(body.error_code) == Errors.INVALID_REQUEST, (key, trailer)
     assert_serves(qcluster, address)
@@ -484,7 +485,7 @@ def test_registration_and_heartbeat_bad_values(qcluster):
             # A null (all-zero) incarnation id is refused.
             conn = Connection(address)
             try:
-                body = await conn.call(p.request_entity(p.BROKER_REGISTRATION, 0, broker_id=p.i32(next(_broker_ids)),
+                body = await conn.call(kafka.request_entity(p.BROKER_REGISTRATION, 0, broker_id=p.i32(next(_broker_ids)),
                                                         cluster_id="x", incarnation_id=None, listeners=(),
                                                         features=(), rack=None), IO_TIMEOUT)
             finally:
@@ -519,7 +520,7 @@ def test_registration_with_invalid_utf8_cluster_id_answers_42(qcluster):
     body = struct.pack(">i", next(_broker_ids)) + b"\x03\xff\xfe" + uuid.uuid4().bytes + b"\x01\x01\x00\x00"
     with raw_conn(address) as s:
         s.sendall(framed(header_v2(p.BROKER_REGISTRATION, 0, 0x5150) + body))
-        corr, resp = p.parse_response(read_frame(s), p.BROKER_REGISTRATION, 0)
+        corr, resp = p.QUORUM_API.parse_response(read_frame(s), p.BROKER_REGISTRATION, 0)
     assert corr == 0x5150
     assert int(resp.error_code) == 42 and int(resp.broker_epoch) == -1
     assert_serves(qcluster, address)
@@ -584,18 +585,18 @@ def test_pipelined_requests_answered_in_order(qcluster):
             await c.close()
 
     broker_id, epoch = run(register())
-    alloc = p.request_entity(p.ALLOCATE_PRODUCER_IDS, 0, broker_id=p.i32(broker_id), broker_epoch=p.i64(epoch))
-    apiv = p.request_entity(p.API_VERSIONS, 3, client_software_name="t", client_software_version="1")
+    alloc = kafka.request_entity(p.ALLOCATE_PRODUCER_IDS, 0, broker_id=p.i32(broker_id), broker_epoch=p.i64(epoch))
+    apiv = kafka.request_entity(p.API_VERSIONS, 3, client_software_name="t", client_software_version="1")
     plan = [  # (frame, api key, version, expected error code)
-        (p.encode_request(alloc, 1001), p.ALLOCATE_PRODUCER_IDS, 0, 0),
-        (p.encode_request(apiv, 1002), p.API_VERSIONS, 3, 0),
-        (p.encode_request(alloc, 1003), p.ALLOCATE_PRODUCER_IDS, 0, 0),
+        (kafka.encode_request(alloc, 1001), p.ALLOCATE_PRODUCER_IDS, 0, 0),
+        (kafka.encode_request(apiv, 1002), p.API_VERSIONS, 3, 0),
+        (kafka.encode_request(alloc, 1003), p.ALLOCATE_PRODUCER_IDS, 0, 0),
         (framed(header_v2(p.ALLOCATE_PRODUCER_IDS, 7, 1004) + alloc_body(broker_id, epoch)),
          p.ALLOCATE_PRODUCER_IDS, 0, 35),
         (p.encode_admin_request({}, 1005), p.ADMIN_API_KEY, 0, 0),
         (framed(header_v2(p.ALLOCATE_PRODUCER_IDS, 0, 1006) + b"\x01"), p.ALLOCATE_PRODUCER_IDS, 0, 42),
-        (p.encode_request(alloc, 1007), p.ALLOCATE_PRODUCER_IDS, 0, 0),
-        (p.encode_request(p.request_entity(p.API_VERSIONS, 0), 1008), p.API_VERSIONS, 0, 0),
+        (kafka.encode_request(alloc, 1007), p.ALLOCATE_PRODUCER_IDS, 0, 0),
+        (kafka.encode_request(kafka.request_entity(p.API_VERSIONS, 0), 1008), p.API_VERSIONS, 0, 0),
     ]
     with raw_conn(address) as s:
         s.sendall(b"".join(f for f, *_ in plan))  # all written before any is read
@@ -603,7 +604,7 @@ def test_pipelined_requests_answered_in_order(qcluster):
     assert [corr_of(f) for f in frames] == list(range(1001, 1001 + len(plan)))
     blocks = []
     for frame, (_, key, version, code) in zip(frames, plan):
-        corr, body = p.parse_response(frame, key, version)
+        corr, body = p.QUORUM_API.parse_response(frame, key, version)
         got = body["error_code"] if isinstance(body, dict) else int(body.error_code)
         assert got == code, (corr, body)
         if key == p.ALLOCATE_PRODUCER_IDS and code == 0:
@@ -628,12 +629,12 @@ def test_describe_state_non_map_body_answers_42(qcluster, body):
     before = counters(qcluster, address)["bad_requests"]
     with raw_conn(address) as s:
         s.sendall(framed(header_v1(p.ADMIN_API_KEY, 0, 0x7E57) + body))
-        corr, resp = p.parse_response(read_frame(s), p.ADMIN_API_KEY, 0)
+        corr, resp = p.QUORUM_API.parse_response(read_frame(s), p.ADMIN_API_KEY, 0)
         assert corr == 0x7E57
         assert resp == {"error_code": Errors.INVALID_REQUEST}
         # Same connection, a well-formed DescribeState is answered in full.
         s.sendall(framed(header_v1(p.ADMIN_API_KEY, 0, 0x7E58) + msgpack.packb({})))
-        corr, resp = p.parse_response(read_frame(s), p.ADMIN_API_KEY, 0)
+        corr, resp = p.QUORUM_API.parse_response(read_frame(s), p.ADMIN_API_KEY, 0)
         assert corr == 0x7E58 and resp["error_code"] == 0 and "raft" in resp
     assert wait_counter(qcluster, address, "bad_requests", before + 1) == before + 1
     assert_serves(qcluster, address)
@@ -648,11 +649,11 @@ def test_describe_state_unreadable_header_answers_42(qcluster, tail):
     before = counters(qcluster, address)["bad_requests"]
     with raw_conn(address) as s:
         s.sendall(framed(struct.pack(">hhi", p.ADMIN_API_KEY, 0, 0x7E5A) + tail))
-        corr, resp = p.parse_response(read_frame(s), p.ADMIN_API_KEY, 0)
+        corr, resp = p.QUORUM_API.parse_response(read_frame(s), p.ADMIN_API_KEY, 0)
         assert corr == 0x7E5A
         assert resp == {"error_code": Errors.INVALID_REQUEST}
         s.sendall(framed(header_v1(p.ADMIN_API_KEY, 0, 0x7E5B) + msgpack.packb({})))
-        corr, resp = p.parse_response(read_frame(s), p.ADMIN_API_KEY, 0)
+        corr, resp = p.QUORUM_API.parse_response(read_frame(s), p.ADMIN_API_KEY, 0)
         assert corr == 0x7E5B and resp["error_code"] == 0 and "raft" in resp
     assert wait_counter(qcluster, address, "bad_requests", before + 1) == before + 1
     assert_serves(qcluster, address)
@@ -662,7 +663,7 @@ def test_describe_state_unsupported_version_answers_35(qcluster):
     address = qcluster.lc.client_addresses()[2]
     with raw_conn(address) as s:
         s.sendall(framed(header_v1(p.ADMIN_API_KEY, 1, 0x7E59) + msgpack.packb({})))
-        corr, resp = p.parse_response(read_frame(s), p.ADMIN_API_KEY, 0)
+        corr, resp = p.QUORUM_API.parse_response(read_frame(s), p.ADMIN_API_KEY, 0)
     assert corr == 0x7E59 and resp == {"error_code": Errors.UNSUPPORTED_VERSION}
     assert_serves(qcluster, address)
 
@@ -689,7 +690,7 @@ def test_unknown_tagged_field_is_answered(qcluster, where):
     assert data, "the server closed the connection without answering"
     size = struct.unpack_from(">i", data)[0]
     assert len(data) == 4 + size, f"expected exactly one response, got {data!r}"
-    corr, body = p.parse_response(data[4:], p.ALLOCATE_PRODUCER_IDS, 0)
+    corr, body = p.QUORUM_API.parse_response(data[4:], p.ALLOCATE_PRODUCER_IDS, 0)
     assert corr == 0x7A7
     assert int(body.error_code) in (Errors.INVALID_REQUEST, Errors.STALE_BROKER_EPOCH)
     assert_serves(qcluster, address)
@@ -699,7 +700,7 @@ def test_unknown_tagged_field_is_answered(qcluster, where):
 #
 # kio's native reader sizes an array from its wire length before reading any
 # element; a 40-byte frame claiming 2**32 - 2 listeners made it allocate
-# 32 GiB and abort the node.  quorum/wirecheck.py bounds every length first.
+# 32 GiB and abort the node.  wire/bounds.py bounds every length first.
 
 
 @pytest.mark.parametrize("version", [0, 4])
@@ -716,6 +717,6 @@ def test_huge_array_length_does_not_kill_node(cluster, version):
         data = read_until_closed(s, timeout=15)
     assert data, "no answer: the node closed the connection or died"
     size = struct.unpack_from(">i", data)[0]
-    corr, resp = p.parse_response(data[4:4 + size], p.BROKER_REGISTRATION, version)
+    corr, resp = p.QUORUM_API.parse_response(data[4:4 + size], p.BROKER_REGISTRATION, version)
     assert corr == 0x0BAD and int(resp.error_code) == Errors.INVALID_REQUEST
     assert_serves(cluster, address)

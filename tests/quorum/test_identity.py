@@ -5,7 +5,7 @@ import logging
 
 import pytest
 
-from quorum.errors import CorruptFileError
+from wire.errors import CorruptFileError
 from quorum.identity import IDENTITY_FILE, Hello, IdentityError, NodeIdentity, Verdict, derived_cluster_id
 
 ADDR = "10.0.0.3:9093"

@@ -11,10 +11,10 @@ import msgpack
 import pytest
 
 from chaos.sim.disk import LossPolicy, SimDisk
-from quorum.errors import CorruptFileError
+from wire.errors import CorruptFileError
 from quorum.journal import _ENTRY, MAGIC, META_MAGIC, UNKNOWN_INDEX, DurableJournal, MetaFile, encode_entry
 from quorum.raft import loss_evidence
-from quorum.storage import Disk
+from storage.disk import Disk
 
 
 @pytest.fixture

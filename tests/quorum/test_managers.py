@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from quorum.errors import (
+from wire.errors import (
     Errors,
     InvalidRequestError,
     InvariantViolation,

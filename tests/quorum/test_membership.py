@@ -156,7 +156,7 @@ def test_identities_survive_a_graceful_restart_of_every_node(cluster):
     """A clean stop is not a membership change: every node keeps what it learnt of its peers, so a node
     wiped while the whole cluster was down is still refused when they all come back."""
     from quorum.identity import PEERS_FILE, NodeIdentity
-    from quorum.storage import Disk
+    from storage.disk import Disk
 
     lc = cluster.lc
     allocate(lc.client_addresses(), 3)

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from quorum.errors import InvalidRequestError, InvariantViolation
+from wire.errors import InvalidRequestError, InvariantViolation
 from quorum.managers import QuorumState
 from quorum.quotas import PRODUCER_IDS_RATE, parse_user
 from records import ClientQuotaRecord, decode_batch, encode_batch

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from quorum.errors import InvalidRequestError, InvariantViolation
+from wire.errors import InvalidRequestError, InvariantViolation
 from quorum.managers import QuorumState
 from records import LONG_MAX, ProducerIdCursorRecord, ProducerIdSeedRecord
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from quorum.errors import (
+from wire.errors import (
     InvalidRequestError,
     InvalidTransactionTimeoutError,
     InvariantViolation,

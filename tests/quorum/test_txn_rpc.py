@@ -14,7 +14,7 @@ import pytest
 
 from quorum import protocol as p
 from quorum.client import QuorumClient, RetryPolicy
-from quorum.errors import (
+from wire.errors import (
     Errors,
     InvalidRequestError,
     InvalidTransactionTimeoutError,
@@ -118,12 +118,12 @@ def _recv(s: socket.socket, n: int) -> bytes:
 def test_malformed_payloads_are_invalid_request_and_node_keeps_serving(cluster, body):
     address = cluster.lc.client_addresses()[0]
     data = _raw_call(address, p.TXN_API_KEY, 0, body)
-    corr, resp = p.parse_response(data, p.TXN_API_KEY, 0)
+    corr, resp = p.QUORUM_API.parse_response(data, p.TXN_API_KEY, 0)
     assert corr == 99
     assert resp.error_code == Errors.INVALID_REQUEST
     assert "pidquorum RPC" in resp.error_message
     data = _raw_call(address, p.TXN_API_KEY, 1, msgpack.packb([102, 0, [1, 2, "t", 1000, -1, -1]]))
-    assert p.parse_response(data, p.TXN_API_KEY, 0)[1].error_code == Errors.UNSUPPORTED_VERSION
+    assert p.QUORUM_API.parse_response(data, p.TXN_API_KEY, 0)[1].error_code == Errors.UNSUPPORTED_VERSION
 
     async def still_serves():
         c = cluster.client()

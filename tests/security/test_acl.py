@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from quorum.errors import InvalidRequestError
+from wire.errors import InvalidRequestError
 from quorum.managers import AclManager, QuorumState
 from records import AclRecord, RemoveAclRecord
 from security.acl import (

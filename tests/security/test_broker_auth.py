@@ -16,6 +16,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from kafka import KafkaProducer
 from kafka import errors as kerrors
 
+from wire import kafka
 from quorum import protocol as p
 from security.acl import ALLOW, CLUSTER, CLUSTER_ACTION, CLUSTER_NAME, IDEMPOTENT_WRITE, LITERAL, PREFIXED, \
     TRANSACTIONAL_ID, WRITE, Acl
@@ -172,17 +173,17 @@ def test_broker_closes_unauthenticated_requests_and_keeps_serving(secure_brokers
     b = secure_brokers["plain"]
     host, port = b.bootstrap.rsplit(":", 1)
     s = socket.create_connection((host, int(port)), timeout=5)
-    body = p.request_entity(3, 1, topics=None)  # Metadata v1, before any SASL
-    s.sendall(p.encode_request(body, 1, "raw"))
+    body = kafka.request_entity(3, 1, topics=None)  # Metadata v1, before any SASL
+    s.sendall(kafka.encode_request(body, 1, "raw"))
     assert s.recv(4) == b""  # closed, no answer
     s.close()
     s = socket.create_connection((host, int(port)), timeout=5)
-    s.sendall(p.encode_request(p.request_entity(17, 1, mechanism="OAUTHBEARER"), 2, "raw"))
+    s.sendall(kafka.encode_request(kafka.request_entity(17, 1, mechanism="OAUTHBEARER"), 2, "raw"))
     size = struct.unpack(">i", s.recv(4))[0]
     data = b""
     while len(data) < size:
         data += s.recv(size - len(data))
-    resp = p.parse_response(data, 17, 1)[1]
+    resp = p.QUORUM_API.parse_response(data, 17, 1)[1]
     assert int(resp.error_code) == 33 and list(resp.mechanisms) == ["PLAIN", "SCRAM-SHA-256"]
     assert s.recv(4) == b""
     s.close()

@@ -9,10 +9,11 @@ from click.testing import CliRunner
 from kio.index import load_request_schema
 
 from cli.main import cli
+from wire import kafka
 from quorum import protocol as p
-from quorum.wirecheck import FrameBoundsError, check_request
+from wire.bounds import FrameBoundsError, check_request
 from security import credentials
-from security.sasl import SASL_NAMES, SASL_SUPPORTED
+from security.sasl import SASL_NAMES, SASL_API, SASL_SUPPORTED
 
 
 def invoke(*args, input=None):
@@ -54,9 +55,9 @@ def test_pidctl_sasl_options_need_credentials():
 def test_wirecheck_bounds_the_sasl_apis(api_key, version):
     cls = load_request_schema(api_key, version)
     body = cls(mechanism="PLAIN") if api_key == 17 else cls(auth_bytes=b"\0u\0p")
-    frame = p.encode_request(body, 7, "c")[4:]
+    frame = kafka.encode_request(body, 7, "c")[4:]
     assert check_request(frame, cls.__header_schema__, cls) == len(frame)
-    assert p.parse_request(frame, SASL_SUPPORTED, SASL_NAMES).body == body
+    assert SASL_API.parse(frame).body == body
     # claim a huge length for the last field: refused before kio reads it
     if api_key == 36 and cls.__flexible__:
         head = frame[:-len(b"\0u\0p") - 2]  # varint length (1 byte) + 4 bytes + tagged-field count (1 byte)
@@ -68,6 +69,6 @@ def test_wirecheck_bounds_the_sasl_apis(api_key, version):
             + frame[-n:]
     with pytest.raises(FrameBoundsError):
         check_request(bad, cls.__header_schema__, cls)
-    with pytest.raises(p.BadRequest) as e:
-        p.parse_request(bad, SASL_SUPPORTED, SASL_NAMES)
+    with pytest.raises(kafka.BadRequest) as e:
+        SASL_API.parse(bad)
     assert e.value.code.name == "INVALID_REQUEST"

@@ -11,9 +11,10 @@ import pytest
 from click.testing import CliRunner
 
 from cli.main import cli
+from wire import kafka
 from quorum import protocol as p
 from quorum.client import Connection, ConnectionFailed
-from quorum.errors import ClusterAuthorizationFailedError, Errors, SaslAuthenticationFailedError
+from wire.errors import ClusterAuthorizationFailedError, Errors, SaslAuthenticationFailedError
 from records import DescribeAclsRequest
 from tests.conftest import wait_for
 
@@ -51,7 +52,7 @@ def _leader_and_follower(sq):
 
 def test_refused_without_or_with_wrong_credentials(secure_quorum):
     sq = secure_quorum
-    body = p.request_entity(p.ALLOCATE_PRODUCER_IDS, 0, broker_id=p.i32(1), broker_epoch=p.i64(1))
+    body = kafka.request_entity(p.ALLOCATE_PRODUCER_IDS, 0, broker_id=p.i32(1), broker_epoch=p.i64(1))
     # TLS but no SASL: the first request that is not ApiVersions / SASL closes the connection
     with pytest.raises(ConnectionFailed):
         run(Connection(sq.addresses[0], "anon", sq.security(None)).call(body, 5.0))
@@ -148,7 +149,7 @@ class Raw:
 
     def send(self, api_key, version, **fields) -> int:
         self.corr += 1
-        self.sock.sendall(p.encode_request(p.request_entity(api_key, version, **fields), self.corr, "raw"))
+        self.sock.sendall(kafka.encode_request(kafka.request_entity(api_key, version, **fields), self.corr, "raw"))
         return self.corr
 
     def send_frame(self, data: bytes) -> None:
@@ -175,7 +176,7 @@ class Raw:
     def response(self, api_key, version):
         frame = self.read_frame()
         assert frame is not None, "connection closed"
-        return p.parse_response(frame, api_key, version)[1]
+        return p.QUORUM_API.parse_response(frame, api_key, version)[1]
 
     def closed(self) -> bool:
         return self.read_frame() is None
@@ -218,7 +219,7 @@ def test_sasl_protocol_errors_close_only_that_connection(secure_quorum):
     r = Raw(sq, addr)
     r.send(17, 1, mechanism="PLAIN")
     r.response(17, 1)
-    frame = p.encode_request(p.request_entity(36, 0, auth_bytes=b"\0a\0b"), 9, "raw")[4:]
+    frame = kafka.encode_request(kafka.request_entity(36, 0, auth_bytes=b"\0a\0b"), 9, "raw")[4:]
     r.send_frame(frame[:-9] + struct.pack(">i", 2**31 - 1) + frame[-5:])
     resp = r.response(36, 0)
     assert int(resp.error_code) == Errors.INVALID_REQUEST
@@ -244,7 +245,7 @@ def test_sasl_protocol_errors_close_only_that_connection(secure_quorum):
     r.send_frame(b"\0admin\0admin-pw")
     assert r.read_frame() == b""
     r.sock.sendall(p.encode_admin_request(DescribeAclsRequest(principal=""), 5, "raw"))
-    resp = p.parse_response(r.read_frame(), p.RECORD_API_KEY, 0)[1]
+    resp = p.QUORUM_API.parse_response(r.read_frame(), p.RECORD_API_KEY, 0)[1]
     assert int(resp.error_code) == 0
     r.close()
     # raw v0 with a wrong password: closed without an answer
@@ -296,7 +297,7 @@ def test_acls_survive_a_snapshot_and_a_restart(secure_quorum):
 
 def test_tls_only_quorum_forwards_over_tls_and_refuses_plaintext(tmp_path):
     from quorum.client import QuorumClient, RetryPolicy
-    from quorum.errors import RequestTimedOutError
+    from wire.errors import RequestTimedOutError
     from quorum.localcluster import LocalCluster
     from security.client import ClientSecurity
     from tests.security.certs import make_pki

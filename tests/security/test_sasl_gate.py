@@ -7,8 +7,9 @@ import struct
 
 import pytest
 
+from wire import kafka
 from quorum import protocol as p
-from quorum.errors import Errors
+from wire.errors import Errors
 from security import credentials
 from security.sasl import SaslAuthenticator
 
@@ -21,11 +22,11 @@ def auth(tmp_path):
 
 
 def req(api_key, version, corr=1, **fields) -> bytes:
-    return p.encode_request(p.request_entity(api_key, version, **fields), corr, "t")[4:]
+    return kafka.encode_request(kafka.request_entity(api_key, version, **fields), corr, "t")[4:]
 
 
 def answer(verdict, api_key, version):
-    return p.parse_response(verdict.data[4:], api_key, version)[1]
+    return p.QUORUM_API.parse_response(verdict.data[4:], api_key, version)[1]
 
 
 def test_principal_is_set_only_after_success(auth):

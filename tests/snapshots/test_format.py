@@ -9,7 +9,7 @@ import zlib
 import msgpack
 import pytest
 
-from quorum.errors import CorruptFileError
+from wire.errors import CorruptFileError
 from quorum.managers import QuorumState
 from records import (
     AllocateProducerIdsRecord,

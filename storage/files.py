@@ -1,4 +1,4 @@
-"""Durable file helpers over ``quorum.storage`` (one write discipline), and sealed small files."""
+"""Durable file helpers over ``storage.disk`` (one write discipline), and sealed small files."""
 from __future__ import annotations
 
 import struct
@@ -6,7 +6,9 @@ import zlib
 
 import msgpack
 
-from .storage import Disk
+from wire.errors import CorruptFileError
+
+from .disk import Disk
 
 
 def _raise(code: int, message: str) -> None:
@@ -22,7 +24,7 @@ def fsync_dir(path: str) -> None:
 
 def atomic_write(path: str, data: bytes) -> None:
     """Replace ``path`` with ``data`` so that after a crash it holds the old or the new bytes, whole:
-    ``quorum.storage.Disk.write_file`` (temp file, fsync, rename, fsync of the directory), raising
+    ``storage.disk.Disk.write_file`` (temp file, fsync, rename, fsync of the directory), raising
     ``StorageFailure`` (an OSError) on an I/O error instead of stopping the process.  For files outside a
     quorum node's durable path (broker, CLI, exports); a node writes through its own ``Disk``."""
     _DISK.write_file(path, data)
@@ -47,8 +49,6 @@ def unseal(path: str, data: bytes, magic: bytes, what: str) -> dict:
     ``what`` names the kind of file in messages ("snapshot", "topic metadata file" ...).
     A file whose checksum passes but whose body is not a map is refused too.
     """
-    from .errors import CorruptFileError
-
     start = len(magic) + _LEN.size
     if len(data) < start + _LEN.size:
         raise CorruptFileError(path, f"truncated {what} ({len(data)} bytes)")

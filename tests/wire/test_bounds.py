@@ -17,8 +17,9 @@ from kio.serial import entity_reader, entity_writer
 from kio.serial.errors import SerialError
 from kio.static.primitive import i16, i32, i64, u16
 
+from wire import kafka
 from quorum import protocol as p
-from quorum.wirecheck import FrameBoundsError, check_request
+from wire.bounds import FrameBoundsError, check_request
 
 
 _UUIDS = random.Random(62)
@@ -136,7 +137,7 @@ def test_valid_frames_pass_and_end_where_kio_ends(name, key, version, data):
     _, hdr_size = entity_reader(cls.__header_schema__)(data, 0)
     _, body_size = entity_reader(cls)(data, hdr_size)
     assert end == hdr_size + body_size == len(data)
-    assert p.parse_request(data).body is not None
+    assert p.QUORUM_API.parse(data).body is not None
 
 
 @pytest.mark.parametrize("name,key,version,data", VALID, ids=[v[0] for v in VALID])
@@ -157,8 +158,8 @@ def test_huge_compact_array_length_is_refused_before_kio():
     bad = bytes(data[:at]) + bytes.fromhex("ffffffff0f") + bytes(data[at + 1:])
     with pytest.raises(FrameBoundsError, match=r"listeners: array of 4294967294 elements"):
         check_request(bad, cls.__header_schema__, cls)
-    with pytest.raises(p.BadRequest) as ei:
-        p.parse_request(bad)
+    with pytest.raises(kafka.BadRequest) as ei:
+        p.QUORUM_API.parse(bad)
     assert ei.value.code == p.Errors.INVALID_REQUEST
 
 
@@ -209,7 +210,7 @@ def test_broker_frames_pass_and_end_where_kio_ends(name, key, version, data):
     assert check_request(data, cls.__header_schema__, cls) == len(data)
 
 
-def _fuzz(frames, supported, names, seed: int, rounds: int) -> tuple[int, int]:
+def _fuzz(frames, api, seed: int, rounds: int) -> tuple[int, int]:
     rng = random.Random(seed)
     passed = refused = 0
     for _ in range(rounds):
@@ -219,11 +220,11 @@ def _fuzz(frames, supported, names, seed: int, rounds: int) -> tuple[int, int]:
             pos = rng.randrange(8, len(buf))
             buf[pos] = rng.choice([0x00, 0x01, 0x7F, 0x80, 0xFF, rng.randrange(256)])
         try:
-            p.parse_request(bytes(buf), supported, names)
+            api.parse(bytes(buf))
             passed += 1
-        except p.BadRequest:
+        except kafka.BadRequest:
             refused += 1
-        except (SerialError, p.FrameError) as e:  # pragma: no cover - would be a gap in parse_request
+        except (SerialError, kafka.FrameError) as e:  # pragma: no cover - would be a gap in parse_request
             pytest.fail(f"{name}: unexpected {type(e).__name__}: {e}")
     return passed, refused
 
@@ -231,12 +232,12 @@ def _fuzz(frames, supported, names, seed: int, rounds: int) -> tuple[int, int]:
 def test_fuzzed_broker_frames_never_crash_the_native_reader():
     from broker.frontend import NAMES, SUPPORTED
 
-    passed, refused = _fuzz(BROKER, SUPPORTED, NAMES, seed=936, rounds=20_000)
+    passed, refused = _fuzz(BROKER, kafka.ApiTable(SUPPORTED, NAMES, None), seed=936, rounds=20_000)
     assert passed and refused
 
 
 def test_fuzzed_frames_never_crash_the_native_reader():
     """Mutate valid frames; whatever passes the check goes through kio in-process."""
-    passed, refused = _fuzz(VALID, None, None, seed=20261121, rounds=20_000)
+    passed, refused = _fuzz(VALID, p.QUORUM_API, seed=20261121, rounds=20_000)
     assert passed and refused
 

@@ -30,9 +30,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from wire import kafka
+import failpoints
 from quorum.client import QuorumClient, RetryPolicy
 from quorum.logs import end_request_context, request_context
+from security.sasl import linger_close
+from wire import kafka
 from wire.errors import (
     ClusterAuthorizationFailedError,
     CoordinatorLoadInProgressError,
@@ -43,8 +45,6 @@ from wire.errors import (
     TransactionalIdAuthorizationFailedError,
     UnknownTopicOrPartitionError,
 )
-
-from security.sasl import linger_close
 
 from . import kafkaio as kio_
 from .partition import Partition
@@ -89,7 +89,6 @@ class BrokerConfig:
     producer_id_expiration_ms: int = 24 * 3600 * 1000
     segment_bytes: int = 64 * 1024 * 1024
     dedup: bool = True                    # idempotence checks; off only to show what they prevent
-    fault_drop_every: int = 0             # every Nth produce request: append, then drop the connection
     io_threads: int = 4
     quorum_timeout_s: float = 5.0
     metrics_port: int = 0                 # Prometheus /metrics; 0 = off
@@ -119,8 +118,6 @@ class BrokerConfig:
             raise ValueError("at least one quorum address is needed")
         if self.default_partitions < 1:
             raise ValueError("default_partitions must be at least 1")
-        if self.fault_drop_every < 0:
-            raise ValueError("fault_drop_every must be >= 0")
         if not 0 <= self.metrics_port < 65536:
             raise ValueError("metrics_port must be in 0..65535 (0 = off)")
         if not 0 < self.quota_refresh_s <= 3600:
@@ -626,8 +623,7 @@ class BrokerServer:
         if appended_any:
             async with self._appended:
                 self._appended.notify_all()
-            every = self.cfg.fault_drop_every
-            if every and self._produce_requests % every == 0:
+            if failpoints.hit("broker.produce.appended", self._produce_requests):
                 raise _DropConnection()
         if acks == 0:
             return None

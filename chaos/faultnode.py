@@ -11,6 +11,8 @@ different, so no production module reads a fault switch.  The chaos runner and
 * ``--no-fsync`` (benchmarks only, to measure what durability costs): syncs of the
   append files return without fdatasync.  Such a node can lose acknowledged
   entries on power loss and logs so at start.
+* ``--failpoint POINT=ACTION[:ARG]`` (repeatable): arms a failpoint (``chaos.faults``),
+  e.g. ``quorum.allocate=reissue-latest-once``, the broken allocator.
 """
 from __future__ import annotations
 
@@ -21,7 +23,11 @@ import random
 import sys
 import time
 
+from quorum.config import ConfigError, load
+from quorum.node import run_node, setup_logging
 from storage.disk import AppendFile, Disk
+
+from .faults import arm_spec
 
 log = logging.getLogger(__name__)
 
@@ -87,16 +93,21 @@ class FaultDisk(Disk):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from quorum.config import ConfigError, load
-    from quorum.node import run_node, setup_logging
-
     ap = argparse.ArgumentParser(prog="python -m chaos.faultnode")
     ap.add_argument("--config", required=True)
     ap.add_argument("--ready-file")
     ap.add_argument("--log-level", default="INFO")
     ap.add_argument("--no-fsync", action="store_true", help="benchmarks only: never fdatasync the append files")
+    ap.add_argument("--failpoint", action="append", default=[], metavar="POINT=ACTION[:ARG]",
+                    help="arm a failpoint (chaos.faults)")
     args = ap.parse_args(argv)
     setup_logging(args.log_level, "human")
+    try:
+        for spec in args.failpoint:
+            arm_spec(spec)
+    except ValueError as e:
+        print(f"pidquorum: {e}", file=sys.stderr)
+        return 2
     try:
         cfg = load(args.config)
     except ConfigError as e:

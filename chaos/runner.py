@@ -55,7 +55,7 @@ class RunConfig:
     interval_s: tuple[float, float] = (2.0, 4.0)   # quiet time before each fault
     hold_s: tuple[float, float] = (0.5, 1.5)       # how long a fault lasts
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
-    node_env: dict[str, str] = field(default_factory=dict)  # e.g. the broken-allocator test mode
+    node_faults: tuple[str, ...] = ()  # failpoints armed in every node (chaos.faults), e.g. the broken allocator
     converge_timeout_s: float = 60.0
     keep_data: bool = False                        # keep data directories even if the run passes
 
@@ -115,12 +115,14 @@ async def run(cfg: RunConfig, progress: Callable[[float, str], None] | None = No
     history = HistoryWriter(os.path.join(cfg.out_dir, HISTORY))
     meta: dict[str, Any] = {"scenario": cfg.scenario, "seed": cfg.seed, "duration_s": cfg.duration_s,
                             "interval_s": cfg.interval_s, "hold_s": cfg.hold_s, "workload": asdict(cfg.workload),
-                            "node_env": cfg.node_env, "started_at": time.time()}
+                            "node_faults": list(cfg.node_faults), "started_at": time.time()}
     # Raft traffic goes through a proxy per node, so the partition fault can cut links.
-    lc.create(3, raft_proxy=True)
+    # Nodes run under chaos.faultnode: a disk the slow-disk fault can slow down, and the failpoints armed.
+    lc.create(3, raft_proxy=True,
+              node_command=[*FAULT_NODE_COMMAND, *(a for f in cfg.node_faults for a in ("--failpoint", f))])
     net = RaftNetwork(lc).start()
     try:
-        lc.up(3, env=cfg.node_env or None, node_command=FAULT_NODE_COMMAND)
+        lc.up(3)
         return await _run(cfg, lc, net, history, rng, meta, progress)
     finally:
         lc.down(timeout=10)  # on every exit path: no node outlives its run
@@ -136,7 +138,7 @@ async def _run(cfg: RunConfig, lc: LocalCluster, net: RaftNetwork, history: Hist
     managers = [PidManagerWorkload(100 + i, addresses, history, w.pid_rate, w.clients_per_manager)
                 for i in range(w.pid_managers)]
     tasks = [asyncio.create_task(x.run(stop)) for x in (*brokers, *managers)]
-    ctx = NemesisContext(lc, rng, log, network=net, env=cfg.node_env or None)
+    ctx = NemesisContext(lc, rng, log, network=net)
     nemeses = SCENARIOS[cfg.scenario]()
     faults: list[dict] = []
     t0 = time.monotonic()

@@ -281,9 +281,6 @@ def broker():
 @click.option("--partitions", type=click.IntRange(1, 10_000), default=1, show_default=True,
               help="Partitions of an auto-created topic.")
 @click.option("--no-dedup", is_flag=True, help="Turn idempotence checks off (only to show what they prevent).")
-@click.option("--fault-drop-every", type=click.IntRange(0), default=0, show_default=True,
-              help="Fault injection: every Nth produce request is appended, then the connection is dropped "
-                   "before the answer.")
 @click.option("--producer-id-expiration-ms", type=click.IntRange(1), default=24 * 3600 * 1000, show_default=True)
 @click.option("--producer-id-quota-window-num", type=click.IntRange(1, 1000), default=11, show_default=True,
               help="KIP-936 producer.id.quota.window.num: windows a producer ID is remembered (and the burst).")
@@ -320,7 +317,7 @@ def broker():
 @click.pass_obj
 @handle_errors
 def broker_start(obj: Ctx, broker_id, quorum_opt, listen, advertised, broker_dir, partitions, no_dedup,
-                 fault_drop_every, producer_id_expiration_ms, producer_id_quota_window_num,
+                 producer_id_expiration_ms, producer_id_quota_window_num,
                  producer_id_quota_window_size_s, quota_refresh_s, ready_file, log_level, sasl_credentials_file,
                  sasl_mechanisms, super_users, acl_refresh_ms, tls_certfile, tls_keyfile, tls_cafile, tls_client_auth,
                  quorum_security_protocol, quorum_sasl_mechanism, quorum_sasl_username, quorum_sasl_password,
@@ -350,7 +347,7 @@ def broker_start(obj: Ctx, broker_id, quorum_opt, listen, advertised, broker_dir
             security["sasl_mechanisms"] = tuple(sasl_mechanisms)
         cfg = BrokerConfig(broker_id=broker_id, quorum=quorum, listen=listen, advertised=advertised,
                            data_dir=broker_dir or f".pidquorum-broker-{broker_id}", default_partitions=partitions,
-                           dedup=not no_dedup, fault_drop_every=fault_drop_every,
+                           dedup=not no_dedup,
                            producer_id_expiration_ms=producer_id_expiration_ms, metrics_port=metrics_port,
                            metrics_host=metrics_host,
                            producer_id_quota_window_num=producer_id_quota_window_num,

@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import failpoints
 from records import AllocateProducerIdsRecord, BridgeReservationRecord, Record, RecordError, decode_batch, encode_batch
 
 from .audit import AuditWriter
@@ -43,14 +44,6 @@ from .raft import ProposalRejected, ProposalUnknown, RaftNode
 from storage.disk import Disk
 
 log = logging.getLogger(__name__)
-
-# Chaos tests only: a deliberately broken allocator, to prove the checker catches
-# a double issue.  With PIDQUORUM_UNSAFE_BROKEN_ALLOCATOR=reuse-after-restart,
-# the first AllocateProducerIds this process answers as leader is answered with
-# the latest committed block again (nothing is committed for it), as a leader
-# that trusted a stale copy of its cursor after a restart would.
-BROKEN_ALLOCATOR_ENV = "PIDQUORUM_UNSAFE_BROKEN_ALLOCATOR"
-BROKEN_ALLOCATOR_MODES = ("reuse-after-restart",)
 
 # Batching (see Proposer._linger): brokers that had a request in one of the last
 # LINGER_HISTORY_BATCHES batches are waited for, at most LINGER_MAX_S.
@@ -224,9 +217,8 @@ class Proposer:
         self.barrier_term: int | None = None
         self.batches = 0
         self.proposed_records = 0
-        self.unsafe_reuse_block = _broken_allocator_mode() is not None
         self.zk_reservations = 0
-        self.reserve_blocks = 0 if self.unsafe_reuse_block else service.cfg.allocate_reserve_blocks
+        self.reserve_blocks = service.cfg.allocate_reserve_blocks
         self.reserve_served = 0
         self._reserves: dict[int, _Reserve] = {}
         self._last_end: dict[int, int] = {}
@@ -239,6 +231,10 @@ class Proposer:
 
     async def submit(self, kind: str, args: dict[str, Any], timeout: float) -> Any:
         active = False
+        if kind == "allocate":
+            forced = failpoints.hit("quorum.allocate", self.service)  # a test's broken allocator
+            if forced is not None:
+                return forced
         if kind == "allocate" and self.reserve_blocks:
             active = self._note_activity(args["broker_id"])
             block = self._from_reserve(args["broker_id"], args["broker_epoch"], active)
@@ -440,8 +436,6 @@ class Proposer:
             except PidQuorumError as e:
                 op.finish(error=e)
                 continue
-            if op.kind == "allocate" and self.unsafe_reuse_block:
-                result = self._unsafe_reuse_block(scratch, result)
             refused = [o for o in scratch.apply_batch(result.records) if not o.accepted]
             if refused:  # generate and replay disagree: a bug, never propose it
                 log.error("generated records refused by replay: %s", refused)
@@ -513,26 +507,6 @@ class Proposer:
                 zk.close()
             except Exception:  # noqa: BLE001 - best effort on a broken session
                 pass
-
-    def _unsafe_reuse_block(self, scratch: QuorumState, result: Result) -> Result:
-        """The broken allocator (BROKEN_ALLOCATOR_ENV): once, answer with the latest block again."""
-        self.unsafe_reuse_block = False
-        latest = scratch.producer_ids.latest
-        if latest is None:
-            return result
-        log.critical("UNSAFE broken allocator: re-issuing block [%d, +%d) without committing it",
-                     latest.producer_id_start, latest.producer_id_len)
-        return Result([], (latest.producer_id_start, latest.producer_id_len))
-
-
-def _broken_allocator_mode() -> str | None:
-    mode = os.environ.get(BROKEN_ALLOCATOR_ENV) or None
-    if mode is None:
-        return None
-    if mode not in BROKEN_ALLOCATOR_MODES:
-        raise ValueError(f"{BROKEN_ALLOCATOR_ENV}={mode!r}: expected one of {', '.join(BROKEN_ALLOCATOR_MODES)}")
-    log.critical("UNSAFE: %s=%s: this node will hand out a block twice; for tests only", BROKEN_ALLOCATOR_ENV, mode)
-    return mode
 
 
 __all__ = ["ApplyOutcome", "Op", "Proposer", "Service"]

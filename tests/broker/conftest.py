@@ -11,8 +11,9 @@ def brokers(cluster, tmp_path, request):
     """Start brokers against the test's quorum: ``brokers(broker_id, *extra_args)``."""
     started: list[BrokerProcess] = []
 
-    def start(broker_id: int, *extra: str, port: int | None = None) -> BrokerProcess:
-        b = BrokerProcess(str(tmp_path / "brokers"), broker_id, cluster.lc.client_addresses(), *extra, port=port)
+    def start(broker_id: int, *extra: str, port: int | None = None, faults: tuple[str, ...] = ()) -> BrokerProcess:
+        b = BrokerProcess(str(tmp_path / "brokers"), broker_id, cluster.lc.client_addresses(), *extra, port=port,
+                          faults=faults)
         started.append(b)
         return b.start()
 

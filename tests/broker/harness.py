@@ -13,10 +13,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 class BrokerProcess:
-    """One ``python -m broker`` process on a fixed free port (so a restart keeps its address)."""
+    """One ``python -m broker`` process on a fixed free port (so a restart keeps its address); with
+    ``faults`` (chaos.faults specs) it runs under ``python -m chaos.armed`` with them armed."""
 
-    def __init__(self, base_dir: str, broker_id: int, quorum: list[str], *extra: str, port: int | None = None):
+    def __init__(self, base_dir: str, broker_id: int, quorum: list[str], *extra: str, port: int | None = None,
+                 faults: tuple[str, ...] = ()):
         self.broker_id = broker_id
+        self.faults = tuple(faults)
         self.quorum = list(quorum)
         self.extra = list(extra)
         self.port = port or free_ports(1)[0]
@@ -34,7 +37,8 @@ class BrokerProcess:
     def start(self, timeout: float = 30.0) -> "BrokerProcess":
         if os.path.exists(self.ready_path):
             os.remove(self.ready_path)
-        cmd = [sys.executable, "-m", "broker", "--broker-id", str(self.broker_id), "--quorum", ",".join(self.quorum),
+        armed = ["-m", "chaos.armed", *(a for f in self.faults for a in ("--failpoint", f))] if self.faults else ["-m"]
+        cmd = [sys.executable, *armed, "broker", "--broker-id", str(self.broker_id), "--quorum", ",".join(self.quorum),
                "--listen", self.bootstrap, "--data-dir", self.data_dir, "--ready-file", self.ready_path, *self.extra]
         log = open(self.log_path, "ab")
         try:

@@ -113,6 +113,9 @@ def assert_exactly_once_in_order(got, n: int) -> None:
         assert vals == sorted(vals), f"partition {part}: out of order"
 
 
+DROP_EVERY_5 = "broker.produce.appended=drop-every:5"  # append every 5th produce request, then drop the connection
+
+
 def fault_drops(broker) -> int:
     return broker.tail(100_000).count("fault injection: dropping")
 
@@ -120,7 +123,7 @@ def fault_drops(broker) -> int:
 # ------------------------------------------------------------------ 1
 @pytest.mark.parametrize("client", ["confluent", "kafka-python"])
 def test_retried_batches_after_dropped_connections_are_written_once(brokers, client):
-    b = brokers(1, "--fault-drop-every", "5", "--partitions", str(PARTITIONS))
+    b = brokers(1, "--partitions", str(PARTITIONS), faults=(DROP_EVERY_5,))
     if client == "confluent":
         assert produce_confluent(b.bootstrap, "numbers", range(N)) == []
     else:
@@ -133,7 +136,7 @@ def test_retried_batches_after_dropped_connections_are_written_once(brokers, cli
 @pytest.mark.parametrize("client", ["confluent", "kafka-python"])
 def test_without_dedup_the_same_run_writes_duplicates(brokers, client):
     """The control: the faults above do make clients retry appended batches."""
-    b = brokers(1, "--fault-drop-every", "5", "--partitions", str(PARTITIONS), "--no-dedup")
+    b = brokers(1, "--partitions", str(PARTITIONS), "--no-dedup", faults=(DROP_EVERY_5,))
     if client == "confluent":
         produce_confluent(b.bootstrap, "numbers", range(N))
     else:

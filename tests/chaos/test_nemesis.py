@@ -31,23 +31,25 @@ from wire.errors import PidQuorumError
 from chaos.faultnode import FAULT_NODE_COMMAND, FAULT_SYNC_DELAY_FILE, FaultDisk
 from quorum.journal import DurableJournal
 from quorum.localcluster import LocalCluster
-from quorum.service import BROKEN_ALLOCATOR_ENV
+from chaos.faults import BROKEN_ALLOCATOR
 from tests.conftest import run, wait_for
 from tests.quorum.test_cluster import assert_disjoint
 
 
 @pytest.fixture
 def make_cluster(tmp_path, request):
-    """make_cluster(proxy=False, env=None) -> NemesisContext over a running three-node cluster."""
+    """make_cluster(proxy=False, faults=()) -> NemesisContext over a running three-node cluster whose nodes
+    have ``faults`` armed (chaos.faults specs)."""
     made: list[tuple[LocalCluster, RaftNetwork | None]] = []
 
-    def make(proxy: bool = False, env: dict | None = None) -> NemesisContext:
+    def make(proxy: bool = False, faults: tuple[str, ...] = ()) -> NemesisContext:
         lc = LocalCluster(str(tmp_path / f"cluster-{len(made)}"))
-        lc.create(3, raft_proxy=proxy, node_command=FAULT_NODE_COMMAND)  # as the chaos runner starts nodes
+        command = [*FAULT_NODE_COMMAND, *(a for f in faults for a in ("--failpoint", f))]
+        lc.create(3, raft_proxy=proxy, node_command=command)  # as the chaos runner starts nodes
         net = RaftNetwork(lc).start() if proxy else None
         made.append((lc, net))
-        lc.up(3, env=env)
-        return NemesisContext(lc, random.Random(7), network=net, env=env)
+        lc.up(3)
+        return NemesisContext(lc, random.Random(7), network=net)
 
     yield make
     failed = getattr(request.node, "rep_call", None)
@@ -301,8 +303,7 @@ async def _took(latency, test) -> bool:
 
 
 def test_broken_allocator_hands_a_client_the_same_block_twice_under_kill_leader(make_cluster):
-    env = {BROKEN_ALLOCATOR_ENV: "reuse-after-restart"}
-    ctx = make_cluster(env=env)
+    ctx = make_cluster(faults=(BROKEN_ALLOCATOR,))
 
     async def go():
         # A long attempt timeout: under load an abandoned attempt would hide the re-issued answer

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from chaos.faults import BROKEN_ALLOCATOR
 from chaos.history import read_history
 from chaos.runner import FINAL, HISTORY, RunConfig, RunError, check_dir, run
 from chaos.workload import WorkloadConfig
@@ -56,7 +57,7 @@ def test_saved_run_rechecks_offline_with_the_same_verdict(kill_leader_run):
 def test_broken_allocator_under_kill_leader_is_caught(tmp_path):
     out = str(tmp_path / "broken")
     cfg = RunConfig(scenario="kill-leader", duration_s=12, seed=3, out_dir=out, interval_s=(2.0, 2.5),
-                    hold_s=(0.5, 0.8), node_env={"PIDQUORUM_UNSAFE_BROKEN_ALLOCATOR": "reuse-after-restart"},
+                    hold_s=(0.5, 0.8), node_faults=(BROKEN_ALLOCATOR,),
                     workload=WorkloadConfig(brokers=2, block_rate=20, pid_managers=1, pid_rate=300))
     verdict = asyncio.run(run(cfg))
     assert not verdict.valid

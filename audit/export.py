@@ -31,7 +31,7 @@ operations.  Every node's copy of a line is kept; ``node_id`` tells them apart.
 
 Bad input raises one error naming the file: ``ExportError`` (missing or empty
 ``SRC``, nothing to export, a non-empty ``DEST`` without ``force``, unreadable
-files), ``wire.errors.CorruptFileError`` (a damaged audit trail) or
+files), ``storage.disk.CorruptFileError`` (a damaged audit trail) or
 ``chaos.history.HistoryError`` (a bad history: exactly what
 ``chaos.history.read_history`` refuses).  Everything is first written under
 ``DEST/.tmp-<pid>`` (files and directories fsync'd), moved into place, and
@@ -63,10 +63,10 @@ from chaos.history import (
 )
 from chaos.runner import HISTORY
 from quorum.audit import read_audit
-from wire.errors import CorruptFileError
-from storage.files import atomic_write, fsync_dir
 from records import AuditEntry, AuditGap
 from records.schema import AUDIT_ENTRY, AUDIT_GAP, INT_RANGES, RECORDS, FieldSpec, RecordSpec
+from storage.disk import CorruptFileError
+from storage.files import atomic_write, fsync_dir
 
 FORMAT = 1
 MANIFEST = "manifest.json"

@@ -49,7 +49,7 @@ percentiles are nearest-rank over sorted samples.
       ``init_transactions()`` nothing polls, so for 1a/1b the log lines arrive
       in one burst after the call and only their rtt text is used.
 
-   Over the wire (``quorum.client.Connection``, one connection, sequential):
+   Over the wire (``client.quorum.Connection``, one connection, sequential):
    ``--wire-idem`` (2,000; 1,000 quick) idempotent InitProducerId v4
    requests, ``--wire-tx`` (500; 200 quick) with new transactional ids, and
    as many epoch bumps of one transactional id, after 50 unrecorded requests.
@@ -134,16 +134,27 @@ if _REPO not in sys.path:
 import confluent_kafka  # noqa: E402
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition  # noqa: E402
 
-from bench.common import (HOST, LeaderKill, check_inside, paced, environment_info, kill_leaders, loadavg, log,  # noqa: E402
-                          percentile, print_footer, run_phases, table, temp_cluster, utc_now)
+from bench.common import HOST, LeaderKill, check_inside, environment_info  # noqa: E402
 from bench.common import fmt_num as f  # noqa: E402
+from bench.common import (
+    kill_leaders,
+    loadavg,
+    log,
+    paced,
+    percentile,
+    print_footer,
+    run_phases,
+    table,
+    temp_cluster,
+    utc_now,
+)
 from broker.frontend import BrokerConfig, BrokerServer  # noqa: E402
 from broker.pid_manager import PidManagerConfig  # noqa: E402
 from quorum import protocol as p  # noqa: E402
 from quorum.audit import iter_blocks  # noqa: E402
-from quorum.client import Connection, ConnectionFailed  # noqa: E402
-from wire.errors import Errors, RequestTimedOutError  # noqa: E402
+from client.quorum import Connection, ConnectionFailed  # noqa: E402
 from quorum.localcluster import LocalCluster, free_ports  # noqa: E402
+from wire.errors import Errors, RequestTimedOutError  # noqa: E402
 
 BLOCK = 1000
 TICK_S = 0.01

@@ -44,9 +44,9 @@ from bench.common import (  # noqa: E402
     temp_cluster,
     utc_now,
 )
-from quorum import logs  # noqa: E402
-from quorum.client import QuorumClient, RetryPolicy  # noqa: E402
+from client.quorum import QuorumClient, RetryPolicy  # noqa: E402
 from quorum.stats import Histogram  # noqa: E402
+from telemetry import logs  # noqa: E402
 
 
 def in_process(args) -> dict:

@@ -63,14 +63,14 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
-from bench.common import (HOST, LeaderKill, check_inside, paced, environment_info, kill_leaders, log,  # noqa: E402
-                          percentile, print_footer, run_phases, table, temp_cluster, utc_now)
+from bench.common import HOST, LeaderKill, check_inside, environment_info  # noqa: E402
 from bench.common import fmt_num as f  # noqa: E402
+from bench.common import kill_leaders, log, paced, percentile, print_footer, run_phases, table, temp_cluster, utc_now
 from broker.pid_manager import PidManagerConfig, ProducerIdManager  # noqa: E402
 from quorum.audit import iter_blocks  # noqa: E402
-from quorum.client import AllocatedBlock, QuorumClient, RetryPolicy  # noqa: E402
-from wire.errors import CoordinatorLoadInProgressError, PidQuorumError  # noqa: E402
+from client.quorum import AllocatedBlock, QuorumClient, RetryPolicy  # noqa: E402
 from quorum.localcluster import LocalCluster  # noqa: E402
+from wire.errors import CoordinatorLoadInProgressError, PidQuorumError  # noqa: E402
 
 BLOCK = 1000
 TICK_S = 0.01

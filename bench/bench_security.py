@@ -72,7 +72,7 @@ def phase_authorize(args, tmp: str) -> dict:
 
 
 def phase_connect(args, tmp: str) -> dict:
-    from quorum.client import QuorumClient, RetryPolicy
+    from client.quorum import QuorumClient, RetryPolicy
     from quorum.localcluster import LocalCluster
     from security.client import ClientSecurity
     from tests.security.certs import make_pki

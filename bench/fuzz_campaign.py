@@ -219,9 +219,9 @@ def run_decoders(seconds: float, seed: int, out_dir: str) -> dict:
 # ------------------------------------------------------------------ phase 2: servers
 
 def run_servers(seconds: float, seed: int, out_dir: str) -> dict:
-    from quorum.client import Connection, QuorumClient, RetryPolicy
+    from client import api as p
+    from client.quorum import Connection, QuorumClient, RetryPolicy
     from quorum.localcluster import LocalCluster
-    from quorum import protocol as p
     from tests.broker.harness import BrokerProcess
     from tests.fuzz import inputs as F
     from tests.fuzz import servers as S

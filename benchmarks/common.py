@@ -30,7 +30,7 @@ import time
 import traceback
 from typing import Callable, Iterable
 
-from quorum.client import QuorumClient, RetryPolicy
+from client.quorum import QuorumClient, RetryPolicy
 from quorum.localcluster import LocalCluster
 
 HOST = "127.0.0.1"

@@ -11,7 +11,7 @@ Every phase starts a fresh three-node ``LocalCluster`` in its own
 ``tempfile.mkdtemp()`` directory, all servers on 127.0.0.1, with the per-broker
 allocation rate limit disabled (``allocate_rate_per_broker=0``).  All requests
 go through the Kafka wire protocol on the nodes' client ports
-(``quorum.client.QuorumClient``); latencies are measured with
+(``client.quorum.QuorumClient``); latencies are measured with
 ``time.perf_counter`` around each call and summarised from sorted lists
 (nearest-rank percentiles).
 
@@ -61,7 +61,7 @@ import sys
 import time
 from collections import Counter
 
-from quorum.client import QuorumClient, RetryPolicy
+from client.quorum import QuorumClient, RetryPolicy
 from quorum.localcluster import LocalCluster
 from quorum.raft import RaftConfig
 from chaos.faultnode import FAULT_NODE_COMMAND

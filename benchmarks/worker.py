@@ -9,7 +9,7 @@ issued and returned, the block, and the compare-and-set retries it took.
 
 Allocators (each allocates one block of 1,000 IDs per call, each ``broker_id`` distinct):
 
-* ``pidquorum``: AllocateProducerIds through ``quorum.client.QuorumClient`` (all three nodes known;
+* ``pidquorum``: AllocateProducerIds through ``client.quorum.QuorumClient`` (all three nodes known;
   1 s per attempt).  A single serialized controller: no compare-and-set, retries are always 0.
 * ``zookeeper``: ``migration.zk.LegacyAllocator`` on kazoo -- Kafka's ZooKeeper-mode loop: read
   ``/latest_producer_id_block`` and its version, write the next block with a conditional setData,
@@ -208,12 +208,12 @@ def run_sync(alloc, warmup: int) -> Record:
 
 # ------------------------------------------------------------------ pidquorum
 def policy():
-    from quorum.client import RetryPolicy
+    from client.quorum import RetryPolicy
     return RetryPolicy(timeout=60.0, attempt_timeout=ATTEMPT_TIMEOUT_S)
 
 
 async def run_pidquorum(endpoints: str, broker_id: int, warmup: int) -> Record:
-    from quorum.client import QuorumClient
+    from client.quorum import QuorumClient
     c = QuorumClient(endpoints.split(","), policy(), client_id=f"bench-{broker_id}")
     rec = Record()
     try:
@@ -241,7 +241,7 @@ async def run_pidquorum(endpoints: str, broker_id: int, warmup: int) -> Record:
 async def run_manager(endpoints: str, broker_id: int, rate: float) -> dict:
     """A broker's ProducerIdManager on the real quorum; generate_producer_id() paced at ``rate`` IDs/s."""
     from broker.pid_manager import ProducerIdManager
-    from quorum.client import QuorumClient
+    from client.quorum import QuorumClient
     from wire.errors import CoordinatorLoadInProgressError
     c = QuorumClient(endpoints.split(","), policy(), client_id=f"bench-manager-{broker_id}")
     mgr = ProducerIdManager(broker_id, c)

@@ -31,9 +31,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import failpoints
-from quorum.client import QuorumClient, RetryPolicy
-from quorum.logs import end_request_context, request_context
-from security.sasl import linger_close
+from client.quorum import QuorumClient, RetryPolicy
+from security import acl as a
+from security.sasl import SaslAuthenticator, api_versions_table, linger_close
+from security.tls import server_context
+from telemetry.logs import end_request_context, request_context
 from wire import kafka
 from wire.errors import (
     ClusterAuthorizationFailedError,
@@ -47,6 +49,7 @@ from wire.errors import (
 )
 
 from . import kafkaio as kio_
+from .acl_cache import AclCache
 from .partition import Partition
 from .pid_manager import PidManagerConfig, ProducerIdManager
 from .quota import STATS_FILE, ProducerIdQuotaManager, QuotaConfigPoller, QuotaWindow, batch_producer_ids
@@ -182,11 +185,6 @@ class BrokerServer:
         self._setup_security()
 
     def _setup_security(self) -> None:
-        from security.sasl import SaslAuthenticator, api_versions_table
-        from security.tls import server_context
-
-        from .acl_cache import AclCache
-
         cfg = self.cfg
         self.sasl = self.acls = None
         if cfg.sasl_credentials_file:
@@ -363,7 +361,6 @@ class BrokerServer:
         """ACLs (SASL on): InitProducerId needs IDEMPOTENT_WRITE on the cluster without a transactional
         id (else CLUSTER_AUTHORIZATION_FAILED) and WRITE on the transactional id with one, as do
         AddPartitionsToTxn and EndTxn (else TRANSACTIONAL_ID_AUTHORIZATION_FAILED).  Topics have no ACLs."""
-        from security import acl as a
 
         b, k = req.body, req.api_key
         if k == INIT_PRODUCER_ID and b.transactional_id is None:

@@ -46,8 +46,9 @@ import zlib
 from array import array
 from collections.abc import Iterator
 
-from wire.errors import CorruptFileError, Errors, for_code
+from storage.disk import CorruptFileError
 from storage.files import atomic_write, fsync_dir
+from wire.errors import Errors, for_code
 
 from .recordbatch import (
     CURRENT_MAGIC,

@@ -72,7 +72,7 @@ _NEVER = LONG_MAX + 1  # an ID no block can reach: "do not wake the refill task 
 
 
 class PidQuorum(Protocol):
-    """What the manager needs from the quorum (``quorum.client.QuorumClient`` has it)."""
+    """What the manager needs from the quorum (``client.quorum.QuorumClient`` has it)."""
 
     async def register_broker(self, broker_id: int, incarnation_id: uuid.UUID | None = None,
                               listener: str = "") -> int: ...

@@ -56,9 +56,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-
-from wire.errors import CorruptFileError, Errors
+from storage.disk import CorruptFileError
 from storage.files import atomic_write, fsync_dir, seal, unseal
+from wire.errors import Errors
 
 from .recordbatch import INT32_MAX, NO_SEQUENCE, BatchHeader, increment_sequence
 

@@ -47,6 +47,9 @@ from typing import Any, Iterable
 
 from rbloom import Bloom
 
+from client.quorum import ConnectionFailed
+from wire.errors import PidQuorumError
+
 log = logging.getLogger(__name__)
 
 PRODUCER_IDS_RATE = "producer_ids_rate"
@@ -386,9 +389,6 @@ class QuotaConfigPoller:
         self.polls = 0
 
     async def refresh(self) -> bool:
-        from quorum.client import ConnectionFailed
-        from wire.errors import PidQuorumError
-
         try:
             entries, node = await self.quorum.describe_client_quotas()
         except (PidQuorumError, ConnectionFailed, OSError) as e:

@@ -6,11 +6,12 @@ import logging
 import os
 import signal
 
-from quorum import logs
-from wire.errors import CorruptFileError, PidQuorumError
-from quorum.metrics import serve_metrics
 from security.credentials import CredentialsError
 from security.tls import TlsConfigError
+from storage.disk import CorruptFileError
+from telemetry import logs
+from telemetry.metrics import serve_metrics
+from wire.errors import PidQuorumError
 
 from .frontend import BrokerConfig, BrokerServer
 from .metrics import broker_families

@@ -31,9 +31,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-
-from wire.errors import CorruptFileError, Errors, for_code
+from storage.disk import CorruptFileError
 from storage.files import atomic_write, seal, unseal
+from wire.errors import Errors, for_code
 
 from .partition import Partition
 

@@ -69,10 +69,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from quorum import config as quorum_config
-from quorum.client import ConnectionFailed, QuorumClient, RetryPolicy
-from wire.errors import PidQuorumError
-from .faultnode import FAULT_SYNC_DELAY_FILE
+from client.quorum import ConnectionFailed, QuorumClient, RetryPolicy
 from quorum.localcluster import LocalCluster
+from wire.errors import PidQuorumError
+
+from .faultnode import FAULT_SYNC_DELAY_FILE
 
 _log = logging.getLogger(__name__)
 

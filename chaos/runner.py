@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from quorum.audit import iter_blocks
-from quorum.client import QuorumClient, RetryPolicy
+from client.quorum import QuorumClient, RetryPolicy
 from quorum.localcluster import LocalCluster
 
 from .checker import Verdict, check

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.pid_manager import PidManagerConfig, ProducerIdManager
-from quorum.client import AllocatedBlock, ConnectionFailed, QuorumClient, RetryPolicy
+from client.quorum import AllocatedBlock, ConnectionFailed, QuorumClient, RetryPolicy
 from wire.errors import Errors, PidQuorumError
 
 from .history import HistoryWriter, Op, now_ns

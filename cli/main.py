@@ -16,10 +16,11 @@ import uuid
 import click
 
 from quorum.audit import iter_blocks
-from quorum.client import QuorumClient, RetryPolicy
+from client.quorum import QuorumClient, RetryPolicy
 from quorum.config import ConfigError
-from wire.errors import CorruptFileError, Errors, PidQuorumError, RequestTimedOutError
 from quorum.localcluster import ClusterError, LocalCluster
+from storage.disk import CorruptFileError
+from wire.errors import Errors, PidQuorumError, RequestTimedOutError
 
 from . import render
 
@@ -366,7 +367,7 @@ def broker_start(obj: Ctx, broker_id, quorum_opt, listen, advertised, broker_dir
 def broker_status(obj: Ctx, address, output):
     """A broker's figures, read from its metrics endpoint: PIDs issued, prefetch hits and misses,
     COORDINATOR_LOAD_IN_PROGRESS answers, duplicates, fenced producers, quotas per principal."""
-    from quorum.metrics import MetricsUnavailable, read_metrics
+    from telemetry.metrics import MetricsUnavailable, read_metrics
 
     try:
         figures = read_metrics(address, timeout=obj.timeout)
@@ -915,7 +916,8 @@ def _seconds_range(value: str, name: str) -> tuple[float, float]:
 def chaos_run(scenario, duration, seed, out_dir, brokers, block_rate, pid_managers, pid_rate, interval, hold,
               keep_data, output):
     """Run a three-node quorum under faults, record every operation, check the history."""
-    from chaos.runner import RunConfig, run as chaos_run_
+    from chaos.runner import RunConfig
+    from chaos.runner import run as chaos_run_
     from chaos.workload import WorkloadConfig
 
     out_dir = out_dir or f"chaos-{scenario}-{seed}"

@@ -5,13 +5,12 @@ Every listing renders as a table or as JSON (the records' own dicts).
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any, Iterable
 
 from rich.console import Console
 from rich.table import Table
-
-import os
 
 # Not a terminal (a pipe, CI): do not squeeze tables into 80 columns.
 _width = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "160"))
@@ -98,7 +97,7 @@ def _quorum_figures(nodes: list[dict]) -> None:
 
 
 def metrics_status(output: str, address: str, figures: dict) -> None:
-    """Figures read from a metrics endpoint (``quorum.metrics.read_metrics``)."""
+    """Figures read from a metrics endpoint (``telemetry.metrics.read_metrics``)."""
     if output == "json":
         emit_json({"endpoint": address, "metrics": figures})
         return

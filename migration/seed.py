@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from quorum.client import QuorumClient
+from client.quorum import QuorumClient
 
 from .zk import ZkBlock, ZkBlockError, ZkBlockMissing, ZkMigrationError, connect, parse_block, read_block
 

@@ -31,11 +31,9 @@ from typing import Iterator
 import msgpack
 
 from records import AuditEntry, AuditGap, Record, RecordError
-from records.schema import RECORDS
 from records.codec import from_obj, to_obj
-
-from wire.errors import CorruptFileError
-from storage.disk import Disk
+from records.schema import RECORDS
+from storage.disk import CorruptFileError, Disk
 
 log = logging.getLogger(__name__)
 _FRAME = struct.Struct("<II")

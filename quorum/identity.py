@@ -50,9 +50,12 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from wire.errors import CorruptFileError
+from storage.disk import (  # noqa: F401 - EXIT_IDENTITY_REFUSED is part of this API
+    EXIT_IDENTITY_REFUSED,
+    CorruptFileError,
+    Disk,
+)
 from storage.files import seal, unseal
-from storage.disk import EXIT_IDENTITY_REFUSED, Disk  # noqa: F401 - EXIT_IDENTITY_REFUSED is part of this API
 
 log = logging.getLogger(__name__)
 

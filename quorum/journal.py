@@ -39,9 +39,9 @@ from typing import Optional
 
 import msgpack
 
-from wire.errors import CorruptFileError
+from storage.disk import CorruptFileError, Disk
+
 from .stats import SYNC_BUCKETS, Histogram
-from storage.disk import Disk
 
 log = logging.getLogger(__name__)
 

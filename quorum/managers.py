@@ -40,7 +40,6 @@ from records import (
 )
 from records.schema import INT_RANGES, LONG_MAX
 from security.acl import Acl, AclError, AclIndex
-
 from wire.errors import (
     InvalidRequestError,
     InvalidTransactionTimeoutError,
@@ -49,6 +48,7 @@ from wire.errors import (
     StaleBrokerEpochError,
     UnknownServerError,
 )
+
 from .quotas import ClientQuotaManager
 
 DEFAULT_BLOCK_SIZE = 1000

@@ -34,6 +34,7 @@ import time
 from typing import Any
 
 from wire.errors import InvalidRequestError, NotControllerError, RequestTimedOutError
+
 from .raft import ProposalRejected, ProposalUnknown
 
 ACTIONS = ("add_node", "remove_node", "transfer_leadership")

@@ -9,15 +9,15 @@ import sys
 
 from security.credentials import CredentialsError
 from security.tls import TlsConfigError
+from storage.disk import EXIT_CORRUPT, EXIT_IDENTITY_REFUSED, EXIT_UNAVAILABLE, CorruptFileError, Disk
+from telemetry import logs
+from telemetry.metrics import serve_metrics
 
-from . import logs
 from .config import NodeConfig
-from wire.errors import CorruptFileError
-from .metrics import quorum_families, serve_metrics
 from .identity import IdentityError
+from .metrics import quorum_families
 from .server import QuorumServer
 from .service import Service
-from storage.disk import EXIT_CORRUPT, EXIT_IDENTITY_REFUSED, EXIT_UNAVAILABLE, Disk
 
 log = logging.getLogger("pidquorum.node")
 

@@ -18,7 +18,6 @@ import re
 from typing import Any
 
 from records import ClientQuotaRecord, Record
-
 from wire.errors import InvalidRequestError, InvariantViolation
 
 PRODUCER_IDS_RATE = "producer_ids_rate"

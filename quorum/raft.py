@@ -73,20 +73,20 @@ from pysyncobj.transport import TCPTransport
 
 from snapshots.format import Snapshot, decode_snapshot
 from snapshots.store import SnapshotStore
-
-from wire.errors import CorruptFileError
-from .identity import Hello, NodeIdentity, Verdict
-from .journal import UNKNOWN_INDEX, DurableJournal, Position
 from storage.disk import (
     EXIT_DIVERGED,
     EXIT_IDENTITY_REFUSED,
     EXIT_SOFTWARE,
     EXIT_STORAGE,
+    CorruptFileError,
     Disk,
     FailStop,
     StorageFailure,
     process_failstop,
 )
+
+from .identity import Hello, NodeIdentity, Verdict
+from .journal import UNKNOWN_INDEX, DurableJournal, Position
 
 log = logging.getLogger(__name__)
 

@@ -20,13 +20,15 @@ import logging
 import time
 from typing import Any
 
+from client import api as p
+from client.quorum import Connection, ConnectionFailed
 from records import (
     AlterAclsRequest,
     AlterAclsResponse,
-    DescribeAclsRequest,
-    DescribeAclsResponse,
     AlterClientQuotaRequest,
     AlterClientQuotaResponse,
+    DescribeAclsRequest,
+    DescribeAclsResponse,
     DescribeTransactionalIdRequest,
     DescribeTransactionalIdResponse,
     InitTransactionalProducerResponse,
@@ -35,12 +37,14 @@ from records import (
     SeedProducerIdsRequest,
     SeedProducerIdsResponse,
 )
-
-from . import membership
+from security import acl as a
+from security.acl import Acl
+from security.client import ClientSecurity
+from security.credentials import NODE_USER, node_credential, node_password
+from security.sasl import SaslAuthenticator, api_versions_table, linger_close
+from security.tls import server_context
+from telemetry.logs import request_context
 from wire import kafka
-
-from . import protocol as p
-from .client import Connection, ConnectionFailed
 from wire.errors import (
     ClusterAuthorizationFailedError,
     Errors,
@@ -50,7 +54,8 @@ from wire.errors import (
     RequestTimedOutError,
     ThrottlingQuotaExceededError,
 )
-from .logs import request_context
+
+from . import membership
 from .managers import TxnSettings
 from .quotas import ClientQuotaManager, parse_user
 from .service import Proposer, Service
@@ -112,10 +117,6 @@ class QuorumServer:
 
     def _setup_security(self) -> None:
         """SASL (and with it ACLs) and TLS on the client port, from the config; off: exactly as before."""
-        from security.client import ClientSecurity
-        from security.credentials import NODE_USER, node_credential, node_password
-        from security.sasl import SaslAuthenticator, api_versions_table
-        from security.tls import server_context
 
         cfg = self.cfg
         self.sasl = None
@@ -199,7 +200,6 @@ class QuorumServer:
             try:
                 await writer_task
                 if refused:
-                    from security.sasl import linger_close
                     await linger_close(reader, writer)
             except (ConnectionError, OSError, asyncio.CancelledError):
                 pass
@@ -241,7 +241,6 @@ class QuorumServer:
         """ACLs on the cluster resource (SASL on): CLUSTER_ACTION for what brokers do, ALTER for
         administration, DESCRIBE to read; else CLUSTER_AUTHORIZATION_FAILED.  A forwarded request was
         checked by the node that forwarded it (as the node principal, a super user here)."""
-        from security import acl as a
 
         b = req.body
         if req.api_key == p.API_VERSIONS:
@@ -283,8 +282,6 @@ class QuorumServer:
             rows = [x.to_dict() for x in acls if not b.principal or x.principal == b.principal]
             return DescribeAclsResponse(error_code=0, acls=json.dumps(rows), applied_index=applied)
         if req.api_key == p.RECORD_API_KEY and isinstance(b, AlterAclsRequest):
-            from security.acl import Acl
-
             acl = Acl(principal=b.principal, resource_type=b.resource_type, resource_name=b.resource_name,
                       pattern_type=b.pattern_type, operation=b.operation, permission=b.permission, host=b.host)
             result = await self._route(req, "alter_acl", {"action": b.action, "acl": acl})

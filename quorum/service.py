@@ -29,19 +29,19 @@ from typing import Any
 
 import failpoints
 from records import AllocateProducerIdsRecord, BridgeReservationRecord, Record, RecordError, decode_batch, encode_batch
-
-from .audit import AuditWriter
-from .config import NodeConfig
+from storage.disk import Disk
 from wire.errors import (
     NotControllerError,
     PidQuorumError,
     RequestTimedOutError,
     UnknownServerError,
 )
+
+from .audit import AuditWriter
+from .config import NodeConfig
 from .identity import NodeIdentity
 from .managers import BRIDGE, FINALIZED, ROLLED_BACK, ApplyOutcome, QuorumState, Result
 from .raft import ProposalRejected, ProposalUnknown, RaftNode
-from storage.disk import Disk
 
 log = logging.getLogger(__name__)
 

@@ -6,5 +6,5 @@
   their request handling: ApiVersions and the SASL exchange only, until authenticated.
 * ``acl``: ACL entries, matching (literal / prefixed / '*', deny wins) and the authorizer.
 * ``tls``: ssl contexts for the servers and for clients.
-* ``client``: the client side (``ClientSecurity``), used by ``quorum.client``.
+* ``client``: the client side (``ClientSecurity``), used by ``client.quorum``.
 """

@@ -16,12 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-
-from wire.errors import CorruptFileError
-from storage.files import atomic_write, seal, unseal
-from storage.disk import Disk
 from records import Record, RecordError
 from records.codec import from_obj, to_obj
+from storage.disk import CorruptFileError, Disk
+from storage.files import atomic_write, seal, unseal
 
 MAGIC = b"PQSNAP\x00\x01"
 FORMAT = 1

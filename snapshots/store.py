@@ -15,8 +15,7 @@ from __future__ import annotations
 import logging
 from typing import Hashable
 
-from wire.errors import CorruptFileError
-from storage.disk import Disk
+from storage.disk import CorruptFileError, Disk
 
 from .format import Snapshot, decode_snapshot, encode_snapshot
 

@@ -69,6 +69,15 @@ def process_failstop(code: int, message: str) -> NoReturn:
             os._exit(code)
 
 
+class CorruptFileError(Exception):
+    """A journal, meta, snapshot or audit file failed its checks; the node refuses to start."""
+
+    def __init__(self, path: str, problem: str):
+        super().__init__(f"{path}: {problem}")
+        self.path = path
+        self.problem = problem
+
+
 class StorageFailure(OSError):
     """An I/O error on the durable path.  Raised only where ``failstop`` returns (never on a node's
     own files, whose failstop ends the process); a node's code must not catch it and go on."""

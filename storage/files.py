@@ -6,9 +6,7 @@ import zlib
 
 import msgpack
 
-from wire.errors import CorruptFileError
-
-from .disk import Disk
+from .disk import CorruptFileError, Disk
 
 
 def _raise(code: int, message: str) -> None:

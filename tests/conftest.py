@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from quorum.client import QuorumClient, RetryPolicy
+from client.quorum import QuorumClient, RetryPolicy
 from quorum.localcluster import LocalCluster
 
 # hypothesis' storage goes to a temp dir, never into the repo or a test's working directory: kio imports

@@ -127,12 +127,3 @@ class InvariantViolation(Exception):
 
     Raised only by ``replay``; the record changes nothing, on every node alike.
     """
-
-
-class CorruptFileError(Exception):
-    """A journal, meta, snapshot or audit file failed its checks; the node refuses to start."""
-
-    def __init__(self, path: str, problem: str):
-        super().__init__(f"{path}: {problem}")
-        self.path = path
-        self.problem = problem

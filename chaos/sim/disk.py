@@ -34,7 +34,6 @@ from typing import Callable, Iterator
 
 from storage.disk import FailStop, StorageFailure
 
-
 SYNCS = ("fsync", "fdatasync")  # a file's data to stable storage (directory entries: "sync_dir")
 
 

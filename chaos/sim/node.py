@@ -9,9 +9,9 @@ import selectors
 from typing import TYPE_CHECKING
 
 from quorum.config import NodeConfig
-from wire.errors import CorruptFileError
 from quorum.identity import IdentityError
 from quorum.service import Proposer, Service
+from storage.disk import CorruptFileError
 
 from .disk import LossPolicy, MachineStopped, NodeHalted, SimDisk
 from .net import SimTransport, StableNode

@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from quorum.config import NodeConfig, Peer
-from wire.errors import CoordinatorLoadInProgressError, PidQuorumError, RequestTimedOutError
 from quorum.raft import RaftConfig
 from storage.disk import EXIT_STORAGE
+from wire.errors import CoordinatorLoadInProgressError, PidQuorumError, RequestTimedOutError
 
 from .checker import Checker, Violation
 from .clock import SimClock, patched
@@ -835,6 +835,7 @@ class _ManagedBroker:
 
     def __init__(self, sim: Simulation, broker_id: int):
         from broker.pid_manager import PidManagerConfig, ProducerIdManager
+
         from .checker import Ranges
         from .node import SimLoop
 

@@ -37,12 +37,12 @@ from audit.export import (
 from chaos.history import HistoryError, HistoryWriter, Op, owner, read_history, write_final
 from cli.main import EXIT_ERROR, EXIT_OK, EXIT_USAGE, cli
 from quorum.audit import AuditWriter, read_audit
-from wire.errors import CorruptFileError
 from quorum.localcluster import LocalCluster
 from quorum.managers import ApplyOutcome
 from records import AuditEntry, AuditGap
 from records.codec import CLASSES
 from records.schema import AUDIT_ENTRY, AUDIT_GAP, PAYLOADS, RECORDS
+from storage.disk import CorruptFileError
 from tests.conftest import ClusterHarness, wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

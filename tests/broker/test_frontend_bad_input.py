@@ -12,13 +12,13 @@ from kio.index import load_request_schema, load_response_schema
 from kio.serial import entity_reader
 
 from broker.recordbatch import encode_batch
-from wire import kafka
-from quorum import protocol as p
-from quorum.client import Connection
-from wire.errors import Errors
+from client import api as p
+from client.quorum import Connection
 from quorum.localcluster import LocalCluster
 from tests.broker.harness import BrokerProcess
 from tests.quorum.test_bad_input import framed, header_v1, header_v2, raw_conn, read_until_closed
+from wire import kafka
+from wire.errors import Errors
 
 PRODUCE, FETCH, LIST_OFFSETS, METADATA, INIT_PRODUCER_ID = 0, 1, 2, 3, 22
 

@@ -19,7 +19,7 @@ import pytest
 
 from broker.pid_manager import LONG_MAX, PidManagerConfig, ProducerIdManager
 from quorum.audit import iter_blocks
-from quorum.client import AllocatedBlock
+from client.quorum import AllocatedBlock
 from wire.errors import (
     BrokerIdNotRegisteredError,
     ClusterAuthorizationFailedError,

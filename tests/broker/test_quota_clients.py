@@ -25,11 +25,11 @@ from kio.index import load_request_schema
 
 from broker.quota import read_stats
 from cli.main import cli
-from wire import kafka
-from quorum import protocol as p
-from quorum.client import Connection
-from wire.errors import Errors
+from client import api as p
+from client.quorum import Connection
 from tests.conftest import wait_for
+from wire import kafka
+from wire.errors import Errors
 
 PRODUCE, INIT_PRODUCER_ID, LIST_OFFSETS = 0, 22, 2
 QUOTA_ARGS = ("--producer-id-quota-window-num", "2", "--producer-id-quota-window-size-s", "1",

@@ -23,7 +23,7 @@ from kafka import TopicPartition as KTopicPartition
 from kio.index import load_request_schema
 
 from quorum.audit import iter_blocks
-from quorum.client import Connection
+from client.quorum import Connection
 from tests.conftest import wait_for
 
 N = 1000

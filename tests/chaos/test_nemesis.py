@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+from chaos.faultnode import FAULT_NODE_COMMAND, FAULT_SYNC_DELAY_FILE, FaultDisk
+from chaos.faults import BROKEN_ALLOCATOR
 from chaos.nemesis import (
     SCENARIOS,
     KillAll,
@@ -26,14 +28,12 @@ from chaos.nemesis import (
     RollingRestart,
     SlowDisk,
 )
-from quorum.client import QuorumClient, RetryPolicy
-from wire.errors import PidQuorumError
-from chaos.faultnode import FAULT_NODE_COMMAND, FAULT_SYNC_DELAY_FILE, FaultDisk
+from client.quorum import QuorumClient, RetryPolicy
 from quorum.journal import DurableJournal
 from quorum.localcluster import LocalCluster
-from chaos.faults import BROKEN_ALLOCATOR
 from tests.conftest import run, wait_for
 from tests.quorum.test_cluster import assert_disjoint
+from wire.errors import PidQuorumError
 
 
 @pytest.fixture

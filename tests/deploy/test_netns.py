@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from quorum.client import QuorumClient, RetryPolicy
+from client.quorum import QuorumClient, RetryPolicy
 from quorum.config import load
 from tests.conftest import run, wait_for
 

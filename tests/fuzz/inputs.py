@@ -3,12 +3,12 @@
 Everything is derived from the servers' own tables, so an API, version or
 record type added later is fuzzed without touching this file:
 
-* Kafka requests: every (API key, version) in ``quorum.protocol.SUPPORTED`` and
+* Kafka requests: every (API key, version) in ``client.api.SUPPORTED`` and
   ``broker.frontend.SUPPORTED``, built from kio's request schemas (field types
   from kio's ``kafka_type`` metadata; nested entities, arrays, nullables and
   tagged fields included).
 * msgpack APIs: DescribeState maps and every record RPC request class in
-  ``quorum.protocol.RPC_RESPONSES``.
+  ``client.api.RPC_RESPONSES``.
 * Records: every spec in ``records.schema.RECORDS + PAYLOADS``.
 
 Values are drawn from a *source*: ``RandomSource`` (a seeded ``random.Random``,
@@ -38,12 +38,12 @@ from kio.index import load_request_schema
 from kio.serial import entity_writer
 from kio.static.primitive import i16, i32
 
-from wire import kafka
-from quorum import protocol as p
-from wire.errors import Errors
-from wire.bounds import unwrap_optional
+from client import api as p
 from records import schema as rschema
 from records.codec import CLASSES, Record, RecordError, decode, decode_batch, from_json_dict, from_obj, to_obj
+from wire import kafka
+from wire.bounds import unwrap_optional
+from wire.errors import Errors
 
 # ------------------------------------------------------- hypothesis settings
 
@@ -828,7 +828,7 @@ def check_file_decoder(kind: str, data: bytes, original: bytes | None, workdir: 
     import os
 
     from chaos.history import HistoryError
-    from wire.errors import CorruptFileError
+    from storage.disk import CorruptFileError
 
     path = os.path.join(workdir, {"journal": "raft.journal", "meta": "raft.journal.meta",
                                   "checkpoint": "audit.log.checkpoint", "audit": "audit.log"}.get(kind, kind))

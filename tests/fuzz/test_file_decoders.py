@@ -23,9 +23,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quorum.audit import AuditWriter, _frame, read_audit, read_checkpoint
-from wire.errors import CorruptFileError
 from records import AllocateProducerIdsRecord, AuditEntry, AuditGap
 from records.codec import to_obj
+from storage.disk import CorruptFileError
 from tests.fuzz import inputs as F
 
 pytestmark = pytest.mark.usefixtures("memory_bound")

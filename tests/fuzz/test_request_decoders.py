@@ -20,10 +20,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wire import kafka
-from quorum import protocol as p
-from wire.errors import Errors
+from client import api as p
 from tests.fuzz import inputs as F
+from wire import kafka
+from wire.errors import Errors
 
 pytestmark = pytest.mark.usefixtures("memory_bound")
 SERVERS = ("quorum", "broker")

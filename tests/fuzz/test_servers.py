@@ -13,14 +13,13 @@ import asyncio
 import random
 import struct
 
-
-from wire import kafka
-from quorum import protocol as p
-from quorum.client import Connection, QuorumClient, RetryPolicy
-from wire.errors import Errors
+from client import api as p
+from client.quorum import Connection, QuorumClient, RetryPolicy
 from tests.conftest import run, wait_for
 from tests.fuzz import inputs as F
 from tests.fuzz import servers as S
+from wire import kafka
+from wire.errors import Errors
 
 CONTROL_BROKER = 4242
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import types
 
-from wire.errors import ThrottlingQuotaExceededError
 from quorum.server import BUCKET_PRUNE_AT, QuorumServer
+from wire.errors import ThrottlingQuotaExceededError
 
 
 def _server(rate: float = 1000.0, burst: int = 2000) -> QuorumServer:

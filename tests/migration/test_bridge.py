@@ -15,12 +15,12 @@ import pytest
 
 from migration.zk import LegacyAllocator, connect, read_block
 from quorum.audit import iter_blocks
-from quorum.client import QuorumClient, RetryPolicy
-from wire.errors import PidQuorumError
+from client.quorum import QuorumClient, RetryPolicy
 from quorum.localcluster import LocalCluster
 from quorum.managers import BRIDGE, FINALIZED, ROLLED_BACK, QuorumState
 from records import AllocateProducerIdsRecord, BridgeReservationRecord, MigrationStateRecord
 from tests.conftest import run
+from wire.errors import PidQuorumError
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NOW = 1_700_000_000_000

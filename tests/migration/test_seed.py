@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from quorum.audit import read_audit
-from quorum.client import QuorumClient, RetryPolicy
+from client.quorum import QuorumClient, RetryPolicy
 from quorum.localcluster import LocalCluster
 from tests.conftest import run
 

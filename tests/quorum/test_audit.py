@@ -9,7 +9,6 @@ import msgpack
 import pytest
 
 from quorum.audit import AuditLine, AuditWriter, checkpoint_path, iter_blocks, read_audit
-from wire.errors import CorruptFileError
 from quorum.managers import ApplyOutcome, QuorumState
 from records import (
     AllocateProducerIdsRecord,
@@ -19,6 +18,7 @@ from records import (
     RegisterBrokerRecord,
 )
 from records.codec import to_obj
+from storage.disk import CorruptFileError
 
 TS = 1_700_000_000_000
 

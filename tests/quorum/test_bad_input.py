@@ -22,12 +22,12 @@ import uuid
 import msgpack
 import pytest
 
-from wire import kafka
-from quorum import protocol as p
-from quorum.client import Connection, QuorumClient, RetryPolicy
-from wire.errors import Errors, InvalidRequestError, StaleBrokerEpochError
+from client import api as p
+from client.quorum import Connection, QuorumClient, RetryPolicy
 from quorum.localcluster import LocalCluster
 from tests.conftest import ClusterHarness, run, wait_for
+from wire import kafka
+from wire.errors import Errors, InvalidRequestError, StaleBrokerEpochError
 
 MAX_FRAME = 1024 * 1024  # NodeConfig.max_frame_bytes default; LocalCluster does not change it
 IO_TIMEOUT = 5.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import os
 
-from quorum.client import QuorumClient, RetryPolicy
+from client.quorum import QuorumClient, RetryPolicy
 from quorum.localcluster import LocalCluster
 from tests.conftest import run, wait_for
 

@@ -83,8 +83,9 @@ def _follower_behind_a_snapshot(c, allocations: int):
 
 
 def _compact_often():
-    from tests.support.inproc import FAST
     import dataclasses
+
+    from tests.support.inproc import FAST
     return dataclasses.replace(FAST, compaction_min_entries=6)
 
 

@@ -5,8 +5,8 @@ import logging
 
 import pytest
 
-from wire.errors import CorruptFileError
 from quorum.identity import IDENTITY_FILE, Hello, IdentityError, NodeIdentity, Verdict, derived_cluster_id
+from storage.disk import CorruptFileError
 
 ADDR = "10.0.0.3:9093"
 

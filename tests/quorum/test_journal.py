@@ -11,10 +11,9 @@ import msgpack
 import pytest
 
 from chaos.sim.disk import LossPolicy, SimDisk
-from wire.errors import CorruptFileError
 from quorum.journal import _ENTRY, MAGIC, META_MAGIC, UNKNOWN_INDEX, DurableJournal, MetaFile, encode_entry
 from quorum.raft import loss_evidence
-from storage.disk import Disk
+from storage.disk import CorruptFileError, Disk
 
 
 @pytest.fixture

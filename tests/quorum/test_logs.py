@@ -1,4 +1,4 @@
-"""quorum.logs: JSON and human lines with identity, term and request correlation ids."""
+"""telemetry.logs: JSON and human lines with identity, term and request correlation ids."""
 from __future__ import annotations
 
 import asyncio
@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from quorum import logs
+from telemetry import logs
 
 
 @pytest.fixture

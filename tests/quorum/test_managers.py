@@ -6,13 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-from wire.errors import (
-    Errors,
-    InvalidRequestError,
-    InvariantViolation,
-    StaleBrokerEpochError,
-    UnknownServerError,
-)
 from quorum.managers import (
     DEFAULT_BLOCK_SIZE,
     INT32_MAX,
@@ -34,6 +27,13 @@ from records import (
     UnregisterBrokerRecord,
 )
 from records.schema import LONG_MAX
+from wire.errors import (
+    Errors,
+    InvalidRequestError,
+    InvariantViolation,
+    StaleBrokerEpochError,
+    UnknownServerError,
+)
 
 NOW = 1_700_000_000_000
 

@@ -9,7 +9,7 @@ import shutil
 from click.testing import CliRunner
 
 from cli.main import cli
-from quorum.client import QuorumClient, RetryPolicy
+from client.quorum import QuorumClient, RetryPolicy
 from quorum.identity import EXIT_IDENTITY_REFUSED
 from tests.conftest import run, wait_for
 

@@ -9,17 +9,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from quorum.localcluster import free_ports
-from quorum.metrics import (
-    QUORUM_METRICS,
-    MetricsEndpoint,
-    MetricsUnavailable,
-    make_registry,
-    on_loop,
-    quorum_families,
-    read_metrics,
-    serve_metrics,
-)
+from quorum.metrics import QUORUM_METRICS, quorum_families
 from quorum.stats import Histogram
+from telemetry.metrics import MetricsEndpoint, MetricsUnavailable, make_registry, on_loop, read_metrics, serve_metrics
 
 
 def test_histogram_counts_cumulative_buckets_and_quantiles():

@@ -6,11 +6,11 @@ import math
 
 import pytest
 
-from wire.errors import InvalidRequestError, InvariantViolation
 from quorum.managers import QuorumState
 from quorum.quotas import PRODUCER_IDS_RATE, parse_user
 from records import ClientQuotaRecord, decode_batch, encode_batch
 from tests.conftest import run
+from wire.errors import InvalidRequestError, InvariantViolation
 
 NOW = 1_700_000_000_000
 RATE = PRODUCER_IDS_RATE
@@ -161,7 +161,7 @@ def test_alter_and_describe_through_the_quorum_survive_a_snapshot_and_restart(cl
     address = next(n.client_address for n in cluster.lc.nodes() if n.node_id == leader)
 
     async def from_node():
-        from quorum.client import QuorumClient, RetryPolicy
+        from client.quorum import QuorumClient, RetryPolicy
 
         c = QuorumClient([address], RetryPolicy(timeout=15, attempt_timeout=2))
         try:

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from wire.errors import InvalidRequestError, InvariantViolation
 from quorum.managers import QuorumState
 from records import LONG_MAX, ProducerIdCursorRecord, ProducerIdSeedRecord
+from wire.errors import InvalidRequestError, InvariantViolation
 
 NOW = 1_700_000_000_000
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import pytest
 
+from quorum.managers import EPOCH_EXHAUSTED, QuorumState, TxnSettings
+from records import AllocateProducerIdsRecord, RemoveTransactionalIdRecord, TransactionalIdRecord
 from wire.errors import (
     InvalidRequestError,
     InvalidTransactionTimeoutError,
@@ -10,8 +12,6 @@ from wire.errors import (
     ProducerFencedError,
     StaleBrokerEpochError,
 )
-from quorum.managers import EPOCH_EXHAUSTED, QuorumState, TxnSettings
-from records import AllocateProducerIdsRecord, RemoveTransactionalIdRecord, TransactionalIdRecord
 
 NOW = 1_700_000_000_000
 DAY = 24 * 3600 * 1000

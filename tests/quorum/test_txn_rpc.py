@@ -12,8 +12,9 @@ import struct
 import msgpack
 import pytest
 
-from quorum import protocol as p
-from quorum.client import QuorumClient, RetryPolicy
+from client import api as p
+from client.quorum import QuorumClient, RetryPolicy
+from tests.conftest import run
 from wire.errors import (
     Errors,
     InvalidRequestError,
@@ -21,7 +22,6 @@ from wire.errors import (
     ProducerFencedError,
     StaleBrokerEpochError,
 )
-from tests.conftest import run
 
 
 def one_node_client(address: str) -> QuorumClient:

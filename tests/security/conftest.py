@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from quorum.client import QuorumClient, RetryPolicy
+from client.quorum import QuorumClient, RetryPolicy
 from quorum.localcluster import LocalCluster
 from security import credentials
 from security.client import ClientSecurity

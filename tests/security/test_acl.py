@@ -3,13 +3,27 @@ from __future__ import annotations
 
 import pytest
 
-from wire.errors import InvalidRequestError
 from quorum.managers import AclManager, QuorumState
 from records import AclRecord, RemoveAclRecord
 from security.acl import (
-    ALL, ALLOW, ALTER, CLUSTER, CLUSTER_ACTION, CLUSTER_NAME, DENY, DESCRIBE, IDEMPOTENT_WRITE, LITERAL, PREFIXED,
-    TRANSACTIONAL_ID, WRITE, Acl, AclError, authorize,
+    ALL,
+    ALLOW,
+    ALTER,
+    CLUSTER,
+    CLUSTER_ACTION,
+    CLUSTER_NAME,
+    DENY,
+    DESCRIBE,
+    IDEMPOTENT_WRITE,
+    LITERAL,
+    PREFIXED,
+    TRANSACTIONAL_ID,
+    WRITE,
+    Acl,
+    AclError,
+    authorize,
 )
+from wire.errors import InvalidRequestError
 
 ALICE, BOB = "User:alice", "User:bob"
 

@@ -16,13 +16,23 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from kafka import KafkaProducer
 from kafka import errors as kerrors
 
-from wire import kafka
-from quorum import protocol as p
-from security.acl import ALLOW, CLUSTER, CLUSTER_ACTION, CLUSTER_NAME, IDEMPOTENT_WRITE, LITERAL, PREFIXED, \
-    TRANSACTIONAL_ID, WRITE, Acl
+from client import api as p
+from security.acl import (
+    ALLOW,
+    CLUSTER,
+    CLUSTER_ACTION,
+    CLUSTER_NAME,
+    IDEMPOTENT_WRITE,
+    LITERAL,
+    PREFIXED,
+    TRANSACTIONAL_ID,
+    WRITE,
+    Acl,
+)
 from tests.broker.harness import BrokerProcess
 from tests.conftest import wait_for
 from tests.security.conftest import PASSWORDS
+from wire import kafka
 
 ACLS = [Acl("User:broker", CLUSTER, CLUSTER_NAME, LITERAL, CLUSTER_ACTION, ALLOW),
         Acl("User:alice", CLUSTER, CLUSTER_NAME, LITERAL, IDEMPOTENT_WRITE, ALLOW),

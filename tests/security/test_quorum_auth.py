@@ -11,12 +11,12 @@ import pytest
 from click.testing import CliRunner
 
 from cli.main import cli
-from wire import kafka
-from quorum import protocol as p
-from quorum.client import Connection, ConnectionFailed
-from wire.errors import ClusterAuthorizationFailedError, Errors, SaslAuthenticationFailedError
+from client import api as p
+from client.quorum import Connection, ConnectionFailed
 from records import DescribeAclsRequest
 from tests.conftest import wait_for
+from wire import kafka
+from wire.errors import ClusterAuthorizationFailedError, Errors, SaslAuthenticationFailedError
 
 
 def run(coro):
@@ -296,11 +296,11 @@ def test_acls_survive_a_snapshot_and_a_restart(secure_quorum):
 
 
 def test_tls_only_quorum_forwards_over_tls_and_refuses_plaintext(tmp_path):
-    from quorum.client import QuorumClient, RetryPolicy
-    from wire.errors import RequestTimedOutError
+    from client.quorum import QuorumClient, RetryPolicy
     from quorum.localcluster import LocalCluster
     from security.client import ClientSecurity
     from tests.security.certs import make_pki
+    from wire.errors import RequestTimedOutError
 
     pki = make_pki(str(tmp_path / "pki"))
     lc = LocalCluster(str(tmp_path / "c"))

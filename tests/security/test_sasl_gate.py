@@ -7,11 +7,11 @@ import struct
 
 import pytest
 
-from wire import kafka
-from quorum import protocol as p
-from wire.errors import Errors
+from client import api as p
 from security import credentials
 from security.sasl import SaslAuthenticator
+from wire import kafka
+from wire.errors import Errors
 
 
 @pytest.fixture

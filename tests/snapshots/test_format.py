@@ -9,7 +9,6 @@ import zlib
 import msgpack
 import pytest
 
-from wire.errors import CorruptFileError
 from quorum.managers import QuorumState
 from records import (
     AllocateProducerIdsRecord,
@@ -23,6 +22,7 @@ from records.codec import to_obj
 from records.schema import LONG_MAX
 from snapshots import Snapshot, inspect_snapshot, read_snapshot, write_snapshot
 from snapshots.format import FORMAT, MAGIC, decode_snapshot, encode_snapshot
+from storage.disk import CorruptFileError
 
 TS = 1_700_000_000_000
 

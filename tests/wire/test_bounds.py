@@ -17,10 +17,9 @@ from kio.serial import entity_reader, entity_writer
 from kio.serial.errors import SerialError
 from kio.static.primitive import i16, i32, i64, u16
 
+from client import api as p
 from wire import kafka
-from quorum import protocol as p
 from wire.bounds import FrameBoundsError, check_request
-
 
 _UUIDS = random.Random(62)
 

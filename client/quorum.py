@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import random
 import time
 import uuid
@@ -17,18 +18,19 @@ from typing import Any
 
 from records import (
     AlterAclsRequest,
-    DescribeAclsRequest,
     AlterClientQuotaRequest,
+    DescribeAclsRequest,
     DescribeTransactionalIdRequest,
     InitTransactionalProducerRequest,
     MigrationCommandRequest,
     SeedProducerIdsRequest,
 )
-
+from security.acl import Acl
+from security.client import authenticate
 from wire import kafka
-
-from . import protocol as p
 from wire.errors import Errors, PidQuorumError, RequestTimedOutError, for_code
+
+from . import api as p
 
 
 class ConnectionFailed(Exception):
@@ -68,8 +70,6 @@ class Connection:
         self._read_task = asyncio.get_running_loop().create_task(self._read_loop())
 
     async def _secure_connect(self, host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        from security.client import authenticate
-
         ctx = self.security.ssl_context()
         reader, writer = await asyncio.open_connection(host, port, ssl=ctx, server_hostname=host if ctx else None)
         self._writer = writer
@@ -280,9 +280,7 @@ class QuorumClient:
 
     async def describe_acls(self, principal: str = "") -> tuple[list[Any], int]:
         """The ACL entries as some node has applied them, and that node's applied Raft index."""
-        import json
 
-        from security.acl import Acl
 
         resp, _ = await self._call_any(DescribeAclsRequest(principal=principal))
         try:

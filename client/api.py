@@ -20,10 +20,10 @@ from kio.static.primitive import f64, i16, i32, i64, u16
 from records import (
     AlterAclsRequest,
     AlterAclsResponse,
-    DescribeAclsRequest,
-    DescribeAclsResponse,
     AlterClientQuotaRequest,
     AlterClientQuotaResponse,
+    DescribeAclsRequest,
+    DescribeAclsResponse,
     DescribeTransactionalIdRequest,
     DescribeTransactionalIdResponse,
     InitTransactionalProducerRequest,

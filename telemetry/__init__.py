@@ -1,0 +1,1 @@
+"""Logs and the metrics endpoint, shared by every pidquorum process."""

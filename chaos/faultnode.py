@@ -23,6 +23,7 @@ import random
 import sys
 import time
 
+from migration.bridge import ZooKeeperBridge
 from quorum.config import ConfigError, load
 from quorum.node import run_node, setup_logging
 from storage.disk import AppendFile, Disk
@@ -115,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.no_fsync:
         log.warning("node %d: --no-fsync: journal entries are NOT fsync'd; a power loss can re-issue IDs", cfg.node_id)
-    return run_node(cfg, args.ready_file, disk=FaultDisk(cfg.data_dir, fsync=not args.no_fsync))
+    return run_node(cfg, args.ready_file, disk=FaultDisk(cfg.data_dir, fsync=not args.no_fsync),
+                    zookeeper=ZooKeeperBridge())
 
 
 if __name__ == "__main__":

@@ -257,6 +257,7 @@ def node():
 @handle_errors
 def node_start(config_path, log_level, log_format, trust_own_log):
     """Run a node in the foreground until SIGTERM."""
+    from migration.bridge import ZooKeeperBridge
     from quorum.config import load
     from quorum.node import run_node, setup_logging
 
@@ -264,7 +265,7 @@ def node_start(config_path, log_level, log_format, trust_own_log):
     cfg = load(config_path)
     if log_format is None and cfg.log_format != "human":
         setup_logging(log_level, cfg.log_format)
-    sys.exit(run_node(cfg, trust_own_log=trust_own_log))
+    sys.exit(run_node(cfg, trust_own_log=trust_own_log, zookeeper=ZooKeeperBridge()))
 
 
 # ------------------------------------------------------------------- broker

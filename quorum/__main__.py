@@ -2,6 +2,8 @@
 import argparse
 import sys
 
+from migration.bridge import ZooKeeperBridge  # the entry point composes the node: migration's hook
+
 from .config import ConfigError, load
 from .node import run_node, setup_logging
 
@@ -25,7 +27,7 @@ def main() -> int:
         return 2
     if args.log_format is None and cfg.log_format != "human":
         setup_logging(args.log_level, cfg.log_format)
-    return run_node(cfg, args.ready_file, trust_own_log=args.trust_own_log)
+    return run_node(cfg, args.ready_file, trust_own_log=args.trust_own_log, zookeeper=ZooKeeperBridge())
 
 
 if __name__ == "__main__":

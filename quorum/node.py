@@ -17,7 +17,7 @@ from .config import NodeConfig
 from .identity import IdentityError
 from .metrics import quorum_families
 from .server import QuorumServer
-from .service import Service
+from .service import Service, ZooKeeperHook
 
 log = logging.getLogger("pidquorum.node")
 
@@ -26,9 +26,10 @@ def setup_logging(level: str = "INFO", fmt: str = "human") -> None:
     logs.setup_logging(level, fmt, sys.stderr)
 
 
-async def _serve(cfg: NodeConfig, ready_file: str | None, disk: Disk | None, trust_own_log: bool) -> None:
+async def _serve(cfg: NodeConfig, ready_file: str | None, disk: Disk | None, trust_own_log: bool,
+                 zookeeper: ZooKeeperHook | None) -> None:
     logs.set_identity(node_id=cfg.node_id)
-    service = Service(cfg, disk, trust_own_log=trust_own_log)
+    service = Service(cfg, disk, zookeeper=zookeeper, trust_own_log=trust_own_log)
     logs.set_context_source("term", service.raft.current_term)
     server = QuorumServer(service)
     endpoint = None
@@ -55,14 +56,15 @@ async def _serve(cfg: NodeConfig, ready_file: str | None, disk: Disk | None, tru
 
 
 def run_node(cfg: NodeConfig, ready_file: str | None = None, disk: Disk | None = None,
-             trust_own_log: bool = False) -> int:
+             trust_own_log: bool = False, zookeeper: ZooKeeperHook | None = None) -> int:
     """Serve until stopped.  Returns a process exit code (``storage.disk``: an I/O error on the durable
     path, a diverged log or a refused identity stop the process at once, with their own codes).
 
     ``trust_own_log``: the operator's word that this data directory is the one the node last ran on (not
-    a restored copy), so the node counts without waiting for its peers to vouch (docs/operations.md)."""
+    a restored copy), so the node counts without waiting for its peers to vouch (docs/operations.md).
+    ``zookeeper``: the hook bridge mode and rollback use (entry points pass ``migration.bridge``'s)."""
     try:
-        asyncio.run(_serve(cfg, ready_file, disk, trust_own_log))
+        asyncio.run(_serve(cfg, ready_file, disk, trust_own_log, zookeeper))
     except CorruptFileError as e:
         log.critical("refusing to start: %s", e)
         return EXIT_CORRUPT

@@ -66,24 +66,6 @@ FORWARD_CLIENT_ID = "pidquorum-forward"
 BUCKET_PRUNE_AT = 1024  # throttle buckets kept before idle ones are pruned
 
 
-def _write_rollback_placeholder(zk_hosts: str, start: int, length: int) -> str:
-    """Rollback: the placeholder block (broker -1) at the quorum's next ID; raises a retriable error if
-    ZooKeeper cannot be written (the mode is already rolled back: run the rollback again)."""
-    from migration.zk import connect, describe_placeholder, write_placeholder
-
-    try:
-        zk = connect(zk_hosts, timeout=5.0)
-        try:
-            result = write_placeholder(zk, start, length, timeout=10.0, op_timeout=3.0)
-        finally:
-            zk.stop()
-            zk.close()
-    except Exception as e:  # noqa: BLE001 - report, the operator reruns the (idempotent) rollback
-        raise RequestTimedOutError(f"rolled back, but writing the placeholder to ZooKeeper ({zk_hosts}) failed: "
-                                   f"{type(e).__name__}: {e}; run the rollback again") from None
-    return describe_placeholder(result, start, length)
-
-
 class TokenBucket:
     def __init__(self, rate: float, burst: int):
         self.rate, self.burst = rate, burst
@@ -155,7 +137,21 @@ class QuorumServer:
             t.cancel()
         for c in self._forward_conns.values():
             c.close()
-        self.proposer._zk_reset()
+        if self.service.zookeeper is not None:
+            self.service.zookeeper.reset()
+
+    def _write_rollback_placeholder(self, zk_hosts: str, start: int, length: int) -> str:
+        """Rollback: the placeholder block (broker -1) at the quorum's next ID; raises a retriable error if
+        ZooKeeper cannot be written (the mode is already rolled back: run the rollback again)."""
+        if self.service.zookeeper is None:
+            raise RequestTimedOutError("rolled back, but this node was started without a ZooKeeper hook to write "
+                                       "the placeholder; run the rollback again on a node started with pidctl node "
+                                       "start")
+        try:
+            return self.service.zookeeper.write_placeholder(zk_hosts, start, length)
+        except Exception as e:  # noqa: BLE001 - report, the operator reruns the (idempotent) rollback
+            raise RequestTimedOutError(f"rolled back, but writing the placeholder to ZooKeeper ({zk_hosts}) "
+                                       f"failed: {type(e).__name__}: {e}; run the rollback again") from None
 
     # ------------------------------------------------------------ connections
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -322,7 +318,7 @@ class QuorumServer:
                 # Committed first (the quorum now issues nothing), so the cursor is final: the placeholder
                 # at it puts ZooKeeper-mode allocation above every ID the quorum ever issued.
                 message = await asyncio.get_running_loop().run_in_executor(
-                    None, _write_rollback_placeholder, zk, next_id, self.cfg.block_size)
+                    None, self._write_rollback_placeholder, zk, next_id, self.cfg.block_size)
             return MigrationCommandResponse(error_code=0, mode=mode, changed=changed, next_producer_id=next_id,
                                             message=message)
         if req.api_key == p.RECORD_API_KEY and isinstance(b, AlterClientQuotaRequest):

@@ -25,7 +25,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import failpoints
 from records import AllocateProducerIdsRecord, BridgeReservationRecord, Record, RecordError, decode_batch, encode_batch
@@ -54,13 +54,26 @@ RESERVE_ACTIVE_S = 1.0
 RESERVE_MAX_BROKERS = 4096  # bookkeeping is pruned beyond 4x this many brokers
 
 
+class ZooKeeperHook(Protocol):
+    """What bridge mode and rollback need of ZooKeeper (``migration.bridge.ZooKeeperBridge``); blocking."""
+
+    def reserve(self, hosts: str, min_start: int, length: int, broker_id: int) -> tuple[int, int]: ...
+
+    def reset(self) -> None: ...
+
+    def write_placeholder(self, hosts: str, start: int, length: int) -> str: ...
+
+
 class Service:
     """``disk`` is where every durable file goes (``storage.disk``), ``clock`` what tells the time (the
     ``time`` module), ``new_id`` what draws identity ids (uuid4); tests, fault runs and the simulator
-    pass their own."""
+    pass their own.  ``zookeeper``: the hook bridge mode and rollback use (the process entry point
+    installs ``migration.bridge.ZooKeeperBridge``); without one, both are refused."""
 
-    def __init__(self, cfg: NodeConfig, disk: Disk | None = None, clock=time, new_id=None, **raft_options):
+    def __init__(self, cfg: NodeConfig, disk: Disk | None = None, clock=time, new_id=None,
+                 zookeeper: ZooKeeperHook | None = None, **raft_options):
         self.cfg = cfg
+        self.zookeeper = zookeeper
         self.clock = clock  # time.time() for record timestamps, time.monotonic() for the proposer's pacing
         self.disk = disk or Disk()
         self.disk.make_dir(cfg.data_dir)
@@ -226,8 +239,6 @@ class Proposer:
         self.linger_max_s = LINGER_MAX_S
         self._recent_brokers: collections.deque[set] = collections.deque(maxlen=LINGER_HISTORY_BATCHES)
         self._last_round_s = 0.0
-        self._zk = None  # KazooClient, bridge mode only (leader)
-        self._zk_hosts = ""
 
     async def submit(self, kind: str, args: dict[str, Any], timeout: float) -> Any:
         active = False
@@ -480,33 +491,20 @@ class Proposer:
             return None
         broker_id = int(op.args.get("broker_id", -1))
         hosts, cursor = scratch.migration.zk, scratch.producer_ids.next_producer_id
+        zk = self.service.zookeeper
+        if zk is None:
+            raise RequestTimedOutError("bridge mode: this node was started without a ZooKeeper hook "
+                                       "(start it with pidctl node start or python -m quorum)")
         loop = asyncio.get_running_loop()
         try:
-            start, version = await loop.run_in_executor(None, self._zk_reserve, hosts, cursor, need, broker_id)
+            start, version = await loop.run_in_executor(None, zk.reserve, hosts, cursor, need, broker_id)
         except Exception as e:  # noqa: BLE001 - ZooKeeper unreachable, a malformed znode ...: retriable
-            self._zk_reset()
+            zk.reset()
             raise RequestTimedOutError(f"bridge mode: reserving {need} IDs in ZooKeeper ({hosts}) failed: "
                                        f"{type(e).__name__}: {e}") from None
         self.zk_reservations += 1
         return BridgeReservationRecord(reserved_start=start, reserved_end=start + need - 1, broker_id=broker_id,
                                        zk_version=version, timestamp_ms=now_ms)
 
-    def _zk_reserve(self, hosts: str, min_start: int, length: int, broker_id: int) -> tuple[int, int]:
-        from migration.zk import connect, reserve_block  # kazoo only where bridge mode is used
 
-        if self._zk is None or self._zk_hosts != hosts:
-            self._zk_reset()
-            self._zk, self._zk_hosts = connect(hosts, timeout=3.0), hosts
-        return reserve_block(self._zk, min_start, length, broker_id=broker_id, timeout=3.0, op_timeout=2.0)
-
-    def _zk_reset(self) -> None:
-        zk, self._zk = self._zk, None
-        if zk is not None:
-            try:
-                zk.stop()
-                zk.close()
-            except Exception:  # noqa: BLE001 - best effort on a broken session
-                pass
-
-
-__all__ = ["ApplyOutcome", "Op", "Proposer", "Service"]
+__all__ = ["ApplyOutcome", "Op", "Proposer", "Service", "ZooKeeperHook"]

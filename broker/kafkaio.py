@@ -68,10 +68,6 @@ def response(api_key: int, version: int, data: dict[str, Any]) -> Any:
     return build(load_response_schema(api_key, version), data)
 
 
-def has_field(api_key: int, version: int, name: str) -> bool:
-    return any(f[0] == name for f in _fields(load_response_schema(api_key, version)))
-
-
 def ms(td: datetime.timedelta | int | None) -> int:
     """Milliseconds of a kio duration field."""
     if td is None:

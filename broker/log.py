@@ -285,9 +285,6 @@ class PartitionLog:
     def segment_base_offsets(self) -> list[int]:
         return list(self._bases)
 
-    def segment_path(self, base_offset: int) -> str:
-        return os.path.join(self.directory, segment_name(base_offset))
-
     # ================================================================ append
     def _check_usable(self) -> None:
         if self._closed:
@@ -511,9 +508,6 @@ class PartitionLog:
         self._start = offset
         self._delete_segments_below(offset)
         return offset
-
-    def enforce_retention(self, retention_bytes: int) -> int:
-        return self.delete_records_before(self.plan_retention(retention_bytes))
 
     def _delete_segments_below(self, offset: int) -> None:
         doomed = 0

@@ -215,12 +215,6 @@ class Partition:
             self._check_open()
             return self._delete_before(offset)
 
-    def expire_producers(self) -> list[int]:
-        with self._lock:
-            now = self._clock()
-            self._last_expiry_check = now
-            return self.state.expire(now, self.producer_id_expiration_ms)
-
     # ================================================================= close
     def _check_open(self) -> None:
         if self._closed:

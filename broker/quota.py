@@ -264,10 +264,6 @@ class ProducerIdQuotaManager:
                 else:
                     self._states[principal].set_rate(rate, source, self.window)
 
-    def quota_of(self, principal: str) -> tuple[float | None, str | None]:
-        with self._lock:
-            return self._quota_locked(principal)
-
     def _quota_locked(self, principal: str) -> tuple[float | None, str | None]:
         rate = self._user_rates.get(user_of(principal))
         if rate is not None:

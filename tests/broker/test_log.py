@@ -323,9 +323,9 @@ def test_retention_by_bytes_deletes_whole_old_segments(d):
         assert lg.plan_retention(10**9) == 0
         assert lg.plan_retention(5 * one) == 4  # keeps >= 5 batches' worth: segments 4,6,8
         assert lg.log_start_offset == 0  # planning deletes nothing
-        assert lg.enforce_retention(5 * one) == 4
+        assert lg.delete_records_before(lg.plan_retention(5 * one)) == 4  # as Partition enforces it
         assert lg.segment_base_offsets == [4, 6, 8] and lg.size_bytes == 5 * one
-        assert lg.enforce_retention(0) == 8  # never the active segment
+        assert lg.delete_records_before(lg.plan_retention(0)) == 8  # never the active segment
         assert lg.segment_base_offsets == [8]
 
 

@@ -84,12 +84,12 @@ def test_an_idle_pid_is_forgotten_after_the_window_a_busy_one_is_not():
 
 def test_user_quota_wins_over_the_default_and_default_applies_to_anonymous():
     m = manager(users={"rogue": 1.0}, default=100.0)
-    assert m.quota_of(ROGUE) == (1.0, "user")
-    assert m.quota_of("User:ANONYMOUS") == (100.0, "default")
     assert all(m.check("User:ANONYMOUS", pid, 0.0) == 0 for pid in range(200))  # burst 100/s * 2 * 1 s
     assert m.check("User:ANONYMOUS", 10_000, 0.0) == 10  # the next token in 1/100 s
     assert m.check(ROGUE, 1, 0.0) == 0 and m.check(ROGUE, 2, 0.0) == 0 and m.check(ROGUE, 3, 0.0) == 1000
     assert m.stats(0.0)["User:ANONYMOUS"]["quota_source"] == "default"
+    assert (m.stats(0.0)["User:ANONYMOUS"]["quota"], m.stats(0.0)[ROGUE]["quota"]) == (100.0, 1.0)
+    assert m.stats(0.0)[ROGUE]["quota_source"] == "user"
 
 
 def test_changing_and_lifting_a_quota():
@@ -181,11 +181,12 @@ def test_poller_applies_keeps_last_config_on_failure_and_writes_stats(tmp_path):
     q = FakeQuorum()
     p = QuotaConfigPoller(m, q, interval_s=0.01, stats_path=str(tmp_path / STATS_FILE))
     assert asyncio.run(p.refresh()) is True
-    assert m.quota_of(ROGUE) == (2.0, "user")
+    m.check(ROGUE, 7)
+    assert (m.stats()[ROGUE]["quota"], m.stats()[ROGUE]["quota_source"]) == (2.0, "user")
     q.fail = True
     assert asyncio.run(p.refresh()) is False
-    assert m.quota_of(ROGUE) == (2.0, "user")  # last known configuration stays in force
-    m.check(ROGUE, 7)
+    # last known configuration stays in force
+    assert (m.stats()[ROGUE]["quota"], m.stats()[ROGUE]["quota_source"]) == (2.0, "user")
     p.write_stats()
     data = read_stats(str(tmp_path))
     assert data["principals"][ROGUE]["new_pids"] == 1

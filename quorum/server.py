@@ -121,7 +121,7 @@ class QuorumServer:
         """Everything DescribeState answers; the metrics endpoint reads the same dict."""
         return {**self.service.describe(), "server": dict(self.counters),
                 "proposer": {"batches": self.proposer.batches, "records": self.proposer.proposed_records,
-                             "reserve_served": self.proposer.reserve_served},
+                             "reserve_served": self.proposer.reserve.served},
                 "allocate_latency": self.allocate_latency.snapshot()}
 
     async def start(self) -> None:

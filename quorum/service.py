@@ -42,6 +42,7 @@ from .config import NodeConfig
 from .identity import NodeIdentity
 from .managers import BRIDGE, FINALIZED, ROLLED_BACK, ApplyOutcome, QuorumState, Result
 from .raft import ProposalRejected, ProposalUnknown, RaftNode
+from .reserve import BlockReserve
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +50,6 @@ log = logging.getLogger(__name__)
 # LINGER_HISTORY_BATCHES batches are waited for, at most LINGER_MAX_S.
 LINGER_MAX_S = 0.002
 LINGER_HISTORY_BATCHES = 8
-# Leader-side reserve (NodeConfig.allocate_reserve_blocks): kept for brokers whose last request is this recent.
-RESERVE_ACTIVE_S = 1.0
-RESERVE_MAX_BROKERS = 4096  # bookkeeping is pruned beyond 4x this many brokers
 
 
 class ZooKeeperHook(Protocol):
@@ -214,15 +212,6 @@ class Op:
             self.future.set_result(response)
 
 
-@dataclass
-class _Reserve:
-    term: int
-    epoch: int
-    blocks: collections.deque = field(default_factory=collections.deque)
-    in_flight: int = 0
-    refilling: asyncio.Future | None = None
-
-
 class Proposer:
     def __init__(self, service: Service):
         self.service = service
@@ -231,11 +220,8 @@ class Proposer:
         self.batches = 0
         self.proposed_records = 0
         self.zk_reservations = 0
-        self.reserve_blocks = service.cfg.allocate_reserve_blocks
-        self.reserve_served = 0
-        self._reserves: dict[int, _Reserve] = {}
-        self._last_end: dict[int, int] = {}
-        self._last_request: dict[int, float] = {}
+        self.reserve = BlockReserve(service.cfg.allocate_reserve_blocks, service.raft.role, self._leader_state,
+                                    service.clock.monotonic, self._propose_reserve)
         self.linger_max_s = LINGER_MAX_S
         self._recent_brokers: collections.deque[set] = collections.deque(maxlen=LINGER_HISTORY_BATCHES)
         self._last_round_s = 0.0
@@ -246,108 +232,30 @@ class Proposer:
             forced = failpoints.hit("quorum.allocate", self.service)  # a test's broken allocator
             if forced is not None:
                 return forced
-        if kind == "allocate" and self.reserve_blocks:
-            active = self._note_activity(args["broker_id"])
-            block = self._from_reserve(args["broker_id"], args["broker_epoch"], active)
+        if kind == "allocate" and self.reserve.size:
+            block, active = await self.reserve.take(args["broker_id"], args["broker_epoch"], timeout)
             if block is not None:
                 return block
-            r = self._reserves.get(args["broker_id"])
-            if r is not None and r.refilling is not None:
-                # Its blocks are being committed: wait for them rather than commit one more block after
-                # them (which the broker's increasing order would then force us to skip them for).
-                await asyncio.wait([r.refilling], timeout=timeout)
-                block = self._from_reserve(args["broker_id"], args["broker_epoch"], active)
-                if block is not None:
-                    return block
         fut = asyncio.get_running_loop().create_future()
         self.queue.put_nowait(Op(kind, args, fut))
         try:
             result = await asyncio.wait_for(fut, timeout)
         except asyncio.TimeoutError:
             raise RequestTimedOutError(f"not committed within {timeout:.2f}s") from None
-        if kind == "allocate" and self.reserve_blocks:
-            self._handed_out(args["broker_id"], args["broker_epoch"], result, active)
+        if kind == "allocate" and self.reserve.size:
+            self.reserve.handed_out(args["broker_id"], args["broker_epoch"], result, active)
         return result
 
-    # ------------------------------------------------ leader-side block reserve
-    # With ``allocate_reserve_blocks`` > 0, a broker that allocates again within RESERVE_ACTIVE_S gets
-    # blocks committed for it (AllocateProducerIdsRecords with its id and epoch, in one entry) before it
-    # asks; its next requests are answered from them at once.  Safety: a block enters the reserve only
-    # once its entry is committed and applied here (durable on a majority), leaves it exactly once
-    # (popped), only to the broker and epoch it was committed for, only while this node leads in the term
-    # the reserve was filled in, and only if it lies above every block this broker got from this node
-    # (so a broker sees increasing blocks).  Anything else drops the reserve: its blocks are skipped,
-    # never issued again (the cursor is past them).  A new leader starts with no reserve.
-    def _from_reserve(self, broker_id: int, epoch: int, active: bool):
-        r = self._reserves.get(broker_id)
-        if r is None or not r.blocks:
-            return None
-        is_leader, _, term = self.service.raft.role()
-        svc = self.service
-        with svc.lock:
-            reg = svc.state.registrations.brokers.get(broker_id)
-            mode = svc.state.migration.mode
-        if (not is_leader or term != r.term or r.epoch != epoch or reg is None or reg.broker_epoch != epoch
-                or mode not in (None, FINALIZED)):
-            self._reserves.pop(broker_id, None)
-            return None
-        floor = self._last_end.get(broker_id, -1)
-        while r.blocks:
-            start, length = r.blocks.popleft()
-            if start >= floor:
-                self._last_end[broker_id] = start + length
-                self.reserve_served += 1
-                self._refill(broker_id, epoch, active)
-                return (start, length)
-        return None
-
-    def _handed_out(self, broker_id: int, epoch: int, block, active: bool) -> None:
-        start, length = block
-        self._last_end[broker_id] = max(self._last_end.get(broker_id, -1), start + length)
-        self._refill(broker_id, epoch, active)
-
-    def _note_activity(self, broker_id: int) -> bool:
-        """Whether this broker's previous allocate was less than RESERVE_ACTIVE_S ago."""
-        now = self.service.clock.monotonic()
-        last = self._last_request.get(broker_id)
-        self._last_request[broker_id] = now
-        if len(self._last_request) > 4 * RESERVE_MAX_BROKERS:  # forget brokers long gone
-            for b, t in list(self._last_request.items()):
-                if now - t > RESERVE_ACTIVE_S:
-                    del self._last_request[b]
-                    self._reserves.pop(b, None)
-                    self._last_end.pop(b, None)
-        return last is not None and now - last < RESERVE_ACTIVE_S
-
-    def _refill(self, broker_id: int, epoch: int, active: bool) -> None:
-        if not active:
-            return
-        is_leader, _, term = self.service.raft.role()
+    def _leader_state(self, broker_id: int) -> tuple[int | None, str | None]:
+        """(the broker's registered epoch or None, the migration mode), from the applied state."""
         with self.service.lock:
-            mode = self.service.state.migration.mode
-        if not is_leader or mode not in (None, FINALIZED):
-            return
-        r = self._reserves.get(broker_id)
-        if r is None or r.term != term or r.epoch != epoch:
-            r = self._reserves[broker_id] = _Reserve(term, epoch)
-        have = len(r.blocks) + r.in_flight
-        if have > self.reserve_blocks // 2:
-            return
-        count = self.reserve_blocks - have
-        r.in_flight += count
+            reg = self.service.state.registrations.brokers.get(broker_id)
+            return (reg.broker_epoch if reg is not None else None), self.service.state.migration.mode
+
+    def _propose_reserve(self, broker_id: int, epoch: int, count: int) -> asyncio.Future:
         fut = asyncio.get_running_loop().create_future()
         self.queue.put_nowait(Op("reserve", {"broker_id": broker_id, "broker_epoch": epoch, "count": count}, fut))
-        r.refilling = fut
-
-        def filled(f: asyncio.Future) -> None:
-            r.in_flight -= count
-            if r.refilling is f:
-                r.refilling = None
-            if f.cancelled() or f.exception() is not None:
-                return  # nothing committed, or unknown: those blocks (if any) are skipped
-            if self._reserves.get(broker_id) is r:
-                r.blocks.extend(f.result())
-        fut.add_done_callback(filled)
+        return fut
 
     async def _propose(self, payload: bytes, timeout: float) -> Any:
         loop = asyncio.get_running_loop()

@@ -220,8 +220,8 @@ class Proposer:
         self.batches = 0
         self.proposed_records = 0
         self.zk_reservations = 0
-        self.reserve = BlockReserve(service.cfg.allocate_reserve_blocks, service.raft.role, self._leader_state,
-                                    service.clock.monotonic, self._propose_reserve)
+        self.reserve = BlockReserve(service.cfg.allocate_reserve_blocks, lambda: service.raft.role(),
+                                    self._leader_state, lambda: service.clock.monotonic(), self._propose_reserve)
         self.linger_max_s = LINGER_MAX_S
         self._recent_brokers: collections.deque[set] = collections.deque(maxlen=LINGER_HISTORY_BATCHES)
         self._last_round_s = 0.0

@@ -1,0 +1,57 @@
+"""``pidctl blocks ...``: the quorum's producer-ID blocks."""
+from __future__ import annotations
+
+import asyncio
+import glob
+import os
+
+import click
+
+from quorum.audit import iter_blocks
+from quorum.localcluster import ClusterError
+from wire.errors import RequestTimedOutError
+
+from . import render
+from .common import Ctx, gather_status, handle_errors, output_option
+
+
+@click.group()
+def blocks():
+    """Producer-ID blocks."""
+
+
+@blocks.command("latest")
+@output_option
+@click.pass_obj
+@handle_errors
+def blocks_latest(obj: Ctx, output):
+    """The latest block and the next ID, as the leader sees them."""
+    nodes = asyncio.run(gather_status(obj))
+    live = [n for n in nodes if "raft" in n]
+    if not live:
+        raise RequestTimedOutError("no node answered")
+    best = max(live, key=lambda n: (n["raft"]["state"] == "leader", n["applied_index"]))
+    result = {"node_id": best["node_id"], "applied_index": best["applied_index"],
+              "next_producer_id": best["state"]["next_producer_id"], "latest_block": best["state"]["latest_block"]}
+    if output == "json":
+        render.emit_json(result)
+    else:
+        lb = result["latest_block"]
+        render.blocks("table", [lb] if lb else [], f"latest block (node {result['node_id']}, "
+                                                    f"next producer ID {result['next_producer_id']})")
+
+
+@blocks.command("history")
+@click.option("--audit", "audit_files", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help="Audit file(s) to read (default: every node's audit.log in --data-dir).")
+@click.option("--broker-id", type=int, help="Only this broker's blocks.")
+@output_option
+@click.pass_obj
+@handle_errors
+def blocks_history(obj: Ctx, audit_files, broker_id, output):
+    """Every block ever issued, from the nodes' audit trails (kept across log compaction)."""
+    paths = list(audit_files) or sorted(glob.glob(os.path.join(obj.data_dir, "node-*", "audit.log")))
+    if not paths:
+        raise ClusterError(f"no audit files in {obj.data_dir} (use --audit FILE)")
+    rows = [b for b in iter_blocks(paths) if broker_id is None or b["broker_id"] == broker_id]
+    render.blocks(output, rows, f"block history ({len(rows)} blocks)")

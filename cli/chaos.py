@@ -1,0 +1,192 @@
+"""``pidctl chaos ...``: fault runs, their checker, the simulation and the crash-state explorer."""
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+import click
+
+from chaos.report import render_summary
+from chaos.sim.campaign import parse_seeds, run_campaign
+from chaos.sim.explore import explore
+from chaos.workload import WorkloadConfig
+from storage.files import atomic_write
+
+from . import render
+from .common import EXIT_ANOMALY, handle_errors, output_option
+
+
+@click.group()
+def chaos():
+    """Fault injection with a checker: prove no ID was issued twice."""
+
+
+
+
+def _seconds_range(value: str, name: str) -> tuple[float, float]:
+    try:
+        lo, hi = (float(x) for x in value.split(":"))
+    except ValueError:
+        raise click.BadParameter(f"expected MIN:MAX seconds, got {value!r}", param_hint=name) from None
+    if not 0 <= lo <= hi:
+        raise click.BadParameter(f"need 0 <= MIN <= MAX, got {value!r}", param_hint=name)
+    return lo, hi
+
+
+@chaos.command("run")
+@click.option("--scenario", required=True,
+              type=click.Choice(["kill-leader", "pause-leader", "kill-all", "rolling-restart", "partition-leader",
+                                 "slow-disk", "mixed"]))
+@click.option("--duration", type=click.FloatRange(5, 7 * 24 * 3600), default=60, show_default=True,
+              help="Seconds of faults and load.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Fixes the choice and timing of faults.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Run directory (default chaos-<scenario>-<seed>).")
+@click.option("--brokers", type=click.IntRange(0, 64), default=2, show_default=True,
+              help="Wire-protocol block allocators.")
+@click.option("--block-rate", type=click.FloatRange(0.1, 10_000), default=20, show_default=True,
+              help="AllocateProducerIds/s per broker.")
+@click.option("--pid-managers", type=click.IntRange(0, 64), default=2, show_default=True)
+@click.option("--pid-rate", type=click.FloatRange(1, 1_000_000), default=1000, show_default=True,
+              help="PIDs/s asked of each ProducerIdManager.")
+@click.option("--interval", default="2:4", show_default=True, callback=lambda c, p, v: _seconds_range(v, "--interval"),
+              help="Quiet seconds before each fault, MIN:MAX (drawn with the seed).")
+@click.option("--hold", default="0.5:1.5", show_default=True, callback=lambda c, p, v: _seconds_range(v, "--hold"),
+              help="Seconds each fault lasts, MIN:MAX.")
+@click.option("--keep-data", is_flag=True, help="Keep node data directories even if the run passes.")
+@output_option
+@handle_errors
+def chaos_run(scenario, duration, seed, out_dir, brokers, block_rate, pid_managers, pid_rate, interval, hold,
+              keep_data, output):
+    """Run a three-node quorum under faults, record every operation, check the history."""
+    from chaos.runner import RunConfig  # heavy (kazoo, for the nodes it starts): imported when used
+    from chaos.runner import run as chaos_run_  # heavy (kazoo, for the nodes it starts): imported when used
+
+    out_dir = out_dir or f"chaos-{scenario}-{seed}"
+    cfg = RunConfig(scenario=scenario, duration_s=duration, seed=seed, out_dir=out_dir, keep_data=keep_data,
+                    interval_s=interval, hold_s=hold,
+                    workload=WorkloadConfig(brokers=brokers, block_rate=block_rate, pid_managers=pid_managers,
+                                            pid_rate=pid_rate))
+    with render.progress(f"chaos {scenario}") as update:
+        verdict = asyncio.run(chaos_run_(cfg, update))
+    _show_verdict(verdict, output, out_dir)
+
+
+@chaos.command("check")
+@click.argument("run_dir", type=click.Path())
+@click.option("--allow-torn", is_flag=True,
+              help="Drop a torn last history line (a copy of a running or crashed run) instead of refusing.")
+@output_option
+@handle_errors
+def chaos_check(run_dir, allow_torn, output):
+    """Re-check a saved run directory offline."""
+    from chaos.runner import check_dir  # heavy (kazoo, for the nodes it starts): imported when used
+
+    _show_verdict(check_dir(run_dir, write=False, allow_torn_tail=allow_torn), output, run_dir)
+
+
+@chaos.command("simulate")
+@click.option("--seeds", required=True, help="Seeds to run: A..B (inclusive), A, or A,B,C.")
+@click.option("--steps", type=click.IntRange(100, 10_000_000), default=6000, show_default=True,
+              help="Simulated events per seed (then the faults stop and the cluster must converge).")
+@click.option("--nodes", type=click.Choice(["3", "5"]), default="3", show_default=True)
+@click.option("--jobs", type=click.IntRange(1, 256), default=None,
+              help="Worker processes (default: one per CPU).")
+@click.option("--trace", is_flag=True, help="Print the last events of every failing seed.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the figures as JSON here.")
+@output_option
+@handle_errors
+def chaos_simulate(seeds, steps, nodes, jobs, trace, json_path, output):
+    """Deterministic simulation of a whole quorum: the real node code on a simulated network, disks and
+    clock, faults mixed by each seed; Raft's safety properties and no re-issued producer ID checked after
+    every step.  A seed replays bit for bit.  Exit 5 if any seed finds a violation."""
+
+    try:
+        seed_list = parse_seeds(seeds)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--seeds") from None
+    with render.progress(f"simulating {len(seed_list)} seed(s)") as update:
+        def progress(done, total, result):
+            update(done / total, f"seed {result.seed}: {'ok' if result.ok else 'VIOLATION'}")
+        result = run_campaign(seed_list, steps, int(nodes), jobs, progress)
+    if _figures(result.to_dict(), json_path, output):
+        rates = result.rates()
+        render.table("simulation", ["figure", "value"], [
+            ["seeds", result.seeds], ["failed", len(result.failures)], ["nodes", nodes],
+            ["simulated events", f"{result.steps:,}"], ["faults injected", f"{result.faults:,}"],
+            ["messages", f"{result.messages:,}"], ["acknowledged requests", f"{result.acked:,}"],
+            ["simulated hours", f"{result.sim_seconds / 3600:.2f}"],
+            ["wall seconds", f"{result.wall_seconds:.1f} ({result.jobs} worker(s))"],
+            ["events per wall minute", f"{rates['simulated_ops_per_wall_minute']:,}"],
+            ["faults per wall minute", f"{rates['faults_per_wall_minute']:,}"],
+            ["simulated hours per wall minute", rates["simulated_hours_per_wall_minute"]]])
+        render.table("faults by kind", ["fault", "count"], sorted(result.faults_by_kind.items()))
+        for f in result.failures:
+            render.error(f"seed {f.seed}, step {f.step}: {f.violation}")
+            render.line(f"  replay: {f.replay}")
+            if trace:
+                for event in f.trace:
+                    render.line(f"    {event}")
+    if result.failures:
+        sys.exit(EXIT_ANOMALY)
+
+
+@chaos.command("crash-states")
+@click.option("--seed", type=int, default=1, show_default=True, help="Seed of the scripted workload.")
+@click.option("--steps", type=click.IntRange(500, 1_000_000), default=3000, show_default=True,
+              help="Simulated events of the workload.")
+@click.option("--node", "nodes", multiple=True, type=click.IntRange(1, 3),
+              help="Node whose disk is cut (repeat; default: each of the three).")
+@click.option("--max-ops", type=click.IntRange(1, 1_000_000), default=None,
+              help="Cut at most this many file operations per node, spread evenly (default: every one).")
+@click.option("--around", default=None,
+              help="Only cut near operations on files whose name contains this (e.g. raft.snapshot: the windows "
+                   "of compactions and installs).")
+@click.option("--after-steps", type=click.IntRange(100, 1_000_000), default=1500, show_default=True,
+              help="Simulated events run after each cut, before the cluster must converge.")
+@click.option("--jobs", type=click.IntRange(1, 256), default=None, help="Crash states run at once (default: CPUs).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the figures as JSON here.")
+@output_option
+@handle_errors
+def chaos_crash_states(seed, steps, nodes, max_ops, around, after_steps, jobs, json_path, output):
+    """Every crash state of a node's disk (ALICE): before each file operation of a scripted workload
+    (compaction, a snapshot install, identity writes), each state POSIX allows a power loss to leave is
+    started inside the running three-node cluster and checked.  Exit 5 if any loses a committed entry,
+    re-issues a block or cannot start."""
+
+    with render.progress("crash states") as update:
+        def progress(result):
+            update(0.0, f"{result.states} states, {len(result.failures)} failing")
+        result = explore(seed, steps, list(nodes) or None, after_steps, jobs, max_ops, progress, around)
+        update(1.0, f"{result.states} states")
+    if _figures(result.to_dict(), json_path, output):
+        render.table("crash states", ["node", "file operations cut", "crash states", "failing"],
+                     [[n, c["ops"], c["states"], c["failed"]] for n, c in sorted(result.by_node.items())]
+                     + [["all", result.ops, result.states, len(result.failures)]])
+        render.line(f"{result.wall_seconds:.1f} s; workload: seed {seed}, {steps} events"
+                    + ("" if result.recording_ok else f"; the uncut run failed: {result.recording_violation}"))
+        for f in result.failures:
+            render.error(f"node {f.node}, power lost before {f.op} ({f.state}): {f.violation}")
+    if result.failures or not result.recording_ok:
+        sys.exit(EXIT_ANOMALY)
+
+
+def _figures(figures: dict, json_path: str | None, output: str) -> bool:
+    """Write ``figures`` to ``json_path`` (if given) and print them as JSON if asked; True if the caller
+    should render its tables instead."""
+    if json_path:
+        atomic_write(json_path, (json.dumps(figures, indent=1, default=str) + "\n").encode())
+    if output == "json":
+        render.emit_json(figures)
+        return False
+    return True
+
+
+def _show_verdict(verdict, output: str, run_dir: str) -> None:
+    if output == "json":
+        render.emit_json(verdict.to_dict())
+    else:
+        render_summary(verdict, render.console())
+        render.line(f"run directory: {run_dir}")
+    if not verdict.valid:
+        sys.exit(EXIT_ANOMALY)

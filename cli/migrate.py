@@ -1,0 +1,225 @@
+"""``pidctl migrate ...``: from ZooKeeper to the quorum, bridge mode, rollback."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+
+import click
+
+from storage.files import atomic_write
+from wire.errors import PidQuorumError
+
+from . import render
+from .common import Ctx, handle_errors, output_option, run
+
+
+@click.group()
+def migrate():
+    """Move producer-ID allocation from ZooKeeper to the quorum."""
+
+
+@migrate.command("from-zk")
+@click.option("--export", "export_file", type=click.Path(dir_okay=False),
+              help="A JSON export of /latest_producer_id_block.")
+@click.option("--zk", "zk_hosts", help="Live ZooKeeper: HOST:PORT[,HOST:PORT...][/chroot].")
+@click.option("--dry-run", is_flag=True, help="Say what would be seeded; commit nothing.")
+@click.option("--allow-empty", is_flag=True,
+              help="A missing znode (or an empty one) is not an error: there is nothing to seed.")
+@output_option
+@click.pass_obj
+@handle_errors
+def migrate_from_zk(obj: Ctx, export_file, zk_hosts, dry_run, allow_empty, output):
+    """Seed the quorum so its next block starts at ZooKeeper's block_end + 1.
+
+    Harmless to run twice; never moves the quorum's cursor backwards.
+    """
+    from migration.seed import read_zk_block, seed_from_block  # heavy (kazoo): imported when used
+
+    if (export_file is None) == (zk_hosts is None):
+        raise click.UsageError("give exactly one of --export FILE or --zk HOST:PORT[/chroot]")
+    _quiet_kazoo()
+    block, origin = read_zk_block(export_file=export_file, zk_hosts=zk_hosts, allow_empty=allow_empty,
+                                  timeout=obj.timeout)
+    result = asyncio.run(run(lambda c: seed_from_block(c, block, origin, dry_run=dry_run))(obj.client()))
+    if output == "json":
+        render.emit_json(result)
+    else:
+        render.line(result["message"])
+
+
+def _migration_command(obj: Ctx, action: str, zk: str, output: str) -> None:
+    result = asyncio.run(run(lambda c: c.migrate(action, zk))(obj.client()))
+    if output == "json":
+        render.emit_json(result)
+    else:
+        render.line(f"{result['message']}; the quorum's next producer ID is {result['next_producer_id']}")
+
+
+@migrate.command("bridge")
+@click.option("--zk", "zk_hosts", required=True, help="ZooKeeper of the legacy brokers: HOST:PORT[,...][/chroot].")
+@output_option
+@click.pass_obj
+@handle_errors
+def migrate_bridge(obj: Ctx, zk_hosts, output):
+    """Mixed fleet: reserve every quorum allocation in the znode before committing it."""
+    _migration_command(obj, "bridge", zk_hosts, output)
+
+
+@migrate.command("finalize")
+@output_option
+@click.pass_obj
+@handle_errors
+def migrate_finalize(obj: Ctx, output):
+    """End bridge mode once every broker allocates through the quorum (the znode is no longer written)."""
+    _migration_command(obj, "finalize", "", output)
+
+
+@migrate.command("rollback")
+@output_option
+@click.pass_obj
+@handle_errors
+def migrate_rollback(obj: Ctx, output):
+    """Back to ZooKeeper: the quorum stops issuing and a placeholder block at its next ID goes to the znode."""
+    _migration_command(obj, "rollback", "", output)
+
+
+@migrate.command("status")
+@output_option
+@click.pass_obj
+@handle_errors
+def migrate_status(obj: Ctx, output):
+    """The migration mode, the znode, and the quorum's next producer ID (from any node)."""
+    async def go(client):
+        for address in client.addresses:
+            try:
+                return await client.describe(address)
+            except Exception:  # noqa: BLE001 - try the next node
+                continue
+        raise PidQuorumError("no quorum node answered")
+    d = asyncio.run(run(go)(obj.client()))
+    m = d["state"].get("migration") or {}
+    result = {"mode": m.get("mode"), "zk": m.get("zk"), "reserved_until": m.get("reserved_until"),
+              "next_producer_id": d["state"]["next_producer_id"]}
+    if output == "json":
+        render.emit_json(result)
+    else:
+        render.line(f"migration mode: {result['mode'] or 'none'}" + (f" (znode at {result['zk']})" if result["zk"] else "")
+                    + f"; next producer ID {result['next_producer_id']}")
+
+
+
+
+def _quiet_kazoo() -> None:
+    """Drop kazoo's own log lines (one per failed connection attempt): the outcome is reported
+    as one line by handle_errors."""
+
+    kazoo_log = logging.getLogger("kazoo")
+    kazoo_log.addHandler(logging.NullHandler())
+    kazoo_log.propagate = False
+
+
+def _zk_session(zk_hosts: str, timeout: float):
+    """A started kazoo client on ``zk_hosts`` (ZkUnavailable if no session within ``timeout``)."""
+    from migration.zk import connect  # heavy (kazoo): imported when used
+
+    _quiet_kazoo()
+    try:
+        return connect(zk_hosts, timeout)
+    except ValueError as e:  # kazoo's parsing of the connect string
+        raise click.BadParameter(f"{zk_hosts!r}: {e}", param_hint="'--zk'") from None
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+@migrate.command("export")
+@click.option("--zk", "zk_hosts", required=True, help="ZooKeeper: HOST:PORT[,HOST:PORT...][/chroot].")
+@click.option("--out", "out_file", type=click.Path(dir_okay=False),
+              help="Write the data to this file (atomically: temp file, fsync, rename). Default: stdout.")
+@click.pass_obj
+@handle_errors
+def migrate_export(obj: Ctx, zk_hosts, out_file):
+    """Export /latest_producer_id_block: the znode's data exactly as ZooKeeper holds it.
+
+    The file is what `pidctl migrate from-zk --export FILE` reads. A missing,
+    empty or malformed znode is refused and nothing is written. On stdout the
+    data is followed by a newline.
+    """
+    from kazoo.exceptions import NoNodeError  # heavy (kazoo): imported when used
+
+    # heavy (kazoo): imported when used
+    from migration.zk import UNKNOWN_OUTCOME_ERRORS, ZK_BLOCK_PATH, ZkMigrationError, ZkUnavailable, parse_block
+
+    zk = _zk_session(zk_hosts, obj.timeout)
+    try:
+        # One read, so the bytes written out are the bytes validated (parsed as read_block does).
+        data, stat = zk.get_async(ZK_BLOCK_PATH).get(timeout=obj.timeout)
+    except NoNodeError:
+        data = stat = None
+    except UNKNOWN_OUTCOME_ERRORS as e:
+        raise ZkUnavailable(f"reading {ZK_BLOCK_PATH} at {zk_hosts} failed: {type(e).__name__}") from None
+    finally:
+        zk.stop()
+        zk.close()
+    if stat is None:
+        raise ZkMigrationError(f"znode {ZK_BLOCK_PATH} does not exist at {zk_hosts}: ZooKeeper-mode Kafka has not "
+                               f"allocated any producer-ID block there (wrong host or chroot?); nothing exported")
+    block = parse_block(data, f"znode {ZK_BLOCK_PATH} ({zk_hosts})")
+    if block is None:
+        raise ZkMigrationError(f"znode {ZK_BLOCK_PATH} at {zk_hosts} holds no block (empty data); nothing exported")
+    if out_file is None:
+        sys.stdout.buffer.write(data + b"\n")
+        sys.stdout.flush()
+        return
+    try:
+        atomic_write(out_file, data)
+    except OSError as e:
+        _remove_quietly(f"{out_file}.tmp")  # atomic_write's temp file, if it got that far
+        raise click.FileError(out_file, hint=e.strerror or str(e)) from None
+    render.line(f"exported {ZK_BLOCK_PATH} from {zk_hosts} (znode version {stat.version}): block "
+                f"[{block.block_start}, {block.block_end}] of broker {block.broker} -> {out_file}")
+
+
+@migrate.command("zk-allocate")
+@click.option("--zk", "zk_hosts", required=True, help="ZooKeeper: HOST:PORT[,HOST:PORT...][/chroot].")
+@click.option("--broker-id", type=click.IntRange(0, 2**31 - 1), required=True,
+              help="Written into the znode; use an id no running broker uses.")
+@click.option("--count", type=click.IntRange(1, 10_000), default=1, show_default=True, help="Blocks to allocate.")
+@output_option
+@click.pass_obj
+@handle_errors
+def migrate_zk_allocate(obj: Ctx, zk_hosts, broker_id, count, output):
+    """Allocate blocks the ZooKeeper way, as a broker that has not moved to the quorum does.
+
+    Conditional setData on /latest_producer_id_block (block_end + 1, 1000 IDs);
+    a write whose answer is lost is re-read, never assumed. Safe before the
+    migration, in bridge mode, and after a rollback; NEVER after
+    `migrate finalize` (the quorum no longer reserves in the znode).
+    """
+    # heavy (kazoo): imported when used
+    from migration.zk import ZK_BLOCK_PATH, LegacyAllocator, ZkBlockMissing, ZkMigrationError
+
+    got: list[tuple[int, int]] = []
+    zk = _zk_session(zk_hosts, obj.timeout)
+    try:
+        allocator = LegacyAllocator(zk, broker_id, timeout=obj.timeout, op_timeout=min(2.0, obj.timeout))
+        for _ in range(count):
+            got.append(allocator.allocate())
+    except ZkBlockMissing:
+        raise ZkMigrationError(f"cannot create {ZK_BLOCK_PATH} at {zk_hosts}: the chroot does not exist "
+                               f"(wrong chroot?)") from None
+    finally:
+        zk.stop()
+        zk.close()
+        if got:  # blocks taken before a failure are shown too (they are spent in ZooKeeper either way)
+            blocks = [{"broker_id": broker_id, "producer_id_start": start, "producer_id_len": length,
+                       "next_producer_id": start + length, "block_end": start + length - 1} for start, length in got]
+            render.listing(output, blocks, "allocated through ZooKeeper", ["broker", "start", "end (excl.)", "len"],
+                           [[b["broker_id"], b["producer_id_start"], b["next_producer_id"], b["producer_id_len"]]
+                            for b in blocks])

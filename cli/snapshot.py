@@ -1,0 +1,51 @@
+"""``pidctl snapshot ...``: take and inspect snapshots."""
+from __future__ import annotations
+
+import asyncio
+
+import click
+
+from snapshots import inspect_snapshot
+from wire.errors import RequestTimedOutError
+
+from . import render
+from .common import Ctx, handle_errors, output_option, run
+
+
+@click.group()
+def snapshot():
+    """Snapshot files."""
+
+
+@snapshot.command("take")
+@click.pass_obj
+@handle_errors
+def snapshot_take(obj: Ctx):
+    """Ask every node to write a snapshot now (log compaction) and wait for the files."""
+    async def go(client):
+        loop = asyncio.get_running_loop()
+        done = {}
+        for a in obj.addresses():
+            before = await client.describe(a)
+            await client.describe(a, action="snapshot")
+            deadline = loop.time() + obj.timeout
+            while loop.time() < deadline:
+                d = await client.describe(a)
+                if d["snapshot"]["bytes"] and d["snapshot"]["mtime_ns"] != before["snapshot"]["mtime_ns"]:
+                    done[a] = d["snapshot"]
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise RequestTimedOutError(f"{a}: no new snapshot within {obj.timeout:.0f}s")
+        return done
+
+    for a, snap in asyncio.run(run(go)(obj.client())).items():
+        render.line(f"{a}: {snap['path']} ({snap['bytes']} bytes)")
+
+
+@snapshot.command("inspect")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@output_option
+@handle_errors
+def snapshot_inspect(file, output):
+    render.snapshot(output, inspect_snapshot(file))

@@ -35,7 +35,8 @@ from audit.export import (
     table_files,
 )
 from chaos.history import HistoryError, HistoryWriter, Op, owner, read_history, write_final
-from cli.main import EXIT_ERROR, EXIT_OK, EXIT_USAGE, cli
+from cli.common import EXIT_ERROR, EXIT_OK, EXIT_USAGE
+from cli.main import cli
 from quorum.audit import AuditWriter, read_audit
 from quorum.localcluster import LocalCluster
 from quorum.managers import ApplyOutcome

@@ -18,7 +18,8 @@ from click.testing import CliRunner
 
 from audit.export import CHAOS_ALLOCATE_SCHEMA, CHAOS_GENERATE_SCHEMA, arrow_schema, export
 from audit.job import AuditInputError, Buckets, plan_buckets, run_audit
-from cli.main import EXIT_ANOMALY, EXIT_ERROR, EXIT_OK, cli
+from cli.common import EXIT_ANOMALY, EXIT_ERROR, EXIT_OK
+from cli.main import cli
 from records.schema import BY_NAME, LONG_MAX
 
 pytestmark = pytest.mark.xdist_group("spark")

@@ -14,7 +14,8 @@ from click.testing import CliRunner
 
 from benchmarks.run import evaluate_targets, outage_of, throughput
 from benchmarks.systems import missing_reason
-from cli.main import EXIT_USAGE, cli
+from cli.common import EXIT_USAGE
+from cli.main import cli
 
 
 def invoke(*args, expect=0):

@@ -82,7 +82,10 @@ def test_chaos_check_refuses_what_is_not_a_run(tmp_path, kill_leader_run, make):
         (target / FINAL).write_text("{}\n")
     elif make in ("truncated", "no-final", "bad-final"):
         data = open(os.path.join(good, HISTORY), "rb").read()
-        (target / HISTORY).write_bytes(data[:len(data) // 2] if make == "truncated" else data)
+        cut = len(data) // 2
+        while data[cut - 1:cut] == b"\n":  # torn inside a line, not at a line boundary by chance
+            cut -= 1
+        (target / HISTORY).write_bytes(data[:cut] if make == "truncated" else data)
         if make == "truncated":
             (target / FINAL).write_bytes(open(os.path.join(good, FINAL), "rb").read())
         if make == "bad-final":

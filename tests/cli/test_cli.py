@@ -7,7 +7,8 @@ import os
 import pytest
 from click.testing import CliRunner
 
-from cli.main import EXIT_ERROR, EXIT_REFUSED, EXIT_USAGE, cli
+from cli.common import EXIT_ERROR, EXIT_REFUSED, EXIT_USAGE
+from cli.main import cli
 from quorum.localcluster import LocalCluster
 from tests.conftest import wait_for
 

@@ -7,20 +7,16 @@ import argparse
 import runpy
 import sys
 
-from .faults import arm_spec
+from .faults import add_option, arm_or_explain
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m chaos.armed")
-    ap.add_argument("--failpoint", action="append", default=[], metavar="POINT=ACTION[:ARG]")
+    add_option(ap)
     ap.add_argument("module")
     ap.add_argument("args", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)
-    try:
-        for spec in args.failpoint:
-            arm_spec(spec)
-    except ValueError as e:
-        print(f"chaos.armed: {e}", file=sys.stderr)
+    if not arm_or_explain(args.failpoint, "chaos.armed"):
         return 2
     sys.argv = [args.module, *args.args]
     runpy.run_module(args.module, run_name="__main__", alter_sys=True)

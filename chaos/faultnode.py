@@ -28,7 +28,7 @@ from quorum.config import ConfigError, load
 from quorum.node import run_node, setup_logging
 from storage.disk import AppendFile, Disk
 
-from .faults import arm_spec
+from .faults import add_option, arm_or_explain
 
 log = logging.getLogger(__name__)
 
@@ -99,15 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ready-file")
     ap.add_argument("--log-level", default="INFO")
     ap.add_argument("--no-fsync", action="store_true", help="benchmarks only: never fdatasync the append files")
-    ap.add_argument("--failpoint", action="append", default=[], metavar="POINT=ACTION[:ARG]",
-                    help="arm a failpoint (chaos.faults)")
+    add_option(ap)
     args = ap.parse_args(argv)
     setup_logging(args.log_level, "human")
-    try:
-        for spec in args.failpoint:
-            arm_spec(spec)
-    except ValueError as e:
-        print(f"pidquorum: {e}", file=sys.stderr)
+    if not arm_or_explain(args.failpoint, "pidquorum"):
         return 2
     try:
         cfg = load(args.config)

@@ -13,6 +13,7 @@ A spec is ``POINT=ACTION[:ARG]``:
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any, Callable
 
 import failpoints
@@ -65,6 +66,23 @@ def arm_spec(spec: str) -> None:
         known = ", ".join(f"{p}={a}" for p, a in sorted(ACTIONS))
         raise ValueError(f"unknown fault {spec!r} (known: {known})")
     failpoints.arm(point, make(arg or None))
+
+
+def add_option(parser) -> None:
+    """``--failpoint POINT=ACTION[:ARG]`` (repeatable) on a launcher's argparse parser."""
+    parser.add_argument("--failpoint", action="append", default=[], metavar="POINT=ACTION[:ARG]",
+                        help="arm a failpoint (chaos.faults)")
+
+
+def arm_or_explain(specs: list[str], prog: str) -> bool:
+    """Arm every spec; on a bad one say why on stderr (as ``prog``) and return False."""
+    try:
+        for spec in specs:
+            arm_spec(spec)
+    except ValueError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return False
+    return True
 
 
 BROKEN_ALLOCATOR = "quorum.allocate=reissue-latest-once"

@@ -188,6 +188,25 @@ def test_failed_fdatasync_is_fail_stop_and_the_entries_do_not_count_as_durable(t
     assert j.durable_end() == (1, 1)  # the failed sync made nothing durable
 
 
+def _restore_and_expect_nobody_elected_until_the_leader_is_back(c, epoch, a, b, backup, restarts: int) -> None:
+    """The leader A dies and B starts on ``backup``: B is held back, restart after restart, and nobody is
+    elected; once A is back the cluster goes on without re-issuing a block and B catches up."""
+    a.crash()
+    b.restart(backup)
+    c.heal()
+    for _ in range(restarts):  # repeated restarts of the restored node must not wear the check down
+        c.wait(lambda: b.status()["recovering"] is not None, what="the restored node to be held back")
+        with pytest.raises(TimeoutError):
+            c.allocate(1, epoch, timeout=1.5)
+        assert not any(n.raft.role()[0] for n in c.running())
+        b.restart(b.disk.crash())
+    a.restart(a.disk.crash())
+    block = c.allocate(1, epoch, timeout=30)
+    assert block[0] >= max(s + n for s, n in c.acknowledged[:-1])
+    c.assert_no_block_reissued()
+    c.wait(lambda: b.status()["recovering"] is None, what="the restored node to catch up")
+
+
 def test_restored_backup_with_the_leader_down_and_a_lagging_follower_elects_nobody():
     """Defect 4: a copy of a follower's data directory, taken while it ran and restored after it was killed,
     was let in; with the leader down and the other follower lagging, the two elected a leader and
@@ -204,20 +223,7 @@ def test_restored_backup_with_the_leader_down_and_a_lagging_follower_elects_nobo
             c.allocate(1, epoch, among=[a.node_id, b.node_id])
         c.wait(lambda: lag.raft.identity.held(b.cfg.raft_address) == b.raft.journal.durable_end(),
                what="the lagging node to see B's position")
-        a.crash()
-        b.restart(backup)
-        c.heal()
-        for _ in range(4):  # repeated restarts of the restored node
-            c.wait(lambda: b.status()["recovering"] is not None, what="the restored node to be held back")
-            with pytest.raises(TimeoutError):
-                c.allocate(1, epoch, timeout=1.5)
-            b.restart(b.disk.crash())
-        assert not any(n.raft.role()[0] for n in c.running())
-        a.restart(a.disk.crash())
-        block = c.allocate(1, epoch, timeout=30)
-        assert block[0] >= max(s + n for s, n in c.acknowledged[:-1])
-        c.assert_no_block_reissued()
-        c.wait(lambda: b.status()["recovering"] is None, what="the restored node to catch up")
+        _restore_and_expect_nobody_elected_until_the_leader_is_back(c, epoch, a, b, backup, restarts=4)
 
 
 def test_restored_backup_is_held_back_even_when_the_only_peer_up_never_saw_what_it_lost():
@@ -235,20 +241,7 @@ def test_restored_backup_is_held_back_even_when_the_only_peer_up_never_saw_what_
         backup = b.disk.crash()  # the nightly backup, copied while B runs
         for _ in range(4):
             c.allocate(1, epoch, among=[a.node_id, b.node_id])
-        a.crash()
-        b.restart(backup)
-        c.heal()
-        for _ in range(3):  # repeated restarts of the restored node
-            c.wait(lambda: b.status()["recovering"] is not None, what="the restored node to be held back")
-            with pytest.raises(TimeoutError):
-                c.allocate(1, epoch, timeout=1.5)
-            assert not any(n.raft.role()[0] for n in c.running())
-            b.restart(b.disk.crash())
-        a.restart(a.disk.crash())
-        block = c.allocate(1, epoch, timeout=30)
-        assert block[0] >= max(s + n for s, n in c.acknowledged[:-1])
-        c.assert_no_block_reissued()
-        c.wait(lambda: b.status()["recovering"] is None, what="the restored node to catch up")
+        _restore_and_expect_nobody_elected_until_the_leader_is_back(c, epoch, a, b, backup, restarts=3)
 
 
 def test_a_restart_with_every_peer_up_is_vouched_for_at_once():

@@ -232,7 +232,7 @@ def _child(sim: Simulation, node, image, op: str, label: str, after_steps: int, 
     sim.child_pipe = w
     synced, cutting = _synced_entries(node)
     if node.running:
-        node._committed_before = node.raft._obj.raftCommitIndex
+        node._committed_before = node.committed_and_durable()
     sim.config.steps = sim.step_no + after_steps
     sim.note(f"node {node.node_id} loses power before {op}: {label}")
     node.disk.stopped = True  # the disk as it was: nothing more reaches it

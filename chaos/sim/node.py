@@ -156,6 +156,16 @@ class SimulatedNode:
             self.loop = None
         self.next_tick = None
 
+    def committed_and_durable(self) -> int:
+        """The highest index this node knows committed *and* holds on stable storage (by its own account:
+        a node that wrongly believes a write synced is held to it).  A follower's commit index may run
+        ahead of its synced log between writing an AppendEntries' entries and syncing them (it has not
+        acknowledged them yet): losing those is no loss, a majority holds them."""
+        raft = self.raft
+        snap = raft.store.current
+        durable = max(raft.journal.durable_end()[1], snap.last_index if snap else 0)
+        return min(raft._obj.raftCommitIndex, durable)
+
     def crash(self, why: str = "crash") -> None:
         """The process dies now (kill -9): what it wrote stays in the page cache."""
         if self.service is None:

@@ -324,15 +324,15 @@ class Simulation:
             for index in range(base + 1, before + 1):
                 want = self.checker.ledger.get(index)
                 if want is not None and held.get(index) != want[0]:
-                    raise Violation(f"durability: node {node.node_id} knew index {index} committed before it "
-                                    f"stopped, and its disk lost it (journal {min(held, default=None)}.."
+                    raise Violation(f"durability: node {node.node_id} held committed index {index} on disk before "
+                                    f"it stopped, and lost it (journal {min(held, default=None)}.."
                                     f"{max(held, default=None)}, snapshot at {base})")
         node._committed_before = None
         return ok
 
     def _stop(self, node: SimulatedNode, how: str, policy: LossPolicy | None = None) -> None:
         if node.running:
-            node._committed_before = node.raft._obj.raftCommitIndex
+            node._committed_before = node.committed_and_durable()
         if policy is None:
             node.crash(how)
         else:
@@ -430,7 +430,7 @@ class Simulation:
         self.fault(f"power_loss_{scope}")
         for n in victims:
             if n.running:
-                n._committed_before = n.raft._obj.raftCommitIndex
+                n._committed_before = n.committed_and_durable()
             if n.running or n.disk is not None:
                 n.power_loss(LossPolicy("random", self.rng, torn=0.5))
                 self.after(self.rng.uniform(0.05, 2.5), "restart", self._restart, n)

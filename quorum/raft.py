@@ -412,9 +412,16 @@ class _Replicated(SyncObj):
             return
         if kind == "response_vote" and not self._new_voter(node, message):
             return
-        if kind == "next_node_idx" and message.get("term", self._SyncObj__raftCurrentTerm) != \
-                self._SyncObj__raftCurrentTerm:
-            return  # an acknowledgement from another term (delayed): it says nothing about this leader's log
+        if kind == "next_node_idx":
+            term = message.get("term", self._SyncObj__raftCurrentTerm)
+            if _is_int(term) and term > self._SyncObj__raftCurrentTerm:
+                # Raft: a response with a higher term deposes this node (pysyncobj only looks at the terms of
+                # requests: a follower in a higher term that never campaigns, a recovering one, was never heard).
+                self._SyncObj__setCurrentTerm(term, None)
+                self.step_down()
+                return
+            if term != self._SyncObj__raftCurrentTerm:
+                return  # an acknowledgement from another term (delayed): it says nothing about this leader's log
         SyncObj._SyncObj__onMessageReceived(self, node, message)
         if (kind == "next_node_idx" and message.get("success") and self._SyncObj__raftState == _LEADER):
             match = self._SyncObj__raftMatchIndex.get(node)
@@ -459,7 +466,14 @@ class _Replicated(SyncObj):
             log.warning("dropping a malformed AppendEntries from %s", node.address)
             return
         if term < self._SyncObj__raftCurrentTerm:
-            return  # a deposed leader (pysyncobj's leader steps down on a higher term it hears of)
+            if self._pq.restricted:
+                # A node held back never campaigns, so nothing else would ever tell this leader of the higher
+                # term it holds (from a run before it stopped): answer with it, the leader steps down and the
+                # next election is in a term this node can follow (see next_node_idx above).
+                self._SyncObj__transport.send(node, {
+                    "type": "next_node_idx", "next_node_idx": self._pq.journal.durable_end()[1] + 1,
+                    "reset": False, "success": False, "term": self._SyncObj__raftCurrentTerm})
+            return  # a deposed leader
         if term > self._SyncObj__raftCurrentTerm:
             self._SyncObj__transferInProgress = False  # a new leader supersedes any pending transfer
         if not self._SyncObj__transferInProgress:

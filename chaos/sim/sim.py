@@ -267,6 +267,7 @@ class Simulation:
                 self._start(n)
         deadline = self.clock.now + 60.0
         quiet_since = None
+        converged = False
         while self._events and self.clock.now < deadline:
             self._step()
             members = [n for n in self.nodes.values() if not n.removed]
@@ -282,19 +283,33 @@ class Simulation:
             if all(n.raft._obj.raftLastApplied == last and not n.raft.restricted for n in members):
                 quiet_since = quiet_since or self.clock.now
                 if self.clock.now - quiet_since > 0.5:
+                    converged = True
                     break
             else:
                 quiet_since = None
         members = [n for n in self.nodes.values() if not n.removed]
         if not all(n.running for n in members) or self.leader() is None:
-            raise Violation("after the faults stopped, the cluster did not come back within 60 simulated seconds: "
-                            + ", ".join(f"node {n.node_id}: {'up' if n.running else (n.refused or n.halted)}"
-                                        for n in members))
+            raise Violation("liveness: after the faults stopped, the cluster did not come back within 60 simulated "
+                            "seconds: " + "; ".join(self._describe(n) for n in members))
+        if not converged:
+            raise Violation("liveness: after the faults stopped, the members did not converge within 60 simulated "
+                            "seconds: " + "; ".join(self._describe(n) for n in members))
         states = {}
         for n in members:
             with n.service.lock:
                 states[n.node_id] = n.service.state.producer_ids.next_producer_id
         self.checker.final(states, self.acked_blocks)
+
+    @staticmethod
+    def _describe(n: SimulatedNode) -> str:
+        """One member's state, for a liveness failure: role, log, applied, what holds it back, its membership."""
+        if not n.running:
+            return f"node {n.node_id}: down ({n.refused or n.halted})"
+        st = n.raft.status()
+        held = (st["recovering"] or {}).get("reason")
+        return (f"node {n.node_id}: {st['state']} term {st['term']} log {list(n.raft.journal.durable_end())} applied "
+                f"{st['last_applied']}" + (f", held back: {held}" if held else "")
+                + f", members {[m.rsplit(':', 1)[0] for m in st['members']]}")
 
     # --------------------------------------------------------------- faults
     def _start(self, node: SimulatedNode) -> bool:

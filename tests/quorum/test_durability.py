@@ -449,22 +449,30 @@ def test_every_crash_state_of_every_node_keeps_its_committed_entries():
 
 
 # --------------------------------------------------- found by the deterministic simulation
+def _node_one_alone(c, setup, what: str):
+    """Start node 1 only and run ``setup(node, syncobj)`` on its Raft thread (the state a test needs)."""
+    n = c.nodes[1]
+    n.start()
+    obj = n.raft._obj
+    done = []
+
+    def run():
+        setup(n, obj)
+        done.append(True)
+    n.raft._on_raft_thread(run)
+    c.wait(lambda: done, what=what)
+    return n, obj
+
+
 def test_a_vote_delivered_twice_counts_once():
     """pysyncobj counted vote messages, not voters: in a five-node cluster, its own vote plus one vote
     delivered twice made a "majority" and two leaders in one term (simulation, five nodes, duplication)."""
     with SimCluster(size=5, start=False) as c:
-        n = c.nodes[1]
-        n.start()
-        obj = n.raft._obj
-        done = []
-
-        def become_candidate():
+        def become_candidate(n, obj):
             obj._SyncObj__setCurrentTerm(5, n.cfg.raft_address)
             obj._SyncObj__setState(1)
             obj._SyncObj__votesCount = 1
-            done.append(True)
-        n.raft._on_raft_thread(become_candidate)
-        c.wait(lambda: done, what="the candidate")
+        n, obj = _node_one_alone(c, become_candidate, "the candidate")
         for _ in range(2):
             _deliver(n, _fake_peer(c, 2), {"type": "response_vote", "term": 5})
         assert not n.raft.role()[0]  # 2 voters of 5, however many messages
@@ -477,17 +485,10 @@ def test_an_acknowledgement_from_another_term_is_ignored():
     leader's match index for a follower whose log was cut since, and an entry was committed that the
     majority did not hold.  Acknowledgements now carry their term; the leader ignores other terms'."""
     with SimCluster(start=False) as c:
-        n = c.nodes[1]
-        n.start()
-        obj = n.raft._obj
-        done = []
-
-        def become_leader():
+        def become_leader(n, obj):
             obj._SyncObj__setCurrentTerm(7, n.cfg.raft_address)
             obj._SyncObj__onBecomeLeader()
-            done.append(True)
-        n.raft._on_raft_thread(become_leader)
-        c.wait(lambda: done, what="the leader")
+        n, obj = _node_one_alone(c, become_leader, "the leader")
         peer = _fake_peer(c, 2)
         stale = {"type": "next_node_idx", "next_node_idx": 3, "reset": False, "success": True, "term": 5}
         _deliver(n, peer, stale)

@@ -360,10 +360,15 @@ class _Gate:
 
     def dropNode(self, node):
         # A membership change removed ``node``: a fresh node may later be added at its address.
-        if not getattr(self, "_destroying", False):
-            self.owner.identity.forget(node.address)
+        if getattr(self, "_destroying", False):
+            self.owner.peer_clients.pop(node.address, None)
+            super().dropNode(node)
+            return
+        self.owner.identity.forget(node.address)
         self.owner.peer_clients.pop(node.address, None)
-        super().dropNode(node)
+        # The link stays: the change may be an uncommitted entry that the leader (perhaps ``node`` itself)
+        # will cut, and Raft servers take a leader's AppendEntries from outside their configuration.  Raft
+        # counts only members: ``_Replicated`` takes nothing else from it (no vote, request or ack).
 
 
 class _TCP(TCPTransport):
@@ -404,6 +409,8 @@ class _Replicated(SyncObj):
     # ------------------------------------------------------ replaced: messages
     def _SyncObj__onMessageReceived(self, node, message):
         kind = message.get("type") if isinstance(message, dict) else None
+        if kind != "append_entries" and node not in self._SyncObj__otherNodes:
+            return  # outside this node's configuration: only a leader's AppendEntries are taken (see _Gate.dropNode)
         if kind == "append_entries":
             self._append_entries(node, message)
             return

@@ -390,8 +390,8 @@ def test_whole_cluster_power_loss_never_reissues_an_acknowledged_block():
 def test_every_crash_state_of_every_node_keeps_its_committed_entries():
     """Before every file operation of every node (appends, syncs, meta writes, compactions, a snapshot
     install, identity and peers writes, restarts), each disk a power loss could leave must let the node
-    start, with every entry it knew committed still held (in its snapshot, or in its journal with the
-    same term)."""
+    start, with every entry it knew committed and had synced still held (in its snapshot, or in its
+    journal with the same term)."""
     from quorum.audit import AuditWriter
     from quorum.identity import NodeIdentity
     from quorum.raft import open_node_files
@@ -407,7 +407,12 @@ def test_every_crash_state_of_every_node_keeps_its_committed_entries():
                 service = node.service
                 raft = getattr(service, "raft", None) if service is not None else None
                 if raft is not None and hasattr(raft, "_obj"):
-                    commit = raft._obj.raftCommitIndex
+                    # What the node knows committed *and* holds synced: a follower's commit index runs
+                    # ahead of its log between taking an AppendEntries' entries and syncing them (it has
+                    # not acknowledged them; a majority holds them), which a power loss may take.
+                    snap = raft.store.current
+                    durable = max(raft.journal.durable_end()[1], snap.last_index if snap else 0)
+                    commit = min(raft._obj.raftCommitIndex, durable)
                     # (index 1 term 0 is pysyncobj's implicit first no-op, re-created on an empty journal)
                     committed = {e[1]: e[2] for e in raft.journal.entries if e[1] <= commit and e[2] > 0}
                 instants.append((node.node_id, str(op), node.disk.clone(), committed))

@@ -11,11 +11,11 @@ manages ACLs and quotas.
 """
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from kio.schema.broker_registration.v0.request import Listener
-from kio.schema.errors import ErrorCode
-from kio.static.primitive import f64, i16, i32, i64, u16
+from kio.static.primitive import i16, i32, i64, u16
 
 from records import (
     AlterAclsRequest,
@@ -35,15 +35,7 @@ from records import (
     SeedProducerIdsResponse,
 )
 from records.codec import from_obj, to_obj
-from wire.errors import Errors
-from wire.kafka import (
-    API_VERSIONS,
-    ApiTable,
-    MsgpackApi,
-    encode_msgpack_request,
-    load_response_schema,
-    ms,
-)
+from wire.kafka import API_VERSIONS, ApiTable, MsgpackApi, encode_msgpack_request, request_entity
 
 # The record RPCs: request record -> response record.
 RPC_RESPONSES: dict[type, type] = {
@@ -60,6 +52,7 @@ BROKER_REGISTRATION = 62
 BROKER_HEARTBEAT = 63
 ALLOCATE_PRODUCER_IDS = 67
 DESCRIBE_CLIENT_QUOTAS = 48  # Kafka's own API: brokers poll the quota configuration with it
+ENVELOPE = 58  # Kafka's (KIP-590): a follower forwards a client's request to the leader in one; not advertised
 ADMIN_API_KEY = 10001  # pidquorum DescribeState (msgpack body); outside Kafka's key space
 RECORD_API_KEY = 10002  # pidquorum RPCs whose request and response are records (records/schema.py), msgpack
 TXN_API_KEY = RECORD_API_KEY  # the transactional-id RPCs travel on it
@@ -73,7 +66,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
 }
 API_NAMES = {API_VERSIONS: "ApiVersions", BROKER_REGISTRATION: "BrokerRegistration",
              BROKER_HEARTBEAT: "BrokerHeartbeat", ALLOCATE_PRODUCER_IDS: "AllocateProducerIds",
-             DESCRIBE_CLIENT_QUOTAS: "DescribeClientQuotas",
+             DESCRIBE_CLIENT_QUOTAS: "DescribeClientQuotas", ENVELOPE: "Envelope",
              ADMIN_API_KEY: "DescribeState", RECORD_API_KEY: "pidquorum RPC"}
 
 
@@ -92,65 +85,19 @@ def _state_request(obj: Any) -> dict:
     return obj
 
 
-def error_body(api_key: int, api_version: int, code: Errors, message: str = "", throttle_ms: int = 0) -> Any:
-    """The response body of a Kafka API of the quorum that carries only an error."""
-    resp_cls = load_response_schema(api_key, api_version)
-    err = ErrorCode(int(code))
-    if api_key == ALLOCATE_PRODUCER_IDS:
-        return resp_cls(throttle_time=ms(throttle_ms), error_code=err, producer_id_start=i64(-1),
-                        producer_id_len=i32(0))
-    if api_key == BROKER_REGISTRATION:
-        return resp_cls(throttle_time=ms(throttle_ms), error_code=err, broker_epoch=i64(-1))
-    if api_key == BROKER_HEARTBEAT:
-        return resp_cls(throttle_time=ms(throttle_ms), error_code=err, is_caught_up=False, is_fenced=True,
-                        should_shut_down=False)
-    if api_key == DESCRIBE_CLIENT_QUOTAS:
-        return resp_cls(throttle_time=ms(throttle_ms), error_code=err, error_message=code.name, entries=None)
-    raise ValueError(f"no error body for API {api_key}")  # pragma: no cover
-
-
+# The client's view (encoding requests, reading answers); the server's, with its error answers, is
+# quorum.rpcs.SERVER_API.
 QUORUM_API = ApiTable(
-    versions=SUPPORTED, names=API_NAMES, error_body=error_body,
+    versions=SUPPORTED, names=API_NAMES, error_body=None,
     msgpack={
         ADMIN_API_KEY: MsgpackApi("DescribeState", decode_request=_state_request, decode_response=lambda obj: obj,
-                                  encode=lambda body: body, error_body=lambda code, msg: {"error_code": int(code)}),
+                                  encode=lambda body: body),
         RECORD_API_KEY: MsgpackApi(
             "pidquorum RPC",
             decode_request=lambda obj: decode_payload(obj, tuple(RPC_RESPONSES)),
             decode_response=lambda obj: decode_payload(obj, tuple(RPC_RESPONSES.values())),
-            encode=lambda body: body if isinstance(body, dict) else to_obj(body),
-            error_body=lambda code, msg: InitTransactionalProducerResponse(error_code=int(code), error_message=msg)),
+            encode=lambda body: body if isinstance(body, dict) else to_obj(body)),
     })
-
-
-# ----------------------------------------------------------------- responses
-
-
-def allocate_response(start: int, length: int, throttle_ms: int = 0) -> Any:
-    resp_cls = load_response_schema(ALLOCATE_PRODUCER_IDS, 0)
-    return resp_cls(throttle_time=ms(throttle_ms), error_code=ErrorCode.none, producer_id_start=i64(start),
-                    producer_id_len=i32(length))
-
-
-def client_quotas_response(version: int, entries: list[dict]) -> Any:
-    """DescribeClientQuotas: one entry per user (entity_name None: the default), its quota values."""
-    resp_cls = load_response_schema(DESCRIBE_CLIENT_QUOTAS, version)
-    module = __import__(resp_cls.__module__, fromlist=["EntryData"])
-    return resp_cls(throttle_time=ms(0), error_code=ErrorCode.none, error_message=None, entries=tuple(
-        module.EntryData(entity=(module.EntityData(entity_type="user", entity_name=e["user"]),),
-                         values=tuple(module.ValueData(key=k, value=f64(v)) for k, v in e["values"].items()))
-        for e in entries))
-
-
-def registration_response(version: int, epoch: int) -> Any:
-    resp_cls = load_response_schema(BROKER_REGISTRATION, version)
-    return resp_cls(throttle_time=ms(0), error_code=ErrorCode.none, broker_epoch=i64(epoch))
-
-
-def heartbeat_response(version: int, is_fenced: bool, should_shut_down: bool) -> Any:
-    resp_cls = load_response_schema(BROKER_HEARTBEAT, version)
-    return resp_cls(throttle_time=ms(0), error_code=ErrorCode.none, is_caught_up=True, is_fenced=is_fenced,
-                    should_shut_down=should_shut_down)
 
 
 # ------------------------------------------------------------------ requests
@@ -169,6 +116,21 @@ def encode_admin_request(body: Any, correlation_id: int, client_id: str = "pidqu
     """A msgpack API request frame: DescribeState (a dict) or a record RPC (its request record)."""
     return encode_msgpack_request(msgpack_api_of(body), body if isinstance(body, dict) else to_obj(body),
                                   correlation_id, client_id)
+
+
+def allocate_request(broker_id: int, broker_epoch: int) -> Any:
+    return request_entity(ALLOCATE_PRODUCER_IDS, 0, broker_id=i32(broker_id), broker_epoch=i64(broker_epoch))
+
+
+def registration_request(broker_id: int, incarnation_id: uuid.UUID, listener: str = "") -> Any:
+    return request_entity(BROKER_REGISTRATION, 0, broker_id=i32(broker_id), cluster_id="pidquorum",
+                          incarnation_id=incarnation_id, listeners=listeners(listener), features=(), rack=None)
+
+
+def heartbeat_request(broker_id: int, broker_epoch: int, want_fence: bool = False,
+                      want_shut_down: bool = False) -> Any:
+    return request_entity(BROKER_HEARTBEAT, 0, broker_id=i32(broker_id), broker_epoch=i64(broker_epoch),
+                          current_metadata_offset=i64(0), want_fence=want_fence, want_shut_down=want_shut_down)
 
 
 def listeners(address: str) -> tuple:

@@ -7,38 +7,26 @@ unknown API key closes that connection (with a log line); a readable header
 with a bad body is answered with INVALID_REQUEST, an unsupported version with
 UNSUPPORTED_VERSION.
 
-Any node accepts a request.  The leader proposes it; a follower forwards it
-to the leader's client port (once: a forwarded request is never forwarded
-again) and relays the answer.  With no leader, or past the deadline, the
-answer is NOT_CONTROLLER or REQUEST_TIMED_OUT, both retriable.
+What each request is, who may send it, how it is handled and answered is
+declared once, in ``quorum.rpcs``; this module only runs that table.
+
+Any node accepts a request.  The leader proposes it; a follower forwards the
+client's frame as it arrived to the leader's client port in an Envelope
+(Kafka's KIP-590; once: a forwarded request is never forwarded again) and
+relays the leader's answer frame as it is.  With no leader, or past the
+deadline, the answer is NOT_CONTROLLER or REQUEST_TIMED_OUT, both retriable.
 """
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from client import api as p
 from client.quorum import Connection, ConnectionFailed
-from records import (
-    AlterAclsRequest,
-    AlterAclsResponse,
-    AlterClientQuotaRequest,
-    AlterClientQuotaResponse,
-    DescribeAclsRequest,
-    DescribeAclsResponse,
-    DescribeTransactionalIdRequest,
-    DescribeTransactionalIdResponse,
-    InitTransactionalProducerResponse,
-    MigrationCommandRequest,
-    MigrationCommandResponse,
-    SeedProducerIdsRequest,
-    SeedProducerIdsResponse,
-)
 from security import acl as a
-from security.acl import Acl
 from security.client import ClientSecurity
 from security.credentials import NODE_USER, node_credential, node_password
 from security.sasl import SaslAuthenticator, api_versions_table, linger_close
@@ -53,16 +41,15 @@ from wire.errors import (
     PidQuorumError,
     RequestTimedOutError,
     ThrottlingQuotaExceededError,
+    for_code,
 )
 
-from . import membership
-from .managers import TxnSettings
-from .quotas import ClientQuotaManager, parse_user
+from .rpcs import RPCS, SERVER_API, Rpc, envelope_peer, forward_envelope
 from .service import Proposer, Service
 from .stats import REQUEST_BUCKETS, Histogram
 
 log = logging.getLogger(__name__)
-FORWARD_CLIENT_ID = "pidquorum-forward"
+FORWARD_CLIENT_ID = "pidquorum-forward"  # the client id of the connection a node forwards on
 BUCKET_PRUNE_AT = 1024  # throttle buckets kept before idle ones are pruned
 
 
@@ -83,6 +70,20 @@ class TokenBucket:
         return max(1, int((1 - self.tokens) / self.rate * 1000 + 0.999))
 
 
+@dataclass(frozen=True)
+class Relayed:
+    """The leader's answer frame to a request this node forwarded, relayed as it is."""
+    frame: bytes
+
+    def ok(self, req: kafka.Request) -> bool:
+        """Whether the answer carries no error (read only for the latency of answered requests)."""
+        try:
+            body = SERVER_API.parse_response(self.frame[4:], req.api_key, req.api_version)[1]
+            return int(body["error_code"] if isinstance(body, dict) else body.error_code) == 0
+        except Exception:  # noqa: BLE001 - an unreadable answer is relayed as it is, just not timed
+            return False
+
+
 class QuorumServer:
     def __init__(self, service: Service):
         self.service = service
@@ -94,7 +95,8 @@ class QuorumServer:
         self._server: asyncio.AbstractServer | None = None
         self._tasks: list[asyncio.Task] = []
         self.counters = {"requests": 0, "forwarded": 0, "throttled": 0, "bad_frames": 0, "bad_requests": 0}
-        self.allocate_latency = Histogram(REQUEST_BUCKETS)  # AllocateProducerIds answered OK by this node
+        # AllocateProducerIds answered OK by this node (the RPCs marked timed), their latency
+        self.allocate_latency = Histogram(REQUEST_BUCKETS)
         self._setup_security()
 
     def _setup_security(self) -> None:
@@ -140,19 +142,6 @@ class QuorumServer:
         if self.service.zookeeper is not None:
             self.service.zookeeper.reset()
 
-    def _write_rollback_placeholder(self, zk_hosts: str, start: int, length: int) -> str:
-        """Rollback: the placeholder block (broker -1) at the quorum's next ID; raises a retriable error if
-        ZooKeeper cannot be written (the mode is already rolled back: run the rollback again)."""
-        if self.service.zookeeper is None:
-            raise RequestTimedOutError("rolled back, but this node was started without a ZooKeeper hook to write "
-                                       "the placeholder; run the rollback again on a node started with pidctl node "
-                                       "start")
-        try:
-            return self.service.zookeeper.write_placeholder(zk_hosts, start, length)
-        except Exception as e:  # noqa: BLE001 - report, the operator reruns the (idempotent) rollback
-            raise RequestTimedOutError(f"rolled back, but writing the placeholder to ZooKeeper ({zk_hosts}) "
-                                       f"failed: {type(e).__name__}: {e}; run the rollback again") from None
-
     # ------------------------------------------------------------ connections
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
@@ -173,7 +162,7 @@ class QuorumServer:
                     if verdict.kind == "reply":
                         continue
                 try:
-                    req = p.QUORUM_API.parse(frame)
+                    req = SERVER_API.parse(frame)
                 except kafka.FrameError as e:
                     self.counters["bad_frames"] += 1
                     log.warning("client %s: %s; closing", peer, e)
@@ -181,7 +170,7 @@ class QuorumServer:
                 except kafka.BadRequest as e:
                     self.counters["bad_requests"] += 1
                     log.warning("client %s: %s (answered %s)", peer, e.message, e.code.name)
-                    responses.put_nowait(p.QUORUM_API.error_response(e))
+                    responses.put_nowait(SERVER_API.error_response(e))
                     continue
                 if session is not None:
                     req.principal = session.principal
@@ -213,226 +202,120 @@ class QuorumServer:
 
     async def _dispatch(self, req: kafka.Request, peer: Any) -> bytes:
         request_context(req.client_id, req.correlation_id)  # this task's log lines carry it
+        return await self._answer(req, peer)
+
+    async def _answer(self, req: kafka.Request, peer: Any, relay_not_controller: bool = True) -> bytes:
+        """The whole answer frame to ``req``: its RPC's response, an error answer, or the answer the
+        leader gave to the frame this node forwarded.  ``relay_not_controller=False`` (a forwarded
+        request): NOT_CONTROLLER is raised instead, for the forwarding node to try the new leader."""
+        rpc = RPCS.of(req.api_key, req.body)
+        t0 = time.monotonic()
         try:
             if self.sasl is not None:
-                self._authorize(req, peer)
-            body = await self._handle(req)
+                self._authorize(rpc, req, peer)
+            result = await self._run(rpc, req, peer)
+            if isinstance(result, Relayed):
+                if rpc.timed and result.ok(req):
+                    self.allocate_latency.observe(time.monotonic() - t0)
+                return result.frame
+            body = rpc.respond(req.api_version, result)
+            if rpc.timed:
+                self.allocate_latency.observe(time.monotonic() - t0)
         except PidQuorumError as e:
+            if e.code == Errors.NOT_CONTROLLER and not relay_not_controller:
+                raise
             if e.code not in (Errors.NOT_CONTROLLER,):
-                log.info("client %s: %s v%d -> %s: %s", peer, p.API_NAMES.get(req.api_key), req.api_version,
-                         e.code.name, e.message)
-            body = p.QUORUM_API.error(req.api_key, req.api_version, e.code, throttle_ms=e.throttle_ms)
-            if req.api_key == p.ADMIN_API_KEY:
-                body["error_message"] = e.message  # admin actions (membership) say why they were refused
-            if req.api_key == p.RECORD_API_KEY:
-                cls = p.RPC_RESPONSES.get(type(req.body), InitTransactionalProducerResponse)
-                body = cls(error_code=int(e.code), error_message=e.message)
+                log.info("client %s: %s v%d -> %s: %s", peer, rpc.name, req.api_version, e.code.name, e.message)
+            body = rpc.error(req.api_version, e.code, e.message, e.throttle_ms)
         except Exception:  # noqa: BLE001 - request boundary: log, answer, keep serving
-            log.exception("client %s: %s v%d failed", peer, p.API_NAMES.get(req.api_key), req.api_version)
-            body = p.QUORUM_API.error(req.api_key, req.api_version, Errors.UNKNOWN_SERVER_ERROR)
-        return p.QUORUM_API.encode(req.api_key, req.api_version, req.correlation_id, body)
+            log.exception("client %s: %s v%d failed", peer, rpc.name, req.api_version)
+            body = rpc.error(req.api_version, Errors.UNKNOWN_SERVER_ERROR, Errors.UNKNOWN_SERVER_ERROR.name, 0)
+        return SERVER_API.encode(req.api_key, req.api_version, req.correlation_id, body)
+
+    async def answer_forwarded(self, envelope: Any) -> bytes:
+        """The raw answer frame (size prefix removed) to the request inside a follower's Envelope."""
+        try:
+            req = SERVER_API.parse(bytes(envelope.request_data))
+        except kafka.FrameError as e:
+            raise InvalidRequestError(f"forwarded request: {e}") from None
+        except kafka.BadRequest as e:
+            return SERVER_API.error_response(e)[4:]
+        if req.api_key == p.ENVELOPE:
+            raise InvalidRequestError("an Envelope inside an Envelope")
+        req.forwarded = True
+        if envelope.request_principal:
+            req.principal = bytes(envelope.request_principal).decode("utf-8", "replace")
+        peer = envelope_peer(bytes(envelope.client_host_address))
+        request_context(req.client_id, req.correlation_id)
+        return (await self._answer(req, peer, relay_not_controller=False))[4:]
 
     # --------------------------------------------------------- authorization
-    def _authorize(self, req: kafka.Request, peer: Any) -> None:
-        """ACLs on the cluster resource (SASL on): CLUSTER_ACTION for what brokers do, ALTER for
-        administration, DESCRIBE to read; else CLUSTER_AUTHORIZATION_FAILED.  A forwarded request was
-        checked by the node that forwarded it (as the node principal, a super user here)."""
-
-        b = req.body
-        if req.api_key == p.API_VERSIONS:
+    def _authorize(self, rpc: Rpc, req: kafka.Request, peer: Any) -> None:
+        """ACLs on the cluster resource (SASL on): any one of the RPC's operations (``quorum.rpcs``)
+        allows it, else CLUSTER_AUTHORIZATION_FAILED.  Super users (the nodes among them) may do
+        anything; an RPC that names no operation is theirs alone (Envelope), except ApiVersions."""
+        if req.api_key == p.API_VERSIONS or req.principal in self.super_users:
             return
-        if req.api_key in (p.BROKER_REGISTRATION, p.BROKER_HEARTBEAT, p.ALLOCATE_PRODUCER_IDS):
-            ops = (a.CLUSTER_ACTION,)
-        elif req.api_key == p.ADMIN_API_KEY:
-            ops = (a.ALTER,) if b.get("action") is not None else (a.DESCRIBE, a.CLUSTER_ACTION)
-        elif isinstance(b, DescribeAclsRequest) or req.api_key == p.DESCRIBE_CLIENT_QUOTAS:
-            ops = (a.DESCRIBE, a.CLUSTER_ACTION)  # brokers poll both
-        elif isinstance(b, (AlterAclsRequest, AlterClientQuotaRequest, SeedProducerIdsRequest,
-                            MigrationCommandRequest)):
-            ops = (a.ALTER,)
-        else:  # the brokers' transactional-id RPCs
-            ops = (a.CLUSTER_ACTION,)
-        if req.principal in self.super_users:
-            return
-        with self.service.lock:
-            index = self.service.state.acls.index()  # immutable once built: safe to use after the lock
-        host = a.peer_host(peer)
-        if any(index.authorize(req.principal, a.CLUSTER, a.CLUSTER_NAME, op, (), host) for op in ops):
-            return
-        what = p.API_NAMES.get(req.api_key, str(req.api_key))
-        if req.api_key == p.RECORD_API_KEY:
-            what += " " + type(b).SPEC.name
+        ops = rpc.acl(req.body)
+        if ops:
+            with self.service.lock:
+                index = self.service.state.acls.index()  # immutable once built: safe to use after the lock
+            host = a.peer_host(peer)
+            if any(index.authorize(req.principal, a.CLUSTER, a.CLUSTER_NAME, op, (), host) for op in ops):
+                return
         raise ClusterAuthorizationFailedError(
-            f"{req.principal} is not allowed {' or '.join(ops)} on the cluster ({what})")
+            f"{req.principal} is not allowed {' or '.join(ops) or 'to forward requests'} on the cluster "
+            f"({rpc.name})")
 
     # --------------------------------------------------------------- handlers
-    async def _handle(self, req: kafka.Request) -> Any:
-        b = req.body
-        if req.api_key == p.API_VERSIONS:
-            return kafka.api_versions_body(req.api_version, Errors.NONE, self.api_table)
-        if req.api_key == p.RECORD_API_KEY and isinstance(b, DescribeAclsRequest):
-            # This node's applied entries (no trip to the leader): at most its replication lag behind.
-            with self.service.lock:
-                acls = self.service.state.acls.acls()
-                applied = self.service.applied_index
-            rows = [x.to_dict() for x in acls if not b.principal or x.principal == b.principal]
-            return DescribeAclsResponse(error_code=0, acls=json.dumps(rows), applied_index=applied)
-        if req.api_key == p.RECORD_API_KEY and isinstance(b, AlterAclsRequest):
-            acl = Acl(principal=b.principal, resource_type=b.resource_type, resource_name=b.resource_name,
-                      pattern_type=b.pattern_type, operation=b.operation, permission=b.permission, host=b.host)
-            result = await self._route(req, "alter_acl", {"action": b.action, "acl": acl})
-            return AlterAclsResponse(error_code=0, changed=result) if isinstance(result, bool) else result
-        if req.api_key == p.ADMIN_API_KEY:
-            action = b.get("action")
-            if action in membership.ACTIONS:
-                return {"error_code": 0, **await membership.handle(self.service, action, b)}
-            if action == "snapshot":
-                self.service.raft.force_snapshot()
-            elif action is not None:
-                raise InvalidRequestError(f"unknown DescribeState action {action!r}")
-            return {"error_code": 0, **self.status()}
-        if req.api_key == p.BROKER_REGISTRATION:
-            if b.incarnation_id is None:
-                raise InvalidRequestError("incarnation id is required")
-            args = {"broker_id": int(b.broker_id), "incarnation_id": str(b.incarnation_id),
-                    "listener": p.listener_address(b)}
-            result = await self._route(req, "register", args)
-            return result if not isinstance(result, int) else p.registration_response(req.api_version, result)
-        if req.api_key == p.BROKER_HEARTBEAT:
-            args = {"broker_id": int(b.broker_id), "broker_epoch": int(b.broker_epoch),
-                    "want_fence": bool(b.want_fence), "want_shut_down": bool(b.want_shut_down)}
-            result = await self._route(req, "heartbeat", args)
-            if isinstance(result, dict):
-                return p.heartbeat_response(req.api_version, result["is_fenced"], result["should_shut_down"])
-            return result
-        if req.api_key == p.RECORD_API_KEY and isinstance(b, MigrationCommandRequest):
-            result = await self._route(req, "migrate", {"action": b.action, "zk": b.zk})
-            if not isinstance(result, tuple):
-                return result  # relayed from the leader, which did everything below
-            changed, mode = result
-            with self.service.lock:
-                next_id = self.service.state.producer_ids.next_producer_id
-                zk = self.service.state.migration.zk
-            message = f"migration mode {mode}" + ("" if changed else " (unchanged)")
-            if b.action == "rollback":
-                # Committed first (the quorum now issues nothing), so the cursor is final: the placeholder
-                # at it puts ZooKeeper-mode allocation above every ID the quorum ever issued.
-                message = await asyncio.get_running_loop().run_in_executor(
-                    None, self._write_rollback_placeholder, zk, next_id, self.cfg.block_size)
-            return MigrationCommandResponse(error_code=0, mode=mode, changed=changed, next_producer_id=next_id,
-                                            message=message)
-        if req.api_key == p.RECORD_API_KEY and isinstance(b, AlterClientQuotaRequest):
-            if b.validate_only:
-                with self.service.lock:
-                    scratch = ClientQuotaManager()
-                    scratch.quotas = {u: dict(v) for u, v in self.service.state.quotas.quotas.items()}
-                _, changed = scratch.generate_alter(b.user, b.key, b.value, b.remove, 0)
-                return AlterClientQuotaResponse(error_code=0, changed=changed)
-            args = {"user": b.user, "key": b.key, "value": b.value, "remove": b.remove}
-            result = await self._route(req, "alter_quota", args)
-            return AlterClientQuotaResponse(error_code=0, changed=result) if isinstance(result, bool) else result
-        if req.api_key == p.DESCRIBE_CLIENT_QUOTAS:
-            return self._describe_client_quotas(req)
-        if req.api_key == p.RECORD_API_KEY and isinstance(b, SeedProducerIdsRequest):
-            args = {"next_producer_id": b.next_producer_id, "origin": b.origin, "zk_broker": b.zk_broker,
-                    "zk_block_start": b.zk_block_start, "zk_block_end": b.zk_block_end}
-            result = await self._route(req, "seed", args)
-            if isinstance(result, tuple):
-                return SeedProducerIdsResponse(error_code=0, changed=result[0], next_producer_id=result[1])
-            return result
-        if req.api_key == p.TXN_API_KEY and isinstance(b, DescribeTransactionalIdRequest):
-            # A linearizable read: through the leader's proposer, behind a (record-less) log entry.
-            cur = await self._route(req, "read_txn", {"transactional_id": b.transactional_id})
-            if isinstance(cur, DescribeTransactionalIdResponse):
-                return cur  # relayed from the leader
-            if cur is None:
-                return DescribeTransactionalIdResponse(error_code=0)
-            return DescribeTransactionalIdResponse(error_code=0, producer_id=cur.producer_id,
-                                                   producer_epoch=cur.producer_epoch, state=cur.state)
-        if req.api_key == p.TXN_API_KEY:
-            args = {"broker_id": b.broker_id, "broker_epoch": b.broker_epoch,
-                    "transactional_id": b.transactional_id, "timeout_ms": b.transaction_timeout_ms,
-                    "producer_id": b.producer_id, "producer_epoch": b.producer_epoch,
-                    "settings": TxnSettings(self.cfg.transactional_id_expiration_ms,
-                                            self.cfg.transaction_max_timeout_ms)}
-            result = await self._route(req, "init_txn", args)
-            if isinstance(result, tuple):
-                return InitTransactionalProducerResponse(error_code=0, producer_id=result[0],
-                                                         producer_epoch=result[1])
-            return result
-        if req.api_key == p.ALLOCATE_PRODUCER_IDS:
-            args = {"broker_id": int(b.broker_id), "broker_epoch": int(b.broker_epoch)}
-            t0 = time.monotonic()
-            result = await self._route(req, "allocate", args)
-            if isinstance(result, tuple) or int(result.error_code) == 0:
-                self.allocate_latency.observe(time.monotonic() - t0)
-            return p.allocate_response(*result) if isinstance(result, tuple) else result
-        raise InvalidRequestError(f"API {req.api_key} has no handler")  # pragma: no cover
-
-    def _describe_client_quotas(self, req: kafka.Request) -> Any:
-        """DescribeClientQuotas from this node's applied state (no log entry: brokers poll it).
-
-        Served only while this node follows (or is) a leader, so a node cut off from the
-        quorum stops answering within an election timeout instead of serving old quotas.
-        Filters: user entity, exact name / default / any (Kafka's match types 0, 1, 2).
-        """
-        _, leader, _ = self.service.raft.role()
-        if not leader:
-            raise NotControllerError("no leader known: the quota configuration may be stale")
-        wanted: list[tuple[int, str | None]] = []
-        for c in req.body.components:
-            if c.entity_type != "user":
-                raise InvalidRequestError(f"quotas are per user; entity type {c.entity_type!r} is not supported")
-            match_type = int(c.match_type)
-            if match_type not in (0, 1, 2):
-                raise InvalidRequestError(f"unknown match type {match_type}")
-            wanted.append((match_type, parse_user(c.match) if match_type == 0 else None))
-        with self.service.lock:
-            entries = self.service.state.quotas.entries()
-
-        def keep(user: str | None) -> bool:
-            for match_type, name in wanted:
-                if match_type == 0 and user != name or match_type == 1 and user is not None:
-                    return False
-                if match_type == 2 and user is None:
-                    return False  # "any" names a specific user, not the default (as in Kafka)
-            return True
-        return p.client_quotas_response(req.api_version, [e for e in entries if keep(e["user"])])
-
-    async def _route(self, req: kafka.Request, kind: str, args: dict) -> Any:
-        """Propose on the leader, or forward to it.  Returns the op's response, or a
-        forwarded response body to relay as is."""
+    async def _run(self, rpc: Rpc, req: kafka.Request, peer: Any) -> Any:
+        """The RPC's domain value: served here, or proposed on the leader; or the leader's answer to the
+        forwarded frame (``Relayed``)."""
+        if not rpc.needs_leader(req.body):
+            assert rpc.serve is not None
+            return await rpc.serve(self, req)
         timeout = self.cfg.request_timeout_ms / 1000
         deadline = time.monotonic() + timeout
-        forwarded = req.client_id == FORWARD_CLIENT_ID
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise RequestTimedOutError(f"no leader committed the request within {timeout:.2f}s")
             is_leader, leader, _ = self.service.raft.role()
             if is_leader:
-                if kind == "allocate":
-                    self._throttle(args["broker_id"])
-                return await self.proposer.submit(kind, args, remaining)
-            if forwarded:
+                return await self._propose(rpc, req, remaining)
+            if req.forwarded:
                 raise NotControllerError("not the leader (forwarded request)")
             target = (self.cfg.client_address_of(leader) or self.service.raft.peer_client_address(leader)
                       if leader else None)  # a member added after this config was written: from its hello
             if target is not None:
                 try:
-                    body = await self._forward(target, req, remaining)
-                    if Errors.of(int(body.error_code)) != Errors.NOT_CONTROLLER:
-                        return body
+                    return await self._forward(target, req, peer, remaining)
+                except NotControllerError as e:
+                    log.debug("forward to %s: %s", target, e.message)
                 except (ConnectionFailed, RequestTimedOutError) as e:
                     log.debug("forward to %s failed: %s", target, e)
-            await asyncio.sleep(min(0.02, max(remaining, 0)))
+            await asyncio.sleep(min(0.02, max(deadline - time.monotonic(), 0)))
 
-    async def _forward(self, address: str, req: kafka.Request, timeout: float) -> Any:
+    async def _propose(self, rpc: Rpc, req: kafka.Request, timeout: float) -> Any:
+        if rpc.throttled:
+            self._throttle(int(req.body.broker_id))
+        value = await self.proposer.submit(rpc, req.body, timeout)
+        if rpc.after is not None:
+            value = await rpc.after(self, req.body, value)
+        return value
+
+    async def _forward(self, address: str, req: kafka.Request, peer: Any, timeout: float) -> "Relayed":
+        """Send ``req``'s frame, as it arrived, to the leader; its answer frame, as it is."""
         conn = self._forward_conns.get(address)
         if conn is None:
             conn = self._forward_conns[address] = Connection(address, FORWARD_CLIENT_ID, self.forward_security)
         self.counters["forwarded"] += 1
-        return await conn.call(req.body, timeout)
+        resp = await conn.call(forward_envelope(req, peer), timeout)
+        code = Errors.of(int(resp.error_code))
+        if code != Errors.NONE:
+            raise for_code(code, f"{address}: {code.name} (forwarded {RPCS.of(req.api_key, req.body).name})")
+        data = bytes(resp.response_data or b"")
+        return Relayed(kafka.SIZE.pack(len(data)) + data)
 
     def _prune_buckets(self) -> None:
         """Forget buckets that have refilled to their burst (a new bucket is the same), so requests

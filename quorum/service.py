@@ -25,9 +25,10 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import failpoints
+from client import api as p
 from records import AllocateProducerIdsRecord, BridgeReservationRecord, Record, RecordError, decode_batch, encode_batch
 from storage.disk import Disk
 from wire.errors import (
@@ -40,9 +41,10 @@ from wire.errors import (
 from .audit import AuditWriter
 from .config import NodeConfig
 from .identity import NodeIdentity
-from .managers import BRIDGE, FINALIZED, ROLLED_BACK, ApplyOutcome, QuorumState, Result
+from .managers import BRIDGE, ApplyOutcome, QuorumState, Result, TxnSettings
 from .raft import ProposalRejected, ProposalUnknown, RaftNode
 from .reserve import BlockReserve
+from .rpcs import RPCS, Context, Rpc
 
 log = logging.getLogger(__name__)
 
@@ -156,52 +158,11 @@ def _file_info(path: str) -> dict[str, Any]:
 
 
 @dataclass
-class Op:
-    kind: str  # "register" | "heartbeat" | "allocate" | "init_txn"
-    args: dict[str, Any]
+class Proposal:
+    """One request in the proposer's queue: its handler bound to its request, and whose it is."""
+    generate: Callable[[QuorumState, Context], Result]
+    broker_id: int | None  # the requesting broker, if any (lingering waits for the recently active ones)
     future: asyncio.Future = field(repr=False)
-
-    def generate(self, state: QuorumState, block_size: int, now_ms: int) -> Result:
-        a = self.args
-        if self.kind in ("allocate", "init_txn", "seed", "reserve") and state.migration.mode == ROLLED_BACK:
-            raise UnknownServerError("producer IDs are allocated by ZooKeeper again (the migration was rolled "
-                                     "back); run `pidctl migrate bridge` to come back")
-        if self.kind == "allocate":
-            return state.producer_ids.generate_allocate(a["broker_id"], a["broker_epoch"], state.registrations,
-                                                        block_size, now_ms)
-        if self.kind == "reserve":  # several blocks for one broker, one after the other: [(start, length), ...]
-            tmp, records, blocks = state.fork(), [], []
-            for _ in range(a["count"]):
-                r = tmp.producer_ids.generate_allocate(a["broker_id"], a["broker_epoch"], tmp.registrations,
-                                                       block_size, now_ms)
-                tmp.apply_batch(r.records)
-                records += r.records
-                blocks.append(r.response)
-            return Result(records, blocks)
-        if self.kind == "register":
-            return state.registrations.generate_register(a["broker_id"], a["incarnation_id"], a["listener"], now_ms)
-        if self.kind == "heartbeat":
-            return state.registrations.generate_heartbeat(a["broker_id"], a["broker_epoch"], a["want_fence"],
-                                                          a["want_shut_down"], now_ms)
-        if self.kind == "migrate":
-            return state.migration.generate_command(a["action"], a["zk"], state.producer_ids.next_producer_id,
-                                                    now_ms)
-        if self.kind == "seed":
-            return state.producer_ids.generate_seed(a["next_producer_id"], a["origin"], a["zk_broker"],
-                                                    a["zk_block_start"], a["zk_block_end"], now_ms)
-        if self.kind == "alter_acl":
-            return state.acls.generate_alter(a["action"], a["acl"], now_ms)
-        if self.kind == "alter_quota":
-            records, changed = state.quotas.generate_alter(a["user"], a["key"], a["value"], a["remove"], now_ms)
-            return Result(records, changed)
-        if self.kind == "read_txn":
-            return Result([], state.transactions.get(a["transactional_id"]))
-        if self.kind == "init_txn":
-            return state.transactions.generate_init(
-                a["broker_id"], a["broker_epoch"], a["transactional_id"], a["timeout_ms"], a["producer_id"],
-                a["producer_epoch"], registrations=state.registrations, producer_ids=state.producer_ids,
-                now_ms=now_ms, settings=a["settings"])
-        raise ValueError(f"unknown op {self.kind}")  # pragma: no cover
 
     def finish(self, response: Any = None, error: PidQuorumError | None = None) -> None:
         if self.future.done():
@@ -215,7 +176,7 @@ class Op:
 class Proposer:
     def __init__(self, service: Service):
         self.service = service
-        self.queue: asyncio.Queue[Op] = asyncio.Queue()
+        self.queue: asyncio.Queue[Proposal] = asyncio.Queue()
         self.barrier_term: int | None = None
         self.batches = 0
         self.proposed_records = 0
@@ -226,24 +187,27 @@ class Proposer:
         self._recent_brokers: collections.deque[set] = collections.deque(maxlen=LINGER_HISTORY_BATCHES)
         self._last_round_s = 0.0
 
-    async def submit(self, kind: str, args: dict[str, Any], timeout: float) -> Any:
+    async def submit(self, rpc: Rpc, request: Any, timeout: float) -> Any:
+        """Propose ``rpc``'s records for ``request`` and answer with its domain value once applied."""
         active = False
-        if kind == "allocate":
+        broker_id = getattr(request, "broker_id", None)
+        if rpc.from_reserve:
             forced = failpoints.hit("quorum.allocate", self.service)  # a test's broken allocator
             if forced is not None:
                 return forced
-        if kind == "allocate" and self.reserve.size:
-            block, active = await self.reserve.take(args["broker_id"], args["broker_epoch"], timeout)
-            if block is not None:
-                return block
+            if self.reserve.size:
+                block, active = await self.reserve.take(int(broker_id), int(request.broker_epoch), timeout)
+                if block is not None:
+                    return block
         fut = asyncio.get_running_loop().create_future()
-        self.queue.put_nowait(Op(kind, args, fut))
+        self.queue.put_nowait(Proposal(lambda state, ctx: rpc.run(state, request, ctx),
+                                       None if broker_id is None else int(broker_id), fut))
         try:
             result = await asyncio.wait_for(fut, timeout)
         except asyncio.TimeoutError:
             raise RequestTimedOutError(f"not committed within {timeout:.2f}s") from None
-        if kind == "allocate" and self.reserve.size:
-            self.reserve.handed_out(args["broker_id"], args["broker_epoch"], result, active)
+        if rpc.from_reserve and self.reserve.size:
+            self.reserve.handed_out(int(broker_id), int(request.broker_epoch), result, active)
         return result
 
     def _leader_state(self, broker_id: int) -> tuple[int | None, str | None]:
@@ -253,8 +217,20 @@ class Proposer:
             return (reg.broker_epoch if reg is not None else None), self.service.state.migration.mode
 
     def _propose_reserve(self, broker_id: int, epoch: int, count: int) -> asyncio.Future:
+        """Several blocks for one broker, one after the other, in one entry: [(start, length), ...]."""
+        allocate = RPCS.of(p.ALLOCATE_PRODUCER_IDS, None)
+        request = p.allocate_request(broker_id, epoch)
+
+        def generate(state: QuorumState, ctx: Context) -> Result:
+            tmp, records, blocks = state.fork(), [], []
+            for _ in range(count):
+                r = allocate.run(tmp, request, ctx)
+                tmp.apply_batch(r.records)
+                records += r.records
+                blocks.append(r.response)
+            return Result(records, blocks)
         fut = asyncio.get_running_loop().create_future()
-        self.queue.put_nowait(Op("reserve", {"broker_id": broker_id, "broker_epoch": epoch, "count": count}, fut))
+        self.queue.put_nowait(Proposal(generate, broker_id, fut))
         return fut
 
     async def _propose(self, payload: bytes, timeout: float) -> Any:
@@ -285,14 +261,14 @@ class Proposer:
             while len(ops) < max_batch and not self.queue.empty():
                 ops.append(self.queue.get_nowait())
             await self._linger(ops, max_batch, loop)
-            self._recent_brokers.append({op.args.get("broker_id") for op in ops} - {None})
+            self._recent_brokers.append({op.broker_id for op in ops} - {None})
             ops = [op for op in ops if not op.future.done()]
             if ops:
                 t0 = loop.time()
                 await self._run_batch(ops)
                 self._last_round_s = loop.time() - t0
 
-    async def _linger(self, ops: list[Op], max_batch: int, loop: asyncio.AbstractEventLoop) -> None:
+    async def _linger(self, ops: list[Proposal], max_batch: int, loop: asyncio.AbstractEventLoop) -> None:
         """Wait briefly for the requests of the brokers seen in the last few batches that are not queued yet.
 
         One entry is in flight at a time, so the requests answered together come back together:
@@ -305,7 +281,7 @@ class Proposer:
         expected = len(active)
         if len(ops) >= expected or self.linger_max_s <= 0:
             return
-        queued = {op.args.get("broker_id") for op in ops}
+        queued = {op.broker_id for op in ops}
         deadline = loop.time() + min(self.linger_max_s, self._last_round_s / 2)
         while len(ops) < max_batch and not active <= queued:
             remaining = deadline - loop.time()
@@ -316,13 +292,13 @@ class Proposer:
             except asyncio.TimeoutError:
                 return
             ops.append(op)
-            queued.add(op.args.get("broker_id"))
+            queued.add(op.broker_id)
             while len(ops) < max_batch and not self.queue.empty():
                 op = self.queue.get_nowait()
                 ops.append(op)
-                queued.add(op.args.get("broker_id"))
+                queued.add(op.broker_id)
 
-    async def _run_batch(self, ops: list[Op]) -> None:
+    async def _run_batch(self, ops: list[Proposal]) -> None:
         svc = self.service
         timeout = svc.cfg.request_timeout_ms / 1000
         is_leader, _, term = svc.raft.role()
@@ -339,19 +315,20 @@ class Proposer:
                 for op in ops:
                     op.finish(error=NotControllerError(f"leadership not established: {e}"))
                 return
-        now_ms = int(svc.clock.time() * 1000)
+        ctx = Context(svc.cfg.block_size, int(svc.clock.time() * 1000),
+                      TxnSettings(svc.cfg.transactional_id_expiration_ms, svc.cfg.transaction_max_timeout_ms))
         with svc.lock:
             scratch = svc.state.fork()
         records: list[Record] = []
-        spans: list[tuple[Op, int, int, Any]] = []
+        spans: list[tuple[Proposal, int, int, Any]] = []
         for op in ops:
             try:
                 if scratch.migration.mode == BRIDGE:
-                    reservation = await self._reserve_in_zookeeper(op, scratch, now_ms)
+                    reservation = await self._reserve_in_zookeeper(op, scratch, ctx)
                     if reservation is not None:
                         scratch.apply_batch([reservation])
                         records.append(reservation)
-                result = op.generate(scratch, svc.cfg.block_size, now_ms)
+                result = op.generate(scratch, ctx)
             except PidQuorumError as e:
                 op.finish(error=e)
                 continue
@@ -386,18 +363,18 @@ class Proposer:
             else:
                 op.finish(response)
 
-    async def _reserve_in_zookeeper(self, op: Op, scratch: QuorumState, now_ms: int) -> Record | None:
+    async def _reserve_in_zookeeper(self, op: Proposal, scratch: QuorumState, ctx: Context) -> Record | None:
         """Bridge mode: reserve in the znode, *before* proposing, the IDs ``op`` is about to take.
 
         Reserving after committing would let a ZooKeeper-mode broker take the same range in
         between.  A reservation whose entry then fails to commit only wastes the range
         (ZooKeeper has moved past it).  Any ZooKeeper failure fails the op (retriable).
         """
-        trial = op.generate(scratch.fork(), self.service.cfg.block_size, now_ms)
+        trial = op.generate(scratch.fork(), ctx)
         need = sum(r.producer_id_len for r in trial.records if isinstance(r, AllocateProducerIdsRecord))
         if need == 0:
             return None
-        broker_id = int(op.args.get("broker_id", -1))
+        broker_id = -1 if op.broker_id is None else op.broker_id
         hosts, cursor = scratch.migration.zk, scratch.producer_ids.next_producer_id
         zk = self.service.zookeeper
         if zk is None:
@@ -412,7 +389,7 @@ class Proposer:
                                        f"{type(e).__name__}: {e}") from None
         self.zk_reservations += 1
         return BridgeReservationRecord(reserved_start=start, reserved_end=start + need - 1, broker_id=broker_id,
-                                       zk_version=version, timestamp_ms=now_ms)
+                                       zk_version=version, timestamp_ms=ctx.now_ms)
 
 
-__all__ = ["ApplyOutcome", "Op", "Proposer", "Service", "ZooKeeperHook"]
+__all__ = ["ApplyOutcome", "Proposal", "Proposer", "Service", "ZooKeeperHook"]

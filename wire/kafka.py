@@ -11,6 +11,7 @@ DescribeState and record RPCs).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import functools
 import io
@@ -68,6 +69,8 @@ class Request:
     # Who sent it: "User:<name>" once the connection has authenticated (SASL),
     # else "User:ANONYMOUS". Set by the server per connection, read by ACLs and quotas.
     principal: str = "User:ANONYMOUS"
+    raw: bytes = b""  # the frame as it arrived (size prefix removed): what a follower forwards to the leader
+    forwarded: bool = False  # it came from another node (inside an Envelope): never forwarded again
 
 
 def ms(value: int) -> datetime.timedelta:
@@ -81,13 +84,17 @@ class MsgpackApi:
 
     ``decode_request``/``decode_response`` turn the unpacked msgpack object into the
     body (ValueError for a malformed one); ``encode`` the other way round;
-    ``error_body(code, message)`` is the body that carries only an error.
+    ``error_body(code, message)`` is the body that carries only an error (a server's; a client's
+    table has none).
     """
     name: str
     decode_request: Callable[[Any], Any]
     decode_response: Callable[[Any], Any]
     encode: Callable[[Any], Any]
-    error_body: Callable[[Errors, str], Any]
+    error_body: Callable[[Errors, str], Any] | None = None
+
+    def with_error_body(self, error_body: Callable[[Errors, str], Any]) -> "MsgpackApi":
+        return dataclasses.replace(self, error_body=error_body)
 
 
 ErrorBody = Callable[[int, int, Errors, str, int], Any]  # (api key, version, code, message, throttle ms) -> body
@@ -95,11 +102,14 @@ ErrorBody = Callable[[int, int, Errors, str, int], Any]  # (api key, version, co
 
 @dataclass(frozen=True)
 class ApiTable:
-    """The APIs one server answers: versions, names, the body of an error answer, extensions."""
+    """The APIs one server answers: versions, names, the body of an error answer, extensions.
+
+    ``internal`` keys are parsed but not listed in ApiVersions (what only other nodes send)."""
     versions: Mapping[int, tuple[int, int]]
     names: Mapping[int, str]
-    error_body: ErrorBody
+    error_body: ErrorBody | None  # a client's table (parsing answers only) has none
     msgpack: Mapping[int, MsgpackApi] = field(default_factory=dict)
+    internal: frozenset[int] = frozenset()
     # Bytes after a body: INVALID_REQUEST unless trailing_ok.  Kafka brokers ignore them,
     # and librdkafka 2.16 relies on it (its all-topics Metadata v12 leaves 3 bytes of a
     # 4-byte array-count placeholder behind).
@@ -143,7 +153,7 @@ class ApiTable:
         if off != len(frame) and not self.trailing_ok:
             raise BadRequest(api_key, api_version, correlation_id, Errors.INVALID_REQUEST,
                              f"{len(frame) - off} unexpected bytes after the {name} body")
-        return Request(api_key, api_version, correlation_id, header.client_id, body, len(frame) - off)
+        return Request(api_key, api_version, correlation_id, header.client_id, body, len(frame) - off, raw=frame)
 
     def _parse_msgpack(self, frame: bytes, api_key: int, api_version: int, correlation_id: int) -> Request:
         api = self.msgpack[api_key]
@@ -160,7 +170,7 @@ class ApiTable:
         except (ValueError, msgpack.ExtraData) as e:
             raise BadRequest(api_key, api_version, correlation_id, Errors.INVALID_REQUEST,
                              f"malformed {api.name} body: {e}") from None
-        return Request(api_key, api_version, correlation_id, header.client_id, body)
+        return Request(api_key, api_version, correlation_id, header.client_id, body, raw=frame)
 
     def encode(self, api_key: int, api_version: int, correlation_id: int, body: Any) -> bytes:
         """A whole response frame, size prefix included."""
@@ -181,7 +191,8 @@ class ApiTable:
         if api_key in self.msgpack:
             return self.msgpack[api_key].error_body(code, message or code.name)
         if api_key == API_VERSIONS:
-            return api_versions_body(api_version, code, self.versions)
+            return api_versions_body(api_version, code,
+                                     {k: v for k, v in self.versions.items() if k not in self.internal})
         return self.error_body(api_key, api_version, code, message, throttle_ms)
 
     def error_response(self, bad: BadRequest) -> bytes:

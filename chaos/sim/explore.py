@@ -229,7 +229,7 @@ def _child(sim: Simulation, node, image, op: str, label: str, after_steps: int, 
     run goes on for ``after_steps`` events, converges and is checked.  The verdict goes to ``w`` when
     ``Simulation.run`` ends (``report_child``)."""
     node.disk.on_op = None
-    sim.child_pipe = w
+    sim.on_end = lambda outcome: report_child(w, outcome)
     synced, cutting = _synced_entries(node)
     if node.running:
         node._committed_before = node.committed_and_durable()
@@ -255,15 +255,15 @@ def _child(sim: Simulation, node, image, op: str, label: str, after_steps: int, 
     raise MachineStopped(f"power cut before {op}")  # the node's guard ends the process here
 
 
-def report_child(sim: Simulation, outcome) -> None:
-    """End of ``Simulation.run`` in an exploration child: write the verdict, exit."""
+def report_child(pipe: int, outcome) -> None:
+    """End of ``Simulation.run`` in an exploration child: write the verdict to ``pipe``, exit."""
     verdict = {"ok": outcome.ok, "violation": outcome.violation,
                "trace": list(outcome.trace)[-25:] if not outcome.ok else []}
     data = json.dumps(verdict).encode()
     while data:
-        n = os.write(sim.child_pipe, data)
+        n = os.write(pipe, data)
         data = data[n:]
-    os.close(sim.child_pipe)
+    os.close(pipe)
     os._exit(0)
 
 

@@ -26,24 +26,30 @@ failure carries the seed, the step and the last events.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import heapq
 import random
 import time
+import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from broker.pid_manager import PidManagerConfig, ProducerIdManager
+from client import api as p
 from quorum.config import NodeConfig, Peer
 from quorum.raft import RaftConfig
+from quorum.rpcs import RPCS
+from records import InitTransactionalProducerRequest, SeedProducerIdsRequest
 from storage.disk import EXIT_STORAGE
 from wire.errors import CoordinatorLoadInProgressError, PidQuorumError, RequestTimedOutError
 
-from .checker import Checker, Violation
+from .checker import Checker, Ranges, Violation
 from .clock import SimClock, patched
 from .disk import LossPolicy, MachineStopped, NodeHalted, SimDisk
 from .net import NetFaults, SimNetwork
-from .node import SimulatedNode
+from .node import SimLoop, SimulatedNode
 
 DATA = "/data"
 LEGIT_HALTS = {EXIT_STORAGE}  # a fail-stop the simulation caused on purpose (an injected disk error)
@@ -155,7 +161,8 @@ class Simulation:
         self._replacing = False
         self._restored: tuple[SimulatedNode, float | None] | None = None
         self.script: Callable[["Simulation"], None] | None = None  # extra scripted events (crash-state exploration)
-        self.child_pipe: int | None = None  # set in a crash-state exploration child
+        # Called with the outcome when ``run`` ends (a crash-state exploration child reports it and exits).
+        self.on_end: Callable[[SimResult], None] | None = None
 
     # ------------------------------------------------------------ plumbing
     def new_id(self) -> str:
@@ -203,9 +210,8 @@ class Simulation:
                         pass
                 for b in self.managed:
                     b.close()
-        if self.child_pipe is not None:
-            from .explore import report_child
-            report_child(self, outcome)
+        if self.on_end is not None:
+            self.on_end(outcome)
         return outcome
 
     def _result(self, ok: bool, violation: str | None, t0: float) -> SimResult:
@@ -476,7 +482,6 @@ class Simulation:
         if n is None:
             return
         self.fault("disk_error")
-        import errno
         kind = self.rng.choice(["fdatasync", "fsync", "write", "rename", "sync_dir"])
         countdown = [self.rng.randint(1, 20)]
         err = OSError(errno.EIO, "Input/output error")
@@ -672,20 +677,23 @@ class Simulation:
             cursor = node.service.state.producer_ids.next_producer_id
         start = cursor + 10_000_000
         end = start + 999
-        args = {"next_producer_id": end + 1, "origin": "sim", "zk_broker": 99, "zk_block_start": start,
-                "zk_block_end": end}
-        _Op(self, "seed", args, f"seed after ZooKeeper block [{start}, {end}]", on_ok=lambda r: (
+        request = SeedProducerIdsRequest(next_producer_id=end + 1, origin="sim", zk_broker=99, zk_block_start=start,
+                                         zk_block_end=end)
+        _Op(self, request, f"seed after ZooKeeper block [{start}, {end}]", on_ok=lambda r: (
             self.checker.issue(start, end + 1, f"ZooKeeper block [{start}, {end}] (seeded)") if r[0] else None))
 
 
 class _Op:
     """One client request: sent to a node, retried on another after a definite refusal, until its deadline.
-    ``ok`` answers are checked at once; a timeout or a node dying under it is an unknown outcome."""
+    ``ok`` answers are checked at once; a timeout or a node dying under it is an unknown outcome.  The
+    request is the one a client sends (a Kafka request entity, or a record RPC's request record); its RPC
+    is looked up in the quorum's table and handed to the node's proposer."""
 
-    def __init__(self, sim: Simulation, kind: str, args: dict, what: str, on_ok: Callable[[Any], None],
+    def __init__(self, sim: Simulation, request: Any, what: str, on_ok: Callable[[Any], None],
                  on_done: Callable[[], None] | None = None, deadline: float = 6.0,
                  on_error: Callable[[Exception], None] | None = None):
-        self.sim, self.kind, self.args, self.what = sim, kind, args, what
+        self.sim, self.request, self.what = sim, request, what
+        self.rpc = RPCS.of_request(request)
         self.on_ok, self.on_done, self.on_error = on_ok, on_done, on_error
         self.deadline = sim.clock.now + deadline
         self.finished = False
@@ -701,7 +709,8 @@ class _Op:
         if node is None or node.proposer is None:
             sim.after(0.1, "client", self._try)
             return
-        task = node.loop.create_task(node.proposer.submit(self.kind, self.args, min(2.0, self.deadline - sim.clock.now)))
+        task = node.loop.create_task(node.proposer.submit(self.rpc, self.request,
+                                                          min(2.0, self.deadline - sim.clock.now)))
         task.add_done_callback(lambda t, _n=node: self._answered(t, _n))
         node.wake(0.0)
 
@@ -759,21 +768,19 @@ class _Broker:
             roll = sim.rng.random()
             if self.epoch is None or roll < 0.03:
                 incarnation = sim.new_id()
-                _Op(sim, "register", {"broker_id": self.broker_id, "incarnation_id": incarnation,
-                                      "listener": f"broker-{self.broker_id}:9092"},
+                _Op(sim, p.registration_request(self.broker_id, uuid.UUID(incarnation), f"broker-{self.broker_id}:9092"),
                     f"broker {self.broker_id} registers", on_ok=self._registered, on_done=self._idle)
             elif roll < 0.12:
                 tid = f"txn-{self.broker_id}-{sim.rng.randint(0, 2)}"
                 pid, epoch = self.txn.get(tid, (-1, -1))
-                from quorum.managers import TxnSettings
-                _Op(sim, "init_txn", {"broker_id": self.broker_id, "broker_epoch": self.epoch,
-                                      "transactional_id": tid, "timeout_ms": 60_000, "producer_id": pid,
-                                      "producer_epoch": epoch, "settings": TxnSettings()},
+                _Op(sim, InitTransactionalProducerRequest(
+                        broker_id=self.broker_id, broker_epoch=self.epoch, transactional_id=tid,
+                        transaction_timeout_ms=60_000, producer_id=pid, producer_epoch=epoch),
                     f"broker {self.broker_id} InitProducerId({tid})",
                     on_ok=lambda r, _t=tid: self._txn(_t, r), on_done=self._idle)
             else:
                 epoch = self.epoch
-                _Op(sim, "allocate", {"broker_id": self.broker_id, "broker_epoch": epoch},
+                _Op(sim, p.allocate_request(self.broker_id, epoch),
                     f"broker {self.broker_id} allocates", on_ok=self._allocated, on_done=self._idle)
         sim.after(sim.rng.expovariate(8.0), "client", self.act)
 
@@ -807,7 +814,7 @@ class _SimQuorum:
     def __init__(self, sim: Simulation, broker: "_ManagedBroker"):
         self.sim, self.broker = sim, broker
 
-    def _call(self, kind: str, args: dict, what: str, shape: Callable[[Any], Any]):
+    def _call(self, request: Any, what: str, shape: Callable[[Any], Any]):
         fut = self.broker.loop.create_future()
 
         def ok(result):
@@ -819,13 +826,12 @@ class _SimQuorum:
             if not fut.done():
                 fut.set_exception(err)
             self.broker.wake()
-        _Op(self.sim, kind, args, what, on_ok=ok, on_error=error)
+        _Op(self.sim, request, what, on_ok=ok, on_error=error)
         return fut
 
     async def register_broker(self, broker_id, incarnation_id=None, listener=""):
-        return await self._call("register", {"broker_id": broker_id, "incarnation_id": self.sim.new_id(),
-                                             "listener": f"managed-{broker_id}:9092"},
-                                f"managed broker {broker_id} registers", lambda epoch: epoch)
+        request = p.registration_request(broker_id, uuid.UUID(self.sim.new_id()), f"managed-{broker_id}:9092")
+        return await self._call(request, f"managed broker {broker_id} registers", lambda epoch: epoch)
 
     async def allocate(self, broker_id, broker_epoch):
         def shape(block):
@@ -839,8 +845,7 @@ class _SimQuorum:
                               f"[{last - 1}, +{length}) (bad answer)")
                 return _Block(last - 1, length)
             return _Block(start, length)
-        return await self._call("allocate", {"broker_id": broker_id, "broker_epoch": broker_epoch},
-                                f"managed broker {broker_id} allocates", shape)
+        return await self._call(p.allocate_request(broker_id, broker_epoch), f"managed broker {broker_id} allocates", shape)
 
 
 class _ManagedBroker:
@@ -849,11 +854,6 @@ class _ManagedBroker:
     new and inside a block the quorum acknowledged to it."""
 
     def __init__(self, sim: Simulation, broker_id: int):
-        from broker.pid_manager import PidManagerConfig, ProducerIdManager
-
-        from .checker import Ranges
-        from .node import SimLoop
-
         self.sim, self.broker_id = sim, broker_id
         self.loop = SimLoop(sim.clock)
         self.acked = Ranges()

@@ -96,8 +96,10 @@ def test_fresh_seeds(record_property):
 
 
 # --------------------------------------------------------- it can fail
-SIM_FOUND = {  # switch -> seeds the simulation is given to find it (it took 1 to 165 when measured)
-    "install-not-synced": 60,
+SIM_FOUND = {  # switch -> seeds the simulation is given to find it (it took 1 to 165 when measured; a change
+    # to the workload moves each figure: install-not-synced went from seed 41 to 78 when requests became
+    # the bodies clients send)
+    "install-not-synced": 200,
     "failed-sync-ignored": 300,
     "restored-backup-accepted": 60,
     "commit-from-unverified-message": 60,

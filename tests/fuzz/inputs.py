@@ -39,6 +39,7 @@ from kio.serial import entity_writer
 from kio.static.primitive import i16, i32
 
 from client import api as p
+from quorum.rpcs import RPCS, SERVER_API
 from records import schema as rschema
 from records.codec import CLASSES, Record, RecordError, decode, decode_batch, from_json_dict, from_obj, to_obj
 from wire import kafka
@@ -271,7 +272,7 @@ def broker_tables() -> tuple[dict, dict]:
 def server_api(server: str) -> kafka.ApiTable:
     """The API table ``server`` parses and answers with: the quorum's, or the broker's (its own error bodies)."""
     if server == "quorum":
-        return p.QUORUM_API
+        return SERVER_API
     supported, names = broker_tables()
     error_body = _broker_error_body()
     return kafka.ApiTable(supported, names, lambda key, version, code, message, throttle_ms:
@@ -279,8 +280,8 @@ def server_api(server: str) -> kafka.ApiTable:
 
 
 def kafka_apis(server: str) -> list[Api]:
-    """Every (API key, version) a server's table says it supports, msgpack APIs excluded."""
-    table = p.SUPPORTED if server == "quorum" else broker_tables()[0]
+    """Every (API key, version) a server's table parses (the quorum's: Envelope too), msgpack APIs excluded."""
+    table = SERVER_API.versions if server == "quorum" else broker_tables()[0]
     return [Api(server, k, v) for k, (lo, hi) in sorted(table.items()) for v in range(lo, hi + 1)]
 
 
@@ -568,10 +569,8 @@ def check_request_decoder(server: str, frame: bytes) -> str:
     try:
         if server != "quorum":
             body = _broker_error_body()(req.api_key, req.api_version, Errors.UNKNOWN_SERVER_ERROR, req.body)
-        elif req.api_key == p.RECORD_API_KEY:
-            body = p.RPC_RESPONSES[type(req.body)](error_code=int(Errors.UNKNOWN_SERVER_ERROR), error_message="x")
         else:
-            body = api.error(req.api_key, req.api_version, Errors.UNKNOWN_SERVER_ERROR)
+            body = RPCS.error_body(req.api_key, req.api_version, Errors.UNKNOWN_SERVER_ERROR, "x", body=req.body)
         answer = api.encode(req.api_key, req.api_version, req.correlation_id, body)
     except Exception as err:  # noqa: BLE001 - that is the finding
         raise FuzzFinding(server, frame, f"the error answer to a decoded {req.api_key} v{req.api_version} "

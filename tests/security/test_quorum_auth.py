@@ -9,6 +9,7 @@ import struct
 
 import pytest
 from click.testing import CliRunner
+from kio.schema.envelope.v0.request import EnvelopeRequest
 
 from cli.main import cli
 from client import api as p
@@ -323,3 +324,25 @@ def test_tls_only_quorum_forwards_over_tls_and_refuses_plaintext(tmp_path):
             run(_call(plain, lambda c: c.register_broker(4)))
     finally:
         lc.down(timeout=5)
+
+
+def test_only_a_node_may_forward_a_request(secure_quorum):
+    """An Envelope carries the principal it forwards for: only super users (the nodes) may send one.
+    alice, authenticated but no node, claiming to forward for User:admin, is refused, and the node
+    goes on serving her own connection."""
+    sq = secure_quorum
+    leader, _ = _leader_and_follower(sq)
+    r = Raw(sq, leader)
+    r.send(17, 1, mechanism="PLAIN")
+    r.response(17, 1)
+    r.send(36, 2, auth_bytes=b"\0alice\0alice-pw")
+    assert int(r.response(36, 2).error_code) == 0
+    inner = kafka.encode_request(kafka.request_entity(p.ALLOCATE_PRODUCER_IDS, 0, broker_id=p.i32(1),
+                                                      broker_epoch=p.i64(1)), 77, "inner")[4:]
+    r.sock.sendall(kafka.encode_request(EnvelopeRequest(request_data=inner, request_principal=b"User:admin",
+                                                        client_host_address=b"\x7f\x00\x00\x01"), 5, "raw"))
+    resp = r.response(p.ENVELOPE, 0)
+    assert int(resp.error_code) == Errors.CLUSTER_AUTHORIZATION_FAILED and resp.response_data is None
+    r.send(p.API_VERSIONS, 0)
+    assert int(r.response(p.API_VERSIONS, 0).error_code) == 0
+    r.close()

@@ -20,6 +20,7 @@ from kio.static.primitive import i16, i32, i64, u16
 from client import api as p
 from wire import kafka
 from wire.bounds import FrameBoundsError, check_request
+from wire.errors import Errors
 
 _UUIDS = random.Random(62)
 
@@ -159,7 +160,7 @@ def test_huge_compact_array_length_is_refused_before_kio():
         check_request(bad, cls.__header_schema__, cls)
     with pytest.raises(kafka.BadRequest) as ei:
         p.QUORUM_API.parse(bad)
-    assert ei.value.code == p.Errors.INVALID_REQUEST
+    assert ei.value.code == Errors.INVALID_REQUEST
 
 
 @pytest.mark.parametrize("tail,match", [

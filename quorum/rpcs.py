@@ -1,0 +1,419 @@
+"""Every RPC of the quorum's client port, declared once.
+
+One ``Rpc`` per request the port answers: its API key (and, for the pidquorum
+record RPCs, its request record), the ACL operations on the cluster that allow
+it, its handler and its answers.  Dispatch, authorization, error answers and
+forwarding (``quorum.server``) read only this table; nothing else names an RPC.
+
+Two kinds of handler:
+
+* ``generate(state, request, ctx) -> Result``: the RPC changes (or reads through)
+  the replicated state.  It runs on the leader, inside the proposer's batch
+  (``quorum.service.Proposer``), against a scratch fork of the applied state: the
+  records it returns are proposed, and once they are committed and applied the
+  caller gets ``Result.response``, a domain value.  A follower never runs it: it
+  forwards the client's raw frame to the leader and relays the raw answer.
+* ``serve(server, request) -> value``: answered by the node itself from what it
+  has applied (ApiVersions, DescribeState, DescribeAcls, DescribeClientQuotas,
+  a validate-only AlterClientQuota) or, for Envelope, the forwarded request.
+
+``respond(version, value)`` turns the domain value into the response body and
+``error(version, code, message, throttle_ms)`` is the body of an answer that
+carries only an error.  Handlers never see a forwarded answer.
+"""
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
+
+from kio.schema.envelope.v0.request import EnvelopeRequest
+from kio.schema.errors import ErrorCode
+from kio.static.primitive import f64, i32, i64
+
+from client import api as p
+from records import (
+    AlterAclsRequest,
+    AlterAclsResponse,
+    AlterClientQuotaRequest,
+    AlterClientQuotaResponse,
+    DescribeAclsRequest,
+    DescribeAclsResponse,
+    DescribeTransactionalIdRequest,
+    DescribeTransactionalIdResponse,
+    InitTransactionalProducerRequest,
+    InitTransactionalProducerResponse,
+    MigrationCommandRequest,
+    MigrationCommandResponse,
+    SeedProducerIdsRequest,
+    SeedProducerIdsResponse,
+)
+from security import acl as a
+from security.acl import Acl
+from wire import kafka
+from wire.errors import Errors, InvalidRequestError, NotControllerError, RequestTimedOutError, UnknownServerError
+
+from . import membership
+from .managers import ROLLED_BACK, QuorumState, Result, TxnSettings
+from .quotas import ClientQuotaManager, parse_user
+
+if TYPE_CHECKING:  # the server hands itself to ``serve`` handlers; it imports this module
+    from .server import QuorumServer
+
+Generate = Callable[[QuorumState, Any, "Context"], Result]
+Serve = Callable[["QuorumServer", kafka.Request], Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a ``generate`` handler may read besides the state and the request: the node's settings and
+    the batch's clock (one timestamp for every record of a batch)."""
+    block_size: int
+    now_ms: int
+    txn: TxnSettings
+
+
+@dataclass(frozen=True)
+class Rpc:
+    api_key: int
+    respond: Callable[[int, Any], Any]
+    error: Callable[[int, Errors, str, int], Any]
+    acl: Callable[[Any], tuple[str, ...]]  # request body -> operations on the cluster, any one allows it
+    record: type | None = None  # the request record of a record RPC (RECORD_API_KEY)
+    generate: Generate | None = None
+    serve: Serve | None = None
+    # Whether this request needs the leader (a generate handler's default: always).
+    on_leader: Callable[[Any], bool] | None = None
+    # Follow-up on the leader once the entry is applied (rollback writes ZooKeeper's placeholder).
+    after: Callable[["QuorumServer", Any, Any], Awaitable[Any]] | None = None
+    issues_ids: bool = False  # refused once the migration is rolled back (ZooKeeper allocates again)
+    from_reserve: bool = False  # AllocateProducerIds: the leader's block reserve may answer it
+    throttled: bool = False  # per-broker rate limit (AllocateProducerIds)
+    timed: bool = False  # its latency is reported (AllocateProducerIds: the allocation latency metric)
+
+    @property
+    def name(self) -> str:
+        return self.record.SPEC.name if self.record is not None else p.API_NAMES.get(self.api_key,
+                                                                                     f"API {self.api_key}")
+
+    def needs_leader(self, body: Any) -> bool:
+        if self.generate is None:
+            return False
+        return self.on_leader(body) if self.on_leader is not None else True
+
+    def run(self, state: QuorumState, body: Any, ctx: Context) -> Result:
+        """``generate``, behind the one rule every ID-issuing RPC shares."""
+        if self.issues_ids and state.migration.mode == ROLLED_BACK:
+            raise UnknownServerError("producer IDs are allocated by ZooKeeper again (the migration was rolled "
+                                     "back); run `pidctl migrate bridge` to come back")
+        assert self.generate is not None
+        return self.generate(state, body, ctx)
+
+
+# ---------------------------------------------------------------- answers
+def _kafka_error(api_key: int, **fields: Any) -> Callable[[int, Errors, str, int], Any]:
+    """The error answer of a Kafka API: ``fields`` besides throttle time and error code."""
+    def body(version: int, code: Errors, message: str, throttle_ms: int) -> Any:
+        cls = kafka.load_response_schema(api_key, version)
+        extra = {k: (v(code) if callable(v) else v) for k, v in fields.items()}
+        return cls(throttle_time=kafka.ms(throttle_ms), error_code=ErrorCode(int(code)), **extra)
+    return body
+
+
+def _kafka_response(api_key: int, build: Callable[[Any], dict]) -> Callable[[int, Any], Any]:
+    def body(version: int, value: Any) -> Any:
+        cls = kafka.load_response_schema(api_key, version)
+        return cls(throttle_time=kafka.ms(0), error_code=ErrorCode.none, **build(value))
+    return body
+
+
+def _record_error(response: type) -> Callable[[int, Errors, str, int], Any]:
+    return lambda version, code, message, throttle_ms: response(error_code=int(code), error_message=message)
+
+
+def _quota_entries(entries: list[dict], version: int) -> dict:
+    """DescribeClientQuotas: one entry per user (entity_name None: the default), its quota values."""
+    module = __import__(kafka.load_response_schema(p.DESCRIBE_CLIENT_QUOTAS, version).__module__,
+                        fromlist=["EntryData"])
+    return {"error_message": None, "entries": tuple(
+        module.EntryData(entity=(module.EntityData(entity_type="user", entity_name=e["user"]),),
+                         values=tuple(module.ValueData(key=k, value=f64(v)) for k, v in e["values"].items()))
+        for e in entries)}
+
+
+def _describe_state_error(version: int, code: Errors, message: str, throttle_ms: int) -> dict:
+    return {"error_code": int(code), "error_message": message}
+
+
+# --------------------------------------------------------------- handlers
+def _allocate(state: QuorumState, b: Any, ctx: Context) -> Result:
+    return state.producer_ids.generate_allocate(int(b.broker_id), int(b.broker_epoch), state.registrations,
+                                                ctx.block_size, ctx.now_ms)
+
+
+def _register(state: QuorumState, b: Any, ctx: Context) -> Result:
+    if b.incarnation_id is None:
+        raise InvalidRequestError("incarnation id is required")
+    return state.registrations.generate_register(int(b.broker_id), str(b.incarnation_id), p.listener_address(b),
+                                                 ctx.now_ms)
+
+
+def _heartbeat(state: QuorumState, b: Any, ctx: Context) -> Result:
+    return state.registrations.generate_heartbeat(int(b.broker_id), int(b.broker_epoch), bool(b.want_fence),
+                                                  bool(b.want_shut_down), ctx.now_ms)
+
+
+def _init_txn(state: QuorumState, b: InitTransactionalProducerRequest, ctx: Context) -> Result:
+    return state.transactions.generate_init(
+        b.broker_id, b.broker_epoch, b.transactional_id, b.transaction_timeout_ms, b.producer_id, b.producer_epoch,
+        registrations=state.registrations, producer_ids=state.producer_ids, now_ms=ctx.now_ms, settings=ctx.txn)
+
+
+def _read_txn(state: QuorumState, b: DescribeTransactionalIdRequest, ctx: Context) -> Result:
+    # A linearizable read: proposed as a record-less entry, answered once it is applied.
+    return Result([], state.transactions.get(b.transactional_id))
+
+
+def _seed(state: QuorumState, b: SeedProducerIdsRequest, ctx: Context) -> Result:
+    return state.producer_ids.generate_seed(b.next_producer_id, b.origin, b.zk_broker, b.zk_block_start,
+                                            b.zk_block_end, ctx.now_ms)
+
+
+def _migrate(state: QuorumState, b: MigrationCommandRequest, ctx: Context) -> Result:
+    return state.migration.generate_command(b.action, b.zk, state.producer_ids.next_producer_id, ctx.now_ms)
+
+
+def _alter_acl(state: QuorumState, b: AlterAclsRequest, ctx: Context) -> Result:
+    acl = Acl(principal=b.principal, resource_type=b.resource_type, resource_name=b.resource_name,
+              pattern_type=b.pattern_type, operation=b.operation, permission=b.permission, host=b.host)
+    return state.acls.generate_alter(b.action, acl, ctx.now_ms)
+
+
+def _alter_quota(state: QuorumState, b: AlterClientQuotaRequest, ctx: Context) -> Result:
+    records, changed = state.quotas.generate_alter(b.user, b.key, b.value, b.remove, ctx.now_ms)
+    return Result(records, changed)
+
+
+async def _validate_quota(server: QuorumServer, req: kafka.Request) -> bool:
+    """A validate-only AlterClientQuota: checked against this node's applied quotas, nothing proposed."""
+    b = req.body
+    with server.service.lock:
+        scratch = ClientQuotaManager()
+        scratch.quotas = {u: dict(v) for u, v in server.service.state.quotas.quotas.items()}
+    return scratch.generate_alter(b.user, b.key, b.value, b.remove, 0)[1]
+
+
+async def _after_migrate(server: QuorumServer, b: MigrationCommandRequest, value: tuple[bool, str]) -> dict:
+    changed, mode = value
+    service = server.service
+    with service.lock:
+        next_id = service.state.producer_ids.next_producer_id
+        zk = service.state.migration.zk
+    message = f"migration mode {mode}" + ("" if changed else " (unchanged)")
+    if b.action == "rollback":
+        # Committed first (the quorum now issues nothing), so the cursor is final: the placeholder at it
+        # puts ZooKeeper-mode allocation above every ID the quorum ever issued.
+        message = await asyncio.get_running_loop().run_in_executor(
+            None, _write_rollback_placeholder, service, zk, next_id, server.cfg.block_size)
+    return {"mode": mode, "changed": changed, "next_producer_id": next_id, "message": message}
+
+
+def _write_rollback_placeholder(service: Any, zk_hosts: str, start: int, length: int) -> str:
+    """Rollback: the placeholder block (broker -1) at the quorum's next ID; raises a retriable error if
+    ZooKeeper cannot be written (the mode is already rolled back: run the rollback again)."""
+    if service.zookeeper is None:
+        raise RequestTimedOutError("rolled back, but this node was started without a ZooKeeper hook to write "
+                                   "the placeholder; run the rollback again on a node started with pidctl node "
+                                   "start")
+    try:
+        return service.zookeeper.write_placeholder(zk_hosts, start, length)
+    except Exception as e:  # noqa: BLE001 - report, the operator reruns the (idempotent) rollback
+        raise RequestTimedOutError(f"rolled back, but writing the placeholder to ZooKeeper ({zk_hosts}) "
+                                   f"failed: {type(e).__name__}: {e}; run the rollback again") from None
+
+
+async def _api_versions(server: QuorumServer, req: kafka.Request) -> Any:
+    return kafka.api_versions_body(req.api_version, Errors.NONE, server.api_table)
+
+
+async def _describe_state(server: QuorumServer, req: kafka.Request) -> dict:
+    action = req.body.get("action")
+    if action in membership.ACTIONS:
+        return await membership.handle(server.service, action, req.body)
+    if action == "snapshot":
+        server.service.raft.force_snapshot()
+    elif action is not None:
+        raise InvalidRequestError(f"unknown DescribeState action {action!r}")
+    return server.status()
+
+
+async def _describe_acls(server: QuorumServer, req: kafka.Request) -> tuple[list, int]:
+    # This node's applied entries (no trip to the leader): at most its replication lag behind.
+    b = req.body
+    with server.service.lock:
+        acls = server.service.state.acls.acls()
+        applied = server.service.applied_index
+    return [x.to_dict() for x in acls if not b.principal or x.principal == b.principal], applied
+
+
+async def _describe_client_quotas(server: QuorumServer, req: kafka.Request) -> list[dict]:
+    """DescribeClientQuotas from this node's applied state (no log entry: brokers poll it).
+
+    Served only while this node follows (or is) a leader, so a node cut off from the
+    quorum stops answering within an election timeout instead of serving old quotas.
+    Filters: user entity, exact name / default / any (Kafka's match types 0, 1, 2).
+    """
+    _, leader, _ = server.service.raft.role()
+    if not leader:
+        raise NotControllerError("no leader known: the quota configuration may be stale")
+    wanted: list[tuple[int, str | None]] = []
+    for c in req.body.components:
+        if c.entity_type != "user":
+            raise InvalidRequestError(f"quotas are per user; entity type {c.entity_type!r} is not supported")
+        match_type = int(c.match_type)
+        if match_type not in (0, 1, 2):
+            raise InvalidRequestError(f"unknown match type {match_type}")
+        wanted.append((match_type, parse_user(c.match) if match_type == 0 else None))
+    with server.service.lock:
+        entries = server.service.state.quotas.entries()
+
+    def keep(user: str | None) -> bool:
+        for match_type, name in wanted:
+            if match_type == 0 and user != name or match_type == 1 and user is not None:
+                return False
+            if match_type == 2 and user is None:
+                return False  # "any" names a specific user, not the default (as in Kafka)
+        return True
+    return [e for e in entries if keep(e["user"])]
+
+
+async def _envelope(server: QuorumServer, req: kafka.Request) -> bytes:
+    """A request a follower forwarded (Kafka's Envelope, KIP-590): the client's frame as it arrived, its
+    principal and address.  Answered with the raw answer frame the follower relays; a node that is not
+    the leader (any more) says so in the envelope, and the follower retries the new leader."""
+    return await server.answer_forwarded(req.body)
+
+
+def forward_envelope(req: kafka.Request, peer: Any) -> EnvelopeRequest:
+    """The Envelope a follower sends the leader for ``req``: its raw frame, principal and client address."""
+    try:
+        address = ipaddress.ip_address(a.peer_host(peer) or "").packed
+    except ValueError:
+        address = b""
+    return EnvelopeRequest(request_data=req.raw, request_principal=req.principal.encode(),
+                           client_host_address=address)
+
+
+def envelope_peer(address: bytes) -> tuple[str, int] | None:
+    """The (host, port) an Envelope's client address stands for (ACL host matching)."""
+    if len(address) not in (4, 16):
+        return None
+    return str(ipaddress.ip_address(address)), 0
+
+
+# ------------------------------------------------------------------ table
+_BROKERS = (a.CLUSTER_ACTION,)  # what brokers do
+_ADMIN = (a.ALTER,)
+_READ = (a.DESCRIBE, a.CLUSTER_ACTION)  # administrators and brokers (which poll) alike
+
+
+def _rpcs() -> list[Rpc]:
+    return [
+        Rpc(p.API_VERSIONS, acl=lambda b: (), serve=_api_versions, respond=lambda v, body: body,
+            error=lambda v, code, m, t: kafka.api_versions_body(v, code, p.SUPPORTED)),
+        Rpc(p.ALLOCATE_PRODUCER_IDS, acl=lambda b: _BROKERS, generate=_allocate, issues_ids=True, from_reserve=True,
+            throttled=True, timed=True,
+            respond=_kafka_response(p.ALLOCATE_PRODUCER_IDS,
+                                    lambda block: {"producer_id_start": i64(block[0]), "producer_id_len": i32(block[1])}),
+            error=_kafka_error(p.ALLOCATE_PRODUCER_IDS, producer_id_start=i64(-1), producer_id_len=i32(0))),
+        Rpc(p.BROKER_REGISTRATION, acl=lambda b: _BROKERS, generate=_register,
+            respond=_kafka_response(p.BROKER_REGISTRATION, lambda epoch: {"broker_epoch": i64(epoch)}),
+            error=_kafka_error(p.BROKER_REGISTRATION, broker_epoch=i64(-1))),
+        Rpc(p.BROKER_HEARTBEAT, acl=lambda b: _BROKERS, generate=_heartbeat,
+            respond=_kafka_response(p.BROKER_HEARTBEAT, lambda r: {
+                "is_caught_up": True, "is_fenced": r["is_fenced"], "should_shut_down": r["should_shut_down"]}),
+            error=_kafka_error(p.BROKER_HEARTBEAT, is_caught_up=False, is_fenced=True, should_shut_down=False)),
+        Rpc(p.DESCRIBE_CLIENT_QUOTAS, acl=lambda b: _READ, serve=_describe_client_quotas,
+            respond=lambda v, entries: kafka.load_response_schema(p.DESCRIBE_CLIENT_QUOTAS, v)(
+                throttle_time=kafka.ms(0), error_code=ErrorCode.none, **_quota_entries(entries, v)),
+            error=_kafka_error(p.DESCRIBE_CLIENT_QUOTAS, error_message=lambda code: code.name, entries=None)),
+        Rpc(p.ADMIN_API_KEY, acl=lambda b: _ADMIN if b.get("action") is not None else _READ,
+            serve=_describe_state, respond=lambda v, state: {"error_code": 0, **state},
+            error=_describe_state_error),
+        Rpc(p.ENVELOPE, acl=lambda b: (), serve=_envelope,  # nodes only (super users)
+            respond=lambda v, data: kafka.load_response_schema(p.ENVELOPE, 0)(
+                response_data=data, error_code=ErrorCode.none),
+            error=lambda v, code, m, t: kafka.load_response_schema(p.ENVELOPE, 0)(
+                response_data=None, error_code=ErrorCode(int(code)))),
+        # The record RPCs (RECORD_API_KEY): request and response are records (records/schema.py).
+        Rpc(p.RECORD_API_KEY, record=InitTransactionalProducerRequest, acl=lambda b: _BROKERS, generate=_init_txn,
+            issues_ids=True,
+            respond=lambda v, r: InitTransactionalProducerResponse(error_code=0, producer_id=r[0],
+                                                                   producer_epoch=r[1]),
+            error=_record_error(InitTransactionalProducerResponse)),
+        Rpc(p.RECORD_API_KEY, record=DescribeTransactionalIdRequest, acl=lambda b: _BROKERS, generate=_read_txn,
+            respond=lambda v, cur: DescribeTransactionalIdResponse(error_code=0) if cur is None else
+            DescribeTransactionalIdResponse(error_code=0, producer_id=cur.producer_id,
+                                            producer_epoch=cur.producer_epoch, state=cur.state),
+            error=_record_error(DescribeTransactionalIdResponse)),
+        Rpc(p.RECORD_API_KEY, record=SeedProducerIdsRequest, acl=lambda b: _ADMIN, generate=_seed, issues_ids=True,
+            respond=lambda v, r: SeedProducerIdsResponse(error_code=0, changed=r[0], next_producer_id=r[1]),
+            error=_record_error(SeedProducerIdsResponse)),
+        Rpc(p.RECORD_API_KEY, record=MigrationCommandRequest, acl=lambda b: _ADMIN, generate=_migrate,
+            after=_after_migrate, respond=lambda v, r: MigrationCommandResponse(error_code=0, **r),
+            error=_record_error(MigrationCommandResponse)),
+        Rpc(p.RECORD_API_KEY, record=AlterAclsRequest, acl=lambda b: _ADMIN, generate=_alter_acl,
+            respond=lambda v, changed: AlterAclsResponse(error_code=0, changed=changed),
+            error=_record_error(AlterAclsResponse)),
+        Rpc(p.RECORD_API_KEY, record=DescribeAclsRequest, acl=lambda b: _READ, serve=_describe_acls,
+            respond=lambda v, r: DescribeAclsResponse(error_code=0, acls=json.dumps(r[0]), applied_index=r[1]),
+            error=_record_error(DescribeAclsResponse)),
+        Rpc(p.RECORD_API_KEY, record=AlterClientQuotaRequest, acl=lambda b: _ADMIN, generate=_alter_quota,
+            on_leader=lambda b: not b.validate_only, serve=_validate_quota,
+            respond=lambda v, changed: AlterClientQuotaResponse(error_code=0, changed=changed),
+            error=_record_error(AlterClientQuotaResponse)),
+    ]
+
+
+class RpcTable:
+    def __init__(self, rpcs: list[Rpc]):
+        self.by_key = {r.api_key: r for r in rpcs if r.record is None}
+        self.by_record = {r.record: r for r in rpcs if r.record is not None}
+
+    def of(self, api_key: int, body: Any) -> Rpc:
+        """The RPC a parsed request asks for (its record's, on the record RPC key)."""
+        rpc = self.by_record.get(type(body)) if api_key == p.RECORD_API_KEY else self.by_key.get(api_key)
+        if rpc is None:  # pragma: no cover - the server's ApiTable parses nothing else
+            raise InvalidRequestError(f"API {api_key} has no handler")
+        return rpc
+
+    def of_request(self, body: Any) -> Rpc:
+        """The RPC of a request as a client builds it (a Kafka request entity or a request record)."""
+        return self.of(getattr(body, "__api_key__", p.RECORD_API_KEY), body)
+
+    def error_body(self, api_key: int, version: int, code: Errors, message: str = "", throttle_ms: int = 0,
+                   body: Any = None) -> Any:
+        """The body of an error answer to any request of the table; on the record RPC key, in the
+        request record's response (a request that could not be read: InitTransactionalProducer's)."""
+        if api_key == p.RECORD_API_KEY:
+            rpc = self.by_record.get(type(body), self.by_record[InitTransactionalProducerRequest])
+        else:
+            rpc = self.by_key[api_key]
+        return rpc.error(version, code, message or code.name, throttle_ms)
+
+
+RPCS = RpcTable(_rpcs())
+
+# What the port parses: the advertised APIs, the msgpack ones, and Envelope (from other nodes only; not
+# advertised in ApiVersions, as it is nothing a client sends).
+SERVER_API = kafka.ApiTable(
+    versions={**p.SUPPORTED, p.ENVELOPE: (0, 0)}, names=p.API_NAMES, internal=frozenset({p.ENVELOPE}),
+    error_body=lambda key, version, code, message, throttle_ms: RPCS.error_body(key, version, code, message,
+                                                                                throttle_ms),
+    msgpack={key: api.with_error_body(lambda code, message, _k=key: RPCS.error_body(_k, 0, code, message))
+             for key, api in p.QUORUM_API.msgpack.items()})
+
+
+__all__ = ["Context", "RPCS", "Rpc", "RpcTable", "SERVER_API", "envelope_peer", "forward_envelope"]

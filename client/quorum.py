@@ -3,15 +3,13 @@
 ``Connection`` multiplexes requests on one TCP connection by correlation id.
 ``QuorumClient`` sends each call to the node that answered last, and on a
 connection failure or a retriable error moves to the next node with backoff
-until the call's deadline (``RetryPolicy``).
+until the call's deadline (``RetryPolicy``, ``client.retry``).
 """
 from __future__ import annotations
 
 import asyncio
 import itertools
 import json
-import random
-import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +29,7 @@ from wire import kafka
 from wire.errors import Errors, PidQuorumError, RequestTimedOutError, for_code
 
 from . import api as p
+from .retry import RetryPolicy
 
 
 class ConnectionFailed(Exception):
@@ -138,19 +137,6 @@ class Connection:
 
 
 @dataclass
-class RetryPolicy:
-    timeout: float = 10.0  # overall deadline of one call
-    attempt_timeout: float = 3.0  # one request to one node
-    backoff_initial: float = 0.01
-    backoff_max: float = 0.25
-    jitter: float = 0.2
-
-    def backoff(self, attempt: int) -> float:
-        base = min(self.backoff_max, self.backoff_initial * (2 ** attempt))
-        return base * (1 + self.jitter * random.random())
-
-
-@dataclass
 class AllocatedBlock:
     start: int
     length: int
@@ -186,15 +172,15 @@ class QuorumClient:
         return conn
 
     async def _call_any(self, body: Any) -> tuple[Any, str]:
-        deadline = time.monotonic() + self.policy.timeout
+        backoff = self.policy.start()
         attempt = 0
         errors: list[str] = []
         n = len(self.addresses)
         while True:
             address = self.addresses[(self._preferred + attempt) % n]
-            remaining = deadline - time.monotonic()
             try:
-                resp = await self._conn(address).call(body, min(self.policy.attempt_timeout, max(remaining, 0.01)))
+                resp = await self._conn(address).call(body, min(self.policy.attempt_timeout,
+                                                                 max(backoff.remaining(), 0.01)))
                 code = Errors.of(int(resp["error_code"] if isinstance(resp, dict) else resp.error_code))
                 message = getattr(resp, "error_message", None) if not isinstance(resp, dict) else None
                 if code == Errors.NONE:
@@ -206,15 +192,17 @@ class QuorumClient:
                     raise err
                 errors.append(f"{address}: {code.name}")
                 if code == Errors.THROTTLING_QUOTA_EXCEEDED and throttle:
-                    await asyncio.sleep(min(throttle / 1000, max(deadline - time.monotonic(), 0)))
+                    await asyncio.sleep(min(throttle / 1000, backoff.remaining()))
             except (ConnectionFailed, RequestTimedOutError) as e:
                 errors.append(str(e))
             attempt += 1
-            if time.monotonic() >= deadline:
+            if not backoff.expired and (attempt % n or await backoff.sleep()):  # after each round: back off
+                continue
+            if backoff.expired:
                 raise RequestTimedOutError(f"no node answered within {self.policy.timeout:.1f}s: "
                                            + "; ".join(errors[-3:]))
-            if attempt % n == 0:
-                await asyncio.sleep(min(self.policy.backoff(attempt // n), max(deadline - time.monotonic(), 0)))
+            raise RequestTimedOutError(f"no node answered in {backoff.attempts + 1} rounds: "
+                                       + "; ".join(errors[-3:]))
 
     async def register_broker(self, broker_id: int, incarnation_id: uuid.UUID | None = None,
                               listener: str = "") -> int:

@@ -4,6 +4,8 @@
 ``QuorumClient`` sends each call to the node that answered last, and on a
 connection failure or a retriable error moves to the next node with backoff
 until the call's deadline (``RetryPolicy``, ``client.retry``).
+``QuorumClient.find_leader`` is the one way to find the leader (DescribeState
+of every node, ``client.leader.pick_leader``).
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import itertools
 import json
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Collection, Iterable
 
 from records import (
     AlterAclsRequest,
@@ -26,10 +28,11 @@ from records import (
 from security.acl import Acl
 from security.client import authenticate
 from wire import kafka
-from wire.errors import Errors, PidQuorumError, RequestTimedOutError, for_code
+from wire.errors import Errors, NotControllerError, PidQuorumError, RequestTimedOutError, for_code
 
 from . import api as p
-from .retry import RetryPolicy
+from .leader import pick_leader, summary
+from .retry import LEADER_POLL, RetryPolicy
 
 
 class ConnectionFailed(Exception):
@@ -305,6 +308,37 @@ class QuorumClient:
         if resp.get("error_code", 0) != 0:
             raise for_code(resp["error_code"], f"{address}: DescribeState failed")
         return resp
+
+    async def describe_each(self, addresses: Iterable[str] | None = None) -> dict[str, dict | Exception]:
+        """DescribeState of every node (default: this client's addresses) at once, by address, in the
+        given order: the answer, or the exception of a node that did not answer."""
+        addresses = list(self.addresses if addresses is None else addresses)
+
+        async def one(address: str) -> dict | Exception:
+            try:
+                return await self.describe(address)
+            except Exception as e:  # noqa: BLE001 - a dead or paused node: its error is its answer
+                return e
+
+        return dict(zip(addresses, await asyncio.gather(*(one(a) for a in addresses)), strict=True))
+
+    async def find_leader(self, timeout: float | None = None, *, addresses: Iterable[str] | None = None,
+                          exclude: Collection[str] = (), poll: RetryPolicy = LEADER_POLL) -> tuple[str, dict]:
+        """(client address, DescribeState) of the leader: asks every node (default: this client's
+        addresses) and picks with ``client.leader.pick_leader``; a leader in ``exclude`` does not count.
+        Asks again (``poll``'s delays) until ``timeout`` (None: the policy's timeout; 0: one round),
+        then raises NotControllerError naming what each node said."""
+        addresses = list(self.addresses if addresses is None else addresses)
+        backoff = poll.start(self.policy.timeout if timeout is None else timeout)
+        while True:
+            answers = await self.describe_each(addresses)
+            leader = pick_leader({a: d for a, d in answers.items() if not isinstance(d, Exception)})
+            if leader is not None and leader not in exclude:
+                return leader, answers[leader]
+            if not await backoff.sleep():
+                other = f" other than {', '.join(exclude)}" if exclude else ""
+                raise NotControllerError(f"no leader{other} among "
+                                         + ", ".join(f"{a}: {summary(d)}" for a, d in answers.items()))
 
     async def admin(self, address: str, body: dict, timeout: float) -> dict:
         """An admin action on one node (membership changes: ``quorum.membership``), with its own deadline."""

@@ -37,8 +37,9 @@ Errors: STALE_BROKER_EPOCH / BROKER_ID_NOT_REGISTERED re-register the broker
 (same incarnation id, new epoch) and retry; an authorization failure is fatal
 (KIP-730): refilling stops and, once the blocks in hand are spent,
 ``generate_producer_id()`` raises that error instead of load-in-progress.
-Everything else is retried with exponential backoff and jitter; the backoff
-is reset only when a block is *accepted* -- not by a successful
+Everything else is retried with exponential backoff and jitter
+(``client.retry``: one ``Backoff`` for the manager's lifetime, no deadline);
+the backoff is reset only when a block is *accepted* -- not by a successful
 re-registration, not by a block that was refused (KAFKA-20058 / KAFKA-20114).
 
 Threading: everything here runs on one asyncio event loop;
@@ -57,6 +58,7 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable, Protocol
 
+from client.retry import RetryPolicy
 from wire.errors import (
     BrokerIdNotRegisteredError,
     CoordinatorLoadInProgressError,
@@ -184,7 +186,9 @@ class ProducerIdManager:
         self._ready: asyncio.Event | None = None
         self._closed = False
         self._fatal: PidQuorumError | None = None
-        self._backoff_attempts = 0
+        c = self.config
+        self._backoff = RetryPolicy(backoff_initial=c.backoff_initial_s, backoff_max=c.backoff_max_s,
+                                    jitter=c.backoff_jitter).start(None, rng=self._rng)  # no deadline: retried forever
         self._cycle_start: float | None = None  # first attempt since the last accepted block
         self._cycle_failures = 0
 
@@ -216,7 +220,6 @@ class ProducerIdManager:
         self._re_registrations = 0
         self._outages = 0
         self._backoffs = 0
-        self._last_backoff_s = 0.0
         self._throttle_waits = 0
         self._early_windows = 0
         self.backoff_delays: collections.deque[float] = collections.deque(maxlen=1000)  # for tests and stats
@@ -373,7 +376,7 @@ class ProducerIdManager:
                 return
             self._register_errors[type(e).__name__] += 1
             log.warning("broker %d: registration failed: %s: %s", self.broker_id, type(e).__name__, e)
-            await self._backoff()
+            await self._back_off()
 
     async def _fetch_one(self) -> None:
         if self._cycle_start is None:
@@ -390,7 +393,7 @@ class ProducerIdManager:
             log.warning("broker %d: epoch %s refused (%s); registering again", self.broker_id, self.broker_epoch,
                         e.code.name)
             self.broker_epoch = None
-            await self._backoff()  # not reset: a fresh epoch is not a block (KAFKA-20058)
+            await self._back_off()  # not reset: a fresh epoch is not a block (KAFKA-20058)
             return
         except Exception as e:  # noqa: BLE001
             self._note_failure()
@@ -398,7 +401,7 @@ class ProducerIdManager:
                 return
             self._fetch_errors[type(e).__name__] += 1
             log.warning("broker %d: AllocateProducerIds failed: %s: %s", self.broker_id, type(e).__name__, e)
-            await self._backoff()
+            await self._back_off()
             return
         now = self._clock()
         start, length = block.start, block.length
@@ -409,7 +412,7 @@ class ProducerIdManager:
             log.error("broker %d: refused block start=%d length=%d from %s: %s (newest accepted end=%s)",
                       self.broker_id, start, length, getattr(block, "node", "?"), problem,
                       self._last_accepted_end)
-            await self._backoff()  # not reset by a refused block (KAFKA-20114)
+            await self._back_off()  # not reset by a refused block (KAFKA-20114)
             return
         self._accept(start, length, now - t0, now)
         throttle_ms = getattr(block, "throttle_ms", 0) or 0
@@ -446,7 +449,7 @@ class ProducerIdManager:
         self._dry = False
         self._block_len = length
         self._blocks_fetched += 1
-        self._backoff_attempts = 0  # the only place the backoff is reset
+        self._backoff.reset()  # the only place the backoff is reset
         a = self.config.latency_ewma_alpha
         self._latency_ewma = latency if self._latency_ewma is None else (1 - a) * self._latency_ewma + a * latency
         self._latency_max = max(self._latency_max, latency)
@@ -479,13 +482,9 @@ class ProducerIdManager:
             self._ready.set()
         return True
 
-    async def _backoff(self) -> None:
-        c = self.config
-        base = min(c.backoff_max_s, c.backoff_initial_s * (2 ** min(self._backoff_attempts, 62)))
-        self._backoff_attempts += 1
-        delay = min(c.backoff_max_s, base * (1 + c.backoff_jitter * (2 * self._rng.random() - 1)))
+    async def _back_off(self) -> None:
+        delay = self._backoff.next_delay()  # never None: no deadline, no cap on tries
         self._backoffs += 1
-        self._last_backoff_s = delay
         self.backoff_delays.append(delay)
         await self._sleep(delay)
 
@@ -580,8 +579,8 @@ class ProducerIdManager:
             "allocate_latency_max_s": self._latency_max,
             "max_block_wait_s": self._max_wait,
             "max_outage_s": self._max_outage,
-            "backoff_attempts": self._backoff_attempts,
-            "last_backoff_s": self._last_backoff_s,
+            "backoff_attempts": self._backoff.attempts,
+            "last_backoff_s": self._backoff.last_delay,
             "fatal_error": None if self._fatal is None else f"{self._fatal.code.name}: {self._fatal.message}",
             "closed": self._closed,
             "counters": {

@@ -68,10 +68,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from client.leader import pick_leader
+from client.quorum import QuorumClient, RetryPolicy
 from quorum import config as quorum_config
-from client.quorum import ConnectionFailed, QuorumClient, RetryPolicy
 from quorum.localcluster import LocalCluster
-from wire.errors import PidQuorumError
+from wire.errors import NotControllerError
 
 from .faultnode import FAULT_SYNC_DELAY_FILE
 
@@ -320,45 +321,39 @@ class NemesisContext:
             self.log(message % args if args else message)
 
     # ---------------------------------------------------------------- status
+    def _probe_client(self, addresses: list[str]) -> QuorumClient:
+        return QuorumClient(addresses, RetryPolicy(timeout=self.probe_timeout, attempt_timeout=self.probe_timeout),
+                            client_id="chaos-nemesis")
+
     async def statuses(self) -> dict[int, dict]:
         """DescribeState of every node that answers within ``probe_timeout`` (dead or paused ones do not)."""
         nodes = [n for n in self.cluster.nodes() if n.pid]
         if not nodes:
             return {}
-        client = QuorumClient([n.client_address for n in nodes],
-                              RetryPolicy(timeout=self.probe_timeout, attempt_timeout=self.probe_timeout),
-                              client_id="chaos-nemesis")
-
-        async def one(address: str) -> dict | None:
-            try:
-                return await asyncio.wait_for(client.describe(address), self.probe_timeout)
-            except (ConnectionFailed, PidQuorumError, asyncio.TimeoutError, OSError):
-                return None
-
+        client = self._probe_client([n.client_address for n in nodes])
         try:
-            answers = await asyncio.gather(*(one(n.client_address) for n in nodes))
+            answers = await client.describe_each()
         finally:
             await client.close()
-        return {n.node_id: a for n, a in zip(nodes, answers, strict=True) if a is not None}
+        return {n.node_id: answers[n.client_address] for n in nodes if isinstance(answers[n.client_address], dict)}
 
     async def leader(self) -> int | None:
-        """The node that says it leads (the highest term if several do), or None."""
-        leaders = [(d["raft"]["term"], node_id) for node_id, d in (await self.statuses()).items()
-                   if d["raft"]["state"] == "leader"]
-        return max(leaders)[1] if leaders else None
+        """The node that leads (``client.leader.pick_leader`` over ``statuses()``), or None."""
+        return pick_leader(await self.statuses())
 
     async def wait_leader(self, timeout: float | None = None, exclude: int | None = None) -> int:
-        """A leader (other than ``exclude``), or NemesisError after ``timeout``."""
+        """A leader (other than ``exclude``), or NemesisError after ``timeout`` (``QuorumClient.find_leader``)."""
         timeout = self.leader_timeout if timeout is None else timeout
-        deadline = time.monotonic() + timeout
-        while True:
-            node = await self.leader()
-            if node is not None and node != exclude:
-                return node
-            if time.monotonic() > deadline:
-                raise NemesisError(f"no leader{f' other than node {exclude}' if exclude else ''} "
-                                   f"within {timeout:.1f}s")
-            await asyncio.sleep(0.05)
+        node_of = {n.client_address: n.node_id for n in self.cluster.nodes()}
+        client = self._probe_client(list(node_of))
+        try:
+            address, _ = await client.find_leader(timeout, exclude={a for a, n in node_of.items() if n == exclude})
+        except NotControllerError:
+            raise NemesisError(f"no leader{f' other than node {exclude}' if exclude else ''} "
+                               f"within {timeout:.1f}s") from None
+        finally:
+            await client.close()
+        return node_of[address]
 
     # -------------------------------------------------------------- processes
     def node_ids(self) -> list[int]:

@@ -7,6 +7,7 @@ import os
 
 import click
 
+from client.leader import pick_leader
 from quorum.audit import iter_blocks
 from quorum.localcluster import ClusterError
 from wire.errors import RequestTimedOutError
@@ -30,7 +31,8 @@ def blocks_latest(obj: Ctx, output):
     live = [n for n in nodes if "raft" in n]
     if not live:
         raise RequestTimedOutError("no node answered")
-    best = max(live, key=lambda n: (n["raft"]["state"] == "leader", n["applied_index"]))
+    leader = pick_leader(dict(enumerate(live)))
+    best = live[leader] if leader is not None else max(live, key=lambda n: n["applied_index"])
     result = {"node_id": best["node_id"], "applied_index": best["applied_index"],
               "next_producer_id": best["state"]["next_producer_id"], "latest_block": best["state"]["latest_block"]}
     if output == "json":

@@ -7,6 +7,7 @@ import click
 
 from quorum.identity import new_cluster_id
 from quorum.localcluster import ClusterError
+from wire.errors import NotControllerError
 
 from . import render
 from .common import Ctx, gather_status, handle_errors, output_option, run
@@ -36,21 +37,12 @@ def cluster_up(obj: Ctx, nodes, block_size, metrics=False):
 
 
 async def _wait_leader(obj: Ctx) -> None:
-    """Wait until some node leads and has committed (DescribeState); bounded by --timeout."""
+    """Wait until some node leads (``QuorumClient.find_leader``); bounded by --timeout."""
     client = obj.client()
     try:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + obj.timeout
-        while loop.time() < deadline:
-            for a in obj.addresses():
-                try:
-                    d = await client.describe(a)
-                except Exception:  # noqa: BLE001 - still starting
-                    continue
-                if d["raft"]["state"] == "leader":
-                    return
-            await asyncio.sleep(0.05)
-        raise ClusterError(f"no leader within {obj.timeout:.0f}s")
+        await client.find_leader(obj.timeout)
+    except NotControllerError:
+        raise ClusterError(f"no leader within {obj.timeout:.0f}s") from None
     finally:
         await client.close()
 

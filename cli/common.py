@@ -110,17 +110,20 @@ def run(coro_fn):
 async def gather_status(obj: Ctx) -> list[dict]:
     """DescribeState of every node (a node that does not answer: its error), with each one's apply lag."""
     client = obj.client()
+    addresses = obj.addresses()
     out = []
     try:
-        for i, a in enumerate(obj.addresses()):
-            try:
-                d = await client.describe(a)
-                d.pop("error_code", None)
-                out.append(d)
-            except Exception as e:  # noqa: BLE001 - report the node as down
-                out.append({"node_id": i + 1, "client_address": a, "error": str(e) or type(e).__name__})
+        answers = await client.describe_each(addresses)
     finally:
         await client.close()
+    for i, a in enumerate(addresses):
+        d = answers[a]
+        if isinstance(d, Exception):  # report the node as down
+            out.append({"node_id": i + 1, "client_address": a, "error": str(d) or type(d).__name__})
+        else:
+            d = dict(d)
+            d.pop("error_code", None)
+            out.append(d)
     commit = max((n["raft"]["commit_index"] for n in out if "raft" in n), default=0)
     for n in out:
         if "raft" in n:

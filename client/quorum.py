@@ -3,18 +3,18 @@
 ``Connection`` multiplexes requests on one TCP connection by correlation id.
 ``QuorumClient`` sends each call to the node that answered last, and on a
 connection failure or a retriable error moves to the next node with backoff
-until the call's deadline (``RetryPolicy``).
+until the call's deadline (``RetryPolicy``, ``client.retry``).
+``QuorumClient.find_leader`` is the one way to find the leader (DescribeState
+of every node, ``client.leader.pick_leader``).
 """
 from __future__ import annotations
 
 import asyncio
 import itertools
 import json
-import random
-import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Collection, Iterable
 
 from records import (
     AlterAclsRequest,
@@ -28,9 +28,11 @@ from records import (
 from security.acl import Acl
 from security.client import authenticate
 from wire import kafka
-from wire.errors import Errors, PidQuorumError, RequestTimedOutError, for_code
+from wire.errors import Errors, NotControllerError, PidQuorumError, RequestTimedOutError, for_code
 
 from . import api as p
+from .leader import pick_leader, summary
+from .retry import LEADER_POLL, RetryPolicy
 
 
 class ConnectionFailed(Exception):
@@ -138,19 +140,6 @@ class Connection:
 
 
 @dataclass
-class RetryPolicy:
-    timeout: float = 10.0  # overall deadline of one call
-    attempt_timeout: float = 3.0  # one request to one node
-    backoff_initial: float = 0.01
-    backoff_max: float = 0.25
-    jitter: float = 0.2
-
-    def backoff(self, attempt: int) -> float:
-        base = min(self.backoff_max, self.backoff_initial * (2 ** attempt))
-        return base * (1 + self.jitter * random.random())
-
-
-@dataclass
 class AllocatedBlock:
     start: int
     length: int
@@ -186,15 +175,15 @@ class QuorumClient:
         return conn
 
     async def _call_any(self, body: Any) -> tuple[Any, str]:
-        deadline = time.monotonic() + self.policy.timeout
+        backoff = self.policy.start()
         attempt = 0
         errors: list[str] = []
         n = len(self.addresses)
         while True:
             address = self.addresses[(self._preferred + attempt) % n]
-            remaining = deadline - time.monotonic()
             try:
-                resp = await self._conn(address).call(body, min(self.policy.attempt_timeout, max(remaining, 0.01)))
+                resp = await self._conn(address).call(body, min(self.policy.attempt_timeout,
+                                                                 max(backoff.remaining(), 0.01)))
                 code = Errors.of(int(resp["error_code"] if isinstance(resp, dict) else resp.error_code))
                 message = getattr(resp, "error_message", None) if not isinstance(resp, dict) else None
                 if code == Errors.NONE:
@@ -206,15 +195,17 @@ class QuorumClient:
                     raise err
                 errors.append(f"{address}: {code.name}")
                 if code == Errors.THROTTLING_QUOTA_EXCEEDED and throttle:
-                    await asyncio.sleep(min(throttle / 1000, max(deadline - time.monotonic(), 0)))
+                    await asyncio.sleep(min(throttle / 1000, backoff.remaining()))
             except (ConnectionFailed, RequestTimedOutError) as e:
                 errors.append(str(e))
             attempt += 1
-            if time.monotonic() >= deadline:
+            if not backoff.expired and (attempt % n or await backoff.sleep()):  # after each round: back off
+                continue
+            if backoff.expired:
                 raise RequestTimedOutError(f"no node answered within {self.policy.timeout:.1f}s: "
                                            + "; ".join(errors[-3:]))
-            if attempt % n == 0:
-                await asyncio.sleep(min(self.policy.backoff(attempt // n), max(deadline - time.monotonic(), 0)))
+            raise RequestTimedOutError(f"no node answered in {backoff.attempts + 1} rounds: "
+                                       + "; ".join(errors[-3:]))
 
     async def register_broker(self, broker_id: int, incarnation_id: uuid.UUID | None = None,
                               listener: str = "") -> int:
@@ -317,6 +308,37 @@ class QuorumClient:
         if resp.get("error_code", 0) != 0:
             raise for_code(resp["error_code"], f"{address}: DescribeState failed")
         return resp
+
+    async def describe_each(self, addresses: Iterable[str] | None = None) -> dict[str, dict | Exception]:
+        """DescribeState of every node (default: this client's addresses) at once, by address, in the
+        given order: the answer, or the exception of a node that did not answer."""
+        addresses = list(self.addresses if addresses is None else addresses)
+
+        async def one(address: str) -> dict | Exception:
+            try:
+                return await self.describe(address)
+            except Exception as e:  # noqa: BLE001 - a dead or paused node: its error is its answer
+                return e
+
+        return dict(zip(addresses, await asyncio.gather(*(one(a) for a in addresses)), strict=True))
+
+    async def find_leader(self, timeout: float | None = None, *, addresses: Iterable[str] | None = None,
+                          exclude: Collection[str] = (), poll: RetryPolicy = LEADER_POLL) -> tuple[str, dict]:
+        """(client address, DescribeState) of the leader: asks every node (default: this client's
+        addresses) and picks with ``client.leader.pick_leader``; a leader in ``exclude`` does not count.
+        Asks again (``poll``'s delays) until ``timeout`` (None: the policy's timeout; 0: one round),
+        then raises NotControllerError naming what each node said."""
+        addresses = list(self.addresses if addresses is None else addresses)
+        backoff = poll.start(self.policy.timeout if timeout is None else timeout)
+        while True:
+            answers = await self.describe_each(addresses)
+            leader = pick_leader({a: d for a, d in answers.items() if not isinstance(d, Exception)})
+            if leader is not None and leader not in exclude:
+                return leader, answers[leader]
+            if not await backoff.sleep():
+                other = f" other than {', '.join(exclude)}" if exclude else ""
+                raise NotControllerError(f"no leader{other} among "
+                                         + ", ".join(f"{a}: {summary(d)}" for a, d in answers.items()))
 
     async def admin(self, address: str, body: dict, timeout: float) -> dict:
         """An admin action on one node (membership changes: ``quorum.membership``), with its own deadline."""

@@ -155,26 +155,13 @@ async def _transfer(raft: Any, loop: Any, target: str | None, wait: float) -> di
 
 # --------------------------------------------------------------------------
 # The operator's side (``pidctl quorum add-node|remove-node|transfer-leadership``):
-# find the leader among the given client addresses and ask it.
-
-async def find_leader(client: Any, addresses: list[str]) -> tuple[str, dict]:
-    """(client address, DescribeState) of the node that says it leads."""
-    seen = []
-    for address in addresses:
-        try:
-            d = await client.describe(address)
-        except Exception as e:  # noqa: BLE001 - a dead member is expected here (we are replacing it)
-            seen.append(f"{address}: {type(e).__name__}")
-            continue
-        if d["raft"]["state"] == "leader":
-            return address, d
-        seen.append(f"{address}: {d['raft']['state']}")
-    raise NotControllerError("no leader among " + ", ".join(seen))
+# find the leader among the given client addresses (``QuorumClient.find_leader``,
+# one round: a dead member is expected here, we may be replacing it) and ask it.
 
 
 async def add_node(client: Any, addresses: list[str], raft_address: str, client_address: str,
                    catch_up_timeout: float, timeout: float) -> dict:
-    leader_address, leader = await find_leader(client, addresses)
+    leader_address, leader = await client.find_leader(0, addresses=addresses)
     try:
         new = await client.describe(client_address)
     except Exception as e:  # noqa: BLE001 - any failure means: not running there
@@ -200,7 +187,7 @@ async def add_node(client: Any, addresses: list[str], raft_address: str, client_
 
 
 async def remove_node(client: Any, addresses: list[str], raft_address: str, timeout: float) -> dict:
-    leader_address, leader = await find_leader(client, addresses)
+    leader_address, leader = await client.find_leader(0, addresses=addresses)
     resp = await client.admin(leader_address, {"action": "remove_node", "address": raft_address}, timeout)
     resp.pop("error_code", None)
     resp["leader"] = leader["raft"]["self"]
@@ -208,7 +195,7 @@ async def remove_node(client: Any, addresses: list[str], raft_address: str, time
 
 
 async def transfer_leadership(client: Any, addresses: list[str], target: str | None, timeout: float) -> dict:
-    leader_address, _ = await find_leader(client, addresses)
+    leader_address, _ = await client.find_leader(0, addresses=addresses)
     body: dict = {"action": "transfer_leadership", "wait": timeout}
     if target:
         body["address"] = target

@@ -12,6 +12,7 @@ import pytest
 
 from client.quorum import QuorumClient, RetryPolicy
 from quorum.localcluster import LocalCluster
+from wire.errors import NotControllerError
 
 # hypothesis' storage goes to a temp dir, never into the repo or a test's working directory: kio imports
 # hypothesis when it is installed, so every pidctl or node process a test starts would otherwise create
@@ -68,12 +69,24 @@ class ClusterHarness:
         return run(go())
 
     def leader(self, timeout: float = 10.0) -> int:
-        def find():
-            for node_id, d in self.describe_all().items():
-                if d["raft"]["state"] == "leader":
-                    return node_id
-            return None
-        return wait_for(find, timeout, what="a leader")
+        """The node id of the leader (``QuorumClient.find_leader``), waiting up to ``timeout``."""
+        return self.leader_state(timeout)[0]
+
+    def leader_state(self, timeout: float = 10.0) -> tuple[int, dict]:
+        """(node id, DescribeState) of the leader, waiting up to ``timeout``."""
+        node_of = {n.client_address: n.node_id for n in self.lc.nodes()}
+
+        async def go():
+            c = self.client()
+            try:
+                return await c.find_leader(timeout, addresses=list(node_of))
+            finally:
+                await c.close()
+        try:
+            address, d = run(go())
+        except NotControllerError as e:
+            raise AssertionError(f"timed out after {timeout}s waiting for a leader ({e.message})") from None
+        return node_of[address], d
 
 
 def cluster_harness(tmp_path, request, **node_options):

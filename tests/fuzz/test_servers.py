@@ -25,12 +25,7 @@ CONTROL_BROKER = 4242
 
 
 def _leader_state(cluster) -> tuple[int, dict]:
-    def find():
-        for node_id, d in cluster.describe_all().items():
-            if d["raft"]["state"] == "leader":
-                return node_id, d
-        return None
-    return wait_for(find, 20, what="a leader")
+    return cluster.leader_state(20)
 
 
 def _converged(cluster, want_commit: int) -> dict:

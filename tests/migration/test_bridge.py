@@ -161,19 +161,10 @@ def test_mixed_fleet_in_bridge_mode_through_a_leader_kill_all_blocks_disjoint(qu
 async def _leader(lc: LocalCluster) -> int:
     c = client(lc, 5)
     try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            for n in lc.nodes():
-                try:
-                    d = await c.describe(n.client_address)
-                except Exception:  # noqa: BLE001
-                    continue
-                if d["raft"]["state"] == "leader":
-                    return n.node_id
-            await asyncio.sleep(0.05)
-        raise AssertionError("no leader")
+        address, _ = await c.find_leader(20)
     finally:
         await c.close()
+    return next(n.node_id for n in lc.nodes() if n.client_address == address)
 
 
 # ------------------------------------------------------------------ finalize and rollback

@@ -9,6 +9,7 @@ import shutil
 from click.testing import CliRunner
 
 from cli.main import cli
+from client.leader import pick_leader
 from client.quorum import QuorumClient, RetryPolicy
 from quorum.identity import EXIT_IDENTITY_REFUSED
 from tests.conftest import run, wait_for
@@ -45,7 +46,7 @@ def wait_refused_exit(lc, node_id, timeout=20.0):
 
 def caught_up(cluster, node_id):
     d = cluster.describe_all()
-    leader = next((v for v in d.values() if v["raft"]["state"] == "leader"), None)
+    leader = d.get(pick_leader(d))
     if leader is None or node_id not in d:
         return False
     if d[node_id]["raft"]["state"] == "leader":

@@ -40,14 +40,10 @@ def _leader_and_follower(sq):
     async def go():
         c = sq.client("admin")
         try:
-            out = {}
-            for a in sq.addresses:
-                out[a] = (await c.describe(a))["raft"]["state"]
-            return out
+            return (await c.find_leader(15))[0]
         finally:
             await c.close()
-    states = wait_for(lambda: (lambda s: s if "leader" in s.values() else None)(run(go())), 15, what="a leader")
-    leader = next(a for a, s in states.items() if s == "leader")
+    leader = run(go())
     return leader, next(a for a in sq.addresses if a != leader)
 
 

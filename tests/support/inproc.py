@@ -18,6 +18,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from chaos.sim.disk import LossPolicy, MachineStopped, NodeHalted, SimDisk
+from client.leader import pick_leader
 from quorum.config import NodeConfig, Peer
 from quorum.localcluster import free_ports
 from quorum.raft import ProposalRejected, ProposalUnknown, RaftConfig
@@ -157,13 +158,18 @@ class SimCluster:
         return [n for n in self.nodes.values() if n.running]
 
     def leader(self, timeout: float = 15.0, among: list[int] | None = None) -> SimNode:
+        """The running node (of ``among``) that leads, by ``client.leader.pick_leader`` over the nodes' roles."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            answers = {}
             for n in self.running():
-                if among is not None and n.node_id not in among:
-                    continue
-                if n.raft.role()[0]:
-                    return n
+                if among is None or n.node_id in among:
+                    is_leader, leader, term = n.raft.role()
+                    answers[n.node_id] = {"raft": {"self": n.raft.self_addr, "leader": leader, "term": term,
+                                                   "state": "leader" if is_leader else "follower"}}
+            node_id = pick_leader(answers)
+            if node_id is not None:
+                return self.nodes[node_id]
             time.sleep(0.01)
         raise TimeoutError(f"no leader within {timeout}s among {[n.node_id for n in self.running()]}")
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 
@@ -116,3 +117,10 @@ def test_the_kafka_preset_and_checks_of_pid_manager_config():
     with pytest.raises(ValueError, match="unexpected_keyword_argument|Unexpected keyword"):
         PidManagerConfig(no_such_setting=1)
 
+
+def test_the_shipped_broker_file_loads():
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "deploy",
+                        "broker.toml")
+    cfg = load_broker(path)
+    assert (cfg.broker_id, cfg.default_partitions, cfg.quorum_security) == (1, 3, None)
+    assert cfg.data_dir == "/var/lib/pidquorum-broker" and cfg.pid_manager == PidManagerConfig()

@@ -27,7 +27,6 @@ import concurrent.futures
 import logging
 import os
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import failpoints
@@ -50,9 +49,10 @@ from wire.errors import (
 
 from . import kafkaio as kio_
 from .acl_cache import AclCache
+from .config import BrokerConfig
 from .partition import Partition
-from .pid_manager import PidManagerConfig, ProducerIdManager
-from .quota import STATS_FILE, ProducerIdQuotaManager, QuotaConfigPoller, QuotaWindow, batch_producer_ids
+from .pid_manager import ProducerIdManager
+from .quota import STATS_FILE, ProducerIdQuotaManager, QuotaConfigPoller, batch_producer_ids
 from .storage import Storage
 
 log = logging.getLogger(__name__)
@@ -76,79 +76,6 @@ NAMES = {PRODUCE: "Produce", FETCH: "Fetch", LIST_OFFSETS: "ListOffsets", METADA
          FIND_COORDINATOR: "FindCoordinator", kafka.API_VERSIONS: "ApiVersions", INIT_PRODUCER_ID: "InitProducerId",
          DESCRIBE_PRODUCERS: "DescribeProducers", ADD_PARTITIONS_TO_TXN: "AddPartitionsToTxn", END_TXN: "EndTxn"}
 LATEST_TIMESTAMP, EARLIEST_TIMESTAMP = -1, -2
-
-
-@dataclass
-class BrokerConfig:
-    broker_id: int
-    quorum: list[str]
-    listen: str = "127.0.0.1:9092"
-    data_dir: str = "./.pidquorum-broker"
-    advertised: str | None = None         # host:port put in Metadata; default: the listen address
-    cluster_id: str = "pidquorum"
-    default_partitions: int = 1
-    auto_create_topics: bool = True
-    max_frame_bytes: int = 16 * 1024 * 1024
-    producer_id_expiration_ms: int = 24 * 3600 * 1000
-    segment_bytes: int = 64 * 1024 * 1024
-    dedup: bool = True                    # idempotence checks; off only to show what they prevent
-    io_threads: int = 4
-    quorum_timeout_s: float = 5.0
-    metrics_port: int = 0                 # Prometheus /metrics; 0 = off
-    metrics_host: str = "127.0.0.1"
-    pid_manager: PidManagerConfig = field(default_factory=PidManagerConfig)
-    # KIP-936 producer-ID quota: producer.id.quota.window.num / .size.seconds; quotas come from the quorum
-    producer_id_quota_window_num: int = 11
-    producer_id_quota_window_size_s: float = 3600.0
-    producer_id_quota_false_positive_rate: float = 0.001
-    quota_refresh_s: float = 1.0          # how often the quota configuration is read from the quorum
-    # Security (README "Security").  sasl_credentials_file set: SASL is required on the listener and
-    # InitProducerId / the transactional requests are authorized with the quorum's ACLs.
-    sasl_credentials_file: str | None = None
-    sasl_mechanisms: tuple[str, ...] = ("PLAIN", "SCRAM-SHA-256")
-    super_users: tuple[str, ...] = ()      # principals the ACLs never refuse (Kafka's super.users)
-    acl_refresh_s: float = 1.0             # how often the ACLs are read from the quorum
-    tls_certfile: str | None = None        # set: the listener speaks TLS (SSL / SASL_SSL)
-    tls_keyfile: str | None = None
-    tls_cafile: str | None = None          # CA for client certificates (with tls_client_auth)
-    tls_client_auth: bool = False          # clients must present a certificate (mutual TLS)
-    quorum_security: Any = None            # security.client.ClientSecurity: how to reach the quorum
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.broker_id <= 2**31 - 1:
-            raise ValueError(f"broker id {self.broker_id} is not in 0..2147483647")
-        if not self.quorum:
-            raise ValueError("at least one quorum address is needed")
-        if self.default_partitions < 1:
-            raise ValueError("default_partitions must be at least 1")
-        if not 0 <= self.metrics_port < 65536:
-            raise ValueError("metrics_port must be in 0..65535 (0 = off)")
-        if not 0 < self.quota_refresh_s <= 3600:
-            raise ValueError(f"quota refresh interval {self.quota_refresh_s} s is not in (0, 3600]")
-        self.quota_window  # checks the window settings
-        if (self.tls_keyfile or self.tls_cafile or self.tls_client_auth) and not self.tls_certfile:
-            raise ValueError("tls_keyfile / tls_cafile / tls_client_auth need tls_certfile")
-        if self.acl_refresh_s <= 0:
-            raise ValueError("acl_refresh_s must be positive")
-        for u in self.super_users:
-            if not u.startswith("User:") or len(u) <= 5:
-                raise ValueError(f"super user {u!r} is not User:<name>")
-
-    @property
-    def quota_window(self) -> QuotaWindow:
-        return QuotaWindow(num=self.producer_id_quota_window_num, size_s=float(self.producer_id_quota_window_size_s),
-                           false_positive_rate=float(self.producer_id_quota_false_positive_rate))
-
-    @property
-    def advertised_address(self) -> tuple[str, int]:
-        host, port = (self.advertised or self.listen).rsplit(":", 1)
-        return host, int(port)
-
-    def with_bound_port(self, port: int) -> None:
-        """After binding ``host:0``: advertise the port the system picked."""
-        host, listen_port = self.listen.rsplit(":", 1)
-        if int(listen_port) == 0:
-            self.listen = f"{host}:{port}"
 
 
 class _DropConnection(Exception):

@@ -55,9 +55,12 @@ import math
 import random
 import time
 import uuid
-from dataclasses import dataclass, replace
-from typing import Any, Awaitable, Callable, Protocol
+from dataclasses import replace
+from typing import Annotated, Any, Awaitable, Callable, Protocol
 
+from pydantic import Field, model_validator
+
+import settings
 from client.retry import RetryPolicy
 from wire.errors import (
     BrokerIdNotRegisteredError,
@@ -83,56 +86,47 @@ class PidQuorum(Protocol):
         """An object with ``start``, ``length`` and (optionally) ``throttle_ms``."""
 
 
-@dataclass
+@settings.model
 class PidManagerConfig:
-    """Tuning of ``ProducerIdManager``.  Times in seconds."""
+    """Tuning of ``ProducerIdManager``.  Times in seconds.  (The ``[pid_manager]`` table of a broker's file.)"""
 
-    prefetch_threshold: float = 0.9
+    prefetch_threshold: Annotated[float, Field(ge=0, lt=1)] = 0.9
     """Fraction of a block used before the next one is asked for (Kafka: 0.9); the reserve
     never falls below ``1 - prefetch_threshold`` of a block."""
     adaptive: bool = True
     """Size the reserve from the measured demand; False = Kafka's fixed threshold only."""
-    failover_budget_s: float = 2.0
+    failover_budget_s: Annotated[float, Field(ge=0)] = 2.0
     """How long the quorum may give no block (worst observed leader failover plus margin)."""
     learn_failover_budget: bool = True
     """Raise the budget to ``outage_margin`` x the longest recent wait for a block."""
-    outage_margin: float = 1.5
-    outage_memory_s: float = 600.0
+    outage_margin: Annotated[float, Field(ge=0)] = 1.5
+    """The learned budget is this many times the longest recent wait for a block."""
+    outage_memory_s: Annotated[float, Field(ge=0)] = 600.0
     """A long wait counts towards the learned budget for this long."""
-    max_prefetch_blocks: int = 64
+    max_prefetch_blocks: Annotated[int, Field(ge=1)] = 64
     """Cap on the blocks queued behind the current one."""
-    backoff_initial_s: float = 0.05
+    backoff_initial_s: Annotated[float, Field(gt=0)] = 0.05
+    """First delay before asking the quorum again after a failed request."""
     backoff_max_s: float = 5.0
-    backoff_jitter: float = 0.2
+    """Longest delay between two requests to the quorum."""
+    backoff_jitter: Annotated[float, Field(ge=0, lt=1)] = 0.2
     """Each delay is multiplied by a random factor in [1 - jitter, 1 + jitter]."""
-    start_timeout_s: float = 30.0
-    rate_window_s: float = 0.25
+    start_timeout_s: Annotated[float, Field(gt=0)] = 30.0
+    """How long starting may wait for the broker's registration and first block."""
+    rate_window_s: Annotated[float, Field(gt=0)] = 0.25
     """Length of one demand-measurement window."""
-    rate_ewma_alpha: float = 0.3
-    rate_peak_windows: int = 40
+    rate_ewma_alpha: Annotated[float, Field(gt=0, le=1)] = 0.3
+    """Weight of the newest window in the demand estimate."""
+    rate_peak_windows: Annotated[int, Field(ge=1)] = 40
     """The peak of this many recent windows also bounds the rate estimate from below."""
-    latency_ewma_alpha: float = 0.2
+    latency_ewma_alpha: Annotated[float, Field(gt=0, le=1)] = 0.2
+    """Weight of the newest block request in the latency estimate."""
 
-    def __post_init__(self) -> None:
-        problems = []
-        if not 0.0 <= self.prefetch_threshold < 1.0:
-            problems.append("prefetch_threshold must be in [0, 1)")
-        if self.failover_budget_s < 0 or self.outage_margin < 0 or self.outage_memory_s < 0:
-            problems.append("failover_budget_s, outage_margin and outage_memory_s must be >= 0")
-        if self.max_prefetch_blocks < 1:
-            problems.append("max_prefetch_blocks must be >= 1")
-        if not 0 < self.backoff_initial_s <= self.backoff_max_s:
-            problems.append("need 0 < backoff_initial_s <= backoff_max_s")
-        if not 0.0 <= self.backoff_jitter < 1.0:
-            problems.append("backoff_jitter must be in [0, 1)")
-        if self.start_timeout_s <= 0 or self.rate_window_s <= 0:
-            problems.append("start_timeout_s and rate_window_s must be positive")
-        if not 0 < self.rate_ewma_alpha <= 1 or not 0 < self.latency_ewma_alpha <= 1:
-            problems.append("EWMA alphas must be in (0, 1]")
-        if self.rate_peak_windows < 1:
-            problems.append("rate_peak_windows must be >= 1")
-        if problems:
-            raise ValueError("; ".join(problems))
+    @model_validator(mode="after")
+    def _check(self) -> "PidManagerConfig":
+        if self.backoff_initial_s > self.backoff_max_s:
+            raise ValueError("need 0 < backoff_initial_s <= backoff_max_s")
+        return self
 
     @classmethod
     def kafka_fixed_threshold(cls, **overrides) -> "PidManagerConfig":

@@ -2,19 +2,22 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sys
 import uuid
 
 import click
 
-from broker.frontend import BrokerConfig
+import settings.flags as settings_flags
+from broker.config import BrokerConfig
+from broker.config import load as load_broker_config
 from broker.run import run_broker
 from quorum.node import setup_logging
-from security.client import ClientSecurity
+from settings import ConfigError
 from telemetry.metrics import MetricsUnavailable, read_metrics
 
 from . import render
-from .common import EXIT_ERROR, EXIT_UNAVAILABLE, Ctx, handle_errors, log_format_option, output_option, run
+from .common import EXIT_ERROR, EXIT_UNAVAILABLE, Ctx, handle_errors, output_option, run
 
 
 @click.group()
@@ -23,83 +26,38 @@ def broker():
 
 
 @broker.command("start")
-@click.option("--broker-id", type=click.IntRange(0, 2**31 - 1), required=True)
-@click.option("--quorum", "quorum_opt", help="Quorum client addresses host:port,... (default: the local cluster's).")
-@click.option("--listen", default="127.0.0.1:9092", show_default=True, help="host:port to serve Kafka clients on.")
-@click.option("--advertised", help="host:port put in Metadata (default: --listen).")
-@click.option("--data-dir", "broker_dir", help="Where partitions live (default: ./.pidquorum-broker-N).")
-@click.option("--partitions", type=click.IntRange(1, 10_000), default=1, show_default=True,
-              help="Partitions of an auto-created topic.")
-@click.option("--no-dedup", is_flag=True, help="Turn idempotence checks off (only to show what they prevent).")
-@click.option("--producer-id-expiration-ms", type=click.IntRange(1), default=24 * 3600 * 1000, show_default=True)
-@click.option("--producer-id-quota-window-num", type=click.IntRange(1, 1000), default=11, show_default=True,
-              help="KIP-936 producer.id.quota.window.num: windows a producer ID is remembered (and the burst).")
-@click.option("--producer-id-quota-window-size-s", type=click.FloatRange(0, 7 * 86400, min_open=True), default=3600.0,
-              show_default=True, help="KIP-936 producer.id.quota.window.size.seconds.")
-@click.option("--quota-refresh-s", type=click.FloatRange(0, 3600, min_open=True), default=1.0, show_default=True,
-              help="How often the client quotas are read from the quorum.")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False),
+              help="A broker settings file (TOML, deploy/broker.toml); the flags given override it.")
+@settings_flags.options(BrokerConfig)
 @click.option("--ready-file", type=click.Path(dir_okay=False), help="Written with 'pid port' once serving.")
 @click.option("--log-level", default="INFO", show_default=True)
-@log_format_option
-@click.option("--metrics-port", type=click.IntRange(0, 65535), default=0, show_default=True,
-              help="Serve Prometheus metrics on this port (0 = off).")
-@click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Address the metrics port binds to.")
-@click.option("--sasl-credentials-file", type=click.Path(dir_okay=False),
-              help="Require SASL (PLAIN, SCRAM-SHA-256) from clients, with these users; ACLs are then enforced.")
-@click.option("--sasl-mechanism", "sasl_mechanisms", multiple=True, type=click.Choice(["PLAIN", "SCRAM-SHA-256"]),
-              help="Enabled mechanisms (repeat; default: both).")
-@click.option("--super-user", "super_users", multiple=True, help="User:<name> the ACLs never refuse (repeat).")
-@click.option("--acl-refresh-ms", type=click.IntRange(10), default=1000, show_default=True,
-              help="How often the ACLs are read from the quorum.")
-@click.option("--tls-certfile", type=click.Path(dir_okay=False), help="Serve TLS with this certificate (chain).")
-@click.option("--tls-keyfile", type=click.Path(dir_okay=False))
-@click.option("--tls-cafile", type=click.Path(dir_okay=False), help="CA of client certificates (--tls-client-auth).")
-@click.option("--tls-client-auth", is_flag=True, help="Require client certificates (mutual TLS).")
-@click.option("--quorum-security-protocol", default="PLAINTEXT", show_default=True,
-              type=click.Choice(["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]), help="How to reach the quorum.")
-@click.option("--quorum-sasl-mechanism", default="PLAIN", show_default=True,
-              type=click.Choice(["PLAIN", "SCRAM-SHA-256"]))
-@click.option("--quorum-sasl-username", envvar="PIDQUORUM_BROKER_SASL_USERNAME",
-              help="The broker's user on the quorum (needs CLUSTER_ACTION).")
-@click.option("--quorum-sasl-password", envvar="PIDQUORUM_BROKER_SASL_PASSWORD",
-              help="Prefer the environment variable PIDQUORUM_BROKER_SASL_PASSWORD.")
-@click.option("--quorum-tls-cafile", type=click.Path(dir_okay=False), help="CA of the quorum's certificates.")
-@click.pass_obj
+@click.pass_context
 @handle_errors
-def broker_start(obj: Ctx, broker_id, quorum_opt, listen, advertised, broker_dir, partitions, no_dedup,
-                 producer_id_expiration_ms, producer_id_quota_window_num,
-                 producer_id_quota_window_size_s, quota_refresh_s, ready_file, log_level, sasl_credentials_file,
-                 sasl_mechanisms, super_users, acl_refresh_ms, tls_certfile, tls_keyfile, tls_cafile, tls_client_auth,
-                 quorum_security_protocol, quorum_sasl_mechanism, quorum_sasl_username, quorum_sasl_password,
-                 quorum_tls_cafile, log_format=None, metrics_port=0, metrics_host="127.0.0.1"):
+def broker_start(ctx: click.Context, config_path, ready_file, log_level, **_settings):
     """Run a Kafka-protocol broker in the foreground until SIGTERM.
 
     Producer IDs come from quorum-allocated blocks; idempotent produce with
     sequence checks; InitProducerId with KIP-360 epochs for transactional ids.
+    Settings come from --config (a TOML file), each flag given in place of the
+    file's, and the defaults shown for the rest.
     """
 
-    setup_logging(log_level, log_format or "human")
-    quorum = [a.strip() for a in quorum_opt.split(",") if a.strip()] if quorum_opt else obj.addresses()
+    obj: Ctx = ctx.obj
+    flags = settings_flags.given(ctx, BrokerConfig)
+    setup_logging(log_level, flags.get("log_format", "human"))
+    if config_path is None and "broker_id" not in flags:
+        raise click.MissingParameter(ctx=ctx, param_hint="'--broker-id' (or broker_id in a --config file)",
+                                     param_type="option")
     try:
-        quorum_security = obj.security
-        if quorum_security_protocol != "PLAINTEXT":
-            quorum_security = ClientSecurity(quorum_security_protocol, quorum_sasl_mechanism, quorum_sasl_username,
-                                             quorum_sasl_password, quorum_tls_cafile)
-        security = {"sasl_credentials_file": sasl_credentials_file, "super_users": tuple(super_users),
-                    "acl_refresh_s": acl_refresh_ms / 1000, "tls_certfile": tls_certfile, "tls_keyfile": tls_keyfile,
-                    "tls_cafile": tls_cafile, "tls_client_auth": tls_client_auth, "quorum_security": quorum_security}
-        if sasl_mechanisms:
-            security["sasl_mechanisms"] = tuple(sasl_mechanisms)
-        cfg = BrokerConfig(broker_id=broker_id, quorum=quorum, listen=listen, advertised=advertised,
-                           data_dir=broker_dir or f".pidquorum-broker-{broker_id}", default_partitions=partitions,
-                           dedup=not no_dedup,
-                           producer_id_expiration_ms=producer_id_expiration_ms, metrics_port=metrics_port,
-                           metrics_host=metrics_host,
-                           producer_id_quota_window_num=producer_id_quota_window_num,
-                           producer_id_quota_window_size_s=producer_id_quota_window_size_s,
-                           quota_refresh_s=quota_refresh_s, **security)
-    except ValueError as e:
-        raise click.UsageError(str(e)) from None
+        cfg = load_broker_config(config_path, flags, quorum=obj.addresses)
+    except ConfigError as e:
+        if config_path is None:  # flags only: a usage error, as ever
+            raise click.UsageError(str(e)) from None
+        raise
+    if cfg.quorum_security is None and obj.security is not None:
+        cfg = dataclasses.replace(cfg, quorum_security=obj.security)  # pidctl's own --security-protocol ...
+    if "log_format" not in flags and cfg.log_format != "human":
+        setup_logging(log_level, cfg.log_format)
     sys.exit(run_broker(cfg, ready_file))
 
 

@@ -7,11 +7,11 @@ import sys
 import click
 
 from client.quorum import QuorumClient, RetryPolicy
-from quorum.config import ConfigError
 from quorum.localcluster import ClusterError, LocalCluster
 from security.acl import AclError
 from security.credentials import CredentialsError
 from security.tls import TlsConfigError
+from settings import ConfigError
 from storage.disk import CorruptFileError
 from wire.errors import Errors, PidQuorumError
 

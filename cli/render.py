@@ -10,6 +10,7 @@ import sys
 from typing import Any, Iterable
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 # Not a terminal (a pipe, CI): do not squeeze tables into 80 columns.
@@ -40,7 +41,7 @@ def line(text: str) -> None:
 
 
 def error(text: str) -> None:
-    _err.print(f"[red]error:[/red] {text}")
+    _err.print(f"[red]error:[/red] {escape(text)}")  # a message may quote "[table]" or a user's value
 
 
 def warn(text: str) -> None:

@@ -65,12 +65,14 @@ from typing import Any, Callable
 
 import pysyncobj.pickle as _pickle
 import pysyncobj.syncobj as _syncobj_module
+from pydantic import model_validator
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 from pysyncobj.config import SERIALIZER_STATE
 from pysyncobj.node import TCPNode
 from pysyncobj.syncobj import SyncObjException
 from pysyncobj.transport import TCPTransport
 
+import settings
 from snapshots.format import Snapshot, decode_snapshot
 from snapshots.store import SnapshotStore
 from storage.disk import (
@@ -109,7 +111,7 @@ def _clock() -> float:
     return _syncobj_module.monotonicTime()  # pysyncobj's clock (the simulator replaces it)
 
 
-@dataclass
+@settings.model
 class RaftConfig:
     """Raft timing, in seconds, snake_case; mapped to pysyncobj's names in ``RaftNode`` only."""
 
@@ -123,7 +125,8 @@ class RaftConfig:
     compaction_min_entries: int = 5000
     compaction_min_time: float = 300.0
 
-    def validate(self) -> None:
+    @model_validator(mode="after")
+    def _check(self) -> "RaftConfig":
         problems = []
         if self.heartbeat_interval <= 0:
             problems.append("heartbeat_interval must be positive")
@@ -141,7 +144,15 @@ class RaftConfig:
         if self.compaction_min_entries < 2:
             problems.append("compaction_min_entries must be at least 2")
         if problems:
-            raise ValueError("raft config: " + "; ".join(problems))
+            raise ValueError("; ".join(problems))
+        return self
+
+    def validate(self) -> None:
+        """Check again (after an attribute was assigned; construction checks already)."""
+        try:
+            settings.revalidate(self)
+        except ValueError as e:
+            raise ValueError(f"raft config: {e}") from None
 
 
 class ProposalRejected(Exception):

@@ -8,12 +8,14 @@ from tests.broker.harness import BrokerProcess
 
 @pytest.fixture
 def brokers(cluster, tmp_path, request):
-    """Start brokers against the test's quorum: ``brokers(broker_id, *extra_args)``."""
+    """Start brokers against the test's quorum: ``brokers(broker_id, *extra_args)``; ``config={...}``:
+    the broker's settings in a file (``BrokerProcess``)."""
     started: list[BrokerProcess] = []
 
-    def start(broker_id: int, *extra: str, port: int | None = None, faults: tuple[str, ...] = ()) -> BrokerProcess:
+    def start(broker_id: int, *extra: str, port: int | None = None, faults: tuple[str, ...] = (),
+              config: dict | None = None) -> BrokerProcess:
         b = BrokerProcess(str(tmp_path / "brokers"), broker_id, cluster.lc.client_addresses(), *extra, port=port,
-                          faults=faults)
+                          faults=faults, config=config)
         started.append(b)
         return b.start()
 

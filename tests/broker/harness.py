@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from quorum.localcluster import free_ports
+from settings import toml_value
 from tests.conftest import wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -17,7 +18,10 @@ class BrokerProcess:
     ``faults`` (chaos.faults specs) it runs under ``python -m chaos.armed`` with them armed."""
 
     def __init__(self, base_dir: str, broker_id: int, quorum: list[str], *extra: str, port: int | None = None,
-                 faults: tuple[str, ...] = ()):
+                 faults: tuple[str, ...] = (), config: dict | None = None):
+        """``config``: the broker reads its settings from a file (``broker.toml`` in its directory, with
+        ``broker_id``, ``quorum``, ``listen`` and ``data_dir`` besides these) instead of flags;
+        ``extra`` flags are still given (and override the file)."""
         self.broker_id = broker_id
         self.faults = tuple(faults)
         self.quorum = list(quorum)
@@ -28,6 +32,12 @@ class BrokerProcess:
         self.data_dir = os.path.join(self.dir, "data")
         self.log_path = os.path.join(self.dir, "broker.log")
         self.ready_path = os.path.join(self.dir, "ready")
+        self.config_path = None
+        if config is not None:
+            self.config_path = os.path.join(self.dir, "broker.toml")
+            with open(self.config_path, "w") as f:  # data_dir relative: to the file's directory
+                f.write(_toml({"broker_id": broker_id, "quorum": self.quorum, "listen": self.bootstrap,
+                               "data_dir": "data", **config}))
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -38,8 +48,10 @@ class BrokerProcess:
         if os.path.exists(self.ready_path):
             os.remove(self.ready_path)
         armed = ["-m", "chaos.armed", *(a for f in self.faults for a in ("--failpoint", f))] if self.faults else ["-m"]
-        cmd = [sys.executable, *armed, "broker", "--broker-id", str(self.broker_id), "--quorum", ",".join(self.quorum),
-               "--listen", self.bootstrap, "--data-dir", self.data_dir, "--ready-file", self.ready_path, *self.extra]
+        settings = (["--config", self.config_path] if self.config_path else
+                    ["--broker-id", str(self.broker_id), "--quorum", ",".join(self.quorum), "--listen", self.bootstrap,
+                     "--data-dir", self.data_dir])
+        cmd = [sys.executable, *armed, "broker", *settings, "--ready-file", self.ready_path, *self.extra]
         log = open(self.log_path, "ab")
         try:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
@@ -75,3 +87,12 @@ class BrokerProcess:
                 return "".join(f.readlines()[-lines:])
         except FileNotFoundError:
             return "(no log)"
+
+
+def _toml(settings: dict) -> str:
+    """A broker file: the top-level keys, then each dict as a [table]."""
+    lines = [f"{k} = {toml_value(v)}" for k, v in settings.items() if not isinstance(v, dict)]
+    for name, table in settings.items():
+        if isinstance(table, dict):
+            lines += [f"[{name}]", *(f"{k} = {toml_value(v)}" for k, v in table.items())]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,186 @@
+"""A broker's settings: ``BrokerConfig``, from a TOML file, flags, or both (flags override the file).
+
+Example (``deploy/broker.toml``; every key is optional but ``broker_id`` and ``quorum``, and each is
+also a flag of ``pidctl broker start``: ``--<key>`` with ``-`` for ``_``, ``--pid-manager-<key>`` for
+the ``[pid_manager]`` table, ``--quorum-<key>`` for ``[quorum_security]``)::
+
+    broker_id = 1
+    quorum = ["10.0.0.1:9092", "10.0.0.2:9092", "10.0.0.3:9092"]   # --quorum host:port,...
+    listen = "0.0.0.0:9092"
+    advertised = "10.0.1.1:9092"
+    data_dir = "/var/lib/pidquorum-broker"      # relative paths: to this file's directory
+    default_partitions = 3                     # --partitions
+    metrics_port = 9096
+    log_format = "json"
+
+    [quorum_security]                          # how to reach the quorum (default: PLAINTEXT)
+    security_protocol = "SASL_SSL"
+    sasl_username = "broker"                   # the password: PIDQUORUM_BROKER_SASL_PASSWORD
+    tls_cafile = "ca.pem"
+
+    [pid_manager]                              # broker.pid_manager.PidManagerConfig
+    prefetch_threshold = 0.9
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import field
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, model_validator
+
+import settings
+from security.client import ClientSecurity
+from settings import PATH, BindAddress, HostPort, Table, UserPrincipal
+from settings.flags import Flag
+
+from .pid_manager import PidManagerConfig
+from .quota import QuotaWindow
+
+Mechanism = Literal["PLAIN", "SCRAM-SHA-256"]
+
+
+@settings.model
+class QuorumSecurity:
+    """How the broker reaches the quorum (Kafka's security.protocol and sasl.*): the file's
+    ``[quorum_security]`` table and the ``--quorum-...`` flags; the broker holds its ``ClientSecurity``."""
+
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    """How to reach the quorum."""
+    sasl_mechanism: Mechanism = "PLAIN"
+    """The SASL mechanism towards the quorum."""
+    sasl_username: Annotated[str | None, Flag(envvar="PIDQUORUM_BROKER_SASL_USERNAME")] = None
+    """The broker's user on the quorum (needs CLUSTER_ACTION)."""
+    sasl_password: Annotated[str | None, Flag(envvar="PIDQUORUM_BROKER_SASL_PASSWORD")] = None
+    """Prefer the environment variable PIDQUORUM_BROKER_SASL_PASSWORD."""
+    tls_cafile: Annotated[str | None, PATH] = None
+    """CA of the quorum's certificates."""
+
+    @model_validator(mode="after")
+    def _check(self) -> "QuorumSecurity":
+        self.client_security()  # its ValueError names what is missing
+        return self
+
+    def client_security(self) -> ClientSecurity | None:
+        """None for PLAINTEXT."""
+        if self.security_protocol == "PLAINTEXT":
+            return None
+        return ClientSecurity(self.security_protocol, self.sasl_mechanism, self.sasl_username, self.sasl_password,
+                              self.tls_cafile)
+
+
+@settings.model
+class BrokerConfig:
+    broker_id: Annotated[int, Field(ge=0, le=2**31 - 1)]
+    """This broker's id (Kafka's broker.id)."""
+    quorum: Annotated[list[HostPort], Field(strict=False, min_length=1),
+                      Flag(sep=",", metavar="HOST:PORT,...",
+                           help="Quorum client addresses host:port,... (default: the local cluster's).")]
+    """The quorum's client addresses (host:port)."""
+    listen: BindAddress = "127.0.0.1:9092"
+    """host:port to serve Kafka clients on."""
+    data_dir: Annotated[str | None, PATH] = None
+    """Where partitions live (default: .pidquorum-broker-<broker_id> in the working directory)."""
+    advertised: HostPort | None = None
+    """host:port put in Metadata (default: the listen address)."""
+    cluster_id: str = "pidquorum"
+    """The cluster id put in Metadata."""
+    default_partitions: Annotated[int, Field(ge=1, le=10_000), Flag(name="--partitions")] = 1
+    """Partitions of an auto-created topic."""
+    auto_create_topics: bool = True
+    """Create a topic a client produces to or asks for."""
+    max_frame_bytes: Annotated[int, Field(ge=1024)] = 16 * 1024 * 1024
+    """The largest request accepted."""
+    producer_id_expiration_ms: Annotated[int, Field(ge=1)] = 24 * 3600 * 1000
+    """Kafka's producer.id.expiration.ms: an idle producer's state is dropped after this long."""
+    segment_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024 * 1024
+    """Size at which a partition's log rolls to a new segment."""
+    dedup: bool = True
+    """Idempotence checks; off (--no-dedup) only to show what they prevent."""
+    io_threads: Annotated[int, Field(ge=1)] = 4
+    """Threads for the partitions' disk writes."""
+    quorum_timeout_s: Annotated[float, Field(gt=0)] = 5.0
+    """Deadline of one call to the quorum."""
+    metrics_port: Annotated[int, Field(ge=0, le=65535)] = 0
+    """Serve Prometheus metrics on this port (0 = off)."""
+    metrics_host: str = "127.0.0.1"
+    """Address the metrics port binds to."""
+    log_format: Annotated[Literal["human", "json"], Flag(envvar="PIDQUORUM_LOG_FORMAT")] = "human"
+    """Log lines as text or one JSON object per line."""
+    pid_manager: Annotated[PidManagerConfig, Table()] = field(default_factory=PidManagerConfig)
+    # KIP-936 producer-ID quota: producer.id.quota.window.num / .size.seconds; quotas come from the quorum
+    producer_id_quota_window_num: Annotated[int, Field(ge=1, le=1000)] = 11
+    """KIP-936 producer.id.quota.window.num: windows a producer ID is remembered (and the burst)."""
+    producer_id_quota_window_size_s: Annotated[float, Field(gt=0, le=7 * 86400)] = 3600.0
+    """KIP-936 producer.id.quota.window.size.seconds."""
+    producer_id_quota_false_positive_rate: Annotated[float, Field(gt=0, lt=0.5)] = 0.001
+    """Target chance that a never-seen producer ID passes the quota for free."""
+    quota_refresh_s: Annotated[float, Field(gt=0, le=3600)] = 1.0
+    """How often the client quotas are read from the quorum."""
+    # Security (README "Security").  sasl_credentials_file set: SASL is required on the listener and
+    # InitProducerId / the transactional requests are authorized with the quorum's ACLs.
+    sasl_credentials_file: Annotated[str | None, PATH] = None
+    """Require SASL (PLAIN, SCRAM-SHA-256) from clients, with these users; ACLs are then enforced."""
+    sasl_mechanisms: Annotated[tuple[Mechanism, ...], Field(strict=False),
+                               Flag(name="--sasl-mechanism", help="Enabled mechanisms (repeat; default: both).")] = (
+        "PLAIN", "SCRAM-SHA-256")
+    """Enabled SASL mechanisms."""
+    super_users: Annotated[tuple[UserPrincipal, ...], Field(strict=False), Flag(name="--super-user")] = ()
+    """User:<name> the ACLs never refuse (Kafka's super.users; the flag: repeat)."""
+    acl_refresh_s: Annotated[float, Field(ge=0.01), Flag(name="--acl-refresh-ms", scale=1000)] = 1.0
+    """How often the ACLs are read from the quorum (the flag: in milliseconds)."""
+    tls_certfile: Annotated[str | None, PATH] = None
+    """Serve TLS with this certificate (chain)."""
+    tls_keyfile: Annotated[str | None, PATH] = None
+    """The certificate's private key (default: in tls_certfile)."""
+    tls_cafile: Annotated[str | None, PATH] = None
+    """CA of client certificates (tls_client_auth)."""
+    tls_client_auth: bool = False
+    """Require client certificates (mutual TLS)."""
+    quorum_security: Annotated[Any, Table(QuorumSecurity, QuorumSecurity.client_security),
+                               Flag(prefix="quorum-")] = None
+    """How to reach the quorum: a ``security.client.ClientSecurity``, None for PLAINTEXT; in a file, the
+    ``[quorum_security]`` table."""
+
+    @model_validator(mode="after")
+    def _check(self) -> "BrokerConfig":
+        if (self.tls_keyfile or self.tls_cafile or self.tls_client_auth) and not self.tls_certfile:
+            raise ValueError("tls_keyfile / tls_cafile / tls_client_auth need tls_certfile")
+        if self.sasl_credentials_file is not None and not self.sasl_mechanisms:
+            raise ValueError("sasl_mechanisms must not be empty")
+        if isinstance(self.quorum_security, (str, int, float, list)):  # Any, for a ClientSecurity-like object
+            raise ValueError(f"quorum_security: expected a table, got {self.quorum_security!r}")
+        if self.data_dir is None:
+            self.data_dir = f".pidquorum-broker-{self.broker_id}"
+        return self
+
+    @property
+    def quota_window(self) -> QuotaWindow:
+        return QuotaWindow(num=self.producer_id_quota_window_num, size_s=float(self.producer_id_quota_window_size_s),
+                           false_positive_rate=float(self.producer_id_quota_false_positive_rate))
+
+    @property
+    def advertised_address(self) -> tuple[str, int]:
+        host, port = (self.advertised or self.listen).rsplit(":", 1)
+        return host, int(port)
+
+    def with_bound_port(self, port: int) -> None:
+        """After binding ``host:0``: advertise the port the system picked."""
+        host, listen_port = self.listen.rsplit(":", 1)
+        if int(listen_port) == 0:
+            self.listen = f"{host}:{port}"
+
+
+def load(path: str | None = None, flags: dict | None = None, quorum: Any = None) -> BrokerConfig:
+    """The settings of the TOML file at ``path`` (if any; relative paths in it are relative to its
+    directory), with ``flags`` (``settings.flags.given``) in place of the file's, and the defaults for
+    the rest; ``quorum()``: the quorum's addresses if neither gives them.  A bad file or setting raises
+    ``ConfigError`` naming the file, the key and the problem."""
+    raw = {}
+    if path:
+        raw = settings.resolve_paths(BrokerConfig, settings.read(path), os.path.dirname(os.path.abspath(path)))
+    raw = settings.merge(raw, flags or {})
+    if "quorum" not in raw and quorum is not None:
+        raw["quorum"] = quorum()
+    return settings.build(BrokerConfig, raw, source=path)
+

@@ -1,0 +1,126 @@
+"""A broker's settings (broker.config): its file, flags over the file, its errors; no processes."""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+
+import settings
+from broker.config import BrokerConfig, QuorumSecurity
+from broker.config import load as load_broker
+from broker.pid_manager import PidManagerConfig
+from security.client import ClientSecurity
+from settings import ConfigError
+
+
+def test_a_password_is_not_repeated_in_a_message():
+    with pytest.raises(ConfigError) as e:
+        settings.build(QuorumSecurity, {"sasl_password": 12345})
+    assert "sasl_password" in str(e.value) and "12345" not in str(e.value)
+
+
+def test_every_broker_setting_has_a_flag_and_the_old_flags_keep_their_meaning():
+    from cli.broker import broker_start
+
+    names = {p.name for p in broker_start.params}
+    fields = {f.name for f in dataclasses.fields(BrokerConfig)} - {"pid_manager", "quorum_security"}
+    assert fields | {f"pid_manager__{f.name}" for f in dataclasses.fields(PidManagerConfig)} <= names
+    opts = {o for p in broker_start.params for o in (*p.opts, *p.secondary_opts)}
+    assert {"--broker-id", "--quorum", "--listen", "--advertised", "--data-dir", "--partitions", "--no-dedup",
+            "--producer-id-expiration-ms", "--producer-id-quota-window-num", "--producer-id-quota-window-size-s",
+            "--quota-refresh-s", "--ready-file", "--log-level", "--log-format", "--metrics-port", "--metrics-host",
+            "--sasl-credentials-file", "--sasl-mechanism", "--super-user", "--acl-refresh-ms", "--tls-certfile",
+            "--tls-keyfile", "--tls-cafile", "--tls-client-auth", "--quorum-security-protocol",
+            "--quorum-sasl-mechanism", "--quorum-sasl-username", "--quorum-sasl-password",
+            "--quorum-tls-cafile", "--config"} <= opts
+
+
+def _every_broker_setting(tmp_path) -> BrokerConfig:
+    cfg = BrokerConfig(
+        broker_id=9, quorum=["10.0.0.1:9092", "10.0.0.2:9092"], listen="0.0.0.0:19092", data_dir=str(tmp_path / "d"),
+        advertised="10.0.1.9:19092", cluster_id="c-test", default_partitions=3, auto_create_topics=False,
+        max_frame_bytes=65536, producer_id_expiration_ms=1000, segment_bytes=4096, dedup=False, io_threads=2,
+        quorum_timeout_s=2.5, metrics_port=19096, metrics_host="0.0.0.0", log_format="json",
+        pid_manager=PidManagerConfig(prefetch_threshold=0.5, adaptive=False, failover_budget_s=1.0,
+                                     learn_failover_budget=False, outage_margin=2.0, outage_memory_s=60.0,
+                                     max_prefetch_blocks=8, backoff_initial_s=0.1, backoff_max_s=2.0,
+                                     backoff_jitter=0.1, start_timeout_s=10.0, rate_window_s=0.5,
+                                     rate_ewma_alpha=0.5, rate_peak_windows=10, latency_ewma_alpha=0.5),
+        producer_id_quota_window_num=5, producer_id_quota_window_size_s=60.0,
+        producer_id_quota_false_positive_rate=0.01, quota_refresh_s=2.0,
+        sasl_credentials_file=str(tmp_path / "users.json"), sasl_mechanisms=("PLAIN",), super_users=("User:admin",),
+        acl_refresh_s=0.5, tls_certfile=str(tmp_path / "b.pem"), tls_keyfile=str(tmp_path / "b.key"),
+        tls_cafile=str(tmp_path / "ca.pem"), tls_client_auth=True,
+        quorum_security=ClientSecurity("SASL_SSL", "SCRAM-SHA-256", "broker", "pw", str(tmp_path / "qca.pem")))
+    defaults = BrokerConfig(broker_id=0, quorum=["h:1"])
+    for obj, default in ((cfg, defaults), (cfg.pid_manager, PidManagerConfig())):
+        for f in dataclasses.fields(obj):
+            assert getattr(obj, f.name) != getattr(default, f.name), f"set {f.name} to a non-default value"
+    return cfg
+
+
+def test_a_broker_file_gives_every_setting(tmp_path):
+    cfg = _every_broker_setting(tmp_path)
+    text = settings.to_toml(cfg, exclude=("quorum_security",))
+    text += ('[quorum_security]\nsecurity_protocol = "SASL_SSL"\nsasl_mechanism = "SCRAM-SHA-256"\n'
+             'sasl_username = "broker"\nsasl_password = "pw"\ntls_cafile = "qca.pem"\n')
+    path = tmp_path / "broker.toml"
+    path.write_text(text)
+    assert load_broker(str(path)) == cfg
+
+
+def test_flags_override_the_file_and_defaults_fill_the_rest(tmp_path):
+    path = tmp_path / "broker.toml"
+    path.write_text('broker_id = 1\nquorum = ["h:1"]\ndata_dir = "data"\ndefault_partitions = 3\n'
+                    'sasl_credentials_file = "users.json"\n[pid_manager]\nadaptive = false\nmax_prefetch_blocks = 4\n')
+    cfg = load_broker(str(path), {"default_partitions": 2, "pid_manager": {"max_prefetch_blocks": 1},
+                                  "sasl_credentials_file": "here.json"}, quorum=lambda: pytest.fail("not asked"))
+    assert (cfg.broker_id, cfg.default_partitions, cfg.data_dir) == (1, 2, str(tmp_path / "data"))
+    assert cfg.sasl_credentials_file == "here.json"  # a flag's path is the command line's, not the file's
+    assert cfg.pid_manager == PidManagerConfig(adaptive=False, max_prefetch_blocks=1)
+    assert cfg.listen == "127.0.0.1:9092" and cfg.quorum_security is None
+
+
+def test_the_broker_defaults_without_a_file():
+    cfg = load_broker(None, {"broker_id": 4}, quorum=lambda: ["h:1", "h:2"])
+    assert cfg.quorum == ["h:1", "h:2"] and cfg.data_dir == ".pidquorum-broker-4" and cfg.dedup
+    assert cfg == BrokerConfig(broker_id=4, quorum=["h:1", "h:2"])
+
+
+@pytest.mark.parametrize("text,message", [
+    ("bogus = 1\n", "bogus: unknown key"),
+    ("[pid_manager]\nbogus = 1\n", "pid_manager.bogus: unknown key"),
+    ("[pid_manager]\nprefetch_threshold = 1.0\n", "pid_manager.prefetch_threshold: should be less than 1"),
+    ("[pid_manager]\nbackoff_initial_s = 9.0\n", "pid_manager: need 0 < backoff_initial_s <= backoff_max_s"),
+    ('default_partitions = "3"\n', "default_partitions: should be a valid integer, got '3'"),
+    ("metrics_port = 70000\n", "metrics_port: should be less than or equal to 65535"),
+    ('tls_keyfile = "k.pem"\n', "tls_keyfile / tls_cafile / tls_client_auth need tls_certfile"),
+    ('super_users = ["admin"]\n', "super_users[0]: 'admin' is not User:<name>"),
+    ('sasl_mechanisms = ["MD5"]\n', "sasl_mechanisms[0]: should be 'PLAIN' or 'SCRAM-SHA-256'"),
+    ('[quorum_security]\nsecurity_protocol = "SASL_SSL"\n', "quorum_security: SASL_SSL needs a SASL user name"),
+    ('[quorum_security]\nprotocol = "SSL"\n', "quorum_security.protocol: unknown key"),
+    ("quorum_security = 1\n", "quorum_security: expected a table, got 1"),
+])
+def test_a_bad_broker_file_is_refused_naming_the_key(tmp_path, text, message):
+    path = tmp_path / "broker.toml"
+    path.write_text('broker_id = 1\nquorum = ["h:1"]\n' + text)
+    with pytest.raises(ConfigError) as e:
+        load_broker(str(path))
+    assert str(e.value).startswith(f"{path}: ") and message in str(e.value), str(e.value)
+
+
+def test_the_kafka_preset_and_checks_of_pid_manager_config():
+    assert PidManagerConfig.kafka_fixed_threshold(max_prefetch_blocks=2).max_prefetch_blocks == 2
+    with pytest.raises(ValueError, match="backoff_initial_s"):
+        PidManagerConfig(backoff_initial_s=1.0, backoff_max_s=0.5)
+    with pytest.raises(ValueError, match="unexpected_keyword_argument|Unexpected keyword"):
+        PidManagerConfig(no_such_setting=1)
+
+
+def test_the_shipped_broker_file_loads():
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "deploy",
+                        "broker.toml")
+    cfg = load_broker(path)
+    assert (cfg.broker_id, cfg.default_partitions, cfg.quorum_security) == (1, 3, None)
+    assert cfg.data_dir == "/var/lib/pidquorum-broker" and cfg.pid_manager == PidManagerConfig()

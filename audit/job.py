@@ -42,7 +42,6 @@ partitions grow with the input (~1 per 1.25M rows, ``audit.spark.tune_for_rows``
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -53,8 +52,8 @@ if __name__ == "__main__" and __package__ in (None, ""):  # spark-submit audit/j
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from audit.inputs import TABLES, AuditInputError, load_manifest, scan_table  # noqa: E402
-from audit.report import rates_png, render_summary  # noqa: E402
-from audit.spark import SparkSetupError, spark_session, tune_for_rows  # noqa: E402
+from audit.report import rates_png  # noqa: E402
+from audit.spark import spark_session, tune_for_rows  # noqa: E402
 
 EXAMPLES = 10
 WINDOW_MS = 60_000
@@ -62,9 +61,6 @@ RESTART_REGISTRATIONS = 3   # registrations of one broker in one window that loo
 RESTART_EPOCHS = 3          # distinct broker epochs in one window's allocations
 RATE_FACTOR = 10.0          # a window this many times the fleet's median rate...
 RATE_MIN_BLOCKS = 10        # ...and at least this many blocks
-
-# Exit codes of ``main`` (the same as pidctl's).
-EXIT_OK, EXIT_ERROR, EXIT_VIOLATIONS = 0, 1, 5
 
 
 @dataclass
@@ -109,13 +105,14 @@ def id_spaces(manifest: dict, mode: str = "cluster") -> dict[str, str]:
     return out
 
 
-def run_audit(input_dir: str, master: str = "local[*]", out_dir: str | None = None, *, spark=None,
+def run_audit(input_dir: str, master: str | None = "local[*]", out_dir: str | None = None, *, spark=None,
               options: Options | None = None, **kw) -> dict:
     """Audit an export directory; returns the report (also ``out_dir/audit.json`` and PNG charts if
-    ``out_dir``).  ``spark``: an existing SparkSession (else one is started for ``master`` and stopped
-    afterwards).  Keyword arguments override ``Options`` fields.  Raises ``AuditInputError`` on bad
-    input, before anything is written; a stale ``audit.json`` in ``out_dir`` is removed first, so a
-    failed run never leaves a report that looks complete."""
+    ``out_dir``).  ``spark``: an existing SparkSession (else the active one, else one is started for
+    ``master``, ``None`` for spark-submit's, and stopped afterwards).  Keyword arguments override
+    ``Options`` fields.  Raises ``AuditInputError`` on bad input, before anything is written or Spark
+    starts; a stale ``audit.json`` in ``out_dir`` is removed first, so a failed run never leaves a
+    report that looks complete."""
     opts = options or Options()
     for k, v in kw.items():
         if not hasattr(opts, k):
@@ -153,8 +150,8 @@ def run_audit(input_dir: str, master: str = "local[*]", out_dir: str | None = No
     finally:
         if own:
             spark.stop()
-    report["spark"] = {"master": master if own else spark.sparkContext.master, "version": spark.version,
-                       "shuffle_partitions": partitions, "buckets": report.pop("_buckets")}
+    report["spark"] = {"master": master if own and master is not None else spark.sparkContext.master,
+                       "version": spark.version, "shuffle_partitions": partitions, "buckets": report.pop("_buckets")}
     grouped: dict[str, list[str]] = {}
     for name, space in spaces.items():
         grouped.setdefault(space, []).append(name)
@@ -185,38 +182,7 @@ def write_outputs(report: dict, out_dir: str, series: dict) -> None:
     os.replace(tmp, os.path.join(out_dir, "audit.json"))
 
 
-# --------------------------------------------------------------------------
-# spark-submit entry point
-# --------------------------------------------------------------------------
+if __name__ == "__main__":  # spark-submit audit/job.py: the command line is cli.audit's (a process entry point)
+    from cli.audit import submit_main
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="audit/job.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--input", required=True, help="directory written by pidctl audit export")
-    p.add_argument("--out", help="write audit.json and charts here")
-    p.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")
-    p.add_argument("--json", action="store_true", help="print the report as JSON instead of a summary")
-    p.add_argument("--examples", type=int, default=EXAMPLES)
-    p.add_argument("--window-ms", type=int, default=WINDOW_MS)
-    p.add_argument("--per-source", action="store_true", help="one ID space per exported source")
-    a = p.parse_args(argv)
-    try:
-        # Under spark-submit the master comes from it; run directly, the default is local[*].
-        master = a.master or (None if "PYSPARK_GATEWAY_PORT" in os.environ else "local[*]")
-        spark = spark_session(master)
-        report = run_audit(a.input, out_dir=a.out, spark=spark, examples=a.examples, window_ms=a.window_ms,
-                           id_spaces="source" if a.per_source else "cluster")
-    except (AuditInputError, SparkSetupError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_ERROR
-    if a.json:
-        print(json.dumps(report, indent=2))
-    else:
-        render_summary(report)
-    return EXIT_OK if report["valid"] else EXIT_VIOLATIONS
-
-
-if __name__ == "__main__":
-    if __package__ in (None, ""):
-        import importlib
-        sys.exit(importlib.import_module("audit.job").main())
-    sys.exit(main())
+    sys.exit(submit_main())

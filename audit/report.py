@@ -164,9 +164,9 @@ def rates_png(series: dict, window_ms: int, path: str | os.PathLike) -> str:
     """One panel per source (at most 6): blocks per window for its chosen brokers over time, restart-loop
     suspects drawn thicker and marked in the legend.  Windows are merged so no line has more than
     MAX_POINTS points.  Returns the path."""
-    import numpy as np
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    import numpy as np  # heavy (numpy): imported when used
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # heavy (matplotlib): imported when used
+    from matplotlib.figure import Figure  # heavy (matplotlib): imported when used
 
     path = os.fspath(path)
     sources = list(series)[:6]

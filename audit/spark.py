@@ -183,13 +183,13 @@ def spark_session(master: str | None = "local[*]", app: str = APP, *, driver_mem
     (default ``PIDQUORUM_SPARK_DRIVER_MEMORY`` or 2g) only applies when this call
     starts the JVM, which in local mode also runs the executors.
     """
-    from pyspark.sql import SparkSession
+    from pyspark.sql import SparkSession  # heavy (pyspark): imported when used
 
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
     if master is None:  # under spark-submit: its --master is in the launched JVM's configuration
-        from pyspark import SparkConf
+        from pyspark import SparkConf  # heavy (pyspark): imported when used
 
         local = is_local(SparkConf().get("spark.master", "local[*]"))
     else:

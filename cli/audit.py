@@ -1,18 +1,22 @@
-"""``pidctl audit ...``: export to Parquet and the Spark audit job."""
+"""``pidctl audit ...``: export to Parquet and the Spark audit job; and the job's own command line
+under spark-submit (``submit_main``: ``spark-submit audit/job.py --input DIR ...``)."""
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import sys
 import time
 
 import click
 
-from audit.job import AuditInputError, run_audit
+from audit.inputs import AuditInputError
+from audit.job import EXAMPLES, WINDOW_MS, run_audit
 from audit.report import render_summary
 from audit.spark import SparkSetupError
 
 from . import render
-from .common import EXIT_ANOMALY, EXIT_ERROR, EXIT_INTERRUPTED, handle_errors, output_option
+from .common import EXIT_ANOMALY, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, handle_errors, output_option
 
 
 @click.group()
@@ -59,9 +63,9 @@ def audit_export(src, dest, force, output):
               help="Spark master: local[N] (embedded in this process) or spark://HOST:PORT.")
 @click.option("--out", "out_dir", default="audit-report", show_default=True, type=click.Path(file_okay=False),
               help="Where audit.json and the PNG charts go.")
-@click.option("--window-ms", type=click.IntRange(1000), default=60_000, show_default=True,
+@click.option("--window-ms", type=click.IntRange(1000), default=WINDOW_MS, show_default=True,
               help="Time window of the per-broker allocation rates.")
-@click.option("--examples", type=click.IntRange(1, 10_000), default=10, show_default=True,
+@click.option("--examples", type=click.IntRange(1, 10_000), default=EXAMPLES, show_default=True,
               help="Findings listed per check (every check also counts all of them).")
 @click.option("--per-source", is_flag=True,
               help="Compare blocks only within each exported source (an export of several unrelated "
@@ -86,3 +90,33 @@ def audit_run(input_dir, master, out_dir, window_ms, examples, per_source, outpu
         render.line(f"report: {os.path.join(out_dir, 'audit.json')}")
     if not report["valid"]:
         sys.exit(EXIT_ANOMALY)
+
+
+def submit_main(argv: list[str] | None = None) -> int:
+    """``spark-submit audit/job.py --input DIR [--out DIR] [--json] ...`` (or ``python audit/job.py``): the
+    audit as a Spark application, with plain argparse options (spark-submit passes them through).  The
+    master is spark-submit's (run directly: ``--master``, default local[*]).  Returns the exit code: 0
+    clean, 1 on bad input or no Spark, 5 on violations."""
+    p = argparse.ArgumentParser(prog="audit/job.py", description="The audit job on Spark: was any producer ID "
+                                "issued twice, over the whole exported history?")
+    p.add_argument("--input", required=True, help="directory written by pidctl audit export")
+    p.add_argument("--out", help="write audit.json and charts here")
+    p.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")
+    p.add_argument("--json", action="store_true", help="print the report as JSON instead of a summary")
+    p.add_argument("--examples", type=int, default=EXAMPLES)
+    p.add_argument("--window-ms", type=int, default=WINDOW_MS)
+    p.add_argument("--per-source", action="store_true", help="one ID space per exported source")
+    a = p.parse_args(argv)
+    # Under spark-submit the master comes from it; run directly, the default is local[*].
+    master = a.master or (None if "PYSPARK_GATEWAY_PORT" in os.environ else "local[*]")
+    try:
+        report = run_audit(a.input, master=master, out_dir=a.out, examples=a.examples, window_ms=a.window_ms,
+                           id_spaces="source" if a.per_source else "cluster")
+    except (AuditInputError, SparkSetupError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    if a.json:
+        print(json.dumps(report, indent=2))
+    else:
+        render_summary(report)
+    return EXIT_OK if report["valid"] else EXIT_ANOMALY

@@ -16,8 +16,10 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
+from audit.buckets import Buckets, plan_buckets
 from audit.export import CHAOS_ALLOCATE_SCHEMA, CHAOS_GENERATE_SCHEMA, arrow_schema, export
-from audit.job import AuditInputError, Buckets, plan_buckets, run_audit
+from audit.inputs import AuditInputError
+from audit.job import run_audit
 from cli.common import EXIT_ANOMALY, EXIT_ERROR, EXIT_OK
 from cli.main import cli
 from records.schema import BY_NAME, LONG_MAX

@@ -179,7 +179,7 @@ class PidquorumSystem(System):
 
     def __init__(self, keep: bool = False, **options):
         super().__init__(keep)
-        # Rate limit off (as in bench/bench_quorum.py); the leader-side reserve on (NodeConfig.allocate_reserve_blocks).
+        # Rate limit off (as in benchmarks.quorum_phases); the leader-side reserve on (NodeConfig.allocate_reserve_blocks).
         self.options = {"allocate_rate_per_broker": 0, "allocate_reserve_blocks": RESERVE_BLOCKS, **options}
         self.lc = LocalCluster(os.path.join(self.dir, "cluster"))
 

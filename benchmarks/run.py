@@ -44,8 +44,15 @@ from .common import environment_info, loadavg, log, percentile, table, utc_now
 from .processes import child_env
 from .quorum_phases import Bench as QBench
 from .quorum_phases import history_row
-from .systems import (RESERVE_BLOCKS, SYSTEMS, SystemUnavailable, install_packages, make_system, missing_reason,
-                      package_version)
+from .systems import (
+    RESERVE_BLOCKS,
+    SYSTEMS,
+    SystemUnavailable,
+    install_packages,
+    make_system,
+    missing_reason,
+    package_version,
+)
 
 BROKERS = 3
 RESTART_AFTER_S = 1.5

@@ -33,9 +33,10 @@ import subprocess
 import sys
 import tempfile
 
+from provision.apt import AptUnavailable, ensure_installed
+
 APP = "pidquorum-audit"
 JRE_PACKAGE = "default-jre-headless"
-_LOCK = os.path.join(tempfile.gettempdir(), "pidquorum-jre-install.lock")
 _WINDOW_BUFFER_ROWS = 1 << 20
 
 _LOG4J = """\
@@ -84,26 +85,18 @@ def _home_of(java: str) -> str:
 
 
 def _install_jre() -> None:
-    """apt-get install default-jre-headless, once per machine even from parallel processes."""
+    """apt-get install default-jre-headless, once per machine even from parallel processes (``provision.apt``)."""
     if os.environ.get("PIDQUORUM_NO_JRE_INSTALL"):
         raise SparkSetupError("no Java found (JAVA_HOME unset, no java on PATH) and PIDQUORUM_NO_JRE_INSTALL is "
                               f"set: install a Java 17+ runtime (Debian: apt-get install {JRE_PACKAGE}) or set JAVA_HOME")
-    if shutil.which("apt-get") is None or not hasattr(os, "geteuid") or os.geteuid() != 0:
-        raise SparkSetupError(f"no Java found (JAVA_HOME unset, no java on PATH): install a Java 17+ runtime "
-                              f"(Debian/Ubuntu: sudo apt-get install {JRE_PACKAGE}) or set JAVA_HOME")
-    script = (f"command -v java >/dev/null 2>&1 || {{ apt-get update -q && "
-              f"apt-get install -y -q --no-install-recommends {JRE_PACKAGE}; }}")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    cmd = ["flock", _LOCK, "sh", "-c", script] if shutil.which("flock") else ["sh", "-c", script]
-    print(f"pidquorum: no Java found; installing {JRE_PACKAGE} with apt-get (once)...", file=sys.stderr, flush=True)
+
+    def say(msg: str) -> None:
+        print(f"pidquorum: no Java found; {msg} (once)...", file=sys.stderr, flush=True)
     try:
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
-    except subprocess.TimeoutExpired:
-        raise SparkSetupError(f"installing {JRE_PACKAGE} took longer than 30 min; install Java 17+ by hand") from None
-    if done.returncode != 0:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-        raise SparkSetupError(f"apt-get install {JRE_PACKAGE} failed ({done.returncode}): {' / '.join(tail)}; "
-                              "install Java 17+ by hand or set JAVA_HOME")
+        ensure_installed(JRE_PACKAGE, "java", timeout=1800, say=say)
+    except AptUnavailable as e:
+        raise SparkSetupError(f"no Java found (JAVA_HOME unset, no java on PATH): {e}; "
+                              "or install a Java 17+ runtime by hand, or set JAVA_HOME") from None
 
 
 def find_java_home(install: bool = True) -> str:

@@ -1,11 +1,6 @@
-"""Helpers shared by the benchmarks (``pidctl bench`` in this package; bench/bench_quorum.py,
-bench_pid_manager.py, bench_broker.py).
+"""Helpers shared by the benchmarks of this package (``pidctl bench`` and ``pidctl bench NAME``).
 
-Not a benchmark itself.  It lives in the installed ``benchmarks`` package so that ``pidctl bench``
-works from an installed pidquorum; ``bench/common.py`` re-exports it for the scripts, which put the
-repository root first on ``sys.path`` and run as ``python bench/bench_x.py`` from any directory.
-
-What is here: stderr progress lines, nearest-rank percentiles, the check that
+Not a benchmark itself.  What is here: stderr progress lines, nearest-rank percentiles, the check that
 IDs lie inside the quorum's blocks, a throw-away three-node ``LocalCluster``,
 DescribeState polling (``describe_all`` / ``find_leader``), the staggered
 leader-kill schedule, the results skeleton (environment, phases run one after

@@ -1,11 +1,12 @@
-#!/usr/bin/env python
 """End-to-end benchmark of a local three-node pidquorum.
 
-The phases live in the installed ``benchmarks`` package (``pidctl bench`` reuses
-them); run them from the repository root (any Python with pidquorum installed)::
+Run it (any Python with pidquorum installed; ``pidctl bench``'s comparison reuses
+its history phase)::
 
-    python bench/bench_quorum.py [--quick] [--json bench-results/quorum.json]
-                                 [--duration 5] [--kills 12] [--history 1000000]
+    pidctl bench quorum [--quick] [--json bench-results/quorum.json]
+                        [--duration 5] [--kills 12] [--history 1000000]
+
+(``python -m benchmarks.quorum_phases`` takes the same options.)
 
 Every phase starts a fresh three-node ``LocalCluster`` in its own
 ``tempfile.mkdtemp()`` directory, all servers on 127.0.0.1, with the per-broker
@@ -60,6 +61,7 @@ import os
 import sys
 import time
 from collections import Counter
+from importlib.metadata import version
 
 from client.quorum import QuorumClient, RetryPolicy
 from quorum.localcluster import LocalCluster
@@ -695,8 +697,8 @@ def print_results(results: dict) -> None:
 
 
 # ----------------------------------------------------------------------- main
-def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+def parse_args(argv=None, prog: str | None = None):
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",
                     help="short run: 1.5 s windows, 3 kills, history 50,000 (explicit options still win)")
@@ -734,8 +736,8 @@ def parse_args(argv=None):
     return a
 
 
-def main(argv=None) -> int:
-    a = parse_args(argv)
+def main(argv=None, prog: str | None = None) -> int:
+    a = parse_args(argv, prog)
     bench = Bench(a)
     results = {
         "params": {"quick": a.quick, "json": a.json, "duration_s": a.duration, "warmup_s": a.warmup, "slice_s": a.slice,
@@ -752,7 +754,6 @@ def main(argv=None) -> int:
         "phases": {}, "errors": [], "failed_checks": bench.failures,
     }
     try:
-        from importlib.metadata import version
         results["environment"]["pysyncobj"] = version("pysyncobj")
     except Exception:  # noqa: BLE001
         pass

@@ -29,6 +29,7 @@ whether they hold, ``bench.json`` (every figure, per-kill outages, load averages
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import math
@@ -36,11 +37,22 @@ import os
 import subprocess
 import sys
 import time
+import traceback
 from dataclasses import asdict, dataclass, field
 
 from .common import environment_info, loadavg, log, percentile, table, utc_now
-from .systems import (RESERVE_BLOCKS, SYSTEMS, SystemUnavailable, install_packages, make_system, missing_reason,
-                      package_version)
+from .processes import child_env
+from .quorum_phases import Bench as QBench
+from .quorum_phases import history_row
+from .systems import (
+    RESERVE_BLOCKS,
+    SYSTEMS,
+    SystemUnavailable,
+    install_packages,
+    make_system,
+    missing_reason,
+    package_version,
+)
 
 BROKERS = 3
 RESTART_AFTER_S = 1.5
@@ -70,17 +82,12 @@ def _worker_cmd(system: str, endpoints: str, broker_id: int, out: str, *extra: s
             "--broker-id", str(broker_id), "--out", out, *extra]
 
 
-def _package_root() -> str:
-    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
 class Workers:
     """Worker processes that have said READY; ``go(start, stop)`` releases them; ``collect()`` their JSON."""
 
     def __init__(self, cmds: list[tuple[list[str], str]], ready_timeout: float = 120.0):
         self.procs: list[tuple[subprocess.Popen, str]] = []
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_package_root(), env.get("PYTHONPATH")) if p)
+        env = child_env()  # this checkout first on PYTHONPATH
         for cmd, out in cmds:
             with open(out + ".log", "w") as errf:  # a file, not a pipe: kazoo's failover chatter must not block
                 p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errf, text=True,
@@ -316,8 +323,6 @@ class Bench:
 
     # -- workload 5
     def w_history(self) -> dict:
-        from .quorum_phases import Bench as QBench, history_row
-        import asyncio
         rows = []
         for target in (10, self.o.history):
             self.note_load(f"w5 history {target}")
@@ -428,7 +433,6 @@ def run_bench(opts: BenchOptions, say=log) -> dict:
             try:
                 res["systems"][name][key] = fn(*args)
             except Exception as e:  # noqa: BLE001 - recorded; the next scenario runs
-                import traceback
                 traceback.print_exc()
                 res["errors"].append({"system": name, "workload": key, "error": f"{type(e).__name__}: {e}"})
 
@@ -563,9 +567,9 @@ def render_table(res: dict) -> str:
 
 
 def draw_chart(res: dict, path: str) -> str:
-    import matplotlib
+    import matplotlib  # heavy (matplotlib): imported when used
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # heavy (matplotlib): imported when used
     names = [n for n in SYSTEMS if n in res["systems"]]
     colors = {"pidquorum": "#2a7ab0", "zookeeper": "#d98b2b", "etcd": "#4a9c5d"}
     panels = [("1 broker: blocks/s", ("w1", "blocks_per_s")), ("3 brokers: blocks/s", ("w2", "blocks_per_s")),

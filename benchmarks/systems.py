@@ -21,25 +21,27 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import http.client
 import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
-import threading
 import time
+from importlib.metadata import version
 
+from provision.apt import AptUnavailable, ensure_installed
 from quorum.localcluster import LocalCluster, free_ports
+from quorum.raft import RaftConfig
 
-HOST = "127.0.0.1"
-ZK_JAR = "/usr/share/java/zookeeper.jar"
-ZK_MAIN = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
-ZK_LOG_JARS = ("/usr/share/java/slf4j-log4j12.jar", "/usr/share/java/log4j-1.2.jar")
+from . import zookeeper
+from .common import find_leader
+from .processes import HOST, log_tail, spawn, stop_process, wait_port
+
 ETCD_BIN = "/usr/bin/etcd"
-PACKAGES = {"zookeeper": "zookeeper", "etcd": "etcd-server"}
+PACKAGES = {"zookeeper": zookeeper.PACKAGE, "etcd": "etcd-server"}
 SYSTEMS = ("pidquorum", "zookeeper", "etcd")
 APT_TIMEOUT = 900.0
 RESERVE_BLOCKS = 32
@@ -54,7 +56,7 @@ def _installed(system: str) -> bool:
     if system == "pidquorum":
         return True
     if system == "zookeeper":
-        return os.path.isfile(ZK_JAR) and shutil.which("java") is not None
+        return zookeeper.installed()
     if system == "etcd":
         return os.path.isfile(ETCD_BIN) or shutil.which("etcd") is not None
     raise ValueError(f"unknown system {system!r}")
@@ -70,41 +72,16 @@ def missing_reason(system: str) -> str | None:
 
 
 def install_packages(systems, say=print) -> dict[str, str]:
-    """apt-get install the Debian packages of the missing ``systems`` (root or passwordless sudo).
-
-    Returns {system: problem} for those that could not be installed."""
+    """apt-get install the Debian packages of the missing ``systems`` (``provision.apt``: root or
+    passwordless sudo).  Returns {system: problem} for those that could not be installed."""
     problems: dict[str, str] = {}
-    missing = [s for s in systems if s != "pidquorum" and not _installed(s)]
-    if not missing:
-        return problems
-    if os.geteuid() == 0:
-        prefix: list[str] = []
-    elif shutil.which("sudo") and subprocess.run(["sudo", "-n", "true"], capture_output=True).returncode == 0:
-        prefix = ["sudo", "-n", "--preserve-env=DEBIAN_FRONTEND"]
-    else:
-        return {s: "installing needs root or passwordless sudo" for s in missing}
-    if shutil.which("apt-get") is None:
-        return {s: "no apt-get on this machine" for s in missing}
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    pkgs = [PACKAGES[s] for s in missing]
-
-    def apt(args):
-        return subprocess.run(prefix + ["apt-get", "-o", "DPkg::Lock::Timeout=300", *args], env=env,
-                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              timeout=APT_TIMEOUT)
-
-    say(f"installing {', '.join(pkgs)} with apt-get ...")
-    try:
-        done = apt(["install", "-y", "--no-install-recommends", *pkgs])
-        if done.returncode != 0:  # most often no package index yet
-            apt(["update"])
-            done = apt(["install", "-y", "--no-install-recommends", *pkgs])
-    except subprocess.TimeoutExpired:
-        return {s: f"apt-get did not finish within {APT_TIMEOUT:.0f}s" for s in missing}
-    tail = " | ".join(done.stdout.strip().splitlines()[-3:])
-    for s in missing:
-        if not _installed(s):
-            problems[s] = f"apt-get install {PACKAGES[s]} failed (exit {done.returncode}): {tail}"
+    for s in systems:
+        if s == "pidquorum":
+            continue
+        try:
+            ensure_installed(PACKAGES[s], lambda s=s: _installed(s), timeout=APT_TIMEOUT, say=lambda m: say(f"{m} ..."))
+        except AptUnavailable as e:
+            problems[s] = str(e)
     return problems
 
 
@@ -112,7 +89,6 @@ def package_version(system: str) -> str | None:
     pkg = PACKAGES.get(system)
     if pkg is None:
         try:
-            from importlib.metadata import version
             return version("pidquorum")
         except Exception:  # noqa: BLE001
             return None
@@ -123,28 +99,6 @@ def package_version(system: str) -> str | None:
         return None
 
 
-def _wait_port(port: int, deadline: float, proc: subprocess.Popen, what: str, log_path: str) -> None:
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode} while starting:\n{_tail(log_path)}")
-        try:
-            with socket.create_connection((HOST, port), timeout=0.5):
-                return
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what} does not listen on {HOST}:{port}:\n{_tail(log_path)}")
-        time.sleep(0.05)
-
-
-def _tail(path: str, lines: int = 20) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            return "".join(f.readlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
 class _Processes:
     """Our own child processes, one per node; killed by PID."""
 
@@ -152,26 +106,17 @@ class _Processes:
         self.procs: dict[int, subprocess.Popen] = {}
 
     def spawn(self, i: int, cmd: list[str], log_path: str, cwd: str, env: dict | None = None) -> None:
-        if threading.current_thread() is threading.main_thread() and shutil.which("setpriv"):
-            cmd = ["setpriv", "--pdeathsig", "KILL", "--", *cmd]  # dies with us, even if we crash
-        with open(log_path, "ab") as logf:
-            self.procs[i] = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                                             cwd=cwd, env=env, start_new_session=True)
+        self.add(i, spawn(cmd, log_path, cwd, env))  # dies with us, even if we crash
+
+    def add(self, i: int, proc: subprocess.Popen) -> None:
+        self.procs[i] = proc
 
     def alive(self, i: int) -> bool:
         p = self.procs.get(i)
         return p is not None and p.poll() is None
 
     def kill(self, i: int, sig: int = signal.SIGKILL, wait: float = 10.0) -> None:
-        p = self.procs.get(i)
-        if p is None or p.poll() is not None:
-            return
-        os.kill(p.pid, sig)  # setpriv execs the server: same PID
-        try:
-            p.wait(wait)
-        except subprocess.TimeoutExpired:
-            os.kill(p.pid, signal.SIGKILL)
-            p.wait(10)
+        stop_process(self.procs.get(i), sig, wait)  # setpriv execs the server: same PID
 
     def stop_all(self) -> None:
         for i in list(self.procs):
@@ -234,7 +179,7 @@ class PidquorumSystem(System):
 
     def __init__(self, keep: bool = False, **options):
         super().__init__(keep)
-        # Rate limit off (as in bench/bench_quorum.py); the leader-side reserve on (NodeConfig.allocate_reserve_blocks).
+        # Rate limit off (as in benchmarks.quorum_phases); the leader-side reserve on (NodeConfig.allocate_reserve_blocks).
         self.options = {"allocate_rate_per_broker": 0, "allocate_reserve_blocks": RESERVE_BLOCKS, **options}
         self.lc = LocalCluster(os.path.join(self.dir, "cluster"))
 
@@ -246,7 +191,6 @@ class PidquorumSystem(System):
         return ",".join(self.lc.client_addresses())
 
     def leader(self, timeout: float = 30.0) -> int:
-        from .common import find_leader
         nid, _, _ = asyncio.run(find_leader(self.lc, timeout))
         return [n.node_id for n in self.lc.nodes()].index(nid)
 
@@ -265,30 +209,8 @@ class PidquorumSystem(System):
             self.lc.down(timeout=10)
 
     def settings(self) -> dict:
-        from quorum.raft import RaftConfig
-        import dataclasses
         return {"journal": "fdatasync before any message leaves a node", "options": self.options,
                 "raft": dataclasses.asdict(RaftConfig())}
-
-
-ZK_LOG4J = """\
-log4j.rootLogger=WARN, CONSOLE
-log4j.appender.CONSOLE=org.apache.log4j.ConsoleAppender
-log4j.appender.CONSOLE.layout=org.apache.log4j.PatternLayout
-log4j.appender.CONSOLE.layout.ConversionPattern=%d{ISO8601} [myid:%X{myid}] - %-5p [%t:%C{1}@%L] - %m%n
-"""
-
-
-def four_letter(port: int, cmd: str, timeout: float = 2.0) -> str:
-    with socket.create_connection((HOST, port), timeout=timeout) as s:
-        s.sendall(cmd.encode())
-        chunks = []
-        while True:
-            chunk = s.recv(4096)
-            if not chunk:
-                break
-            chunks.append(chunk)
-    return b"".join(chunks).decode(errors="replace")
 
 
 class _PeerSystem(System):
@@ -330,40 +252,21 @@ class ZooKeeperSystem(_PeerSystem):
         self.quorum_ports = ports[3:6]
         self.election_ports = ports[6:9]
         self.procs = _Processes()
-        servers = "".join(f"server.{i + 1}={HOST}:{self.quorum_ports[i]}:{self.election_ports[i]}\n"
-                          for i in range(3))
-        for i in range(3):
-            d = self._node_dir(i)
-            os.makedirs(os.path.join(d, "data"), exist_ok=True)
-            with open(os.path.join(d, "data", "myid"), "w") as f:
-                f.write(f"{i + 1}\n")
-            with open(os.path.join(d, "zoo.cfg"), "w") as f:
-                f.write("".join(f"{k}={v}\n" for k, v in self.TIMING.items()) +
-                        f"dataDir={os.path.join(d, 'data')}\n"
-                        f"clientPort={self.client_ports[i]}\n"
-                        f"clientPortAddress={HOST}\n"
-                        f"admin.enableServer=false\n"
-                        f"4lw.commands.whitelist=srvr,mntr,ruok\n"
-                        f"maxClientCnxns=0\n" + servers)
-            with open(os.path.join(d, "log4j.properties"), "w") as f:
-                f.write(ZK_LOG4J)
+        peers = list(zip(self.quorum_ports, self.election_ports))
+        self.servers = [zookeeper.ZooKeeperServer(self._node_dir(i), self.client_ports[i], settings=self.TIMING,
+                                                  peers=peers, myid=i + 1, heap=self.HEAP,
+                                                  name=f"ZooKeeper node {i + 1}")
+                        for i in range(3)]
 
     def _node_dir(self, i: int) -> str:
         return os.path.join(self.dir, f"zk-{i + 1}")
 
-    def _command(self, i: int) -> list[str]:
-        d = self._node_dir(i)
-        return [shutil.which("java") or "/usr/bin/java", self.HEAP, "-Xms32m", "-Djava.awt.headless=true",
-                "-Dzookeeper.admin.enableServer=false", f"-Dlog4j.configuration=file:{d}/log4j.properties",
-                "-cp", ":".join([d, ZK_JAR, *(j for j in ZK_LOG_JARS if os.path.isfile(j))]),
-                ZK_MAIN, os.path.join(d, "zoo.cfg")]
-
     def _spawn(self, i: int) -> None:
-        self.procs.spawn(i, self._command(i), os.path.join(self._node_dir(i), "zookeeper.log"), self._node_dir(i))
+        self.procs.add(i, self.servers[i].launch())
 
     def _mode(self, i: int) -> str | None:
         try:
-            out = four_letter(self.client_ports[i], "srvr", timeout=1.0)
+            out = zookeeper.four_letter(self.client_ports[i], "srvr", timeout=1.0)
         except OSError:
             return None
         for line in out.splitlines():
@@ -374,12 +277,11 @@ class ZooKeeperSystem(_PeerSystem):
     def _wait_serving(self, nodes, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         for i in nodes:
-            _wait_port(self.client_ports[i], deadline, self.procs.procs[i], f"ZooKeeper node {i + 1}",
-                       os.path.join(self._node_dir(i), "zookeeper.log"))
+            self.servers[i].wait_port(deadline)
             while self._mode(i) not in ("leader", "follower"):
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"ZooKeeper node {i + 1} not in the ensemble after {timeout:.0f}s:\n"
-                                       + _tail(os.path.join(self._node_dir(i), "zookeeper.log")))
+                                       + self.servers[i].log_tail(20))
                 time.sleep(0.05)
 
     def leader(self, timeout: float = 30.0) -> int:
@@ -450,8 +352,8 @@ class EtcdSystem(_PeerSystem):
     def _wait_serving(self, nodes, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         for i in nodes:
-            _wait_port(self.client_ports[i], deadline, self.procs.procs[i], f"etcd member {i + 1}",
-                       os.path.join(self._node_dir(i), "etcd.log"))
+            wait_port(HOST, self.client_ports[i], deadline, self.procs.procs[i], f"etcd member {i + 1}",
+                      os.path.join(self._node_dir(i), "etcd.log"))
             while True:
                 st = self.status(i)
                 if st and st.get("leader") not in (None, "0"):
@@ -462,7 +364,7 @@ class EtcdSystem(_PeerSystem):
                         pass
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"etcd member {i + 1} not serving after {timeout:.0f}s:\n"
-                                       + _tail(os.path.join(self._node_dir(i), "etcd.log")))
+                                       + log_tail(os.path.join(self._node_dir(i), "etcd.log")))
                 time.sleep(0.05)
 
     def leader(self, timeout: float = 30.0) -> int:

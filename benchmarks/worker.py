@@ -30,12 +30,17 @@ from __future__ import annotations
 import argparse
 import array
 import asyncio
+import base64
 import http.client
 import json
 import sys
 import time
 
-from benchmarks.common import paced
+from broker.pid_manager import ProducerIdManager
+from client.quorum import QuorumClient, RetryPolicy
+from wire.errors import CoordinatorLoadInProgressError
+
+from .common import paced
 
 BLOCK = 1000
 ATTEMPT_TIMEOUT_S = 1.0
@@ -83,7 +88,7 @@ def wait_until(t: float) -> None:
 # ------------------------------------------------------------------ ZooKeeper
 class ZkAllocator:
     def __init__(self, endpoints: str, broker_id: int):
-        from migration.zk import LegacyAllocator, connect
+        from migration.zk import LegacyAllocator, connect  # heavy (kazoo): imported when used
         self.zk = connect(endpoints, timeout=10.0)
         self.alloc = LegacyAllocator(self.zk, broker_id, BLOCK, timeout=60.0, op_timeout=ATTEMPT_TIMEOUT_S)
 
@@ -103,7 +108,6 @@ KEY = "/latest_producer_id_block"
 
 class EtcdAllocator:
     def __init__(self, endpoints: str, broker_id: int):
-        import base64
         self.b64 = lambda b: base64.b64encode(b).decode()
         self.unb64 = base64.b64decode
         self.endpoints = endpoints.split(",")
@@ -208,12 +212,10 @@ def run_sync(alloc, warmup: int) -> Record:
 
 # ------------------------------------------------------------------ pidquorum
 def policy():
-    from client.quorum import RetryPolicy
     return RetryPolicy(timeout=60.0, attempt_timeout=ATTEMPT_TIMEOUT_S)
 
 
 async def run_pidquorum(endpoints: str, broker_id: int, warmup: int) -> Record:
-    from client.quorum import QuorumClient
     c = QuorumClient(endpoints.split(","), policy(), client_id=f"bench-{broker_id}")
     rec = Record()
     try:
@@ -240,9 +242,6 @@ async def run_pidquorum(endpoints: str, broker_id: int, warmup: int) -> Record:
 
 async def run_manager(endpoints: str, broker_id: int, rate: float) -> dict:
     """A broker's ProducerIdManager on the real quorum; generate_producer_id() paced at ``rate`` IDs/s."""
-    from broker.pid_manager import ProducerIdManager
-    from client.quorum import QuorumClient
-    from wire.errors import CoordinatorLoadInProgressError
     c = QuorumClient(endpoints.split(","), policy(), client_id=f"bench-manager-{broker_id}")
     mgr = ProducerIdManager(broker_id, c)
     await mgr.start()

@@ -1,6 +1,8 @@
-"""``pidctl bench``: pidquorum against ZooKeeper and etcd, side by side."""
+"""``pidctl bench``: pidquorum against ZooKeeper and etcd, side by side; ``pidctl bench NAME``: one of
+the other benchmarks of the ``benchmarks`` package (its own options, ``pidctl bench NAME --help``)."""
 from __future__ import annotations
 
+import importlib
 import sys
 
 import click
@@ -10,8 +12,47 @@ from benchmarks.systems import SYSTEMS
 
 from .common import EXIT_ERROR, handle_errors
 
+# name -> (module of the benchmarks package, what it measures); each module has main(argv, prog) -> exit status.
+# Imported when run: some need heavy or optional packages (pyarrow and pyspark, confluent-kafka).
+BENCHMARKS = {
+    "quorum": ("quorum_phases", "A local three-node pidquorum: sequential and concurrent allocations, leader "
+                                "kills, restart after a large history."),
+    "pid-manager": ("pid_manager", "The broker's ProducerIdManager: generate latency, and leader kills at a "
+                                   "steady demand (adaptive vs Kafka-like reserve)."),
+    "broker": ("broker", "The broker front end with real Kafka clients: InitProducerId latency, leader kills "
+                         "under load, produce throughput."),
+    "metrics": ("metrics", "Observability paths: histogram and log-line cost, /metrics scrapes, what a scrape "
+                           "costs allocations."),
+    "quota": ("quota", "The KIP-936 producer-ID quota on a simulated clock: filter memory, false positives, "
+                       "check() cost."),
+    "security": ("security", "Authentication and authorization: PLAIN and SCRAM, ACL checks, a SASL_SSL "
+                             "connection."),
+    "audit": ("audit", "The Spark audit job against a single-process numpy check of the same blocks."),
+}
 
-@click.command("bench")
+
+class BenchGroup(click.Group):
+    def format_usage(self, ctx, formatter):
+        formatter.write_usage(ctx.command_path, "[OPTIONS] | NAME [NAME'S OPTIONS]")
+
+
+def _benchmark_command(name: str, module: str, summary: str) -> click.Command:
+    @click.command(name, help=f"{summary}\n\nOptions: `pidctl bench {name} --help` (python -m benchmarks.{module}).",
+                   short_help=summary, add_help_option=False,
+                   context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+    @click.argument("args", nargs=-1, type=click.UNPROCESSED)
+    @click.pass_context
+    @handle_errors
+    def command(ctx, args):
+        try:
+            main = importlib.import_module(f"benchmarks.{module}").main
+        except ModuleNotFoundError as e:  # an optional package (confluent-kafka ...) is missing
+            raise click.ClickException(f"pidctl bench {name} needs the Python package {e.name!r}: {e}") from None
+        sys.exit(main(list(args), prog=ctx.command_path))
+    return command
+
+
+@click.group("bench", cls=BenchGroup, invoke_without_command=True)
 @click.option("--systems", default="pidquorum,zookeeper,etcd", show_default=True,
               help="Comma-separated systems to compare (pidquorum, zookeeper, etcd).")
 @click.option("--duration", type=click.FloatRange(0.5, 3600), default=10.0, show_default=True,
@@ -31,11 +72,21 @@ from .common import EXIT_ERROR, handle_errors
 @click.option("--keep", is_flag=True, help="Keep the clusters' directories.")
 @click.option("--reserve-blocks", type=click.IntRange(0, 1024), default=32, show_default=True,
               help="pidquorum's allocate_reserve_blocks (leader-side reserve; 0 = the node default, off).")
+@click.pass_context
 @handle_errors
-def bench(systems, duration, out_dir, kills, history, fill_cap, workloads, manager_rate, install_peers, keep,
+def bench(ctx, systems, duration, out_dir, kills, history, fill_cap, workloads, manager_rate, install_peers, keep,
           reserve_blocks):
-    """Benchmark pidquorum against ZooKeeper and etcd (three-node clusters on loopback), in one run."""
+    """Benchmark pidquorum against ZooKeeper and etcd (three-node clusters on loopback), in one run.
 
+    With a NAME, run that benchmark instead, with its own options (`pidctl bench NAME --help`)."""
+
+    if ctx.invoked_subcommand is not None:
+        given = [f"--{p.name.replace('_', '-')}" for p in ctx.command.params
+                 if ctx.get_parameter_source(p.name) is not click.core.ParameterSource.DEFAULT]
+        if given:
+            raise click.UsageError(f"{', '.join(given)}: options of the comparison; `pidctl bench "
+                                   f"{ctx.invoked_subcommand}` takes its own after its name")
+        return
     names = [x.strip() for x in systems.split(",") if x.strip()]
     unknown = [x for x in names if x not in SYSTEMS]
     if unknown or not names:
@@ -53,3 +104,7 @@ def bench(systems, duration, out_dir, kills, history, fill_cap, workloads, manag
     click.echo(render_table(res))
     if res["errors"]:
         sys.exit(EXIT_ERROR)
+
+
+for _name, (_module, _summary) in BENCHMARKS.items():
+    bench.add_command(_benchmark_command(_name, _module, _summary))

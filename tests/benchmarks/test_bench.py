@@ -1,4 +1,5 @@
-"""``pidctl bench``: a short run on pidquorum alone (the JSON's shape), the peers when installed, bad options.
+"""``pidctl bench``: a short run on pidquorum alone (the JSON's shape), the peers when installed, bad options;
+``pidctl bench NAME``: every benchmark of the package answers its own --help, and a short one runs.
 
 The peers (ZooKeeper, etcd) are real Debian packages: their test is skipped when a package is missing,
 never faked.  Figures are not asserted (a benchmark is not a timed test); shapes and checks are.
@@ -14,6 +15,7 @@ from click.testing import CliRunner
 
 from benchmarks.run import evaluate_targets, outage_of, throughput
 from benchmarks.systems import missing_reason
+from cli.bench import BENCHMARKS
 from cli.common import EXIT_USAGE
 from cli.main import cli
 
@@ -103,3 +105,22 @@ def test_targets_compare_with_zookeeper_of_the_same_run():
                        "zookeeper": {"w1": w(120, 5), "w2": w(150, 20), "w3": {"outage_median_ms": 400}}}}
     holds = {t["target"].split(":")[0]: t["holds"] for t in evaluate_targets(res)}
     assert holds == {"w1": False, "w2": True, "w3": False}
+
+
+@pytest.mark.parametrize("name", sorted(BENCHMARKS))
+def test_bench_name_takes_its_own_options(name):
+    result = invoke(name, "--help")
+    assert result.output.startswith(f"usage: cli bench {name} ") and "--json" in result.output
+
+
+def test_bench_name_runs_that_benchmark(tmp_path):
+    out = tmp_path / "quota.json"
+    result = invoke("quota", "--quick", "--phases", "sizing,check_cost", "--calls", "1000", "--json", str(out))
+    res = json.loads(out.read_text())
+    assert list(res["phases"]) == ["sizing", "check_cost"] and res["errors"] == [] and res["failed_checks"] == []
+    assert "memory per principal by rate" in result.output and "all checks passed" in result.output
+
+
+def test_bench_name_and_comparison_options_do_not_mix():
+    assert "options of the comparison" in invoke("--duration", "2", "quota", expect=EXIT_USAGE).output
+    assert "No such command" in invoke("nosuch", expect=EXIT_USAGE).output

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.broker.harness import BrokerProcess
+from benchmarks.processes import BrokerProcess
 
 
 @pytest.fixture

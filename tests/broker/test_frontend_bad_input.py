@@ -11,11 +11,11 @@ import pytest
 from kio.index import load_request_schema, load_response_schema
 from kio.serial import entity_reader
 
+from benchmarks.processes import BrokerProcess
 from broker.recordbatch import encode_batch
 from client import api as p
 from client.quorum import Connection
 from quorum.localcluster import LocalCluster
-from tests.broker.harness import BrokerProcess
 from tests.quorum.test_bad_input import framed, header_v1, header_v2, raw_conn, read_until_closed
 from wire import kafka
 from wire.errors import Errors

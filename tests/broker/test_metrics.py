@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks.processes import BrokerProcess
 from broker.metrics import BROKER_METRICS, broker_families, quota_families
 from broker.pid_manager import PidManagerConfig, ProducerIdManager
 from broker.recordbatch import encode_batch
@@ -21,7 +22,6 @@ from client.quorum import Connection
 from quorum.localcluster import LocalCluster, free_ports
 from quorum.server import TokenBucket
 from telemetry.metrics import make_registry, read_metrics
-from tests.broker.harness import BrokerProcess
 from tests.broker.test_pid_manager import FakeQuorum, settle
 from tests.conftest import wait_for
 from wire import kafka

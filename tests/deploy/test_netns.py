@@ -2,15 +2,13 @@
 network namespaces on one machine, each with its own address on a bridge, one node in each.
 
 Needs root (namespaces, veth pairs) and iproute2's ``ip`` (installed with apt-get when
-missing, as tests/migration/conftest.py installs ZooKeeper); skipped with the reason
-otherwise.  Only the namespaces and links this test made are removed afterwards.
+missing, by ``provision.apt``); skipped with the reason otherwise.  Only the namespaces and links this test made are removed afterwards.
 """
 from __future__ import annotations
 
 import os
 import re
 import secrets
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from client.quorum import QuorumClient, RetryPolicy
+from provision.apt import AptUnavailable, ensure_installed
 from quorum.config import load
 from tests.conftest import run, wait_for
 
@@ -29,16 +28,10 @@ def _ensure_ip() -> str | None:
     """None if ``ip`` can be used, else why not."""
     if os.geteuid() != 0:
         return "needs root: creates network namespaces and veth pairs"
-    if shutil.which("ip") is None:
-        if shutil.which("apt-get") is None:
-            return "iproute2's ip is missing and apt-get is not available"
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        cmd = ["apt-get", "install", "-y", "--no-install-recommends", "iproute2"]
-        if subprocess.run(cmd, env=env, capture_output=True, timeout=600).returncode != 0:
-            subprocess.run(["apt-get", "update"], env=env, capture_output=True, timeout=600)
-            subprocess.run(cmd, env=env, capture_output=True, timeout=600)
-        if shutil.which("ip") is None:
-            return "could not install iproute2 with apt-get"
+    try:
+        ensure_installed("iproute2", "ip", timeout=600)
+    except AptUnavailable as e:
+        return f"iproute2's ip is missing: {e}"
     probe = f"pqprobe{secrets.token_hex(3)}"
     r = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     if r.returncode != 0:

@@ -6,19 +6,9 @@ import resource
 import pytest
 
 from tests.broker import conftest as _broker_conftest
-from tests.fuzz.inputs import load_hypothesis_profile
+from tests.fuzz.inputs import HEADROOM, load_hypothesis_profile, vm_size
 
 load_hypothesis_profile()
-
-HEADROOM = 2 * 1024**3
-
-
-def _vm_size() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmSize:"):
-                return int(line.split()[1]) * 1024
-    return 0  # pragma: no cover
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +17,7 @@ def memory_bound():
     that makes a decoder allocate unboundedly fails (MemoryError, or the worker aborts) instead
     of passing on a machine with memory to spare."""
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    limit = _vm_size() + HEADROOM
+    limit = vm_size() + HEADROOM
     if hard != resource.RLIM_INFINITY:
         limit = min(limit, hard)
     resource.setrlimit(resource.RLIMIT_AS, (limit, hard))

@@ -1,4 +1,4 @@
-"""Inputs and decoder properties shared by the fuzz tests (tests/fuzz) and ``bench/fuzz_campaign.py``.
+"""Inputs and decoder properties shared by the fuzz tests (tests/fuzz) and the campaign (``tests/fuzz/campaign.py``).
 
 Everything is derived from the servers' own tables, so an API, version or
 record type added later is fuzzed without touching this file:
@@ -71,6 +71,20 @@ def examples(n: int) -> int:
     import os
 
     return max(1, int(n * float(os.environ.get(SCALE_ENV, "1"))))
+
+
+# ------------------------------------------------------------ memory bound
+
+HEADROOM = 2 * 1024**3  # address space a decoder may take beyond what the process has in use
+
+
+def vm_size() -> int:
+    """The address space this process has in use (VmSize), in bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    return 0  # pragma: no cover
 
 
 # ------------------------------------------------------------------ sources

@@ -1,7 +1,7 @@
 """Fuzzing running servers over loopback: garbage frames over many connections, then proof
 that the server still serves and that the quorum's replicated state did not move.
 
-Used by tests/fuzz/test_servers.py and bench/fuzz_campaign.py.
+Used by tests/fuzz/test_servers.py and tests/fuzz/campaign.py.
 
 Which inputs are sent: every input the in-process decoder refuses (FrameError or
 BadRequest: the garbage), raw byte streams (no framing at all), and decoded requests

@@ -5,11 +5,11 @@ import os
 
 import pytest
 
+from benchmarks.pki import make_pki
 from client.quorum import QuorumClient, RetryPolicy
 from quorum.localcluster import LocalCluster
 from security import credentials
 from security.client import ClientSecurity
-from tests.security.certs import make_pki
 
 PASSWORDS = {"admin": "admin-pw", "broker": "broker-pw", "alice": "alice-pw", "bob": "bob-pw"}
 

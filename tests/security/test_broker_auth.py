@@ -16,6 +16,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from kafka import KafkaProducer
 from kafka import errors as kerrors
 
+from benchmarks.processes import BrokerProcess, BrokerStartError
 from client import api as p
 from security.acl import (
     ALLOW,
@@ -29,7 +30,6 @@ from security.acl import (
     WRITE,
     Acl,
 )
-from tests.broker.harness import BrokerProcess
 from tests.conftest import wait_for
 from tests.security.conftest import PASSWORDS
 from wire import kafka
@@ -206,12 +206,12 @@ def test_broker_refuses_to_start_without_cluster_action_or_with_a_corrupt_file(s
     quorum_as_bob = ["--quorum-security-protocol", "SASL_SSL", "--quorum-sasl-username", "bob",
                      "--quorum-sasl-password", PASSWORDS["bob"], "--quorum-tls-cafile", sq.pki.cafile]
     b = BrokerProcess(str(tmp_path), 5, sq.addresses, "--sasl-credentials-file", sq.users_file, *quorum_as_bob)
-    with pytest.raises(AssertionError, match="exited with 69") as e:
+    with pytest.raises(BrokerStartError, match="exited with 69") as e:
         b.start(timeout=30)
     assert "CLUSTER_AUTHORIZATION_FAILED" in str(e.value) and "not allowed" in str(e.value)
     bad = tmp_path / "users.json"
     bad.write_text('{"format": "pidquorum-credentials", "version": 1, "users": {"x": 1}}')
     b = BrokerProcess(str(tmp_path), 6, sq.addresses, "--sasl-credentials-file", str(bad), *quorum_as_bob)
-    with pytest.raises(AssertionError, match="exited with 78") as e:
+    with pytest.raises(BrokerStartError, match="exited with 78") as e:
         b.start(timeout=30)
     assert str(bad) in str(e.value) and "entry must be an object" in str(e.value)

@@ -293,10 +293,10 @@ def test_acls_survive_a_snapshot_and_a_restart(secure_quorum):
 
 
 def test_tls_only_quorum_forwards_over_tls_and_refuses_plaintext(tmp_path):
+    from benchmarks.pki import make_pki
     from client.quorum import QuorumClient, RetryPolicy
     from quorum.localcluster import LocalCluster
     from security.client import ClientSecurity
-    from tests.security.certs import make_pki
     from wire.errors import RequestTimedOutError
 
     pki = make_pki(str(tmp_path / "pki"))

@@ -1,10 +1,11 @@
-#!/usr/bin/env python
 """Benchmark of the KIP-936 producer-ID quota (broker/quota.py), in process, on a simulated clock.
 
-Run from the repository root::
+Run it::
 
-    python bench/bench_quota.py [--rate 10] [--window-num 11] [--window-size-s 3600] [--fpp 0.001]
-                                [--json bench-results/quota.json] [--quick]
+    pidctl bench quota [--rate 10] [--window-num 11] [--window-size-s 3600] [--fpp 0.001]
+                       [--json bench-results/quota.json] [--quick]
+
+(``python -m benchmarks.quota`` takes the same options.)
 
 Phases (one principal, ``User:bench``, with ``producer_ids_rate = --rate``):
 
@@ -36,11 +37,11 @@ import os
 import statistics
 import sys
 import time
+import tracemalloc
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from broker.quota import LayeredBloomFilter, ProducerIdQuotaManager, QuotaWindow
 
-from bench.common import environment_info, fmt_num, print_footer, run_phases, table, utc_now  # noqa: E402
-from broker.quota import LayeredBloomFilter, ProducerIdQuotaManager, QuotaWindow  # noqa: E402
+from .common import environment_info, fmt_num, print_footer, run_phases, table, utc_now
 
 PRINCIPAL = "User:bench"
 
@@ -174,8 +175,6 @@ def phase_check_cost(a) -> dict:
 def phase_overhead(a) -> dict:
     """Python-side bytes (tracemalloc: objects, dicts, deques; rbloom's bit arrays are allocated in Rust
     and not seen by it) per tracked principal with one layer, and per extra layer."""
-    import tracemalloc
-
     n = 2000
     m = ProducerIdQuotaManager(QuotaWindow(num=a.window_num, size_s=a.window_size_s, false_positive_rate=a.fpp))
     m.configure([{"user": None, "values": {"producer_ids_rate": a.rate}}])
@@ -279,8 +278,8 @@ def print_results(res: dict) -> None:
     print_footer(res)
 
 
-def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+def parse_args(argv=None, prog: str | None = None):
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rate", type=float, default=10.0, help="producer_ids_rate of the principal (PIDs/s)")
     ap.add_argument("--window-num", type=int, default=11, help="producer.id.quota.window.num")
@@ -299,8 +298,8 @@ def parse_args(argv=None):
     return a
 
 
-def main(argv=None) -> int:
-    a = parse_args(argv)
+def main(argv=None, prog: str | None = None) -> int:
+    a = parse_args(argv, prog)
     res = {"params": {"rate": a.rate, "window_num": a.window_num, "window_size_s": a.window_size_s, "fpp": a.fpp,
                       "million": a.million, "fp_lookups": a.fp_lookups, "calls": a.calls, "quick": a.quick,
                       "json": a.json,

@@ -1,10 +1,10 @@
-#!/usr/bin/env python
-"""Benchmark of the observability paths (quorum/metrics.py, quorum/stats.py, quorum/logs.py).
+"""Benchmark of the observability paths (quorum/metrics.py, quorum/stats.py, telemetry/logs.py).
 
-Run from the repository root (any Python with pidquorum installed)::
+Run it (any Python with pidquorum installed)::
 
-    python bench/bench_metrics.py [--quick] [--json bench-results/metrics.json] [--scrapes 300]
-                                  [--blocks 500]
+    pidctl bench metrics [--quick] [--json bench-results/metrics.json] [--scrapes 300] [--blocks 500]
+
+(``python -m benchmarks.metrics`` takes the same options.)
 
 1. In process: the cost of one ``Histogram.observe`` (what every journal sync
    and every answered AllocateProducerIds pays), and of formatting one log
@@ -24,15 +24,16 @@ import argparse
 import asyncio
 import io
 import logging
-import os
 import sys
 import threading
 import time
 import urllib.request
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from client.quorum import QuorumClient, RetryPolicy
+from quorum.stats import Histogram
+from telemetry import logs
 
-from bench.common import (  # noqa: E402
+from .common import (
     environment_info,
     find_leader,
     fmt_num,
@@ -44,9 +45,6 @@ from bench.common import (  # noqa: E402
     temp_cluster,
     utc_now,
 )
-from client.quorum import QuorumClient, RetryPolicy  # noqa: E402
-from quorum.stats import Histogram  # noqa: E402
-from telemetry import logs  # noqa: E402
 
 
 def in_process(args) -> dict:
@@ -135,13 +133,13 @@ def cluster_phase(args) -> dict:
         return out
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv=None, prog: str | None = None) -> int:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", default="bench-results/metrics.json")
     ap.add_argument("--scrapes", type=int, default=None)
     ap.add_argument("--blocks", type=int, default=None)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     args.calls = 50_000 if args.quick else 200_000
     args.scrapes = args.scrapes or (100 if args.quick else 300)
     args.blocks = args.blocks or (200 if args.quick else 500)

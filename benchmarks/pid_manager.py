@@ -1,11 +1,12 @@
-#!/usr/bin/env python
 """Benchmark of the broker-side ProducerIdManager (broker/pid_manager.py).
 
-Run from the repository root (any Python with pidquorum installed)::
+Run it (any Python with pidquorum installed)::
 
-    python bench/bench_pid_manager.py [--quick] [--json bench-results/pid_manager.json]
-                                      [--calls 1000000] [--duration 60] [--kill-every 5]
-                                      [--restart-after 1] [--rate 1000]
+    pidctl bench pid-manager [--quick] [--json bench-results/pid_manager.json]
+                             [--calls 1000000] [--duration 60] [--kill-every 5]
+                             [--restart-after 1] [--rate 1000]
+
+(``python -m benchmarks.pid_manager`` takes the same options.)
 
 1. Generate latency, in process, against a FAKE quorum (no Raft, no network:
    ``allocate`` yields to the event loop once and returns the next 1,000-ID
@@ -59,18 +60,15 @@ import os
 import sys
 import time
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _REPO not in sys.path:
-    sys.path.insert(0, _REPO)
+from broker.pid_manager import PidManagerConfig, ProducerIdManager
+from client.quorum import AllocatedBlock, QuorumClient, RetryPolicy
+from quorum.audit import iter_blocks
+from quorum.localcluster import LocalCluster
+from wire.errors import CoordinatorLoadInProgressError, PidQuorumError
 
-from bench.common import HOST, LeaderKill, check_inside, environment_info  # noqa: E402
-from bench.common import fmt_num as f  # noqa: E402
-from bench.common import kill_leaders, log, paced, percentile, print_footer, run_phases, table, temp_cluster, utc_now
-from broker.pid_manager import PidManagerConfig, ProducerIdManager  # noqa: E402
-from quorum.audit import iter_blocks  # noqa: E402
-from client.quorum import AllocatedBlock, QuorumClient, RetryPolicy  # noqa: E402
-from quorum.localcluster import LocalCluster  # noqa: E402
-from wire.errors import CoordinatorLoadInProgressError, PidQuorumError  # noqa: E402
+from .common import HOST, LeaderKill, check_inside, environment_info
+from .common import fmt_num as f
+from .common import kill_leaders, log, paced, percentile, print_footer, run_phases, table, temp_cluster, utc_now
 
 BLOCK = 1000
 TICK_S = 0.01
@@ -207,7 +205,7 @@ class Demand:
 
 async def killer(lc: LocalCluster, t_start: float, t_stop: float, every: float, restart_after: float,
                  stagger_s: float, demands: list[Demand], rounds: list[dict]) -> None:
-    """Leader kills (bench.common.kill_leaders), noting each manager's reserve just before each kill."""
+    """Leader kills (benchmarks.common.kill_leaders), noting each manager's reserve just before each kill."""
     def before_kill() -> None:
         for d in demands:
             d.reserve_at_kills.append(d.mgr.reserve_ids)
@@ -365,8 +363,8 @@ def checks(res: dict) -> list[str]:
     return out
 
 
-def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+def parse_args(argv=None, prog: str | None = None):
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="200,000 calls and a 20 s leader-kill run")
     ap.add_argument("--json", default="bench-results/pid_manager.json", help="where to write the results")
@@ -392,8 +390,8 @@ def parse_args(argv=None):
     return a
 
 
-def main(argv=None) -> int:
-    a = parse_args(argv)
+def main(argv=None, prog: str | None = None) -> int:
+    a = parse_args(argv, prog)
     res = {"params": {"quick": a.quick, "json": a.json, "calls": a.calls, "batch": a.batch, "duration_s": a.duration,
                       "rate": a.rate, "kill_every_s": a.kill_every, "restart_after_s": a.restart_after,
                       "stagger": not a.no_stagger, "warmup_s": a.warmup,

@@ -1,25 +1,24 @@
-#!/usr/bin/env python
-"""A longer fuzz campaign over every decoder and both servers (not a test).
+"""A longer fuzz campaign over every decoder and both servers (not a test: pytest does not collect it).
 
-Run from the repository root::
+Run from the repository root (a Python with pidquorum and its test extras)::
 
-    python bench/fuzz_campaign.py --seconds 600 [--server-share 0.4] [--seed 1]
+    python -m tests.fuzz.campaign --seconds 600 [--server-share 0.4] [--seed 1]
                                   [--json bench-results/fuzz.json] [--out bench-results/fuzz]
 
 Two phases, one after the other, sharing ``--seconds``:
 
 1. In-process decoders (``1 - server_share`` of the time), in a child process
-   under ``nice`` and an address-space limit (in use + 2 GiB), so a native abort
+   under ``nice`` and an address-space limit (in use + 2 GiB, as the fuzz tests), so a native abort
    or runaway allocation is caught rather than taking the campaign down.  Targets,
    round-robin in batches: the quorum's and the broker's request decoders (every
    API and version of their tables, valid and corrupted frames, the msgpack APIs),
    the record decoder (records.codec), and the file decoders (snapshot, journal,
    journal meta, audit trail, audit checkpoint, chaos history, chaos final state).
-   Inputs come from ``tests/fuzz/inputs.py``; input ``i`` of a batch is drawn from
+   Inputs and the decoder properties come from ``tests/fuzz/inputs.py``, as for the fuzz tests; input ``i`` of a batch is drawn from
    ``random.Random(f"{seed}:{target}:{batch}:{i}")``, so every finding is
    reproducible from the numbers in the JSON, and its bytes are saved as well.
 2. Servers (``server_share`` of the time): a fresh three-node LocalCluster and one
-   ``python -m broker``, on free loopback ports.  Rounds of garbage (500 inputs
+   ``python -m broker`` (``benchmarks.processes.BrokerProcess``), on free loopback ports.  Rounds of garbage (500 inputs
    per server per round, over many connections, ``tests/fuzz/servers.py``); after
    each round every process must be alive, every input answered or its connection
    closed as the decoder predicts, and the quorum's replicated state (summary and
@@ -34,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 import json
 import logging
 import multiprocessing as mp
@@ -46,23 +46,23 @@ import time
 import traceback
 from collections import Counter, defaultdict
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from bench.common import log  # noqa: E402
+from benchmarks.common import log
+from benchmarks.processes import BrokerProcess
+from client.quorum import Connection, QuorumClient, RetryPolicy
+from quorum.localcluster import LocalCluster
+from tests.fuzz import inputs as F
+from tests.fuzz import servers as S
+from wire import kafka
 
 BATCH = 200
-FILE_KINDS = ("snapshot", "journal", "meta", "audit", "checkpoint", "history", "final")
 TARGETS = ("quorum-requests", "broker-requests", "msgpack-requests", "records", "record-bytes") + tuple(
-    f"file:{k}" for k in FILE_KINDS)
+    f"file:{k}" for k in F.FILE_KINDS)
 
 
 # ------------------------------------------------------------------ phase 1: in-process
 
 def draw(target: str, src):
     """One input for ``target``: (what is checked, description)."""
-    from tests.fuzz import inputs as F
-
     if target == "quorum-requests":
         return F.fuzz_frame("quorum", src)
     if target == "broker-requests":
@@ -81,8 +81,6 @@ def draw(target: str, src):
 
 
 def check(target: str, value, workdir: str) -> str:
-    from tests.fuzz import inputs as F
-
     if target in ("quorum-requests", "msgpack-requests"):
         return F.check_request_decoder("quorum", value)
     if target == "broker-requests":
@@ -100,8 +98,6 @@ def as_bytes(value) -> bytes:
         return value
     if isinstance(value, tuple):
         return value[0]
-    from tests.fuzz import inputs as F
-
     return F.msgpack.packb(value, use_bin_type=True) if F._packable(value) else repr(value).encode()
 
 
@@ -113,12 +109,8 @@ def _child(conn, current, seed: int) -> None:
     """Run batches sent by the parent; report (counts, findings) per batch."""
     os.nice(10)
     logging.disable(logging.CRITICAL)
-    with open("/proc/self/status") as f:
-        vm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    resource.setrlimit(resource.RLIMIT_AS, (vm + 2 * 1024**3, hard))
-    from tests.fuzz import inputs as F
-
+    resource.setrlimit(resource.RLIMIT_AS, (F.vm_size() + F.HEADROOM, hard))
     workdir = tempfile.mkdtemp(prefix="pidquorum-fuzz-files-")
     while True:
         job = conn.recv()
@@ -184,8 +176,6 @@ def run_decoders(seconds: float, seed: int, out_dir: str) -> dict:
                 proc.join(5)
                 # the child died on input `current` of this batch: a crash (abort, memory limit ...)
                 i = current.value
-                from tests.fuzz import inputs as F
-
                 value, how = draw(target, F.RandomSource(input_rng(seed, target, batch, i)))
                 path = os.path.join(out_dir, f"crash-{target.replace(':', '-')}-{batch}-{i}.bin")
                 with open(path, "wb") as f:
@@ -219,13 +209,6 @@ def run_decoders(seconds: float, seed: int, out_dir: str) -> dict:
 # ------------------------------------------------------------------ phase 2: servers
 
 def run_servers(seconds: float, seed: int, out_dir: str) -> dict:
-    from client import api as p
-    from client.quorum import Connection, QuorumClient, RetryPolicy
-    from quorum.localcluster import LocalCluster
-    from tests.broker.harness import BrokerProcess
-    from tests.fuzz import inputs as F
-    from tests.fuzz import servers as S
-
     control = 4242
     result: dict = {"inputs": Counter(), "outcomes": Counter(), "drawn": Counter(), "rounds": 0,
                     "violations": [], "tracebacks": {}}
@@ -315,8 +298,8 @@ def run_servers(seconds: float, seed: int, out_dir: str) -> dict:
             conn = Connection(broker.bootstrap, "fuzz-campaign")
             try:
                 resp = await conn.call(kafka.request_entity(22, 4, transactional_id=None,
-                                                        transaction_timeout=__import__("datetime").timedelta(
-                                                            seconds=60), producer_id=-1, producer_epoch=-1), 10.0)
+                                                        transaction_timeout=datetime.timedelta(seconds=60),
+                                                            producer_id=-1, producer_epoch=-1), 10.0)
             finally:
                 conn.close()
             return blk, int(resp.error_code), int(resp.producer_id)

@@ -1,4 +1,5 @@
-"""A throwaway CA and certificates for 127.0.0.1 / localhost (the ``cryptography`` package)."""
+"""A throwaway CA and certificates for 127.0.0.1 / localhost (the ``cryptography`` package): the
+security benchmark's TLS quorum (``benchmarks.security``) and the security tests' (tests/security)."""
 from __future__ import annotations
 
 import datetime

@@ -7,7 +7,8 @@ Phases:
               (what the servers use)
   connect     a new connection to a one-node SASL_SSL quorum: TCP + TLS + SASL + one DescribeAcls
 
-Run: python bench/bench_security.py [--quick] [--json bench-results/security.json]
+Run: pidctl bench security [--quick] [--json bench-results/security.json]
+(``python -m benchmarks.security`` takes the same options.)
 """
 from __future__ import annotations
 
@@ -20,12 +21,15 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from client.quorum import QuorumClient, RetryPolicy
+from quorum.localcluster import LocalCluster
+from security import acl as a
+from security import credentials
+from security.client import ClientSecurity
+from security.mechanisms import PlainServer, ScramClient, ScramServer
 
-from bench.common import environment_info, log, percentile, utc_now  # noqa: E402
-from security import acl as a  # noqa: E402
-from security import credentials  # noqa: E402
-from security.mechanisms import PlainServer, ScramClient, ScramServer  # noqa: E402
+from .common import environment_info, log, percentile, utc_now
+from .pki import make_pki
 
 
 def _ms_stats(samples: list[float]) -> dict:
@@ -72,11 +76,6 @@ def phase_authorize(args, tmp: str) -> dict:
 
 
 def phase_connect(args, tmp: str) -> dict:
-    from client.quorum import QuorumClient, RetryPolicy
-    from quorum.localcluster import LocalCluster
-    from security.client import ClientSecurity
-    from tests.security.certs import make_pki
-
     pki = make_pki(os.path.join(tmp, "pki"))
     users = os.path.join(tmp, "users.json")
     credentials.add_user(users, "admin", "admin-pw", iterations=args.iterations)
@@ -106,8 +105,8 @@ def phase_connect(args, tmp: str) -> dict:
         lc.down(timeout=5)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv=None, prog: str | None = None) -> int:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer samples")
     ap.add_argument("--json", default="bench-results/security.json")
     ap.add_argument("--iterations", type=int, default=credentials.DEFAULT_ITERATIONS)

@@ -1,10 +1,11 @@
-#!/usr/bin/env python
 """Benchmark of the Spark audit job (audit/job.py) against a single-process pyarrow/numpy check.
 
-Run from the repository root (any Python with pidquorum installed)::
+Run it (any Python with pidquorum installed)::
 
-    python bench/bench_audit.py [--quick] [--blocks 10000000] [--master local[2]]
-                                [--json bench-results/audit.json] [--repeat 2] [--keep DIR]
+    pidctl bench audit [--quick] [--blocks 10000000] [--master local[2]]
+                       [--json bench-results/audit.json] [--repeat 2] [--keep DIR]
+
+(``python -m benchmarks.audit`` takes the same options.)
 
 1. Generate ``--blocks`` AllocateProducerIdsRecords (10,000,000; 1,000,000 with
    ``--quick``) as an audit export (``manifest.json`` + ``records/
@@ -34,9 +35,16 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 
-from bench.common import environment_info, log, table, utc_now  # noqa: E402
+from audit.job import run_audit
+from audit.spark import spark_session
+from records.schema import ALLOCATE_PRODUCER_IDS
+
+from .common import environment_info, log, table, utc_now
 
 BROKERS = 50
 BLOCK = 1000
@@ -47,12 +55,6 @@ TS_STEP_MS = 60
 
 def generate(path: str, n: int, parts: int, inject: int, seed: int = 1) -> dict:
     """Write the export; returns what was injected (the expected findings)."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from records.schema import ALLOCATE_PRODUCER_IDS
-
     rng = np.random.default_rng(seed)
     length = np.full(n, BLOCK, dtype=np.int32)
     gap = np.zeros(n, dtype=np.int64)
@@ -97,9 +99,6 @@ def generate(path: str, n: int, parts: int, inject: int, seed: int = 1) -> dict:
 
 def numpy_check(path: str) -> dict:
     """The overlap/gap logic in one process: pyarrow read, numpy dedup + sort + running maximum."""
-    import numpy as np
-    import pyarrow.dataset as ds
-
     t0 = time.perf_counter()
     tb = ds.dataset(os.path.join(path, "records", "AllocateProducerIdsRecord"), format="parquet").to_table(
         columns=["raft_index", "position", "accepted", "producer_id_start", "producer_id_len"])
@@ -128,9 +127,6 @@ def numpy_check(path: str) -> dict:
 
 
 def run(a) -> dict:
-    from audit.job import run_audit
-    from audit.spark import spark_session
-
     res = {"params": {"blocks": a.blocks, "parts": a.parts, "master": a.master, "inject": a.inject,
                       "repeat": a.repeat, "driver_memory": a.driver_memory, "argv": sys.argv},
            "environment": environment_info(), "started_at": utc_now()}
@@ -198,8 +194,8 @@ def print_results(res: dict) -> None:
           f"spark and numpy agree: {res['agree']}")
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+def main(argv=None, prog: str | None = None) -> int:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="1,000,000 blocks")
     ap.add_argument("--blocks", type=int, help="blocks to generate (default 10,000,000)")

@@ -1,15 +1,17 @@
-#!/usr/bin/env python
 """Benchmark of the broker front end (broker/frontend.py) with real Kafka clients.
 
-Run from the repository root (a Python with pidquorum, confluent-kafka and kio)::
+Run it (a Python with pidquorum, confluent-kafka and kio)::
 
-    python bench/bench_broker.py [--quick] [--json bench-results/broker.json]
-                                 [--phases init,leader_kill,produce] [--duration 60] [--rate 1000]
-                                 [--messages 50000] [--keep]
+    pidctl bench broker [--quick] [--json bench-results/broker.json]
+                        [--phases init,leader_kill,produce] [--duration 60] [--rate 1000]
+                        [--messages 50000] [--keep]
+
+(``python -m benchmarks.broker`` takes the same options.)
 
 Every phase starts a fresh three-node ``LocalCluster`` (default node options)
 and one ``python -m broker`` process (broker 1, default adaptive
-``PidManagerConfig``, ``--partitions 3``), all on free ports of 127.0.0.1, in
+``PidManagerConfig``, ``--partitions 3``; ``benchmarks.processes.BrokerProcess``,
+the harness the broker tests use too), all on free ports of 127.0.0.1, in
 its own ``tempfile.mkdtemp()`` directory.  Child processes get this checkout
 first on ``PYTHONPATH``, so they run the same code as the benchmark.  Latency
 percentiles are nearest-rank over sorted samples.
@@ -58,7 +60,7 @@ percentiles are nearest-rank over sorted samples.
    term among live nodes, by DescribeState) is SIGKILLed every
    ``--kill-every`` s (5) plus a 0..1 s staggered offset frac(i x 0.618) x
    (block / rate), and restarted ``--restart-after`` s (1) later, as in
-   bench_pid_manager.py.  Meanwhile, open loop (a pacer issues every 10 ms the
+   benchmarks.pid_manager.  Meanwhile, open loop (a pacer issues every 10 ms the
    requests owed since the start, without waiting for answers):
 
    * ``adaptive``: broker 1 (the process), ``--rate`` (1,000) idempotent
@@ -121,22 +123,29 @@ import json
 import logging
 import os
 import re
-import signal
-import subprocess
 import sys
 import time
 from collections import Counter
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _REPO not in sys.path:
-    sys.path.insert(0, _REPO)
+import confluent_kafka
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
-import confluent_kafka  # noqa: E402
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition  # noqa: E402
+from broker.frontend import BrokerConfig, BrokerServer
+from broker.pid_manager import PidManagerConfig
+from client.quorum import Connection, ConnectionFailed
+from quorum.audit import iter_blocks
+from quorum.localcluster import LocalCluster, free_ports
+from wire import kafka
+from wire.errors import Errors, RequestTimedOutError
 
-from bench.common import HOST, LeaderKill, check_inside, environment_info  # noqa: E402
-from bench.common import fmt_num as f  # noqa: E402
-from bench.common import (
+from .common import (
+    HOST,
+    LeaderKill,
+    check_inside,
+    environment_info,
+)
+from .common import fmt_num as f
+from .common import (
     kill_leaders,
     loadavg,
     log,
@@ -148,13 +157,7 @@ from bench.common import (
     temp_cluster,
     utc_now,
 )
-from broker.frontend import BrokerConfig, BrokerServer  # noqa: E402
-from broker.pid_manager import PidManagerConfig  # noqa: E402
-from quorum import protocol as p  # noqa: E402
-from quorum.audit import iter_blocks  # noqa: E402
-from client.quorum import Connection, ConnectionFailed  # noqa: E402
-from quorum.localcluster import LocalCluster, free_ports  # noqa: E402
-from wire.errors import Errors, RequestTimedOutError  # noqa: E402
+from .processes import REPO, BrokerProcess, child_env, cpu_seconds
 
 BLOCK = 1000
 TICK_S = 0.01
@@ -186,97 +189,8 @@ def code_name(code: int) -> str:
         return f"ERROR_CODE_{code}"
 
 
-def cpu_seconds(pid: int) -> float | None:
-    """utime + stime of a process, from /proc (None if unavailable)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def machine() -> dict:
     return {"loadavg": loadavg(), "bench_cpu_s": cpu_seconds(os.getpid())}
-
-
-def child_env() -> dict:
-    """This checkout first on PYTHONPATH, so quorum nodes and brokers run the code benchmarked here."""
-    paths = [_REPO] + [x for x in os.environ.get("PYTHONPATH", "").split(os.pathsep) if x and x != _REPO]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "PYTHONUNBUFFERED": "1"}
-
-
-# ------------------------------------------------------------------ processes
-class BrokerProc:
-    """One ``python -m broker`` process on a free port; started and ended by its PID.
-
-    Not tests/broker/harness.py's BrokerProcess: importing that pulls in tests.conftest and so
-    pytest, and this one differs where the benchmark needs it (own session, stdin closed, the
-    checkout first on PYTHONPATH, CPU seconds and log anomalies of the process)."""
-
-    def __init__(self, base_dir: str, broker_id: int, quorum: list[str], *extra: str):
-        self.broker_id = broker_id
-        self.port = free_ports(1, HOST)[0]
-        self.dir = os.path.join(base_dir, f"broker-{broker_id}")
-        os.makedirs(self.dir, exist_ok=True)
-        self.log_path = os.path.join(self.dir, "broker.log")
-        self.ready_path = os.path.join(self.dir, "ready")
-        self.cmd = [sys.executable, "-m", "broker", "--broker-id", str(broker_id), "--quorum", ",".join(quorum),
-                    "--listen", f"{HOST}:{self.port}", "--data-dir", os.path.join(self.dir, "data"),
-                    "--ready-file", self.ready_path, *extra]
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def bootstrap(self) -> str:
-        return f"{HOST}:{self.port}"
-
-    def start(self, timeout: float = 30.0) -> "BrokerProc":
-        with open(self.log_path, "ab") as logf:
-            self.proc = subprocess.Popen(self.cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         cwd=_REPO, env=child_env(), start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while not os.path.exists(self.ready_path):
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"broker {self.broker_id} exited with {self.proc.returncode}:\n{self.tail()}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"broker {self.broker_id} not serving within {timeout:.0f}s:\n{self.tail()}")
-            time.sleep(0.02)
-        return self
-
-    def cpu_seconds(self) -> float | None:
-        return cpu_seconds(self.proc.pid) if self.proc is not None and self.proc.poll() is None else None
-
-    def stop(self, timeout: float = 10.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.kill(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-    def tail(self, lines: int = 40) -> str:
-        try:
-            with open(self.log_path, errors="replace") as fh:
-                return "".join(fh.readlines()[-lines:])
-        except FileNotFoundError:
-            return "(no log)"
-
-    def anomalies(self) -> dict:
-        """Lines of the broker log that show a request it could not serve."""
-        out: Counter = Counter()
-        try:
-            with open(self.log_path, errors="replace") as fh:
-                for line in fh:
-                    if "answered INVALID_REQUEST" in line:
-                        m = re.search(r"\): (.*) \(answered INVALID_REQUEST\)", line)
-                        out[f"INVALID_REQUEST: {m.group(1) if m else line.strip()[-80:]}"] += 1
-                    elif "UNKNOWN_SERVER_ERROR" in line or "Traceback" in line:
-                        out["exception / UNKNOWN_SERVER_ERROR lines"] += 1
-        except FileNotFoundError:
-            pass
-        return dict(out)
 
 
 @contextlib.contextmanager
@@ -284,7 +198,7 @@ def environment(args, label: str):
     """A fresh three-node cluster plus broker 1 (process, --partitions 3): yields (lc, broker, directory)."""
     with temp_cluster(f"pidquorum-bench-broker-{label}-", args.keep, label, subdir="cluster",
                       tail_lines=20) as (lc, directory):
-        broker = BrokerProc(directory, 1, lc.client_addresses(), "--partitions", "3").start()
+        broker = BrokerProcess(directory, 1, lc.client_addresses(), "--partitions", "3", new_session=True).start()
         ok = False
         try:
             yield lc, broker, directory
@@ -530,7 +444,7 @@ def phase_init(args) -> dict:
 # ------------------------------------------------------------------ 2. leader kills
 async def killer(lc: LocalCluster, t_start: float, t_stop: float, every: float, restart_after: float,
                  stagger_s: float, rounds: list[dict]) -> None:
-    """Leader kills (bench.common.kill_leaders), with how late each was and the leader search before it."""
+    """Leader kills (benchmarks.common.kill_leaders), with how late each was and the leader search before it."""
     def on_round(k: LeaderKill) -> None:
         rounds.append({"round": k.round, "at_s": k.at_s, "scheduled_at_s": k.scheduled_at_s, "late_s": k.late_s,
                        "leader_search_before_kill_s": k.leader_search_before_kill_s, "killed_node": k.killed_node,
@@ -646,7 +560,7 @@ def spells(error_times: list, gap: float = 0.5) -> list[dict]:
     return out
 
 
-async def leader_kill_run(args, lc: LocalCluster, broker: BrokerProc, directory: str) -> dict:
+async def leader_kill_run(args, lc: LocalCluster, broker: BrokerProcess, directory: str) -> dict:
     blog = logging.getLogger("broker")
     qlog = logging.getLogger("quorum")
     fh = logging.FileHandler(os.path.join(directory, "broker-2-in-process.log"))
@@ -1032,8 +946,8 @@ def checks(res: dict) -> list[str]:
 PHASES = {"init": phase_init, "leader_kill": phase_kills, "produce": phase_produce}
 
 
-def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+def parse_args(argv=None, prog: str | None = None):
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer producers and messages, a 20 s leader-kill run")
     ap.add_argument("--json", default="bench-results/broker.json", help="where to write the results")
@@ -1068,14 +982,14 @@ def parse_args(argv=None):
     return a
 
 
-def main(argv=None) -> int:
-    a = parse_args(argv)
+def main(argv=None, prog: str | None = None) -> int:
+    a = parse_args(argv, prog)
     os.environ.update({"PYTHONPATH": child_env()["PYTHONPATH"]})  # the quorum nodes inherit os.environ
     res = {"params": {k: v for k, v in vars(a).items()} | {"argv": sys.argv, "host": HOST, "block_size": BLOCK,
                                                             "percentiles": "nearest rank over sorted samples"},
            "environment": environment_info(
                confluent_kafka=getattr(confluent_kafka, "__version__", None) or str(confluent_kafka.version()),
-               librdkafka=confluent_kafka.libversion()[0], repo=_REPO),
+               librdkafka=confluent_kafka.libversion()[0], repo=REPO),
            "started_at": utc_now(), "phases": {}, "errors": [], "failed_checks": []}
     run_phases(res, [(name, PHASES[name]) for name in a.phases], a, a.json, checks=checks, phase_seconds=True)
     print_results(res)

@@ -132,7 +132,7 @@ def _glob_jvms() -> list[str]:
 
 
 def _check_java(home: str) -> None:
-    import pyspark
+    import pyspark  # heavy (pyspark): imported when used
 
     need = 17 if int(pyspark.__version__.split(".")[0]) >= 4 else 8
     major = _java_major(os.path.join(home, "bin", "java"))

@@ -629,7 +629,7 @@ def phase_kills(args) -> dict:
         per[label] = res
     per["adaptive"]["how"] = "python -m broker process (default PidManagerConfig)"
     per["kafka-like"]["how"] = ("in process: BrokerServer in the benchmark's event loop with "
-                                "PidManagerConfig.kafka_fixed_threshold() (not settable from pidctl broker start)")
+                                "PidManagerConfig.kafka_fixed_threshold()")
     txr = tx.result(wall)
     everything.extend(tx.pids)
     total = len(everything)
@@ -844,8 +844,8 @@ def print_results(res: dict) -> None:
             print(f"  this process's pacers stalled >= {STALL_MS:g} ms {len(st)} times (longest {st[0][0]:.0f} ms at "
                   f"{st[0][1]:.1f} s): requests in flight then carry this process's delay in their latency")
         t = k["transactional"]
-        print(f"  adaptive = python -m broker process; kafka-like = PidManagerConfig.kafka_fixed_threshold() "
-              f"broker run IN PROCESS (BrokerServer in this benchmark's event loop; pidctl broker start cannot set it)")
+        print("  adaptive = python -m broker process; kafka-like = PidManagerConfig.kafka_fixed_threshold() "
+              "broker run IN PROCESS (BrokerServer in this benchmark's event loop)")
         print(f"  transactional InitProducerId to broker 1 at {k['tx_rate']:g}/s (new id each, fresh connection): "
               f"sent {t['sent']}, ok {t['ok']}, errors/timeouts {errs(t['errors'])}; latency p50 "
               f"{f(t['latency_ok']['p50_ms'])} ms, p99 {f(t['latency_ok']['p99_ms'])} ms, max "

@@ -27,6 +27,7 @@ from typing import Callable, Iterable
 
 from client.quorum import QuorumClient, RetryPolicy
 from quorum.localcluster import LocalCluster
+from wire.errors import NotControllerError
 
 HOST = "127.0.0.1"
 GOLDEN = 0.6180339887498949
@@ -108,35 +109,31 @@ def temp_cluster(prefix: str, keep: bool, label: str | None = None, subdir: str 
 
 
 async def describe_all(lc: LocalCluster, policy: RetryPolicy = DESCRIBE_POLICY) -> dict[int, dict]:
-    """DescribeState of every live node that answers, by node id."""
-    c = QuorumClient(lc.client_addresses(), policy)
-    out: dict[int, dict] = {}
+    """DescribeState of every live node that answers, by node id (``QuorumClient.describe_each``)."""
+    alive = {n.client_address: n.node_id for n in lc.nodes() if lc.alive(n.node_id)}
+    if not alive:
+        return {}
+    c = QuorumClient(list(alive), policy)
     try:
-        for n in lc.nodes():
-            if not lc.alive(n.node_id):
-                continue
-            try:
-                out[n.node_id] = await c.describe(n.client_address)
-            except Exception:  # noqa: BLE001 - a node may be starting or stopping
-                pass
+        answers = await c.describe_each()
     finally:
         await c.close()
-    return out
+    return {alive[a]: d for a, d in answers.items() if not isinstance(d, Exception)}
 
 
 async def find_leader(lc: LocalCluster, timeout: float = 20.0, exclude: int | None = None,
-                      policy: RetryPolicy = DESCRIBE_POLICY) -> tuple[int, float, dict[int, dict]]:
-    """(node id, seconds spent, descriptions) of the live leader with the highest term, not ``exclude``."""
+                      policy: RetryPolicy = DESCRIBE_POLICY) -> tuple[int, float, str]:
+    """(node id, seconds spent, client address) of the leader (``QuorumClient.find_leader``), not ``exclude``."""
     t0 = time.perf_counter()
-    while True:
-        descs = await describe_all(lc, policy)
-        leaders = sorted(((d["raft"]["term"], nid) for nid, d in descs.items()
-                          if d["raft"]["state"] == "leader" and nid != exclude), reverse=True)
-        if leaders:
-            return leaders[0][1], time.perf_counter() - t0, descs
-        if time.perf_counter() - t0 > timeout:
-            raise RuntimeError(f"no leader among live nodes within {timeout:.0f}s")
-        await asyncio.sleep(0.02)
+    node_of = {n.client_address: n.node_id for n in lc.nodes()}
+    c = QuorumClient(list(node_of), policy)
+    try:
+        address, _ = await c.find_leader(timeout, exclude={a for a, nid in node_of.items() if nid == exclude})
+    except NotControllerError as e:
+        raise RuntimeError(f"no leader within {timeout:.0f}s: {e.message}") from None
+    finally:
+        await c.close()
+    return node_of[address], time.perf_counter() - t0, address
 
 
 @dataclasses.dataclass

@@ -334,7 +334,7 @@ def print_results(res: dict) -> None:
               f"audit-trail blocks {k['audit_blocks']}")
         nl = [r["new_leader_seen_after_s"] * 1000 for r in k["rounds"]]
         if nl:
-            print(f"  new leader seen after kill (DescribeState polling): "
+            print("  new leader seen after kill (DescribeState polling): "
                   + ", ".join(f"{v:.0f}" for v in nl) + " ms")
         print()
     print_footer(res)

@@ -143,8 +143,8 @@ class Bench:
 
 async def find_leader_address(lc: LocalCluster) -> tuple[int, str]:
     """(node id, client address) of the leader with the highest term among live nodes."""
-    nid, _, descs = await find_leader(lc, 20.0, policy=DESCRIBE_POLICY)
-    return nid, descs[nid]["client_address"]
+    nid, _, address = await find_leader(lc, 20.0, policy=DESCRIBE_POLICY)
+    return nid, address
 
 
 def convergence_key(d: dict) -> tuple:

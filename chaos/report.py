@@ -107,10 +107,10 @@ def timeline_png(ops: list[Op], path: str | os.PathLike, bucket_s: float = 1.0) 
     allocate and generate ops per bucket (by completion time, log scale).  Fault
     intervals (nemesis ops that did not fail) are shaded on both, one colour per kind.
     """
-    import numpy as np
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.patches import Patch
+    import numpy as np  # heavy (numpy, with matplotlib): imported when used
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # heavy (matplotlib): imported when used
+    from matplotlib.figure import Figure  # heavy (matplotlib): imported when used
+    from matplotlib.patches import Patch  # heavy (matplotlib): imported when used
 
     if bucket_s <= 0:
         raise ValueError("bucket_s must be > 0")

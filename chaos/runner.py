@@ -233,6 +233,6 @@ def check_dir(run_dir: str, write: bool = True, allow_torn_tail: bool = False) -
     verdict = check(ops, final)
     if write:
         _write_json(os.path.join(run_dir, VERDICT), verdict.to_dict())
-        from .report import timeline_png
+        from .report import timeline_png  # heavy (matplotlib): imported when used
         timeline_png(ops, os.path.join(run_dir, TIMELINE))
     return verdict

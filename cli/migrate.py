@@ -153,8 +153,8 @@ def migrate_export(obj: Ctx, zk_hosts, out_file):
     """
     from kazoo.exceptions import NoNodeError  # heavy (kazoo): imported when used
 
-    # heavy (kazoo): imported when used
-    from migration.zk import UNKNOWN_OUTCOME_ERRORS, ZK_BLOCK_PATH, ZkMigrationError, ZkUnavailable, parse_block
+    from migration.zk import parse_block  # heavy (kazoo): imported when used
+    from migration.zk import UNKNOWN_OUTCOME_ERRORS, ZK_BLOCK_PATH, ZkMigrationError, ZkUnavailable  # heavy (kazoo)
 
     zk = _zk_session(zk_hosts, obj.timeout)
     try:
@@ -203,7 +203,7 @@ def migrate_zk_allocate(obj: Ctx, zk_hosts, broker_id, count, output):
     `migrate finalize` (the quorum no longer reserves in the znode).
     """
     # heavy (kazoo): imported when used
-    from migration.zk import ZK_BLOCK_PATH, LegacyAllocator, ZkBlockMissing, ZkMigrationError
+    from migration.zk import ZK_BLOCK_PATH, LegacyAllocator, ZkBlockMissing, ZkMigrationError  # heavy (kazoo)
 
     got: list[tuple[int, int]] = []
     zk = _zk_session(zk_hosts, obj.timeout)

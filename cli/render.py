@@ -11,6 +11,7 @@ from typing import Any, Iterable
 
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 # Not a terminal (a pipe, CI): do not squeeze tables into 80 columns.
@@ -147,7 +148,6 @@ class progress:
     """A progress bar on stderr: ``with render.progress("chaos") as update: update(fraction, text)``."""
 
     def __init__(self, title: str):
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
         self._p = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                            TextColumn("{task.fields[note]}"), TimeElapsedColumn(), console=_err, transient=False)

@@ -26,6 +26,7 @@ from typing import Any
 
 from client import api as p
 from client.quorum import Connection, ConnectionFailed
+from client.retry import FORWARD_POLICY
 from security import acl as a
 from security.client import ClientSecurity
 from security.credentials import NODE_USER, node_credential, node_password
@@ -275,11 +276,11 @@ class QuorumServer:
             assert rpc.serve is not None
             return await rpc.serve(self, req)
         timeout = self.cfg.request_timeout_ms / 1000
-        deadline = time.monotonic() + timeout
+        backoff = FORWARD_POLICY.start(timeout)
         while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if backoff.expired:
                 raise RequestTimedOutError(f"no leader committed the request within {timeout:.2f}s")
+            remaining = backoff.remaining()
             is_leader, leader, _ = self.service.raft.role()
             if is_leader:
                 return await self._propose(rpc, req, remaining)
@@ -294,7 +295,7 @@ class QuorumServer:
                     log.debug("forward to %s: %s", target, e.message)
                 except (ConnectionFailed, RequestTimedOutError) as e:
                     log.debug("forward to %s failed: %s", target, e)
-            await asyncio.sleep(min(0.02, max(deadline - time.monotonic(), 0)))
+            await backoff.sleep()
 
     async def _propose(self, rpc: Rpc, req: kafka.Request, timeout: float) -> Any:
         if rpc.throttled:

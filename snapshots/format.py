@@ -13,6 +13,7 @@ node's copy and is the only writer of ``raft.snapshot``.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,8 +98,6 @@ def read_snapshot(path: str) -> Snapshot:
 
 
 def inspect_snapshot(path: str) -> dict[str, Any]:
-    import os
-
     snap = read_snapshot(path)
     return {
         "file": path,

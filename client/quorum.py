@@ -35,6 +35,13 @@ from .leader import pick_leader, summary
 from .retry import LEADER_POLL, RetryPolicy
 
 
+def _current_task() -> asyncio.Task | None:
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no running loop
+        return None
+
+
 class ConnectionFailed(Exception):
     """Could not reach the node, or it closed the connection."""
 
@@ -137,6 +144,9 @@ class Connection:
         if self._writer is not None:
             self._writer.close()
         self._writer = None
+        task, self._read_task = self._read_task, None
+        if task is not None and task is not _current_task():
+            task.cancel()  # its reader ends with the connection; not left pending when the loop closes
 
 
 @dataclass
@@ -209,25 +219,16 @@ class QuorumClient:
 
     async def register_broker(self, broker_id: int, incarnation_id: uuid.UUID | None = None,
                               listener: str = "") -> int:
-        listeners = p.listeners(listener)
-        body = kafka.request_entity(p.BROKER_REGISTRATION, 0, broker_id=p.i32(broker_id), cluster_id="pidquorum",
-                                incarnation_id=incarnation_id or uuid.uuid4(), listeners=listeners, features=(),
-                                rack=None)
-        resp, _ = await self._call_any(body)
+        resp, _ = await self._call_any(p.registration_request(broker_id, incarnation_id or uuid.uuid4(), listener))
         return int(resp.broker_epoch)
 
     async def heartbeat(self, broker_id: int, broker_epoch: int, want_fence: bool = False,
                         want_shut_down: bool = False) -> dict:
-        body = kafka.request_entity(p.BROKER_HEARTBEAT, 0, broker_id=p.i32(broker_id), broker_epoch=p.i64(broker_epoch),
-                                current_metadata_offset=p.i64(0), want_fence=want_fence,
-                                want_shut_down=want_shut_down)
-        resp, _ = await self._call_any(body)
+        resp, _ = await self._call_any(p.heartbeat_request(broker_id, broker_epoch, want_fence, want_shut_down))
         return {"is_fenced": resp.is_fenced, "should_shut_down": resp.should_shut_down}
 
     async def allocate(self, broker_id: int, broker_epoch: int) -> AllocatedBlock:
-        body = kafka.request_entity(p.ALLOCATE_PRODUCER_IDS, 0, broker_id=p.i32(broker_id),
-                                broker_epoch=p.i64(broker_epoch))
-        resp, node = await self._call_any(body)
+        resp, node = await self._call_any(p.allocate_request(broker_id, broker_epoch))
         return AllocatedBlock(int(resp.producer_id_start), int(resp.producer_id_len), _throttle_ms(resp), node)
 
     async def init_transactional(self, broker_id: int, broker_epoch: int, transactional_id: str,

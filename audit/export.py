@@ -62,7 +62,7 @@ from chaos.history import (
     owner,
 )
 from chaos.runner import HISTORY
-from quorum.audit import read_audit
+from quorum.trail import read_audit
 from records import AuditEntry, AuditGap
 from records.schema import AUDIT_ENTRY, AUDIT_GAP, INT_RANGES, RECORDS, FieldSpec, RecordSpec
 from storage.disk import CorruptFileError

@@ -133,8 +133,8 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from broker.frontend import BrokerConfig, BrokerServer
 from broker.pid_manager import PidManagerConfig
 from client.quorum import Connection, ConnectionFailed
-from quorum.audit import iter_blocks
 from quorum.localcluster import LocalCluster, free_ports
+from quorum.trail import iter_blocks
 from wire import kafka
 from wire.errors import Errors, RequestTimedOutError
 

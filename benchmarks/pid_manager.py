@@ -62,8 +62,8 @@ import time
 
 from broker.pid_manager import PidManagerConfig, ProducerIdManager
 from client.quorum import AllocatedBlock, QuorumClient, RetryPolicy
-from quorum.audit import iter_blocks
 from quorum.localcluster import LocalCluster
+from quorum.trail import iter_blocks
 from wire.errors import CoordinatorLoadInProgressError, PidQuorumError
 
 from .common import HOST, LeaderKill, check_inside, environment_info

@@ -27,9 +27,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from quorum.audit import iter_blocks
 from client.quorum import QuorumClient, RetryPolicy
 from quorum.localcluster import LocalCluster
+from quorum.trail import iter_blocks
 
 from .checker import Verdict, check
 from .faultnode import FAULT_NODE_COMMAND

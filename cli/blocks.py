@@ -8,8 +8,8 @@ import os
 import click
 
 from client.leader import pick_leader
-from quorum.audit import iter_blocks
 from quorum.localcluster import ClusterError
+from quorum.trail import iter_blocks
 from wire.errors import RequestTimedOutError
 
 from . import render

@@ -7,7 +7,7 @@ import sys
 import click
 
 from broker.quota import read_stats
-from quorum.quotas import PRODUCER_IDS_RATE, check_value, entity_name, parse_user
+from quorum.client_quotas import PRODUCER_IDS_RATE, check_value, entity_name, parse_user
 from wire.errors import PidQuorumError
 
 from . import render

@@ -49,7 +49,7 @@ from wire.errors import (
     UnknownServerError,
 )
 
-from .quotas import ClientQuotaManager
+from .client_quotas import ClientQuotaManager
 
 DEFAULT_BLOCK_SIZE = 1000
 INT32_MAX = INT_RANGES["int32"][1]

@@ -56,8 +56,8 @@ from wire import kafka
 from wire.errors import Errors, InvalidRequestError, NotControllerError, RequestTimedOutError, UnknownServerError
 
 from . import membership
+from .client_quotas import ClientQuotaManager, parse_user
 from .managers import ROLLED_BACK, QuorumState, Result, TxnSettings
-from .quotas import ClientQuotaManager, parse_user
 
 if TYPE_CHECKING:  # the server hands itself to ``serve`` handlers; it imports this module
     from .server import QuorumServer

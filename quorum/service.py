@@ -38,13 +38,13 @@ from wire.errors import (
     UnknownServerError,
 )
 
-from .audit import AuditWriter
 from .config import NodeConfig
 from .identity import NodeIdentity
 from .managers import BRIDGE, ApplyOutcome, QuorumState, Result, TxnSettings
 from .raft import ProposalRejected, ProposalUnknown, RaftNode
 from .reserve import BlockReserve
 from .rpcs import RPCS, Context, Rpc
+from .trail import AuditWriter
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """audit.export / `pidctl audit export`: audit trails and chaos histories as Parquet.
 
 Sources: a real local cluster (register, allocate, fence, transactional id, seed),
-node directories written with quorum.audit.AuditWriter (every record type, refused
+node directories written with quorum.trail.AuditWriter (every record type, refused
 lines, gaps, a torn tail), hand-written chaos histories (chaos.history.HistoryWriter)
 and a short real chaos run.  Schemas are compared field by field with
 records.schema; every row is compared with what read_audit / read_history read.
@@ -37,9 +37,9 @@ from audit.export import (
 from chaos.history import HistoryError, HistoryWriter, Op, owner, read_history, write_final
 from cli.common import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 from cli.main import cli
-from quorum.audit import AuditWriter, read_audit
 from quorum.localcluster import LocalCluster
 from quorum.managers import ApplyOutcome
+from quorum.trail import AuditWriter, read_audit
 from records import AuditEntry, AuditGap
 from records.codec import CLASSES
 from records.schema import AUDIT_ENTRY, AUDIT_GAP, PAYLOADS, RECORDS
@@ -507,7 +507,7 @@ def test_corrupt_audit_log_names_the_file_and_leaves_nothing(tmp_path):
 
 
 def test_audit_line_whose_entry_and_record_disagree_is_corrupt(tmp_path):
-    from quorum.audit import _frame
+    from quorum.trail import _frame
     from records import AllocateProducerIdsRecord
     from records.codec import to_obj
 

@@ -248,8 +248,8 @@ def test_end_to_end_through_the_exporter(spark, tmp_path):
     """Audit trails of a 3-node cluster and a chaos run (history + its cluster), exported by
     `audit.export`, then audited: the chaos run's double acknowledgement is the only overlap."""
     from chaos.history import HistoryWriter, Op
-    from quorum.audit import AuditWriter
     from quorum.managers import ApplyOutcome
+    from quorum.trail import AuditWriter
     from records import AllocateProducerIdsRecord, ProducerIdSeedRecord, RegisterBrokerRecord
 
     data = tmp_path / "data"

@@ -18,8 +18,8 @@ import time
 import pytest
 
 from broker.pid_manager import LONG_MAX, PidManagerConfig, ProducerIdManager
-from quorum.audit import iter_blocks
 from client.quorum import AllocatedBlock
+from quorum.trail import iter_blocks
 from wire.errors import (
     BrokerIdNotRegisteredError,
     ClusterAuthorizationFailedError,

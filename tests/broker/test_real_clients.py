@@ -22,8 +22,8 @@ from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KTopicPartition
 from kio.index import load_request_schema
 
-from quorum.audit import iter_blocks
 from client.quorum import Connection
+from quorum.trail import iter_blocks
 from tests.conftest import wait_for
 
 N = 1000

@@ -716,7 +716,7 @@ def valid_file(kind: str, src) -> bytes:
                               "commit_index": src.integer(0, 100)}, use_bin_type=True)
         return META_MAGIC + body + struct.pack("<I", zlib.crc32(body))
     if kind == "audit":
-        from quorum.audit import _frame
+        from quorum.trail import _frame
         from records import AuditEntry, AuditGap
 
         out = b""
@@ -787,7 +787,7 @@ def sealed_garbage(kind: str, src) -> bytes:
         return MAGIC + b"".join(encode_entry(src.binary(8), src.integer(0, 2**64 - 1), src.integer(0, 2**64 - 1))
                                 for _ in range(src.integer(1, 3)))
     if kind == "audit":
-        from quorum.audit import _frame
+        from quorum.trail import _frame
 
         shape = src.integer(0, 3)
         if shape == 0:
@@ -927,7 +927,7 @@ def _read_file(kind: str, path: str, workdir: str) -> Any:
                 raise FuzzFinding("file:journal", b"", f"accepted a bad entry {(cmd, idx, term)!r}")
         return entries if kind == "journal" else meta
     if kind == "audit":
-        from quorum.audit import AuditWriter, read_audit
+        from quorum.trail import AuditWriter, read_audit
         from records import AuditEntry, AuditGap
 
         lines, _ = read_audit(path)
@@ -940,7 +940,7 @@ def _read_file(kind: str, path: str, workdir: str) -> Any:
         AuditWriter(path)._f.close()  # what a node does at start (without the fsync of a close)
         return [(ln.entry, ln.record) for ln in lines]
     if kind == "checkpoint":
-        from quorum.audit import read_checkpoint
+        from quorum.trail import read_checkpoint
 
         audit = path[:-len(".checkpoint")]
         got = read_checkpoint(audit)

@@ -173,6 +173,6 @@ def replicated_state(describe: dict) -> dict[str, Any]:
 
 def audit_blocks(data_dir: str) -> list[dict]:
     """Accepted AllocateProducerIdsRecords in one node's audit trail."""
-    from quorum.audit import iter_blocks
+    from quorum.trail import iter_blocks
 
     return list(iter_blocks([os.path.join(data_dir, "audit.log")]))

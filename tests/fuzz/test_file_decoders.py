@@ -1,5 +1,5 @@
 """Property tests of the file decoders: the snapshot (snapshots/format.py), the Raft journal
-and its meta file (quorum/journal.py), the audit trail and its checkpoint (quorum/audit.py),
+and its meta file (quorum/journal.py), the audit trail and its checkpoint (quorum/trail.py),
 and a chaos run's history and final-state files (chaos/history.py).
 
 Inputs: valid files written by the project's own writers, byte-level mutations of them,
@@ -22,7 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quorum.audit import AuditWriter, _frame, read_audit, read_checkpoint
+from quorum.trail import AuditWriter, _frame, read_audit, read_checkpoint
 from records import AllocateProducerIdsRecord, AuditEntry, AuditGap
 from records.codec import to_obj
 from storage.disk import CorruptFileError

@@ -13,11 +13,11 @@ import time
 
 import pytest
 
-from migration.zk import LegacyAllocator, connect, read_block
-from quorum.audit import iter_blocks
 from client.quorum import QuorumClient, RetryPolicy
+from migration.zk import LegacyAllocator, connect, read_block
 from quorum.localcluster import LocalCluster
 from quorum.managers import BRIDGE, FINALIZED, ROLLED_BACK, QuorumState
+from quorum.trail import iter_blocks
 from records import AllocateProducerIdsRecord, BridgeReservationRecord, MigrationStateRecord
 from tests.conftest import run
 from wire.errors import PidQuorumError

@@ -24,8 +24,8 @@ import pytest
 
 from cli.main import cli
 from migration.zk import LegacyAllocator, ZkBlock, parse_block, read_block
-from quorum.audit import iter_blocks
 from quorum.localcluster import LocalCluster
+from quorum.trail import iter_blocks
 from tests.conftest import ClusterHarness, wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
-from quorum.audit import read_audit
 from client.quorum import QuorumClient, RetryPolicy
 from quorum.localcluster import LocalCluster
+from quorum.trail import read_audit
 from tests.conftest import run
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -392,9 +392,9 @@ def test_every_crash_state_of_every_node_keeps_its_committed_entries():
     install, identity and peers writes, restarts), each disk a power loss could leave must let the node
     start, with every entry it knew committed and had synced still held (in its snapshot, or in its
     journal with the same term)."""
-    from quorum.audit import AuditWriter
     from quorum.identity import NodeIdentity
     from quorum.raft import open_node_files
+    from quorum.trail import AuditWriter
 
     with SimCluster(raft=_compact_often()) as c:
         instants = []  # (node id, op, disk clone, committed entries {index: term})

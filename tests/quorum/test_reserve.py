@@ -11,8 +11,8 @@ import os
 
 import pytest
 
-from quorum.audit import iter_blocks
 from quorum.localcluster import LocalCluster
+from quorum.trail import iter_blocks
 from tests.conftest import ClusterHarness, cluster_harness, run, wait_for
 
 

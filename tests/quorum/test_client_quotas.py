@@ -6,8 +6,8 @@ import math
 
 import pytest
 
+from quorum.client_quotas import PRODUCER_IDS_RATE, parse_user
 from quorum.managers import QuorumState
-from quorum.quotas import PRODUCER_IDS_RATE, parse_user
 from records import ClientQuotaRecord, decode_batch, encode_batch
 from tests.conftest import run
 from wire.errors import InvalidRequestError, InvariantViolation

@@ -1,4 +1,4 @@
-"""Unit tests for quorum.audit: the audit trail files (no Raft, no network)."""
+"""Unit tests for quorum.trail: the audit trail files (no Raft, no network)."""
 from __future__ import annotations
 
 import os
@@ -8,8 +8,8 @@ import zlib
 import msgpack
 import pytest
 
-from quorum.audit import AuditLine, AuditWriter, checkpoint_path, iter_blocks, read_audit
 from quorum.managers import ApplyOutcome, QuorumState
+from quorum.trail import AuditLine, AuditWriter, checkpoint_path, iter_blocks, read_audit
 from records import (
     AllocateProducerIdsRecord,
     AuditEntry,

@@ -120,13 +120,16 @@ def _quiet_kazoo() -> None:
     kazoo_log.propagate = False
 
 
-def _zk_session(zk_hosts: str, timeout: float):
-    """A started kazoo client on ``zk_hosts`` (ZkUnavailable if no session within ``timeout``)."""
-    from migration.zk import connect  # heavy (kazoo): imported when used
+def _zk_call(zk_hosts: str, fn, *args):
+    """Run a ``migration.zk`` function on ``zk_hosts`` with kazoo's own log lines dropped; a connect
+    string kazoo cannot parse is a bad --zk."""
+    from migration.zk import ZkMigrationError  # heavy (kazoo): imported when used
 
     _quiet_kazoo()
     try:
-        return connect(zk_hosts, timeout)
+        return fn(zk_hosts, *args)
+    except ZkMigrationError:
+        raise
     except ValueError as e:  # kazoo's parsing of the connect string
         raise click.BadParameter(f"{zk_hosts!r}: {e}", param_hint="'--zk'") from None
 
@@ -151,28 +154,9 @@ def migrate_export(obj: Ctx, zk_hosts, out_file):
     empty or malformed znode is refused and nothing is written. On stdout the
     data is followed by a newline.
     """
-    from kazoo.exceptions import NoNodeError  # heavy (kazoo): imported when used
+    from migration.zk import ZK_BLOCK_PATH, export_block  # heavy (kazoo): imported when used
 
-    from migration.zk import parse_block  # heavy (kazoo): imported when used
-    from migration.zk import UNKNOWN_OUTCOME_ERRORS, ZK_BLOCK_PATH, ZkMigrationError, ZkUnavailable  # heavy (kazoo)
-
-    zk = _zk_session(zk_hosts, obj.timeout)
-    try:
-        # One read, so the bytes written out are the bytes validated (parsed as read_block does).
-        data, stat = zk.get_async(ZK_BLOCK_PATH).get(timeout=obj.timeout)
-    except NoNodeError:
-        data = stat = None
-    except UNKNOWN_OUTCOME_ERRORS as e:
-        raise ZkUnavailable(f"reading {ZK_BLOCK_PATH} at {zk_hosts} failed: {type(e).__name__}") from None
-    finally:
-        zk.stop()
-        zk.close()
-    if stat is None:
-        raise ZkMigrationError(f"znode {ZK_BLOCK_PATH} does not exist at {zk_hosts}: ZooKeeper-mode Kafka has not "
-                               f"allocated any producer-ID block there (wrong host or chroot?); nothing exported")
-    block = parse_block(data, f"znode {ZK_BLOCK_PATH} ({zk_hosts})")
-    if block is None:
-        raise ZkMigrationError(f"znode {ZK_BLOCK_PATH} at {zk_hosts} holds no block (empty data); nothing exported")
+    data, block, version = _zk_call(zk_hosts, export_block, obj.timeout)
     if out_file is None:
         sys.stdout.buffer.write(data + b"\n")
         sys.stdout.flush()
@@ -182,7 +166,7 @@ def migrate_export(obj: Ctx, zk_hosts, out_file):
     except OSError as e:
         _remove_quietly(f"{out_file}.tmp")  # atomic_write's temp file, if it got that far
         raise click.FileError(out_file, hint=e.strerror or str(e)) from None
-    render.line(f"exported {ZK_BLOCK_PATH} from {zk_hosts} (znode version {stat.version}): block "
+    render.line(f"exported {ZK_BLOCK_PATH} from {zk_hosts} (znode version {version}): block "
                 f"[{block.block_start}, {block.block_end}] of broker {block.broker} -> {out_file}")
 
 
@@ -202,21 +186,12 @@ def migrate_zk_allocate(obj: Ctx, zk_hosts, broker_id, count, output):
     migration, in bridge mode, and after a rollback; NEVER after
     `migrate finalize` (the quorum no longer reserves in the znode).
     """
-    # heavy (kazoo): imported when used
-    from migration.zk import ZK_BLOCK_PATH, LegacyAllocator, ZkBlockMissing, ZkMigrationError  # heavy (kazoo)
+    from migration.zk import allocate_legacy  # heavy (kazoo): imported when used
 
     got: list[tuple[int, int]] = []
-    zk = _zk_session(zk_hosts, obj.timeout)
     try:
-        allocator = LegacyAllocator(zk, broker_id, timeout=obj.timeout, op_timeout=min(2.0, obj.timeout))
-        for _ in range(count):
-            got.append(allocator.allocate())
-    except ZkBlockMissing:
-        raise ZkMigrationError(f"cannot create {ZK_BLOCK_PATH} at {zk_hosts}: the chroot does not exist "
-                               f"(wrong chroot?)") from None
+        _zk_call(zk_hosts, allocate_legacy, broker_id, count, obj.timeout, lambda *block: got.append(block))
     finally:
-        zk.stop()
-        zk.close()
         if got:  # blocks taken before a failure are shown too (they are spent in ZooKeeper either way)
             blocks = [{"broker_id": broker_id, "producer_id_start": start, "producer_id_len": length,
                        "next_producer_id": start + length, "block_end": start + length - 1} for start, length in got]

@@ -6,7 +6,6 @@ import asyncio
 import click
 
 from snapshots import inspect_snapshot
-from wire.errors import RequestTimedOutError
 
 from . import render
 from .common import Ctx, handle_errors, output_option, run
@@ -23,21 +22,7 @@ def snapshot():
 def snapshot_take(obj: Ctx):
     """Ask every node to write a snapshot now (log compaction) and wait for the files."""
     async def go(client):
-        loop = asyncio.get_running_loop()
-        done = {}
-        for a in obj.addresses():
-            before = await client.describe(a)
-            await client.describe(a, action="snapshot")
-            deadline = loop.time() + obj.timeout
-            while loop.time() < deadline:
-                d = await client.describe(a)
-                if d["snapshot"]["bytes"] and d["snapshot"]["mtime_ns"] != before["snapshot"]["mtime_ns"]:
-                    done[a] = d["snapshot"]
-                    break
-                await asyncio.sleep(0.05)
-            else:
-                raise RequestTimedOutError(f"{a}: no new snapshot within {obj.timeout:.0f}s")
-        return done
+        return {a: await client.take_snapshot(a, obj.timeout) for a in obj.addresses()}
 
     for a, snap in asyncio.run(run(go)(obj.client())).items():
         render.line(f"{a}: {snap['path']} ({snap['bytes']} bytes)")

@@ -341,6 +341,19 @@ class QuorumClient:
                 raise NotControllerError(f"no leader{other} among "
                                          + ", ".join(f"{a}: {summary(d)}" for a, d in answers.items()))
 
+    async def take_snapshot(self, address: str, timeout: float) -> dict:
+        """Ask one node to write a snapshot now (log compaction) and wait until its file is new: the
+        node's snapshot description (path, bytes, mtime); RequestTimedOutError after ``timeout``."""
+        before = (await self.describe(address))["snapshot"]
+        await self.describe(address, action="snapshot")
+        backoff = SNAPSHOT_POLL.start(timeout)
+        while True:
+            snap = (await self.describe(address))["snapshot"]
+            if snap["bytes"] and snap["mtime_ns"] != before["mtime_ns"]:
+                return snap
+            if not await backoff.sleep():
+                raise RequestTimedOutError(f"{address}: no new snapshot within {timeout:.0f}s")
+
     async def admin(self, address: str, body: dict, timeout: float) -> dict:
         """An admin action on one node (membership changes: ``quorum.membership``), with its own deadline."""
         resp = await self._conn(address).call(body, timeout)
@@ -352,6 +365,9 @@ class QuorumClient:
         for conn in self._conns.values():
             conn.close()
         await asyncio.sleep(0)
+
+
+SNAPSHOT_POLL = RetryPolicy(backoff_initial=0.05, backoff_max=0.05, jitter=0.0)  # a node's snapshot file, every 50 ms
 
 
 def _throttle_ms(resp: Any) -> int:

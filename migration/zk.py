@@ -289,6 +289,47 @@ def read_block(zk: KazooClient, op_timeout: float | None = None) -> tuple[ZkBloc
     return parse_block(data, _origin(zk)), stat.version
 
 
+def export_block(hosts: str, timeout: float) -> tuple[bytes, ZkBlock, int]:
+    """``pidctl migrate export``: the znode's data exactly as ZooKeeper holds it, validated in the same
+    read (the bytes returned are the bytes parsed): (data, block, znode version).  A missing or empty
+    znode, or malformed data, raises :class:`ZkMigrationError`."""
+    zk = connect(hosts, timeout)
+    try:
+        data, stat = zk.get_async(ZK_BLOCK_PATH).get(timeout=timeout)
+    except NoNodeError:
+        data = stat = None
+    except UNKNOWN_OUTCOME_ERRORS as e:
+        raise ZkUnavailable(f"reading {ZK_BLOCK_PATH} at {hosts} failed: {type(e).__name__}") from None
+    finally:
+        zk.stop()
+        zk.close()
+    if stat is None:
+        raise ZkMigrationError(f"znode {ZK_BLOCK_PATH} does not exist at {hosts}: ZooKeeper-mode Kafka has not "
+                               f"allocated any producer-ID block there (wrong host or chroot?); nothing exported")
+    block = parse_block(data, f"znode {ZK_BLOCK_PATH} ({hosts})")
+    if block is None:
+        raise ZkMigrationError(f"znode {ZK_BLOCK_PATH} at {hosts} holds no block (empty data); nothing exported")
+    return data, block, stat.version
+
+
+def allocate_legacy(hosts: str, broker_id: int, count: int, timeout: float,
+                    on_block: Callable[[int, int], None]) -> None:
+    """``pidctl migrate zk-allocate``: ``count`` blocks the ZooKeeper way, as a broker that has not moved
+    to the quorum does; ``on_block(start, length)`` for each as it is taken (blocks taken before a
+    failure are spent in ZooKeeper either way)."""
+    zk = connect(hosts, timeout)
+    try:
+        allocator = LegacyAllocator(zk, broker_id, timeout=timeout, op_timeout=min(2.0, timeout))
+        for _ in range(count):
+            on_block(*allocator.allocate())
+    except ZkBlockMissing:
+        raise ZkMigrationError(f"cannot create {ZK_BLOCK_PATH} at {hosts}: the chroot does not exist "
+                               f"(wrong chroot?)") from None
+    finally:
+        zk.stop()
+        zk.close()
+
+
 def _where(zk: KazooClient) -> str:
     chroot = getattr(zk, "chroot", "") or ""
     return f"{','.join(f'{h}:{p}' for h, p in getattr(zk, 'hosts', []))}{chroot}"

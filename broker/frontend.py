@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import inspect
 import logging
 import os
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import failpoints
 from client.quorum import QuorumClient, RetryPolicy
@@ -60,21 +62,6 @@ log = logging.getLogger(__name__)
 PRODUCE, FETCH, LIST_OFFSETS, METADATA, FIND_COORDINATOR, INIT_PRODUCER_ID = 0, 1, 2, 3, 10, 22
 DESCRIBE_PRODUCERS = 61
 ADD_PARTITIONS_TO_TXN, END_TXN = 24, 26
-SUPPORTED: dict[int, tuple[int, int]] = {
-    PRODUCE: (3, 10),
-    FETCH: (4, 12),
-    LIST_OFFSETS: (1, 7),
-    METADATA: (0, 12),
-    FIND_COORDINATOR: (0, 2),
-    kafka.API_VERSIONS: (0, 3),
-    INIT_PRODUCER_ID: (0, 4),
-    DESCRIBE_PRODUCERS: (0, 0),
-    ADD_PARTITIONS_TO_TXN: (0, 3),
-    END_TXN: (0, 3),
-}
-NAMES = {PRODUCE: "Produce", FETCH: "Fetch", LIST_OFFSETS: "ListOffsets", METADATA: "Metadata",
-         FIND_COORDINATOR: "FindCoordinator", kafka.API_VERSIONS: "ApiVersions", INIT_PRODUCER_ID: "InitProducerId",
-         DESCRIBE_PRODUCERS: "DescribeProducers", ADD_PARTITIONS_TO_TXN: "AddPartitionsToTxn", END_TXN: "EndTxn"}
 LATEST_TIMESTAMP, EARLIEST_TIMESTAMP = -1, -2
 
 
@@ -285,104 +272,33 @@ class BrokerServer:
 
     # ------------------------------------------------------------ authorization
     def _authorize(self, req: kafka.Request, peer: Any) -> None:
-        """ACLs (SASL on): InitProducerId needs IDEMPOTENT_WRITE on the cluster without a transactional
-        id (else CLUSTER_AUTHORIZATION_FAILED) and WRITE on the transactional id with one, as do
-        AddPartitionsToTxn and EndTxn (else TRANSACTIONAL_ID_AUTHORIZATION_FAILED).  Topics have no ACLs."""
-
-        b, k = req.body, req.api_key
-        if k == INIT_PRODUCER_ID and b.transactional_id is None:
-            if not self.acls.authorize(req.principal, a.CLUSTER, a.CLUSTER_NAME, a.IDEMPOTENT_WRITE,
-                                       a.peer_host(peer)):
-                self.counters["authorization_failures"] += 1
-                raise ClusterAuthorizationFailedError(f"{req.principal} is not allowed IDEMPOTENT_WRITE on the "
-                                                      "cluster")
+        """ACLs (SASL on), as each RPC of the table (``RPCS``) asks: InitProducerId needs
+        IDEMPOTENT_WRITE on the cluster without a transactional id (else CLUSTER_AUTHORIZATION_FAILED)
+        and WRITE on the transactional id with one, as do AddPartitionsToTxn and EndTxn (else
+        TRANSACTIONAL_ID_AUTHORIZATION_FAILED).  Topics have no ACLs."""
+        need = RPCS[req.api_key].acl(req.body)
+        if need is None:
             return
-        if k in (INIT_PRODUCER_ID, END_TXN):
-            tid = b.transactional_id
-        elif k == ADD_PARTITIONS_TO_TXN:
-            tid = b.v3_and_below_transactional_id
-        else:
+        resource_type, name, operation = need
+        if self.acls.authorize(req.principal, resource_type, name, operation, a.peer_host(peer)):
             return
-        if not self.acls.authorize(req.principal, a.TRANSACTIONAL_ID, str(tid), a.WRITE, a.peer_host(peer)):
-            self.counters["authorization_failures"] += 1
-            raise TransactionalIdAuthorizationFailedError(
-                f"{req.principal} is not allowed WRITE on transactional id {str(tid)[:200]!r}")
+        self.counters["authorization_failures"] += 1
+        if resource_type == a.CLUSTER:
+            raise ClusterAuthorizationFailedError(f"{req.principal} is not allowed {operation} on the cluster")
+        raise TransactionalIdAuthorizationFailedError(
+            f"{req.principal} is not allowed {operation} on transactional id {name[:200]!r}")
 
     # ------------------------------------------------------------ dispatch
     async def _handle(self, req: kafka.Request) -> Any:
-        k = req.api_key
-        if k == kafka.API_VERSIONS:
-            return kafka.api_versions_body(req.api_version, Errors.NONE, self.api_table)
-        if k == METADATA:
-            return self._metadata(req)
-        if k == INIT_PRODUCER_ID:
-            return await self._init_producer_id(req)
-        if k == PRODUCE:
-            return await self._produce(req)
-        if k == FETCH:
-            return await self._fetch(req)
-        if k == LIST_OFFSETS:
-            return await self._list_offsets(req)
-        if k == FIND_COORDINATOR:
-            return self._find_coordinator(req)
-        if k == DESCRIBE_PRODUCERS:
-            return self._describe_producers(req)
-        if k in (ADD_PARTITIONS_TO_TXN, END_TXN):
-            return await self._txn_request(req)
-        raise InvalidRequestError(f"API {k} has no handler")  # pragma: no cover
+        body = RPCS[req.api_key].handle(self, req)
+        return await body if inspect.isawaitable(body) else body
+
+    def _api_versions(self, req: kafka.Request) -> Any:
+        return kafka.api_versions_body(req.api_version, Errors.NONE, self.api_table)
 
     def _error_body(self, api_key: int, version: int, code: Errors, body: Any = None) -> Any:
         """A response carrying only ``code``, shaped like the request (per-partition errors)."""
-        c = int(code)
-        if api_key == kafka.API_VERSIONS:
-            return kafka.api_versions_body(version, code, SUPPORTED)
-        if api_key == INIT_PRODUCER_ID:
-            return kio_.response(api_key, version, {"throttle_time": 0, "error_code": c, "producer_id": -1,
-                                                    "producer_epoch": -1})
-        if api_key == FIND_COORDINATOR:
-            return kio_.response(api_key, version, {"throttle_time": 0, "error_code": c, "error_message": code.name,
-                                                    "node_id": -1, "host": "", "port": -1})
-        if api_key == METADATA:
-            topics = [] if body is None or body.topics is None else [
-                {"error_code": c, "name": t.name or "", "topic_id": None, "partitions": []} for t in body.topics]
-            return kio_.response(api_key, version, {"throttle_time": 0, "brokers": [], "topics": topics,
-                                                    "cluster_id": self.cfg.cluster_id, "controller_id": -1})
-        if api_key == PRODUCE:
-            topics = [] if body is None else [
-                {"name": t.name, "partition_responses": [
-                    {"index": pd.index, "error_code": c, "base_offset": -1, "log_append_time": None,
-                     "log_start_offset": -1, "record_errors": [], "error_message": code.name}
-                    for pd in t.partition_data]} for t in body.topic_data]
-            return kio_.response(api_key, version, {"responses": topics, "throttle_time": 0})
-        if api_key == FETCH:
-            topics = [] if body is None else [
-                {"topic": t.topic, "partitions": [
-                    {"partition_index": pt.partition, "error_code": c, "high_watermark": -1,
-                     "last_stable_offset": -1, "log_start_offset": -1, "aborted_transactions": None,
-                     "records": None} for pt in t.partitions]} for t in body.topics]
-            return kio_.response(api_key, version, {"throttle_time": 0, "error_code": c, "session_id": 0,
-                                                    "responses": topics})
-        if api_key == ADD_PARTITIONS_TO_TXN:
-            topics = [] if body is None else [
-                {"name": t.name, "results_by_partition": [
-                    {"partition_index": i, "partition_error_code": c} for i in t.partitions]}
-                for t in body.v3_and_below_topics]
-            return kio_.response(api_key, version, {"throttle_time": 0, "results_by_topic_v3_and_below": topics})
-        if api_key == END_TXN:
-            return kio_.response(api_key, version, {"throttle_time": 0, "error_code": c})
-        if api_key == DESCRIBE_PRODUCERS:
-            topics = [] if body is None else [
-                {"name": t.name, "partitions": [
-                    {"partition_index": i, "error_code": c, "error_message": code.name, "active_producers": []}
-                    for i in t.partition_indexes]} for t in body.topics]
-            return kio_.response(api_key, version, {"throttle_time": 0, "topics": topics})
-        if api_key == LIST_OFFSETS:
-            topics = [] if body is None else [
-                {"name": t.name, "partitions": [
-                    {"partition_index": pt.partition_index, "error_code": c, "timestamp": -1, "offset": -1}
-                    for pt in t.partitions]} for t in body.topics]
-            return kio_.response(api_key, version, {"throttle_time": 0, "topics": topics})
-        raise ValueError(f"no error body for API {api_key}")  # pragma: no cover
+        return RPCS[api_key].error(self.cfg, version, code, body)
 
     # ------------------------------------------------------------ Metadata
     def _topic_metadata(self, name: str | None, create: bool) -> dict:
@@ -708,3 +624,116 @@ class BrokerServer:
         log.info("%s v%d %r: %s: %s", NAMES[req.api_key], v, tid, code.name, why)
         self._note_error(code)
         return self._error_body(req.api_key, v, code, b)
+
+
+# ------------------------------------------------------------------ the table
+def _cluster_acl(operation: str) -> tuple[str, str, str]:
+    return a.CLUSTER, a.CLUSTER_NAME, operation
+
+
+def _init_acl(b: Any) -> tuple[str, str, str]:
+    if b.transactional_id is None:
+        return _cluster_acl(a.IDEMPOTENT_WRITE)
+    return a.TRANSACTIONAL_ID, str(b.transactional_id), a.WRITE
+
+
+def _versions_error(cfg: BrokerConfig, version: int, code: Errors, body: Any) -> Any:
+    return kafka.api_versions_body(version, code, SUPPORTED)
+
+
+def _init_error(cfg: BrokerConfig, version: int, code: Errors, body: Any) -> Any:
+    return kio_.response(INIT_PRODUCER_ID, version, {"throttle_time": 0, "error_code": int(code), "producer_id": -1,
+                                                     "producer_epoch": -1})
+
+
+def _coordinator_error(cfg: BrokerConfig, version: int, code: Errors, body: Any) -> Any:
+    return kio_.response(FIND_COORDINATOR, version, {"throttle_time": 0, "error_code": int(code),
+                                                     "error_message": code.name, "node_id": -1, "host": "",
+                                                     "port": -1})
+
+
+def _metadata_error(cfg: BrokerConfig, version: int, code: Errors, body: Any) -> Any:
+    topics = [] if body is None or body.topics is None else [
+        {"error_code": int(code), "name": t.name or "", "topic_id": None, "partitions": []} for t in body.topics]
+    return kio_.response(METADATA, version, {"throttle_time": 0, "brokers": [], "topics": topics,
+                                             "cluster_id": cfg.cluster_id, "controller_id": -1})
+
+
+def _produce_error(cfg: BrokerConfig, version: int, code: Errors, body: Any) -> Any:
+    topics = [] if body is None else [
+        {"name": t.name, "partition_responses": [
+            {"index": pd.index, "error_code": int(code), "base_offset": -1, "log_append_time": None,
+             "log_start_offset": -1, "record_errors": [], "error_message": code.name}
+            for pd in t.partition_data]} for t in body.topic_data]
+    return kio_.response(PRODUCE, version, {"responses": topics, "throttle_time": 0})
+
+
+def _fetch_error(cfg: BrokerConfig, version: int, code: Errors, body: Any) -> Any:
+    topics = [] if body is None else [
+        {"topic": t.topic, "partitions": [
+            {"partition_index": pt.partition, "error_code": int(code), "high_watermark": -1,
+             "last_stable_offset": -1, "log_start_offset": -1, "aborted_transactions": None,
+             "records": None} for pt in t.partitions]} for t in body.topics]
+    return kio_.response(FETCH, version, {"throttle_time": 0, "error_code": int(code), "session_id": 0,
+                                          "responses": topics})
+
+
+def _add_partitions_error(cfg: BrokerConfig, version: int, code: Errors, body: Any) -> Any:
+    topics = [] if body is None else [
+        {"name": t.name, "results_by_partition": [
+            {"partition_index": i, "partition_error_code": int(code)} for i in t.partitions]}
+        for t in body.v3_and_below_topics]
+    return kio_.response(ADD_PARTITIONS_TO_TXN, version, {"throttle_time": 0,
+                                                          "results_by_topic_v3_and_below": topics})
+
+
+def _end_txn_error(cfg: BrokerConfig, version: int, code: Errors, body: Any) -> Any:
+    return kio_.response(END_TXN, version, {"throttle_time": 0, "error_code": int(code)})
+
+
+def _describe_producers_error(cfg: BrokerConfig, version: int, code: Errors, body: Any) -> Any:
+    topics = [] if body is None else [
+        {"name": t.name, "partitions": [
+            {"partition_index": i, "error_code": int(code), "error_message": code.name, "active_producers": []}
+            for i in t.partition_indexes]} for t in body.topics]
+    return kio_.response(DESCRIBE_PRODUCERS, version, {"throttle_time": 0, "topics": topics})
+
+
+def _list_offsets_error(cfg: BrokerConfig, version: int, code: Errors, body: Any) -> Any:
+    topics = [] if body is None else [
+        {"name": t.name, "partitions": [
+            {"partition_index": pt.partition_index, "error_code": int(code), "timestamp": -1, "offset": -1}
+            for pt in t.partitions]} for t in body.topics]
+    return kio_.response(LIST_OFFSETS, version, {"throttle_time": 0, "topics": topics})
+
+
+@dataclass(frozen=True)
+class BrokerRpc:
+    """One API of the broker, declared once: its versions, its handler (a ``BrokerServer`` method, which
+    returns the response body), its error answer (shaped like the request) and the ACL it needs
+    ((resource type, name, operation) of the request, or None)."""
+    name: str
+    versions: tuple[int, int]
+    handle: Callable[[BrokerServer, kafka.Request], Any]
+    error: Callable[[BrokerConfig, int, Errors, Any], Any]
+    acl: Callable[[Any], tuple[str, str, str] | None] = lambda body: None
+
+
+RPCS: dict[int, BrokerRpc] = {
+    PRODUCE: BrokerRpc("Produce", (3, 10), BrokerServer._produce, _produce_error),
+    FETCH: BrokerRpc("Fetch", (4, 12), BrokerServer._fetch, _fetch_error),
+    LIST_OFFSETS: BrokerRpc("ListOffsets", (1, 7), BrokerServer._list_offsets, _list_offsets_error),
+    METADATA: BrokerRpc("Metadata", (0, 12), BrokerServer._metadata, _metadata_error),
+    FIND_COORDINATOR: BrokerRpc("FindCoordinator", (0, 2), BrokerServer._find_coordinator, _coordinator_error),
+    kafka.API_VERSIONS: BrokerRpc("ApiVersions", (0, 3), BrokerServer._api_versions, _versions_error),
+    INIT_PRODUCER_ID: BrokerRpc("InitProducerId", (0, 4), BrokerServer._init_producer_id, _init_error, _init_acl),
+    DESCRIBE_PRODUCERS: BrokerRpc("DescribeProducers", (0, 0), BrokerServer._describe_producers,
+                                  _describe_producers_error),
+    ADD_PARTITIONS_TO_TXN: BrokerRpc(
+        "AddPartitionsToTxn", (0, 3), BrokerServer._txn_request, _add_partitions_error,
+        lambda b: (a.TRANSACTIONAL_ID, str(b.v3_and_below_transactional_id), a.WRITE)),
+    END_TXN: BrokerRpc("EndTxn", (0, 3), BrokerServer._txn_request, _end_txn_error,
+                       lambda b: (a.TRANSACTIONAL_ID, str(b.transactional_id), a.WRITE)),
+}
+SUPPORTED: dict[int, tuple[int, int]] = {k: r.versions for k, r in RPCS.items()}
+NAMES: dict[int, str] = {k: r.name for k, r in RPCS.items()}

@@ -204,9 +204,15 @@ class Partition:
         return self.log_end_offset
 
     def producers(self) -> dict[int, ProducerEntry]:
-        """The producer state (copies), for DescribeProducers and tools."""
+        """The producer state (copies), for tools and tests; DescribeProducers uses ``describe_producers``."""
         with self._lock:
             return self.state.producers()
+
+    def describe_producers(self, limit: int) -> tuple[list[tuple[int, int, int, int]], int]:
+        """At most ``limit`` producers as (producer id, epoch, last sequence, last timestamp), by producer
+        id, and how many the partition has in all (DescribeProducers)."""
+        with self._lock:
+            return self.state.describe(limit), len(self.state)
 
     # ============================================================== deletion
     def delete_records_before(self, offset: int) -> int:

@@ -230,6 +230,14 @@ class ProducerStateManager:
         """A copy of the state, by producer ID."""
         return {pid: e.copy() for pid, e in self._producers.items()}
 
+    def describe(self, limit: int) -> list[tuple[int, int, int, int]]:
+        """The ``limit`` lowest producer ids as (producer id, epoch, last sequence, last batch's max timestamp)."""
+        out = []
+        for pid in sorted(self._producers)[:max(0, limit)]:
+            e = self._producers[pid]
+            out.append((pid, e.epoch, e.last_seq, e.batches[-1].max_timestamp if e.batches else -1))
+        return out
+
     def get(self, producer_id: int) -> ProducerEntry | None:
         e = self._producers.get(producer_id)
         return e.copy() if e is not None else None

@@ -201,6 +201,7 @@ def test_periodic_snapshots(d):
     with Partition(d, snapshot_every=3) as p:
         for seq in range(7):
             p.append(idem(1, 0, seq))
+            p.wait_snapshots()
         assert [o for o, _ in list_snapshots(d)] == [3, 6]
 
 
@@ -209,6 +210,7 @@ def test_retention_deletes_segments_but_keeps_producer_state(d):
     with Partition(d, segment_bytes=2 * one, retention_bytes=2 * one) as p:
         for seq in range(8):
             assert p.append(idem(1, 0, seq)).ok
+        p.wait_snapshots()  # segments go once a snapshot covering them is durable
         assert p.log_start_offset >= 4
         assert p.log.segment_base_offsets[0] == p.log_start_offset
         assert not os.path.exists(os.path.join(d, segment_name(0)))

@@ -205,14 +205,14 @@ def test_expiry_drops_only_idle_producers():
     s = Sim()
     s.append(hdr(1, 0, 0), now=NOW)
     s.append(hdr(2, 0, 0), now=NOW + DAY // 2)
-    assert s.m.expire(NOW + DAY - 1, DAY) == []
-    assert s.m.expire(NOW + DAY, DAY) == [1]
+    assert s.m.expire(NOW + DAY - 1, DAY) == 0
+    assert s.m.expire(NOW + DAY, DAY) == 1 and s.m.get(1) is None
     assert set(s.m.producers()) == {2}
     # expired producer continues at its next sequence: accepted (cannot tell)
     assert s.m.check(hdr(1, 0, 1)).action is Action.APPEND
     # an append refreshes the clock
     s.append(hdr(2, 0, 1), now=NOW + DAY)
-    assert s.m.expire(NOW + DAY + DAY // 2 + 1, DAY) == []
+    assert s.m.expire(NOW + DAY + DAY // 2 + 1, DAY) == 0
 
 
 # ------------------------------------------------------------------ snapshots
@@ -399,5 +399,5 @@ def test_replayed_producers_expire_from_recovery_time_not_earlier(tmp_path):
         _append(lg, m, raw(1, 0, 0), now=NOW)
     with PartitionLog(d) as lg:
         r = ProducerStateManager.recover(d, lg, NOW + 2 * DAY)
-    assert r.expire(NOW + 2 * DAY + 1, DAY) == []
-    assert r.expire(NOW + 3 * DAY, DAY) == [1]
+    assert r.expire(NOW + 2 * DAY + 1, DAY) == 0
+    assert r.expire(NOW + 3 * DAY, DAY) == 1 and r.get(1) is None

@@ -93,6 +93,15 @@ class BrokerConfig:
     """The largest request accepted."""
     producer_id_expiration_ms: Annotated[int, Field(ge=1)] = 24 * 3600 * 1000
     """Kafka's producer.id.expiration.ms: an idle producer's state is dropped after this long."""
+    max_producers_per_partition: Annotated[int | None, Field(ge=1)] = 1_000_000
+    """Producers whose state a partition keeps (about 110 bytes each); past it the least recently used are
+    evicted and get UNKNOWN_PRODUCER_ID if they come back mid-sequence (Kafka has no cap)."""
+    idempotence_retry_window_ms: Annotated[int, Field(ge=0)] = 300_000
+    """How long after its last append a producer may still retry one of its 4 batches before the last
+    (they are kept that long; above the clients' delivery.timeout.ms, 120 s by default)."""
+    producer_snapshot_every: Annotated[int, Field(ge=1)] = 100_000
+    """Appended batches between producer-state snapshots (also taken when a segment rolls and on close):
+    after a crash a restart replays at most this many batch headers."""
     segment_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024 * 1024
     """Size at which a partition's log rolls to a new segment."""
     dedup: bool = True

@@ -81,13 +81,14 @@ class AppendResult:
 
 class Partition:
     def __init__(self, directory: str, *, dedup: bool = True, segment_bytes: int = DEFAULT_SEGMENT_BYTES,
-                 retention_bytes: int | None = None,
+                 retention_bytes: int | None = None, retention_ms: int | None = None,
                  producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS,
                  clock_ms: Callable[[], int] = wall_clock_ms, snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
                  max_batch_bytes: int | None = DEFAULT_MAX_BATCH_BYTES, fsync: bool = True):
         self.directory = directory
         self.dedup = dedup
         self.retention_bytes = retention_bytes
+        self.retention_ms = retention_ms
         self.producer_id_expiration_ms = producer_id_expiration_ms
         self.snapshot_every = max(1, snapshot_every)
         self.max_batch_bytes = max_batch_bytes
@@ -164,9 +165,9 @@ class Partition:
         self._appends_since_snapshot = 0
 
     def _apply_retention(self) -> None:
-        if self.retention_bytes is None:
+        if self.retention_bytes is None and self.retention_ms is None:
             return
-        new_start = self.log.plan_retention(self.retention_bytes)
+        new_start = self.log.plan_retention(self.retention_bytes, self.retention_ms, self._clock())
         if new_start > self.log.log_start_offset:
             self._delete_before(new_start)
 

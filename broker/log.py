@@ -88,6 +88,7 @@ import re
 import struct
 import sys
 import threading
+import time
 import zlib
 from array import array
 from collections import OrderedDict
@@ -353,12 +354,14 @@ class PartitionLog:
         self._start = 0
         self._closed = False
         self._failed: str | None = None
-        # What the last open did: segments, those loaded from an index, bytes read from an index,
-        # bytes read and checked batch by batch, indexes refused.
+        # What the open did: segments, those loaded from an index, bytes an index covered, bytes read and
+        # checked batch by batch, indexes refused, milliseconds.
         self.open_stats = {"segments": 0, "indexed": 0, "indexed_bytes": 0, "scanned_bytes": 0,
-                           "index_fallbacks": 0}
+                           "index_fallbacks": 0, "open_ms": 0.0}
         os.makedirs(self.directory, exist_ok=True)
+        t0 = time.perf_counter()
         self._open()
+        self.open_stats["open_ms"] = round((time.perf_counter() - t0) * 1000, 3)
 
     # ================================================================ open
     def _lso_path(self) -> str:

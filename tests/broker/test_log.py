@@ -663,11 +663,11 @@ def test_an_index_covering_more_than_the_segment_falls_back(d, caplog):
     assert "stale" in caplog.text
 
 
-def test_an_index_whose_last_batch_is_not_in_the_segment_falls_back(d, caplog):
+def test_damage_in_the_last_indexed_batch_is_not_hidden_by_the_index(d, caplog):
     _build(d)
     path = os.path.join(d, segment_name(18))
     data = bytearray(open(path, "rb").read())
-    data[-1] ^= 0x01  # the last batch of a sealed segment, now damaged: the index does not hide it
+    data[-1] ^= 0x01  # the last batch of a sealed segment: its index is refused, the full read refuses the damage
     open(path, "wb").write(data)
     with pytest.raises(CorruptFileError) as ei:
         _reopen(d)

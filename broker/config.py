@@ -104,6 +104,15 @@ class BrokerConfig:
     after a crash a restart replays at most this many batch headers."""
     segment_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024 * 1024
     """Size at which a partition's log rolls to a new segment."""
+    retention_ms: Annotated[int | None, Field(ge=-1)] = 7 * 24 * 3600 * 1000
+    """Kafka's log.retention.ms: a sealed segment is deleted once its newest record is this old (-1: never)."""
+    retention_bytes: Annotated[int | None, Field(ge=-1)] = None
+    """Kafka's log.retention.bytes: old segments are deleted while a partition's log is larger (-1 or unset: no
+    limit)."""
+    max_open_segments: Annotated[int, Field(ge=1)] = 1000
+    """Segment files open at once, all partitions together (the least recently used are closed)."""
+    max_topics: Annotated[int, Field(ge=1)] = 1000
+    """Topics the broker holds; creating one more is refused (UNKNOWN_TOPIC_OR_PARTITION)."""
     dedup: bool = True
     """Idempotence checks; off (--no-dedup) only to show what they prevent."""
     io_threads: Annotated[int, Field(ge=1)] = 4

@@ -59,7 +59,7 @@ from dataclasses import dataclass
 
 from wire.errors import Errors
 
-from .log import DEFAULT_SEGMENT_BYTES, PartitionLog
+from .log import DEFAULT_SEGMENT_BYTES, PartitionLog, SegmentFiles
 from .producer_state import (
     APPEND,
     DEFAULT_PRODUCER_ID_EXPIRATION_MS,
@@ -112,15 +112,17 @@ class AppendResult:
 
 class Partition:
     def __init__(self, directory: str, *, dedup: bool = True, segment_bytes: int = DEFAULT_SEGMENT_BYTES,
-                 retention_bytes: int | None = None,
+                 retention_bytes: int | None = None, retention_ms: int | None = None,
                  producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS,
                  clock_ms: Callable[[], int] = wall_clock_ms, snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
                  max_batch_bytes: int | None = DEFAULT_MAX_BATCH_BYTES, fsync: bool = True,
                  max_producers: int | None = None, retry_window_ms: int = DEFAULT_RETRY_WINDOW_MS,
-                 snapshot_executor: concurrent.futures.Executor | None = None):
+                 snapshot_executor: concurrent.futures.Executor | None = None,
+                 segment_files: SegmentFiles | None = None):
         self.directory = directory
         self.dedup = dedup
         self.retention_bytes = retention_bytes
+        self.retention_ms = retention_ms
         self.producer_id_expiration_ms = producer_id_expiration_ms
         self.snapshot_every = max(1, snapshot_every)
         self.max_batch_bytes = max_batch_bytes
@@ -131,7 +133,7 @@ class Partition:
         self._pending: concurrent.futures.Future | None = None  # the snapshot being written
         self._snapshot_again = False  # a snapshot was asked for while one was being written
         self.snapshot_errors = 0
-        self.log = PartitionLog(directory, segment_bytes=segment_bytes, fsync=fsync)
+        self.log = PartitionLog(directory, segment_bytes=segment_bytes, fsync=fsync, files=segment_files)
         try:
             now = self._clock()
             self.state = ProducerStateManager.recover(self.log.directory, self.log, now,
@@ -275,9 +277,9 @@ class Partition:
 
     # ------------------------------------------------------------- retention
     def _apply_retention(self) -> None:
-        if self.retention_bytes is None:
+        if self.retention_bytes is None and self.retention_ms is None:
             return
-        new_start = self.log.plan_retention(self.retention_bytes)
+        new_start = self.log.plan_retention(self.retention_bytes, self.retention_ms, self._clock())
         if new_start <= self.log.log_start_offset:
             return
         if self._snapshot_offset >= new_start:

@@ -325,6 +325,11 @@ class Partition:
         with self._lock:
             return self.state.producers()
 
+    def producer_stats(self) -> dict[str, int]:
+        """producers, producers_with_older_batches, evictions, array_bytes, snapshot_errors."""
+        with self._lock:
+            return {**self.state.stats(), "snapshot_errors": self.snapshot_errors}
+
     def describe_producers(self, limit: int) -> tuple[list[tuple[int, int, int, int]], int]:
         """At most ``limit`` producers as (producer id, epoch, last sequence, last timestamp), by producer
         id, and how many the partition has in all (DescribeProducers)."""

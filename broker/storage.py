@@ -254,6 +254,27 @@ class Storage:
                                                    f"not {p!r}")
             return self._partitions[(topic, p)]
 
+    # =========================================================== maintenance
+    def maintain(self) -> None:
+        """Expiry and retention of every partition (``Partition.maintain``), for partitions nobody writes
+        to; the broker calls it every few seconds from an I/O thread."""
+        with self._lock:
+            if self._closed:
+                return
+            parts = list(self._partitions.values())
+        for part in parts:
+            part.maintain()
+
+    def producer_stats(self) -> dict[str, int]:
+        """Producer-state figures summed over the partitions (metrics)."""
+        with self._lock:
+            parts = list(self._partitions.values())
+        out: dict[str, int] = {}
+        for part in parts:
+            for k, v in part.producer_stats().items():
+                out[k] = out.get(k, 0) + v
+        return out
+
     # ================================================================= close
     def _check_open(self) -> None:
         if self._closed:

@@ -19,6 +19,7 @@ from broker.producer_state import (
     read_snapshot,
     snapshot_path,
 )
+from broker.producer_state import _bits_for
 from broker.recordbatch import INT32_MAX, BatchHeader, encode_batch, increment_sequence, parse_header
 from storage.disk import CorruptFileError
 from wire.errors import Errors
@@ -544,7 +545,7 @@ def test_a_state_of_many_producers_is_a_few_dozen_bytes_each():
 
 def test_rows_whose_probes_run_past_the_end_of_the_table_wrap_to_its_start(tmp_path):
     """Producer ids that all hash to the last slots of the table: a load places them by wrapping."""
-    bits = 10  # the smallest table, what 60 producers get
+    bits = _bits_for(60)  # the table 60 producers get
     crowd = [pid for pid in range(200_000) if ((pid * 0x9E3779B97F4A7C15) % 2**64) >> (64 - bits) >= 2**bits - 2]
     crowd = crowd[:60]
     m = ProducerStateManager()

@@ -19,7 +19,11 @@ the user default; none: not limited, nothing is tracked):
   was seen: it passes and never costs a token.  A seen PID found only in a
   layer older than half the window is added to the newest layer again, so a
   producer that keeps producing is never forgotten.  False positives only ever
-  let a new PID through for free; a seen PID is never refused.
+  let a new PID through for free; a seen PID is never refused.  PIDs are mixed
+  (``filter_key``) before they reach rbloom: rbloom derives its bit positions
+  from ``hash(pid)``, which for an int is the int itself, through an LCG, and
+  the consecutive PIDs the quorum hands out in blocks then land on correlated
+  positions (measured: 1.1 to 1.3 times the target false-positive rate).
 
 Memory is bounded by the quota, not by how many PIDs arrive: only admitted
 PIDs are added, and admissions are bounded by the bucket, so a layer is sized
@@ -57,6 +61,16 @@ USER_PREFIX = "User:"
 MIN_LAYER_ITEMS = 16
 MAX_LAYER_ITEMS = 1 << 20  # a layer of 1M PIDs is ~2.4 MB at the default false-positive rate
 STATS_FILE = "quota-stats.json"
+_M64 = (1 << 64) - 1
+
+
+def filter_key(pid: int) -> int:
+    """What the filter stores for ``pid``: SplitMix64's finaliser, a bijection on 64 bits that spreads
+    consecutive PIDs over the whole range (see the module doc for why rbloom needs it)."""
+    x = pid & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
 
 
 @dataclass(frozen=True)
@@ -131,8 +145,9 @@ class LayeredBloomFilter:
             self.layers.popleft()
 
     def find(self, pid: int) -> _Layer | None:
+        key = filter_key(pid)
         for layer in reversed(self.layers):
-            if pid in layer.bloom:
+            if key in layer.bloom:
                 return layer
         return None
 
@@ -144,7 +159,7 @@ class LayeredBloomFilter:
                 self.dropped_early += 1
             cur = _Layer(self.layer_items, self.window.layer_false_positive_rate, now)
             self.layers.append(cur)
-        cur.bloom.add(pid)
+        cur.bloom.add(filter_key(pid))
         cur.count += 1
         cur.last_add = now
 
@@ -444,4 +459,4 @@ def read_stats(broker_dir: str) -> dict[str, Any]:
     return data
 
 
-__all__ = ["batch_producer_ids", "LayeredBloomFilter", "ProducerIdQuotaManager", "QuotaConfigPoller", "QuotaWindow", "read_stats"]
+__all__ = ["batch_producer_ids", "filter_key", "LayeredBloomFilter", "ProducerIdQuotaManager", "QuotaConfigPoller", "QuotaWindow", "read_stats"]

@@ -9,9 +9,12 @@ Per principal (``User:<name>``) with a ``producer_ids_rate`` quota (its own, or
 the user default; none: not limited, nothing is tracked):
 
 * a **token bucket**, as Kafka's controller-mutation quota (KIP-599): tokens
-  refill at ``rate`` per second up to ``rate * window_num * window_size_s``
-  (at least 1); a PID not seen before takes one token, and with none left it
-  is refused with the time until the next token;
+  refill at ``rate`` per second up to ``rate * burst_s`` (at least 1, at most
+  ``rate * window_num * window_size_s``); a PID not seen before takes one
+  token, and with none left it is refused with the time until the next token.
+  The bucket's size is not KIP-936's window: the window is how long a seen
+  PID is remembered; a bucket that large (11 h of the rate) would let one
+  principal start hours' worth of producers at once (docs/quota.md);
 * a **time-layered Bloom filter** of the PIDs admitted (rbloom layers): a new
   layer every ``window_size_s`` or when the current one holds
   ``ceil(rate * window_size_s)`` PIDs; a layer is dropped once nothing was
@@ -26,8 +29,9 @@ the user default; none: not limited, nothing is tracked):
   positions (measured: 1.1 to 1.3 times the target false-positive rate).
 
 Memory is bounded by the quota, not by how many PIDs arrive: only admitted
-PIDs are added, and admissions are bounded by the bucket, so a layer is sized
-from ``rate * window_size_s`` and at most ``3 * window_num + 2`` layers exist
+PIDs are added, and admissions are bounded by the bucket (at most
+``burst + rate * t`` in any ``t`` seconds), so a layer is sized from
+``rate * window_size_s`` and at most ``3 * window_num + 2`` layers exist
 (a hard cap: past it the oldest layer goes; only re-adding many long-lived PIDs
 can reach it, and then the oldest of them may cost a token once more).
 Refused PIDs add nothing.
@@ -61,6 +65,7 @@ USER_PREFIX = "User:"
 MIN_LAYER_ITEMS = 16
 MAX_LAYER_ITEMS = 1 << 20  # a layer of 1M PIDs is ~2.4 MB at the default false-positive rate
 STATS_FILE = "quota-stats.json"
+DEFAULT_BURST_S = 60.0
 _M64 = (1 << 64) - 1
 
 
@@ -78,11 +83,13 @@ class QuotaWindow:
     """Broker-side window settings (KIP-936's producer.id.quota.window.*)."""
 
     num: int = 11
-    """producer.id.quota.window.num: windows a PID is remembered for; also the bucket's burst in windows."""
+    """producer.id.quota.window.num: windows a PID is remembered for."""
     size_s: float = 3600.0
     """producer.id.quota.window.size.seconds: one window (one filter layer)."""
     false_positive_rate: float = 0.001
     """Target chance that a never-seen PID looks seen (passes for free) with the usual number of layers."""
+    burst_s: float = DEFAULT_BURST_S
+    """The bucket holds ``rate * burst_s`` tokens (new PIDs at once), capped at the window's span."""
 
     def __post_init__(self) -> None:
         if isinstance(self.num, bool) or not isinstance(self.num, int) or not 1 <= self.num <= 1000:
@@ -91,6 +98,9 @@ class QuotaWindow:
             raise ValueError(f"producer id quota window size {self.size_s!r} s is not in (0, 604800]")
         if not (isinstance(self.false_positive_rate, float) and 0 < self.false_positive_rate < 0.5):
             raise ValueError(f"false positive rate {self.false_positive_rate!r} is not in (0, 0.5)")
+        b = self.burst_s
+        if isinstance(b, bool) or not (isinstance(b, (int, float)) and math.isfinite(b) and 0 < b <= 7 * 86400):
+            raise ValueError(f"producer id quota burst {self.burst_s!r} s is not in (0, 604800]")
 
     @property
     def span_s(self) -> float:
@@ -99,8 +109,9 @@ class QuotaWindow:
 
     @property
     def max_layers(self) -> int:
-        # Layers alive within one span: filled by count <= 2 * num (admissions <= burst + refill =
-        # 2 * num * layer_items), opened by time <= num + 1; refreshes are the only way past it.
+        # Layers alive within one span: filled by count <= 2 * num (admissions <= burst + refill <=
+        # 2 * num * layer_items, the burst being capped at the span), opened by time <= num + 1;
+        # refreshes are the only way past it.
         return 3 * self.num + 2
 
     @property
@@ -112,7 +123,9 @@ class QuotaWindow:
         return int(min(MAX_LAYER_ITEMS, max(MIN_LAYER_ITEMS, math.ceil(rate * self.size_s))))
 
     def burst(self, rate: float) -> float:
-        return max(1.0, rate * self.num * self.size_s)
+        """Tokens in a full bucket: new PIDs one principal may start at once.  Capped at the span
+        (KIP-599's formula with KIP-936's window), which also keeps the layer bound above true."""
+        return max(1.0, rate * min(self.burst_s, self.span_s))
 
 
 class _Layer:
@@ -374,7 +387,7 @@ class ProducerIdQuotaManager:
         with self._lock:
             return {"default": self._default_rate, "users": dict(sorted(self._user_rates.items())),
                     "window_num": self.window.num, "window_size_s": self.window.size_s,
-                    "false_positive_rate": self.window.false_positive_rate}
+                    "false_positive_rate": self.window.false_positive_rate, "burst_s": self.window.burst_s}
 
 
 class QuotaConfigPoller:

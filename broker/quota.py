@@ -184,6 +184,20 @@ class LayeredBloomFilter:
     def items(self) -> int:
         return sum(layer.count for layer in self.layers)
 
+    def false_positive_rate(self) -> float:
+        """The chance that a never-seen PID looks seen, from the layers as they are (not from the target).
+
+        rbloom sets k = floor(log2(1 / p)) bits per key for a layer sized for false-positive rate p, so a key
+        passes a layer whose fill ratio is f with chance f ** k; its ``approx_items`` is m / k * -ln(1 - f),
+        which gives f back.  A lookup probes every layer.  Costs a pass over the bit arrays."""
+        k = max(1, int(-math.log2(self.window.layer_false_positive_rate)))
+        miss = 1.0
+        for layer in self.layers:
+            m = layer.bloom.size_in_bits
+            fill = 1.0 - math.exp(-layer.bloom.approx_items * k / m)
+            miss *= 1.0 - fill ** k
+        return 1.0 - miss
+
 
 class _PrincipalState:
     __slots__ = ("rate", "source", "capacity", "tokens", "stamp", "filter", "samples", "admitted", "seen",

@@ -207,26 +207,14 @@ def test_no_false_negatives_every_admitted_pid_in_the_window_passes():
     assert m.stats(3.0)[ROGUE]["new_pids"] == s["new_pids"]
 
 
-def _false_positive_rate_of(filt: LayeredBloomFilter) -> float:
-    """The chance that a random key looks seen, given the layers as they are: rbloom sets k = floor(log2(1/p))
-    bits per key (it sizes a layer for p), so a key passes a layer whose fill ratio is f with chance f**k,
-    and rbloom's approx_items is m / k * -ln(1 - f), which gives f back."""
-    k = int(-math.log2(filt.window.layer_false_positive_rate))
-    miss = 1.0
-    for layer in filt.layers:
-        m = layer.bloom.size_in_bits
-        fill = 1.0 - math.exp(-layer.bloom.approx_items * k / m)
-        miss *= 1.0 - fill ** k
-    return 1.0 - miss
-
-
 @pytest.mark.parametrize("rate", [100.0, 1000.0])
 def test_false_positives_with_every_layer_full_are_within_a_binomial_bound(rate):
     """Never-seen PIDs against a filter whose layers are all full, with window_num + 1 layers (the target)
     and with max_layers (the worst case), for two quotas.  PIDs are consecutive, as the quorum hands them
     out.  Given the layers, each lookup of a new key is a Bernoulli trial with the chance computed above:
     the count must lie within 4.5 standard deviations of it (a filter whose bit positions are random fails
-    this once in 150,000 runs), and that chance within 15 % of what the target promises."""
+    this once in 150,000 runs), and that chance within 15 % of what the target promises.  (The chance
+    given the layers is LayeredBloomFilter.false_positive_rate(): Bloom-filter theory from their fill.)"""
     w = QuotaWindow(num=11, size_s=10.0, false_positive_rate=0.01)  # layers of 1,000 and 10,000 PIDs
     filt = LayeredBloomFilter(w, w.layer_items(rate))
     pid, n = 1_000_000, 100_000
@@ -237,7 +225,7 @@ def test_false_positives_with_every_layer_full_are_within_a_binomial_bound(rate)
         assert len(filt.layers) == layers and all(x.count == filt.layer_items for x in filt.layers)
         base = 10**12 + layers * n  # never added: a later block of IDs
         hits = sum(1 for q in range(base, base + n) if filt.find(q) is not None)
-        p = _false_positive_rate_of(filt)
+        p = filt.false_positive_rate()
         target = 1 - (1 - w.layer_false_positive_rate) ** layers  # = false_positive_rate at num + 1 layers
         assert abs(p - target) <= 0.15 * target, (layers, p, target)
         assert abs(hits - n * p) <= 4.5 * math.sqrt(n * p * (1 - p)), (layers, hits, n * p)

@@ -26,7 +26,7 @@ the user default; none: not limited, nothing is tracked):
   (``filter_key``) before they reach rbloom: rbloom derives its bit positions
   from ``hash(pid)``, which for an int is the int itself, through an LCG, and
   the consecutive PIDs the quorum hands out in blocks then land on correlated
-  positions (measured: 1.1 to 1.3 times the target false-positive rate).
+  positions (measured: up to 1.3 times the target false-positive rate).
 
 Memory is bounded by the quota, not by how many PIDs arrive: only admitted
 PIDs are added, and admissions are bounded by the bucket (at most

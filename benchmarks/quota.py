@@ -2,8 +2,8 @@
 
 Run it::
 
-    pidctl bench quota [--rate 10] [--window-num 11] [--window-size-s 3600] [--fpp 0.001]
-                       [--json bench-results/quota.json] [--quick]
+    pidctl bench quota [--rate 10] [--window-num 11] [--window-size-s 3600] [--fpp 0.001] [--burst-s 60]
+                       [--fp-rates 1,10,100,1000] [--json bench-results/quota.json] [--quick]
 
 (``python -m benchmarks.quota`` takes the same options.)
 
@@ -27,17 +27,37 @@ Phases (one principal, ``User:bench``, with ``producer_ids_rate = --rate``):
 5. ``sizing``: bytes per principal for several rates with these window
    settings, from real layers (steady state: window_num + 1 layers; bound:
    3 * window_num + 2).
+6. ``fp_by_rate``: for each of ``--fp-rates``, in a fresh process (so that its
+   RSS is the filter's): a filter whose every layer is full (``layer_items``
+   consecutive PIDs each, as the quorum hands PIDs out in blocks), first with
+   window_num + 1 layers (where the target applies), then with max_layers
+   (the hard cap, the worst case); ``--fp-lookups`` never-seen consecutive
+   PIDs and as many random 63-bit ones are looked up.  Reports the measured
+   rates, the rate Bloom-filter theory gives for the layers as filled
+   (``LayeredBloomFilter.false_positive_rate()``) and how many standard
+   deviations the measurement is from it, the target, bit-array bytes and the
+   child's RSS growth.
+7. ``budget``: the broker memory one principal can make the broker hold: the
+   bytes of one producer's state on one partition (``ProducerStateManager``,
+   measured with 1 and with 5 cached batches) times the live producers the
+   quota allows: ``burst + rate * producer_id_expiration + remembered``, where
+   ``remembered`` (max_layers * layer_items) bounds the PIDs admitted earlier
+   that the filter keeps passing for free; and what the bucket lets appear at
+   once, against the KIP's ``rate * window_num * window_size_s`` bucket.
 """
 from __future__ import annotations
 
 import argparse
 import gc
 import math
+import multiprocessing
 import os
+import random
 import statistics
 import sys
 import time
 import tracemalloc
+from concurrent.futures import ProcessPoolExecutor
 
 from broker.quota import LayeredBloomFilter, ProducerIdQuotaManager, QuotaWindow
 
@@ -51,8 +71,12 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def window(a) -> QuotaWindow:
+    return QuotaWindow(num=a.window_num, size_s=a.window_size_s, false_positive_rate=a.fpp, burst_s=a.burst_s)
+
+
 def make(a, rate: float | None = None) -> ProducerIdQuotaManager:
-    m = ProducerIdQuotaManager(QuotaWindow(num=a.window_num, size_s=a.window_size_s, false_positive_rate=a.fpp))
+    m = ProducerIdQuotaManager(window(a))
     m.configure([{"user": "bench", "values": {"producer_ids_rate": rate or a.rate}}])
     return m
 
@@ -132,7 +156,7 @@ def phase_million(a) -> dict:
 
 
 def m_bound(a) -> int:
-    w = QuotaWindow(num=a.window_num, size_s=a.window_size_s, false_positive_rate=a.fpp)
+    w = window(a)
     return w.max_layers * layer_bytes(w, a.rate)
 
 
@@ -176,7 +200,7 @@ def phase_overhead(a) -> dict:
     """Python-side bytes (tracemalloc: objects, dicts, deques; rbloom's bit arrays are allocated in Rust
     and not seen by it) per tracked principal with one layer, and per extra layer."""
     n = 2000
-    m = ProducerIdQuotaManager(QuotaWindow(num=a.window_num, size_s=a.window_size_s, false_positive_rate=a.fpp))
+    m = ProducerIdQuotaManager(window(a))
     m.configure([{"user": None, "values": {"producer_ids_rate": a.rate}}])
     gc.collect()
     tracemalloc.start()
@@ -195,7 +219,7 @@ def phase_overhead(a) -> dict:
 
 
 def phase_sizing(a) -> dict:
-    w = QuotaWindow(num=a.window_num, size_s=a.window_size_s, false_positive_rate=a.fpp)
+    w = window(a)
     rows = {}
     for rate in (0.01, 0.1, 1.0, 10.0, 100.0, 1000.0):
         lb, items = layer_bytes(w, rate), w.layer_items(rate)
@@ -208,6 +232,104 @@ def phase_sizing(a) -> dict:
                            "steady_bytes": layers * lb, "bound_bytes": w.max_layers * lb,
                            "remembered_pids_steady": int(rate * remembered_s), "remembered_for_s": remembered_s}
     return {"window_num": w.num, "window_size_s": w.size_s, "rates": rows}
+
+
+def fill_layers(filt: LayeredBloomFilter, layers: int, pid: int) -> int:
+    """Add consecutive PIDs from ``pid``, at one instant (layers roll by count only), until ``filt`` has
+    ``layers`` layers, all full; the next PID."""
+    while len(filt.layers) < layers or filt.layers[-1].count < filt.layer_items:
+        filt.add(pid, 0.0)
+        pid += 1
+    return pid
+
+
+def z_score(hits: int, n: int, p: float) -> float:
+    """Standard deviations between ``hits`` of ``n`` Bernoulli(p) trials and their mean."""
+    return (hits - n * p) / math.sqrt(n * p * (1 - p)) if 0 < p < 1 else float("nan")
+
+
+def false_positives_full_layers(rate: float, num: int, size_s: float, fpp: float, lookups: int) -> dict:
+    """Run in a fresh process (phase ``fp_by_rate``): one principal's filter, every layer full."""
+    gc.collect()
+    rss0 = rss_bytes()
+    w = QuotaWindow(num=num, size_s=size_s, false_positive_rate=fpp)
+    filt = LayeredBloomFilter(w, w.layer_items(rate))
+    rnd = random.Random(936)
+    pid = 1_000_000_000
+    out = {"rate": rate, "layer_items": w.layer_items(rate), "per_layer_target": w.layer_false_positive_rate,
+           "lookups": lookups, "by_layers": {}}
+    for layers in (w.num + 1, w.max_layers):
+        t = time.perf_counter()
+        pid = fill_layers(filt, layers, pid)
+        fill_s = time.perf_counter() - t
+        t = time.perf_counter()
+        base = 10**13 + layers * lookups  # a later block: never added
+        seq = sum(1 for q in range(base, base + lookups) if filt.find(q) is not None)
+        rand = sum(1 for _ in range(lookups) if filt.find(rnd.getrandbits(63)) is not None)
+        lookup_s = time.perf_counter() - t
+        model = filt.false_positive_rate()
+        gc.collect()
+        out["by_layers"][str(layers)] = {
+            "layers": len(filt.layers), "items": filt.items, "filter_bytes": filt.nbytes,
+            "rss_growth": rss_bytes() - rss0, "target_rate": 1 - (1 - w.layer_false_positive_rate) ** layers,
+            "model_rate": model, "consecutive_false_positives": seq, "consecutive_rate": seq / lookups,
+            "consecutive_z": z_score(seq, lookups, model), "random_false_positives": rand,
+            "random_rate": rand / lookups, "random_z": z_score(rand, lookups, model),
+            "fill_s": fill_s, "lookup_s": lookup_s}
+    return out
+
+
+def phase_fp_by_rate(a) -> dict:
+    ctx = multiprocessing.get_context("spawn")
+    rows = {}
+    for rate in a.fp_rates:
+        with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:  # a fresh process per rate
+            rows[str(rate)] = pool.submit(false_positives_full_layers, rate, a.window_num, a.window_size_s, a.fpp,
+                                          a.fp_lookups).result()
+    return {"window_num": a.window_num, "window_size_s": a.window_size_s, "target": a.fpp, "rates": rows}
+
+
+def producer_state_bytes(batches: int, n: int = 20_000) -> float:
+    """tracemalloc bytes per producer in one partition's ProducerStateManager, ``batches`` batches each."""
+    from broker.producer_state import ProducerStateManager  # the broker's, as it is
+    from broker.recordbatch import BatchHeader
+
+    def header(pid: int, seq: int) -> BatchHeader:
+        return BatchHeader(base_offset=0, batch_length=100, partition_leader_epoch=0, magic=2, crc=0, attributes=0,
+                           last_offset_delta=0, base_timestamp=1_700_000_000_000,
+                           max_timestamp=1_700_000_000_000 + seq, producer_id=pid, producer_epoch=0,
+                           base_sequence=seq, records_count=1)
+    headers = [header(10**12 + i, seq) for i in range(n) for seq in range(batches)]
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        psm = ProducerStateManager()
+        for offset, h in enumerate(headers):
+            psm.update(h, 10**9 + offset, 1_700_000_000_000 + offset)
+        grown = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    if len(psm) != n:
+        raise RuntimeError(f"{len(psm)} producers in the state, expected {n}")
+    return grown / n
+
+
+def phase_budget(a) -> dict:
+    w = window(a)
+    kip = QuotaWindow(num=a.window_num, size_s=a.window_size_s, false_positive_rate=a.fpp, burst_s=w.span_s)
+    one, five = producer_state_bytes(1), producer_state_bytes(5)
+    rows = {}
+    for rate in (1.0, 10.0, 100.0, 1000.0):
+        burst, remembered = w.burst(rate), w.max_layers * w.layer_items(rate)
+        live = burst + rate * a.expiration_s + remembered
+        rows[str(rate)] = {"burst": burst, "kip_burst": kip.burst(rate), "per_expiration": rate * a.expiration_s,
+                           "remembered": remembered, "live_producers_bound": live,
+                           "bytes_bound_1_batch": live * one, "bytes_bound_5_batches": live * five,
+                           "at_once_bytes_5_batches": burst * five,
+                           "kip_at_once_bytes_5_batches": kip.burst(rate) * five}
+    return {"bytes_per_producer_1_batch": one, "bytes_per_producer_5_batches": five, "burst_s": w.burst_s,
+            "expiration_s": a.expiration_s, "window_num": w.num, "window_size_s": w.size_s, "rates": rows}
 
 
 def checks(res: dict) -> list[str]:
@@ -225,6 +347,15 @@ def checks(res: dict) -> list[str]:
     fp = res["phases"].get("false_positives")
     if fp and fp["measured_false_positive_rate"] > 3 * fp["configured_false_positive_rate"]:
         out.append(f"false positives {fp['measured_false_positive_rate']:.5f} > 3 x configured {fp['configured_false_positive_rate']}")
+    for rate, r in (res["phases"].get("fp_by_rate") or {}).get("rates", {}).items():
+        for layers, x in r["by_layers"].items():
+            for kind in ("consecutive", "random"):
+                if abs(x[f"{kind}_z"]) > 4.5:
+                    out.append(f"fp_by_rate {rate}/s, {layers} layers: {kind} PIDs {x[f'{kind}_rate']:.6f} is "
+                               f"{x[f'{kind}_z']:+.1f} sd from the layers' rate {x['model_rate']:.6f}")
+            if abs(x["model_rate"] - x["target_rate"]) > 0.15 * x["target_rate"]:
+                out.append(f"fp_by_rate {rate}/s, {layers} layers: the layers' rate {x['model_rate']:.6f} is not "
+                           f"within 15 % of the target {x['target_rate']:.6f}")
     return out
 
 
@@ -235,7 +366,7 @@ def kib(v) -> str:
 def print_results(res: dict) -> None:
     p = res["params"]
     print(f"producer-ID quota: rate {p['rate']}/s, window {p['window_num']} x {p['window_size_s']} s, "
-          f"target false-positive rate {p['fpp']}")
+          f"burst {p['burst_s']} s of the rate, target false-positive rate {p['fpp']}")
     s = res["phases"].get("steady")
     if s:
         st = s["stats"]
@@ -275,6 +406,34 @@ def print_results(res: dict) -> None:
                     [[r, v["layer_items"], kib(v["layer_bytes"]), v["steady_layers"], kib(v["steady_bytes"]),
                       kib(v["bound_bytes"]), v["remembered_pids_steady"], f"{v['remembered_for_s']:.0f}"]
                      for r, v in z["rates"].items()]))
+    f = res["phases"].get("fp_by_rate")
+    if f:
+        rows = []
+        for rate, r in f["rates"].items():
+            for layers, x in r["by_layers"].items():
+                rows.append([rate, r["layer_items"], layers, kib(x["filter_bytes"]), kib(x["rss_growth"]),
+                             f"{x['target_rate']:.5f}", f"{x['model_rate']:.5f}",
+                             f"{x['consecutive_rate']:.5f} ({x['consecutive_z']:+.1f})",
+                             f"{x['random_rate']:.5f} ({x['random_z']:+.1f})"])
+        first = next(iter(f["rates"].values()), {})
+        print(table(f"false positives of never-seen PIDs, every layer full, a fresh process per rate (window "
+                    f"{f['window_num']} x {f['window_size_s']} s; {first.get('lookups', 0):,} lookups of each "
+                    f"kind; in brackets: standard deviations from the layers' rate)",
+                    ["rate/s", "PIDs/layer", "layers", "filter", "RSS growth", "target", "layers' rate",
+                     "consecutive PIDs", "random PIDs"], rows))
+    b = res["phases"].get("budget")
+    if b:
+        mib = 1024 * 1024
+        print(table(f"producer state one principal can make one partition hold (burst {b['burst_s']:.0f} s, "
+                    f"producer_id_expiration {b['expiration_s']:.0f} s; {b['bytes_per_producer_1_batch']:.0f} B per "
+                    f"producer with 1 cached batch, {b['bytes_per_producer_5_batches']:.0f} B with 5)",
+                    ["rate/s", "burst", "KIP bucket", "rate x expiration", "remembered", "live bound",
+                     "MiB (1 batch)", "MiB (5 batches)", "at once MiB", "KIP at once MiB"],
+                    [[r, f"{v['burst']:,.0f}", f"{v['kip_burst']:,.0f}", f"{v['per_expiration']:,.0f}",
+                      f"{v['remembered']:,}", f"{v['live_producers_bound']:,.0f}",
+                      f"{v['bytes_bound_1_batch'] / mib:,.1f}", f"{v['bytes_bound_5_batches'] / mib:,.1f}",
+                      f"{v['at_once_bytes_5_batches'] / mib:,.2f}", f"{v['kip_at_once_bytes_5_batches'] / mib:,.1f}"]
+                     for r, v in b["rates"].items()]))
     print_footer(res)
 
 
@@ -285,29 +444,37 @@ def parse_args(argv=None, prog: str | None = None):
     ap.add_argument("--window-num", type=int, default=11, help="producer.id.quota.window.num")
     ap.add_argument("--window-size-s", type=float, default=3600.0, help="producer.id.quota.window.size.seconds")
     ap.add_argument("--fpp", type=float, default=0.001, help="target false-positive rate of the whole filter")
+    ap.add_argument("--burst-s", type=float, default=60.0,
+                    help="producer_id_quota_burst_s: the bucket, in seconds of the rate")
+    ap.add_argument("--fp-rates", default="1,10,100,1000", help="rates of phase 6 (comma-separated PIDs/s)")
+    ap.add_argument("--expiration-s", type=float, default=86400.0,
+                    help="producer_id_expiration_ms / 1000 of the broker (phase 7)")
     ap.add_argument("--million", type=int, default=1_000_000, help="distinct PIDs in phase 3")
     ap.add_argument("--fp-lookups", type=int, default=1_000_000, help="never-seen PIDs looked up in phase 2")
     ap.add_argument("--calls", type=int, default=200_000, help="check() calls per timing run")
     ap.add_argument("--quick", action="store_true", help="rate 1/s, window 11 x 60 s, 200,000 lookups")
     ap.add_argument("--json", default="bench-results/quota.json", help="where to write the results")
-    ap.add_argument("--phases", default="steady,false_positives,million,check_cost,overhead,sizing")
+    ap.add_argument("--phases", default="steady,false_positives,million,check_cost,overhead,sizing,fp_by_rate,budget")
     a = ap.parse_args(argv)
     if a.quick:
         a.rate, a.window_size_s, a.fp_lookups, a.calls = 1.0, 60.0, 200_000, 50_000
     a.phases = [x.strip() for x in a.phases.split(",") if x.strip()]
+    a.fp_rates = [float(x) for x in a.fp_rates.split(",") if x.strip()]
     return a
 
 
 def main(argv=None, prog: str | None = None) -> int:
     a = parse_args(argv, prog)
     res = {"params": {"rate": a.rate, "window_num": a.window_num, "window_size_s": a.window_size_s, "fpp": a.fpp,
+                      "burst_s": a.burst_s, "fp_rates": a.fp_rates, "expiration_s": a.expiration_s,
                       "million": a.million, "fp_lookups": a.fp_lookups, "calls": a.calls, "quick": a.quick,
                       "json": a.json,
                       "argv": sys.argv, "clock": "simulated (check(now=...)); memory = rbloom bit arrays"},
            "environment": environment_info(), "started_at": utc_now(), "phases": {}, "errors": [],
            "failed_checks": []}
     fns = {"steady": phase_steady, "false_positives": phase_false_positives, "million": phase_million,
-           "check_cost": phase_check_cost, "overhead": phase_overhead, "sizing": phase_sizing}
+           "check_cost": phase_check_cost, "overhead": phase_overhead, "sizing": phase_sizing,
+           "fp_by_rate": phase_fp_by_rate, "budget": phase_budget}
     run_phases(res, [(n, fns[n]) for n in a.phases], a, a.json, checks=checks, phase_seconds=True)
     print_results(res)
     return 1 if res["errors"] or res["failed_checks"] else 0

@@ -128,11 +128,13 @@ class BrokerConfig:
     pid_manager: Annotated[PidManagerConfig, Table()] = field(default_factory=PidManagerConfig)
     # KIP-936 producer-ID quota: producer.id.quota.window.num / .size.seconds; quotas come from the quorum
     producer_id_quota_window_num: Annotated[int, Field(ge=1, le=1000)] = 11
-    """KIP-936 producer.id.quota.window.num: windows a producer ID is remembered (and the burst)."""
+    """KIP-936 producer.id.quota.window.num: windows a producer ID is remembered."""
     producer_id_quota_window_size_s: Annotated[float, Field(gt=0, le=7 * 86400)] = 3600.0
     """KIP-936 producer.id.quota.window.size.seconds."""
     producer_id_quota_false_positive_rate: Annotated[float, Field(gt=0, lt=0.5)] = 0.001
     """Target chance that a never-seen producer ID passes the quota for free."""
+    producer_id_quota_burst_s: Annotated[float, Field(gt=0, le=7 * 86400)] = 60.0
+    """New producer IDs a principal may start at once, in seconds of its producer_ids_rate (at most the window)."""
     quota_refresh_s: Annotated[float, Field(gt=0, le=3600)] = 1.0
     """How often the client quotas are read from the quorum."""
     # Security (README "Security").  sasl_credentials_file set: SASL is required on the listener and
@@ -175,7 +177,8 @@ class BrokerConfig:
     @property
     def quota_window(self) -> QuotaWindow:
         return QuotaWindow(num=self.producer_id_quota_window_num, size_s=float(self.producer_id_quota_window_size_s),
-                           false_positive_rate=float(self.producer_id_quota_false_positive_rate))
+                           false_positive_rate=float(self.producer_id_quota_false_positive_rate),
+                           burst_s=float(self.producer_id_quota_burst_s))
 
     @property
     def advertised_address(self) -> tuple[str, int]:

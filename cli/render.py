@@ -188,9 +188,10 @@ def quota_status(output: str, by_broker: dict[str, dict]) -> None:
         cfg = data.get("config") or {}
         line(f"{broker_dir}: quotas read from {fresh.get('read_from') or '-'} {fresh.get('age_s')} s before the "
              f"stats were written ({data.get('file_age_s')} s ago); window {cfg.get('window_num')} x "
-             f"{cfg.get('window_size_s')} s" + (f"; last error: {fresh['last_error']}" if fresh.get("last_error") else ""))
-        table(None, ["principal", "quota/s", "from", "rate/s", "tokens", "throttle ms", "throttled", "new PIDs",
-                     "seen", "filter KiB", "layers"],
-              [[p, s["quota"], s["quota_source"], s["rate"], s["tokens"], s["throttle_time_ms"],
+             f"{cfg.get('window_size_s')} s, burst {cfg.get('burst_s')} s of the rate"
+             + (f"; last error: {fresh['last_error']}" if fresh.get("last_error") else ""))
+        table(None, ["principal", "quota/s", "from", "rate/s", "tokens", "burst", "throttle ms", "throttled",
+                     "new PIDs", "seen", "filter KiB", "layers"],
+              [[p, s["quota"], s["quota_source"], s["rate"], s["tokens"], s.get("burst"), s["throttle_time_ms"],
                 s["throttled_requests"], s["new_pids"], s["seen_pids"], round(s["filter_bytes"] / 1024, 1),
                 s["filter_layers"]] for p, s in data["principals"].items()])

@@ -7,6 +7,8 @@ from typing import Any, Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, InfoMetricFamily
 
+from .stats import MAX_BROKER_COUNTERS, OTHER_BROKERS
+
 RAFT_STATES = ("follower", "candidate", "leader")
 
 # name -> help; the collector emits exactly these (the tests check the list).
@@ -32,8 +34,11 @@ QUORUM_METRICS = {
     "pidquorum_snapshot_age_seconds": "Seconds since the snapshot file was written (absent: none yet).",
     "pidquorum_next_producer_id": "The quorum's next producer ID (applied state on this node).",
     "pidquorum_registered_brokers": "Broker registrations in the applied state.",
-    "pidquorum_allocations": "Producer-ID blocks committed per broker (applied by this process).",
-    "pidquorum_allocated_ids": "Producer IDs committed per broker (applied by this process).",
+    "pidquorum_allocations": "Producer-ID blocks committed per broker (applied by this process); broker_id "
+                             f"\"{OTHER_BROKERS}\": brokers past the first {MAX_BROKER_COUNTERS}, and unregistered "
+                             "ones folded to make room.",
+    "pidquorum_allocated_ids": f"Producer IDs committed per broker (applied by this process); broker_id "
+                               f"\"{OTHER_BROKERS}\" as for pidquorum_allocations.",
     "pidquorum_allocation_latency_seconds": "AllocateProducerIds answered OK by this node, request to answer.",
     "pidquorum_requests": "Requests read on the client port.",
     "pidquorum_forwarded_requests": "Requests this follower forwarded to the leader.",

@@ -44,6 +44,7 @@ from .managers import BRIDGE, ApplyOutcome, QuorumState, Result, TxnSettings
 from .raft import ProposalRejected, ProposalUnknown, RaftNode
 from .reserve import BlockReserve
 from .rpcs import RPCS, Context, Rpc
+from .stats import AllocationCounts
 from .trail import AuditWriter
 
 log = logging.getLogger(__name__)
@@ -80,7 +81,7 @@ class Service:
         self.lock = threading.Lock()
         self.state = QuorumState()
         self.applied_index = 0
-        self.allocations: dict[int, list[int]] = {}  # broker id -> [blocks, IDs] committed (counted at apply)
+        self.allocations = AllocationCounts()  # blocks and IDs committed per broker (counted at apply; bounded)
         self.identity = NodeIdentity.open(cfg.data_dir, cfg.secret, cfg.cluster_id, cfg.client_address,
                                           disk=self.disk, **({"new_id": new_id} if new_id else {}))
         self.audit = AuditWriter(os.path.join(cfg.data_dir, "audit.log"), self.disk)
@@ -101,11 +102,10 @@ class Service:
         with self.lock:
             outcomes = self.state.apply_batch(records)
             self.applied_index = index
+            registered = self.state.registrations.brokers.__contains__
             for o in outcomes:
                 if o.accepted and isinstance(o.record, AllocateProducerIdsRecord):
-                    per_broker = self.allocations.setdefault(o.record.broker_id, [0, 0])
-                    per_broker[0] += 1
-                    per_broker[1] += o.record.producer_id_len
+                    self.allocations.count(o.record.broker_id, o.record.producer_id_len, registered)
         for o in outcomes:
             if not o.accepted:
                 log.warning("entry %d: replay refused %s: %s", index, type(o.record).__name__, o.error)
@@ -129,7 +129,7 @@ class Service:
         with self.lock:
             summary = self.state.summary()
             applied = self.applied_index
-            allocations = {str(b): {"blocks": n, "ids": ids} for b, (n, ids) in sorted(self.allocations.items())}
+            allocations = self.allocations.snapshot()
         snap = self.raft.snapshot_path
         return {
             "node_id": self.cfg.node_id,

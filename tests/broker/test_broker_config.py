@@ -50,7 +50,7 @@ def _every_broker_setting(tmp_path) -> BrokerConfig:
                                      backoff_jitter=0.1, start_timeout_s=10.0, rate_window_s=0.5,
                                      rate_ewma_alpha=0.5, rate_peak_windows=10, latency_ewma_alpha=0.5),
         producer_id_quota_window_num=5, producer_id_quota_window_size_s=60.0,
-        producer_id_quota_false_positive_rate=0.01, quota_refresh_s=2.0,
+        producer_id_quota_false_positive_rate=0.01, producer_id_quota_burst_s=30.0, quota_refresh_s=2.0,
         sasl_credentials_file=str(tmp_path / "users.json"), sasl_mechanisms=("PLAIN",), super_users=("User:admin",),
         acl_refresh_s=0.5, tls_certfile=str(tmp_path / "b.pem"), tls_keyfile=str(tmp_path / "b.key"),
         tls_cafile=str(tmp_path / "ca.pem"), tls_client_auth=True,

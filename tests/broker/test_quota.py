@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import asyncio
+import bisect
 import json
+import math
 import os
 
 import pytest
 
+from broker.config import BrokerConfig
 from broker.quota import (
     STATS_FILE,
     LayeredBloomFilter,
@@ -20,8 +23,8 @@ from wire.errors import RequestTimedOutError
 ROGUE, GOOD, FREE = "User:rogue", "User:good", "User:free"
 
 
-def manager(rate=1.0, num=2, size_s=1.0, users=None, default=None, fpp=0.001) -> ProducerIdQuotaManager:
-    m = ProducerIdQuotaManager(QuotaWindow(num=num, size_s=size_s, false_positive_rate=fpp))
+def manager(rate=1.0, num=2, size_s=1.0, users=None, default=None, fpp=0.001, burst_s=60.0) -> ProducerIdQuotaManager:
+    m = ProducerIdQuotaManager(QuotaWindow(num=num, size_s=size_s, false_positive_rate=fpp, burst_s=burst_s))
     entries = [{"user": u, "values": {"producer_ids_rate": r}} for u, r in (users or {"rogue": rate}).items()]
     if default is not None:
         entries.append({"user": None, "values": {"producer_ids_rate": default}})
@@ -45,6 +48,55 @@ def test_burst_then_throttle_with_the_time_until_the_next_token():
     s = m.stats(1.0)[ROGUE]
     assert (s["new_pids"], s["throttled_requests"], s["throttle_time_ms"], s["quota"]) == (3, 2, 750, 1.0)
     assert s["tokens"] == 0.0 and s["burst"] == 2.0
+
+
+def test_the_burst_is_burst_s_of_the_rate_not_the_whole_window():
+    # KIP-936's defaults: remembered for 11 x 3600 s; the bucket holds 10 s of the rate, not 11 hours of it.
+    m = manager(rate=10.0, num=11, size_s=3600.0, burst_s=10.0)
+    assert [m.check(ROGUE, pid, 0.0) for pid in range(100)] == [0] * 100
+    assert m.check(ROGUE, 100, 0.0) == 100  # the 101st waits for the next token
+    s = m.stats(0.0)[ROGUE]
+    assert (s["burst"], s["new_pids"], s["throttled_requests"]) == (100.0, 100, 1)
+    # then the rate: 10 more in the next second, whatever is offered
+    admitted = sum(m.check(ROGUE, 1000 + i, 0.01 * (i + 1)) == 0 for i in range(105))
+    assert admitted == 10
+    assert all(m.check(ROGUE, pid, 1.0) == 0 for pid in range(100))  # the first 100 are still remembered
+
+
+def test_the_burst_is_capped_at_the_window_and_at_least_one_token():
+    assert QuotaWindow(num=2, size_s=1.0, burst_s=60.0).burst(5.0) == 10.0  # 5/s x 2 s, not 5/s x 60 s
+    assert QuotaWindow(burst_s=10.0).burst(0.01) == 1.0
+    assert QuotaWindow(burst_s=10.0).burst(1000.0) == 10_000.0
+    assert QuotaWindow().burst(10.0) == 600.0  # the default: 60 s of the rate
+
+
+def test_admissions_never_exceed_the_burst_plus_the_rate_over_any_interval():
+    rate, burst_s = 20.0, 5.0
+    m = manager(rate=rate, num=4, size_s=30.0, burst_s=burst_s)
+    times = []
+    pid = 0
+    for step in range(6000):  # 60 s of a rogue offering 10 new PIDs every 10 ms (50x its quota)
+        now = step * 0.01
+        for _ in range(10):
+            if m.check(ROGUE, pid, now) == 0:
+                times.append(now)
+            pid += 1
+    s = m.stats(now)[ROGUE]
+    # Every PID was offered once, so a "seen" one is a false positive: it passed without a token.
+    # That leak is the filter's price (a fraction of what is offered), outside the bucket's bound.
+    leaked = s["seen_pids"]
+    assert s["new_pids"] + leaked == len(times) and leaked <= 0.001 * pid
+    assert s["new_pids"] <= rate * burst_s + rate * 60 + 1
+    for i, t0 in enumerate(times):  # every interval [t0, t0 + d]: at most burst + rate * d (+ the leak)
+        for d in (0.0, 1.0, 10.0, 59.0):
+            in_window = bisect.bisect_right(times, t0 + d) - i
+            assert in_window <= rate * burst_s + rate * d + 1 + leaked, (t0, d, in_window)
+
+
+def test_the_broker_setting_reaches_the_quota_window():
+    cfg = BrokerConfig(broker_id=0, quorum=["h:1"], producer_id_quota_burst_s=5.0)
+    assert cfg.quota_window.burst_s == 5.0 and cfg.quota_window.burst(10.0) == 50.0
+    assert BrokerConfig(broker_id=0, quorum=["h:1"]).quota_window.burst_s == 60.0
 
 
 def test_a_seen_pid_never_costs_quota_even_with_no_tokens_left():
@@ -149,14 +201,41 @@ def test_no_false_negatives_every_admitted_pid_in_the_window_passes():
         if m.check(ROGUE, 10_000 + i, now) == 0:
             admitted.append(10_000 + i)
     assert len(admitted) == 300  # within burst + refill
+    s = m.stats(3.0)[ROGUE]
+    assert s["new_pids"] + s["seen_pids"] == 300  # each once: new, or (a false positive at 1 %) seen
     assert all(m.check(ROGUE, pid, 3.0) == 0 for pid in admitted)
-    assert m.stats(3.0)[ROGUE]["new_pids"] == 300
+    assert m.stats(3.0)[ROGUE]["new_pids"] == s["new_pids"]
+
+
+@pytest.mark.parametrize("rate", [100.0, 1000.0])
+def test_false_positives_with_every_layer_full_are_within_a_binomial_bound(rate):
+    """Never-seen PIDs against a filter whose layers are all full, with window_num + 1 layers (the target)
+    and with max_layers (the worst case), for two quotas.  PIDs are consecutive, as the quorum hands them
+    out.  Given the layers, each lookup of a new key is a Bernoulli trial with the chance computed above:
+    the count must lie within 4.5 standard deviations of it (a filter whose bit positions are random fails
+    this once in 150,000 runs), and that chance within 15 % of what the target promises.  (The chance
+    given the layers is LayeredBloomFilter.false_positive_rate(): Bloom-filter theory from their fill.)"""
+    w = QuotaWindow(num=11, size_s=10.0, false_positive_rate=0.01)  # layers of 1,000 and 10,000 PIDs
+    filt = LayeredBloomFilter(w, w.layer_items(rate))
+    pid, n = 1_000_000, 100_000
+    for layers in (w.num + 1, w.max_layers):
+        while len(filt.layers) < layers or filt.layers[-1].count < filt.layer_items:
+            filt.add(pid, 0.0)  # at one instant: layers roll by count only
+            pid += 1
+        assert len(filt.layers) == layers and all(x.count == filt.layer_items for x in filt.layers)
+        base = 10**12 + layers * n  # never added: a later block of IDs
+        hits = sum(1 for q in range(base, base + n) if filt.find(q) is not None)
+        p = filt.false_positive_rate()
+        target = 1 - (1 - w.layer_false_positive_rate) ** layers  # = false_positive_rate at num + 1 layers
+        assert abs(p - target) <= 0.15 * target, (layers, p, target)
+        assert abs(hits - n * p) <= 4.5 * math.sqrt(n * p * (1 - p)), (layers, hits, n * p)
 
 
 @pytest.mark.parametrize("kwargs,fragment", [
     (dict(num=0), "window num"), (dict(num=True), "window num"), (dict(size_s=0), "window size"),
     (dict(size_s=float("inf")), "window size"), (dict(false_positive_rate=0.0), "false positive"),
-    (dict(false_positive_rate=0.5), "false positive"),
+    (dict(false_positive_rate=0.5), "false positive"), (dict(burst_s=0), "burst"),
+    (dict(burst_s=float("nan")), "burst"), (dict(burst_s=True), "burst"), (dict(burst_s=8 * 86400), "burst"),
 ])
 def test_bad_window_settings_are_refused(kwargs, fragment):
     with pytest.raises(ValueError, match=fragment):

@@ -105,7 +105,7 @@ def test_pidctl_quota_and_raw_produce_over_the_quota(cluster, brokers):
                                                      producer_id=-1, producer_epoch=-1), 10)
                 pids.append(int(r.producer_id))
             out = []
-            for pid in pids[:3]:  # burst = 1/s * 2 windows * 1 s = 2: the third is over the quota
+            for pid in pids[:3]:  # burst = 1/s * min(60 s, 2 windows * 1 s) = 2: the third is over the quota
                 r = await conn.call(produce_request(pid), 10)
                 out.append((Errors(int(r.responses[0].partition_responses[0].error_code)),
                             int(r.throttle_time.total_seconds() * 1000),

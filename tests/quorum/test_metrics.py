@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from quorum.localcluster import free_ports
 from quorum.metrics import QUORUM_METRICS, quorum_families
-from quorum.stats import Histogram
+from quorum.stats import OTHER_BROKERS, AllocationCounts, Histogram
 from telemetry.metrics import MetricsEndpoint, MetricsUnavailable, make_registry, on_loop, read_metrics, serve_metrics
 
 
@@ -35,6 +35,55 @@ def test_histogram_is_safe_across_threads():
     for t in threads:
         t.join()
     assert h.snapshot()["count"] == 20_000
+
+
+def test_allocation_counts_are_per_registered_broker_and_bounded():
+    registered = {1, 2, 3}
+    c = AllocationCounts(limit=4)
+    for b in (1, 2, 1):
+        c.count(b, 1000, registered.__contains__)
+    assert c.snapshot() == {"1": {"blocks": 2, "ids": 2000}, "2": {"blocks": 1, "ids": 1000}}
+    # Brokers come and go with ever new ids (each registers, allocates, is gone): the table stays bounded,
+    # the registered ones keep their own counters, and nothing counted is lost.
+    for b in range(100, 10_100):
+        registered.add(b)
+        c.count(b, 10, registered.__contains__)
+        c.count(1, 1, registered.__contains__)
+        registered.discard(b)
+        assert len(c) <= c.limit + 1
+    snap = c.snapshot()
+    assert snap["1"] == {"blocks": 10_002, "ids": 2000 + 10_000} and snap["2"] == {"blocks": 1, "ids": 1000}
+    assert sum(v["blocks"] for v in snap.values()) == 3 + 2 * 10_000
+    assert sum(v["ids"] for v in snap.values()) == 3000 + 10 * 10_000 + 10_000
+
+
+def test_allocation_counts_with_every_slot_held_by_registered_brokers_count_the_rest_as_other():
+    c = AllocationCounts(limit=2)
+    for b in (5, 6, 7, 8, 7):
+        c.count(b, 100, lambda broker: True)
+    c.count(9, 100, lambda broker: broker != 9)  # not registered (a record replayed after its unregistration)
+    assert c.snapshot() == {"5": {"blocks": 1, "ids": 100}, "6": {"blocks": 1, "ids": 100},
+                            OTHER_BROKERS: {"blocks": 4, "ids": 400}}
+
+
+def test_a_service_keeps_allocation_counters_for_registered_brokers_only():
+    """The real apply path (one in-process node): brokers that register, allocate and shut down."""
+    from tests.support.inproc import SimCluster
+
+    with SimCluster(size=1) as c:
+        service = c.leader().service
+        service.allocations.limit = 3
+        for b in range(8):
+            epoch = c.register(b)
+            c.allocate(b, epoch)
+            if b >= 1:  # broker 0 stays; the others shut down (UnregisterBrokerRecord)
+                c._with_leader(lambda state, now, b=b, epoch=epoch: state.registrations.generate_heartbeat(
+                    b, epoch, False, True, now), 20.0, None)
+        c.allocate(0, service.state.registrations.brokers[0].broker_epoch)
+        allocations = service.describe()["allocations"]
+    assert allocations["0"] == {"blocks": 2, "ids": 2000}
+    assert len(allocations) <= 4 and OTHER_BROKERS in allocations
+    assert sum(v["blocks"] for v in allocations.values()) == 9
 
 
 def _status(term=3, commit=10, applied=8, state="leader", allocations=None, snapshot_age=12.5) -> dict:
@@ -88,6 +137,10 @@ def test_quorum_families_map_every_figure_of_the_status_dict():
     assert m[("pidquorum_snapshot_age_seconds", ())] == 12.5
     assert m[("pidquorum_allocations_total", (("broker_id", "7"),))] == 5
     assert m[("pidquorum_allocated_ids_total", (("broker_id", "7"),))] == 5000
+    folded = _scrape(make_registry(lambda: _status(allocations={"7": {"blocks": 5, "ids": 5000},
+                                                                OTHER_BROKERS: {"blocks": 2, "ids": 2000}}),
+                                   quorum_families))
+    assert folded[("pidquorum_allocations_total", (("broker_id", OTHER_BROKERS),))] == 2
     assert m[("pidquorum_allocation_latency_seconds_bucket", (("le", "0.01"),))] == 1
     assert m[("pidquorum_throttled_requests_total", ())] == 2
     assert m[("pidquorum_node_info", (("client_address", "127.0.0.1:1"), ("node_id", "2"),

@@ -158,6 +158,18 @@ def longest_gap(times: list[float]) -> float | None:
     return max((b - a for a, b in zip(times, times[1:])), default=None)
 
 
+def stall_episodes(gaps: list[tuple[float, float]], threshold_s: float) -> list[tuple[float, float]]:
+    """The (start, end) gaps longer than ``threshold_s``, overlapping ones merged (a broker stall holds up
+    every producer at once: one episode, not one per producer), by start."""
+    out: list[list[float]] = []
+    for a, b in sorted(g for g in gaps if g[1] - g[0] > threshold_s):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
 def partition_options(**wanted) -> dict:
     """The keyword options ``Partition`` accepts, of ``wanted`` (its internals are being rewritten:
     an option it no longer takes is left out, and the JSON says which were given)."""
@@ -342,8 +354,10 @@ async def active_run(address: str, first_pid: int, producers: int, seconds: floa
     """``producers`` active producers, one connection and one request in flight each, for ``seconds``."""
     lat: list[float] = []
     gaps: list[float] = []
+    intervals: list[tuple[float, float]] = []  # between two answers to one producer
     errors: dict[str, int] = {}
-    stop = time.perf_counter() + seconds
+    start = time.perf_counter()
+    stop = start + seconds
 
     async def one(k: int) -> None:
         conn = Connection(address, f"bench-producers-active-{k}")
@@ -369,11 +383,15 @@ async def active_run(address: str, first_pid: int, producers: int, seconds: floa
         g = longest_gap(answers)
         if g is not None:
             gaps.append(g)
+        intervals.extend(zip(answers, answers[1:]))
 
     await asyncio.gather(*(one(k) for k in range(producers)))
     s = summarize_ms(lat)
+    episodes = stall_episodes(intervals, TARGETS["stall_ms"] / 1000)
     return {**s, "producers": producers, "seconds": seconds, "requests_per_s": len(lat) / seconds,
-            "longest_stall_ms": max(gaps) * 1000 if gaps else None, "errors": errors}
+            "longest_stall_ms": max(gaps) * 1000 if gaps else None, "errors": errors,
+            "stall_episodes_over_target": len(episodes),
+            "stall_episodes": [{"at_s": a - start, "ms": (b - a) * 1000} for a, b in episodes[:50]]}
 
 
 async def probe_until_answered(address: str, deadline: float) -> float | None:
@@ -603,6 +621,8 @@ def table_rows(res: dict) -> list[list]:
                 ["", "longest stall", f"{_f(lo['longest_stall_ms'], ',.1f')} ms (0 idle: "
                                       f"{_f(b['longest_stall_ms'], ',.1f')})", KAFKA["active"]["text"],
                  f"<= {TARGETS['stall_ms']:g} ms {_holds(res, n, 'no stall')}"],
+                ["", f"stalls over {TARGETS['stall_ms']:g} ms (all producers held)",
+                 f"{lo['stall_episodes_over_target']} (0 idle: {b['stall_episodes_over_target']})", "-", "-"],
                 ["", "broker stop (SIGTERM -> exit)", _f(rs["stop_s"], ".2f", " s"), KAFKA["restart"]["text"], "-"],
                 ["", "restart -> ready file", _f(rs["ready_file_s"], ".2f", " s"), KAFKA["restart"]["text"], "-"],
                 ["", "restart -> Produce answered", _f(rs["first_produce_answered_s"], ".2f", " s"),

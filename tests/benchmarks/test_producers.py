@@ -73,6 +73,7 @@ def test_every_figure_is_there_finite_and_positive(run):
     for run_ in ("baseline", "loaded"):
         r = wire[run_]
         assert r["n"] > r["producers"] and r["errors"] == {} and r["p50_ms"] <= r["p99_ms"] <= r["max_ms"]
+        assert len(r["stall_episodes"]) == min(50, r["stall_episodes_over_target"])
     assert wire["duplicate_after_restart"]["state_survived"] is True
     assert {t["target"].split(" ")[0] for t in res["targets"]} == {"p99", "no", "restart"}
     assert res["references"]["expire_all_ms"]["by_size"]["1000000"] == 5.731
@@ -84,7 +85,8 @@ def test_the_table_has_every_row(run, capsys):
     text = capsys.readouterr().out
     for label in ("B/idle producer, in process (RSS)", "tracemalloc", "5 batches kept", "expire(), all expire",
                   "write_snapshot", "load_snapshot", "broker process (RSS, wire)", "active p99 / baseline p99",
-                  "longest stall", "restart -> Produce answered", "~255 B", "~415 B", "PR #16075", "all checks passed"):
+                  "longest stall", "stalls over 50 ms", "restart -> Produce answered", "~255 B", "~415 B",
+                  "PR #16075", "all checks passed"):
         assert label in text, label
 
 
@@ -99,9 +101,12 @@ def test_checks_catch_a_run_that_went_wrong(run):
     assert len(found) == 3 and any("snapshot loaded 0" in c for c in found), found
 
 
-def test_longest_gap_and_sizes():
+def test_longest_gap_stall_episodes_and_sizes():
     assert producers.longest_gap([1.0, 1.5, 3.0, 3.1]) == pytest.approx(1.5)
     assert producers.longest_gap([1.0]) is None
+    # Two producers held by one broker stall are one episode; a short gap is none.
+    gaps = [(1.0, 1.6), (1.1, 1.7), (2.0, 2.01), (5.0, 5.2)]
+    assert producers.stall_episodes(gaps, 0.05) == [(1.0, 1.7), (5.0, 5.2)]
     assert producers.sizes_arg("10_000, 2000") == [10_000, 2000]
     with pytest.raises(Exception):
         producers.sizes_arg("0")

@@ -24,6 +24,8 @@ sequence 0, and nothing since; its state keeps that last batch):
      at min(N, ``--five-batches-max``), to set beside Kafka's figure for 5 batches;
    * ``ProducerStateManager.expire(now_ms, expiration_ms)``: when none expires (median of 5) and when
      all do (one call, it empties the state);
+   * ``Partition.close()`` (a snapshot at the log end) and opening ``Partition(dir)`` again (the log's
+     recovery scan and the snapshot loaded): what a broker restart costs this partition;
    * ``write_snapshot(path, offset)`` and ``load_snapshot(path)`` (into a new manager): time and file
      size.
 
@@ -215,6 +217,15 @@ def measure_in_process(n: int, per: int, batches_per_producer: int, trace: bool,
             out["traced_by_file"] = {os.path.relpath(s.traceback[0].filename, REPO): s.size_diff
                                      for s in stats[:6] if s.size_diff > 0}
         if timings:
+            # What a broker restart does to this partition: close (snapshot at the log end), open again
+            # (the log's recovery scan, then the snapshot loaded).
+            t = time.perf_counter()
+            part.close()
+            out["partition_close_ms"] = (time.perf_counter() - t) * 1000
+            t = time.perf_counter()
+            part = Partition(directory, **opts)
+            out["partition_reopen_ms"] = (time.perf_counter() - t) * 1000
+            out["producers_after_reopen"] = len(part.state)
             out.update(state_timings(part, directory))
     finally:
         part.close()
@@ -517,6 +528,9 @@ def checks(res: dict) -> list[str]:
                 bad.append(f"in process {n} {key}: {m['refused_appends']} appends refused, "
                            f"{m['producers']} producers in the state (expected {m['n']})")
         t = r["rss"]
+        if t["producers_after_reopen"] != t["n"]:
+            bad.append(f"in process {n}: {t['producers_after_reopen']} producers after Partition was reopened "
+                       f"(expected {t['n']})")
         if t["snapshot_loaded_producers"] != t["n"] or t["snapshot_loaded_offset"] != t["snapshot_offset"]:
             bad.append(f"in process {n}: the snapshot loaded {t['snapshot_loaded_producers']} producers at offset "
                        f"{t['snapshot_loaded_offset']} (wrote {t['n']} at {t['snapshot_offset']})")
@@ -603,6 +617,10 @@ def table_rows(res: dict) -> list[list]:
                 ["", "load_snapshot", _f(r["snapshot_load_ms"], ",.0f", " ms"), "-", "-"],
                 ["", "snapshot file", f"{r['snapshot_bytes']:,} B ({r['snapshot_bytes_per_producer']:.1f} B/producer)",
                  "-", "-"],
+                ["", "Partition.close() (snapshot at the log end)", _f(r["partition_close_ms"], ",.0f", " ms"),
+                 "-", "-"],
+                ["", "Partition(dir) reopen (log scan + snapshot)", _f(r["partition_reopen_ms"], ",.0f", " ms"),
+                 "-", "-"],
             ]
         if "error" in w:
             rows.append([N if not i else "", "wire", f"ERROR: {w['error'][:60]}", "", ""])
@@ -627,6 +645,9 @@ def table_rows(res: dict) -> list[list]:
                 ["", "restart -> ready file", _f(rs["ready_file_s"], ".2f", " s"), KAFKA["restart"]["text"], "-"],
                 ["", "restart -> Produce answered", _f(rs["first_produce_answered_s"], ".2f", " s"),
                  KAFKA["restart"]["text"], f"<= {TARGETS['restart_s']:g} s {_holds(res, n, 'restart')}"],
+                ["", "broker RSS: 0 idle / N idle / after restart",
+                 " / ".join(f"{w[k] / 2**20:,.0f}" for k in ("rss_before", "rss_after", "rss_after_restart")) + " MiB",
+                 "-", "-"],
             ]
     return rows
 

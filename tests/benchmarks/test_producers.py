@@ -22,7 +22,8 @@ IN_PROCESS_FIGURES = [
     ("rss", "rss_bytes_per_producer"), ("tracemalloc", "traced_bytes_per_producer"),
     ("five_batches", "rss_bytes_per_producer"),
     ("rss", "expire_all_ms"), ("rss", "expire_none_ms"), ("rss", "snapshot_write_ms"), ("rss", "snapshot_load_ms"),
-    ("rss", "snapshot_bytes"), ("rss", "snapshot_bytes_per_producer"),
+    ("rss", "snapshot_bytes"), ("rss", "snapshot_bytes_per_producer"), ("rss", "partition_close_ms"),
+    ("rss", "partition_reopen_ms"),
 ]
 WIRE_FIGURES = [
     ("rss_bytes_per_producer",), ("fill", "producers_per_s"),
@@ -70,6 +71,7 @@ def test_every_figure_is_there_finite_and_positive(run):
     assert five > one, (five, one)
     assert 10 < ip["rss"]["snapshot_bytes_per_producer"] < 1_000
     assert 0 < wire["rss_bytes_per_producer"] < 100_000
+    assert ip["rss"]["producers_after_reopen"] == N
     for run_ in ("baseline", "loaded"):
         r = wire[run_]
         assert r["n"] > r["producers"] and r["errors"] == {} and r["p50_ms"] <= r["p99_ms"] <= r["max_ms"]
@@ -86,7 +88,7 @@ def test_the_table_has_every_row(run, capsys):
     for label in ("B/idle producer, in process (RSS)", "tracemalloc", "5 batches kept", "expire(), all expire",
                   "write_snapshot", "load_snapshot", "broker process (RSS, wire)", "active p99 / baseline p99",
                   "longest stall", "stalls over 50 ms", "restart -> Produce answered", "~255 B", "~415 B",
-                  "PR #16075", "all checks passed"):
+                  "PR #16075", "Partition(dir) reopen", "broker RSS", "all checks passed"):
         assert label in text, label
 
 

@@ -405,9 +405,10 @@ async def active_run(address: str, first_pid: int, producers: int, seconds: floa
             "stall_episodes": [{"at_s": a - start, "ms": (b - a) * 1000} for a, b in episodes[:50]]}
 
 
-async def probe_until_answered(address: str, deadline: float) -> float | None:
-    """Keep trying one Produce (a new producer ID) every 10 ms until answered; perf_counter time of the answer."""
-    while time.perf_counter() < deadline:
+async def probe_until_answered(address: str, deadline: float, gave_up=lambda: False) -> float | None:
+    """Keep trying one Produce (a new producer ID) every 10 ms until answered (perf_counter time of the
+    answer), the deadline passes or ``gave_up()`` (None)."""
+    while time.perf_counter() < deadline and not gave_up():
         conn = Connection(address, "bench-producers-probe")
         try:
             code, _, _ = await produce(conn, idle_batch(ACTIVE_FIRST_PID + PROBE_OFFSET), timeout=30.0)
@@ -439,7 +440,7 @@ async def restart(broker: BrokerProcess, timeout: float) -> dict:
 
     th = threading.Thread(target=start, daemon=True)
     th.start()
-    answered = await probe_until_answered(broker.bootstrap, t0 + timeout)
+    answered = await probe_until_answered(broker.bootstrap, t0 + timeout, lambda: "error" in ready)
     await asyncio.to_thread(th.join, timeout + 15)
     if "error" in ready:
         raise ready["error"]

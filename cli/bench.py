@@ -25,6 +25,8 @@ BENCHMARKS = {
                            "costs allocations."),
     "quota": ("quota", "The KIP-936 producer-ID quota on a simulated clock: filter memory, false positives, "
                        "check() cost."),
+    "producers": ("producers", "Idempotent-producer state at scale: memory per idle producer, active latency, "
+                               "expiry, snapshots and broker restart with N idle producers in one partition."),
     "security": ("security", "Authentication and authorization: PLAIN and SCRAM, ACL checks, a SASL_SSL "
                              "connection."),
     "audit": ("audit", "The Spark audit job against a single-process numpy check of the same blocks."),

@@ -77,7 +77,7 @@ def test_every_figure_is_there_finite_and_positive(run):
         assert r["n"] > r["producers"] and r["errors"] == {} and r["p50_ms"] <= r["p99_ms"] <= r["max_ms"]
         assert len(r["stall_episodes"]) == min(50, r["stall_episodes_over_target"])
     assert wire["duplicate_after_restart"]["state_survived"] is True
-    assert {t["target"].split(" ")[0] for t in res["targets"]} == {"p99", "no", "restart"}
+    assert {t["target"].split(" ")[0] for t in res["targets"]} == {"p99", "no", "restart", "bytes", "expiry"}
     assert res["references"]["expire_all_ms"]["by_size"]["1000000"] == 5.731
 
 

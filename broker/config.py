@@ -91,6 +91,8 @@ class BrokerConfig:
     """Create a topic a client produces to or asks for."""
     max_frame_bytes: Annotated[int, Field(ge=1024)] = 16 * 1024 * 1024
     """The largest request accepted."""
+    describe_producers_limit: Annotated[int, Field(ge=1)] = 1000
+    """DescribeProducers: at most this many producers per partition, lowest ids first."""
     producer_id_expiration_ms: Annotated[int, Field(ge=1)] = 24 * 3600 * 1000
     """Kafka's producer.id.expiration.ms: an idle producer's state is dropped after this long."""
     segment_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024 * 1024

@@ -91,7 +91,7 @@ class BrokerServer:
         self.counters = {"requests": 0, "bad_frames": 0, "bad_requests": 0, "produce_batches": 0,
                          "duplicates": 0, "dropped_by_fault_injection": 0, "init_producer_id": 0,
                          "load_in_progress": 0, "trailing_bytes": 0, "fenced_producers": 0,
-                         "quota_throttled_batches": 0}
+                         "quota_throttled_batches": 0, "describe_producers_truncated": 0}
         self.port: int | None = None
         self.quota_provider: Any = self.quotas  # stats() -> {principal: {rate, tokens, throttle_time_ms, ...}}
         self.api = kafka.ApiTable(SUPPORTED, NAMES, lambda key, version, code, message, throttle_ms:
@@ -232,6 +232,7 @@ class BrokerServer:
         self.counters["requests"] += 1
         if principal is not None:
             req.principal = principal
+        req.host = a.peer_host(peer)
         token = request_context(req.client_id, req.correlation_id)
         try:
             return await self._answer_request(req, peer)
@@ -275,7 +276,8 @@ class BrokerServer:
         """ACLs (SASL on), as each RPC of the table (``RPCS``) asks: InitProducerId needs
         IDEMPOTENT_WRITE on the cluster without a transactional id (else CLUSTER_AUTHORIZATION_FAILED)
         and WRITE on the transactional id with one, as do AddPartitionsToTxn and EndTxn (else
-        TRANSACTIONAL_ID_AUTHORIZATION_FAILED).  Topics have no ACLs."""
+        TRANSACTIONAL_ID_AUTHORIZATION_FAILED).  Topics are checked only where an RPC declares
+        ``topic_acl`` (DescribeProducers), per topic by its handler (``_topic_allowed``)."""
         need = RPCS[req.api_key].acl(req.body)
         if need is None:
             return
@@ -287,6 +289,19 @@ class BrokerServer:
             raise ClusterAuthorizationFailedError(f"{req.principal} is not allowed {operation} on the cluster")
         raise TransactionalIdAuthorizationFailedError(
             f"{req.principal} is not allowed {operation} on transactional id {name[:200]!r}")
+
+    def _topic_allowed(self, req: kafka.Request, topic: str) -> bool:
+        """May ``req``'s principal do what ``req``'s RPC needs on ``topic`` (its ``topic_acl``)?  Always with
+        SASL off.  A refusal is counted and logged."""
+        operation = RPCS[req.api_key].topic_acl
+        if self.acls is None or operation is None:
+            return True
+        if self.acls.authorize(req.principal, a.TOPIC, topic, operation, req.host):
+            return True
+        self.counters["authorization_failures"] += 1
+        log.info("%s: %s is not allowed %s on topic %r (answered TOPIC_AUTHORIZATION_FAILED)",
+                 NAMES[req.api_key], req.principal, operation, topic[:200])
+        return False
 
     # ------------------------------------------------------------ dispatch
     async def _handle(self, req: kafka.Request) -> Any:
@@ -575,25 +590,47 @@ class BrokerServer:
         return kio_.response(LIST_OFFSETS, v, {"throttle_time": 0, "topics": topics})
 
     # ------------------------------------------------------------ DescribeProducers
-    def _describe_producers(self, req: kafka.Request) -> Any:
-        """Kafka's DescribeProducers (KIP-664): the idempotence state of each partition's producers."""
+    async def _describe_producers(self, req: kafka.Request) -> Any:
+        """Kafka's DescribeProducers (KIP-664): the idempotence state of each partition's producers.
+
+        Authorized per topic, as Kafka does: with SASL on, DESCRIBE on the topic (or an operation that
+        implies it: READ, WRITE, ALTER, ALL); a refused topic's partitions get TOPIC_AUTHORIZATION_FAILED
+        whether the topic exists or not, and the others are answered.
+
+        Bounded: at most ``describe_producers_limit`` producers per partition, the lowest producer ids
+        first, read in an I/O thread (a partition may hold a million producers).  A partition with more
+        keeps error_code 0 and says so in its error_message ("1000 of 250000 producers shown, the
+        lowest producer ids; describe_producers_limit").  Kafka's admin client (and
+        ``kafka-transactions.sh describe-producers``) reads error_message only with an error, so its
+        users get the first ``describe_producers_limit`` producers without the notice; a client that
+        reads the message (or compares the count) can tell."""
+        loop = asyncio.get_running_loop()
+        limit = self.cfg.describe_producers_limit
         topics = []
         for t in req.body.topics:
             parts = []
+            allowed = self._topic_allowed(req, str(t.name))
             for index in t.partition_indexes:
                 r = {"partition_index": index, "error_code": 0, "error_message": None, "active_producers": []}
                 parts.append(r)
+                if not allowed:
+                    r["error_code"] = int(Errors.TOPIC_AUTHORIZATION_FAILED)
+                    r["error_message"] = f"{req.principal} is not allowed {RPCS[req.api_key].topic_acl} on this topic"
+                    continue
                 try:
                     part = self._partition(t.name, int(index), create=False)
                 except PidQuorumError as e:
                     r["error_code"], r["error_message"] = int(e.code), e.message
                     continue
-                for pid, entry in sorted(part.producers().items()):
-                    last = entry.batches[-1] if entry.batches else None
-                    r["active_producers"].append({
-                        "producer_id": pid, "producer_epoch": entry.epoch, "last_sequence": entry.last_seq,
-                        "last_timestamp": last.max_timestamp if last is not None else -1,
-                        "coordinator_epoch": -1, "current_txn_start_offset": -1})
+                rows, total = await loop.run_in_executor(self._io, part.describe_producers, limit)
+                r["active_producers"] = [
+                    {"producer_id": pid, "producer_epoch": epoch, "last_sequence": last_seq,
+                     "last_timestamp": last_ts, "coordinator_epoch": -1, "current_txn_start_offset": -1}
+                    for pid, epoch, last_seq, last_ts in rows]
+                if total > len(rows):
+                    self.counters["describe_producers_truncated"] += 1
+                    r["error_message"] = (f"{len(rows)} of {total} producers shown, the lowest producer ids; "
+                                          f"describe_producers_limit")
             topics.append({"name": t.name, "partitions": parts})
         return kio_.response(DESCRIBE_PRODUCERS, req.api_version, {"throttle_time": 0, "topics": topics})
 
@@ -711,12 +748,15 @@ def _list_offsets_error(cfg: BrokerConfig, version: int, code: Errors, body: Any
 class BrokerRpc:
     """One API of the broker, declared once: its versions, its handler (a ``BrokerServer`` method, which
     returns the response body), its error answer (shaped like the request) and the ACL it needs
-    ((resource type, name, operation) of the request, or None)."""
+    ((resource type, name, operation) of the request, or None; or an operation on each of its topics)."""
     name: str
     versions: tuple[int, int]
     handle: Callable[[BrokerServer, kafka.Request], Any]
     error: Callable[[BrokerConfig, int, Errors, Any], Any]
     acl: Callable[[Any], tuple[str, str, str] | None] = lambda body: None
+    # The operation each topic named in the request needs.  The answer is per partition, so the handler
+    # checks it per topic (BrokerServer._topic_allowed) and answers a refused one TOPIC_AUTHORIZATION_FAILED.
+    topic_acl: str | None = None
 
 
 RPCS: dict[int, BrokerRpc] = {
@@ -728,7 +768,7 @@ RPCS: dict[int, BrokerRpc] = {
     kafka.API_VERSIONS: BrokerRpc("ApiVersions", (0, 3), BrokerServer._api_versions, _versions_error),
     INIT_PRODUCER_ID: BrokerRpc("InitProducerId", (0, 4), BrokerServer._init_producer_id, _init_error, _init_acl),
     DESCRIBE_PRODUCERS: BrokerRpc("DescribeProducers", (0, 0), BrokerServer._describe_producers,
-                                  _describe_producers_error),
+                                  _describe_producers_error, topic_acl=a.DESCRIBE),
     ADD_PARTITIONS_TO_TXN: BrokerRpc(
         "AddPartitionsToTxn", (0, 3), BrokerServer._txn_request, _add_partitions_error,
         lambda b: (a.TRANSACTIONAL_ID, str(b.v3_and_below_transactional_id), a.WRITE)),

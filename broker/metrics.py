@@ -27,6 +27,7 @@ BROKER_METRICS = {
     "pidquorum_broker_bad_requests": "Readable headers with a bad body or version (answered with an error).",
     "pidquorum_broker_produce_batches": "Produce batches appended.",
     "pidquorum_broker_init_producer_id_requests": "InitProducerId requests.",
+    "pidquorum_broker_describe_producers_truncated": "DescribeProducers partitions cut at describe_producers_limit.",
     "pidquorum_broker_pid_reserve_ids": "Producer IDs in hand (rest of the current block plus queued blocks).",
     "pidquorum_broker_pid_target_reserve_ids": "Reserve the refill task keeps (sized from demand).",
     "pidquorum_broker_pid_queued_blocks": "Prefetched blocks queued behind the current one.",
@@ -51,6 +52,7 @@ _COUNTERS = {  # BrokerServer.counters key -> metric
     "bad_requests": "pidquorum_broker_bad_requests",
     "produce_batches": "pidquorum_broker_produce_batches",
     "init_producer_id": "pidquorum_broker_init_producer_id_requests",
+    "describe_producers_truncated": "pidquorum_broker_describe_producers_truncated",
 }
 
 

@@ -69,6 +69,7 @@ class Request:
     # Who sent it: "User:<name>" once the connection has authenticated (SASL),
     # else "User:ANONYMOUS". Set by the server per connection, read by ACLs and quotas.
     principal: str = "User:ANONYMOUS"
+    host: str | None = None  # the client's address, set with the principal: ACL entries may name a host
     raw: bytes = b""  # the frame as it arrived (size prefix removed): what a follower forwards to the leader
     forwarded: bool = False  # it came from another node (inside an Envelope): never forwarded again
 

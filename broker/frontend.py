@@ -12,7 +12,9 @@ a broker failover never loses or repeats an epoch bump.
 Requests on one connection are handled one at a time, in order, as Kafka
 does (it mutes a connection while its request is processed): a client with
 5 produce requests in flight sees them appended in the order it sent them.
-Frames are read ahead while a request is being handled.
+Frames are read ahead while a request is being handled.  A long-polling Fetch
+waits for appends to the partitions it reads only (``AppendWaiters``), not for
+every append.
 
 Bad input never takes the broker down: an unreadable or oversized frame or
 an unknown API key closes that connection with a log line; a readable header
@@ -69,6 +71,45 @@ class _DropConnection(Exception):
     """Fault injection: close the connection instead of answering."""
 
 
+class AppendWaiters:
+    """Long-polling Fetches waiting for an append, by the partitions they read.
+
+    A Fetch ``watch``es the (topic, partition) keys of its request and gets a future; an
+    append to a partition resolves the futures of that partition only (``appended``), so a
+    produce wakes the Fetches that read what it appended and no other.  The Fetch ``forget``s
+    its future when it stops waiting.  Event-loop only."""
+
+    def __init__(self) -> None:
+        self._by_partition: dict[tuple[str, int], set[asyncio.Future]] = {}
+
+    def watch(self, keys: frozenset[tuple[str, int]]) -> asyncio.Future:
+        fut = asyncio.get_running_loop().create_future()
+        for key in keys:
+            self._by_partition.setdefault(key, set()).add(fut)
+        return fut
+
+    def forget(self, fut: asyncio.Future, keys: frozenset[tuple[str, int]]) -> None:
+        for key in keys:
+            waiting = self._by_partition.get(key)
+            if waiting is not None:
+                waiting.discard(fut)
+                if not waiting:
+                    del self._by_partition[key]
+
+    def appended(self, key: tuple[str, int]) -> int:
+        """Wake the Fetches waiting on ``key``; how many were woken."""
+        woken = 0
+        for fut in self._by_partition.pop(key, ()):
+            if not fut.done():
+                fut.set_result(key)
+                woken += 1
+        return woken
+
+    def __len__(self) -> int:
+        """Partitions with a Fetch waiting on them."""
+        return len(self._by_partition)
+
+
 class BrokerServer:
     def __init__(self, cfg: BrokerConfig):
         self.cfg = cfg
@@ -80,7 +121,7 @@ class BrokerServer:
                                producer_id_expiration_ms=cfg.producer_id_expiration_ms)
         self._io = concurrent.futures.ThreadPoolExecutor(max_workers=cfg.io_threads, thread_name_prefix="broker-io")
         self._server: asyncio.AbstractServer | None = None
-        self._appended: asyncio.Condition | None = None
+        self._waiters = AppendWaiters()
         self._produce_requests = 0
         self._connections: set[asyncio.Task] = set()
         self.quotas = ProducerIdQuotaManager(cfg.quota_window)
@@ -91,7 +132,8 @@ class BrokerServer:
         self.counters = {"requests": 0, "bad_frames": 0, "bad_requests": 0, "produce_batches": 0,
                          "duplicates": 0, "dropped_by_fault_injection": 0, "init_producer_id": 0,
                          "load_in_progress": 0, "trailing_bytes": 0, "fenced_producers": 0,
-                         "quota_throttled_batches": 0, "describe_producers_truncated": 0}
+                         "quota_throttled_batches": 0, "fetch_waits": 0, "fetch_wakeups": 0,
+                         "describe_producers_truncated": 0}
         self.port: int | None = None
         self.quota_provider: Any = self.quotas  # stats() -> {principal: {rate, tokens, throttle_time_ms, ...}}
         self.api = kafka.ApiTable(SUPPORTED, NAMES, lambda key, version, code, message, throttle_ms:
@@ -126,7 +168,6 @@ class BrokerServer:
 
     # --------------------------------------------------------------- lifecycle
     async def start(self) -> None:
-        self._appended = asyncio.Condition()
         if self.acls is not None:
             await self.acls.start()  # no first copy of the ACLs: do not serve (raises the quorum's answer)
         host, port = self.cfg.listen.rsplit(":", 1)
@@ -431,7 +472,7 @@ class BrokerServer:
         self._produce_requests += 1
         loop = asyncio.get_running_loop()
         responses = []
-        appended_any = False
+        appended: list[tuple[str, int]] = []
         refused = self._check_producer_id_quota(req)
         for t in b.topic_data:
             parts = []
@@ -469,15 +510,15 @@ class BrokerServer:
                     if res.duplicate:
                         self.counters["duplicates"] += 1
                     else:
-                        appended_any = True
+                        appended.append((t.name, int(pd.index)))
                         self.counters["produce_batches"] += 1
                 else:
                     self._note_error(res.error)
                     log.info("produce %s-%d: %s: %s", t.name, pd.index, res.error.name, res.message)
             responses.append({"name": t.name, "partition_responses": parts})
-        if appended_any:
-            async with self._appended:
-                self._appended.notify_all()
+        if appended:
+            for key in appended:
+                self._waiters.appended(key)
             if failpoints.hit("broker.produce.appended", self._produce_requests):
                 raise _DropConnection()
         if acks == 0:
@@ -506,19 +547,26 @@ class BrokerServer:
 
     # ------------------------------------------------------------ Fetch
     async def _fetch(self, req: kafka.Request) -> Any:
+        """Answered once min_bytes are there, at max_wait (at most 30 s), or at once with an error.
+        While it waits, only an append to one of its partitions wakes it (``AppendWaiters``): it
+        watches them before each read, so an append during the read is not missed."""
         b, v = req.body, req.api_version
         deadline = time.monotonic() + min(kio_.ms(b.max_wait), 30_000) / 1000
         min_bytes = max(int(b.min_bytes), 0)
+        keys = frozenset((t.topic, int(pt.partition)) for t in b.topics for pt in t.partitions)
         while True:
-            responses, total = await self._fetch_once(b)
-            remaining = deadline - time.monotonic()
-            if total >= max(min_bytes, 1) or remaining <= 0 or self._fetch_has_error(responses):
-                break
-            async with self._appended:
-                try:
-                    await asyncio.wait_for(self._appended.wait(), remaining)
-                except asyncio.TimeoutError:
-                    pass
+            waiter = self._waiters.watch(keys)
+            try:
+                responses, total = await self._fetch_once(b)
+                remaining = deadline - time.monotonic()
+                if total >= max(min_bytes, 1) or remaining <= 0 or self._fetch_has_error(responses):
+                    break
+                self.counters["fetch_waits"] += 1
+                await asyncio.wait((waiter,), timeout=remaining)
+                if waiter.done():
+                    self.counters["fetch_wakeups"] += 1
+            finally:
+                self._waiters.forget(waiter, keys)
         return kio_.response(FETCH, v, {"throttle_time": 0, "error_code": 0, "session_id": 0,
                                         "responses": responses})
 

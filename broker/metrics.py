@@ -27,6 +27,8 @@ BROKER_METRICS = {
     "pidquorum_broker_bad_requests": "Readable headers with a bad body or version (answered with an error).",
     "pidquorum_broker_produce_batches": "Produce batches appended.",
     "pidquorum_broker_init_producer_id_requests": "InitProducerId requests.",
+    "pidquorum_broker_fetch_waits": "Times a Fetch started waiting for an append (long poll).",
+    "pidquorum_broker_fetch_wakeups": "Times a waiting Fetch was woken by an append to a partition it reads.",
     "pidquorum_broker_describe_producers_truncated": "DescribeProducers partitions cut at describe_producers_limit.",
     "pidquorum_broker_pid_reserve_ids": "Producer IDs in hand (rest of the current block plus queued blocks).",
     "pidquorum_broker_pid_target_reserve_ids": "Reserve the refill task keeps (sized from demand).",
@@ -52,6 +54,8 @@ _COUNTERS = {  # BrokerServer.counters key -> metric
     "bad_requests": "pidquorum_broker_bad_requests",
     "produce_batches": "pidquorum_broker_produce_batches",
     "init_producer_id": "pidquorum_broker_init_producer_id_requests",
+    "fetch_waits": "pidquorum_broker_fetch_waits",
+    "fetch_wakeups": "pidquorum_broker_fetch_wakeups",
     "describe_producers_truncated": "pidquorum_broker_describe_producers_truncated",
 }
 

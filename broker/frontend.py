@@ -12,9 +12,14 @@ a broker failover never loses or repeats an epoch bump.
 Requests on one connection are handled one at a time, in order, as Kafka
 does (it mutes a connection while its request is processed): a client with
 5 produce requests in flight sees them appended in the order it sent them.
-Frames are read ahead while a request is being handled.  A long-polling Fetch
-waits for appends to the partitions it reads only (``AppendWaiters``), not for
-every append.
+Frames are read ahead while a request is being handled, up to
+``max_connection_buffer_bytes`` per connection (``ReadAhead``): past that the
+socket is not read until the handler catches up, so a client that sends
+faster than it reads its answers fills its own TCP window, not the broker's
+memory.  ``max_connections`` / ``max_connections_per_ip`` bound how many
+connections are served; one over a limit is closed at once (counted; logged
+at most every 10 s).  A long-polling Fetch waits for appends to the partitions
+it reads only (``AppendWaiters``), not for every append.
 
 Bad input never takes the broker down: an unreadable or oversized frame or
 an unknown API key closes that connection with a log line; a readable header
@@ -30,6 +35,7 @@ import inspect
 import logging
 import os
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -38,7 +44,7 @@ from client.quorum import QuorumClient, RetryPolicy
 from security import acl as a
 from security.sasl import SaslAuthenticator, api_versions_table, linger_close
 from security.tls import server_context
-from telemetry.logs import end_request_context, request_context
+from telemetry.logs import Throttled, end_request_context, request_context
 from wire import kafka
 from wire.errors import (
     ClusterAuthorizationFailedError,
@@ -69,6 +75,54 @@ LATEST_TIMESTAMP, EARLIEST_TIMESTAMP = -1, -2
 
 class _DropConnection(Exception):
     """Fault injection: close the connection instead of answering."""
+
+
+class ReadAhead:
+    """Frames read from one connection and not yet taken by its handler, bounded by bytes.
+
+    The reader calls ``room(size)`` once a frame's size is known, before its body is read: it
+    waits while the bytes held plus this frame would pass ``max_bytes``, unless nothing is held,
+    so one frame of any size the listener accepts (``max_frame_bytes``) always gets through and
+    what one connection holds unread is at most ``max(max_bytes, one frame)``.  While it waits
+    nothing is read from the socket: the client's sends stall on TCP flow control.  Kafka holds
+    one request per connection (it mutes the channel until the answer is sent); this reads a
+    few ahead so pipelined requests do not wait a round trip, in order (FIFO).  ``None`` is the
+    end of the stream."""
+
+    def __init__(self, max_bytes: int, on_pause: Callable[[], None] | None = None):
+        self.max_bytes = max_bytes
+        self.held = 0  # bytes of frames read or being read, not yet taken
+        self.pauses = 0  # times the reader waited for room
+        self._on_pause = on_pause
+        self._frames: deque[bytes | None] = deque()
+        self._changed = asyncio.Condition()
+
+    def _fits(self, size: int) -> bool:
+        return self.held == 0 or self.held + size <= self.max_bytes
+
+    async def room(self, size: int) -> None:
+        async with self._changed:
+            if not self._fits(size):
+                self.pauses += 1
+                if self._on_pause is not None:
+                    self._on_pause()
+                await self._changed.wait_for(lambda: self._fits(size))
+            self.held += size
+
+    async def put(self, frame: bytes | None) -> None:
+        """A frame whose room was taken (or None: the end)."""
+        async with self._changed:
+            self._frames.append(frame)
+            self._changed.notify_all()
+
+    async def get(self) -> bytes | None:
+        async with self._changed:
+            await self._changed.wait_for(lambda: bool(self._frames))
+            frame = self._frames.popleft()
+            if frame is not None:
+                self.held -= len(frame)
+                self._changed.notify_all()
+            return frame
 
 
 class AppendWaiters:
@@ -123,7 +177,9 @@ class BrokerServer:
         self._server: asyncio.AbstractServer | None = None
         self._waiters = AppendWaiters()
         self._produce_requests = 0
-        self._connections: set[asyncio.Task] = set()
+        self._connections: dict[asyncio.Task, ReadAhead] = {}
+        self._per_ip: dict[str | None, int] = {}  # open connections by client address
+        self._refusal_log = Throttled(log, 10.0)
         self.quotas = ProducerIdQuotaManager(cfg.quota_window)
         self.quota_poller = QuotaConfigPoller(self.quotas, self.quorum, cfg.quota_refresh_s,
                                               stats_path=os.path.join(cfg.data_dir, STATS_FILE))
@@ -132,8 +188,9 @@ class BrokerServer:
         self.counters = {"requests": 0, "bad_frames": 0, "bad_requests": 0, "produce_batches": 0,
                          "duplicates": 0, "dropped_by_fault_injection": 0, "init_producer_id": 0,
                          "load_in_progress": 0, "trailing_bytes": 0, "fenced_producers": 0,
-                         "quota_throttled_batches": 0, "fetch_waits": 0, "fetch_wakeups": 0,
-                         "describe_producers_truncated": 0}
+                         "quota_throttled_batches": 0, "connections_refused": 0,
+                         "connections_refused_per_ip": 0, "read_pauses": 0, "fetch_waits": 0,
+                         "fetch_wakeups": 0, "describe_producers_truncated": 0}
         self.port: int | None = None
         self.quota_provider: Any = self.quotas  # stats() -> {principal: {rate, tokens, throttle_time_ms, ...}}
         self.api = kafka.ApiTable(SUPPORTED, NAMES, lambda key, version, code, message, throttle_ms:
@@ -159,6 +216,8 @@ class BrokerServer:
     def status(self) -> dict[str, Any]:
         """The broker's figures: what its metrics endpoint and ``pidctl broker status`` show."""
         return {"broker_id": self.cfg.broker_id, "listen": self.cfg.listen, "counters": dict(self.counters),
+                "connections": len(self._connections),
+                "read_ahead_bytes": sum(r.held for r in self._connections.values()),
                 "pid_manager": self.pids.stats() if self.pids is not None else None,
                 "quota": self.quota_stats()}
 
@@ -201,12 +260,43 @@ class BrokerServer:
         self.storage.close()
 
     # ------------------------------------------------------------ connections
+    def _admit(self, peer: Any) -> bool:
+        """Room for one more connection from ``peer`` (Kafka's max.connections, max.connections.per.ip)?
+        Counted in when yes; a refusal is counted, and logged at most every 10 s."""
+        host = a.peer_host(peer)
+        if len(self._connections) >= self.cfg.max_connections:
+            self.counters["connections_refused"] += 1
+            self._refusal_log(logging.WARNING, "client %s: refused, %d connections open (max_connections)", peer,
+                              len(self._connections))
+            return False
+        if self._per_ip.get(host, 0) >= self.cfg.max_connections_per_ip:
+            self.counters["connections_refused"] += 1
+            self.counters["connections_refused_per_ip"] += 1
+            self._refusal_log(logging.WARNING, "client %s: refused, %d connections open from %s "
+                              "(max_connections_per_ip)", peer, self._per_ip[host], host)
+            return False
+        self._per_ip[host] = self._per_ip.get(host, 0) + 1
+        return True
+
+    def _count_read_pause(self) -> None:
+        self.counters["read_pauses"] += 1
+
+    def _release(self, peer: Any) -> None:
+        host = a.peer_host(peer)
+        left = self._per_ip.get(host, 0) - 1
+        if left > 0:
+            self._per_ip[host] = left
+        else:
+            self._per_ip.pop(host, None)
+
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._connections.add(task)
         peer = writer.get_extra_info("peername")
-        frames: asyncio.Queue = asyncio.Queue(maxsize=64)
+        task = asyncio.current_task()
+        if task is None or not self._admit(peer):
+            writer.transport.abort()  # nothing is read or answered: the client sees a reset
+            return
+        frames = ReadAhead(self.cfg.max_connection_buffer_bytes, self._count_read_pause)
+        self._connections[task] = frames
         read_task = asyncio.get_running_loop().create_task(self._read_frames(reader, frames, peer))
         session = self.sasl.session(peer) if self.sasl is not None else None
         try:
@@ -242,12 +332,13 @@ class BrokerServer:
             read_task.cancel()
             writer.close()
             self._muted_until.pop(peer, None)
-            if task is not None:
-                self._connections.discard(task)
+            self._connections.pop(task, None)
+            self._release(peer)
 
-    async def _read_frames(self, reader: asyncio.StreamReader, frames: asyncio.Queue, peer: Any) -> None:
+    async def _read_frames(self, reader: asyncio.StreamReader, frames: ReadAhead, peer: Any) -> None:
         try:
-            async for frame in kafka.iter_frames(reader, self.cfg.max_frame_bytes, peer, self.counters):
+            async for frame in kafka.iter_frames(reader, self.cfg.max_frame_bytes, peer, self.counters,
+                                                 frames.room):
                 await frames.put(frame)
         except (ConnectionError, OSError) as e:
             log.info("client %s: %s", peer, e)

@@ -101,8 +101,26 @@ class BrokerConfig:
     """DescribeProducers: at most this many producers per partition, lowest ids first."""
     producer_id_expiration_ms: Annotated[int, Field(ge=1)] = 24 * 3600 * 1000
     """Kafka's producer.id.expiration.ms: an idle producer's state is dropped after this long."""
+    max_producers_per_partition: Annotated[int | None, Field(ge=1)] = 1_000_000
+    """Producers whose state a partition keeps (about 110 bytes each); past it the least recently used are
+    evicted and get UNKNOWN_PRODUCER_ID if they come back mid-sequence (Kafka has no cap)."""
+    idempotence_retry_window_ms: Annotated[int, Field(ge=0)] = 300_000
+    """How long after its last append a producer may still retry one of its 4 batches before the last
+    (they are kept that long; above the clients' delivery.timeout.ms, 120 s by default)."""
+    producer_snapshot_every: Annotated[int, Field(ge=1)] = 100_000
+    """Appended batches between producer-state snapshots (also taken when a segment rolls and on close):
+    after a crash a restart replays at most this many batch headers."""
     segment_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024 * 1024
     """Size at which a partition's log rolls to a new segment."""
+    retention_ms: Annotated[int | None, Field(ge=-1)] = 7 * 24 * 3600 * 1000
+    """Kafka's log.retention.ms: a sealed segment is deleted once its newest record is this old (-1: never)."""
+    retention_bytes: Annotated[int | None, Field(ge=-1)] = None
+    """Kafka's log.retention.bytes: old segments are deleted while a partition's log is larger (-1 or unset: no
+    limit)."""
+    max_open_segments: Annotated[int, Field(ge=1)] = 1000
+    """Segment files open at once, all partitions together (the least recently used are closed)."""
+    max_topics: Annotated[int, Field(ge=1)] = 1000
+    """Topics the broker holds; creating one more is refused (UNKNOWN_TOPIC_OR_PARTITION)."""
     dedup: bool = True
     """Idempotence checks; off (--no-dedup) only to show what they prevent."""
     io_threads: Annotated[int, Field(ge=1)] = 4

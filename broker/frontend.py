@@ -172,7 +172,12 @@ class BrokerServer:
         self.pids: ProducerIdManager | None = None  # created once the listener's port is known
         self.storage = Storage(cfg.data_dir, default_partitions=cfg.default_partitions,
                                auto_create=cfg.auto_create_topics, dedup=cfg.dedup, segment_bytes=cfg.segment_bytes,
-                               producer_id_expiration_ms=cfg.producer_id_expiration_ms)
+                               producer_id_expiration_ms=cfg.producer_id_expiration_ms,
+                               max_producers=cfg.max_producers_per_partition,
+                               retry_window_ms=cfg.idempotence_retry_window_ms,
+                               snapshot_every=cfg.producer_snapshot_every,
+                               retention_ms=cfg.retention_ms, retention_bytes=cfg.retention_bytes,
+                               max_open_segments=cfg.max_open_segments, max_topics=cfg.max_topics)
         self._io = concurrent.futures.ThreadPoolExecutor(max_workers=cfg.io_threads, thread_name_prefix="broker-io")
         self._server: asyncio.AbstractServer | None = None
         self._waiters = AppendWaiters()

@@ -18,12 +18,26 @@
 is appended), to show what idempotence buys; the state is still tracked, so the
 checks are right if the partition is reopened with ``dedup=True``.
 
-The producer state is snapshotted every ``snapshot_every`` appends, on close,
-and before any segment is deleted (retention by ``retention_bytes`` after each
-append, or ``delete_records_before``), so it survives both restarts and the
-loss of the batches it came from; reopening replays only the log after the
-newest snapshot.  Producers idle for ``producer_id_expiration_ms`` are dropped
-(checked at most once a minute, on append).
+**Producer-state snapshots** are taken when the log rolls a segment, after
+``snapshot_every`` appended batches, on close, and before any segment is
+deleted, so the state survives both restarts and the loss of the batches it
+came from; reopening replays only the log after the newest snapshot.  Only
+the copy of the state's arrays happens under the partition's lock (about 30 ms
+for a million producers); encoding, writing and fsync run on a snapshot
+thread (``snapshot_executor``, one thread shared by every partition by
+default), as Kafka moved its snapshot fsync out of the log lock (KAFKA-15046).
+Retention deletes segments only below the newest *durable* snapshot: when it
+wants more, it asks for a snapshot and deletes once that is on disk.
+``wait_snapshots`` waits for the pending one.
+
+**Expiry.**  Producers idle for ``producer_id_expiration_ms`` are dropped.
+Whether any is due costs one comparison (checked at most once a minute, on
+append and in ``maintain``); a pass then goes through the state
+``EXPIRY_CHUNK_ROWS`` rows at a time, one chunk per append or per lock
+acquisition in ``maintain``, so no append waits behind more than one chunk
+(about 3 ms).  ``max_producers`` caps the producers of the partition (see
+``broker.producer_state``: the least recently used are evicted, and told so
+if they come back).
 
 Threads: every public method takes the partition's lock, so a front end may
 call from any thread; calls on one partition run one at a time (a long read
@@ -36,6 +50,7 @@ the log undoes the partial append, so the state stays consistent.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import threading
 import time
@@ -44,21 +59,37 @@ from dataclasses import dataclass
 
 from wire.errors import Errors
 
-from .log import DEFAULT_SEGMENT_BYTES, PartitionLog
+from .log import DEFAULT_SEGMENT_BYTES, PartitionLog, SegmentFiles
 from .producer_state import (
     APPEND,
     DEFAULT_PRODUCER_ID_EXPIRATION_MS,
+    DEFAULT_RETRY_WINDOW_MS,
     Action,
     ProducerEntry,
+    ProducerSnapshot,
     ProducerStateManager,
+    install_snapshot,
 )
 from .recordbatch import BatchError, split_batches
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BATCH_BYTES = 1_048_588  # Kafka's max.message.bytes default
-DEFAULT_SNAPSHOT_EVERY = 1000
+DEFAULT_SNAPSHOT_EVERY = 100_000  # batches; a crash then replays at most this many headers on restart
 EXPIRY_CHECK_MS = 60_000
+EXPIRY_CHUNK_ROWS = 1 << 17
+
+_shared_executor: concurrent.futures.ThreadPoolExecutor | None = None
+_shared_lock = threading.Lock()
+
+
+def snapshot_executor() -> concurrent.futures.ThreadPoolExecutor:
+    """The one thread that writes producer-state snapshots for every partition of the process."""
+    global _shared_executor
+    with _shared_lock:
+        if _shared_executor is None:
+            _shared_executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="producer-snapshots")
+        return _shared_executor
 
 
 def wall_clock_ms() -> int:
@@ -81,27 +112,37 @@ class AppendResult:
 
 class Partition:
     def __init__(self, directory: str, *, dedup: bool = True, segment_bytes: int = DEFAULT_SEGMENT_BYTES,
-                 retention_bytes: int | None = None,
+                 retention_bytes: int | None = None, retention_ms: int | None = None,
                  producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS,
                  clock_ms: Callable[[], int] = wall_clock_ms, snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
-                 max_batch_bytes: int | None = DEFAULT_MAX_BATCH_BYTES, fsync: bool = True):
+                 max_batch_bytes: int | None = DEFAULT_MAX_BATCH_BYTES, fsync: bool = True,
+                 max_producers: int | None = None, retry_window_ms: int = DEFAULT_RETRY_WINDOW_MS,
+                 snapshot_executor: concurrent.futures.Executor | None = None,
+                 segment_files: SegmentFiles | None = None):
         self.directory = directory
         self.dedup = dedup
         self.retention_bytes = retention_bytes
+        self.retention_ms = retention_ms
         self.producer_id_expiration_ms = producer_id_expiration_ms
         self.snapshot_every = max(1, snapshot_every)
         self.max_batch_bytes = max_batch_bytes
         self._clock = clock_ms
-        self._lock = threading.Lock()
+        self._executor = snapshot_executor
+        self._lock = threading.RLock()  # RLock: a snapshot that finishes at once runs its callback here
         self._closed = False
-        self.log = PartitionLog(directory, segment_bytes=segment_bytes, fsync=fsync)
+        self._pending: concurrent.futures.Future | None = None  # the snapshot being written
+        self._snapshot_again = False  # a snapshot was asked for while one was being written
+        self.snapshot_errors = 0
+        self.log = PartitionLog(directory, segment_bytes=segment_bytes, fsync=fsync, files=segment_files)
         try:
             now = self._clock()
-            self.state = ProducerStateManager.recover(self.log.directory, self.log, now)
+            self.state = ProducerStateManager.recover(self.log.directory, self.log, now,
+                                                      max_producers=max_producers, retry_window_ms=retry_window_ms)
             self.state.expire(now, producer_id_expiration_ms)
             self._last_expiry_check = now
-            self._snapshot_offset = self.state.recovery_stats["snapshot_offset"]
-            self._appends_since_snapshot = 0
+            self._expiry_cursor: int | None = None
+            self._snapshot_offset = self.state.recovery_stats["snapshot_offset"]  # newest durable snapshot
+            self._batches_since_snapshot = self.state.recovery_stats["replayed_batches"]
             self._apply_retention()
         except BaseException:
             self.log.close()
@@ -128,6 +169,7 @@ class Partition:
             first = -1
             if new:
                 now = self._clock()
+                segments = len(self.log.segment_base_offsets)
                 try:
                     first = self.log.append([raw for _, raw in new])
                 except OSError as e:
@@ -137,7 +179,7 @@ class Partition:
                 for h, _ in new:
                     self.state.update(h, offset, now)
                     offset += h.last_offset_delta + 1
-                self._after_append(now)
+                self._after_append(now, len(new), len(self.log.segment_base_offsets) != segments)
             d0 = decisions[0]
             base = d0.first_offset if d0.action is Action.DUPLICATE else first
             return self._result(Errors.NONE, base_offset=base, duplicate=not new,
@@ -146,33 +188,108 @@ class Partition:
     def _result(self, error: Errors, **kw) -> AppendResult:
         return AppendResult(error, log_start_offset=self.log.log_start_offset, **kw)
 
-    def _after_append(self, now: int) -> None:
-        self._appends_since_snapshot += 1
-        if now - self._last_expiry_check >= min(EXPIRY_CHECK_MS, self.producer_id_expiration_ms):
-            self._last_expiry_check = now
-            gone = self.state.expire(now, self.producer_id_expiration_ms)
-            if gone:
-                log.info("partition %s: expired %d idle producers", self.directory, len(gone))
-        if self._appends_since_snapshot >= self.snapshot_every:
-            self._snapshot()
+    def _after_append(self, now: int, batches: int, rolled: bool) -> None:
+        self._batches_since_snapshot += batches
+        self._expiry_step(now)
+        if rolled or self._batches_since_snapshot >= self.snapshot_every:
+            self._snapshot_async()
         self._apply_retention()
 
-    def _snapshot(self) -> None:
-        end = self.log.log_end_offset
-        self.state.take_snapshot(self.log.directory, end)
-        self._snapshot_offset = end
-        self._appends_since_snapshot = 0
+    # ------------------------------------------------------------- expiry
+    def _expiry_step(self, now: int) -> None:
+        """One chunk of an expiry pass (starting one if due); caller holds the lock."""
+        if self._expiry_cursor is None:
+            if now - self._last_expiry_check < min(EXPIRY_CHECK_MS, self.producer_id_expiration_ms):
+                return
+            self._last_expiry_check = now
+            if not self.state.due_for_expiry(now, self.producer_id_expiration_ms):
+                return
+            self._expiry_cursor = 0
+        start = self._expiry_cursor
+        gone = self.state.expire(now, self.producer_id_expiration_ms, start, start + EXPIRY_CHUNK_ROWS)
+        self._expiry_cursor = start + EXPIRY_CHUNK_ROWS
+        if self._expiry_cursor >= self.state.row_count:
+            self._expiry_cursor = None
+        if gone:
+            log.info("partition %s: expired %d idle producers", self.directory, gone)
 
-    def _apply_retention(self) -> None:
-        if self.retention_bytes is None:
+    def maintain(self) -> None:
+        """Work that must not wait for appends: expiry (a chunk per lock acquisition), retention.
+        The broker calls it every few seconds from an I/O thread."""
+        while True:
+            with self._lock:
+                if self._closed:
+                    return
+                self._expiry_step(self._clock())
+                if self._expiry_cursor is None:
+                    self._apply_retention()
+                    return
+
+    # ------------------------------------------------------------- snapshots
+    def _snapshot_async(self) -> None:
+        """Copy the state (caller holds the lock) and have the snapshot thread write it."""
+        if self._pending is not None:
+            self._snapshot_again = True
             return
-        new_start = self.log.plan_retention(self.retention_bytes)
-        if new_start > self.log.log_start_offset:
-            self._delete_before(new_start)
+        snap = self.state.snapshot(self.log.log_end_offset)
+        self._batches_since_snapshot = 0
+        self._snapshot_again = False
+        executor = self._executor or snapshot_executor()
+        self._pending = executor.submit(install_snapshot, self.log.directory, snap)
+        self._pending.add_done_callback(lambda f, snap=snap: self._snapshot_done(f, snap))
+
+    def _snapshot_done(self, fut: concurrent.futures.Future, snap: ProducerSnapshot) -> None:
+        with self._lock:
+            if self._pending is fut:
+                self._pending = None
+            error = fut.exception()
+            if error is not None:
+                # Nothing is lost: the log still holds every batch after the previous snapshot, and
+                # retention deletes nothing below a durable snapshot.
+                self.snapshot_errors += 1
+                log.error("partition %s: writing the producer-state snapshot at offset %d failed: %s",
+                          self.directory, snap.offset, error)
+                return
+            self._snapshot_offset = max(self._snapshot_offset, snap.offset)
+            if self._closed:
+                return
+            if self._snapshot_again:
+                self._snapshot_async()
+            self._apply_retention()
+
+    def wait_snapshots(self, timeout: float | None = None) -> None:
+        """Wait until no snapshot is being written (tests, tools, close)."""
+        while True:
+            with self._lock:
+                fut = self._pending
+            if fut is None:
+                return
+            concurrent.futures.wait([fut], timeout)
+            if not fut.done():
+                raise TimeoutError(f"partition {self.directory}: a snapshot is still being written")
+
+    def _snapshot_now(self) -> None:
+        """Write a snapshot at the log end in this thread (caller holds the lock, none is pending)."""
+        end = self.log.log_end_offset
+        install_snapshot(self.log.directory, self.state.snapshot(end))
+        self._snapshot_offset = end
+        self._batches_since_snapshot = 0
+
+    # ------------------------------------------------------------- retention
+    def _apply_retention(self) -> None:
+        if self.retention_bytes is None and self.retention_ms is None:
+            return
+        new_start = self.log.plan_retention(self.retention_bytes, self.retention_ms, self._clock())
+        if new_start <= self.log.log_start_offset:
+            return
+        if self._snapshot_offset >= new_start:
+            self.log.delete_records_before(new_start)  # the state of those batches is in a durable snapshot
+        else:
+            self._snapshot_async()  # deleted once it is durable (_snapshot_done)
 
     def _delete_before(self, offset: int) -> int:
-        if offset > self.log.log_start_offset and self._snapshot_offset != self.log.log_end_offset:
-            self._snapshot()  # the state must outlive the batches it came from
+        if offset > self.log.log_start_offset and self._snapshot_offset < offset:
+            self._snapshot_now()  # the state must outlive the batches it came from
         return self.log.delete_records_before(offset)
 
     # ================================================================= reads
@@ -208,6 +325,11 @@ class Partition:
         with self._lock:
             return self.state.producers()
 
+    def producer_stats(self) -> dict[str, int]:
+        """producers, producers_with_older_batches, evictions, array_bytes, snapshot_errors."""
+        with self._lock:
+            return {**self.state.stats(), "snapshot_errors": self.snapshot_errors}
+
     def describe_producers(self, limit: int) -> tuple[list[tuple[int, int, int, int]], int]:
         """At most ``limit`` producers as (producer id, epoch, last sequence, last timestamp), by producer
         id, and how many the partition has in all (DescribeProducers)."""
@@ -217,8 +339,11 @@ class Partition:
     # ============================================================== deletion
     def delete_records_before(self, offset: int) -> int:
         """DeleteRecords: move the log start up to ``offset`` (producer state snapshotted first)."""
+        self.wait_snapshots()
         with self._lock:
             self._check_open()
+            if self._pending is not None:  # one started meanwhile: let it finish first
+                self._pending.result()
             return self._delete_before(offset)
 
     # ================================================================= close
@@ -231,10 +356,14 @@ class Partition:
         with self._lock:
             if self._closed:
                 return
-            self._closed = True
+            self._closed = True  # no new snapshot starts
+            fut = self._pending
+        if fut is not None:
+            concurrent.futures.wait([fut])
+        with self._lock:
             try:
-                if self.log.log_end_offset > max(self._snapshot_offset, 0):
-                    self._snapshot()
+                if self.log.log_end_offset > max(self._snapshot_offset, 0) or self._batches_since_snapshot:
+                    self._snapshot_now()
             finally:
                 self.log.close()
 

@@ -1,9 +1,13 @@
 """Idempotent-producer state of one partition: sequence checks, duplicate detection, snapshots.
 
-Per producer ID the manager keeps the epoch, the metadata of the last 5
-batches appended (first/last sequence, first/last offset, max timestamp; a
-client keeps at most 5 requests in flight, so a retry is always among them) and
-the broker's wall-clock time of the last append.
+Per producer ID the manager keeps the epoch, the metadata of its last batch
+(first/last sequence, first/last offset, max timestamp) and the broker's
+wall-clock time of its last append.  The four batches before the last one are
+kept too, but only while a retry of them can still arrive: a client keeps at
+most 5 requests in flight and gives up on a batch after its delivery timeout
+(``delivery.timeout.ms``, 2 minutes by default), so a producer that has been
+idle for ``retry_window_ms`` (5 minutes by default) cannot retry any batch but
+its last one, and its older batches are dropped.
 
 The rules ``check`` applies to a batch with a producer ID (as Kafka's broker):
 
@@ -14,47 +18,77 @@ The rules ``check`` applies to a batch with a producer ID (as Kafka's broker):
   answered with that batch's offsets and appended nowhere;
 * same epoch otherwise: the first sequence must follow the stored last one
   (wrapping from 2**31-1 to 0), else OUT_OF_ORDER_SEQUENCE_NUMBER - which is
-  also the answer for a retry of a batch older than the 5 cached ones;
+  also the answer for a retry of a batch older than the cached ones;
 * **unknown producer: APPEND, whatever the sequence.**  Kafka answered
   UNKNOWN_PRODUCER_ID here before 2.5; since KIP-360 it accepts, because the
   broker cannot tell a gap from state that is simply gone: a producer idle for
-  longer than ``producer.id.expiration.ms`` (or whose batches all left the log
-  under retention, in brokers that lost state with them) continues at sequence
-  N, and refusing it would fail a healthy producer - older clients treat
+  longer than ``producer.id.expiration.ms`` continues at sequence N, and
+  refusing it would fail a healthy producer - older clients treat
   UNKNOWN_PRODUCER_ID as fatal or reset their sequences.  The price is that a
   duplicate or a gap arriving after the state expired is not detected; with
   state that survives restarts and segment deletion (below) that only happens
   after a day of silence from the producer.
+* **evicted producer** (``max_producers``, below) **at a sequence other than
+  0: UNKNOWN_PRODUCER_ID.**  Its state was dropped while it may still be
+  producing, so a retry could be appended twice; the error tells the client
+  its state is gone, and clients since KIP-360 (librdkafka 1.4+, Java 2.5+)
+  answer it by bumping the epoch and starting again at sequence 0, which is
+  accepted.
 
 ``check`` is pure; ``check_all`` checks the batches of one request in order,
 each against the state as if the earlier ones had been appended; ``update``
 records an appended batch.
 
-**Snapshots.**  ``write_snapshot(path, offset)`` stores the whole state as it is
-once the log holds every offset below ``offset``:
-``MAGIC | u32 length | msgpack body | u32 crc32(body)``, replaced atomically
-(``storage.files.atomic_write``).  A damaged file is refused with
-``CorruptFileError``.  ``recover`` loads the newest snapshot at offset X and
-replays only the batch headers from X to the log end, so opening costs what
-was appended since the last snapshot, not the whole history.  The partition
-snapshots before it deletes segments, so the state outlives the batches it
-came from.
+**Layout.**  One row per producer in a numpy structured array (54 bytes: the
+producer id, epoch, last update and the last batch), found through an
+open-addressing hash table of row numbers (linear probing, 4 bytes a slot, at
+most 60 % full); the older batches of the producers inside the retry window
+live in a small ordered dict.  A million producers are about 70 MB and no
+Python object each: the garbage collector never walks them, and expiry,
+eviction, snapshots and loading are vector operations over the arrays.
 
-Expiry uses the broker's wall clock at append time (``last_update_ms``), not
-the client-supplied batch timestamps.  Batches replayed from the log at
-recovery count as updated at recovery time: a producer is then kept a little
-longer, never dropped early.  Transactions are not tracked (no ongoing
-transaction keeps a producer from expiring).
+**Expiry** (``expire``) drops producers with no append for
+``producer.id.expiration.ms``; a check that drops nothing costs one comparison
+(the oldest update time is kept), and the scan can be done a slot range at a
+time (``start``/``stop``) so a caller can bound its pauses.
+
+**Cap** (``max_producers``).  When a new producer would exceed it, the least
+recently updated 1 % are evicted at once (Redpanda also evicts the least
+recently used; Kafka has no cap).  Evicted producer IDs are remembered in two
+rotating Bloom filters (each as large as the cap, false-positive rate 0.1 %)
+so that they get UNKNOWN_PRODUCER_ID as above; a false positive costs an
+unknown producer one epoch bump, never a duplicate.
+
+**Snapshots.**  ``snapshot(offset)`` copies the state as it is once the log
+holds every offset below ``offset`` (the one step that needs the caller's
+lock: a copy of the rows); ``ProducerSnapshot.encode`` and ``write`` then run
+without it.  The file is a sealed file (``storage.files.seal``: magic, length,
+msgpack body with the rows as raw little-endian bytes, crc32), replaced
+atomically (``storage.files.atomic_write``).  A damaged file is refused with
+``CorruptFileError``; format-1 files (one msgpack list per producer) are still
+read.  ``recover`` loads the newest snapshot at offset X and replays only the
+batch headers from X to the log end.
+
+Expiry uses the broker's wall clock at append time, not the client-supplied
+batch timestamps.  Batches replayed from the log at recovery count as updated
+at recovery time: a producer is then kept a little longer, never dropped
+early.  Transactions are not tracked (no ongoing transaction keeps a producer
+from expiring).
 """
 from __future__ import annotations
 
+import collections
 import enum
 import logging
+import math
 import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
+from rbloom import Bloom
 
 from storage.disk import CorruptFileError
 from storage.files import atomic_write, fsync_dir, seal, unseal
@@ -66,12 +100,27 @@ log = logging.getLogger(__name__)
 
 MAX_CACHED_BATCHES = 5
 DEFAULT_PRODUCER_ID_EXPIRATION_MS = 24 * 60 * 60 * 1000  # Kafka's producer.id.expiration.ms
+DEFAULT_RETRY_WINDOW_MS = 5 * 60 * 1000  # above the clients' delivery.timeout.ms (2 min by default)
 INT16_MAX = 2**15 - 1
+INT64_MAX = 2**63 - 1
 
-SNAPSHOT_MAGIC = b"PQPSTA\x00\x01"
-SNAPSHOT_FORMAT = 1
+SNAPSHOT_MAGIC = b"PQPSTA\x00\x01"  # the layout of the sealed file; the body's "format" says what is inside
+SNAPSHOT_FORMAT = 2
 SNAPSHOT_SUFFIX = ".snapshot"
 _SNAPSHOT_RE = re.compile(r"^(\d{20})\.snapshot$")
+
+# One row per producer.  A producer with no batch (possible in format-1 files only) has every batch
+# field at -1.
+ROW = np.dtype([("pid", "<i8"), ("upd", "<i8"), ("foff", "<i8"), ("loff", "<i8"), ("mts", "<i8"),
+                ("fseq", "<i4"), ("lseq", "<i4"), ("tpos", "<i4"), ("epoch", "<i2")])
+_EMPTY, _TOMB = 0, -1  # hash table values; a live slot holds row + 1
+_HASH_MUL = 0x9E3779B97F4A7C15  # Fibonacci hashing: producer ids come in runs, this spreads them
+_M64 = 2**64 - 1
+_MIN_BITS = 7
+_MIN_ROWS = 64
+_MAX_LOAD = 0.6  # live + tombstones over table slots before a rebuild
+_EVICT_FRACTION = 0.01
+_EVICTED_FPP = 0.001
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +134,7 @@ class BatchMetadata:
 
 @dataclass(slots=True)
 class ProducerEntry:
+    """One producer's state as plain objects (what ``get``/``producers`` return; the manager keeps rows)."""
     producer_id: int
     epoch: int
     batches: list[BatchMetadata] = field(default_factory=list)  # oldest first, at most MAX_CACHED_BATCHES
@@ -147,20 +197,269 @@ def _apply(entry: ProducerEntry | None, h: BatchHeader, first_offset: int, now_m
     return entry
 
 
+def _hash(pid: int, bits: int) -> int:
+    return ((pid * _HASH_MUL) & _M64) >> (64 - bits)
+
+
+def _evicted_hash(pid: int) -> int:
+    """rbloom's hash for producer ids (a saved filter needs a hash of its own, not Python's)."""
+    return ((pid * _HASH_MUL) & _M64) - 2**63
+
+
+def _hash_all(pids: np.ndarray, bits: int) -> np.ndarray:
+    return ((pids.astype(np.uint64) * np.uint64(_HASH_MUL)) >> np.uint64(64 - bits)).astype(np.int64)
+
+
+def _place(rows: np.ndarray, n: int, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """A linear-probing table of rows ``0..n-1`` (value row + 1) and the rows left to place by probing.
+
+    As if the rows were inserted in order of their home slot: with c[s] rows at home s, the rows
+    that overflow slot s into s+1 are o[s] = max(0, o[s-1] + c[s] - 1), a Lindley recursion, whose
+    closed form is W[s] - min(0, min W[..s]) with W the running sum of c - 1.  The rows at home s
+    then take slots s + o[s-1], s + o[s-1] + 1, ... (their order among themselves does not matter).
+    Rows that would run past the last slot are returned, to be placed by wrapping probes.  Sets
+    ``rows["tpos"]``.
+    """
+    size = 1 << bits
+    table = np.zeros(size, np.int32)
+    if n == 0:
+        return table, np.empty(0, np.int64)
+    home = _hash_all(rows["pid"][:n], bits)
+    w = np.bincount(home, minlength=size).astype(np.int32)
+    w -= 1
+    np.cumsum(w, out=w)
+    low = np.minimum.accumulate(w)
+    np.minimum(low, 0, out=low)
+    w -= low  # o[s]
+    first = w  # first slot of the rows at home s: s + o[s-1]
+    first[1:] = first[:-1]
+    first[0] = 0
+    first += np.arange(size, dtype=np.int32)
+    del low
+    # rank of each row among the rows of its home: one round per rank (homes hold a few rows at most)
+    pos = first[home].astype(np.int64)
+    del first
+    todo = np.arange(n, dtype=np.int64)
+    claim = np.full(size, -1, np.int32)
+    r = 0
+    while todo.size:
+        h = home[todo]
+        claim[h] = todo
+        won = claim[h] == todo
+        pos[todo[~won]] += 1
+        todo = todo[~won]
+        r += 1
+    inside = pos < size
+    rows_in = np.flatnonzero(inside)
+    table[pos[inside]] = (rows_in + 1).astype(np.int32)
+    rows["tpos"][rows_in] = pos[inside]
+    return table, np.flatnonzero(~inside)
+
+
+def _bits_for(live: int) -> int:
+    """Table size (log2) for ``live`` producers: at most half full after a rebuild."""
+    return max(_MIN_BITS, math.ceil(math.log2(max(1, 2 * live + 1))))
+
+
+class _Evicted:
+    """Producer ids evicted by the cap: two rotating Bloom filters of ``capacity`` ids each."""
+
+    def __init__(self, capacity: int):
+        self.capacity = max(1024, capacity)
+        self.current = Bloom(self.capacity, _EVICTED_FPP, _evicted_hash)
+        self.previous: Bloom | None = None
+        self.count = 0
+
+    def add_all(self, pids: np.ndarray) -> None:
+        for pid in pids.tolist():
+            if self.count >= self.capacity:
+                self.previous, self.current, self.count = self.current, Bloom(self.capacity, _EVICTED_FPP, _evicted_hash), 0
+            self.current.add(pid)
+            self.count += 1
+
+    def __contains__(self, pid: int) -> bool:
+        return pid in self.current or (self.previous is not None and pid in self.previous)
+
+    def dump(self) -> dict:
+        return {"capacity": self.capacity, "count": self.count, "current": self.current.save_bytes(),
+                "previous": self.previous.save_bytes() if self.previous is not None else None}
+
+    @classmethod
+    def load(cls, path: str, obj: Any) -> "_Evicted":
+        try:
+            e = cls(int(obj["capacity"]))
+            e.count = int(obj["count"])
+            e.current = Bloom.load_bytes(obj["current"], _evicted_hash)
+            e.previous = Bloom.load_bytes(obj["previous"], _evicted_hash) if obj["previous"] is not None else None
+        except (KeyError, TypeError, ValueError) as err:
+            raise CorruptFileError(path, f"bad evicted-producer filter: {err}") from None
+        return e
+
+
+@dataclass(frozen=True)
+class ProducerSnapshot:
+    """A copy of the state at ``offset``, taken under the partition's lock; encoded and written without it."""
+    offset: int
+    rows: np.ndarray  # live rows only after ``encode``; may hold free rows (upd == INT64_MAX) before
+    older: list  # [[pid, [[first_seq, last_seq, first_offset, last_offset, max_ts], ...]], ...]
+    evicted: dict | None
+
+    def encode(self) -> bytes:
+        rows = self.rows[self.rows["upd"] != INT64_MAX]
+        rows = rows[np.argsort(rows["pid"])]
+        rows["tpos"] = 0
+        return seal(SNAPSHOT_MAGIC, {"format": SNAPSHOT_FORMAT, "offset": self.offset, "count": len(rows),
+                                     "row": ROW.descr.__repr__(), "rows": rows.tobytes(), "older": self.older,
+                                     "evicted": self.evicted})
+
+    def write(self, path: str) -> int:
+        data = self.encode()
+        atomic_write(path, data)
+        return len(data)
+
+
 class ProducerStateManager:
     """Producer state of one partition.  Not thread-safe (the partition serialises calls)."""
 
-    def __init__(self) -> None:
-        self._producers: dict[int, ProducerEntry] = {}
+    def __init__(self, *, retry_window_ms: int = DEFAULT_RETRY_WINDOW_MS, max_producers: int | None = None):
+        if max_producers is not None and max_producers < 1:
+            raise ValueError("max_producers must be at least 1")
+        self.retry_window_ms = retry_window_ms
+        self.max_producers = max_producers
+        self._rows = np.zeros(_MIN_ROWS, ROW)
+        self._rows["upd"] = INT64_MAX
+        self._hi = 0  # rows below are live or free
+        self._free = np.empty(_MIN_ROWS, np.int64)  # stack of free rows below _hi
+        self._nfree = 0
+        self._bits = _MIN_BITS
+        self._table = np.zeros(1 << self._bits, np.int32)
+        self._live = 0
+        self._tombs = 0
+        self._min_upd = INT64_MAX  # no live producer was updated before this
+        self._older: collections.OrderedDict[int, tuple] = collections.OrderedDict()  # pid -> older batches
+        self._evicted: _Evicted | None = None
+        self.evictions = 0
         self.recovery_stats: dict[str, int] = {}
+        self._bind()
+
+    def _bind(self) -> None:
+        self._pidcol = self._rows["pid"]
+
+    # ------------------------------------------------------------ the table
+    def _find(self, pid: int) -> int:
+        """The row of ``pid``, or -1."""
+        table, mask, pids = self._table, (1 << self._bits) - 1, self._pidcol
+        i = _hash(pid, self._bits)
+        while True:
+            v = table.item(i)
+            if v == _EMPTY:
+                return -1
+            if v > 0 and pids.item(v - 1) == pid:
+                return v - 1
+            i = (i + 1) & mask
+
+    def _insert(self, pid: int) -> int:
+        """A row for new producer ``pid`` (not present), linked into the table."""
+        if (self._live + self._tombs + 1) > _MAX_LOAD * (1 << self._bits):
+            self._rebuild(_bits_for(self._live + 1))
+        if self._nfree:
+            self._nfree -= 1
+            row = int(self._free[self._nfree])
+        else:
+            if self._hi == len(self._rows):
+                self._grow_rows(2 * len(self._rows))
+            row = self._hi
+            self._hi += 1
+        table, mask = self._table, (1 << self._bits) - 1
+        i = _hash(pid, self._bits)
+        while table.item(i) > 0:
+            i = (i + 1) & mask
+        if table.item(i) == _TOMB:
+            self._tombs -= 1
+        table[i] = row + 1
+        self._rows[row] = (pid, 0, -1, -1, -1, -1, -1, i, 0)
+        self._live += 1
+        return row
+
+    def _grow_rows(self, n: int) -> None:
+        rows = np.zeros(n, ROW)
+        rows["upd"] = INT64_MAX
+        rows[:self._hi] = self._rows[:self._hi]
+        self._rows = rows
+        self._bind()
+
+    def _rebuild(self, bits: int) -> None:
+        """Compact the rows (live ones first, in row order) and rebuild the table with 2**bits slots."""
+        live = self._rows[:self._hi]
+        self._install(live[live["upd"] != INT64_MAX], bits)
+
+    def _install(self, live: np.ndarray, bits: int) -> None:
+        """Take ``live`` (rows of distinct producers) as the whole state, with a table of 2**bits slots."""
+        n = len(live)
+        rows = np.empty(max(_MIN_ROWS, 1 << max(0, (n - 1).bit_length())), ROW)
+        rows[:n] = live
+        rows[n:] = np.zeros(1, ROW)
+        rows["upd"][n:] = INT64_MAX
+        table, spilled = _place(rows, n, bits)
+        self._rows, self._table, self._bits = rows, table, bits
+        self._hi, self._nfree, self._live, self._tombs = n, 0, n, 0
+        if len(self._free) > 4 * _MIN_ROWS:
+            self._free = np.empty(_MIN_ROWS, np.int64)
+        self._bind()
+        mask = (1 << bits) - 1
+        for row in spilled.tolist():  # the few that run past the table's end wrap to its start
+            i = _hash(self._pidcol.item(row), bits)
+            while table.item(i) != _EMPTY:
+                i = (i + 1) & mask
+            table[i] = row + 1
+            rows["tpos"][row] = i
+
+    def _remove_rows(self, rows_: np.ndarray) -> None:
+        """Drop the producers in rows ``rows_`` (distinct live rows)."""
+        if rows_.size == 0:
+            return
+        rows = self._rows
+        if self._older:
+            gone = rows["pid"][rows_]
+            keys = np.fromiter(self._older.keys(), np.int64, len(self._older))
+            for pid in keys[np.isin(keys, gone)].tolist():
+                del self._older[pid]
+        self._table[rows["tpos"][rows_]] = _TOMB
+        rows["upd"][rows_] = INT64_MAX
+        rows["pid"][rows_] = -1
+        need = self._nfree + rows_.size
+        if need > len(self._free):
+            free = np.empty(max(need, 2 * len(self._free)), np.int64)
+            free[:self._nfree] = self._free[:self._nfree]
+            self._free = free
+        self._free[self._nfree:need] = rows_
+        self._nfree = need
+        self._live -= rows_.size
+        self._tombs += rows_.size  # _min_upd stays a lower bound
+        if self._hi > 4 * _MIN_ROWS and self._live < self._hi // 4:
+            self._rebuild(_bits_for(self._live))  # give the memory back
+
+    # ------------------------------------------------------------ reading one producer
+    def _entry(self, pid: int) -> ProducerEntry | None:
+        row = self._find(pid)
+        if row < 0:
+            return None
+        _, upd, foff, loff, mts, fseq, lseq, _, epoch = self._rows[row].item()
+        batches = [BatchMetadata(*b) for b in self._older.get(pid, ())]
+        if fseq != -1 or lseq != -1:
+            batches.append(BatchMetadata(fseq, lseq, foff, loff, mts))
+        return ProducerEntry(pid, epoch, batches, upd)
 
     # ------------------------------------------------------------ checking
-    @staticmethod
-    def _decide(entry: ProducerEntry | None, h: BatchHeader) -> Decision:
+    def _decide(self, entry: ProducerEntry | None, h: BatchHeader) -> Decision:
         if not h.has_producer_id:
             return APPEND
         pid, epoch, seq = h.producer_id, h.producer_epoch, h.base_sequence
         if entry is None:
+            if seq != 0 and self._evicted is not None and pid in self._evicted:
+                return _error(Errors.UNKNOWN_PRODUCER_ID,
+                              f"producer {pid}: its state was evicted (more than {self.max_producers} producers "
+                              f"in this partition); start a new epoch at sequence 0")
             return APPEND  # unknown producer: accepted at any sequence (KIP-360; see the module doc)
         if epoch < entry.epoch:
             return _error(Errors.INVALID_PRODUCER_EPOCH,
@@ -185,7 +484,7 @@ class ProducerStateManager:
 
     def check(self, h: BatchHeader) -> Decision:
         """What to do with batch ``h`` given the current state (no change to the state)."""
-        return self._decide(self._producers.get(h.producer_id), h)
+        return self._decide(self._entry(h.producer_id) if h.has_producer_id else None, h)
 
     def check_all(self, headers: Sequence[BatchHeader], next_offset: int | None = None) -> list[Decision]:
         """Decide for the batches of one request, each as if the earlier APPENDs had been appended.
@@ -201,12 +500,16 @@ class ProducerStateManager:
         out = []
         for h in headers:
             pid = h.producer_id
-            entry = overlay[pid] if pid in overlay else self._producers.get(pid)
+            if not h.has_producer_id:
+                entry = None
+            elif pid in overlay:
+                entry = overlay[pid]
+            else:
+                entry = self._entry(pid)
             d = self._decide(entry, h)
             if d.action is Action.APPEND:
                 if h.has_producer_id:
-                    overlay[pid] = _apply(entry.copy() if entry is not None else None, h,
-                                          offset if offset is not None else -1, 0)
+                    overlay[pid] = _apply(entry, h, offset if offset is not None else -1, 0)
                 if offset is not None:
                     offset += h.last_offset_delta + 1
             out.append(d)
@@ -217,63 +520,147 @@ class ProducerStateManager:
         """Record that batch ``h`` was appended at ``first_offset`` (no-op without a producer ID)."""
         if not h.has_producer_id:
             return
-        self._producers[h.producer_id] = _apply(self._producers.get(h.producer_id), h, first_offset, now_ms)
+        pid = h.producer_id
+        row = self._find(pid)
+        if row < 0:
+            if self.max_producers is not None and self._live >= self.max_producers:
+                self._evict(max(1, int(self.max_producers * _EVICT_FRACTION)))
+            row = self._insert(pid)
+            same_epoch = False
+        else:
+            same_epoch = self._rows["epoch"].item(row) == h.producer_epoch
+        r = self._rows[row]
+        if same_epoch and r["fseq"] != -1 and now_ms - int(r["upd"]) < self.retry_window_ms:
+            prev = (int(r["fseq"]), int(r["lseq"]), int(r["foff"]), int(r["loff"]), int(r["mts"]))
+            kept = self._older.pop(pid, ())[-(MAX_CACHED_BATCHES - 2):] if MAX_CACHED_BATCHES > 2 else ()
+            self._older[pid] = (*kept, prev)  # re-inserted: the dict stays in update order
+        elif pid in self._older:
+            del self._older[pid]
+        last_offset = first_offset + h.last_offset_delta if first_offset >= 0 else -1
+        self._rows[row] = (pid, now_ms, first_offset, last_offset, h.max_timestamp, h.base_sequence,
+                           h.last_sequence, r["tpos"], h.producer_epoch)
+        if now_ms < self._min_upd:
+            self._min_upd = now_ms
+        self._trim_older(now_ms)
 
-    def expire(self, now_ms: int, producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS) -> list[int]:
-        """Forget producers with no append for ``producer_id_expiration_ms`` or more; return their IDs."""
-        gone = [pid for pid, e in self._producers.items() if now_ms - e.last_update_ms >= producer_id_expiration_ms]
-        for pid in gone:
-            del self._producers[pid]
-        return gone
+    def _trim_older(self, now_ms: int) -> None:
+        """Drop the older batches of producers idle for the retry window (oldest update first)."""
+        older = self._older
+        while older:
+            pid = next(iter(older))
+            row = self._find(pid)
+            if row >= 0 and now_ms - self._rows["upd"].item(row) < self.retry_window_ms:
+                return
+            del older[pid]
+
+    def _evict(self, n: int) -> None:
+        """Drop the ``n`` least recently updated producers (the cap), remembering their ids."""
+        upd = self._rows["upd"][:self._hi]
+        n = min(n, self._live)
+        rows_ = np.argpartition(upd, n - 1)[:n] if n < len(upd) else np.arange(len(upd))
+        rows_ = rows_[upd[rows_] != INT64_MAX]
+        evicted_before = int(upd[rows_].max()) if rows_.size else INT64_MAX
+        if self._evicted is None:
+            self._evicted = _Evicted(self.max_producers or 0)
+        self._evicted.add_all(self._rows["pid"][rows_])
+        self.evictions += int(rows_.size)
+        log.info("producer state: %d producers, the cap is %s; evicted the %d least recently used",
+                 self._live, self.max_producers, rows_.size)
+        self._remove_rows(rows_)
+        self._min_upd = max(self._min_upd, evicted_before)  # the rest were updated no earlier
+
+    def expire(self, now_ms: int, producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS,
+               start: int = 0, stop: int | None = None) -> int:
+        """Forget producers with no append for ``producer_id_expiration_ms`` or more, among rows
+        ``start``..``stop`` (all by default); return how many went.  Costs one comparison when none is due."""
+        self._trim_older(now_ms)
+        cutoff = now_ms - producer_id_expiration_ms
+        if self._min_upd > cutoff:
+            return 0
+        stop = self._hi if stop is None else min(stop, self._hi)
+        if start >= stop:
+            return 0
+        last = stop == self._hi
+        doomed = np.flatnonzero(self._rows["upd"][start:stop] <= cutoff) + start
+        n = int(doomed.size)
+        if n:
+            self._remove_rows(doomed)
+        if last:  # a whole pass ends here: the oldest update left
+            self._min_upd = int(self._rows["upd"][:self._hi].min()) if self._live else INT64_MAX
+        return n
+
+    def due_for_expiry(self, now_ms: int, producer_id_expiration_ms: int) -> bool:
+        return self._min_upd <= now_ms - producer_id_expiration_ms
+
+    @property
+    def row_count(self) -> int:
+        """Rows in use or free below the high mark (what ``expire``'s ``start``/``stop`` range over)."""
+        return self._hi
 
     def producers(self) -> dict[int, ProducerEntry]:
-        """A copy of the state, by producer ID."""
-        return {pid: e.copy() for pid, e in self._producers.items()}
+        """A copy of the state, by producer ID (a Python object per producer: for tests and tools)."""
+        live = self._rows[:self._hi]
+        pids = live["pid"][live["upd"] != INT64_MAX].tolist()
+        return {pid: self._entry(pid) for pid in pids}
 
     def describe(self, limit: int) -> list[tuple[int, int, int, int]]:
         """The ``limit`` lowest producer ids as (producer id, epoch, last sequence, last batch's max timestamp)."""
-        out = []
-        for pid in sorted(self._producers)[:max(0, limit)]:
-            e = self._producers[pid]
-            out.append((pid, e.epoch, e.last_seq, e.batches[-1].max_timestamp if e.batches else -1))
-        return out
+        live = self._rows[:self._hi]
+        live = live[live["upd"] != INT64_MAX]
+        limit = max(0, min(limit, len(live)))
+        if limit == 0:
+            return []
+        pick = np.argpartition(live["pid"], limit - 1)[:limit] if limit < len(live) else np.arange(len(live))
+        pick = pick[np.argsort(live["pid"][pick])]
+        sel = live[pick]
+        return list(zip(sel["pid"].tolist(), sel["epoch"].tolist(), sel["lseq"].tolist(), sel["mts"].tolist()))
 
     def get(self, producer_id: int) -> ProducerEntry | None:
-        e = self._producers.get(producer_id)
-        return e.copy() if e is not None else None
+        return self._entry(producer_id)
 
     def __len__(self) -> int:
-        return len(self._producers)
+        return self._live
+
+    def memory_bytes(self) -> int:
+        """Bytes held by the arrays (rows, table, free list; not the older batches' small objects)."""
+        return self._rows.nbytes + self._table.nbytes + self._free.nbytes
+
+    def stats(self) -> dict[str, int]:
+        return {"producers": self._live, "producers_with_older_batches": len(self._older),
+                "evictions": self.evictions, "array_bytes": self.memory_bytes()}
 
     # ------------------------------------------------------------ snapshots
+    def snapshot(self, log_end_offset: int) -> ProducerSnapshot:
+        """The state as of ``log_end_offset``, copied (one array copy): encode and write it without the lock."""
+        older = [[pid, [list(b) for b in bs]] for pid, bs in self._older.items()]
+        return ProducerSnapshot(log_end_offset, self._rows[:self._hi].copy(), older,
+                                self._evicted.dump() if self._evicted is not None else None)
+
     def encode_snapshot(self, log_end_offset: int) -> bytes:
-        return seal(SNAPSHOT_MAGIC, {
-            "format": SNAPSHOT_FORMAT,
-            "offset": log_end_offset,
-            "producers": [[e.producer_id, e.epoch, e.last_update_ms,
-                           [[b.first_seq, b.last_seq, b.first_offset, b.last_offset, b.max_timestamp]
-                            for b in e.batches]]
-                          for e in sorted(self._producers.values(), key=lambda e: e.producer_id)],
-        })
+        return self.snapshot(log_end_offset).encode()
 
     def write_snapshot(self, path: str, log_end_offset: int) -> int:
         """Atomically write the state, valid once the log holds every offset below ``log_end_offset``.
 
         Returns the file size.
         """
-        data = self.encode_snapshot(log_end_offset)
-        atomic_write(path, data)
-        return len(data)
+        return self.snapshot(log_end_offset).write(path)
 
     def load_snapshot(self, path: str) -> int:
         """Replace the state with the snapshot in ``path``; return the offset it was taken at."""
-        offset, producers = read_snapshot(path)
-        self._producers = producers
+        offset, rows, older, evicted = _read(path)
+        n = len(rows)
+        self._install(rows, _bits_for(n))
+        self._min_upd = int(self._rows["upd"][:n].min()) if n else INT64_MAX
+        self._older = collections.OrderedDict()
+        for pid, batches in sorted(older, key=lambda item: self._rows["upd"].item(self._find(item[0]))):
+            self._older[pid] = tuple(tuple(b) for b in batches)
+        self._evicted = evicted
         return offset
 
     # ------------------------------------------------------------ recovery
     @classmethod
-    def recover(cls, directory: str, log_: Any, now_ms: int) -> "ProducerStateManager":
+    def recover(cls, directory: str, log_: Any, now_ms: int, **options: Any) -> "ProducerStateManager":
         """Load the newest snapshot in ``directory`` and replay the log's batch headers after it.
 
         ``log_`` is a ``broker.log.PartitionLog`` (anything with
@@ -281,9 +668,10 @@ class ProducerStateManager:
         snapshot taken at an offset beyond the log end proves acknowledged
         batches are missing from the log: ``CorruptFileError``.  A damaged
         newest snapshot is refused too (delete it to fall back to the previous
-        one).  ``recovery_stats`` tells what was done.
+        one).  ``recovery_stats`` tells what was done.  ``options`` go to the
+        constructor.
         """
-        mgr = cls()
+        mgr = cls(**options)
         snaps = list_snapshots(directory)
         end = log_.log_end_offset
         start = log_.log_start_offset
@@ -309,22 +697,28 @@ class ProducerStateManager:
             replayed += 1
             mgr.update(h, h.base_offset, now_ms)
         mgr.recovery_stats = {"snapshot_offset": -1 if snap_offset is None else snap_offset,
-                              "replayed_batches": replayed, "producers": len(mgr._producers)}
+                              "replayed_batches": replayed, "producers": mgr._live}
         return mgr
 
     def take_snapshot(self, directory: str, log_end_offset: int, keep: int = 2) -> str:
         """Write ``<offset>.snapshot`` in ``directory`` and delete all but the newest ``keep`` snapshots."""
-        path = snapshot_path(directory, log_end_offset)
-        self.write_snapshot(path, log_end_offset)
-        old = list_snapshots(directory)[:-keep] if keep > 0 else []
-        for _, p in old:
-            os.unlink(p)
-        if old:
-            fsync_dir(directory)
-        return path
+        return install_snapshot(directory, self.snapshot(log_end_offset), keep)
 
 
 # ---------------------------------------------------------------- snapshot files
+
+def install_snapshot(directory: str, snap: ProducerSnapshot, keep: int = 2) -> str:
+    """Write ``snap`` as ``<offset>.snapshot`` in ``directory`` (durable when this returns) and delete all
+    but the newest ``keep`` snapshots.  Needs no lock on the state."""
+    path = snapshot_path(directory, snap.offset)
+    snap.write(path)
+    old = list_snapshots(directory)[:-keep] if keep > 0 else []
+    for _, p in old:
+        os.unlink(p)
+    if old:
+        fsync_dir(directory)
+    return path
+
 
 def snapshot_path(directory: str, offset: int) -> str:
     return os.path.join(directory, f"{offset:020d}{SNAPSHOT_SUFFIX}")
@@ -348,47 +742,116 @@ def _int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def decode_snapshot(path: str, data: bytes) -> tuple[int, dict[int, ProducerEntry]]:
-    obj = unseal(path, data, SNAPSHOT_MAGIC, "producer state snapshot")
-    if not isinstance(obj, dict) or obj.get("format") != SNAPSHOT_FORMAT:
-        raise CorruptFileError(path, f"unsupported snapshot format "
-                                     f"{obj.get('format') if isinstance(obj, dict) else type(obj).__name__}")
-    offset = obj.get("offset")
-    if not _int(offset) or offset < 0:
-        raise CorruptFileError(path, f"bad offset {offset!r}")
-    producers: dict[int, ProducerEntry] = {}
+def _check_rows(path: str, rows: np.ndarray, offset: int) -> None:
+    """Refuse rows no writer of ours produces (vector checks over the whole file)."""
+    def bad(mask: np.ndarray, why: str) -> None:
+        if mask.any():
+            i = int(np.flatnonzero(mask)[0])
+            raise CorruptFileError(path, f"producer {int(rows['pid'][i])}: {why} (row {i})")
+
+    pids = rows["pid"]
+    bad(pids < 0, "negative producer ID")
+    bad(rows["epoch"] < 0, "negative epoch")
+    bad(rows["upd"] == INT64_MAX, "no last update time")
+    if len(pids) > 1:
+        bad(np.diff(pids) <= 0, "producers out of order or listed twice")
+    none = (rows["fseq"] == -1) & (rows["lseq"] == -1) & (rows["foff"] == -1) & (rows["loff"] == -1)
+    some = ~none
+    bad(some & ((rows["fseq"] < 0) | (rows["lseq"] < 0)), "batch sequence out of range")
+    bad(some & ((rows["foff"] < 0) | (rows["foff"] > rows["loff"]) | (rows["loff"] >= offset)),
+        f"batch offsets out of range (snapshot offset {offset})")
+
+
+def _check_batches(path: str, pid: Any, raw_batches: Any, offset: int, most: int) -> list[tuple]:
+    if not isinstance(raw_batches, list):
+        raise CorruptFileError(path, f"producer {pid}: batches are not a list")
+    if len(raw_batches) > most:
+        raise CorruptFileError(path, f"producer {pid}: {len(raw_batches)} cached batches (at most {most})")
+    out = []
+    for rb in raw_batches:
+        if not (isinstance(rb, list) and len(rb) == 5 and all(_int(x) for x in rb)):
+            raise CorruptFileError(path, f"producer {pid}: bad batch entry {rb!r}")
+        fs, ls, fo, lo, _ = rb
+        if not (0 <= fs <= INT32_MAX and 0 <= ls <= INT32_MAX and 0 <= fo <= lo < offset):
+            raise CorruptFileError(path, f"producer {pid}: batch {rb!r} out of range (snapshot offset {offset})")
+        out.append(tuple(rb))
+    return out
+
+
+def _read_format1(path: str, obj: dict, offset: int) -> tuple[np.ndarray, list, None]:
     items = obj.get("producers")
     if not isinstance(items, list):
         raise CorruptFileError(path, "producers is not a list")
-    for item in items:
-        if not (isinstance(item, list) and len(item) == 4 and all(_int(x) for x in item[:3])
-                and isinstance(item[3], list)):
+    rows = np.zeros(len(items), ROW)
+    older = []
+    seen = set()
+    for k, item in enumerate(items):
+        if not (isinstance(item, list) and len(item) == 4 and all(_int(x) for x in item[:3])):
             raise CorruptFileError(path, f"bad producer entry {item!r}")
         pid, epoch, last_update, raw_batches = item
         if pid < 0 or not 0 <= epoch <= INT16_MAX:
             raise CorruptFileError(path, f"producer {pid}: bad producer ID or epoch {epoch}")
-        if pid in producers:
+        if pid in seen:
             raise CorruptFileError(path, f"producer {pid} appears twice")
-        if len(raw_batches) > MAX_CACHED_BATCHES:
-            raise CorruptFileError(path, f"producer {pid}: {len(raw_batches)} cached batches "
-                                         f"(at most {MAX_CACHED_BATCHES})")
-        batches = []
-        for rb in raw_batches:
-            if not (isinstance(rb, list) and len(rb) == 5 and all(_int(x) for x in rb)):
-                raise CorruptFileError(path, f"producer {pid}: bad batch entry {rb!r}")
-            fs, ls, fo, lo, mts = rb
-            if not (0 <= fs <= INT32_MAX and 0 <= ls <= INT32_MAX and 0 <= fo <= lo < offset):
-                raise CorruptFileError(path, f"producer {pid}: batch {rb!r} out of range (snapshot offset {offset})")
-            batches.append(BatchMetadata(fs, ls, fo, lo, mts))
-        producers[pid] = ProducerEntry(pid, epoch, batches, last_update)
-    return offset, producers
+        seen.add(pid)
+        batches = _check_batches(path, pid, raw_batches, offset, MAX_CACHED_BATCHES)
+        last = batches[-1] if batches else (-1, -1, -1, -1, -1)
+        rows[k] = (pid, last_update, last[2], last[3], last[4], last[0], last[1], 0, epoch)
+        if len(batches) > 1:
+            older.append([pid, [list(b) for b in batches[:-1]]])
+    order = np.argsort(rows["pid"], kind="stable")
+    return rows[order], older, None
 
 
-def read_snapshot(path: str) -> tuple[int, dict[int, ProducerEntry]]:
+def _read(path: str) -> tuple[int, np.ndarray, list, _Evicted | None]:
     try:
         with open(path, "rb") as f:
             data = f.read()
     except OSError as e:
         raise CorruptFileError(path, f"cannot read: {e.strerror}") from None
-    return decode_snapshot(path, data)
+    return _decode(path, data)
 
+
+def _decode(path: str, data: bytes) -> tuple[int, np.ndarray, list, _Evicted | None]:
+    obj = unseal(path, data, SNAPSHOT_MAGIC, "producer state snapshot")
+    fmt = obj.get("format")
+    if fmt not in (1, SNAPSHOT_FORMAT):
+        raise CorruptFileError(path, f"unsupported snapshot format {fmt!r}")
+    offset = obj.get("offset")
+    if not _int(offset) or offset < 0:
+        raise CorruptFileError(path, f"bad offset {offset!r}")
+    if fmt == 1:
+        rows, older, evicted = _read_format1(path, obj, offset)
+    else:
+        raw, count = obj.get("rows"), obj.get("count")
+        if obj.get("row") != repr(ROW.descr):
+            raise CorruptFileError(path, f"rows of an unknown layout {obj.get('row')!r}")
+        if not (isinstance(raw, bytes) and _int(count) and count >= 0 and len(raw) == count * ROW.itemsize):
+            raise CorruptFileError(path, f"rows do not match the count {count!r}")
+        rows = np.frombuffer(raw, ROW)
+        older = obj.get("older")
+        if not isinstance(older, list):
+            raise CorruptFileError(path, "older batches are not a list")
+        evicted = _Evicted.load(path, obj["evicted"]) if obj.get("evicted") is not None else None
+    _check_rows(path, rows, offset)
+    known = set()
+    for item in older:
+        if not (isinstance(item, list) and len(item) == 2 and _int(item[0])):
+            raise CorruptFileError(path, f"bad older-batches entry {item!r}")
+        pid = item[0]
+        _check_batches(path, pid, item[1], offset, MAX_CACHED_BATCHES - 1)
+        if pid in known:
+            raise CorruptFileError(path, f"producer {pid}: older batches listed twice")
+        known.add(pid)
+    if known:
+        missing = np.setdiff1d(np.fromiter(known, np.int64, len(known)), rows["pid"])
+        if missing.size:
+            raise CorruptFileError(path, f"older batches of producer {int(missing[0])}, which has no row")
+    return offset, rows, older, evicted
+
+
+def read_snapshot(path: str) -> tuple[int, dict[int, ProducerEntry]]:
+    """The snapshot in ``path`` as (offset, producers by id) (for tools and tests)."""
+    m = ProducerStateManager()
+    offset = m.load_snapshot(path)
+    return offset, m.producers()

@@ -18,6 +18,28 @@ neither "." nor "..".  A bad name raises ``InvalidTopicError``
 partition outside the topic raises ``UnknownTopicOrPartitionError``
 (UNKNOWN_TOPIC_OR_PARTITION).  Partition counts never change once created.
 
+**Limits.**  Any client may name a topic and so create it (``auto_create``),
+so creation is bounded: at most ``max_topics`` topics and ``max_partitions``
+partitions in all (None: no limit).  Topics already on disk are always opened,
+whatever the limits; only new ones are refused, with
+``UnknownTopicOrPartitionError`` and a message naming the limit.  Why that code
+and not POLICY_VIOLATION or INVALID_REQUEST: it is what Kafka itself answers
+when a topic does not exist and is not auto-created, so every client has a
+tested path for it - librdkafka marks the topic non-existent (its comment:
+"UNKNOWN_TOPIC_* may indicate that auto.create.topics failed") and fails the
+queued messages with "Unknown topic or partition" after
+topic.metadata.propagation.max.ms; the Java producer waits up to max.block.ms
+for the topic and then reports it absent; Produce v8+ carries the message.  It
+is retriable, which is right: raising the limit (or removing topics) makes the
+same request succeed.  INVALID_REQUEST would read as a malformed request, and a
+topic-level error other than UNKNOWN_TOPIC_* makes librdkafka fail the
+messages at once with an unrelated text; POLICY_VIOLATION is not in the
+project's error enum.
+
+Every partition's segment files are opened through one ``broker.log.SegmentFiles``
+of ``max_open_segments`` descriptors (least recently used closed first), so the
+number of topics does not decide the number of open files.
+
 Thread-safe: topic creation and look-ups take the storage lock; each
 partition has its own.
 """
@@ -35,6 +57,7 @@ from storage.disk import CorruptFileError
 from storage.files import atomic_write, seal, unseal
 from wire.errors import Errors, for_code
 
+from .log import SegmentFiles
 from .partition import Partition
 
 log = logging.getLogger(__name__)
@@ -45,6 +68,7 @@ TOPIC_FORMAT = 1
 MAX_TOPIC_NAME = 249
 _LEGAL = re.compile(r"^[a-zA-Z0-9._-]+$")
 _PARTITION_DIR = re.compile(r"^(.+)-(\d+)$")
+DEFAULT_MAX_OPEN_SEGMENTS = 1000
 
 # The classes errors.py registers for these codes (one class per code).
 InvalidTopicError = type(for_code(Errors.INVALID_TOPIC_EXCEPTION))
@@ -88,14 +112,24 @@ def _decode_topic(path: str, data: bytes) -> TopicInfo:
 
 class Storage:
     def __init__(self, data_dir: str, *, default_partitions: int = 1, auto_create: bool = True,
-                 **partition_options: Any):
-        """``partition_options`` go to every ``Partition`` (dedup, segment_bytes, retention_bytes, ...)."""
+                 max_topics: int | None = None, max_partitions: int | None = None,
+                 max_open_segments: int | None = DEFAULT_MAX_OPEN_SEGMENTS, **partition_options: Any):
+        """``partition_options`` go to every ``Partition`` (dedup, segment_bytes, retention_bytes,
+        retention_ms, ...).  ``max_topics`` / ``max_partitions`` bound creation (None: no limit);
+        ``max_open_segments`` bounds the segment files open at once, all partitions together."""
         if default_partitions < 1:
             raise ValueError("default_partitions must be at least 1")
+        for name, value in (("max_topics", max_topics), ("max_partitions", max_partitions)):
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be at least 1 (or None: no limit)")
         self.data_dir = os.path.abspath(data_dir)
         self.default_partitions = default_partitions
         self.auto_create = auto_create
+        self.max_topics = max_topics
+        self.max_partitions = max_partitions
+        self.segment_files = SegmentFiles(max_open_segments)
         self.partition_options = partition_options
+        self.refused_creations = 0
         self._lock = threading.Lock()
         self._topics: dict[str, TopicInfo] = {}
         self._partitions: dict[tuple[str, int], Partition] = {}
@@ -130,14 +164,21 @@ class Storage:
                                                  f"directory {os.path.basename(d)} is missing")
             self._topics[info.name] = info
             for p in range(info.partitions):
-                self._partitions[(info.name, p)] = Partition(self._partition_dir(info.name, p),
-                                                             **self.partition_options)
+                self._partitions[(info.name, p)] = self._open_partition(info.name, p)
         for fname in names:
             m = _PARTITION_DIR.match(fname)
             if m and os.path.isdir(os.path.join(self.data_dir, fname)) and (m.group(1), int(m.group(2))) \
                     not in self._partitions:
                 log.warning("storage %s: directory %s belongs to no topic (a topic creation cut by a crash?); "
                             "it is reused if that topic is created again", self.data_dir, fname)
+        if (self.max_topics is not None and len(self._topics) > self.max_topics) or \
+                (self.max_partitions is not None and len(self._partitions) > self.max_partitions):
+            log.warning("storage %s: %d topics, %d partitions on disk, over the limits (max_topics %s, "
+                        "max_partitions %s): all are open, new topics are refused", self.data_dir,
+                        len(self._topics), len(self._partitions), self.max_topics, self.max_partitions)
+
+    def _open_partition(self, name: str, p: int) -> Partition:
+        return Partition(self._partition_dir(name, p), segment_files=self.segment_files, **self.partition_options)
 
     # ================================================================ topics
     def topics(self) -> list[TopicInfo]:
@@ -151,7 +192,8 @@ class Storage:
     def ensure_topic(self, name: str, partitions: int | None = None) -> TopicInfo:
         """The topic, created with ``partitions`` (default ``default_partitions``) if it does not exist.
 
-        An existing topic keeps its partition count whatever ``partitions`` says.
+        An existing topic keeps its partition count whatever ``partitions`` says.  A new one over
+        ``max_topics`` / ``max_partitions`` raises ``UnknownTopicOrPartitionError``.
         """
         validate_topic_name(name)
         if partitions is not None and partitions < 1:
@@ -163,12 +205,28 @@ class Storage:
                 info = self._create(name, partitions or self.default_partitions)
             return info
 
+    def _check_limits(self, name: str, n: int) -> None:
+        problem = None
+        if self.max_topics is not None and len(self._topics) >= self.max_topics:
+            problem = f"the broker holds {len(self._topics)} topics, its limit (max_topics)"
+        elif self.max_partitions is not None and len(self._partitions) + n > self.max_partitions:
+            problem = (f"its {n} partitions would make {len(self._partitions) + n}, over the broker's limit of "
+                       f"{self.max_partitions} (max_partitions)")
+        if problem is None:
+            return
+        self.refused_creations += 1
+        if self.refused_creations == 1 or self.refused_creations % 1000 == 0:
+            log.warning("storage %s: refused to create topic %r: %s (%d refusals so far)", self.data_dir, name,
+                        problem, self.refused_creations)
+        raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist and cannot be created: {problem}")
+
     def _create(self, name: str, n: int) -> TopicInfo:
+        self._check_limits(name, n)
         info = TopicInfo(name, uuid.uuid4(), n)
         opened = []
         try:
             for p in range(n):
-                opened.append(Partition(self._partition_dir(name, p), **self.partition_options))
+                opened.append(self._open_partition(name, p))
             atomic_write(self._meta_path(name), _encode_topic(info))
         except BaseException:
             for part in opened:
@@ -181,7 +239,8 @@ class Storage:
         return info
 
     def partition(self, topic: str, p: int) -> Partition:
-        """The partition, creating its topic first if ``auto_create`` (else UnknownTopicOrPartitionError)."""
+        """The partition, creating its topic first if ``auto_create`` (else, or over the limits,
+        UnknownTopicOrPartitionError)."""
         validate_topic_name(topic)
         with self._lock:
             self._check_open()
@@ -194,6 +253,27 @@ class Storage:
                 raise UnknownTopicOrPartitionError(f"topic {topic!r} has partitions 0..{info.partitions - 1}, "
                                                    f"not {p!r}")
             return self._partitions[(topic, p)]
+
+    # =========================================================== maintenance
+    def maintain(self) -> None:
+        """Expiry and retention of every partition (``Partition.maintain``), for partitions nobody writes
+        to; the broker calls it every few seconds from an I/O thread."""
+        with self._lock:
+            if self._closed:
+                return
+            parts = list(self._partitions.values())
+        for part in parts:
+            part.maintain()
+
+    def producer_stats(self) -> dict[str, int]:
+        """Producer-state figures summed over the partitions (metrics)."""
+        with self._lock:
+            parts = list(self._partitions.values())
+        out: dict[str, int] = {}
+        for part in parts:
+            for k, v in part.producer_stats().items():
+                out[k] = out.get(k, 0) + v
+        return out
 
     # ================================================================= close
     def _check_open(self) -> None:

@@ -7,6 +7,7 @@ import threading
 import pytest
 
 from broker import log as logmod
+from broker import partition as partition_mod
 from broker.log import OffsetOutOfRangeError, segment_name
 from broker.partition import EXPIRY_CHECK_MS, AppendResult, Partition
 from broker.producer_state import list_snapshots
@@ -201,6 +202,7 @@ def test_periodic_snapshots(d):
     with Partition(d, snapshot_every=3) as p:
         for seq in range(7):
             p.append(idem(1, 0, seq))
+            p.wait_snapshots()
         assert [o for o, _ in list_snapshots(d)] == [3, 6]
 
 
@@ -209,6 +211,7 @@ def test_retention_deletes_segments_but_keeps_producer_state(d):
     with Partition(d, segment_bytes=2 * one, retention_bytes=2 * one) as p:
         for seq in range(8):
             assert p.append(idem(1, 0, seq)).ok
+        p.wait_snapshots()  # segments go once a snapshot covering them is durable
         assert p.log_start_offset >= 4
         assert p.log.segment_base_offsets[0] == p.log_start_offset
         assert not os.path.exists(os.path.join(d, segment_name(0)))
@@ -397,3 +400,90 @@ def test_damaged_partition_refuses_the_storage(tmp_path):
     with pytest.raises(CorruptFileError) as ei:
         Storage(root)
     assert ei.value.path == seg
+
+
+# ------------------------------------------------------------------ producer state at scale
+
+def test_maintain_expires_idle_producers_of_a_partition_nobody_writes_to(d):
+    clock = Clock()
+    with Partition(d, clock_ms=clock, producer_id_expiration_ms=DAY) as p:
+        for pid in range(3):
+            p.append(idem(pid, 0, 0))
+        clock.t += DAY + EXPIRY_CHECK_MS
+        p.maintain()
+        assert p.producers() == {}
+
+
+def test_an_expiry_pass_is_done_a_chunk_per_append(d, monkeypatch):
+    monkeypatch.setattr(partition_mod, "EXPIRY_CHUNK_ROWS", 4)
+    clock = Clock()
+    with Partition(d, clock_ms=clock, producer_id_expiration_ms=DAY) as p:
+        p.append(b"".join(idem(pid, 0, 0) for pid in range(10)))
+        clock.t += DAY + EXPIRY_CHECK_MS
+        p.append(plain(b"tick"))  # starts the pass: rows 0-3
+        assert len(p.producers()) == 6
+        p.append(plain(b"tick"))
+        assert len(p.producers()) == 2
+        p.append(plain(b"tick"))
+        assert p.producers() == {}
+
+
+class InlineExecutor:
+    """Runs a snapshot write at once, in the caller; fails while ``fail`` is set."""
+
+    def __init__(self):
+        self.fail = False
+        self.calls = 0
+
+    def submit(self, fn, *args):
+        import concurrent.futures
+        self.calls += 1
+        f = concurrent.futures.Future()
+        if self.fail:
+            f.set_exception(OSError(28, "No space left on device"))
+        else:
+            f.set_result(fn(*args))
+        return f
+
+
+def test_segments_go_only_below_a_durable_snapshot(d):
+    one = len(idem(1, 0, 0))
+    ex = InlineExecutor()
+    ex.fail = True
+    with Partition(d, segment_bytes=2 * one, retention_bytes=2 * one, snapshot_executor=ex) as p:
+        for seq in range(8):
+            assert p.append(idem(1, 0, seq)).ok  # appends go on: the log holds what a snapshot would
+        assert ex.calls and p.snapshot_errors == ex.calls
+        assert p.log_start_offset == 0 and list_snapshots(d) == []
+        ex.fail = False
+        assert p.append(idem(1, 0, 8)).ok
+        assert p.log_start_offset >= 4
+        assert p.append(idem(1, 0, 2)).error == Errors.OUT_OF_ORDER_SEQUENCE_NUMBER  # the state was kept
+    with Partition(d, segment_bytes=2 * one, retention_bytes=2 * one) as q:
+        assert q.append(idem(1, 0, 8)).duplicate
+
+
+def test_appends_do_not_wait_for_a_snapshot_being_written(d):
+    started, release = threading.Event(), threading.Event()
+
+    class Slow:
+        def submit(self, fn, *args):
+            import concurrent.futures
+            f = concurrent.futures.Future()
+
+            def run():
+                started.set()
+                release.wait(10)
+                f.set_result(fn(*args))
+            threading.Thread(target=run, daemon=True).start()
+            return f
+
+    with Partition(d, snapshot_every=2, snapshot_executor=Slow()) as p:
+        p.append(idem(1, 0, 0))
+        p.append(idem(1, 0, 1))
+        assert started.wait(10)
+        for seq in range(2, 50):  # the snapshot thread is stuck; appends go on
+            assert p.append(idem(1, 0, seq)).ok
+        release.set()
+        p.wait_snapshots(10)
+        assert [o for o, _ in list_snapshots(d)][-1] >= 2

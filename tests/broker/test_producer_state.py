@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import random
 
 import msgpack
 import pytest
@@ -11,12 +12,15 @@ from broker.producer_state import (
     MAX_CACHED_BATCHES,
     SNAPSHOT_MAGIC,
     Action,
+    BatchMetadata,
+    ProducerEntry,
     ProducerStateManager,
     list_snapshots,
     read_snapshot,
     snapshot_path,
 )
-from broker.recordbatch import INT32_MAX, BatchHeader, encode_batch, parse_header
+from broker.producer_state import _bits_for
+from broker.recordbatch import INT32_MAX, BatchHeader, encode_batch, increment_sequence, parse_header
 from storage.disk import CorruptFileError
 from wire.errors import Errors
 
@@ -205,14 +209,14 @@ def test_expiry_drops_only_idle_producers():
     s = Sim()
     s.append(hdr(1, 0, 0), now=NOW)
     s.append(hdr(2, 0, 0), now=NOW + DAY // 2)
-    assert s.m.expire(NOW + DAY - 1, DAY) == []
-    assert s.m.expire(NOW + DAY, DAY) == [1]
+    assert s.m.expire(NOW + DAY - 1, DAY) == 0
+    assert s.m.expire(NOW + DAY, DAY) == 1 and s.m.get(1) is None
     assert set(s.m.producers()) == {2}
     # expired producer continues at its next sequence: accepted (cannot tell)
     assert s.m.check(hdr(1, 0, 1)).action is Action.APPEND
     # an append refreshes the clock
     s.append(hdr(2, 0, 1), now=NOW + DAY)
-    assert s.m.expire(NOW + DAY + DAY // 2 + 1, DAY) == []
+    assert s.m.expire(NOW + DAY + DAY // 2 + 1, DAY) == 0
 
 
 # ------------------------------------------------------------------ snapshots
@@ -399,5 +403,158 @@ def test_replayed_producers_expire_from_recovery_time_not_earlier(tmp_path):
         _append(lg, m, raw(1, 0, 0), now=NOW)
     with PartitionLog(d) as lg:
         r = ProducerStateManager.recover(d, lg, NOW + 2 * DAY)
-    assert r.expire(NOW + 2 * DAY + 1, DAY) == []
-    assert r.expire(NOW + 3 * DAY, DAY) == [1]
+    assert r.expire(NOW + 2 * DAY + 1, DAY) == 0
+    assert r.expire(NOW + 3 * DAY, DAY) == 1 and r.get(1) is None
+
+
+# ------------------------------------------------------------------ the arrays against a plain model
+
+WINDOW = 10_000
+
+
+class Model:
+    """The state as plain objects: what the arrays must hold (last batch always, older ones in the window)."""
+
+    def __init__(self):
+        self.entries: dict[int, ProducerEntry] = {}
+
+    def update(self, h: BatchHeader, first: int, now: int) -> None:
+        e = self.entries.get(h.producer_id)
+        b = BatchMetadata(h.base_sequence, h.last_sequence, first, first + h.last_offset_delta, h.max_timestamp)
+        if e is not None and e.epoch == h.producer_epoch and e.batches and now - e.last_update_ms < WINDOW:
+            batches = (e.batches + [b])[-MAX_CACHED_BATCHES:]
+        else:
+            batches = [b]
+        self.entries[h.producer_id] = ProducerEntry(h.producer_id, h.producer_epoch, batches, now)
+        for o in self.entries.values():
+            if now - o.last_update_ms >= WINDOW:
+                del o.batches[:-1]
+
+    def expire(self, now: int, ttl: int) -> int:
+        gone = [p for p, e in self.entries.items() if now - e.last_update_ms >= ttl]
+        for p in gone:
+            del self.entries[p]
+        return len(gone)
+
+    def evict(self, n: int) -> list[int]:
+        oldest = sorted(self.entries.values(), key=lambda e: e.last_update_ms)[:n]
+        for e in oldest:
+            del self.entries[e.producer_id]
+        return [e.producer_id for e in oldest]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_arrays_hold_what_a_plain_model_holds(tmp_path, seed):
+    rng = random.Random(seed)
+    cap = rng.choice([None, 300])
+    m = ProducerStateManager(retry_window_ms=WINDOW, max_producers=cap)
+    model = Model()
+    # ids in runs (as blocks are handed out), plus a few anywhere, so that probes collide and wrap
+    ids = [rng.randrange(2**40) for _ in range(40)] + list(range(5000, 5000 + rng.randrange(200, 1500)))
+    now, offset, evicted = NOW, 0, set()
+    for step in range(6000):
+        now += rng.randrange(1, 40)
+        op = rng.random()
+        if op < 0.9:
+            pid = rng.choice(ids)
+            e = model.entries.get(pid)
+            epoch = e.epoch if e is not None and rng.random() < 0.9 else rng.randrange(0, 5)
+            seq = increment_sequence(e.last_seq, 1) if e is not None and epoch == e.epoch else 0
+            h = hdr(pid, epoch, seq, n=rng.randrange(1, 4))
+            if e is not None and epoch < e.epoch:
+                continue
+            if cap is not None and e is None and len(model.entries) >= cap:
+                evicted.update(model.evict(max(1, cap // 100)))
+            m.update(h, offset, now)
+            model.update(h, offset, now)
+            offset += h.records_count
+        elif op < 0.95:
+            assert m.expire(now, 3_000) == model.expire(now, 3_000)
+        elif op < 0.97:
+            path = str(tmp_path / f"{step}.snapshot")
+            m.write_snapshot(path, offset)
+            m = ProducerStateManager(retry_window_ms=WINDOW, max_producers=cap)
+            assert m.load_snapshot(path) == offset
+        else:
+            pid = rng.choice(ids)
+            assert m.get(pid) == model.entries.get(pid)
+        assert len(m) == len(model.entries)
+    assert m.producers() == model.entries
+    for pid in evicted - set(model.entries):
+        assert m.check(hdr(pid, 0, 7)).error == Errors.UNKNOWN_PRODUCER_ID
+        assert m.check(hdr(pid, 0, 0)).action is Action.APPEND
+
+
+def test_evicted_producer_is_told_its_state_is_gone_and_may_start_again(tmp_path):
+    m = ProducerStateManager(max_producers=100)
+    for pid in range(100):
+        m.update(hdr(pid, 0, 0), pid, NOW + pid)
+    m.update(hdr(1000, 0, 0), 100, NOW + 500)  # one over the cap: the least recently used goes
+    assert len(m) == 100 and m.get(0) is None and m.get(1) is not None
+    d = m.check(hdr(0, 0, 1))
+    assert d.error == Errors.UNKNOWN_PRODUCER_ID and "evicted" in d.message
+    assert m.check(hdr(0, 1, 0)).action is Action.APPEND  # a bumped epoch at sequence 0 (KIP-360)
+    assert m.check(hdr(5000, 0, 3)).action is Action.APPEND  # never seen: accepted at any sequence
+    # the evicted ids outlive a restart
+    path = str(tmp_path / "s.snapshot")
+    m.write_snapshot(path, 101)
+    r = ProducerStateManager(max_producers=100)
+    r.load_snapshot(path)
+    assert r.check(hdr(0, 0, 1)).error == Errors.UNKNOWN_PRODUCER_ID
+
+
+def test_older_batches_are_dropped_once_no_retry_can_arrive():
+    m = ProducerStateManager(retry_window_ms=WINDOW)
+    for seq in range(5):
+        m.update(hdr(1, 0, seq), seq, NOW + seq)
+    assert len(m.get(1).batches) == 5 and m.check(hdr(1, 0, 0)).action is Action.DUPLICATE
+    m.update(hdr(2, 0, 0), 5, NOW + 4 + WINDOW)  # any later append trims producers idle for the window
+    assert [b.first_seq for b in m.get(1).batches] == [4]
+    assert m.check(hdr(1, 0, 4)).action is Action.DUPLICATE  # the last batch is always kept
+    assert m.check(hdr(1, 0, 0)).error == Errors.OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert m.stats()["producers_with_older_batches"] == 0
+
+
+def test_expiry_that_is_not_due_costs_nothing_and_chunks_cover_every_row():
+    m = ProducerStateManager()
+    for pid in range(5000):
+        m.update(hdr(pid, 0, 0), pid, NOW + (pid % 2) * DAY)
+    assert not m.due_for_expiry(NOW + DAY - 1, DAY)
+    assert m.expire(NOW + DAY - 1, DAY) == 0
+    assert m.due_for_expiry(NOW + DAY, DAY)
+    gone = sum(m.expire(NOW + DAY, DAY, start, start + 700) for start in range(0, m.row_count, 700))
+    assert gone == 2500 and len(m) == 2500 and all(pid % 2 for pid in m.producers())
+    assert not m.due_for_expiry(NOW + DAY, DAY)  # the pass's last chunk refreshed the oldest update time
+
+
+def test_format_1_snapshots_are_still_read(tmp_path):
+    path = str(tmp_path / "old.snapshot")
+    _forge(path, {"format": 1, "offset": 9, "producers": [
+        [7, 2, NOW, [[0, 0, 1, 1, 5], [1, 2, 2, 3, 6]]], [3, 0, NOW, []]]})
+    offset, producers = read_snapshot(path)
+    assert offset == 9 and sorted(producers) == [3, 7]
+    assert [b.first_seq for b in producers[7].batches] == [0, 1] and producers[3].batches == []
+
+
+def test_a_state_of_many_producers_is_a_few_dozen_bytes_each():
+    m = ProducerStateManager()
+    for pid in range(20_000):
+        m.update(hdr(pid * 13, 0, 0), pid, NOW)
+    assert m.memory_bytes() / len(m) < 120
+
+
+def test_rows_whose_probes_run_past_the_end_of_the_table_wrap_to_its_start(tmp_path):
+    """Producer ids that all hash to the last slots of the table: a load places them by wrapping."""
+    bits = _bits_for(60)  # the table 60 producers get
+    crowd = [pid for pid in range(200_000) if ((pid * 0x9E3779B97F4A7C15) % 2**64) >> (64 - bits) >= 2**bits - 2]
+    crowd = crowd[:60]
+    m = ProducerStateManager()
+    for k, pid in enumerate(crowd):
+        m.update(hdr(pid, 0, 0), k, NOW)
+    path = str(tmp_path / "s.snapshot")
+    m.write_snapshot(path, len(crowd))
+    r = ProducerStateManager()
+    r.load_snapshot(path)
+    for k, pid in enumerate(crowd):
+        assert r.get(pid).last_offset == k
+    assert r.get(crowd[-1] + 1) is None

@@ -91,6 +91,14 @@ class BrokerConfig:
     """Create a topic a client produces to or asks for."""
     max_frame_bytes: Annotated[int, Field(ge=1024)] = 16 * 1024 * 1024
     """The largest request accepted."""
+    max_connections: Annotated[int, Field(ge=1)] = 10_000
+    """Kafka's max.connections: client connections at once; one more is closed at once (logged, counted)."""
+    max_connections_per_ip: Annotated[int, Field(ge=1)] = 10_000
+    """Kafka's max.connections.per.ip: connections from one address (lower it so one host cannot take them all)."""
+    max_connection_buffer_bytes: Annotated[int, Field(ge=1024)] = 8 * 1024 * 1024
+    """Requests read ahead on one connection, in bytes; past it that socket is not read (one frame always passes)."""
+    describe_producers_limit: Annotated[int, Field(ge=1)] = 1000
+    """DescribeProducers: at most this many producers per partition, lowest ids first."""
     producer_id_expiration_ms: Annotated[int, Field(ge=1)] = 24 * 3600 * 1000
     """Kafka's producer.id.expiration.ms: an idle producer's state is dropped after this long."""
     max_producers_per_partition: Annotated[int | None, Field(ge=1)] = 1_000_000

@@ -12,7 +12,14 @@ a broker failover never loses or repeats an epoch bump.
 Requests on one connection are handled one at a time, in order, as Kafka
 does (it mutes a connection while its request is processed): a client with
 5 produce requests in flight sees them appended in the order it sent them.
-Frames are read ahead while a request is being handled.
+Frames are read ahead while a request is being handled, up to
+``max_connection_buffer_bytes`` per connection (``ReadAhead``): past that the
+socket is not read until the handler catches up, so a client that sends
+faster than it reads its answers fills its own TCP window, not the broker's
+memory.  ``max_connections`` / ``max_connections_per_ip`` bound how many
+connections are served; one over a limit is closed at once (counted; logged
+at most every 10 s).  A long-polling Fetch waits for appends to the partitions
+it reads only (``AppendWaiters``), not for every append.
 
 Bad input never takes the broker down: an unreadable or oversized frame or
 an unknown API key closes that connection with a log line; a readable header
@@ -28,6 +35,7 @@ import inspect
 import logging
 import os
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -36,7 +44,7 @@ from client.quorum import QuorumClient, RetryPolicy
 from security import acl as a
 from security.sasl import SaslAuthenticator, api_versions_table, linger_close
 from security.tls import server_context
-from telemetry.logs import end_request_context, request_context
+from telemetry.logs import Throttled, end_request_context, request_context
 from wire import kafka
 from wire.errors import (
     ClusterAuthorizationFailedError,
@@ -69,6 +77,93 @@ class _DropConnection(Exception):
     """Fault injection: close the connection instead of answering."""
 
 
+class ReadAhead:
+    """Frames read from one connection and not yet taken by its handler, bounded by bytes.
+
+    The reader calls ``room(size)`` once a frame's size is known, before its body is read: it
+    waits while the bytes held plus this frame would pass ``max_bytes``, unless nothing is held,
+    so one frame of any size the listener accepts (``max_frame_bytes``) always gets through and
+    what one connection holds unread is at most ``max(max_bytes, one frame)``.  While it waits
+    nothing is read from the socket: the client's sends stall on TCP flow control.  Kafka holds
+    one request per connection (it mutes the channel until the answer is sent); this reads a
+    few ahead so pipelined requests do not wait a round trip, in order (FIFO).  ``None`` is the
+    end of the stream."""
+
+    def __init__(self, max_bytes: int, on_pause: Callable[[], None] | None = None):
+        self.max_bytes = max_bytes
+        self.held = 0  # bytes of frames read or being read, not yet taken
+        self.pauses = 0  # times the reader waited for room
+        self._on_pause = on_pause
+        self._frames: deque[bytes | None] = deque()
+        self._changed = asyncio.Condition()
+
+    def _fits(self, size: int) -> bool:
+        return self.held == 0 or self.held + size <= self.max_bytes
+
+    async def room(self, size: int) -> None:
+        async with self._changed:
+            if not self._fits(size):
+                self.pauses += 1
+                if self._on_pause is not None:
+                    self._on_pause()
+                await self._changed.wait_for(lambda: self._fits(size))
+            self.held += size
+
+    async def put(self, frame: bytes | None) -> None:
+        """A frame whose room was taken (or None: the end)."""
+        async with self._changed:
+            self._frames.append(frame)
+            self._changed.notify_all()
+
+    async def get(self) -> bytes | None:
+        async with self._changed:
+            await self._changed.wait_for(lambda: bool(self._frames))
+            frame = self._frames.popleft()
+            if frame is not None:
+                self.held -= len(frame)
+                self._changed.notify_all()
+            return frame
+
+
+class AppendWaiters:
+    """Long-polling Fetches waiting for an append, by the partitions they read.
+
+    A Fetch ``watch``es the (topic, partition) keys of its request and gets a future; an
+    append to a partition resolves the futures of that partition only (``appended``), so a
+    produce wakes the Fetches that read what it appended and no other.  The Fetch ``forget``s
+    its future when it stops waiting.  Event-loop only."""
+
+    def __init__(self) -> None:
+        self._by_partition: dict[tuple[str, int], set[asyncio.Future]] = {}
+
+    def watch(self, keys: frozenset[tuple[str, int]]) -> asyncio.Future:
+        fut = asyncio.get_running_loop().create_future()
+        for key in keys:
+            self._by_partition.setdefault(key, set()).add(fut)
+        return fut
+
+    def forget(self, fut: asyncio.Future, keys: frozenset[tuple[str, int]]) -> None:
+        for key in keys:
+            waiting = self._by_partition.get(key)
+            if waiting is not None:
+                waiting.discard(fut)
+                if not waiting:
+                    del self._by_partition[key]
+
+    def appended(self, key: tuple[str, int]) -> int:
+        """Wake the Fetches waiting on ``key``; how many were woken."""
+        woken = 0
+        for fut in self._by_partition.pop(key, ()):
+            if not fut.done():
+                fut.set_result(key)
+                woken += 1
+        return woken
+
+    def __len__(self) -> int:
+        """Partitions with a Fetch waiting on them."""
+        return len(self._by_partition)
+
+
 class BrokerServer:
     def __init__(self, cfg: BrokerConfig):
         self.cfg = cfg
@@ -85,9 +180,11 @@ class BrokerServer:
                                max_open_segments=cfg.max_open_segments, max_topics=cfg.max_topics)
         self._io = concurrent.futures.ThreadPoolExecutor(max_workers=cfg.io_threads, thread_name_prefix="broker-io")
         self._server: asyncio.AbstractServer | None = None
-        self._appended: asyncio.Condition | None = None
+        self._waiters = AppendWaiters()
         self._produce_requests = 0
-        self._connections: set[asyncio.Task] = set()
+        self._connections: dict[asyncio.Task, ReadAhead] = {}
+        self._per_ip: dict[str | None, int] = {}  # open connections by client address
+        self._refusal_log = Throttled(log, 10.0)
         self.quotas = ProducerIdQuotaManager(cfg.quota_window)
         self.quota_poller = QuotaConfigPoller(self.quotas, self.quorum, cfg.quota_refresh_s,
                                               stats_path=os.path.join(cfg.data_dir, STATS_FILE))
@@ -96,7 +193,9 @@ class BrokerServer:
         self.counters = {"requests": 0, "bad_frames": 0, "bad_requests": 0, "produce_batches": 0,
                          "duplicates": 0, "dropped_by_fault_injection": 0, "init_producer_id": 0,
                          "load_in_progress": 0, "trailing_bytes": 0, "fenced_producers": 0,
-                         "quota_throttled_batches": 0}
+                         "quota_throttled_batches": 0, "connections_refused": 0,
+                         "connections_refused_per_ip": 0, "read_pauses": 0, "fetch_waits": 0,
+                         "fetch_wakeups": 0, "describe_producers_truncated": 0}
         self.port: int | None = None
         self.quota_provider: Any = self.quotas  # stats() -> {principal: {rate, tokens, throttle_time_ms, ...}}
         self.api = kafka.ApiTable(SUPPORTED, NAMES, lambda key, version, code, message, throttle_ms:
@@ -122,6 +221,8 @@ class BrokerServer:
     def status(self) -> dict[str, Any]:
         """The broker's figures: what its metrics endpoint and ``pidctl broker status`` show."""
         return {"broker_id": self.cfg.broker_id, "listen": self.cfg.listen, "counters": dict(self.counters),
+                "connections": len(self._connections),
+                "read_ahead_bytes": sum(r.held for r in self._connections.values()),
                 "pid_manager": self.pids.stats() if self.pids is not None else None,
                 "quota": self.quota_stats()}
 
@@ -131,7 +232,6 @@ class BrokerServer:
 
     # --------------------------------------------------------------- lifecycle
     async def start(self) -> None:
-        self._appended = asyncio.Condition()
         if self.acls is not None:
             await self.acls.start()  # no first copy of the ACLs: do not serve (raises the quorum's answer)
         host, port = self.cfg.listen.rsplit(":", 1)
@@ -165,12 +265,43 @@ class BrokerServer:
         self.storage.close()
 
     # ------------------------------------------------------------ connections
+    def _admit(self, peer: Any) -> bool:
+        """Room for one more connection from ``peer`` (Kafka's max.connections, max.connections.per.ip)?
+        Counted in when yes; a refusal is counted, and logged at most every 10 s."""
+        host = a.peer_host(peer)
+        if len(self._connections) >= self.cfg.max_connections:
+            self.counters["connections_refused"] += 1
+            self._refusal_log(logging.WARNING, "client %s: refused, %d connections open (max_connections)", peer,
+                              len(self._connections))
+            return False
+        if self._per_ip.get(host, 0) >= self.cfg.max_connections_per_ip:
+            self.counters["connections_refused"] += 1
+            self.counters["connections_refused_per_ip"] += 1
+            self._refusal_log(logging.WARNING, "client %s: refused, %d connections open from %s "
+                              "(max_connections_per_ip)", peer, self._per_ip[host], host)
+            return False
+        self._per_ip[host] = self._per_ip.get(host, 0) + 1
+        return True
+
+    def _count_read_pause(self) -> None:
+        self.counters["read_pauses"] += 1
+
+    def _release(self, peer: Any) -> None:
+        host = a.peer_host(peer)
+        left = self._per_ip.get(host, 0) - 1
+        if left > 0:
+            self._per_ip[host] = left
+        else:
+            self._per_ip.pop(host, None)
+
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._connections.add(task)
         peer = writer.get_extra_info("peername")
-        frames: asyncio.Queue = asyncio.Queue(maxsize=64)
+        task = asyncio.current_task()
+        if task is None or not self._admit(peer):
+            writer.transport.abort()  # nothing is read or answered: the client sees a reset
+            return
+        frames = ReadAhead(self.cfg.max_connection_buffer_bytes, self._count_read_pause)
+        self._connections[task] = frames
         read_task = asyncio.get_running_loop().create_task(self._read_frames(reader, frames, peer))
         session = self.sasl.session(peer) if self.sasl is not None else None
         try:
@@ -206,12 +337,13 @@ class BrokerServer:
             read_task.cancel()
             writer.close()
             self._muted_until.pop(peer, None)
-            if task is not None:
-                self._connections.discard(task)
+            self._connections.pop(task, None)
+            self._release(peer)
 
-    async def _read_frames(self, reader: asyncio.StreamReader, frames: asyncio.Queue, peer: Any) -> None:
+    async def _read_frames(self, reader: asyncio.StreamReader, frames: ReadAhead, peer: Any) -> None:
         try:
-            async for frame in kafka.iter_frames(reader, self.cfg.max_frame_bytes, peer, self.counters):
+            async for frame in kafka.iter_frames(reader, self.cfg.max_frame_bytes, peer, self.counters,
+                                                 frames.room):
                 await frames.put(frame)
         except (ConnectionError, OSError) as e:
             log.info("client %s: %s", peer, e)
@@ -237,6 +369,7 @@ class BrokerServer:
         self.counters["requests"] += 1
         if principal is not None:
             req.principal = principal
+        req.host = a.peer_host(peer)
         token = request_context(req.client_id, req.correlation_id)
         try:
             return await self._answer_request(req, peer)
@@ -280,7 +413,8 @@ class BrokerServer:
         """ACLs (SASL on), as each RPC of the table (``RPCS``) asks: InitProducerId needs
         IDEMPOTENT_WRITE on the cluster without a transactional id (else CLUSTER_AUTHORIZATION_FAILED)
         and WRITE on the transactional id with one, as do AddPartitionsToTxn and EndTxn (else
-        TRANSACTIONAL_ID_AUTHORIZATION_FAILED).  Topics have no ACLs."""
+        TRANSACTIONAL_ID_AUTHORIZATION_FAILED).  Topics are checked only where an RPC declares
+        ``topic_acl`` (DescribeProducers), per topic by its handler (``_topic_allowed``)."""
         need = RPCS[req.api_key].acl(req.body)
         if need is None:
             return
@@ -292,6 +426,19 @@ class BrokerServer:
             raise ClusterAuthorizationFailedError(f"{req.principal} is not allowed {operation} on the cluster")
         raise TransactionalIdAuthorizationFailedError(
             f"{req.principal} is not allowed {operation} on transactional id {name[:200]!r}")
+
+    def _topic_allowed(self, req: kafka.Request, topic: str) -> bool:
+        """May ``req``'s principal do what ``req``'s RPC needs on ``topic`` (its ``topic_acl``)?  Always with
+        SASL off.  A refusal is counted and logged."""
+        operation = RPCS[req.api_key].topic_acl
+        if self.acls is None or operation is None:
+            return True
+        if self.acls.authorize(req.principal, a.TOPIC, topic, operation, req.host):
+            return True
+        self.counters["authorization_failures"] += 1
+        log.info("%s: %s is not allowed %s on topic %r (answered TOPIC_AUTHORIZATION_FAILED)",
+                 NAMES[req.api_key], req.principal, operation, topic[:200])
+        return False
 
     # ------------------------------------------------------------ dispatch
     async def _handle(self, req: kafka.Request) -> Any:
@@ -421,7 +568,7 @@ class BrokerServer:
         self._produce_requests += 1
         loop = asyncio.get_running_loop()
         responses = []
-        appended_any = False
+        appended: list[tuple[str, int]] = []
         refused = self._check_producer_id_quota(req)
         for t in b.topic_data:
             parts = []
@@ -459,15 +606,15 @@ class BrokerServer:
                     if res.duplicate:
                         self.counters["duplicates"] += 1
                     else:
-                        appended_any = True
+                        appended.append((t.name, int(pd.index)))
                         self.counters["produce_batches"] += 1
                 else:
                     self._note_error(res.error)
                     log.info("produce %s-%d: %s: %s", t.name, pd.index, res.error.name, res.message)
             responses.append({"name": t.name, "partition_responses": parts})
-        if appended_any:
-            async with self._appended:
-                self._appended.notify_all()
+        if appended:
+            for key in appended:
+                self._waiters.appended(key)
             if failpoints.hit("broker.produce.appended", self._produce_requests):
                 raise _DropConnection()
         if acks == 0:
@@ -496,19 +643,26 @@ class BrokerServer:
 
     # ------------------------------------------------------------ Fetch
     async def _fetch(self, req: kafka.Request) -> Any:
+        """Answered once min_bytes are there, at max_wait (at most 30 s), or at once with an error.
+        While it waits, only an append to one of its partitions wakes it (``AppendWaiters``): it
+        watches them before each read, so an append during the read is not missed."""
         b, v = req.body, req.api_version
         deadline = time.monotonic() + min(kio_.ms(b.max_wait), 30_000) / 1000
         min_bytes = max(int(b.min_bytes), 0)
+        keys = frozenset((t.topic, int(pt.partition)) for t in b.topics for pt in t.partitions)
         while True:
-            responses, total = await self._fetch_once(b)
-            remaining = deadline - time.monotonic()
-            if total >= max(min_bytes, 1) or remaining <= 0 or self._fetch_has_error(responses):
-                break
-            async with self._appended:
-                try:
-                    await asyncio.wait_for(self._appended.wait(), remaining)
-                except asyncio.TimeoutError:
-                    pass
+            waiter = self._waiters.watch(keys)
+            try:
+                responses, total = await self._fetch_once(b)
+                remaining = deadline - time.monotonic()
+                if total >= max(min_bytes, 1) or remaining <= 0 or self._fetch_has_error(responses):
+                    break
+                self.counters["fetch_waits"] += 1
+                await asyncio.wait((waiter,), timeout=remaining)
+                if waiter.done():
+                    self.counters["fetch_wakeups"] += 1
+            finally:
+                self._waiters.forget(waiter, keys)
         return kio_.response(FETCH, v, {"throttle_time": 0, "error_code": 0, "session_id": 0,
                                         "responses": responses})
 
@@ -580,25 +734,47 @@ class BrokerServer:
         return kio_.response(LIST_OFFSETS, v, {"throttle_time": 0, "topics": topics})
 
     # ------------------------------------------------------------ DescribeProducers
-    def _describe_producers(self, req: kafka.Request) -> Any:
-        """Kafka's DescribeProducers (KIP-664): the idempotence state of each partition's producers."""
+    async def _describe_producers(self, req: kafka.Request) -> Any:
+        """Kafka's DescribeProducers (KIP-664): the idempotence state of each partition's producers.
+
+        Authorized per topic, as Kafka does: with SASL on, DESCRIBE on the topic (or an operation that
+        implies it: READ, WRITE, ALTER, ALL); a refused topic's partitions get TOPIC_AUTHORIZATION_FAILED
+        whether the topic exists or not, and the others are answered.
+
+        Bounded: at most ``describe_producers_limit`` producers per partition, the lowest producer ids
+        first, read in an I/O thread (a partition may hold a million producers).  A partition with more
+        keeps error_code 0 and says so in its error_message ("1000 of 250000 producers shown, the
+        lowest producer ids; describe_producers_limit").  Kafka's admin client (and
+        ``kafka-transactions.sh describe-producers``) reads error_message only with an error, so its
+        users get the first ``describe_producers_limit`` producers without the notice; a client that
+        reads the message (or compares the count) can tell."""
+        loop = asyncio.get_running_loop()
+        limit = self.cfg.describe_producers_limit
         topics = []
         for t in req.body.topics:
             parts = []
+            allowed = self._topic_allowed(req, str(t.name))
             for index in t.partition_indexes:
                 r = {"partition_index": index, "error_code": 0, "error_message": None, "active_producers": []}
                 parts.append(r)
+                if not allowed:
+                    r["error_code"] = int(Errors.TOPIC_AUTHORIZATION_FAILED)
+                    r["error_message"] = f"{req.principal} is not allowed {RPCS[req.api_key].topic_acl} on this topic"
+                    continue
                 try:
                     part = self._partition(t.name, int(index), create=False)
                 except PidQuorumError as e:
                     r["error_code"], r["error_message"] = int(e.code), e.message
                     continue
-                for pid, entry in sorted(part.producers().items()):
-                    last = entry.batches[-1] if entry.batches else None
-                    r["active_producers"].append({
-                        "producer_id": pid, "producer_epoch": entry.epoch, "last_sequence": entry.last_seq,
-                        "last_timestamp": last.max_timestamp if last is not None else -1,
-                        "coordinator_epoch": -1, "current_txn_start_offset": -1})
+                rows, total = await loop.run_in_executor(self._io, part.describe_producers, limit)
+                r["active_producers"] = [
+                    {"producer_id": pid, "producer_epoch": epoch, "last_sequence": last_seq,
+                     "last_timestamp": last_ts, "coordinator_epoch": -1, "current_txn_start_offset": -1}
+                    for pid, epoch, last_seq, last_ts in rows]
+                if total > len(rows):
+                    self.counters["describe_producers_truncated"] += 1
+                    r["error_message"] = (f"{len(rows)} of {total} producers shown, the lowest producer ids; "
+                                          f"describe_producers_limit")
             topics.append({"name": t.name, "partitions": parts})
         return kio_.response(DESCRIBE_PRODUCERS, req.api_version, {"throttle_time": 0, "topics": topics})
 
@@ -716,12 +892,15 @@ def _list_offsets_error(cfg: BrokerConfig, version: int, code: Errors, body: Any
 class BrokerRpc:
     """One API of the broker, declared once: its versions, its handler (a ``BrokerServer`` method, which
     returns the response body), its error answer (shaped like the request) and the ACL it needs
-    ((resource type, name, operation) of the request, or None)."""
+    ((resource type, name, operation) of the request, or None; or an operation on each of its topics)."""
     name: str
     versions: tuple[int, int]
     handle: Callable[[BrokerServer, kafka.Request], Any]
     error: Callable[[BrokerConfig, int, Errors, Any], Any]
     acl: Callable[[Any], tuple[str, str, str] | None] = lambda body: None
+    # The operation each topic named in the request needs.  The answer is per partition, so the handler
+    # checks it per topic (BrokerServer._topic_allowed) and answers a refused one TOPIC_AUTHORIZATION_FAILED.
+    topic_acl: str | None = None
 
 
 RPCS: dict[int, BrokerRpc] = {
@@ -733,7 +912,7 @@ RPCS: dict[int, BrokerRpc] = {
     kafka.API_VERSIONS: BrokerRpc("ApiVersions", (0, 3), BrokerServer._api_versions, _versions_error),
     INIT_PRODUCER_ID: BrokerRpc("InitProducerId", (0, 4), BrokerServer._init_producer_id, _init_error, _init_acl),
     DESCRIBE_PRODUCERS: BrokerRpc("DescribeProducers", (0, 0), BrokerServer._describe_producers,
-                                  _describe_producers_error),
+                                  _describe_producers_error, topic_acl=a.DESCRIBE),
     ADD_PARTITIONS_TO_TXN: BrokerRpc(
         "AddPartitionsToTxn", (0, 3), BrokerServer._txn_request, _add_partitions_error,
         lambda b: (a.TRANSACTIONAL_ID, str(b.v3_and_below_transactional_id), a.WRITE)),

@@ -27,6 +27,14 @@ BROKER_METRICS = {
     "pidquorum_broker_bad_requests": "Readable headers with a bad body or version (answered with an error).",
     "pidquorum_broker_produce_batches": "Produce batches appended.",
     "pidquorum_broker_init_producer_id_requests": "InitProducerId requests.",
+    "pidquorum_broker_connections": "Client connections open.",
+    "pidquorum_broker_connections_refused":
+        "Connections closed at once: over max_connections or max_connections_per_ip.",
+    "pidquorum_broker_read_pauses": "Times a connection's socket was left unread: max_connection_buffer_bytes waiting.",
+    "pidquorum_broker_read_ahead_bytes": "Bytes of requests read and not yet handled, all connections.",
+    "pidquorum_broker_fetch_waits": "Times a Fetch started waiting for an append (long poll).",
+    "pidquorum_broker_fetch_wakeups": "Times a waiting Fetch was woken by an append to a partition it reads.",
+    "pidquorum_broker_describe_producers_truncated": "DescribeProducers partitions cut at describe_producers_limit.",
     "pidquorum_broker_pid_reserve_ids": "Producer IDs in hand (rest of the current block plus queued blocks).",
     "pidquorum_broker_pid_target_reserve_ids": "Reserve the refill task keeps (sized from demand).",
     "pidquorum_broker_pid_queued_blocks": "Prefetched blocks queued behind the current one.",
@@ -51,6 +59,11 @@ _COUNTERS = {  # BrokerServer.counters key -> metric
     "bad_requests": "pidquorum_broker_bad_requests",
     "produce_batches": "pidquorum_broker_produce_batches",
     "init_producer_id": "pidquorum_broker_init_producer_id_requests",
+    "connections_refused": "pidquorum_broker_connections_refused",
+    "read_pauses": "pidquorum_broker_read_pauses",
+    "fetch_waits": "pidquorum_broker_fetch_waits",
+    "fetch_wakeups": "pidquorum_broker_fetch_wakeups",
+    "describe_producers_truncated": "pidquorum_broker_describe_producers_truncated",
 }
 
 
@@ -68,6 +81,8 @@ def broker_families(st: dict) -> Iterable[Any]:
                            value={"broker_id": str(st["broker_id"]), "listener": str(st["listen"])})
     for key, name in _COUNTERS.items():
         yield _counter(name, st["counters"].get(key, 0))
+    yield _gauge("pidquorum_broker_connections", st.get("connections", 0))
+    yield _gauge("pidquorum_broker_read_ahead_bytes", st.get("read_ahead_bytes", 0))
     pm = st.get("pid_manager")
     if pm is not None:
         c = pm["counters"]

@@ -24,22 +24,24 @@ def _acl_options(fn):
                      show_default=True),
         click.option("--cluster", is_flag=True, help="The cluster resource (kafka-cluster)."),
         click.option("--transactional-id", help="A transactional id, a prefix (--prefixed), or '*'."),
-        click.option("--prefixed", is_flag=True, help="--transactional-id is a prefix."),
+        click.option("--topic", help="A topic, a prefix (--prefixed), or '*' (checked by DescribeProducers)."),
+        click.option("--prefixed", is_flag=True, help="--transactional-id / --topic is a prefix."),
         click.option("--host", default=a.WILDCARD, show_default=True, help="Client address, '*' for any."),
     ]):
         fn = option(fn)
     return fn
 
 
-def _acl(principal, operation, permission, cluster, transactional_id, prefixed, host) -> a.Acl:
-    if cluster == (transactional_id is not None):
-        raise click.UsageError("give exactly one of --cluster or --transactional-id NAME")
+def _acl(principal, operation, permission, cluster, transactional_id, topic, prefixed, host) -> a.Acl:
+    if [cluster, transactional_id is not None, topic is not None].count(True) != 1:
+        raise click.UsageError("give exactly one of --cluster, --transactional-id NAME or --topic NAME")
     if cluster:
         if prefixed:
-            raise click.UsageError("--prefixed applies to --transactional-id only")
+            raise click.UsageError("--prefixed applies to --transactional-id and --topic only")
         rtype, name, pattern = a.CLUSTER, a.CLUSTER_NAME, a.LITERAL
     else:
-        rtype, name, pattern = a.TRANSACTIONAL_ID, transactional_id, a.PREFIXED if prefixed else a.LITERAL
+        rtype, name = (a.TRANSACTIONAL_ID, transactional_id) if topic is None else (a.TOPIC, topic)
+        pattern = a.PREFIXED if prefixed else a.LITERAL
     return a.Acl(principal, rtype, name, pattern, operation.upper(), permission.upper(), host).validate()
 
 

@@ -1,9 +1,9 @@
 """ACL entries and the authorizer (Kafka's StandardAuthorizer rules, for the resources pidquorum has).
 
 An entry: principal ("User:alice", or "User:*" for everyone), resource type
-(``Cluster`` -- named ``kafka-cluster`` -- or ``TransactionalId``), resource
-name and pattern type (LITERAL, where the name "*" matches every name, or
-PREFIXED), operation, permission (ALLOW / DENY) and host ("*" or one IP).
+(``Cluster`` -- named ``kafka-cluster`` --, ``TransactionalId`` or ``Topic``),
+resource name and pattern type (LITERAL, where the name "*" matches every name,
+or PREFIXED), operation, permission (ALLOW / DENY) and host ("*" or one IP).
 
 ``authorize`` follows Kafka: a super user may do anything; otherwise a
 matching DENY wins over any ALLOW; ALL matches every operation; an ALLOW of
@@ -15,19 +15,21 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable
 
-CLUSTER, TRANSACTIONAL_ID = "Cluster", "TransactionalId"
-RESOURCE_TYPES = (CLUSTER, TRANSACTIONAL_ID)
+CLUSTER, TRANSACTIONAL_ID, TOPIC = "Cluster", "TransactionalId", "Topic"
+RESOURCE_TYPES = (CLUSTER, TRANSACTIONAL_ID, TOPIC)
 CLUSTER_NAME = "kafka-cluster"
 LITERAL, PREFIXED = "LITERAL", "PREFIXED"
 PATTERN_TYPES = (LITERAL, PREFIXED)
 WILDCARD = "*"
-ALL, CLUSTER_ACTION, IDEMPOTENT_WRITE, WRITE, DESCRIBE, ALTER = (
-    "ALL", "CLUSTER_ACTION", "IDEMPOTENT_WRITE", "WRITE", "DESCRIBE", "ALTER")
-OPERATIONS = (ALL, CLUSTER_ACTION, IDEMPOTENT_WRITE, WRITE, DESCRIBE, ALTER)
+ALL, CLUSTER_ACTION, IDEMPOTENT_WRITE, READ, WRITE, DESCRIBE, ALTER = (
+    "ALL", "CLUSTER_ACTION", "IDEMPOTENT_WRITE", "READ", "WRITE", "DESCRIBE", "ALTER")
+OPERATIONS = (ALL, CLUSTER_ACTION, IDEMPOTENT_WRITE, READ, WRITE, DESCRIBE, ALTER)
 # Which operations each resource type has (Kafka's ResourceType -> AclOperation table, as far as used here).
+# Topics: only DescribeProducers checks them (DESCRIBE); Produce and Fetch need authentication only.
 OPERATIONS_OF = {CLUSTER: {ALL, CLUSTER_ACTION, IDEMPOTENT_WRITE, DESCRIBE, ALTER},
-                 TRANSACTIONAL_ID: {ALL, WRITE, DESCRIBE}}
-IMPLIES_DESCRIBE = {WRITE, ALTER}
+                 TRANSACTIONAL_ID: {ALL, WRITE, DESCRIBE},
+                 TOPIC: {ALL, READ, WRITE, DESCRIBE, ALTER}}
+IMPLIES_DESCRIBE = {READ, WRITE, ALTER}
 ALLOW, DENY = "ALLOW", "DENY"
 PERMISSIONS = (ALLOW, DENY)
 ANONYMOUS = "User:ANONYMOUS"

@@ -20,6 +20,7 @@ import datetime
 import json
 import logging
 import sys
+import time
 from typing import Any, Callable, TextIO
 
 FORMATS = ("human", "json")
@@ -51,6 +52,30 @@ def request_context(client_id: str | None, correlation_id: int) -> contextvars.T
 
 def end_request_context(token: contextvars.Token) -> None:
     _request.reset(token)
+
+
+class Throttled:
+    """One logger call for an event that can come in floods (a connection refused under a
+    connection flood): at most one line per ``interval_s``; the next line says how many were
+    left out since the last one, so 10,000 refusals a second are a line every ``interval_s``."""
+
+    def __init__(self, logger: logging.Logger, interval_s: float = 10.0, clock: Callable[[], float] = time.monotonic):
+        self.logger, self.interval_s, self.clock = logger, interval_s, clock
+        self._last: float | None = None
+        self.suppressed = 0
+
+    def __call__(self, level: int, msg: str, *args: Any) -> bool:
+        """Log ``msg % args`` at ``level`` unless a line went out less than ``interval_s`` ago; True if logged."""
+        now = self.clock()
+        if self._last is not None and now - self._last < self.interval_s:
+            self.suppressed += 1
+            return False
+        if self.suppressed:
+            msg, args = msg + " (%d more like it not logged in the last %.0f s)", (*args, self.suppressed,
+                                                                                    now - self._last)
+        self._last, self.suppressed = now, 0
+        self.logger.log(level, msg, *args)
+        return True
 
 
 def context_fields() -> dict[str, Any]:

@@ -18,7 +18,7 @@ import io
 import logging
 import struct
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, Mapping
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
 
 import kio.index
 import msgpack
@@ -69,6 +69,7 @@ class Request:
     # Who sent it: "User:<name>" once the connection has authenticated (SASL),
     # else "User:ANONYMOUS". Set by the server per connection, read by ACLs and quotas.
     principal: str = "User:ANONYMOUS"
+    host: str | None = None  # the client's address, set with the principal: ACL entries may name a host
     raw: bytes = b""  # the frame as it arrived (size prefix removed): what a follower forwards to the leader
     forwarded: bool = False  # it came from another node (inside an Envelope): never forwarded again
 
@@ -217,11 +218,14 @@ class ApiTable:
         return parse_response(frame, api_key, api_version)
 
 
-async def read_frame(reader: Any, max_bytes: int) -> bytes | None:
+async def read_frame(reader: Any, max_bytes: int,
+                     room: Callable[[int], Awaitable[None]] | None = None) -> bytes | None:
     """The next size-prefixed frame from an ``asyncio.StreamReader``; None at a clean end of stream.
 
     Raises FrameError for a size outside 1..max_bytes (nothing more is read) or a
-    stream that ends inside a frame.
+    stream that ends inside a frame.  ``room``: awaited with the frame's size before
+    its body is read, by a caller that bounds the bytes it holds (while it waits,
+    nothing more is read from the stream).
     """
     try:
         size = SIZE.unpack(await reader.readexactly(4))[0]
@@ -231,18 +235,21 @@ async def read_frame(reader: Any, max_bytes: int) -> bytes | None:
         return None
     if size <= 0 or size > max_bytes:
         raise FrameError(f"frame of {size} bytes is outside 1..{max_bytes}")
+    if room is not None:
+        await room(size)
     try:
         return await reader.readexactly(size)
     except asyncio.IncompleteReadError as e:
         raise FrameError(f"truncated frame ({len(e.partial)} of {size} bytes)") from None
 
 
-async def iter_frames(reader: Any, max_bytes: int, peer: Any, counters: dict) -> AsyncIterator[bytes]:
+async def iter_frames(reader: Any, max_bytes: int, peer: Any, counters: dict,
+                      room: Callable[[int], Awaitable[None]] | None = None) -> AsyncIterator[bytes]:
     """Frames from a client until its stream ends, or a bad frame (counted in
-    ``counters["bad_frames"]`` and logged) ends the connection."""
+    ``counters["bad_frames"]`` and logged) ends the connection (``room``: see ``read_frame``)."""
     while True:
         try:
-            frame = await read_frame(reader, max_bytes)
+            frame = await read_frame(reader, max_bytes, room)
         except FrameError as e:
             counters["bad_frames"] += 1
             log.warning("client %s: %s; closing", peer, e)

@@ -84,7 +84,7 @@ def test_host_matching():
 @pytest.mark.parametrize("acl,fragment", [
     (Acl("alice", TRANSACTIONAL_ID, "x", LITERAL, WRITE, ALLOW), "User:<name>"),
     (Acl("User:", TRANSACTIONAL_ID, "x", LITERAL, WRITE, ALLOW), "User:<name>"),
-    (Acl(ALICE, "Topic", "x", LITERAL, WRITE, ALLOW), "resource type"),
+    (Acl(ALICE, "Group", "x", LITERAL, WRITE, ALLOW), "resource type"),
     (Acl(ALICE, CLUSTER, "other", LITERAL, CLUSTER_ACTION, ALLOW), "kafka-cluster"),
     (Acl(ALICE, TRANSACTIONAL_ID, "*", PREFIXED, WRITE, ALLOW), "PREFIXED"),
     (Acl(ALICE, TRANSACTIONAL_ID, "", LITERAL, WRITE, ALLOW), "empty"),
@@ -167,3 +167,19 @@ def test_manager_index_follows_replay():
     assert state.acls.index().authorize(ALICE, CLUSTER, CLUSTER_NAME, CLUSTER_ACTION)
     state.apply_batch([RemoveAclRecord(**cl(ALICE, CLUSTER_ACTION).to_dict(), timestamp_ms=2)])
     assert not state.acls.index().authorize(ALICE, CLUSTER, CLUSTER_NAME, CLUSTER_ACTION)
+
+
+def test_topic_entries_and_implied_describe():
+    from security.acl import READ, TOPIC
+    acls = [Acl(ALICE, TOPIC, "orders-", PREFIXED, WRITE, ALLOW), Acl(BOB, TOPIC, "*", LITERAL, READ, ALLOW),
+            Acl(BOB, TOPIC, "secret", LITERAL, DESCRIBE, DENY)]
+    for acl in acls:
+        acl.validate()
+    assert authorize(acls, ALICE, TOPIC, "orders-1", DESCRIBE)  # WRITE implies DESCRIBE
+    assert not authorize(acls, ALICE, TOPIC, "payments", DESCRIBE)
+    assert authorize(acls, BOB, TOPIC, "orders-1", DESCRIBE)  # so does READ
+    assert not authorize(acls, BOB, TOPIC, "secret", DESCRIBE)  # a DENY wins
+    # a topic entry is not a transactional-id entry of the same name
+    assert not authorize(acls, ALICE, TRANSACTIONAL_ID, "orders-1", WRITE)
+    with pytest.raises(AclError, match="does not apply"):
+        Acl(ALICE, TOPIC, "t", LITERAL, IDEMPOTENT_WRITE, ALLOW).validate()

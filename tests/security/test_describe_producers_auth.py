@@ -1,0 +1,117 @@
+"""DescribeProducers against a real broker process that requires SASL: DESCRIBE on the topic (Kafka's
+rule; WRITE implies it), checked per topic, TOPIC_AUTHORIZATION_FAILED for the partitions of the others,
+whether they exist or not.
+
+alice: IDEMPOTENT_WRITE on the cluster (to produce) and DESCRIBE on topics prefixed "seen-"; bob: WRITE on
+the topic "written", added with ``pidctl acl add --topic`` while the broker runs."""
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+
+import pytest
+
+from benchmarks.processes import BrokerProcess
+from client.quorum import Connection
+from security.acl import (
+    ALLOW,
+    CLUSTER,
+    CLUSTER_ACTION,
+    CLUSTER_NAME,
+    DESCRIBE,
+    IDEMPOTENT_WRITE,
+    LITERAL,
+    PREFIXED,
+    TOPIC,
+    WRITE,
+    Acl,
+)
+from security.client import ClientSecurity
+from tests.broker.test_frontend_bad_input import batch, entity
+from tests.conftest import wait_for
+from tests.security.conftest import PASSWORDS
+from tests.security.test_quorum_auth import pidctl
+from wire import kafka
+from wire.errors import Errors
+
+PRODUCE, INIT_PRODUCER_ID, DESCRIBE_PRODUCERS = 0, 22, 61
+ACLS = [Acl("User:broker", CLUSTER, CLUSTER_NAME, LITERAL, CLUSTER_ACTION, ALLOW),
+        Acl("User:alice", CLUSTER, CLUSTER_NAME, LITERAL, IDEMPOTENT_WRITE, ALLOW),
+        Acl("User:alice", TOPIC, "seen-", PREFIXED, DESCRIBE, ALLOW)]
+
+
+@pytest.fixture(scope="module")
+def secure_broker(secure_quorum, tmp_path_factory):
+    sq = secure_quorum
+
+    async def grant():
+        c = sq.client("admin")
+        try:
+            for acl in ACLS:
+                await c.alter_acl("add", acl)
+        finally:
+            await c.close()
+    asyncio.run(grant())
+    b = BrokerProcess(str(tmp_path_factory.mktemp("brokers")), 7, sq.addresses,
+                      "--sasl-credentials-file", sq.users_file, "--acl-refresh-ms", "100",
+                      "--quorum-security-protocol", "SASL_SSL", "--quorum-sasl-username", "broker",
+                      "--quorum-sasl-password", PASSWORDS["broker"], "--quorum-tls-cafile", sq.pki.cafile)
+    b.start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+def call(b: BrokerProcess, user: str, body):
+    async def go():
+        conn = Connection(b.bootstrap, f"test-{user}", ClientSecurity("SASL_PLAINTEXT", "PLAIN", user, PASSWORDS[user]))
+        try:
+            return await conn.call(body, 10.0)
+        finally:
+            conn.close()
+    return asyncio.run(go())
+
+
+def produce_as_alice(b: BrokerProcess, topic: str) -> int:
+    init = call(b, "alice", kafka.request_entity(INIT_PRODUCER_ID, 4, transactional_id=None,
+                                                 transaction_timeout=datetime.timedelta(seconds=60),
+                                                 producer_id=-1, producer_epoch=-1))
+    assert int(init.error_code) == 0, init
+    pid = int(init.producer_id)
+    pd = entity(PRODUCE, 9, "PartitionProduceData", index=0, records=batch(pid, 0, seq=0))
+    td = entity(PRODUCE, 9, "TopicProduceData", name=topic, partition_data=(pd,))
+    resp = call(b, "alice", kafka.request_entity(PRODUCE, 9, transactional_id=None, acks=-1,
+                                                 timeout=datetime.timedelta(seconds=5), topic_data=(td,)))
+    assert int(resp.responses[0].partition_responses[0].error_code) == 0
+    return pid
+
+
+def describe(b: BrokerProcess, user: str, *topics: str) -> dict[str, tuple[Errors, list[int]]]:
+    body = kafka.request_entity(DESCRIBE_PRODUCERS, 0, topics=tuple(
+        entity(DESCRIBE_PRODUCERS, 0, "TopicRequest", name=t, partition_indexes=(0,)) for t in topics))
+    resp = call(b, user, body)
+    return {t.name: (Errors(int(t.partitions[0].error_code)),
+                     [int(p.producer_id) for p in t.partitions[0].active_producers]) for t in resp.topics}
+
+
+def test_describe_producers_needs_describe_on_each_topic(secure_broker, secure_quorum):
+    b = secure_broker
+    pids = {t: produce_as_alice(b, t) for t in ("seen-1", "written", "hidden")}
+    denied = Errors.TOPIC_AUTHORIZATION_FAILED
+    assert describe(b, "alice", "seen-1", "written", "hidden", "no-such-topic") == {
+        "seen-1": (Errors.NONE, [pids["seen-1"]]), "written": (denied, []), "hidden": (denied, []),
+        "no-such-topic": (denied, [])}  # refused before looking: no hint whether it exists
+    assert describe(b, "bob", "written", "seen-1") == {"written": (denied, []), "seen-1": (denied, [])}
+    # WRITE on the topic implies DESCRIBE (Kafka's implied operations); added through pidctl
+    code, out = pidctl(secure_quorum, "acl", "add", "--principal", "User:bob", "--operation", "WRITE",
+                       "--topic", "written", "-o", "json")
+    assert code == 0, out
+    assert json.loads(out)["acl"] == {"principal": "User:bob", "resource_type": TOPIC, "resource_name": "written",
+                                      "pattern_type": LITERAL, "operation": WRITE, "permission": ALLOW, "host": "*"}
+    wait_for(lambda: describe(b, "bob", "written")["written"][0] == Errors.NONE, 15,
+             what="the broker to read bob's new ACL")
+    assert describe(b, "bob", "written", "seen-1") == {"written": (Errors.NONE, [pids["written"]]),
+                                                      "seen-1": (denied, [])}
+    assert "not allowed DESCRIBE on topic 'hidden'" in b.tail(400)

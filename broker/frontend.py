@@ -71,6 +71,7 @@ PRODUCE, FETCH, LIST_OFFSETS, METADATA, FIND_COORDINATOR, INIT_PRODUCER_ID = 0, 
 DESCRIBE_PRODUCERS = 61
 ADD_PARTITIONS_TO_TXN, END_TXN = 24, 26
 LATEST_TIMESTAMP, EARLIEST_TIMESTAMP = -1, -2
+MAINTAIN_EVERY_S = 5.0
 
 
 class _DropConnection(Exception):
@@ -189,13 +190,14 @@ class BrokerServer:
         self.quota_poller = QuotaConfigPoller(self.quotas, self.quorum, cfg.quota_refresh_s,
                                               stats_path=os.path.join(cfg.data_dir, STATS_FILE))
         self._quota_task: asyncio.Task | None = None
+        self._maintain_task: asyncio.Task | None = None
         self._muted_until: dict[Any, float] = {}  # peer -> monotonic time its next request may be handled
         self.counters = {"requests": 0, "bad_frames": 0, "bad_requests": 0, "produce_batches": 0,
                          "duplicates": 0, "dropped_by_fault_injection": 0, "init_producer_id": 0,
                          "load_in_progress": 0, "trailing_bytes": 0, "fenced_producers": 0,
                          "quota_throttled_batches": 0, "connections_refused": 0,
                          "connections_refused_per_ip": 0, "read_pauses": 0, "fetch_waits": 0,
-                         "fetch_wakeups": 0, "describe_producers_truncated": 0}
+                         "fetch_wakeups": 0, "describe_producers_truncated": 0, "evicted_producers_refused": 0}
         self.port: int | None = None
         self.quota_provider: Any = self.quotas  # stats() -> {principal: {rate, tokens, throttle_time_ms, ...}}
         self.api = kafka.ApiTable(SUPPORTED, NAMES, lambda key, version, code, message, throttle_ms:
@@ -224,11 +226,14 @@ class BrokerServer:
                 "connections": len(self._connections),
                 "read_ahead_bytes": sum(r.held for r in self._connections.values()),
                 "pid_manager": self.pids.stats() if self.pids is not None else None,
+                "producer_state": self.storage.producer_stats(),
                 "quota": self.quota_stats()}
 
     def _note_error(self, code: Errors) -> None:
         if code in (Errors.PRODUCER_FENCED, Errors.INVALID_PRODUCER_EPOCH):
             self.counters["fenced_producers"] += 1
+        elif code == Errors.UNKNOWN_PRODUCER_ID:  # only a producer the cap evicted is answered that
+            self.counters["evicted_producers_refused"] += 1
 
     # --------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -246,6 +251,7 @@ class BrokerServer:
         # Quotas in force from the first produce when the quorum answers now; else from the first poll that works.
         await self.quota_poller.refresh()
         self._quota_task = asyncio.get_running_loop().create_task(self.quota_poller.run())
+        self._maintain_task = asyncio.get_running_loop().create_task(self._maintain())
         log.info("broker %d listening on %s:%d (epoch %s, data %s)", self.cfg.broker_id, host, self.port,
                  self.pids.broker_epoch, self.cfg.data_dir)
 
@@ -256,6 +262,8 @@ class BrokerServer:
             t.cancel()
         if self._quota_task is not None:
             self._quota_task.cancel()
+        if self._maintain_task is not None:
+            self._maintain_task.cancel()
         if self.pids is not None:
             await self.pids.close()
         if self.acls is not None:
@@ -263,6 +271,17 @@ class BrokerServer:
         await self.quorum.close()
         self._io.shutdown(wait=True)
         self.storage.close()
+
+    async def _maintain(self) -> None:
+        """Expiry and retention of partitions nobody writes to (``Storage.maintain``), every few seconds,
+        in an I/O thread."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(MAINTAIN_EVERY_S)
+            try:
+                await loop.run_in_executor(self._io, self.storage.maintain)
+            except Exception:  # noqa: BLE001 - keep maintaining; the partitions report their own errors
+                log.exception("partition maintenance failed")
 
     # ------------------------------------------------------------ connections
     def _admit(self, peer: Any) -> bool:

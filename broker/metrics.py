@@ -35,6 +35,14 @@ BROKER_METRICS = {
     "pidquorum_broker_fetch_waits": "Times a Fetch started waiting for an append (long poll).",
     "pidquorum_broker_fetch_wakeups": "Times a waiting Fetch was woken by an append to a partition it reads.",
     "pidquorum_broker_describe_producers_truncated": "DescribeProducers partitions cut at describe_producers_limit.",
+    "pidquorum_broker_evicted_producers_refused":
+        "Batches answered UNKNOWN_PRODUCER_ID: their producer was evicted by max_producers_per_partition.",
+    "pidquorum_broker_producers": "Producers whose idempotence state the broker keeps, all partitions.",
+    "pidquorum_broker_producers_with_older_batches":
+        "Of those, producers inside the retry window (their 4 batches before the last are kept too).",
+    "pidquorum_broker_producer_evictions": "Producers evicted by max_producers_per_partition.",
+    "pidquorum_broker_producer_state_bytes": "Bytes of the producer-state arrays, all partitions.",
+    "pidquorum_broker_producer_snapshot_errors": "Producer-state snapshots that failed to write.",
     "pidquorum_broker_pid_reserve_ids": "Producer IDs in hand (rest of the current block plus queued blocks).",
     "pidquorum_broker_pid_target_reserve_ids": "Reserve the refill task keeps (sized from demand).",
     "pidquorum_broker_pid_queued_blocks": "Prefetched blocks queued behind the current one.",
@@ -64,6 +72,7 @@ _COUNTERS = {  # BrokerServer.counters key -> metric
     "fetch_waits": "pidquorum_broker_fetch_waits",
     "fetch_wakeups": "pidquorum_broker_fetch_wakeups",
     "describe_producers_truncated": "pidquorum_broker_describe_producers_truncated",
+    "evicted_producers_refused": "pidquorum_broker_evicted_producers_refused",
 }
 
 
@@ -83,6 +92,12 @@ def broker_families(st: dict) -> Iterable[Any]:
         yield _counter(name, st["counters"].get(key, 0))
     yield _gauge("pidquorum_broker_connections", st.get("connections", 0))
     yield _gauge("pidquorum_broker_read_ahead_bytes", st.get("read_ahead_bytes", 0))
+    ps = st.get("producer_state") or {}
+    yield _gauge("pidquorum_broker_producers", ps.get("producers", 0))
+    yield _gauge("pidquorum_broker_producers_with_older_batches", ps.get("producers_with_older_batches", 0))
+    yield _counter("pidquorum_broker_producer_evictions", ps.get("evictions", 0))
+    yield _gauge("pidquorum_broker_producer_state_bytes", ps.get("array_bytes", 0))
+    yield _counter("pidquorum_broker_producer_snapshot_errors", ps.get("snapshot_errors", 0))
     pm = st.get("pid_manager")
     if pm is not None:
         c = pm["counters"]

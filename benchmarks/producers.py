@@ -186,9 +186,8 @@ def measure_in_process(n: int, per: int, batches_per_producer: int, trace: bool,
                        work_dir: str) -> dict:
     """In THIS process: a Partition in ``work_dir``, n producers x ``batches_per_producer`` batches."""
     directory = tempfile.mkdtemp(prefix="partition-", dir=work_dir)
-    appends = batches_per_producer * math.ceil(n / per)
     # No periodic snapshot in the measured window (its transient buffers would stay in the RSS figure).
-    opts = partition_options(snapshot_every=appends + 1)
+    opts = partition_options(snapshot_every=n * batches_per_producer + 1)  # counted in batches
     part = Partition(directory, **opts)
     out: dict = {"n": n, "batches_per_producer": batches_per_producer, "batches_per_append": per,
                  "partition_options": opts}

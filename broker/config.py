@@ -101,9 +101,9 @@ class BrokerConfig:
     """DescribeProducers: at most this many producers per partition, lowest ids first."""
     producer_id_expiration_ms: Annotated[int, Field(ge=1)] = 24 * 3600 * 1000
     """Kafka's producer.id.expiration.ms: an idle producer's state is dropped after this long."""
-    max_producers_per_partition: Annotated[int | None, Field(ge=1)] = 1_000_000
-    """Producers whose state a partition keeps (about 110 bytes each); past it the least recently used are
-    evicted and get UNKNOWN_PRODUCER_ID if they come back mid-sequence (Kafka has no cap)."""
+    max_producers_per_partition: Annotated[int | None, Field(ge=1)] = 2_000_000
+    """Producers whose state a partition keeps (about 110 bytes each); past it the least recently used 1 % are
+    evicted, and get UNKNOWN_PRODUCER_ID if they come back with the same epoch (Kafka has no cap)."""
     idempotence_retry_window_ms: Annotated[int, Field(ge=0)] = 300_000
     """How long after its last append a producer may still retry one of its 4 batches before the last
     (they are kept that long; above the clients' delivery.timeout.ms, 120 s by default)."""

@@ -28,12 +28,12 @@ The rules ``check`` applies to a batch with a producer ID (as Kafka's broker):
   duplicate or a gap arriving after the state expired is not detected; with
   state that survives restarts and segment deletion (below) that only happens
   after a day of silence from the producer.
-* **evicted producer** (``max_producers``, below) **at a sequence other than
-  0: UNKNOWN_PRODUCER_ID.**  Its state was dropped while it may still be
-  producing, so a retry could be appended twice; the error tells the client
-  its state is gone, and clients since KIP-360 (librdkafka 1.4+, Java 2.5+)
-  answer it by bumping the epoch and starting again at sequence 0, which is
-  accepted.
+* **evicted producer** (``max_producers``, below), **same epoch, any
+  sequence: UNKNOWN_PRODUCER_ID.**  Its state was dropped while it may still
+  be producing, so a retry (even of its first batch) could be appended twice;
+  the error tells the client its state is gone, and clients since KIP-360
+  (librdkafka 1.4+, Java 2.5+, kafka-python 2.1+) answer it by bumping the
+  epoch (or taking a new producer id), which is a new instance and accepted.
 
 ``check`` is pure; ``check_all`` checks the batches of one request in order,
 each against the state as if the earlier ones had been appended; ``update``
@@ -120,6 +120,7 @@ _MIN_BITS = 7
 _MIN_ROWS = 64
 _MAX_LOAD = 0.6  # live + tombstones over table slots before a rebuild
 _EVICT_FRACTION = 0.01
+_SHRINK_BELOW = 32  # rebuild smaller once fewer than 1/32 of the rows are live
 _EVICTED_FPP = 0.001
 
 
@@ -201,9 +202,18 @@ def _hash(pid: int, bits: int) -> int:
     return ((pid * _HASH_MUL) & _M64) >> (64 - bits)
 
 
-def _evicted_hash(pid: int) -> int:
-    """rbloom's hash for producer ids (a saved filter needs a hash of its own, not Python's)."""
-    return ((pid * _HASH_MUL) & _M64) - 2**63
+def _evicted_hash(key: int) -> int:
+    """rbloom's hash for evicted keys (a saved filter needs a hash of its own, not Python's)."""
+    return ((key * _HASH_MUL) & _M64) - 2**63
+
+
+def _evicted_key(pid: int, epoch: int) -> int:
+    """One evicted producer instance: its id and epoch (a bumped epoch is a new instance)."""
+    return (pid << 16) | epoch
+
+
+def _evicted_keys(pids: np.ndarray, epochs: np.ndarray) -> np.ndarray:
+    return (pids.astype(np.uint64) << np.uint64(16)) | epochs.astype(np.uint64)
 
 
 def _hash_all(pids: np.ndarray, bits: int) -> np.ndarray:
@@ -270,15 +280,15 @@ class _Evicted:
         self.previous: Bloom | None = None
         self.count = 0
 
-    def add_all(self, pids: np.ndarray) -> None:
-        for pid in pids.tolist():
+    def add_all(self, keys: np.ndarray) -> None:
+        for pid in keys.tolist():
             if self.count >= self.capacity:
                 self.previous, self.current, self.count = self.current, Bloom(self.capacity, _EVICTED_FPP, _evicted_hash), 0
             self.current.add(pid)
             self.count += 1
 
-    def __contains__(self, pid: int) -> bool:
-        return pid in self.current or (self.previous is not None and pid in self.previous)
+    def __contains__(self, key: int) -> bool:
+        return key in self.current or (self.previous is not None and key in self.previous)
 
     def dump(self) -> dict:
         return {"capacity": self.capacity, "count": self.count, "current": self.current.save_bytes(),
@@ -436,8 +446,10 @@ class ProducerStateManager:
         self._nfree = need
         self._live -= rows_.size
         self._tombs += rows_.size  # _min_upd stays a lower bound
-        if self._hi > 4 * _MIN_ROWS and self._live < self._hi // 4:
-            self._rebuild(_bits_for(self._live))  # give the memory back
+        if self._hi > 4 * _MIN_ROWS and self._live < self._hi // _SHRINK_BELOW:
+            # Give the memory back.  The rebuild costs time in proportion to the producers left, so it
+            # waits until few are: a million-row state shrinks with at most 32k left (about 3 ms).
+            self._rebuild(_bits_for(self._live))
 
     # ------------------------------------------------------------ reading one producer
     def _entry(self, pid: int) -> ProducerEntry | None:
@@ -456,10 +468,10 @@ class ProducerStateManager:
             return APPEND
         pid, epoch, seq = h.producer_id, h.producer_epoch, h.base_sequence
         if entry is None:
-            if seq != 0 and self._evicted is not None and pid in self._evicted:
+            if self._evicted is not None and _evicted_key(pid, epoch) in self._evicted:
                 return _error(Errors.UNKNOWN_PRODUCER_ID,
-                              f"producer {pid}: its state was evicted (more than {self.max_producers} producers "
-                              f"in this partition); start a new epoch at sequence 0")
+                              f"producer {pid} epoch {epoch}: its state was evicted (more than {self.max_producers} "
+                              f"producers in this partition); start a new epoch")
             return APPEND  # unknown producer: accepted at any sequence (KIP-360; see the module doc)
         if epoch < entry.epoch:
             return _error(Errors.INVALID_PRODUCER_EPOCH,
@@ -562,7 +574,7 @@ class ProducerStateManager:
         evicted_before = int(upd[rows_].max()) if rows_.size else INT64_MAX
         if self._evicted is None:
             self._evicted = _Evicted(self.max_producers or 0)
-        self._evicted.add_all(self._rows["pid"][rows_])
+        self._evicted.add_all(_evicted_keys(self._rows["pid"][rows_], self._rows["epoch"][rows_]))
         self.evictions += int(rows_.size)
         log.info("producer state: %d producers, the cap is %s; evicted the %d least recently used",
                  self._live, self.max_producers, rows_.size)

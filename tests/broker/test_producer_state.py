@@ -436,11 +436,11 @@ class Model:
             del self.entries[p]
         return len(gone)
 
-    def evict(self, n: int) -> list[int]:
+    def evict(self, n: int) -> list[tuple[int, int]]:
         oldest = sorted(self.entries.values(), key=lambda e: e.last_update_ms)[:n]
         for e in oldest:
             del self.entries[e.producer_id]
-        return [e.producer_id for e in oldest]
+        return [(e.producer_id, e.epoch) for e in oldest]
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -480,9 +480,11 @@ def test_the_arrays_hold_what_a_plain_model_holds(tmp_path, seed):
             assert m.get(pid) == model.entries.get(pid)
         assert len(m) == len(model.entries)
     assert m.producers() == model.entries
-    for pid in evicted - set(model.entries):
-        assert m.check(hdr(pid, 0, 7)).error == Errors.UNKNOWN_PRODUCER_ID
-        assert m.check(hdr(pid, 0, 0)).action is Action.APPEND
+    for pid, epoch in evicted:
+        if pid not in model.entries:
+            assert m.check(hdr(pid, epoch, 7)).error == Errors.UNKNOWN_PRODUCER_ID
+            assert m.check(hdr(pid, epoch, 0)).error == Errors.UNKNOWN_PRODUCER_ID
+            assert m.check(hdr(pid, epoch + 1, 0)).action is Action.APPEND
 
 
 def test_evicted_producer_is_told_its_state_is_gone_and_may_start_again(tmp_path):
@@ -493,7 +495,8 @@ def test_evicted_producer_is_told_its_state_is_gone_and_may_start_again(tmp_path
     assert len(m) == 100 and m.get(0) is None and m.get(1) is not None
     d = m.check(hdr(0, 0, 1))
     assert d.error == Errors.UNKNOWN_PRODUCER_ID and "evicted" in d.message
-    assert m.check(hdr(0, 1, 0)).action is Action.APPEND  # a bumped epoch at sequence 0 (KIP-360)
+    assert m.check(hdr(0, 0, 0)).error == Errors.UNKNOWN_PRODUCER_ID  # a retry of its first batch, too
+    assert m.check(hdr(0, 1, 0)).action is Action.APPEND  # a bumped epoch is a new instance (KIP-360)
     assert m.check(hdr(5000, 0, 3)).action is Action.APPEND  # never seen: accepted at any sequence
     # the evicted ids outlive a restart
     path = str(tmp_path / "s.snapshot")

@@ -79,7 +79,7 @@ from client.quorum import Connection, ConnectionFailed
 from wire import kafka
 from wire.errors import Errors, RequestTimedOutError
 
-from .common import environment_info, log, percentile, run_phases, table, temp_cluster, utc_now
+from .common import environment_info, log, percentile, print_footer, run_phases, table, temp_cluster, utc_now
 from .processes import REPO, BrokerProcess, child_env, cpu_seconds
 
 PRODUCE = 0
@@ -688,17 +688,7 @@ def print_results(res: dict) -> None:
         print("Targets:")
         for t in res["targets"]:
             print(f"  [{'HOLDS' if t['holds'] else 'MISSED'}] {t['target']}: {t['detail']}")
-    if res["errors"]:
-        print("PHASE ERRORS:")
-        for e in res["errors"]:
-            print(f"  {e['phase']}: {e['error']}")
-    if res["failed_checks"]:
-        print("FAILED CHECKS:")
-        for c in res["failed_checks"]:
-            print(f"  {c}")
-    if not res["errors"] and not res["failed_checks"]:
-        print("all checks passed")
-    print(f"total {res['total_s']:.0f} s; JSON: {p['json']}")
+    print_footer(res)
 
 
 # ------------------------------------------------------------------ options

@@ -1,6 +1,7 @@
 """A SASL_SSL quorum (throwaway CA) with users admin (super user), broker and alice, shared by a module."""
 from __future__ import annotations
 
+import asyncio
 import os
 
 import pytest
@@ -33,6 +34,17 @@ class SecureQuorum:
                addresses: list[str] | None = None, timeout: float = 10.0) -> QuorumClient:
         return QuorumClient(addresses or self.addresses, RetryPolicy(timeout=timeout, attempt_timeout=2.0),
                             client_id=f"test-{user}", security=self.security(user, password, mechanism))
+
+    def grant(self, acls) -> None:
+        """Add ``acls`` as the admin."""
+        async def go():
+            c = self.client("admin")
+            try:
+                for acl in acls:
+                    await c.alter_acl("add", acl)
+            finally:
+                await c.close()
+        asyncio.run(go())
 
     def cli_args(self, user: str = "admin") -> list[str]:
         return ["--quorum", ",".join(self.addresses), "--timeout", "30", "--security-protocol", "SASL_SSL",

@@ -6,7 +6,6 @@ bob authenticates but has no ACL; the broker's own user has CLUSTER_ACTION on th
 """
 from __future__ import annotations
 
-import asyncio
 import socket
 import struct
 import threading
@@ -43,14 +42,7 @@ ACLS = [Acl("User:broker", CLUSTER, CLUSTER_NAME, LITERAL, CLUSTER_ACTION, ALLOW
 def secure_brokers(secure_quorum, tmp_path_factory):
     sq = secure_quorum
 
-    async def grant():
-        c = sq.client("admin")
-        try:
-            for acl in ACLS:
-                await c.alter_acl("add", acl)
-        finally:
-            await c.close()
-    asyncio.run(grant())
+    sq.grant(ACLS)
     base = str(tmp_path_factory.mktemp("brokers"))
     common = ["--sasl-credentials-file", sq.users_file, "--acl-refresh-ms", "100",
               "--quorum-security-protocol", "SASL_SSL", "--quorum-sasl-username", "broker",

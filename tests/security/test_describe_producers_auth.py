@@ -45,14 +45,7 @@ ACLS = [Acl("User:broker", CLUSTER, CLUSTER_NAME, LITERAL, CLUSTER_ACTION, ALLOW
 def secure_broker(secure_quorum, tmp_path_factory):
     sq = secure_quorum
 
-    async def grant():
-        c = sq.client("admin")
-        try:
-            for acl in ACLS:
-                await c.alter_acl("add", acl)
-        finally:
-            await c.close()
-    asyncio.run(grant())
+    sq.grant(ACLS)
     b = BrokerProcess(str(tmp_path_factory.mktemp("brokers")), 7, sq.addresses,
                       "--sasl-credentials-file", sq.users_file, "--acl-refresh-ms", "100",
                       "--quorum-security-protocol", "SASL_SSL", "--quorum-sasl-username", "broker",

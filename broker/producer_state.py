@@ -315,12 +315,15 @@ class ProducerSnapshot:
     evicted: dict | None
 
     def encode(self) -> bytes:
-        rows = self.rows[self.rows["upd"] != INT64_MAX]
-        rows = rows[np.argsort(rows["pid"])]
+        rows = self.rows
+        free = rows["upd"] == INT64_MAX
+        if free.any():
+            rows = rows[~free]
+        rows = rows[np.argsort(rows["pid"])]  # a copy; sorted rows let a load check uniqueness in one pass
         rows["tpos"] = 0
         return seal(SNAPSHOT_MAGIC, {"format": SNAPSHOT_FORMAT, "offset": self.offset, "count": len(rows),
-                                     "row": ROW.descr.__repr__(), "rows": rows.tobytes(), "older": self.older,
-                                     "evicted": self.evicted})
+                                     "row": ROW.descr.__repr__(), "rows": memoryview(rows.view(np.uint8)),
+                                     "older": self.older, "evicted": self.evicted})
 
     def write(self, path: str) -> int:
         data = self.encode()

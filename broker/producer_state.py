@@ -858,8 +858,11 @@ def _decode(path: str, data: bytes) -> tuple[int, np.ndarray, list, _Evicted | N
         if pid in known:
             raise CorruptFileError(path, f"producer {pid}: older batches listed twice")
         known.add(pid)
-    if known:
-        missing = np.setdiff1d(np.fromiter(known, np.int64, len(known)), rows["pid"])
+    if known:  # each has a row: rows are sorted by producer id (checked above), so a binary search each
+        want = np.fromiter(known, np.int64, len(known))
+        pids = rows["pid"]
+        at = np.minimum(np.searchsorted(pids, want), max(len(pids) - 1, 0))
+        missing = want[(pids[at] != want) if len(pids) else np.ones(len(want), bool)]
         if missing.size:
             raise CorruptFileError(path, f"older batches of producer {int(missing[0])}, which has no row")
     return offset, rows, older, evicted

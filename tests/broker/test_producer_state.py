@@ -5,6 +5,7 @@ import os
 import random
 
 import msgpack
+import numpy as np
 import pytest
 
 from broker.log import PartitionLog
@@ -19,7 +20,7 @@ from broker.producer_state import (
     read_snapshot,
     snapshot_path,
 )
-from broker.producer_state import _bits_for
+from broker.producer_state import ROW, _bits_for
 from broker.recordbatch import INT32_MAX, BatchHeader, encode_batch, increment_sequence, parse_header
 from storage.disk import CorruptFileError
 from wire.errors import Errors
@@ -561,3 +562,29 @@ def test_rows_whose_probes_run_past_the_end_of_the_table_wrap_to_its_start(tmp_p
     for k, pid in enumerate(crowd):
         assert r.get(pid).last_offset == k
     assert r.get(crowd[-1] + 1) is None
+
+
+@pytest.mark.parametrize("change", ["older-without-row", "duplicate-row", "unsorted", "bad-layout", "short-rows"])
+def test_well_checksummed_but_invalid_format_2_snapshot_is_refused(tmp_path, change):
+    m = ProducerStateManager()
+    for pid in (3, 9, 20):
+        for seq in range(3):
+            m.update(hdr(pid, 0, seq), pid * 10 + seq, NOW)
+    path = str(tmp_path / "s.snapshot")
+    m.write_snapshot(path, 1000)
+    obj = msgpack.unpackb(open(path, "rb").read()[12:-4], raw=False)
+    rows = np.frombuffer(obj["rows"], ROW).copy()
+    if change == "older-without-row":
+        obj["older"].append([5, [[0, 0, 1, 1, 0]]])
+    elif change == "duplicate-row":
+        rows[1] = rows[0]
+    elif change == "unsorted":
+        rows = rows[::-1].copy()
+    elif change == "bad-layout":
+        obj["row"] = "[('pid', '<i8')]"
+    else:
+        obj["count"] += 1
+    obj["rows"] = rows.tobytes()
+    _forge(path, obj)
+    with pytest.raises(CorruptFileError):
+        read_snapshot(path)

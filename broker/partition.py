@@ -21,11 +21,13 @@ checks are right if the partition is reopened with ``dedup=True``.
 **Producer-state snapshots** are taken when the log rolls a segment, after
 ``snapshot_every`` appended batches, on close, and before any segment is
 deleted, so the state survives both restarts and the loss of the batches it
-came from; reopening replays only the log after the newest snapshot.  Only
-the copy of the state's arrays happens under the partition's lock (about 30 ms
-for a million producers); encoding, writing and fsync run on a snapshot
-thread (``snapshot_executor``, one thread shared by every partition by
-default), as Kafka moved its snapshot fsync out of the log lock (KAFKA-15046).
+came from; reopening replays only the log after the newest snapshot.  A
+snapshot thread (``snapshot_executor``, one shared by every partition by
+default) copies the state ``SNAPSHOT_CHUNK_ROWS`` rows per acquisition of the
+partition's lock (a few milliseconds each; appends go on in between, see
+``ProducerStateManager.snapshot_begin``), then encodes, writes and fsyncs it
+without the lock, as Kafka moved its snapshot fsync out of the log lock
+(KAFKA-15046).
 Retention deletes segments only below the newest *durable* snapshot: when it
 wants more, it asks for a snapshot and deletes once that is on disk.
 ``wait_snapshots`` waits for the pending one.
@@ -64,7 +66,6 @@ from .producer_state import (
     APPEND,
     DEFAULT_PRODUCER_ID_EXPIRATION_MS,
     DEFAULT_RETRY_WINDOW_MS,
-    INT64_MAX,
     Action,
     ProducerEntry,
     ProducerSnapshot,
@@ -79,6 +80,7 @@ DEFAULT_MAX_BATCH_BYTES = 1_048_588  # Kafka's max.message.bytes default
 DEFAULT_SNAPSHOT_EVERY = 100_000  # batches; a crash then replays at most this many headers on restart
 EXPIRY_CHECK_MS = 60_000
 EXPIRY_CHUNK_ROWS = 1 << 17
+SNAPSHOT_CHUNK_ROWS = 1 << 16  # about 3.5 MB of rows copied per lock acquisition
 
 _shared_executor: concurrent.futures.ThreadPoolExecutor | None = None
 _shared_lock = threading.Lock()
@@ -228,28 +230,44 @@ class Partition:
 
     # ------------------------------------------------------------- snapshots
     def _snapshot_async(self) -> None:
-        """Copy the state (caller holds the lock) and have the snapshot thread write it."""
+        """Have the snapshot thread copy the state (a chunk of rows per lock acquisition) and write it."""
         if self._pending is not None:
             self._snapshot_again = True
             return
-        t0 = time.perf_counter()
-        snap = self.state.snapshot(self.log.log_end_offset)
-        copy_s = time.perf_counter() - t0
         self._batches_since_snapshot = 0
         self._snapshot_again = False
         executor = self._executor or snapshot_executor()
+        self._pending = executor.submit(self._take_snapshot)
+        self._pending.add_done_callback(self._snapshot_done)
 
-        def write() -> str:
-            t = time.perf_counter()
-            path = install_snapshot(self.log.directory, snap)
-            log.info("partition %s: producer-state snapshot at offset %d: %d producers, copied in %.1f ms under "
-                     "the lock, written in %.1f ms", self.directory, snap.offset, int((snap.rows["upd"] != INT64_MAX).sum()), copy_s * 1000,
-                     (time.perf_counter() - t) * 1000)
-            return path
-        self._pending = executor.submit(write)
-        self._pending.add_done_callback(lambda f, snap=snap: self._snapshot_done(f, snap))
+    def _take_snapshot(self) -> ProducerSnapshot | None:
+        """In the snapshot thread: copy the state ``SNAPSHOT_CHUNK_ROWS`` rows per lock acquisition, then
+        encode and write it without the lock.  None if the partition closed meanwhile."""
+        t0 = time.perf_counter()
+        held = 0.0
+        with self._lock:
+            if self._closed:
+                return None
+            c = self.state.snapshot_begin(self.log.log_end_offset)
+        while True:
+            with self._lock:
+                if self._closed:
+                    return None
+                t = time.perf_counter()
+                done = self.state.snapshot_step(c, SNAPSHOT_CHUNK_ROWS)
+                if done:
+                    snap = self.state.snapshot_finish(c, self.log.log_end_offset)
+                held = max(held, time.perf_counter() - t)
+            if done:
+                break
+        copied = time.perf_counter()
+        install_snapshot(self.log.directory, snap)
+        log.info("partition %s: producer-state snapshot at offset %d: %d rows, copied in %.1f ms (at most "
+                 "%.1f ms under the lock, %d restarts), written in %.1f ms", self.directory, snap.offset,
+                 len(snap.rows), (copied - t0) * 1000, held * 1000, c.restarts, (time.perf_counter() - copied) * 1000)
+        return snap
 
-    def _snapshot_done(self, fut: concurrent.futures.Future, snap: ProducerSnapshot) -> None:
+    def _snapshot_done(self, fut: concurrent.futures.Future) -> None:
         with self._lock:
             if self._pending is fut:
                 self._pending = None
@@ -258,8 +276,10 @@ class Partition:
                 # Nothing is lost: the log still holds every batch after the previous snapshot, and
                 # retention deletes nothing below a durable snapshot.
                 self.snapshot_errors += 1
-                log.error("partition %s: writing the producer-state snapshot at offset %d failed: %s",
-                          self.directory, snap.offset, error)
+                log.error("partition %s: writing a producer-state snapshot failed: %s", self.directory, error)
+                return
+            snap = fut.result()
+            if snap is None:
                 return
             self._snapshot_offset = max(self._snapshot_offset, snap.offset)
             if self._closed:

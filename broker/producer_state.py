@@ -306,6 +306,16 @@ class _Evicted:
         return e
 
 
+@dataclass
+class SnapshotCopy:
+    """A snapshot being copied a chunk at a time (``ProducerStateManager.snapshot_begin``)."""
+    offset: int
+    generation: int
+    rows: np.ndarray
+    done: int = 0
+    restarts: int = 0
+
+
 @dataclass(frozen=True)
 class ProducerSnapshot:
     """A copy of the state at ``offset``, taken under the partition's lock; encoded and written without it."""
@@ -313,17 +323,36 @@ class ProducerSnapshot:
     rows: np.ndarray  # live rows only after ``encode``; may hold free rows (upd == INT64_MAX) before
     older: list  # [[pid, [[first_seq, last_seq, first_offset, last_offset, max_ts], ...]], ...]
     evicted: dict | None
+    end: int = -1  # the log end when the copy finished: every batch held is below it (-1: ``offset``)
 
     def encode(self) -> bytes:
         rows = self.rows
         free = rows["upd"] == INT64_MAX
         if free.any():
             rows = rows[~free]
-        rows = rows[np.argsort(rows["pid"])]  # a copy; sorted rows let a load check uniqueness in one pass
+        # Sorted by producer id (a load checks uniqueness in one pass).  A copy made chunk by chunk may
+        # hold a producer twice (dropped after its row was copied, back in a row copied later): the row
+        # with the later last batch is the newer state.
+        rows = rows[np.lexsort((rows["foff"], rows["pid"]))]
+        if len(rows) > 1:
+            pids = rows["pid"]
+            last_of_id = np.ones(len(rows), bool)
+            last_of_id[:-1] = pids[1:] != pids[:-1]
+            if not last_of_id.all():
+                rows = rows[last_of_id]
         rows["tpos"] = 0
-        return seal(SNAPSHOT_MAGIC, {"format": SNAPSHOT_FORMAT, "offset": self.offset, "count": len(rows),
+        older = self.older
+        if older:  # a producer that took a row after that row was copied: the replay brings it back whole
+            pids = rows["pid"]
+            want = np.array([pid for pid, _ in older], np.int64)
+            at = np.minimum(np.searchsorted(pids, want), max(len(pids) - 1, 0))
+            has = (pids[at] == want) if len(pids) else np.zeros(len(want), bool)
+            if not has.all():
+                older = [item for item, ok in zip(older, has.tolist()) if ok]
+        return seal(SNAPSHOT_MAGIC, {"format": SNAPSHOT_FORMAT, "offset": self.offset,
+                                     "end": max(self.end, self.offset), "count": len(rows),
                                      "row": ROW.descr.__repr__(), "rows": memoryview(rows.view(np.uint8)),
-                                     "older": self.older, "evicted": self.evicted})
+                                     "older": older, "evicted": self.evicted})
 
     def write(self, path: str) -> int:
         data = self.encode()
@@ -353,6 +382,8 @@ class ProducerStateManager:
         self._evicted: _Evicted | None = None
         self.evictions = 0
         self.recovery_stats: dict[str, int] = {}
+        self._generation = 0
+        self.snapshot_end = -1  # of the snapshot loaded: every batch it held is below this offset
         self._bind()
 
     def _bind(self) -> None:
@@ -415,6 +446,7 @@ class ProducerStateManager:
         rows["upd"][n:] = INT64_MAX
         table, spilled = _place(rows, n, bits)
         self._rows, self._table, self._bits = rows, table, bits
+        self._generation += 1  # rows renumbered: a snapshot being copied chunk by chunk starts over
         self._hi, self._nfree, self._live, self._tombs = n, 0, n, 0
         if len(self._free) > 4 * _MIN_ROWS:
             self._free = np.empty(_MIN_ROWS, np.int64)
@@ -547,8 +579,10 @@ class ProducerStateManager:
         r = self._rows[row]
         if same_epoch and r["fseq"] != -1 and now_ms - int(r["upd"]) < self.retry_window_ms:
             prev = (int(r["fseq"]), int(r["lseq"]), int(r["foff"]), int(r["loff"]), int(r["mts"]))
-            kept = self._older.pop(pid, ())[-(MAX_CACHED_BATCHES - 2):] if MAX_CACHED_BATCHES > 2 else ()
-            self._older[pid] = (*kept, prev)  # re-inserted: the dict stays in update order
+            kept = self._older.pop(pid, ())
+            if prev in kept:  # already there (a replay after a snapshot copied chunk by chunk)
+                kept = tuple(b for b in kept if b != prev)
+            self._older[pid] = (*kept[-(MAX_CACHED_BATCHES - 2):], prev)  # re-inserted: the dict stays in update order
         elif pid in self._older:
             del self._older[pid]
         last_offset = first_offset + h.last_offset_delta if first_offset >= 0 else -1
@@ -557,6 +591,15 @@ class ProducerStateManager:
         if now_ms < self._min_upd:
             self._min_upd = now_ms
         self._trim_older(now_ms)
+
+    def replay(self, h: BatchHeader, first_offset: int, now_ms: int) -> None:
+        """``update`` for a batch read back from the log at recovery: skipped if the producer's row already
+        holds it or a later batch (a snapshot copied chunk by chunk; see ``snapshot_begin``)."""
+        if h.has_producer_id:
+            row = self._find(h.producer_id)
+            if row >= 0 and self._rows["foff"].item(row) >= first_offset:
+                return
+        self.update(h, first_offset, now_ms)
 
     def _trim_older(self, now_ms: int) -> None:
         """Drop the older batches of producers idle for the retry window (oldest update first)."""
@@ -647,9 +690,38 @@ class ProducerStateManager:
     # ------------------------------------------------------------ snapshots
     def snapshot(self, log_end_offset: int) -> ProducerSnapshot:
         """The state as of ``log_end_offset``, copied (one array copy): encode and write it without the lock."""
+        c = self.snapshot_begin(log_end_offset)
+        while not self.snapshot_step(c, len(c.rows)):
+            pass
+        return self.snapshot_finish(c)
+
+    def snapshot_begin(self, log_end_offset: int) -> "SnapshotCopy":
+        """Start a copy of the state made ``snapshot_step`` by ``snapshot_step``, each under the caller's lock
+        and with appends in between, so that no append waits for a whole copy.
+
+        The copy is labelled with ``log_end_offset``, the log end when it starts; a row copied later may
+        already hold batches appended after it.  Recovery replays the log from that offset and skips a
+        batch a row already holds (``replay``), so the result is the state at the log end either way.
+        """
+        return SnapshotCopy(log_end_offset, self._generation, np.empty(self._hi, ROW))
+
+    def snapshot_step(self, c: "SnapshotCopy", rows: int) -> bool:
+        """Copy the next ``rows`` rows; True once all are copied.  Starts over if the rows were renumbered
+        since (a rebuild), which only growth past a power of two or a mass expiry does."""
+        if c.generation != self._generation:
+            c.generation, c.done, c.restarts = self._generation, 0, c.restarts + 1
+            c.rows = np.empty(self._hi, ROW)
+        stop = min(c.done + rows, len(c.rows))
+        c.rows[c.done:stop] = self._rows[c.done:stop]
+        c.done = stop
+        return c.done >= len(c.rows)
+
+    def snapshot_finish(self, c: "SnapshotCopy", log_end_offset: int | None = None) -> ProducerSnapshot:
+        """The copy, with the older batches and evicted ids as they are now; ``log_end_offset``: the log
+        end now (every batch the copy holds is below it)."""
         older = [[pid, [list(b) for b in bs]] for pid, bs in self._older.items()]
-        return ProducerSnapshot(log_end_offset, self._rows[:self._hi].copy(), older,
-                                self._evicted.dump() if self._evicted is not None else None)
+        return ProducerSnapshot(c.offset, c.rows, older, self._evicted.dump() if self._evicted is not None else None,
+                                c.offset if log_end_offset is None else log_end_offset)
 
     def encode_snapshot(self, log_end_offset: int) -> bytes:
         return self.snapshot(log_end_offset).encode()
@@ -663,7 +735,8 @@ class ProducerStateManager:
 
     def load_snapshot(self, path: str) -> int:
         """Replace the state with the snapshot in ``path``; return the offset it was taken at."""
-        offset, rows, older, evicted = _read(path)
+        offset, end, rows, older, evicted = _read(path)
+        self.snapshot_end = end
         n = len(rows)
         self._install(rows, _bits_for(n))
         self._min_upd = int(self._rows["upd"][:n].min()) if n else INT64_MAX
@@ -700,6 +773,10 @@ class ProducerStateManager:
             loaded = mgr.load_snapshot(path)
             if loaded != offset:
                 raise CorruptFileError(path, f"snapshot says offset {loaded} but its name says {offset}")
+            if mgr.snapshot_end > end:
+                raise CorruptFileError(path, f"producer state snapshot holds batches up to offset {mgr.snapshot_end} "
+                                             f"but the log in {directory} ends at {end}: acknowledged batches are "
+                                             f"missing from the log")
             snap_offset = offset
             if offset < start:
                 log.warning("producer state %s: snapshot at offset %d is below the log start %d; producers of the "
@@ -710,7 +787,7 @@ class ProducerStateManager:
             if snap_offset is not None and h.base_offset < snap_offset:
                 continue  # already in the snapshot (only possible if a batch straddles it; ours never do)
             replayed += 1
-            mgr.update(h, h.base_offset, now_ms)
+            mgr.replay(h, h.base_offset, now_ms)
         mgr.recovery_stats = {"snapshot_offset": -1 if snap_offset is None else snap_offset,
                               "replayed_batches": replayed, "producers": mgr._live}
         return mgr
@@ -818,7 +895,7 @@ def _read_format1(path: str, obj: dict, offset: int) -> tuple[np.ndarray, list, 
     return rows[order], older, None
 
 
-def _read(path: str) -> tuple[int, np.ndarray, list, _Evicted | None]:
+def _read(path: str) -> tuple[int, int, np.ndarray, list, _Evicted | None]:
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -827,7 +904,8 @@ def _read(path: str) -> tuple[int, np.ndarray, list, _Evicted | None]:
     return _decode(path, data)
 
 
-def _decode(path: str, data: bytes) -> tuple[int, np.ndarray, list, _Evicted | None]:
+def _decode(path: str, data: bytes) -> tuple[int, int, np.ndarray, list, _Evicted | None]:
+    """(offset, end, rows sorted by producer id, older batches, evicted filter) of a snapshot file."""
     obj = unseal(path, data, SNAPSHOT_MAGIC, "producer state snapshot")
     fmt = obj.get("format")
     if fmt not in (1, SNAPSHOT_FORMAT):
@@ -835,6 +913,9 @@ def _decode(path: str, data: bytes) -> tuple[int, np.ndarray, list, _Evicted | N
     offset = obj.get("offset")
     if not _int(offset) or offset < 0:
         raise CorruptFileError(path, f"bad offset {offset!r}")
+    end = obj.get("end", offset)
+    if not _int(end) or end < offset:
+        raise CorruptFileError(path, f"bad end offset {end!r} (offset {offset})")
     if fmt == 1:
         rows, older, evicted = _read_format1(path, obj, offset)
     else:
@@ -848,13 +929,13 @@ def _decode(path: str, data: bytes) -> tuple[int, np.ndarray, list, _Evicted | N
         if not isinstance(older, list):
             raise CorruptFileError(path, "older batches are not a list")
         evicted = _Evicted.load(path, obj["evicted"]) if obj.get("evicted") is not None else None
-    _check_rows(path, rows, offset)
+    _check_rows(path, rows, end)
     known = set()
     for item in older:
         if not (isinstance(item, list) and len(item) == 2 and _int(item[0])):
             raise CorruptFileError(path, f"bad older-batches entry {item!r}")
         pid = item[0]
-        _check_batches(path, pid, item[1], offset, MAX_CACHED_BATCHES - 1)
+        _check_batches(path, pid, item[1], end, MAX_CACHED_BATCHES - 1)
         if pid in known:
             raise CorruptFileError(path, f"producer {pid}: older batches listed twice")
         known.add(pid)
@@ -865,7 +946,7 @@ def _decode(path: str, data: bytes) -> tuple[int, np.ndarray, list, _Evicted | N
         missing = want[(pids[at] != want) if len(pids) else np.ones(len(want), bool)]
         if missing.size:
             raise CorruptFileError(path, f"older batches of producer {int(missing[0])}, which has no row")
-    return offset, rows, older, evicted
+    return offset, end, rows, older, evicted
 
 
 def read_snapshot(path: str) -> tuple[int, dict[int, ProducerEntry]]:

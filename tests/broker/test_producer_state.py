@@ -588,3 +588,57 @@ def test_well_checksummed_but_invalid_format_2_snapshot_is_refused(tmp_path, cha
     _forge(path, obj)
     with pytest.raises(CorruptFileError):
         read_snapshot(path)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_snapshot_copied_a_chunk_at_a_time_while_appends_go_on_recovers_the_state(tmp_path, seed):
+    """Rows copied at different moments, producers appended, expired, evicted and the table rebuilt in
+    between: loading the snapshot and replaying the log from the offset the copy started at gives the
+    state at the log end (the last batch of every producer exactly; older batches all real ones)."""
+    rng = random.Random(seed)
+    m = ProducerStateManager(retry_window_ms=WINDOW, max_producers=rng.choice([None, 700]))
+    log_: list[tuple[BatchHeader, int]] = []  # every batch appended, with its offset
+    ids = list(range(1, 300)) + [rng.randrange(2**40) for _ in range(30)]
+    now, offset = NOW, 0
+
+    def append_some(k: int) -> None:
+        nonlocal now, offset
+        for _ in range(k):
+            now += 1
+            pid = rng.choice(ids)
+            e = m.get(pid)
+            if e is not None and rng.random() < 0.9:
+                h = hdr(pid, e.epoch, increment_sequence(e.last_seq, 1))
+            else:
+                h = hdr(pid, (e.epoch + 1) if e is not None else 0, 0)
+            m.update(h, offset, now)
+            log_.append((h, offset))
+            offset += 1
+
+    append_some(800)
+    m.expire(now, 300)  # holes: a rebuild now moves rows
+    ids += list(range(1000, 1600))  # new producers while the copy goes on: the table grows (rows renumbered)
+    c = m.snapshot_begin(offset)
+    while not m.snapshot_step(c, rng.randrange(1, 30)):
+        append_some(rng.randrange(0, 30))
+        if rng.random() < 0.05:
+            m.expire(now, rng.randrange(50, 400))
+    snap = m.snapshot_finish(c, offset)
+    assert c.restarts >= 1
+    append_some(50)
+    path = str(tmp_path / "s.snapshot")
+    snap.write(path)
+    r = ProducerStateManager(retry_window_ms=WINDOW)
+    r.load_snapshot(path)
+    for h, off in log_:
+        if off >= snap.offset:
+            r.replay(h, off, now)
+    live, back = m.producers(), r.producers()
+    for pid, e in live.items():
+        got = back.get(pid)
+        assert got is not None, pid
+        assert (got.epoch, got.batches[-1]) == (e.epoch, e.batches[-1]), pid
+        real = {(h.base_sequence, off) for h, o in log_ if h.producer_id == pid for off in [o]}
+        assert {(b.first_seq, b.first_offset) for b in got.batches} <= real
+    # producers expired or evicted meanwhile may come back from the snapshot; nobody else does
+    assert set(back) - set(live) <= {h.producer_id for h, _ in log_}

@@ -724,9 +724,12 @@ def parse_args(argv=None, prog: str | None = None):
     ap.add_argument("-o", "--output", choices=("table", "json"), default="table",
                     help="print the table, or the JSON (also written to --json)")
     ap.add_argument("--keep", action="store_true", help="keep the cluster's and brokers' directory")
+    ap.add_argument("--quick", action="store_true", help="sizes 2,000 and 20,000, active runs of 2 s")
     ap.add_argument("--child-job", help=argparse.SUPPRESS)
     ap.add_argument("--child-out", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.quick:
+        a.sizes, a.active_seconds = [2000, 20_000], 2.0
     a.phases = [x.strip() for x in a.phases.split(",") if x.strip()]
     unknown = [x for x in a.phases if x not in PHASES]
     if unknown:

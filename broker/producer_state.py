@@ -83,6 +83,7 @@ import logging
 import math
 import os
 import re
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -119,6 +120,7 @@ _M64 = 2**64 - 1
 _MIN_BITS = 7
 _MIN_ROWS = 64
 _MAX_LOAD = 0.6  # live + tombstones over table slots before a rebuild
+_OLDER = struct.Struct("<iiqqq")  # an older batch: first/last sequence, first/last offset, max timestamp
 _EVICT_FRACTION = 0.01
 _SHRINK_BELOW = 32  # rebuild smaller once fewer than 1/32 of the rows are live
 _EVICTED_FPP = 0.001
@@ -378,7 +380,8 @@ class ProducerStateManager:
         self._live = 0
         self._tombs = 0
         self._min_upd = INT64_MAX  # no live producer was updated before this
-        self._older: collections.OrderedDict[int, tuple] = collections.OrderedDict()  # pid -> older batches
+        # pid -> its older batches, packed (_OLDER each, oldest first), in update order
+        self._older: collections.OrderedDict[int, bytes] = collections.OrderedDict()
         self._evicted: _Evicted | None = None
         self.evictions = 0
         self.recovery_stats: dict[str, int] = {}
@@ -492,7 +495,7 @@ class ProducerStateManager:
         if row < 0:
             return None
         _, upd, foff, loff, mts, fseq, lseq, _, epoch = self._rows[row].item()
-        batches = [BatchMetadata(*b) for b in self._older.get(pid, ())]
+        batches = [BatchMetadata(*b) for b in _OLDER.iter_unpack(self._older.get(pid, b""))]
         if fseq != -1 or lseq != -1:
             batches.append(BatchMetadata(fseq, lseq, foff, loff, mts))
         return ProducerEntry(pid, epoch, batches, upd)
@@ -579,10 +582,13 @@ class ProducerStateManager:
         r = self._rows[row]
         if same_epoch and r["fseq"] != -1 and now_ms - int(r["upd"]) < self.retry_window_ms:
             prev = (int(r["fseq"]), int(r["lseq"]), int(r["foff"]), int(r["loff"]), int(r["mts"]))
-            kept = self._older.pop(pid, ())
-            if prev in kept:  # already there (a replay after a snapshot copied chunk by chunk)
-                kept = tuple(b for b in kept if b != prev)
-            self._older[pid] = (*kept[-(MAX_CACHED_BATCHES - 2):], prev)  # re-inserted: the dict stays in update order
+            kept = self._older.pop(pid, b"")
+            packed = _OLDER.pack(*prev)
+            each = [kept[i:i + _OLDER.size] for i in range(0, len(kept), _OLDER.size)]
+            if packed in each:  # already there (a replay after a snapshot copied chunk by chunk)
+                kept = b"".join(x for x in each if x != packed)
+            # re-inserted: the dict stays in update order
+            self._older[pid] = kept[-(MAX_CACHED_BATCHES - 2) * _OLDER.size:] + packed
         elif pid in self._older:
             del self._older[pid]
         last_offset = first_offset + h.last_offset_delta if first_offset >= 0 else -1
@@ -719,7 +725,7 @@ class ProducerStateManager:
     def snapshot_finish(self, c: "SnapshotCopy", log_end_offset: int | None = None) -> ProducerSnapshot:
         """The copy, with the older batches and evicted ids as they are now; ``log_end_offset``: the log
         end now (every batch the copy holds is below it)."""
-        older = [[pid, [list(b) for b in bs]] for pid, bs in self._older.items()]
+        older = [[pid, [list(b) for b in _OLDER.iter_unpack(bs)]] for pid, bs in self._older.items()]
         return ProducerSnapshot(c.offset, c.rows, older, self._evicted.dump() if self._evicted is not None else None,
                                 c.offset if log_end_offset is None else log_end_offset)
 
@@ -742,7 +748,7 @@ class ProducerStateManager:
         self._min_upd = int(self._rows["upd"][:n].min()) if n else INT64_MAX
         self._older = collections.OrderedDict()
         for pid, batches in sorted(older, key=lambda item: self._rows["upd"].item(self._find(item[0]))):
-            self._older[pid] = tuple(tuple(b) for b in batches)
+            self._older[pid] = b"".join(_OLDER.pack(*b) for b in batches)
         self._evicted = evicted
         return offset
 

@@ -200,7 +200,10 @@ class Partition:
 
     # ------------------------------------------------------------- expiry
     def _expiry_step(self, now: int) -> None:
-        """One chunk of an expiry pass (starting one if due); caller holds the lock."""
+        """One chunk of an expiry pass (starting one if due), or the rebuild that gives memory back after
+        one; caller holds the lock."""
+        if self._expiry_cursor is None and self.state.compact():
+            return
         if self._expiry_cursor is None:
             if now - self._last_expiry_check < min(EXPIRY_CHECK_MS, self.producer_id_expiration_ms):
                 return
@@ -224,7 +227,7 @@ class Partition:
                 if self._closed:
                     return
                 self._expiry_step(self._clock())
-                if self._expiry_cursor is None:
+                if self._expiry_cursor is None and not self.state.shrink_due:
                     self._apply_retention()
                     return
 

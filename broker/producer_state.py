@@ -386,6 +386,9 @@ class ProducerStateManager:
         self.evictions = 0
         self.recovery_stats: dict[str, int] = {}
         self._generation = 0
+        self.shrink_due = False
+        self._pass_min = INT64_MAX  # oldest update seen by the expiry pass under way
+        self._pass_generation = 0
         self.snapshot_end = -1  # of the snapshot loaded: every batch it held is below this offset
         self._bind()
 
@@ -484,10 +487,17 @@ class ProducerStateManager:
         self._nfree = need
         self._live -= rows_.size
         self._tombs += rows_.size  # _min_upd stays a lower bound
-        if self._hi > 4 * _MIN_ROWS and self._live < self._hi // _SHRINK_BELOW:
-            # Give the memory back.  The rebuild costs time in proportion to the producers left, so it
-            # waits until few are: a million-row state shrinks with at most 32k left (about 3 ms).
-            self._rebuild(_bits_for(self._live))
+        # Give the memory back (``compact``) once few producers are left: the rebuild scans the rows
+        # and places those left, a few milliseconds for a million rows with 32k left.
+        self.shrink_due = self._hi > 4 * _MIN_ROWS and self._live < self._hi // _SHRINK_BELOW
+
+    def compact(self) -> bool:
+        """Rebuild smaller if expiry or eviction left few rows live (``shrink_due``); True if it did."""
+        if not self.shrink_due:
+            return False
+        self.shrink_due = False
+        self._rebuild(_bits_for(self._live))
+        return True
 
     # ------------------------------------------------------------ reading one producer
     def _entry(self, pid: int) -> ProducerEntry | None:
@@ -596,6 +606,8 @@ class ProducerStateManager:
                            h.last_sequence, r["tpos"], h.producer_epoch)
         if now_ms < self._min_upd:
             self._min_upd = now_ms
+        if now_ms < self._pass_min:
+            self._pass_min = now_ms
         self._trim_older(now_ms)
 
     def replay(self, h: BatchHeader, first_offset: int, now_ms: int) -> None:
@@ -641,16 +653,27 @@ class ProducerStateManager:
         cutoff = now_ms - producer_id_expiration_ms
         if self._min_upd > cutoff:
             return 0
+        whole = start == 0 and stop is None
         stop = self._hi if stop is None else min(stop, self._hi)
+        if start == 0:
+            self._pass_min, self._pass_generation = INT64_MAX, self._generation
         if start >= stop:
             return 0
         last = stop == self._hi
-        doomed = np.flatnonzero(self._rows["upd"][start:stop] <= cutoff) + start
+        upd = self._rows["upd"]
+        doomed = np.flatnonzero(upd[start:stop] <= cutoff) + start
         n = int(doomed.size)
         if n:
             self._remove_rows(doomed)
-        if last:  # a whole pass ends here: the oldest update left
-            self._min_upd = int(self._rows["upd"][:self._hi].min()) if self._live else INT64_MAX
+        # The oldest update left in this range (freed rows hold INT64_MAX); a pass's last chunk makes the
+        # oldest of the whole pass (and of every update since it began) the new lower bound.
+        self._pass_min = min(self._pass_min, int(self._rows["upd"][start:stop].min()))
+        if last:
+            if self._pass_generation != self._generation:  # rows renumbered during the pass: look at all
+                self._pass_min = int(self._rows["upd"][:self._hi].min()) if self._live else INT64_MAX
+            self._min_upd = self._pass_min if self._live else INT64_MAX
+        if whole:
+            self.compact()
         return n
 
     def due_for_expiry(self, now_ms: int, producer_id_expiration_ms: int) -> bool:

@@ -642,3 +642,23 @@ def test_a_snapshot_copied_a_chunk_at_a_time_while_appends_go_on_recovers_the_st
         assert {(b.first_seq, b.first_offset) for b in got.batches} <= real
     # producers expired or evicted meanwhile may come back from the snapshot; nobody else does
     assert set(back) - set(live) <= {h.producer_id for h, _ in log_}
+
+
+def test_an_expiry_pass_in_chunks_keeps_the_oldest_update_exact_through_inserts_and_rebuilds():
+    rng = random.Random(7)
+    m = ProducerStateManager()
+    for pid in range(3000):
+        m.update(hdr(pid, 0, 0), pid, NOW + rng.randrange(0, DAY))
+    m.expire(NOW + DAY // 2, DAY // 4)  # holes
+    start, new = 0, 10_000
+    while start < m.row_count:
+        m.expire(NOW + DAY, DAY // 2, start, start + 200)
+        start += 200
+        if start <= 1000:  # new producers between the first chunks: the table grows, rows are renumbered
+            for _ in range(1500):
+                m.update(hdr(new, 0, 0), new, NOW + DAY + rng.randrange(0, 1000))
+                new += 1
+    m.compact()
+    oldest = min(e.last_update_ms for e in m.producers().values())
+    assert m.due_for_expiry(oldest + DAY // 2, DAY // 2)
+    assert not m.due_for_expiry(oldest + DAY // 2 - 1, DAY // 2)

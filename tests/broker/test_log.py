@@ -1,6 +1,7 @@
 """Unit tests for broker.log.PartitionLog on real files in tmp_path: offsets, reads, restart, damage, deletion."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -124,23 +125,32 @@ def test_group_commit_one_fsync_per_append(d, monkeypatch):
     lg.close()
 
 
-def test_failed_write_leaves_nothing_behind(d, monkeypatch):
-    one = len(b(1))
-    lg = PartitionLog(d, segment_bytes=3 * one)
-    lg.append([b(2, "keep")])
+@contextlib.contextmanager
+def second_write_fails(monkeypatch):
+    """The log's second pwrite in the block fails with ENOSPC."""
     real = os.pwrite
     writes = []
 
     def flaky(fd, data, pos):
         writes.append(pos)
-        if len(writes) == 2:  # the first segment fills, the roll succeeds, the second write fails
+        if len(writes) == 2:
             raise OSError(28, "No space left on device")
         return real(fd, data, pos)
 
     monkeypatch.setattr(logmod.os, "pwrite", flaky)
-    with pytest.raises(OSError):
-        lg.append([b(1, "lost") for _ in range(3)])
-    monkeypatch.setattr(logmod.os, "pwrite", real)
+    try:
+        yield
+    finally:
+        monkeypatch.setattr(logmod.os, "pwrite", real)
+
+
+def test_failed_write_leaves_nothing_behind(d, monkeypatch):
+    one = len(b(1))
+    lg = PartitionLog(d, segment_bytes=3 * one)
+    lg.append([b(2, "keep")])
+    with second_write_fails(monkeypatch):  # the first segment fills, the roll succeeds, the second write fails
+        with pytest.raises(OSError):
+            lg.append([b(1, "lost") for _ in range(3)])
     assert lg.log_end_offset == 2 and lg.segment_base_offsets == [0]
     assert os.path.getsize(os.path.join(d, segment_name(0))) == len(b(2, "keep"))
     assert lg.append([b(1, "after")]) == 2
@@ -511,19 +521,9 @@ def test_failed_append_is_undone_when_the_active_segment_was_evicted(tmp_path, m
     c = PartitionLog(str(tmp_path / "c-0"), files=files)
     a.append([b(2, "keep")])
     c.append([b(1)])  # a's active descriptor is closed
-    real = os.pwrite
-    writes = []
-
-    def flaky(fd, data, pos):
-        writes.append(pos)
-        if len(writes) == 2:  # a's first segment fills, the roll succeeds, the second write fails
-            raise OSError(28, "No space left on device")
-        return real(fd, data, pos)
-
-    monkeypatch.setattr(logmod.os, "pwrite", flaky)
-    with pytest.raises(OSError):
-        a.append([b(1, "lost") for _ in range(3)])
-    monkeypatch.setattr(logmod.os, "pwrite", real)
+    with second_write_fails(monkeypatch):  # a's first segment fills, the roll succeeds, the second write fails
+        with pytest.raises(OSError):
+            a.append([b(1, "lost") for _ in range(3)])
     assert a.log_end_offset == 2 and a.segment_base_offsets == [0]
     assert sorted(os.listdir(a.directory)) == [segment_name(0)]
     c.append([b(1)])

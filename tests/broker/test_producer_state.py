@@ -11,16 +11,17 @@ import pytest
 from broker.log import PartitionLog
 from broker.producer_state import (
     MAX_CACHED_BATCHES,
+    ROW,
     SNAPSHOT_MAGIC,
     Action,
     BatchMetadata,
     ProducerEntry,
     ProducerStateManager,
+    _bits_for,
     list_snapshots,
     read_snapshot,
     snapshot_path,
 )
-from broker.producer_state import ROW, _bits_for
 from broker.recordbatch import INT32_MAX, BatchHeader, encode_batch, increment_sequence, parse_header
 from storage.disk import CorruptFileError
 from wire.errors import Errors

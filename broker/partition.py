@@ -161,6 +161,15 @@ class Partition:
             except BatchError as e:
                 return self._result(e.code, message=e.message)
             headers = [h for h, _ in parts]
+            for h in headers:
+                if h.is_transactional:
+                    # KIP-890 part 1 (Kafka 3.6+): a transactional batch goes only to a partition added to
+                    # its producer's ongoing transaction.  This broker serves no transactions yet, so none
+                    # is: refused, never shown to read_committed consumers as if committed.
+                    return self._result(Errors.INVALID_TXN_STATE,
+                                        message=f"producer {h.producer_id}: transactional batch for a partition "
+                                                f"not added to an ongoing transaction (this broker serves no "
+                                                f"transactions)")
             if self.dedup:
                 decisions = self.state.check_all(headers, next_offset=self.log.log_end_offset)
             else:

@@ -271,3 +271,14 @@ def test_fetch_and_list_offsets_errors(broker):
     resp = call(broker, LIST_OFFSETS, 1, replica_id=-1, topics=(lt,))
     assert int(resp.topics[0].partitions[0].offset) == 2
     assert_serves(broker)
+
+
+def test_transactional_batch_without_a_transaction_is_refused(broker):
+    """KIP-890 part 1: a raw client's transactional batch (attributes 0x10) with no AddPartitionsToTxn
+    is refused, not appended and shown to read_committed consumers."""
+    txn = encode_batch([(None, b"t")], producer_id=4242, producer_epoch=0, base_sequence=0, transactional=True)
+    code, offset, message = produce(broker, txn, topic="txn-raw")
+    assert code == Errors.INVALID_TXN_STATE and offset == -1 and "transaction" in (message or "")
+    code, offset, _ = produce(broker, batch(), topic="txn-raw")
+    assert code == Errors.NONE and offset == 0  # nothing of the refused batch is in the log
+    assert_serves(broker)

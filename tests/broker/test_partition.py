@@ -487,3 +487,14 @@ def test_appends_do_not_wait_for_a_snapshot_being_written(d):
         release.set()
         p.wait_snapshots(10)
         assert [o for o, _ in list_snapshots(d)][-1] >= 2
+
+
+def test_a_transactional_batch_outside_a_transaction_is_refused_and_not_appended(d):
+    """KIP-890 part 1: no transaction is ongoing (none is served), so no partition was added to one."""
+    txn = encode_batch([(None, b"t")], producer_id=7, producer_epoch=0, base_sequence=0, timestamp_ms=TS,
+                       transactional=True)
+    with Partition(d) as p:
+        r = p.append(plain(b"a") + txn)
+        assert r.error == Errors.INVALID_TXN_STATE and "transaction" in r.message
+        assert p.log_end_offset == 0 and p.producers() == {}
+        assert p.append(plain(b"a")).ok

@@ -157,9 +157,6 @@ class ProducerEntry:
                 return b
         return None
 
-    def copy(self) -> "ProducerEntry":
-        return ProducerEntry(self.producer_id, self.epoch, list(self.batches), self.last_update_ms)
-
 
 class Action(enum.Enum):
     APPEND = "append"
@@ -751,9 +748,6 @@ class ProducerStateManager:
         older = [[pid, [list(b) for b in _OLDER.iter_unpack(bs)]] for pid, bs in self._older.items()]
         return ProducerSnapshot(c.offset, c.rows, older, self._evicted.dump() if self._evicted is not None else None,
                                 c.offset if log_end_offset is None else log_end_offset)
-
-    def encode_snapshot(self, log_end_offset: int) -> bytes:
-        return self.snapshot(log_end_offset).encode()
 
     def write_snapshot(self, path: str, log_end_offset: int) -> int:
         """Atomically write the state, valid once the log holds every offset below ``log_end_offset``.

@@ -8,7 +8,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from broker.log import PartitionLog
+from broker.log import PartitionLog, segment_name
 from broker.producer_state import (
     MAX_CACHED_BATCHES,
     ROW,
@@ -18,6 +18,7 @@ from broker.producer_state import (
     ProducerEntry,
     ProducerStateManager,
     _bits_for,
+    install_snapshot,
     list_snapshots,
     read_snapshot,
     snapshot_path,
@@ -663,3 +664,25 @@ def test_an_expiry_pass_in_chunks_keeps_the_oldest_update_exact_through_inserts_
     oldest = min(e.last_update_ms for e in m.producers().values())
     assert m.due_for_expiry(oldest + DAY // 2, DAY // 2)
     assert not m.due_for_expiry(oldest + DAY // 2 - 1, DAY // 2)
+
+
+def test_snapshot_holding_batches_beyond_the_log_end_is_refused(tmp_path):
+    """A snapshot copied while appends went on holds batches up to the log end at its finish: a log that
+    ends before that lost acknowledged batches."""
+    d = str(tmp_path / "p")
+    with PartitionLog(d) as lg:
+        m = ProducerStateManager()
+        for seq in range(3):
+            _append(lg, m, raw(1, 0, seq))
+        c = m.snapshot_begin(1)  # the copy starts when the log ends at 1 and finishes at 3
+        while not m.snapshot_step(c, 1):
+            pass
+        install_snapshot(d, m.snapshot_finish(c, lg.log_end_offset))
+    with PartitionLog(d) as lg:
+        assert ProducerStateManager.recover(d, lg, NOW).get(1).last_seq == 2
+    with open(os.path.join(d, segment_name(0)), "r+b") as f:  # the log loses its last batch
+        f.truncate(2 * len(raw(1, 0, 0)))
+    with PartitionLog(d) as lg:
+        with pytest.raises(CorruptFileError) as ei:
+            ProducerStateManager.recover(d, lg, NOW)
+    assert "missing" in str(ei.value)

@@ -24,11 +24,18 @@ from records import (
     InitTransactionalProducerRequest,
     MigrationCommandRequest,
     SeedProducerIdsRequest,
+    TransactionRequest,
 )
 from security.acl import Acl
 from security.client import authenticate
 from wire import kafka
-from wire.errors import Errors, NotControllerError, PidQuorumError, RequestTimedOutError, for_code
+from wire.errors import (
+    Errors,
+    NotControllerError,
+    PidQuorumError,
+    RequestTimedOutError,
+    for_code,
+)
 
 from . import api as p
 from .leader import pick_leader, summary
@@ -201,8 +208,8 @@ class QuorumClient:
                     return resp, address
                 throttle = _throttle_ms(resp)
                 err = for_code(code, f"{address}: {message or code.name}", throttle)
-                if not err.retriable:
-                    raise err
+                if not err.retriable or code == Errors.CONCURRENT_TRANSACTIONS:
+                    raise err  # CONCURRENT_TRANSACTIONS: the Kafka client it is for retries it, not this one
                 errors.append(f"{address}: {code.name}")
                 if code == Errors.THROTTLING_QUOTA_EXCEEDED and throttle:
                     await asyncio.sleep(min(throttle / 1000, backoff.remaining()))
@@ -237,14 +244,38 @@ class QuorumClient:
         """InitProducerId for a transactional id, decided and stored by the quorum: (producer id, epoch).
 
         Raises ProducerFencedError, InvalidTransactionTimeoutError, StaleBrokerEpochError ...
-        (not retried) or RequestTimedOutError after the policy's timeout.
+        (not retried) or RequestTimedOutError after the policy's timeout; ConcurrentTransactionsError while
+        a transaction of the id must be completed first (``txn(..., "describe", ...)`` says which).
         """
+        body = InitTransactionalProducerRequest(broker_id=broker_id, broker_epoch=broker_epoch,
+                                                transactional_id=transactional_id,
+                                                transaction_timeout_ms=transaction_timeout_ms,
+                                                producer_id=producer_id, producer_epoch=producer_epoch)
         body = InitTransactionalProducerRequest(broker_id=broker_id, broker_epoch=broker_epoch,
                                                 transactional_id=transactional_id,
                                                 transaction_timeout_ms=transaction_timeout_ms,
                                                 producer_id=producer_id, producer_epoch=producer_epoch)
         resp, _ = await self._call_any(body)
         return int(resp.producer_id), int(resp.producer_epoch)
+
+    async def txn(self, broker_id: int, broker_epoch: int, op: str, transactional_id: str = "",
+                  producer_id: int = -1, producer_epoch: int = -1, partitions: list | None = None,
+                  start_time_ms: int = -1) -> dict:
+        """One step of a transaction, decided by the quorum (``TransactionRequest``): the transaction after it
+        (the TransactionStateRecord's fields as a dict, partitions a list of [broker, topic, partition])."""
+        body = TransactionRequest(broker_id=broker_id, broker_epoch=broker_epoch, op=op,
+                                  transactional_id=transactional_id, producer_id=producer_id,
+                                  producer_epoch=producer_epoch, partitions=json.dumps(partitions or []),
+                                  start_time_ms=start_time_ms)
+        resp, _ = await self._call_any(body)
+        return json.loads(resp.transaction)
+
+    async def pending_transactions(self, broker_id: int, limit: int = 100) -> list[dict]:
+        """The transactions some coordinator must drive (prepared, or open past their timeout), as the
+        answering node has applied them."""
+        resp, _ = await self._call_any(TransactionRequest(broker_id=broker_id, broker_epoch=-1, op="pending",
+                                                          limit=limit))
+        return json.loads(resp.transactions)
 
     async def describe_transactional(self, transactional_id: str) -> tuple[int, int]:
         """The transactional id's current (producer id, epoch), read through the leader; (-1, -1) if unknown."""

@@ -21,8 +21,9 @@ import sys
 import time
 from dataclasses import dataclass
 
-from .config import NodeConfig, Peer, to_toml
+from .config import NodeConfig, Peer
 from .config import load as load_config
+from .config import to_toml
 from .identity import new_cluster_id
 from .raft import RaftConfig
 

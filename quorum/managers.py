@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import copy
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,14 +36,19 @@ from records import (
     RemoveAclRecord,
     RemoveTransactionalIdRecord,
     TransactionalIdRecord,
+    TransactionStateRecord,
     UnfenceBrokerRecord,
     UnregisterBrokerRecord,
 )
 from records.schema import INT_RANGES, LONG_MAX
 from security.acl import Acl, AclError, AclIndex
 from wire.errors import (
+    ConcurrentTransactionsError,
+    InvalidProducerEpochError,
+    InvalidProducerIdMappingError,
     InvalidRequestError,
     InvalidTransactionTimeoutError,
+    InvalidTxnStateError,
     InvariantViolation,
     ProducerFencedError,
     StaleBrokerEpochError,
@@ -294,29 +300,40 @@ class TransactionalIdManager:
     ``None`` in the overlay).
     """
 
-    def __init__(self, entries: dict[str, TransactionalIdRecord | None] | None = None) -> None:
+    def __init__(self, entries: dict[str, TransactionalIdRecord | None] | None = None,
+                 txns: dict[str, TransactionStateRecord | None] | None = None) -> None:
         self.entries: Any = entries if entries is not None else {}
+        self.txns: Any = txns if txns is not None else {}  # the current transaction of each id, if it had one
 
     def get(self, transactional_id: str) -> TransactionalIdRecord | None:
         return self.entries.get(transactional_id)
+
+    def txn(self, transactional_id: str) -> TransactionStateRecord | None:
+        return self.txns.get(transactional_id)
 
     def __len__(self) -> int:
         return sum(1 for v in self.entries.values() if v is not None)
 
     def fork(self) -> "TransactionalIdManager":
-        return TransactionalIdManager(collections.ChainMap({}, self.entries))
+        return TransactionalIdManager(collections.ChainMap({}, self.entries), collections.ChainMap({}, self.txns))
 
     def live(self) -> dict[str, TransactionalIdRecord]:
         return {k: v for k, v in self.entries.items() if v is not None}
 
+    def live_txns(self) -> dict[str, TransactionStateRecord]:
+        return {k: v for k, v in self.txns.items() if v is not None}
+
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, TransactionalIdManager) and self.live() == other.live()
+        return (isinstance(other, TransactionalIdManager) and self.live() == other.live()
+                and self.live_txns() == other.live_txns())
 
     # -- generate ----------------------------------------------------------
     def generate_init(self, broker_id: int, broker_epoch: int, transactional_id: str, timeout_ms: int,
                       expected_pid: int, expected_epoch: int, *, registrations: BrokerRegistrationManager,
                       producer_ids: ProducerIdsManager, now_ms: int, settings: TxnSettings = TxnSettings()) -> Result:
-        """Response: (producer_id, producer_epoch).  Errors: PRODUCER_FENCED (the broker maps it to
+        """Response: (producer_id, producer_epoch, pending): ``pending`` is a transaction of the id to complete
+        first (prepared, or open and now aborted to fence its producer: its markers, then ``complete``, then
+        ask again), else None.  Errors: PRODUCER_FENCED (the broker maps it to
         INVALID_PRODUCER_EPOCH for InitProducerId < v4), INVALID_TRANSACTION_TIMEOUT, INVALID_REQUEST."""
         _check_broker_id(broker_id)
         registrations.check_epoch(broker_id, broker_epoch)
@@ -351,15 +368,19 @@ class TransactionalIdManager:
                 transactional_id=transactional_id, producer_id=pid, producer_epoch=epoch,
                 last_producer_id=last_pid, last_producer_epoch=last_epoch, timeout_ms=timeout_ms,
                 state="Empty", update_time_ms=now_ms, broker_id=broker_id))
-            return Result(records, (pid, epoch))
+            return Result(records, (pid, epoch, None))
 
         if cur is None:
             # No mapping (new, or expired): a fresh producer ID, whatever the client expected.
             return state(new_pid(), 0, NO_PRODUCER_ID, NO_EPOCH)
+        txn = self.txn(transactional_id)
+        if txn is not None and txn.state in (PREPARE_COMMIT, PREPARE_ABORT):
+            # A decided transaction is completed before anything else (its markers, then Complete*).
+            return Result(records, (cur.producer_id, cur.producer_epoch, txn))
         if expected_pid != NO_PRODUCER_ID:
             if (expected_pid, expected_epoch) == (cur.last_producer_id, cur.last_producer_epoch):
                 # A retry of the bump that produced the current state: answer it again, bump nothing.
-                return Result(records, (cur.producer_id, cur.producer_epoch))
+                return Result(records, (cur.producer_id, cur.producer_epoch, None))
             if (expected_pid, expected_epoch) != (cur.producer_id, cur.producer_epoch):
                 raise ProducerFencedError(
                     f"transactional id {transactional_id!r}: producer {expected_pid} epoch {expected_epoch} "
@@ -368,9 +389,138 @@ class TransactionalIdManager:
         # Only a bump the current instance asked for remembers the epoch it replaced: a new
         # instance's bump must not be claimable as "my retry" by the instance it fenced.
         last_epoch = expected_epoch if expected_pid != NO_PRODUCER_ID else NO_EPOCH
+        if txn is not None and txn.state == ONGOING:
+            # Kafka's rule: an open transaction is aborted first, with the epoch bumped so its markers fence
+            # the instance that began it; the coordinator completes the abort and asks again (the second
+            # ask bumps once more for a new instance, or is the retry of this bump for the current one).
+            aborted = self._abort_with_bump(cur, txn, last_epoch, broker_id, now_ms, records)
+            return Result(records, (aborted.producer_id, aborted.producer_epoch, aborted))
         if cur.producer_epoch >= EPOCH_EXHAUSTED:
             return state(new_pid(), 0, cur.producer_id, last_epoch)
         return state(cur.producer_id, cur.producer_epoch + 1, cur.producer_id, last_epoch)
+
+    def _abort_with_bump(self, cur: TransactionalIdRecord, txn: TransactionStateRecord, last_epoch: int,
+                         broker_id: int, now_ms: int, records: list[Record]) -> TransactionStateRecord:
+        """PrepareAbort of ``txn`` with the epoch bumped (its markers fence the epoch that began it); at an
+        exhausted epoch the markers keep it (KIP-890 part 1 still keeps late batches out)."""
+        epoch = cur.producer_epoch
+        if epoch < EPOCH_EXHAUSTED:
+            epoch += 1
+            records.append(dataclasses.replace(cur, producer_epoch=epoch, last_producer_id=cur.producer_id,
+                                               last_producer_epoch=last_epoch, update_time_ms=now_ms,
+                                               broker_id=broker_id))
+        aborted = dataclasses.replace(txn, producer_epoch=epoch, state=PREPARE_ABORT, update_time_ms=now_ms,
+                                      broker_id=broker_id)
+        records.append(aborted)
+        return aborted
+
+    # -- transactions ------------------------------------------------------
+    def generate_txn(self, op: str, broker_id: int, broker_epoch: int, transactional_id: str, producer_id: int,
+                     producer_epoch: int, partitions: list, start_time_ms: int, *,
+                     registrations: BrokerRegistrationManager, now_ms: int) -> Result:
+        """One step of a transaction (``TransactionRequest``); the response is the transaction after it.
+
+        Client steps (add, verify, commit, abort) need the id's current producer ID and epoch:
+        INVALID_PRODUCER_ID_MAPPING for another producer ID (or none), PRODUCER_FENCED for an older
+        epoch, except the abort of a transaction the coordinator already aborted on timeout, from the
+        epoch that transaction had (answered as done: the client aborts, then bumps with KIP-360), and
+        INVALID_PRODUCER_EPOCH for its other steps (abortable, not fatal).  Coordinator steps
+        (complete, timeout) name the transaction by its start time and do nothing to another one."""
+        _check_broker_id(broker_id)
+        registrations.check_epoch(broker_id, broker_epoch)
+        cur = self.get(transactional_id)
+        txn = self.txn(transactional_id)
+        if op in (COMPLETE, TIMEOUT):
+            return self._coordinator_step(op, cur, txn, start_time_ms, broker_id, now_ms)
+        if op == DESCRIBE:
+            if txn is None:
+                raise InvalidTxnStateError(f"transactional id {transactional_id!r} has no transaction")
+            return Result([], txn)
+        if op not in (ADD, VERIFY, COMMIT, ABORT):
+            raise InvalidRequestError(f"unknown transaction operation {op!r}")
+        if cur is None or cur.producer_id != producer_id:
+            raise InvalidProducerIdMappingError(
+                f"transactional id {transactional_id!r} has no producer {producer_id} (it expired, or another "
+                f"instance took it over with a new producer ID)")
+        if producer_epoch != cur.producer_epoch:
+            timed_out = (txn is not None and txn.state in (PREPARE_ABORT, COMPLETE_ABORT)
+                         and (cur.last_producer_id, cur.last_producer_epoch) == (producer_id, producer_epoch))
+            if timed_out and op == ABORT:
+                return Result([], txn)
+            if timed_out:
+                raise InvalidProducerEpochError(
+                    f"transactional id {transactional_id!r}: the transaction of epoch {producer_epoch} was aborted "
+                    f"by the coordinator (past transaction.timeout.ms); abort, then InitProducerId")
+            raise ProducerFencedError(
+                f"transactional id {transactional_id!r}: producer {producer_id} epoch {producer_epoch} was fenced "
+                f"by epoch {cur.producer_epoch}")
+        state = txn.state if txn is not None else EMPTY
+        if op in (ADD, VERIFY):
+            wanted = _partitions(partitions)
+            if state in (PREPARE_COMMIT, PREPARE_ABORT):
+                raise ConcurrentTransactionsError(f"transactional id {transactional_id!r}: the last transaction "
+                                                  f"is still being completed ({state})")
+            have = set(map(tuple, json.loads(txn.partitions))) if state == ONGOING else set()
+            if op == VERIFY:
+                missing = wanted - have
+                if missing:
+                    raise InvalidTxnStateError(
+                        f"transactional id {transactional_id!r}: {_names(missing)} not added to an ongoing "
+                        f"transaction (KIP-890)")
+                return Result([], txn)
+            if state == ONGOING and wanted <= have:
+                return Result([], txn)
+            if len(have | wanted) > MAX_TXN_PARTITIONS:
+                raise InvalidRequestError(f"a transaction may hold at most {MAX_TXN_PARTITIONS} partitions")
+            new = TransactionStateRecord(
+                transactional_id=transactional_id, producer_id=cur.producer_id, producer_epoch=cur.producer_epoch,
+                state=ONGOING, partitions=_dump_partitions(have | wanted),
+                start_time_ms=txn.start_time_ms if state == ONGOING else now_ms, update_time_ms=now_ms,
+                broker_id=broker_id)
+            return Result([new], new)
+        prepare, complete = (PREPARE_COMMIT, COMPLETE_COMMIT) if op == COMMIT else (PREPARE_ABORT, COMPLETE_ABORT)
+        if state == ONGOING:
+            new = dataclasses.replace(txn, state=prepare, update_time_ms=now_ms, broker_id=broker_id)
+            return Result([new], new)
+        if state in (prepare, complete):
+            return Result([], txn)  # a retry: answered once the markers are written
+        raise InvalidTxnStateError(f"transactional id {transactional_id!r}: cannot {op} in state {state}")
+
+    def _coordinator_step(self, op: str, cur: TransactionalIdRecord | None, txn: TransactionStateRecord | None,
+                          start_time_ms: int, broker_id: int, now_ms: int) -> Result:
+        if txn is None or cur is None or txn.start_time_ms != start_time_ms:
+            raise InvalidTxnStateError(f"no transaction started at {start_time_ms} (it ended or another began)")
+        if op == COMPLETE:
+            if txn.state in (COMPLETE_COMMIT, COMPLETE_ABORT):
+                return Result([], txn)
+            if txn.state not in (PREPARE_COMMIT, PREPARE_ABORT):
+                raise InvalidTxnStateError(f"transaction in state {txn.state} is not prepared")
+            done = dataclasses.replace(txn, state=COMPLETE_COMMIT if txn.state == PREPARE_COMMIT else COMPLETE_ABORT,
+                                       update_time_ms=now_ms, broker_id=broker_id)
+            return Result([done], done)
+        if txn.state != ONGOING:
+            return Result([], txn)  # decided already: drive it as it is
+        if now_ms - txn.start_time_ms <= cur.timeout_ms:
+            raise InvalidTxnStateError(f"the transaction has run {now_ms - txn.start_time_ms} ms, not past its "
+                                       f"timeout of {cur.timeout_ms} ms")
+        # The producer may come back: it may abort from the epoch it had and bump from it (KIP-360).
+        records: list[Record] = []
+        aborted = self._abort_with_bump(cur, txn, cur.producer_epoch, broker_id, now_ms, records)
+        return Result(records, aborted)
+
+    def pending(self, now_ms: int, limit: int) -> list[dict]:
+        """The transactions some coordinator must drive: prepared ones, and open ones past their timeout."""
+        out = []
+        for tid, txn in self.txns.items():
+            if len(out) >= limit:
+                break
+            if txn is None:
+                continue
+            cur = self.get(tid)
+            if txn.state in (PREPARE_COMMIT, PREPARE_ABORT) or (
+                    txn.state == ONGOING and cur is not None and now_ms - txn.start_time_ms > cur.timeout_ms):
+                out.append(txn_json(txn, cur))
+        return out
 
     def _expired(self, now_ms: int, settings: TxnSettings, keep: str) -> list[Record]:
         """Removal records for up to EXPIRE_PER_BATCH other ids idle past expiration."""
@@ -378,6 +528,9 @@ class TransactionalIdManager:
         for tid, rec in self.entries.items():
             if len(out) >= EXPIRE_PER_BATCH:
                 break
+            txn = self.txn(tid)
+            if txn is not None and txn.state in (ONGOING, PREPARE_COMMIT, PREPARE_ABORT):
+                continue  # an open transaction keeps its id, as in Kafka
             if rec is not None and tid != keep and now_ms - rec.update_time_ms > settings.expiration_ms:
                 out.append(RemoveTransactionalIdRecord(transactional_id=tid, producer_id=rec.producer_id,
                                                        timestamp_ms=now_ms))
@@ -403,15 +556,101 @@ class TransactionalIdManager:
             if cur is None or cur.producer_id != rec.producer_id:
                 raise InvariantViolation(
                     f"transactional id {rec.transactional_id!r} with producer {rec.producer_id} is not known")
-            if isinstance(self.entries, collections.ChainMap):
-                self.entries[rec.transactional_id] = None
-            else:
-                del self.entries[rec.transactional_id]
+            for table in (self.entries, self.txns):
+                if isinstance(table, collections.ChainMap):
+                    table[rec.transactional_id] = None
+                else:
+                    table.pop(rec.transactional_id, None)
+        elif isinstance(rec, TransactionStateRecord):
+            self._replay_txn(rec)
         else:  # pragma: no cover - dispatch bug
             raise TypeError(f"not a transactional-id record: {rec!r}")
 
+    def _replay_txn(self, rec: TransactionStateRecord) -> None:
+        tid = rec.transactional_id
+        cur = self.get(tid)
+        if cur is None or (cur.producer_id, cur.producer_epoch) != (rec.producer_id, rec.producer_epoch):
+            raise InvariantViolation(f"transactional id {tid!r}: a transaction of producer {rec.producer_id} epoch "
+                                     f"{rec.producer_epoch} is not of its current producer")
+        if rec.state not in _NEXT:
+            raise InvariantViolation(f"transactional id {tid!r}: unknown transaction state {rec.state!r}")
+        try:
+            parts = _partitions(json.loads(rec.partitions))
+        except (ValueError, InvalidRequestError) as e:
+            raise InvariantViolation(f"transactional id {tid!r}: bad partitions: {e}") from None
+        if not parts or len(parts) > MAX_TXN_PARTITIONS:
+            raise InvariantViolation(f"transactional id {tid!r}: {len(parts)} partitions")
+        old = self.txn(tid)
+        before = old.state if old is not None else EMPTY
+        # Without an earlier record (the first transaction of the id, or a snapshot's copy) any state goes.
+        if old is not None and rec.state not in _NEXT[before]:
+            raise InvariantViolation(f"transactional id {tid!r}: {before} cannot become {rec.state}")
+        if old is not None and before not in (COMPLETE_COMMIT, COMPLETE_ABORT):
+            if rec.start_time_ms != old.start_time_ms or not set(map(tuple, json.loads(old.partitions))) <= parts:
+                raise InvariantViolation(f"transactional id {tid!r}: {rec.state} is not the same transaction")
+            if before != ONGOING and rec.partitions != old.partitions:
+                raise InvariantViolation(f"transactional id {tid!r}: partitions changed after {before}")
+        self.txns[tid] = rec
+
     def snapshot_records(self) -> list[Record]:
-        return [rec for _, rec in sorted(self.entries.items()) if rec is not None]
+        # Each transaction after its id's mapping: replay checks it is of the current producer.
+        out: list[Record] = []
+        for tid, rec in sorted(self.entries.items()):
+            if rec is not None:
+                out.append(rec)
+                txn = self.txn(tid)
+                if txn is not None:
+                    out.append(txn)
+        return out
+
+
+# The transaction states (Kafka's TransactionState, without the Empty/Dead bookkeeping states: no record
+# is Empty, and an expired id is removed with its transaction).
+EMPTY, ONGOING = "Empty", "Ongoing"
+PREPARE_COMMIT, PREPARE_ABORT = "PrepareCommit", "PrepareAbort"
+COMPLETE_COMMIT, COMPLETE_ABORT = "CompleteCommit", "CompleteAbort"
+_NEXT = {EMPTY: {ONGOING}, ONGOING: {ONGOING, PREPARE_COMMIT, PREPARE_ABORT},
+         PREPARE_COMMIT: {COMPLETE_COMMIT}, PREPARE_ABORT: {COMPLETE_ABORT},
+         COMPLETE_COMMIT: {ONGOING}, COMPLETE_ABORT: {ONGOING}}
+ADD, VERIFY, COMMIT, ABORT, COMPLETE, TIMEOUT = "add", "verify", "commit", "abort", "complete", "timeout"
+DESCRIBE, PENDING = "describe", "pending"
+MAX_TXN_PARTITIONS = 10_000
+MAX_TOPIC_CHARS = 249
+
+
+def _partitions(value: Any) -> set[tuple[int, str, int]]:
+    """A list of [broker_id, topic, partition], checked, as a set of tuples."""
+    if not isinstance(value, list):
+        raise InvalidRequestError("partitions must be a list")
+    out = set()
+    for item in value:
+        if (not isinstance(item, (list, tuple)) or len(item) != 3 or isinstance(item[0], bool)
+                or not isinstance(item[0], int) or not 0 <= item[0] <= INT32_MAX
+                or not isinstance(item[1], str) or not 0 < len(item[1]) <= MAX_TOPIC_CHARS
+                or isinstance(item[2], bool) or not isinstance(item[2], int) or not 0 <= item[2] <= INT32_MAX):
+            raise InvalidRequestError(f"not a [broker_id, topic, partition]: {str(item)[:300]}")
+        out.add((item[0], item[1], item[2]))
+        if len(out) > MAX_TXN_PARTITIONS:
+            raise InvalidRequestError(f"a transaction may hold at most {MAX_TXN_PARTITIONS} partitions")
+    return out
+
+
+def _dump_partitions(parts: set[tuple[int, str, int]]) -> str:
+    return json.dumps(sorted(parts), separators=(",", ":"))
+
+
+def _names(parts: set[tuple[int, str, int]]) -> str:
+    shown = sorted(parts)[:5]
+    more = f" and {len(parts) - 5} more" if len(parts) > 5 else ""
+    return ", ".join(f"{t[:100]}-{p}" for _, t, p in shown) + more
+
+
+def txn_json(txn: TransactionStateRecord, cur: TransactionalIdRecord | None) -> dict:
+    """A transaction as the coordinator brokers see it (TransactionResponse.transaction)."""
+    out = txn.to_json_dict()
+    out["partitions"] = json.loads(txn.partitions)
+    out["timeout_ms"] = cur.timeout_ms if cur is not None else -1
+    return out
 
 
 # --------------------------------------------------------------------------
@@ -596,7 +835,7 @@ class QuorumState:
             cursor = self.migration.replay(rec, self.producer_ids.next_producer_id)
             if cursor is not None and cursor > self.producer_ids.next_producer_id:
                 self.producer_ids.next_producer_id = cursor  # the reserved range starts above a gap
-        elif isinstance(rec, (TransactionalIdRecord, RemoveTransactionalIdRecord)):
+        elif isinstance(rec, (TransactionalIdRecord, RemoveTransactionalIdRecord, TransactionStateRecord)):
             self.transactions.replay(rec, self.producer_ids.next_producer_id)
         elif isinstance(rec, (RegisterBrokerRecord, FenceBrokerRecord, UnfenceBrokerRecord, UnregisterBrokerRecord,
                               BrokerEpochCursorRecord)):

@@ -49,6 +49,8 @@ from records import (
     MigrationCommandResponse,
     SeedProducerIdsRequest,
     SeedProducerIdsResponse,
+    TransactionRequest,
+    TransactionResponse,
 )
 from security import acl as a
 from security.acl import Acl
@@ -57,7 +59,7 @@ from wire.errors import Errors, InvalidRequestError, NotControllerError, Request
 
 from . import membership
 from .client_quotas import ClientQuotaManager, parse_user
-from .managers import ROLLED_BACK, QuorumState, Result, TxnSettings
+from .managers import PENDING, ROLLED_BACK, QuorumState, Result, TxnSettings, txn_json
 
 if TYPE_CHECKING:  # the server hands itself to ``serve`` handlers; it imports this module
     from .server import QuorumServer
@@ -169,6 +171,39 @@ def _init_txn(state: QuorumState, b: InitTransactionalProducerRequest, ctx: Cont
     return state.transactions.generate_init(
         b.broker_id, b.broker_epoch, b.transactional_id, b.transaction_timeout_ms, b.producer_id, b.producer_epoch,
         registrations=state.registrations, producer_ids=state.producer_ids, now_ms=ctx.now_ms, settings=ctx.txn)
+
+
+def _txn(state: QuorumState, b: TransactionRequest, ctx: Context) -> Result:
+    try:
+        partitions = json.loads(b.partitions)
+    except ValueError:
+        raise InvalidRequestError("partitions is not JSON") from None
+    res = state.transactions.generate_txn(
+        b.op, b.broker_id, b.broker_epoch, b.transactional_id, b.producer_id, b.producer_epoch, partitions,
+        b.start_time_ms, registrations=state.registrations, now_ms=ctx.now_ms)
+    return Result(res.records, txn_json(res.response, state.transactions.get(b.transactional_id)))
+
+
+async def _pending_txns(server: QuorumServer, req: kafka.Request) -> list[dict]:
+    """The transactions some coordinator must drive, from this node's applied state (a follower's may lag:
+    every step on them is decided again by the leader)."""
+    b = req.body
+    if b.op != PENDING:
+        raise InvalidRequestError(f"operation {b.op!r} must go to the leader")
+    limit = max(1, min(int(b.limit), 10_000))
+    service = server.service
+    with service.lock:
+        return service.state.transactions.pending(int(service.clock.time() * 1000), limit)
+
+
+def _init_response(r: tuple) -> InitTransactionalProducerResponse:
+    if r[2] is not None:
+        # Committed (an abort to fence, or nothing), but not an answer yet: the coordinator completes the
+        # transaction (``TransactionRequest`` describe, its markers, complete) and asks again.
+        return InitTransactionalProducerResponse(
+            error_code=int(Errors.CONCURRENT_TRANSACTIONS), producer_id=r[0], producer_epoch=r[1],
+            error_message=f"the transaction of producer {r[0]} is {r[2].state}: it is completed first")
+    return InitTransactionalProducerResponse(error_code=0, producer_id=r[0], producer_epoch=r[1])
 
 
 def _read_txn(state: QuorumState, b: DescribeTransactionalIdRequest, ctx: Context) -> Result:
@@ -350,14 +385,18 @@ def _rpcs() -> list[Rpc]:
         # The record RPCs (RECORD_API_KEY): request and response are records (records/schema.py).
         Rpc(p.RECORD_API_KEY, record=InitTransactionalProducerRequest, acl=lambda b: _BROKERS, generate=_init_txn,
             issues_ids=True,
-            respond=lambda v, r: InitTransactionalProducerResponse(error_code=0, producer_id=r[0],
-                                                                   producer_epoch=r[1]),
+            respond=lambda v, r: _init_response(r),
             error=_record_error(InitTransactionalProducerResponse)),
         Rpc(p.RECORD_API_KEY, record=DescribeTransactionalIdRequest, acl=lambda b: _BROKERS, generate=_read_txn,
             respond=lambda v, cur: DescribeTransactionalIdResponse(error_code=0) if cur is None else
             DescribeTransactionalIdResponse(error_code=0, producer_id=cur.producer_id,
                                             producer_epoch=cur.producer_epoch, state=cur.state),
             error=_record_error(DescribeTransactionalIdResponse)),
+        Rpc(p.RECORD_API_KEY, record=TransactionRequest, acl=lambda b: _BROKERS, generate=_txn,
+            on_leader=lambda b: b.op != PENDING, serve=_pending_txns,
+            respond=lambda v, r: TransactionResponse(error_code=0, transactions=json.dumps(r)) if isinstance(r, list)
+            else TransactionResponse(error_code=0, transaction=json.dumps(r)),
+            error=_record_error(TransactionResponse)),
         Rpc(p.RECORD_API_KEY, record=SeedProducerIdsRequest, acl=lambda b: _ADMIN, generate=_seed, issues_ids=True,
             respond=lambda v, r: SeedProducerIdsResponse(error_code=0, changed=r[0], next_producer_id=r[1]),
             error=_record_error(SeedProducerIdsResponse)),

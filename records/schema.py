@@ -334,6 +334,33 @@ CLIENT_QUOTA = RecordSpec(
     ),
 )
 
+TRANSACTION_STATE = RecordSpec(
+    name="TransactionStateRecord",
+    type_id=17,
+    version=0,
+    doc=(
+        "The transaction coordinator's state for one transactional id's current transaction "
+        "(KIP-98), kept in the quorum like its producer ID and epoch, so whichever broker picks "
+        "the id up after a crash completes a prepared commit or abort: "
+        "Ongoing -> PrepareCommit | PrepareAbort -> CompleteCommit | CompleteAbort, then "
+        "Ongoing again.  producer_id/producer_epoch are those the markers are written with and "
+        "always equal the id's current TransactionalIdRecord (a timeout abort bumps the epoch "
+        "in the same entry)."
+    ),
+    fields=(
+        FieldSpec("transactional_id", "string", "The client's transactional.id."),
+        FieldSpec("producer_id", "int64", "Producer ID of the transaction."),
+        FieldSpec("producer_epoch", "int16", "Epoch of the transaction and of its markers."),
+        FieldSpec("state", "string", "Ongoing | PrepareCommit | PrepareAbort | CompleteCommit | CompleteAbort."),
+        FieldSpec("partitions", "string",
+                  "The partitions added, a JSON array of [broker_id, topic, partition], sorted."),
+        FieldSpec("start_time_ms", "int64", "Proposer's wall clock when the transaction began; its timeout "
+                  "runs from here and it identifies the transaction."),
+        FieldSpec("update_time_ms", "int64", "Proposer's wall clock at this change."),
+        FieldSpec("broker_id", "int32", "Broker that asked for the change; audit only.", default=-1),
+    ),
+)
+
 RECORDS: tuple[RecordSpec, ...] = (
     ALLOCATE_PRODUCER_IDS,
     REGISTER_BROKER,
@@ -351,6 +378,7 @@ RECORDS: tuple[RecordSpec, ...] = (
     ACL,
     REMOVE_ACL,
     CLIENT_QUOTA,
+    TRANSACTION_STATE,
 )
 
 # --------------------------------------------------------------------------
@@ -578,12 +606,56 @@ ALTER_CLIENT_QUOTA_RESPONSE = RecordSpec(
     ),
 )
 
+TRANSACTION_REQUEST = RecordSpec(
+    name="TransactionRequest",
+    type_id=117,
+    version=0,
+    doc=(
+        "pidquorum RPC (API key 10002): a broker acting as transaction coordinator changes or "
+        "reads a transaction.  op: add (AddPartitionsToTxn), verify (KIP-890 part 1: is every "
+        "partition in the ongoing transaction? nothing committed), commit / abort (EndTxn: "
+        "Ongoing -> Prepare*), complete (every marker is written: Prepare* -> Complete*), "
+        "timeout (the coordinator aborts a transaction past its timeout, bumping the epoch), "
+        "describe (the id's transaction, read through the leader: InitProducerId answers "
+        "CONCURRENT_TRANSACTIONS while one must be completed first), "
+        "pending (answered by the node from its applied state: the transactions some broker "
+        "must drive, prepared or past their timeout)."
+    ),
+    fields=(
+        FieldSpec("broker_id", "int32", "The coordinator broker."),
+        FieldSpec("broker_epoch", "int64", "Its current broker epoch."),
+        FieldSpec("op", "string", "add | verify | commit | abort | complete | timeout | describe | pending."),
+        FieldSpec("transactional_id", "string", "The client's transactional.id ('' for pending).", default=""),
+        FieldSpec("producer_id", "int64", "The producer ID the client (or the transaction) has.", default=-1),
+        FieldSpec("producer_epoch", "int16", "Its epoch.", default=-1),
+        FieldSpec("partitions", "string", "add / verify: a JSON array of [broker_id, topic, partition].",
+                  default="[]"),
+        FieldSpec("start_time_ms", "int64", "complete / timeout: the transaction meant (its start time).",
+                  default=-1),
+        FieldSpec("limit", "int32", "pending: at most this many transactions.", default=100),
+    ),
+)
+
+TRANSACTION_RESPONSE = RecordSpec(
+    name="TransactionResponse",
+    type_id=118,
+    version=0,
+    doc="The answer to TransactionRequest.",
+    fields=(
+        FieldSpec("error_code", "int16", "Kafka error code (0: none)."),
+        FieldSpec("error_message", "nullable_string", "Why, when error_code is not 0.", default=None),
+        FieldSpec("transaction", "string", "The transaction after the change, a JSON object with the "
+                  "TransactionStateRecord fields plus timeout_ms ('' if none).", default=""),
+        FieldSpec("transactions", "string", "pending: a JSON array of such objects.", default="[]"),
+    ),
+)
+
 PAYLOADS: tuple[RecordSpec, ...] = (AUDIT_ENTRY, AUDIT_GAP, INIT_TRANSACTIONAL_REQUEST, INIT_TRANSACTIONAL_RESPONSE,
                                     DESCRIBE_TRANSACTIONAL_REQUEST, DESCRIBE_TRANSACTIONAL_RESPONSE,
                                     SEED_REQUEST, SEED_RESPONSE, MIGRATION_REQUEST, MIGRATION_RESPONSE,
                                     ALTER_ACLS_REQUEST, ALTER_ACLS_RESPONSE, DESCRIBE_ACLS_REQUEST,
                                     DESCRIBE_ACLS_RESPONSE, ALTER_CLIENT_QUOTA_REQUEST,
-                                    ALTER_CLIENT_QUOTA_RESPONSE)
+                                    ALTER_CLIENT_QUOTA_RESPONSE, TRANSACTION_REQUEST, TRANSACTION_RESPONSE)
 
 for _spec in RECORDS + PAYLOADS:
     validate_spec(_spec)

@@ -10,12 +10,9 @@ import records
 from records import (
     CLASSES,
     AclRecord,
+    AllocateProducerIdsRecord,
     AlterAclsRequest,
     AlterAclsResponse,
-    DescribeAclsRequest,
-    DescribeAclsResponse,
-    RemoveAclRecord,
-    AllocateProducerIdsRecord,
     AlterClientQuotaRequest,
     AlterClientQuotaResponse,
     AuditEntry,
@@ -23,9 +20,11 @@ from records import (
     BridgeReservationRecord,
     BrokerEpochCursorRecord,
     ClientQuotaRecord,
-    FenceBrokerRecord,
+    DescribeAclsRequest,
+    DescribeAclsResponse,
     DescribeTransactionalIdRequest,
     DescribeTransactionalIdResponse,
+    FenceBrokerRecord,
     InitTransactionalProducerRequest,
     InitTransactionalProducerResponse,
     MigrationCommandRequest,
@@ -36,19 +35,24 @@ from records import (
     ProducerIdSeedRecord,
     RecordError,
     RegisterBrokerRecord,
+    RemoveAclRecord,
     RemoveTransactionalIdRecord,
     SeedProducerIdsRequest,
     SeedProducerIdsResponse,
     TransactionalIdRecord,
+    TransactionRequest,
+    TransactionResponse,
+    TransactionStateRecord,
     UnfenceBrokerRecord,
     UnregisterBrokerRecord,
+    codec,
     decode,
     decode_batch,
     encode,
     encode_batch,
     from_json_dict,
+    schema,
 )
-from records import codec, schema
 from records.schema import LONG_MAX, FieldSpec, RecordSpec, validate_spec
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
@@ -138,6 +142,13 @@ GOLDEN = {
         # ... cb 4004000000000000: the value is always a msgpack float64 (2.5), never an int
         "93100095a5616c696365b170726f64756365725f6964735f72617465cb4004000000000000c2cf0000018bcfe56808",
     ),
+    "TransactionStateRecord": (
+        TransactionStateRecord(transactional_id="orders-tx-1", producer_id=5000, producer_epoch=2,
+                               state="PrepareCommit", partitions='[[1,"orders",0],[1,"orders",3]]',
+                               start_time_ms=TS, update_time_ms=TS + 9, broker_id=1),
+        "93110098ab6f72646572732d74782d31cd138802ad50726570617265436f6d6d6974bf5b5b312c226f7264657273222c305d2c"
+        "5b312c226f7264657273222c335d5dcf0000018bcfe56800cf0000018bcfe5680901",
+    ),
 }
 
 GOLDEN_PAYLOADS = {
@@ -212,6 +223,15 @@ GOLDEN_PAYLOADS = {
         AlterClientQuotaResponse(error_code=42, error_message="rate must be finite", changed=False),
         "937400932ab372617465206d7573742062652066696e697465c2",
     ),
+    "TransactionRequest": (
+        TransactionRequest(broker_id=3, broker_epoch=17, op="add", transactional_id="orders-tx-1", producer_id=5000,
+                           producer_epoch=2, partitions='[[3,"orders",0]]'),
+        "937500990311a3616464ab6f72646572732d74782d31cd138802b05b5b332c226f7264657273222c305d5dff64",
+    ),
+    "TransactionResponse": (
+        TransactionResponse(error_code=51, error_message="busy"),
+        "9376009433a462757379a0a25b5d",
+    ),
 }
 
 ALL_INSTANCES = [rec for rec, _ in GOLDEN.values()] + [rec for rec, _ in GOLDEN_PAYLOADS.values()]
@@ -281,6 +301,9 @@ def test_golden_type_ids_and_versions_are_stable():
         "DescribeAclsResponse": (113, 0),
         "AlterClientQuotaRequest": (115, 0),
         "AlterClientQuotaResponse": (116, 0),
+        "TransactionStateRecord": (17, 0),
+        "TransactionRequest": (117, 0),
+        "TransactionResponse": (118, 0),
     }
 
 

@@ -2,12 +2,18 @@
 
 One broker, one listener, every partition led by this broker.  Served with
 kio's codecs: ApiVersions 0-3, Metadata 0-12, InitProducerId 0-4, Produce
-3-10, ListOffsets 1-7, Fetch 4-12, FindCoordinator 0-2.
+3-10, ListOffsets 1-7, Fetch 4-12, FindCoordinator 0-2, AddPartitionsToTxn 0-3,
+AddOffsetsToTxn 0-3 (answered: no consumer groups), EndTxn 0-3,
+DescribeProducers 0.
 
 Producer IDs come from quorum-allocated blocks through the non-blocking
-``ProducerIdManager``; transactional ids (KIP-360 epoch rules) are decided
-and stored by the quorum itself, so any broker can coordinate any of them and
-a broker failover never loses or repeats an epoch bump.
+``ProducerIdManager``; transactional ids (KIP-360 epoch rules) and their
+transactions are decided and stored by the quorum itself, so any broker can
+coordinate any of them and a broker failover never loses or repeats an epoch
+bump; the broker writes the markers (``TxnCoordinator``).  Fetch and
+ListOffsets honour read_committed (the last stable offset, the aborted
+transactions); a transactional batch is appended only to a partition of its
+producer's ongoing transaction (KIP-890 part 1).
 
 Requests on one connection are handled one at a time, in order, as Kafka
 does (it mutes a connection while its request is processed): a client with
@@ -31,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import inspect
 import logging
 import os
@@ -52,7 +59,6 @@ from wire.errors import (
     Errors,
     InvalidRequestError,
     PidQuorumError,
-    StaleBrokerEpochError,
     TransactionalIdAuthorizationFailedError,
     UnknownTopicOrPartitionError,
 )
@@ -63,13 +69,18 @@ from .config import BrokerConfig
 from .partition import Partition
 from .pid_manager import ProducerIdManager
 from .quota import STATS_FILE, ProducerIdQuotaManager, QuotaConfigPoller, batch_producer_ids
+from .recordbatch import TRANSACTIONAL_BIT, parse_header
 from .storage import Storage
+from .txn_coordinator import TxnCoordinator
 
 log = logging.getLogger(__name__)
 
 PRODUCE, FETCH, LIST_OFFSETS, METADATA, FIND_COORDINATOR, INIT_PRODUCER_ID = 0, 1, 2, 3, 10, 22
 DESCRIBE_PRODUCERS = 61
-ADD_PARTITIONS_TO_TXN, END_TXN = 24, 26
+ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN = 24, 25, 26
+READ_COMMITTED = 1
+# What a consumer group's FindCoordinator and AddOffsetsToTxn get: this broker coordinates no groups.
+GROUPS_NOT_SERVED = Errors.INVALID_REQUEST
 LATEST_TIMESTAMP, EARLIEST_TIMESTAMP = -1, -2
 MAINTAIN_EVERY_S = 5.0
 
@@ -171,6 +182,8 @@ class BrokerServer:
         self.quorum = QuorumClient(list(cfg.quorum), RetryPolicy(timeout=cfg.quorum_timeout_s),
                                    client_id=f"broker-{cfg.broker_id}", security=cfg.quorum_security)
         self.pids: ProducerIdManager | None = None  # created once the listener's port is known
+        self.txn: TxnCoordinator | None = None  # with it
+        self._txn_task: asyncio.Task | None = None
         self.storage = Storage(cfg.data_dir, default_partitions=cfg.default_partitions,
                                auto_create=cfg.auto_create_topics, dedup=cfg.dedup, segment_bytes=cfg.segment_bytes,
                                producer_id_expiration_ms=cfg.producer_id_expiration_ms,
@@ -222,7 +235,10 @@ class BrokerServer:
 
     def status(self) -> dict[str, Any]:
         """The broker's figures: what its metrics endpoint and ``pidctl broker status`` show."""
-        return {"broker_id": self.cfg.broker_id, "listen": self.cfg.listen, "counters": dict(self.counters),
+        counters = dict(self.counters)
+        if self.txn is not None:
+            counters.update(self.txn.counters)
+        return {"broker_id": self.cfg.broker_id, "listen": self.cfg.listen, "counters": counters,
                 "connections": len(self._connections),
                 "read_ahead_bytes": sum(r.held for r in self._connections.values()),
                 "pid_manager": self.pids.stats() if self.pids is not None else None,
@@ -246,8 +262,14 @@ class BrokerServer:
         adv_host, adv_port = self.cfg.advertised_address
         self.pids = ProducerIdManager(self.cfg.broker_id, self.quorum, listener=f"{adv_host}:{adv_port}",
                                       config=self.cfg.pid_manager)
+        loop = asyncio.get_running_loop()
+        self.txn = TxnCoordinator(self.cfg.broker_id, self.quorum, self.storage,
+                                  lambda fn, *args: loop.run_in_executor(self._io, fn, *args),
+                                  lambda: self.pids.broker_epoch, self.pids.reregister,
+                                  on_marker=lambda topic, partition: self._waiters.appended((topic, partition)))
         # Clients that connect before the first block is in hand get COORDINATOR_LOAD_IN_PROGRESS (retriable).
         await self.pids.start()
+        self._txn_task = loop.create_task(self.txn.run())  # completes what a crash left prepared, too
         # Quotas in force from the first produce when the quorum answers now; else from the first poll that works.
         await self.quota_poller.refresh()
         self._quota_task = asyncio.get_running_loop().create_task(self.quota_poller.run())
@@ -264,6 +286,8 @@ class BrokerServer:
             self._quota_task.cancel()
         if self._maintain_task is not None:
             self._maintain_task.cancel()
+        if self._txn_task is not None:
+            self._txn_task.cancel()
         if self.pids is not None:
             await self.pids.close()
         if self.acls is not None:
@@ -551,18 +575,9 @@ class BrokerServer:
         return self._init_response(v, pid, epoch)
 
     async def _init_transactional(self, tid: str, timeout_ms: int, pid: int, epoch: int) -> tuple[int, int]:
-        for attempt in (1, 2):
-            broker_epoch = self.pids.broker_epoch
-            if broker_epoch is None:
-                raise CoordinatorLoadInProgressError("broker is not registered with the quorum yet")
-            try:
-                return await self.quorum.init_transactional(self.cfg.broker_id, broker_epoch, tid, timeout_ms,
-                                                            pid, epoch)
-            except StaleBrokerEpochError:
-                if attempt == 2:
-                    raise
-                await self.pids.reregister()
-        raise AssertionError("unreachable")  # pragma: no cover
+        """The quorum's epoch rules; an open transaction of the id is aborted (and a prepared one completed)
+        first, by the coordinator (``TxnCoordinator.init_producer_id``)."""
+        return await self.txn.init_producer_id(tid, timeout_ms, pid, epoch)
 
     @staticmethod
     def _init_response(version: int, pid: int, epoch: int) -> Any:
@@ -616,7 +631,15 @@ class BrokerServer:
                     r["error_message"] = (f"{req.principal} is over its producer_ids_rate for new producer IDs; "
                                           f"retry in {throttled} ms")
                     continue
-                res = await loop.run_in_executor(self._io, part.append, bytes(pd.records))
+                records = bytes(pd.records)
+                token, code, why = await self._verify_transactional(req, t.name, int(pd.index), part, records)
+                if code != Errors.NONE:
+                    r["error_code"], r["error_message"] = int(code), why
+                    self._note_error(code)
+                    log.info("produce %s-%d: %s: %s", t.name, pd.index, code.name, why)
+                    continue
+                res = await loop.run_in_executor(self._io, functools.partial(part.append, records,
+                                                                             transactional_ok=token))
                 r["error_code"] = int(res.error)
                 r["error_message"] = res.message or None
                 r["base_offset"] = res.base_offset
@@ -692,6 +715,7 @@ class BrokerServer:
     async def _fetch_once(self, b: Any) -> tuple[list[dict], int]:
         loop = asyncio.get_running_loop()
         budget = int(b.max_bytes) if getattr(b, "max_bytes", None) is not None else 2**31 - 1
+        committed = int(getattr(b, "isolation_level", 0)) == READ_COMMITTED
         total = 0
         responses = []
         for t in b.topics:
@@ -706,14 +730,22 @@ class BrokerServer:
                 except PidQuorumError as e:
                     r["error_code"] = int(e.code)
                     continue
-                r["high_watermark"] = r["last_stable_offset"] = part.high_watermark
+                r["high_watermark"] = part.high_watermark
+                r["last_stable_offset"] = lso = part.last_stable_offset
                 r["log_start_offset"] = part.log_start_offset
                 limit = max(0, min(int(pt.partition_max_bytes), budget))
                 if limit == 0 and total > 0:
                     r["records"] = b""
                     continue
+                offset = int(pt.fetch_offset)
                 try:
-                    data = await loop.run_in_executor(self._io, part.read, int(pt.fetch_offset), max(limit, 1))
+                    if committed:
+                        data, lso, aborted = await loop.run_in_executor(self._io, _read_committed, part, offset,
+                                                                        max(limit, 1))
+                        r["last_stable_offset"] = lso
+                        r["aborted_transactions"] = aborted
+                    else:
+                        data = await loop.run_in_executor(self._io, part.read, offset, max(limit, 1))
                 except PidQuorumError as e:
                     r["error_code"] = int(e.code)
                     continue
@@ -740,7 +772,9 @@ class BrokerServer:
                     continue
                 ts = int(pt.timestamp)
                 if ts == LATEST_TIMESTAMP:
-                    r["offset"] = part.high_watermark
+                    # read_committed consumers start from the last stable offset, as in Kafka.
+                    committed = int(getattr(b, "isolation_level", 0)) == READ_COMMITTED
+                    r["offset"] = part.last_stable_offset if committed else part.high_watermark
                 elif ts == EARLIEST_TIMESTAMP:
                     r["offset"] = part.log_start_offset
                 elif ts < 0:
@@ -797,33 +831,102 @@ class BrokerServer:
             topics.append({"name": t.name, "partitions": parts})
         return kio_.response(DESCRIBE_PRODUCERS, req.api_version, {"throttle_time": 0, "topics": topics})
 
-    # ------------------------------------------------------------ AddPartitionsToTxn / EndTxn
-    async def _txn_request(self, req: kafka.Request) -> Any:
-        """Fencing for transactional producers; transactions themselves are not served.
+    # ------------------------------------------------------------ transactions
+    def _coordinator(self) -> TxnCoordinator:
+        if self.txn is None:
+            raise CoordinatorLoadInProgressError("the broker is starting")
+        return self.txn
 
-        The (producer id, epoch) is checked against the quorum's current state for the
-        transactional id, read through the leader: an instance fenced by a newer
-        InitProducerId gets PRODUCER_FENCED (INVALID_PRODUCER_EPOCH before v3), an expired
-        or unknown id INVALID_PRODUCER_ID_MAPPING.  A current instance gets
-        INVALID_TXN_STATE: this broker does not write transaction markers, and saying so
-        is better than accepting a transaction it cannot commit atomically.
-        """
+    async def _add_partitions_to_txn(self, req: kafka.Request) -> Any:
+        """AddPartitionsToTxn v0-3: the partitions join the producer's transaction (one begins if none is
+        open), decided by the quorum (``TxnCoordinator``).  A partition this broker does not have gets
+        UNKNOWN_TOPIC_OR_PARTITION and the others OPERATION_NOT_ATTEMPTED, as Kafka answers; a fenced
+        producer gets PRODUCER_FENCED (INVALID_PRODUCER_EPOCH before v3) on every partition."""
         b, v = req.body, req.api_version
-        if req.api_key == ADD_PARTITIONS_TO_TXN:
-            tid, pid, epoch = b.v3_and_below_transactional_id, b.v3_and_below_producer_id, b.v3_and_below_producer_epoch
-        else:
-            tid, pid, epoch = b.transactional_id, b.producer_id, b.producer_epoch
-        cur_pid, cur_epoch = await self.quorum.describe_transactional(str(tid))
-        if cur_pid == -1:
-            code, why = Errors.INVALID_PRODUCER_ID_MAPPING, "no producer id for this transactional id"
-        elif (int(pid), int(epoch)) != (cur_pid, cur_epoch):
-            code = Errors.PRODUCER_FENCED if v >= 3 else Errors.INVALID_PRODUCER_EPOCH
-            why = f"producer {pid} epoch {epoch} was fenced by producer {cur_pid} epoch {cur_epoch}"
-        else:
-            code, why = Errors.INVALID_TXN_STATE, "transactions are not served by this broker (no markers)"
-        log.info("%s v%d %r: %s: %s", NAMES[req.api_key], v, tid, code.name, why)
-        self._note_error(code)
-        return self._error_body(req.api_key, v, code, b)
+        tid, pid, epoch = str(b.v3_and_below_transactional_id), int(b.v3_and_below_producer_id), \
+            int(b.v3_and_below_producer_epoch)
+        wanted: list[tuple[str, int]] = []
+        unknown: set[tuple[str, int]] = set()
+        for t in b.v3_and_below_topics:
+            info = self.storage.topic(str(t.name))
+            for i in t.partitions:
+                key = (str(t.name), int(i))
+                wanted.append(key)
+                if info is None or not 0 <= key[1] < info.partitions:
+                    unknown.add(key)
+        if unknown:
+            log.info("AddPartitionsToTxn %r: %d unknown partition(s), e.g. %s-%d", tid[:200], len(unknown),
+                     *sorted(unknown)[0])
+            return self._add_partitions_answer(v, b, lambda key: Errors.UNKNOWN_TOPIC_OR_PARTITION
+                                               if key in unknown else Errors.OPERATION_NOT_ATTEMPTED)
+        await self._coordinator().add_partitions(tid, pid, epoch, wanted)
+        return self._add_partitions_answer(v, b, lambda key: Errors.NONE)
+
+    @staticmethod
+    def _add_partitions_answer(version: int, body: Any, code_of: Callable[[tuple[str, int]], Errors]) -> Any:
+        topics = [{"name": t.name, "results_by_partition": [
+            {"partition_index": i, "partition_error_code": int(code_of((str(t.name), int(i))))}
+            for i in t.partitions]} for t in body.v3_and_below_topics]
+        return kio_.response(ADD_PARTITIONS_TO_TXN, version, {"throttle_time": 0,
+                                                              "results_by_topic_v3_and_below": topics})
+
+    async def _end_txn(self, req: kafka.Request) -> Any:
+        """EndTxn v0-3: commit or abort, decided in the quorum; answered once the markers are written (or,
+        if they cannot be now, once the outcome is decided: the sweeper completes it)."""
+        b = req.body
+        await self._coordinator().end(str(b.transactional_id), int(b.producer_id), int(b.producer_epoch),
+                                      bool(b.committed))
+        return kio_.response(END_TXN, req.api_version, {"throttle_time": 0, "error_code": 0})
+
+    def _add_offsets_to_txn(self, req: kafka.Request) -> Any:
+        """AddOffsetsToTxn v0-3 (sendOffsetsToTransaction) needs a group coordinator, which this broker is
+        not: answered with the error a group's FindCoordinator gets, and why."""
+        log.info("AddOffsetsToTxn %r for group %r: consumer groups are not served (answered %s)",
+                 str(req.body.transactional_id)[:200], str(req.body.group_id)[:200], GROUPS_NOT_SERVED.name)
+        return kio_.response(ADD_OFFSETS_TO_TXN, req.api_version, {"throttle_time": 0,
+                                                                   "error_code": int(GROUPS_NOT_SERVED)})
+
+    async def _verify_transactional(self, req: kafka.Request, topic: str, index: int, part: Partition,
+                                    records: bytes) -> tuple[int | None, Errors, str]:
+        """KIP-890 part 1 for one partition's records: (token for ``Partition.append``, NONE, "") when they
+        are not transactional or their partition is in the producer's ongoing transaction, else
+        (None, error, why)."""
+        try:
+            h = parse_header(records)
+        except Exception:  # noqa: BLE001 - malformed: the append says what is wrong
+            return None, Errors.NONE, ""
+        if not h.attributes & TRANSACTIONAL_BIT:
+            return None, Errors.NONE, ""
+        tid = req.body.transactional_id
+        if tid is None:
+            return None, Errors.INVALID_TXN_STATE, "a transactional batch needs the request's transactional id"
+        if self.acls is not None and not self.acls.authorize(req.principal, a.TRANSACTIONAL_ID, str(tid), a.WRITE,
+                                                             req.host):
+            self.counters["authorization_failures"] += 1
+            return None, Errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, \
+                f"{req.principal} is not allowed WRITE on transactional id {str(tid)[:200]!r}"
+        token = part.expect_transaction(h.producer_id, h.producer_epoch)
+        try:
+            await self._coordinator().verify(str(tid), h.producer_id, h.producer_epoch, topic, index)
+        except PidQuorumError as e:
+            code = e.code
+            if code == Errors.PRODUCER_FENCED:
+                code = Errors.INVALID_PRODUCER_EPOCH  # what Produce answers a fenced producer
+            elif code == Errors.CONCURRENT_TRANSACTIONS:
+                code = Errors.INVALID_TXN_STATE  # a late batch of a transaction being ended
+            return None, code, e.message
+        return token, Errors.NONE, ""
+
+
+def _read_committed(part: Partition, offset: int, max_bytes: int) -> tuple[bytes, int, list[dict] | None]:
+    """A read_committed Fetch of one partition (in an I/O thread): the batches below the last stable offset,
+    that offset, and the aborted transactions the data holds (the client drops their batches)."""
+    lso = part.last_stable_offset
+    data = part.read(offset, max_bytes, max_offset=lso)
+    if not data:
+        return data, lso, None
+    return data, lso, [{"producer_id": pid, "first_offset": first}
+                       for pid, first in part.aborted_transactions(offset, lso)]
 
 
 # ------------------------------------------------------------------ the table
@@ -891,6 +994,10 @@ def _end_txn_error(cfg: BrokerConfig, version: int, code: Errors, body: Any) -> 
     return kio_.response(END_TXN, version, {"throttle_time": 0, "error_code": int(code)})
 
 
+def _add_offsets_error(cfg: BrokerConfig, version: int, code: Errors, body: Any) -> Any:
+    return kio_.response(ADD_OFFSETS_TO_TXN, version, {"throttle_time": 0, "error_code": int(code)})
+
+
 def _describe_producers_error(cfg: BrokerConfig, version: int, code: Errors, body: Any) -> Any:
     topics = [] if body is None else [
         {"name": t.name, "partitions": [
@@ -933,9 +1040,11 @@ RPCS: dict[int, BrokerRpc] = {
     DESCRIBE_PRODUCERS: BrokerRpc("DescribeProducers", (0, 0), BrokerServer._describe_producers,
                                   _describe_producers_error, topic_acl=a.DESCRIBE),
     ADD_PARTITIONS_TO_TXN: BrokerRpc(
-        "AddPartitionsToTxn", (0, 3), BrokerServer._txn_request, _add_partitions_error,
+        "AddPartitionsToTxn", (0, 3), BrokerServer._add_partitions_to_txn, _add_partitions_error,
         lambda b: (a.TRANSACTIONAL_ID, str(b.v3_and_below_transactional_id), a.WRITE)),
-    END_TXN: BrokerRpc("EndTxn", (0, 3), BrokerServer._txn_request, _end_txn_error,
+    ADD_OFFSETS_TO_TXN: BrokerRpc("AddOffsetsToTxn", (0, 3), BrokerServer._add_offsets_to_txn, _add_offsets_error,
+                                  lambda b: (a.TRANSACTIONAL_ID, str(b.transactional_id), a.WRITE)),
+    END_TXN: BrokerRpc("EndTxn", (0, 3), BrokerServer._end_txn, _end_txn_error,
                        lambda b: (a.TRANSACTIONAL_ID, str(b.transactional_id), a.WRITE)),
 }
 SUPPORTED: dict[int, tuple[int, int]] = {k: r.versions for k, r in RPCS.items()}

@@ -9,10 +9,14 @@ A spec is ``POINT=ACTION[:ARG]``:
 * ``broker.produce.appended=drop-every:N``: every Nth produce request is appended and
   its connection then closed instead of answered, so clients retry batches the log
   holds (the idempotence tests).
+* ``broker.txn.prepared=crash``: the broker process ends at once (``os._exit``, no
+  cleanup, like kill -9) the first time a transaction is decided and none of its
+  markers is written yet; the restarted broker must complete it.
 """
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Any, Callable
 
@@ -51,9 +55,21 @@ def _drop_every(arg: str | None) -> Callable[..., Any]:
     return action
 
 
+def _crash(arg: str | None) -> Callable[..., Any]:
+    def action(transactional_id: str, state: str) -> None:
+        log.critical("failpoint: crashing with the transaction of %r %s and no marker written", transactional_id,
+                     state)
+        logging.shutdown()
+        os._exit(CRASH_EXIT)
+    return action
+
+
+CRASH_EXIT = 137  # what a kill -9 leaves
+
 ACTIONS: dict[tuple[str, str], Callable[[str | None], Callable[..., Any]]] = {
     ("quorum.allocate", "reissue-latest-once"): _reissue_latest_once,
     ("broker.produce.appended", "drop-every"): _drop_every,
+    ("broker.txn.prepared", "crash"): _crash,
 }
 
 

@@ -23,6 +23,9 @@ POINTS: dict[str, str] = {
                        "a (start, length) is answered instead, without committing anything; None goes on",
     "broker.produce.appended": "BrokerServer, after a Produce request appended batches: called with the count of "
                                "produce requests so far; True closes the connection instead of answering",
+    "broker.txn.prepared": "TxnCoordinator.complete, once a transaction's outcome is decided in the quorum and "
+                           "before any of its markers is written: called with the transactional id and the "
+                           "state; the action may end the process there (a crash between EndTxn and the markers)",
 }
 
 _armed: dict[str, Callable[..., Any]] = {}

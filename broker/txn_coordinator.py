@@ -1,0 +1,248 @@
+"""The transaction coordinator (KIP-98) of one broker: the quorum decides, this broker writes the markers.
+
+**Where the state lives, and why.**  A transaction's state (Ongoing, PrepareCommit / PrepareAbort,
+CompleteCommit / CompleteAbort, its partitions, its start time) is a ``TransactionStateRecord`` in the
+quorum, beside the transactional id's producer ID and epoch, not in a log of the broker's as Kafka's
+``__transaction_state``.  The broker's logs have one replica: a transaction state there would die with
+the broker's disk, and a broker taking an id over would have nothing to complete.  The quorum is already
+a replicated, fsync'd log that every broker reads and that decides InitProducerId; each step of a
+transaction is one committed entry there (``TransactionRequest``), decided against the current epoch on
+the leader, so two brokers, a retried request or a restarted coordinator can never complete a
+transaction both ways or resurrect a fenced producer.  The cost is a quorum round trip per step (three
+per transaction: AddPartitionsToTxn, EndTxn's prepare, the completion), which Kafka pays too
+(acks=all on ``__transaction_state``).
+
+**A transaction's end.**  EndTxn commits PrepareCommit (or PrepareAbort) in the quorum: from then on the
+outcome is decided.  Then the coordinator writes a marker to each partition (``Partition.write_marker``,
+fsync'd like any append) and commits CompleteCommit (CompleteAbort).  EndTxn is answered once the
+transaction is complete, or, if that fails (a disk error, the quorum unreachable), as soon as the outcome
+is decided: the sweeper (``run``, every ``check_interval_s``) finds prepared transactions in the quorum
+and completes them, on this broker after a crash and restart too.  Markers are idempotent (a partition
+with no open transaction of the producer writes nothing), so completing twice is harmless.
+
+**Which broker writes the markers.**  Each partition of a transaction is recorded with the broker that
+holds it, and only that broker writes its markers and completes the transaction (all of a transaction's
+partitions are on the broker its client produced to: each broker leads the partitions it holds).  A
+transaction's completion is serialized on the broker by a per-id lock and re-read through the quorum
+leader under it, so a stale view never writes a marker to a transaction that already ended.
+
+**Timeouts.**  The sweeper also finds open transactions past their ``transaction.timeout.ms`` and asks
+the quorum to abort them (``timeout``: PrepareAbort with the epoch bumped, so the abort markers fence the
+producer's late batches); the producer's next step gets INVALID_PRODUCER_EPOCH (abortable), its abort
+succeeds, and its InitProducerId with its old (producer ID, epoch) gets the bumped epoch (KIP-360).
+
+**KIP-890 part 1.**  A transactional batch is appended only to a partition added to its producer's
+ongoing transaction: the first batch of a transaction to a partition is checked against the quorum
+(``verify``) unless this broker added the partition itself (``_ongoing``, dropped before any marker of
+the transaction is written), and the check is tied to the partition (``Partition.expect_transaction``)
+so a marker written while it is under way voids it.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import zlib
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import failpoints
+from client.quorum import QuorumClient
+from wire.errors import (
+    ConcurrentTransactionsError,
+    CoordinatorLoadInProgressError,
+    Errors,
+    InvalidTxnStateError,
+    PidQuorumError,
+    StaleBrokerEpochError,
+    UnknownTopicOrPartitionError,
+)
+
+from .storage import Storage
+
+log = logging.getLogger(__name__)
+
+CHECK_INTERVAL_S = 1.0
+MAX_CACHED = 100_000  # transactions this broker remembers adding partitions to (KIP-890 checks without a round trip)
+INIT_ATTEMPTS = 3
+PENDING_LIMIT = 100
+LOCK_STRIPES = 64
+
+
+@dataclass
+class _Ongoing:
+    transactional_id: str
+    producer_epoch: int
+    start_time_ms: int
+    partitions: set[tuple[str, int]] = field(default_factory=set)
+
+
+class TxnCoordinator:
+    def __init__(self, broker_id: int, quorum: QuorumClient, storage: Storage, run_io: Callable[..., Any],
+                 broker_epoch: Callable[[], int | None], reregister: Callable[[], Any],
+                 on_marker: Callable[[str, int], None] = lambda topic, partition: None,
+                 check_interval_s: float = CHECK_INTERVAL_S):
+        self.broker_id = broker_id
+        self.quorum = quorum
+        self.storage = storage
+        self._run_io = run_io  # awaitable call of a blocking function in an I/O thread
+        self._broker_epoch = broker_epoch
+        self._reregister = reregister
+        self._on_marker = on_marker
+        self.check_interval_s = check_interval_s
+        self._ongoing: OrderedDict[int, _Ongoing] = OrderedDict()  # producer id -> what this broker added
+        # Completions of one id run one at a time: striped locks (an id always maps to the same one).
+        self._locks = [asyncio.Lock() for _ in range(LOCK_STRIPES)]
+        self.counters = {"txn_committed": 0, "txn_aborted": 0, "txn_timed_out": 0, "txn_markers": 0,
+                         "txn_completions_deferred": 0, "txn_verify_round_trips": 0}
+
+    # ------------------------------------------------------------ quorum calls
+    async def _txn(self, op: str, transactional_id: str = "", producer_id: int = -1, producer_epoch: int = -1,
+                   partitions: list | None = None, start_time_ms: int = -1) -> dict:
+        for attempt in (1, 2):
+            epoch = self._broker_epoch()
+            if epoch is None:
+                raise CoordinatorLoadInProgressError("broker is not registered with the quorum yet")
+            try:
+                return await self.quorum.txn(self.broker_id, epoch, op, transactional_id, producer_id,
+                                             producer_epoch, partitions, start_time_ms)
+            except StaleBrokerEpochError:
+                if attempt == 2:
+                    raise
+                await self._reregister()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # ------------------------------------------------------------ client steps
+    async def add_partitions(self, tid: str, pid: int, epoch: int, partitions: list[tuple[str, int]]) -> None:
+        """AddPartitionsToTxn: the partitions join the producer's transaction (one begins if none is open)."""
+        txn = await self._txn("add", tid, pid, epoch, [[self.broker_id, t, p] for t, p in partitions])
+        self._remember(pid, txn)
+
+    def _remember(self, pid: int, txn: dict) -> None:
+        mine = {(t, p) for b, t, p in txn["partitions"] if b == self.broker_id}
+        self._ongoing[pid] = _Ongoing(txn["transactional_id"], txn["producer_epoch"], txn["start_time_ms"], mine)
+        self._ongoing.move_to_end(pid)
+        while len(self._ongoing) > MAX_CACHED:
+            self._ongoing.popitem(last=False)
+
+    def _added(self, tid: str, pid: int, epoch: int, topic: str, partition: int) -> bool:
+        o = self._ongoing.get(pid)
+        return (o is not None and o.transactional_id == tid and o.producer_epoch == epoch
+                and (topic, partition) in o.partitions)
+
+    async def verify(self, tid: str, pid: int, epoch: int, topic: str, partition: int) -> None:
+        """KIP-890 part 1: raises INVALID_TXN_STATE unless the partition is in the producer's ongoing
+        transaction (PRODUCER_FENCED etc. for a producer that is not the id's current one)."""
+        if self._added(tid, pid, epoch, topic, partition):
+            return
+        self.counters["txn_verify_round_trips"] += 1
+        txn = await self._txn("verify", tid, pid, epoch, [[self.broker_id, topic, partition]])
+        self._remember(pid, txn)
+
+    async def end(self, tid: str, pid: int, epoch: int, commit: bool) -> None:
+        """EndTxn: decided in the quorum, then completed (markers) before the answer where it can be."""
+        txn = await self._txn("commit" if commit else "abort", tid, pid, epoch)
+        if txn["state"] in ("CompleteCommit", "CompleteAbort"):
+            return  # a retry of an EndTxn that was completed
+        try:
+            await self.complete(tid)
+        except (PidQuorumError, OSError) as e:
+            # Decided: the sweeper completes it.  The client's next step is answered CONCURRENT_TRANSACTIONS
+            # until then (retriable).
+            self.counters["txn_completions_deferred"] += 1
+            log.warning("transaction of %r (producer %d) is %s; completing it later: %s", tid[:200], pid,
+                        txn["state"], e)
+
+    async def init_producer_id(self, tid: str, timeout_ms: int, pid: int, epoch: int) -> tuple[int, int]:
+        """InitProducerId for a transactional id: an open or prepared transaction of the id is completed
+        first (aborted, fencing the producer that began it), then the epoch rules apply (the quorum's)."""
+        for attempt in range(INIT_ATTEMPTS):
+            broker_epoch = self._broker_epoch()
+            if broker_epoch is None:
+                raise CoordinatorLoadInProgressError("broker is not registered with the quorum yet")
+            try:
+                return await self.quorum.init_transactional(self.broker_id, broker_epoch, tid, timeout_ms, pid,
+                                                            epoch)
+            except StaleBrokerEpochError:
+                await self._reregister()
+            except ConcurrentTransactionsError:
+                if attempt == INIT_ATTEMPTS - 1:
+                    raise
+                await self.complete(tid)
+        raise ConcurrentTransactionsError(f"transactional id {tid[:200]!r}: its last transaction is being completed")
+
+    # ------------------------------------------------------------ completion
+    async def complete(self, tid: str) -> None:
+        """Write the markers of the id's prepared transaction to this broker's partitions and mark it
+        complete.  Serialized per id; the state is read through the quorum leader under the lock."""
+        async with self._locks[zlib.crc32(tid.encode("utf-8", "surrogatepass")) % LOCK_STRIPES]:
+            try:
+                txn = await self._txn("describe", tid)
+            except InvalidTxnStateError:
+                return  # no transaction (the id expired)
+            if txn["state"] not in ("PrepareCommit", "PrepareAbort"):
+                return
+            pid, epoch, commit = txn["producer_id"], txn["producer_epoch"], txn["state"] == "PrepareCommit"
+            elsewhere = sorted({b for b, _, _ in txn["partitions"]} - {self.broker_id})
+            if elsewhere:
+                raise ConcurrentTransactionsError(f"partitions on broker(s) {elsewhere}: their markers are "
+                                                  f"written there")
+            self._ongoing.pop(pid, None)  # before any marker: a KIP-890 check must ask the quorum again
+            failpoints.hit("broker.txn.prepared", tid, txn["state"])
+            for _, topic, partition in txn["partitions"]:
+                await self._write_marker(topic, partition, pid, epoch, commit)
+            await self._txn("complete", tid, start_time_ms=txn["start_time_ms"])
+            self.counters["txn_committed" if commit else "txn_aborted"] += 1
+            log.debug("transaction of %r (producer %d epoch %d, %d partitions): %s", tid[:200], pid, epoch,
+                      len(txn["partitions"]), "committed" if commit else "aborted")
+
+    async def _write_marker(self, topic: str, partition: int, pid: int, epoch: int, commit: bool) -> None:
+        try:
+            part = self.storage.partition(topic, partition) if self.storage.topic(topic) is not None else None
+        except UnknownTopicOrPartitionError:
+            part = None
+        if part is None:
+            log.warning("marker for %s-%d (producer %d): no such partition here; nothing to mark", topic[:200],
+                        partition, pid)
+            return
+        res = await self._run_io(part.write_marker, pid, epoch, commit)
+        if res.error == Errors.INVALID_PRODUCER_EPOCH:
+            # The partition has seen a newer epoch of the producer, which only exists once this transaction
+            # ended: nothing of it is left open there.
+            log.warning("marker for %s-%d: %s (treated as written)", topic[:200], partition, res.message)
+        elif res.error != Errors.NONE:
+            raise OSError(f"marker for {topic[:200]}-{partition}: {res.error.name}: {res.message}")
+        elif not res.duplicate:
+            self.counters["txn_markers"] += 1
+        self._on_marker(topic, partition)
+
+    # ------------------------------------------------------------ the sweeper
+    async def run(self) -> None:
+        """Every ``check_interval_s``: complete prepared transactions and abort those past their timeout."""
+        while True:
+            await asyncio.sleep(self.check_interval_s)
+            try:
+                await self.sweep()
+            except PidQuorumError as e:
+                log.info("transaction sweep: %s", e)
+            except Exception:  # noqa: BLE001 - keep sweeping
+                log.exception("transaction sweep failed")
+
+    async def sweep(self) -> int:
+        """One pass; how many transactions it completed or aborted."""
+        done = 0
+        for txn in await self.quorum.pending_transactions(self.broker_id, PENDING_LIMIT):
+            if not any(b == self.broker_id for b, _, _ in txn["partitions"]):
+                continue  # its partitions are another broker's: that broker completes it
+            tid = txn["transactional_id"]
+            try:
+                if txn["state"] == "Ongoing":
+                    await self._txn("timeout", tid, start_time_ms=txn["start_time_ms"])
+                    self.counters["txn_timed_out"] += 1
+                    log.info("transaction of %r (producer %d epoch %d) ran past its timeout of %d ms: aborting",
+                             tid[:200], txn["producer_id"], txn["producer_epoch"], txn["timeout_ms"])
+                await self.complete(tid)
+                done += 1
+            except (PidQuorumError, OSError) as e:
+                log.info("transaction of %r: %s", tid[:200], e)
+        return done

@@ -1,0 +1,249 @@
+"""Kafka transactions (KIP-98, KIP-360, KIP-890 part 1) with unmodified clients, confluent-kafka (librdkafka)
+and kafka-python, against real broker processes sharing a real three-node quorum.
+
+Each test checks what a read_committed consumer sees (exactly the committed messages, in order) against
+what a read_uncommitted one sees (everything appended), and where the last stable offset is.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException, Producer
+from kafka import KafkaConsumer, KafkaProducer
+from kafka import TopicPartition as KTopicPartition
+
+from tests.conftest import wait_for
+
+PARTITIONS = 3
+
+
+def txn_producer(bootstrap: str, tid: str, **config) -> Producer:
+    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": tid, "linger.ms": 2, "log_level": 3,
+                  **config})
+    p.init_transactions(30)
+    return p
+
+
+def send(p: Producer, topic: str, values) -> None:
+    for v in values:
+        p.produce(topic, key=str(v % PARTITIONS), value=str(v), partition=v % PARTITIONS)
+    assert p.flush(30) == 0
+
+
+def read(bootstrap: str, topic: str, committed: bool, timeout: float = 20.0, expect: int | None = None):
+    """Every message of the topic a consumer with that isolation level sees: [(partition, offset, value)]."""
+    c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest",
+                      consumer_timeout_ms=1000,
+                      isolation_level="read_committed" if committed else "read_uncommitted")
+    try:
+        c.assign([KTopicPartition(topic, i) for i in range(PARTITIONS)])
+        c.seek_to_beginning()
+        got: list[tuple[int, int, int]] = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            before = len(got)
+            got.extend((m.partition, m.offset, int(m.value)) for m in c)
+            if len(got) == before and (expect is None or len(got) >= expect):
+                break
+        return got
+    finally:
+        c.close()
+
+
+def end_offsets(bootstrap: str, topic: str, committed: bool) -> dict[int, int]:
+    """ListOffsets latest: the high watermark, or the last stable offset for read_committed."""
+    c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                      isolation_level="read_committed" if committed else "read_uncommitted")
+    try:
+        ends = c.end_offsets([KTopicPartition(topic, i) for i in range(PARTITIONS)])
+        return {tp.partition: off for tp, off in ends.items()}
+    finally:
+        c.close()
+
+
+def values(got) -> list[int]:
+    return sorted(v for _, _, v in got)
+
+
+def assert_in_order(got) -> None:
+    for part in range(PARTITIONS):
+        rows = sorted((off, v) for p, off, v in got if p == part)
+        assert [v for _, v in rows] == sorted(v for _, v in rows), f"partition {part} out of order"
+
+
+# ------------------------------------------------------------------ commit and abort
+def test_confluent_commit_and_abort(brokers):
+    b = brokers(1, "--partitions", str(PARTITIONS))
+    p = txn_producer(b.bootstrap, "cf-tx")
+    committed = []
+    for i in range(6):
+        p.begin_transaction()
+        batch = list(range(i * 10, i * 10 + 10))
+        send(p, "cf", batch)
+        if i % 2 == 0:
+            p.commit_transaction(30)
+            committed += batch
+        else:
+            p.abort_transaction(30)
+    seen = read(b.bootstrap, "cf", committed=True, expect=len(committed))
+    assert values(seen) == committed
+    assert_in_order(seen)
+    everything = read(b.bootstrap, "cf", committed=False, expect=60)
+    assert values(everything) == list(range(60))
+    assert end_offsets(b.bootstrap, "cf", True) == end_offsets(b.bootstrap, "cf", False)
+
+
+def test_kafka_python_commit_and_abort(brokers):
+    b = brokers(1, "--partitions", str(PARTITIONS))
+    p = KafkaProducer(bootstrap_servers=b.bootstrap, transactional_id="kp-tx", acks="all", linger_ms=2)
+    try:
+        p.init_transactions()
+        committed = []
+        for i in range(4):
+            p.begin_transaction()
+            batch = list(range(i * 10, i * 10 + 10))
+            for v in batch:
+                p.send("kp", value=str(v).encode(), partition=v % PARTITIONS)
+            if i % 2:
+                p.abort_transaction()
+            else:
+                p.commit_transaction()
+                committed += batch
+    finally:
+        p.close(timeout=10)
+    assert values(read(b.bootstrap, "kp", committed=True, expect=len(committed))) == committed
+    assert values(read(b.bootstrap, "kp", committed=False, expect=40)) == list(range(40))
+
+
+def test_open_transaction_holds_the_last_stable_offset(brokers):
+    b = brokers(1, "--partitions", str(PARTITIONS))
+    p = txn_producer(b.bootstrap, "lso-tx")
+    p.begin_transaction()
+    send(p, "lso", range(3))
+    hw = end_offsets(b.bootstrap, "lso", False)
+    lso = end_offsets(b.bootstrap, "lso", True)
+    assert hw == {0: 1, 1: 1, 2: 1} and lso == {0: 0, 1: 0, 2: 0}
+    assert read(b.bootstrap, "lso", committed=True, timeout=3) == []
+    p.commit_transaction(30)
+    assert values(read(b.bootstrap, "lso", committed=True, expect=3)) == [0, 1, 2]
+    # the marker is an offset too: the LSO is past it
+    assert end_offsets(b.bootstrap, "lso", True) == end_offsets(b.bootstrap, "lso", False) == {0: 2, 1: 2, 2: 2}
+
+
+# ------------------------------------------------------------------ a producer that dies mid-transaction
+_DYING_PRODUCER = """
+import sys, time
+from confluent_kafka import Producer
+p = Producer({"bootstrap.servers": sys.argv[1], "transactional.id": "dying-tx", "transaction.timeout.ms": 3000,
+              "log_level": 3})
+p.init_transactions(30)
+p.begin_transaction()
+for v in range(5):
+    p.produce("dying", value=str(v), partition=v % 3)
+assert p.flush(30) == 0
+print("sent", flush=True)
+time.sleep(600)
+"""
+
+
+def test_producer_killed_mid_transaction_is_aborted_after_its_timeout(brokers):
+    b = brokers(1, "--partitions", str(PARTITIONS))
+    proc = subprocess.Popen([sys.executable, "-c", _DYING_PRODUCER, b.bootstrap], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout.readline().strip() == "sent"
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert end_offsets(b.bootstrap, "dying", True) == {0: 0, 1: 0, 2: 0}
+    # The coordinator aborts it once the 3 s timeout is past: abort markers, and the LSO moves on.
+    wait_for(lambda: end_offsets(b.bootstrap, "dying", True) == end_offsets(b.bootstrap, "dying", False),
+             timeout=30, what="the LSO to reach the high watermark")
+    assert read(b.bootstrap, "dying", committed=True, timeout=3) == []
+    assert values(read(b.bootstrap, "dying", committed=False, expect=5)) == list(range(5))
+    # A new instance with the same id goes on.
+    p = txn_producer(b.bootstrap, "dying-tx")
+    p.begin_transaction()
+    send(p, "dying", [100])
+    p.commit_transaction(30)
+    assert values(read(b.bootstrap, "dying", committed=True, expect=1)) == [100]
+
+
+# ------------------------------------------------------------------ coordinator crash
+def test_coordinator_killed_between_end_txn_and_markers_completes_after_restart(brokers):
+    b = brokers(1, "--partitions", str(PARTITIONS), faults=("broker.txn.prepared=crash",))
+    p = txn_producer(b.bootstrap, "crash-tx", **{"transaction.timeout.ms": 60_000})
+    p.begin_transaction()
+    send(p, "crash", range(9))
+    with pytest.raises(KafkaException):
+        p.commit_transaction(5)  # the broker dies with the commit decided and no marker written
+    b.proc.wait(timeout=10)
+    assert "failpoint: crashing" in b.tail(200)
+    b.faults = ()
+    b.start()
+    # The restarted broker finds the prepared commit in the quorum and writes its markers.
+    wait_for(lambda: end_offsets(b.bootstrap, "crash", True) == end_offsets(b.bootstrap, "crash", False),
+             timeout=30, what="the prepared commit to complete")
+    assert values(read(b.bootstrap, "crash", committed=True, expect=9)) == list(range(9))
+
+
+# ------------------------------------------------------------------ fencing
+def test_second_instance_fences_the_first_mid_transaction(brokers):
+    b = brokers(1, "--partitions", str(PARTITIONS))
+    first = txn_producer(b.bootstrap, "fence-tx")
+    first.begin_transaction()
+    send(first, "fence", range(5))  # appended, in the first one's open transaction
+    second = txn_producer(b.bootstrap, "fence-tx")  # aborts it (markers with a bumped epoch), then fences
+    first.produce("fence", value="late", partition=0)
+    first.flush(10)
+    with pytest.raises(KafkaException) as ei:
+        first.commit_transaction(30)
+    err = ei.value.args[0]
+    assert err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH), err
+    second.begin_transaction()
+    send(second, "fence", range(100, 103))
+    second.commit_transaction(30)
+    assert values(read(b.bootstrap, "fence", committed=True, expect=3)) == [100, 101, 102]
+    assert "late" not in [v for _, _, v in []]
+
+
+# ------------------------------------------------------------------ KIP-360
+def test_abortable_error_abort_and_bump_with_librdkafka(brokers):
+    """The transaction runs past its timeout; the coordinator aborts it with a bumped epoch; the producer's
+    commit fails with an abortable error, it aborts, and goes on with the next transaction (KIP-360)."""
+    b = brokers(1, "--partitions", str(PARTITIONS))
+    p = txn_producer(b.bootstrap, "kip360-tx", **{"transaction.timeout.ms": 2000})
+    p.begin_transaction()
+    send(p, "kip360", range(3))
+    wait_for(lambda: "past its timeout" in b.tail(400), timeout=30, what="the coordinator to abort on timeout")
+    with pytest.raises(KafkaException) as ei:
+        p.commit_transaction(30)
+    err = ei.value.args[0]
+    assert err.txn_requires_abort() and not err.fatal(), err
+    p.abort_transaction(30)
+    p.begin_transaction()
+    send(p, "kip360", range(10, 13))
+    p.commit_transaction(30)
+    assert values(read(b.bootstrap, "kip360", committed=True, expect=3)) == [10, 11, 12]
+
+
+# ------------------------------------------------------------------ KIP-890 part 1 and groups
+def test_send_offsets_to_transaction_is_refused_clearly(brokers):
+    b = brokers(1, "--partitions", str(PARTITIONS))
+    p = txn_producer(b.bootstrap, "offsets-tx")
+    p.begin_transaction()
+    send(p, "offsets", [1])
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+    from confluent_kafka import Consumer
+    c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "g", "log_level": 0})
+    try:
+        with pytest.raises(KafkaException):
+            p.send_offsets_to_transaction([TopicPartition("offsets", 0, 1)], c.consumer_group_metadata(), 10)
+    finally:
+        c.close()
+    del ConsumerGroupTopicPartitions

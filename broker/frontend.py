@@ -822,8 +822,8 @@ class BrokerServer:
                 rows, total = await loop.run_in_executor(self._io, part.describe_producers, limit)
                 r["active_producers"] = [
                     {"producer_id": pid, "producer_epoch": epoch, "last_sequence": last_seq,
-                     "last_timestamp": last_ts, "coordinator_epoch": -1, "current_txn_start_offset": -1}
-                    for pid, epoch, last_seq, last_ts in rows]
+                     "last_timestamp": last_ts, "coordinator_epoch": -1, "current_txn_start_offset": txn_start}
+                    for pid, epoch, last_seq, last_ts, txn_start in rows]
                 if total > len(rows):
                     self.counters["describe_producers_truncated"] += 1
                     r["error_message"] = (f"{len(rows)} of {total} producers shown, the lowest producer ids; "

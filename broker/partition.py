@@ -18,6 +18,20 @@
 is appended), to show what idempotence buys; the state is still tracked, so the
 checks are right if the partition is reopened with ``dedup=True``.
 
+**Transactions** (KIP-98; the coordinator and the front end decide, this
+applies).  ``append(..., transactional_ok=True)`` is how the front end says the
+coordinator verified the partition is in the producer's ongoing transaction
+(KIP-890 part 1); without it a transactional batch is INVALID_TXN_STATE.  The
+first transactional batch of a producer starts its transaction here; a
+non-transactional batch from it meanwhile is INVALID_TXN_STATE (the transaction
+checks are made whatever ``dedup`` says).  ``write_marker`` appends the COMMIT
+or ABORT control batch (see there for the epoch and retry rules).
+``last_stable_offset`` is the first offset of the oldest ongoing transaction
+(else the high watermark); ``read(..., max_offset=lso)`` serves read_committed
+consumers, and ``aborted_transactions(start, end)`` the aborted transactions
+their Fetch answer lists.  A non-transactional append costs one more check
+(is any transaction ongoing here?).
+
 **Producer-state snapshots** are taken when the log rolls a segment, after
 ``snapshot_every`` appended batches, on close, and before any segment is
 deleted, so the state survives both restarts and the loss of the batches it
@@ -54,6 +68,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -72,7 +87,7 @@ from .producer_state import (
     ProducerStateManager,
     install_snapshot,
 )
-from .recordbatch import BatchError, split_batches
+from .recordbatch import LOG_OVERHEAD, TRANSACTIONAL_BIT, BatchError, encode_control_batch, split_batches
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +96,7 @@ DEFAULT_SNAPSHOT_EVERY = 100_000  # batches; a crash then replays at most this m
 EXPIRY_CHECK_MS = 60_000
 EXPIRY_CHUNK_ROWS = 1 << 16  # about 2.5 ms of the partition lock at most
 SNAPSHOT_CHUNK_ROWS = 1 << 16  # about 3.5 MB of rows copied per lock acquisition
+_BASE_AND_LENGTH = struct.Struct(">qi")  # a batch's base offset and batchLength
 
 _shared_executor: concurrent.futures.ThreadPoolExecutor | None = None
 _shared_lock = threading.Lock()
@@ -152,8 +168,13 @@ class Partition:
             raise
 
     # ================================================================ append
-    def append(self, records: bytes) -> AppendResult:
-        """Validate, deduplicate and append one partition's records blob (see the module doc)."""
+    def append(self, records: bytes, *, transactional_ok: bool = False) -> AppendResult:
+        """Validate, deduplicate and append one partition's records blob (see the module doc).
+
+        ``transactional_ok``: the front end says the coordinator verified that this partition is in
+        the producer's ongoing transaction (KIP-890 part 1); without it a transactional batch is
+        refused with INVALID_TXN_STATE.
+        """
         with self._lock:
             self._check_open()
             try:
@@ -161,21 +182,27 @@ class Partition:
             except BatchError as e:
                 return self._result(e.code, message=e.message)
             headers = [h for h, _ in parts]
+            txn = False
             for h in headers:
-                if h.is_transactional:
-                    # KIP-890 part 1 (Kafka 3.6+): a transactional batch goes only to a partition added to
-                    # its producer's ongoing transaction.  This broker serves no transactions yet, so none
-                    # is: refused, never shown to read_committed consumers as if committed.
-                    return self._result(Errors.INVALID_TXN_STATE,
-                                        message=f"producer {h.producer_id}: transactional batch for a partition "
-                                                f"not added to an ongoing transaction (this broker serves no "
-                                                f"transactions)")
+                if h.attributes & TRANSACTIONAL_BIT:
+                    if not transactional_ok:
+                        # KIP-890 part 1 (Kafka 3.6+): a transactional batch goes only to a partition added
+                        # to its producer's ongoing transaction; refused, never shown to read_committed
+                        # consumers as if committed.
+                        return self._result(Errors.INVALID_TXN_STATE,
+                                            message=f"producer {h.producer_id}: transactional batch for a "
+                                                    f"partition not added to an ongoing transaction")
+                    txn = True
             if self.dedup:
                 decisions = self.state.check_all(headers, next_offset=self.log.log_end_offset)
             else:
                 decisions = [APPEND] * len(parts)
             for d in decisions:
                 if d.is_error:
+                    return self._result(d.error, message=d.message)
+            if txn or self.state.has_ongoing:
+                d = self.state.check_txn(headers, decisions)
+                if d is not None:
                     return self._result(d.error, message=d.message)
             new = [(h, raw) for (h, raw), d in zip(parts, decisions) if d.action is Action.APPEND]
             first = -1
@@ -196,6 +223,39 @@ class Partition:
             base = d0.first_offset if d0.action is Action.DUPLICATE else first
             return self._result(Errors.NONE, base_offset=base, duplicate=not new,
                                 message="" if new else d0.message)
+
+    def write_marker(self, producer_id: int, producer_epoch: int, commit: bool,
+                     coordinator_epoch: int = 0) -> AppendResult:
+        """WriteTxnMarkers for this partition: end producer ``producer_id``'s transaction here with a COMMIT
+        or ABORT control batch (``encode_control_batch``), durable when this returns.
+
+        As Kafka's ``ProducerAppendInfo.appendEndTxnMarker``: an epoch older than the producer's is
+        INVALID_PRODUCER_EPOCH (nothing written); a newer one (the coordinator bumped it to abort a
+        timed-out transaction, or KIP-890 part 2) becomes the producer's epoch, fencing the older one,
+        and the next batch must start at sequence 0.  With no transaction ongoing here (the partition
+        was added but got no batch, or the coordinator retries a marker after a restart) nothing is
+        written and the answer is success with ``duplicate`` - unless the marker bumps a known
+        producer's epoch: then it is written, so that the bump is in the log and outlives a crash (a
+        retry of it is then a duplicate).  The coordinator epoch is written in the marker, not checked.
+        """
+        with self._lock:
+            self._check_open()
+            d = self.state.check_marker(producer_id, producer_epoch)
+            if d.is_error:
+                return self._result(d.error, message=d.message)
+            if d.action is Action.DUPLICATE:
+                return self._result(Errors.NONE, duplicate=True, message=d.message)
+            now = self._clock()
+            batch = encode_control_batch(producer_id, producer_epoch, commit, coordinator_epoch, timestamp_ms=now)
+            segments = len(self.log.segment_base_offsets)
+            try:
+                offset = self.log.append([batch])
+            except OSError as e:
+                log.error("partition %s: writing a transaction marker failed: %s", self.directory, e)
+                return self._result(Errors.UNKNOWN_SERVER_ERROR, message=f"storage error: {e}")
+            self.state.end_transaction(producer_id, producer_epoch, commit, offset, now, now)
+            self._after_append(now, 1, len(self.log.segment_base_offsets) != segments)
+            return self._result(Errors.NONE, base_offset=offset)
 
     def _result(self, error: Errors, **kw) -> AppendResult:
         return AppendResult(error, log_start_offset=self.log.log_start_offset, **kw)
@@ -326,21 +386,66 @@ class Partition:
         if new_start <= self.log.log_start_offset:
             return
         if self._snapshot_offset >= new_start:
-            self.log.delete_records_before(new_start)  # the state of those batches is in a durable snapshot
+            self._delete_records(new_start)  # the state of those batches is in a durable snapshot
         else:
             self._snapshot_async()  # deleted once it is durable (_snapshot_done)
 
     def _delete_before(self, offset: int) -> int:
         if offset > self.log.log_start_offset and self._snapshot_offset < offset:
             self._snapshot_now()  # the state must outlive the batches it came from
-        return self.log.delete_records_before(offset)
+        return self._delete_records(offset)
+
+    def _delete_records(self, offset: int) -> int:
+        start = self.log.delete_records_before(offset)
+        self.state.truncate_before(start)  # aborted transactions whose marker went with the segments
+        return start
 
     # ================================================================= reads
-    def read(self, offset: int, max_bytes: int) -> bytes:
-        """Whole batches from the one containing ``offset`` (``PartitionLog.read``; raises OffsetOutOfRangeError)."""
+    def read(self, offset: int, max_bytes: int, *, max_offset: int | None = None) -> bytes:
+        """Whole batches from the one containing ``offset`` (``PartitionLog.read``; raises OffsetOutOfRangeError).
+
+        ``max_offset`` (read_committed passes the last stable offset): only batches starting below it;
+        empty if ``offset`` is at or above it (but inside the log).
+        """
         with self._lock:
             self._check_open()
-            return self.log.read(offset, max_bytes)
+            if max_offset is None:
+                return self.log.read(offset, max_bytes)
+            if offset >= max_offset and self.log.log_start_offset <= offset <= self.log.log_end_offset:
+                return b""
+            data = self.log.read(offset, max_bytes)
+            pos = 0
+            while pos < len(data):
+                base, length = _BASE_AND_LENGTH.unpack_from(data, pos)
+                if base >= max_offset:
+                    break
+                pos += length + LOG_OVERHEAD
+            return data[:pos] if pos < len(data) else data
+
+    @property
+    def last_stable_offset(self) -> int:
+        """Kafka's LSO: the first offset of the oldest transaction ongoing here (not below the log start),
+        else the high watermark.  read_committed consumers read below it only."""
+        with self._lock:
+            end = self.log.log_end_offset
+            first = self.state.first_unstable_offset()
+            if first is None:
+                return end
+            return min(max(first, self.log.log_start_offset), end)
+
+    def aborted_transactions(self, start_offset: int, end_offset: int) -> list[tuple[int, int]]:
+        """(producer id, first offset) of every transaction aborted here that overlaps
+        [start_offset, end_offset) - its abort marker at or after ``start_offset``, its first offset
+        before ``end_offset`` - by first offset: a read_committed Fetch's ``aborted_transactions``.
+        Bounded cost (``producer_state.AbortedIndex``)."""
+        with self._lock:
+            self._check_open()
+            return self.state.aborted_transactions(start_offset, end_offset)
+
+    def ongoing_transactions(self) -> dict[int, tuple[int, int]]:
+        """{producer id: (epoch, first offset)} of the transactions ongoing here (tests, status)."""
+        with self._lock:
+            return self.state.ongoing()
 
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
         """ListOffsets (``PartitionLog.offset_for_timestamp``: -1 latest, -2 earliest, else by time)."""
@@ -373,9 +478,10 @@ class Partition:
         with self._lock:
             return {**self.state.stats(), "snapshot_errors": self.snapshot_errors}
 
-    def describe_producers(self, limit: int) -> tuple[list[tuple[int, int, int, int]], int]:
-        """At most ``limit`` producers as (producer id, epoch, last sequence, last timestamp), by producer
-        id, and how many the partition has in all (DescribeProducers)."""
+    def describe_producers(self, limit: int) -> tuple[list[tuple[int, int, int, int, int]], int]:
+        """At most ``limit`` producers as (producer id, epoch, last sequence, last timestamp, first offset of
+        its ongoing transaction or -1), by producer id, and how many the partition has in all
+        (DescribeProducers)."""
         with self._lock:
             return self.state.describe(limit), len(self.state)
 

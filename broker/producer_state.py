@@ -65,15 +65,41 @@ lock: a copy of the rows); ``ProducerSnapshot.encode`` and ``write`` then run
 without it.  The file is a sealed file (``storage.files.seal``: magic, length,
 msgpack body with the rows as raw little-endian bytes, crc32), replaced
 atomically (``storage.files.atomic_write``).  A damaged file is refused with
-``CorruptFileError``; format-1 files (one msgpack list per producer) are still
-read.  ``recover`` loads the newest snapshot at offset X and replays only the
-batch headers from X to the log end.
+``CorruptFileError``; format-1 files (one msgpack list per producer) and
+format-2 files (no transactions) are still read.  ``recover`` loads the newest
+snapshot at offset X and replays only the batch headers from X to the log end.
+
+**Transactions** (KIP-98, the partition's side).  A transactional batch starts
+its producer's transaction here at its first offset unless one is ongoing;
+``end_transaction`` (an end marker the partition wrote, or read back at
+recovery) ends it, and an aborted one goes into the ``AbortedIndex``.
+``check_txn`` refuses a non-transactional batch from a producer with a
+transaction ongoing (INVALID_TXN_STATE); ``check_marker`` decides whether a
+marker is written (an older epoch is INVALID_PRODUCER_EPOCH; with no
+transaction ongoing nothing is written, unless the marker bumps a known
+producer's epoch, which must reach the log to survive a crash).  A marker of a
+newer epoch makes it the producer's epoch with no batch (the next must start
+at sequence 0; the older epoch is fenced): the row then holds the marker's
+offset as ``foff``/``loff`` and no sequence (-1), so a replay skips what the
+row holds as for a batch.  A marker of the producer's own epoch leaves its
+batches, so retries of them are still duplicates.  Ongoing transactions are
+kept in first-offset order (a dict: the oldest gives the last stable offset in
+O(1)); producers with one are neither expired nor evicted.  Snapshot format 3
+adds the ongoing transactions (a msgpack list of ``[pid, epoch, first
+offset]`` in first-offset order) and the aborted ones (``ABORTED`` rows as raw
+bytes, in marker order), both as of the snapshot's ``end`` (the log end when
+the copy finished, taken under the lock in one step).  Rows copied chunk by
+chunk may be older than that, so recovery replays rows from the snapshot's
+offset with the rule above, and the transactions only from ``end``: nothing is
+counted twice, nothing missed.  Aborted transactions whose marker lies below
+the log start are dropped (retention bounds the index).  The coordinator epoch
+of a marker is written in it, not checked: no per-producer coordinator epoch
+is kept (Kafka fences an older one with TRANSACTION_COORDINATOR_FENCED).
 
 Expiry uses the broker's wall clock at append time, not the client-supplied
 batch timestamps.  Batches replayed from the log at recovery count as updated
 at recovery time: a producer is then kept a little longer, never dropped
-early.  Transactions are not tracked (no ongoing transaction keeps a producer
-from expiring).
+early.
 """
 from __future__ import annotations
 
@@ -95,7 +121,18 @@ from storage.disk import CorruptFileError
 from storage.files import atomic_write, fsync_dir, seal, unseal
 from wire.errors import Errors
 
-from .recordbatch import INT32_MAX, NO_SEQUENCE, BatchHeader, increment_sequence
+from .recordbatch import (
+    CONTROL_ABORT,
+    CONTROL_BIT,
+    CONTROL_COMMIT,
+    INT32_MAX,
+    NO_SEQUENCE,
+    TRANSACTIONAL_BIT,
+    BatchError,
+    BatchHeader,
+    control_record_type,
+    increment_sequence,
+)
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +143,7 @@ INT16_MAX = 2**15 - 1
 INT64_MAX = 2**63 - 1
 
 SNAPSHOT_MAGIC = b"PQPSTA\x00\x01"  # the layout of the sealed file; the body's "format" says what is inside
-SNAPSHOT_FORMAT = 2
+SNAPSHOT_FORMAT = 3  # 3: with the transactions (ongoing, aborted); 1 and 2 are still read
 SNAPSHOT_SUFFIX = ".snapshot"
 _SNAPSHOT_RE = re.compile(r"^(\d{20})\.snapshot$")
 
@@ -124,6 +161,11 @@ _OLDER = struct.Struct("<iiqqq")  # an older batch: first/last sequence, first/l
 _EVICT_FRACTION = 0.01
 _SHRINK_BELOW = 32  # rebuild smaller once fewer than 1/32 of the rows are live
 _EVICTED_FPP = 0.001
+# One aborted transaction: the offset of its abort marker, its first offset, the producer, and the last
+# stable offset just after the marker (what ``AbortedIndex.collect`` stops on, as Kafka's
+# TransactionIndex does).
+ABORTED = np.dtype([("last", "<i8"), ("first", "<i8"), ("pid", "<i8"), ("lso", "<i8")])
+_ABORTED_SCAN = 64  # first chunk of a collect's scan past the fetch offset (then doubled)
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,6 +347,90 @@ class _Evicted:
         return e
 
 
+class AbortedIndex:
+    """The aborted transactions of a partition, in marker order, as one growing array (32 B each, no
+    Python object per entry).
+
+    What read_committed Fetch answers with: ``collect(start, end)`` gives every transaction aborted
+    with an offset in [start, end).  A bisect finds the first entry whose marker is at or after
+    ``start``; the scan from there stops after the first entry whose ``lso`` (the last stable offset
+    just after its marker) is at or beyond ``end``: every later entry began at or after that LSO (it
+    was either ongoing then, so not below the LSO, or began after the marker), so none overlaps.  A
+    scan therefore reads the answer plus the aborts made while a transaction spanning ``end`` was
+    open, which the coordinator's transaction timeout bounds - Kafka's own bound
+    (``TransactionIndex.collectAbortedTxns``).  Entries whose marker is below the log start go
+    (``truncate_before``), so the index is bounded by retention.
+    """
+
+    def __init__(self, entries: np.ndarray | None = None):
+        n = 0 if entries is None else len(entries)
+        self._a = np.empty(max(16, n), ABORTED)
+        if n:
+            self._a[:n] = entries
+        self._lo, self._n = 0, n
+
+    def __len__(self) -> int:
+        return self._n - self._lo
+
+    def entries(self) -> np.ndarray:
+        """A view of the entries, in marker order."""
+        return self._a[self._lo:self._n]
+
+    def add(self, pid: int, first: int, last: int, lso: int) -> bool:
+        """Record producer ``pid``'s transaction from ``first`` aborted by the marker at ``last``; False
+        if it is already held (same producer and first offset)."""
+        a = self.entries()
+        if len(a) and int(a["last"][-1]) >= last:  # not after the newest marker: only a replay does this
+            if ((a["pid"] == pid) & (a["first"] == first)).any():
+                return False
+            self._append((0, 0, 0, 0))
+            at = self._lo + int(np.searchsorted(self._a["last"][self._lo:self._n - 1], last, "right"))
+            self._a[at + 1:self._n] = self._a[at:self._n - 1].copy()
+            self._a[at] = (last, first, pid, lso)
+            return True
+        self._append((last, first, pid, lso))
+        return True
+
+    def _append(self, entry: tuple[int, int, int, int]) -> None:
+        if self._n == len(self._a):
+            live = self._n - self._lo
+            a = np.empty(max(16, 2 * live) if live * 2 > len(self._a) else len(self._a), ABORTED)
+            a[:live] = self._a[self._lo:self._n]
+            self._a, self._lo, self._n = a, 0, live
+        self._a[self._n] = entry
+        self._n += 1
+
+    def truncate_before(self, offset: int) -> int:
+        """Drop the transactions whose marker is below ``offset`` (the log start); return how many went."""
+        a = self.entries()
+        k = int(np.searchsorted(a["last"], offset))
+        self._lo += k
+        if self._lo == self._n:
+            self._lo = self._n = 0
+        return k
+
+    def collect(self, start: int, end: int) -> list[tuple[int, int]]:
+        """(producer id, first offset) of every aborted transaction overlapping [start, end) - marker at or
+        after ``start``, first offset before ``end`` - by first offset (see the class doc)."""
+        a = self.entries()
+        if end <= start or not len(a):
+            return []
+        k = int(np.searchsorted(a["last"], start))
+        stop, i, step = len(a), k, _ABORTED_SCAN
+        lso = a["lso"]
+        while i < len(a):
+            j = min(i + step, len(a))
+            hit = np.flatnonzero(lso[i:j] >= end)
+            if hit.size:
+                stop = i + int(hit[0]) + 1
+                break
+            i, step = j, 2 * step
+        sel = a[k:stop]
+        sel = sel[sel["first"] < end]
+        sel = sel[np.argsort(sel["first"], kind="stable")]
+        return list(zip(sel["pid"].tolist(), sel["first"].tolist()))
+
+
 @dataclass
 class SnapshotCopy:
     """A snapshot being copied a chunk at a time (``ProducerStateManager.snapshot_begin``)."""
@@ -323,6 +449,10 @@ class ProducerSnapshot:
     older: list  # [[pid, [[first_seq, last_seq, first_offset, last_offset, max_ts], ...]], ...]
     evicted: dict | None
     end: int = -1  # the log end when the copy finished: every batch held is below it (-1: ``offset``)
+    # The transactions as of ``end`` exactly (copied at the finish, in one step): [[pid, epoch, first
+    # offset], ...] by first offset, and the aborted ones (``ABORTED``, in marker order).
+    ongoing: list = field(default_factory=list)
+    aborted: np.ndarray = field(default_factory=lambda: np.empty(0, ABORTED))
 
     def encode(self) -> bytes:
         rows = self.rows
@@ -348,10 +478,13 @@ class ProducerSnapshot:
             has = (pids[at] == want) if len(pids) else np.zeros(len(want), bool)
             if not has.all():
                 older = [item for item, ok in zip(older, has.tolist()) if ok]
+        aborted = np.ascontiguousarray(self.aborted, ABORTED)
         return seal(SNAPSHOT_MAGIC, {"format": SNAPSHOT_FORMAT, "offset": self.offset,
                                      "end": max(self.end, self.offset), "count": len(rows),
                                      "row": ROW.descr.__repr__(), "rows": memoryview(rows.view(np.uint8)),
-                                     "older": older, "evicted": self.evicted})
+                                     "older": older, "evicted": self.evicted, "ongoing": self.ongoing,
+                                     "aborted_row": ABORTED.descr.__repr__(), "aborted_count": len(aborted),
+                                     "aborted": memoryview(aborted.view(np.uint8))})
 
     def write(self, path: str) -> int:
         data = self.encode()
@@ -387,6 +520,13 @@ class ProducerStateManager:
         self._pass_min = INT64_MAX  # oldest update seen by the expiry pass under way
         self._pass_generation = 0
         self.snapshot_end = -1  # of the snapshot loaded: every batch it held is below this offset
+        # Transactions.  pid -> (epoch, first offset) of its ongoing transaction on this partition; in
+        # first-offset order (a new one always starts at the log end), so the first is the LSO's.
+        self._ongoing: dict[int, tuple[int, int]] = {}
+        self._aborted = AbortedIndex()
+        # The transactions are exact as of this offset (the loaded snapshot's end): replay changes them
+        # only for batches at or after it (rows have their own rule, ``replay``).
+        self._txn_from = -1
         self._bind()
 
     def _bind(self) -> None:
@@ -573,16 +713,16 @@ class ProducerStateManager:
         return out
 
     # ------------------------------------------------------------ updating
-    def update(self, h: BatchHeader, first_offset: int, now_ms: int) -> None:
-        """Record that batch ``h`` was appended at ``first_offset`` (no-op without a producer ID)."""
+    def update(self, h: BatchHeader, first_offset: int, now_ms: int, *, txn: bool = True) -> None:
+        """Record that batch ``h`` was appended at ``first_offset`` (no-op without a producer ID); a
+        transactional batch starts its producer's transaction here unless one is ongoing (not with
+        ``txn=False``: the row only)."""
         if not h.has_producer_id:
             return
         pid = h.producer_id
         row = self._find(pid)
         if row < 0:
-            if self.max_producers is not None and self._live >= self.max_producers:
-                self._evict(max(1, int(self.max_producers * _EVICT_FRACTION)))
-            row = self._insert(pid)
+            row = self._new_row(pid)
             same_epoch = False
         else:
             same_epoch = self._rows["epoch"].item(row) == h.producer_epoch
@@ -606,15 +746,127 @@ class ProducerStateManager:
         if now_ms < self._pass_min:
             self._pass_min = now_ms
         self._trim_older(now_ms)
+        if txn and h.attributes & TRANSACTIONAL_BIT:
+            self._begin_txn(pid, h.producer_epoch, first_offset)
+
+    def _new_row(self, pid: int) -> int:
+        if self.max_producers is not None and self._live >= self.max_producers:
+            self._evict(max(1, int(self.max_producers * _EVICT_FRACTION)))
+        return self._insert(pid)
+
+    def _updated(self, now_ms: int) -> None:
+        if now_ms < self._min_upd:
+            self._min_upd = now_ms
+        if now_ms < self._pass_min:
+            self._pass_min = now_ms
 
     def replay(self, h: BatchHeader, first_offset: int, now_ms: int) -> None:
-        """``update`` for a batch read back from the log at recovery: skipped if the producer's row already
-        holds it or a later batch (a snapshot copied chunk by chunk; see ``snapshot_begin``)."""
-        if h.has_producer_id:
-            row = self._find(h.producer_id)
-            if row >= 0 and self._rows["foff"].item(row) >= first_offset:
-                return
-        self.update(h, first_offset, now_ms)
+        """``update`` for a data batch read back from the log at recovery: the row is skipped if it already
+        holds that batch or a later one (a snapshot copied chunk by chunk; see ``snapshot_begin``), the
+        transaction if it is below the offset the loaded transactions are exact at."""
+        if not h.has_producer_id:
+            return
+        row = self._find(h.producer_id)
+        if row < 0 or self._rows["foff"].item(row) < first_offset:
+            self.update(h, first_offset, now_ms, txn=False)
+        if h.attributes & TRANSACTIONAL_BIT and first_offset >= self._txn_from:
+            self._begin_txn(h.producer_id, h.producer_epoch, first_offset)
+
+    # ------------------------------------------------------------ transactions
+    def _begin_txn(self, pid: int, epoch: int, first_offset: int) -> None:
+        txn = self._ongoing.get(pid)
+        if txn is None:
+            self._ongoing[pid] = (epoch, first_offset)  # at the end: the newest first offset
+        elif epoch > txn[0]:
+            self._ongoing[pid] = (epoch, txn[1])  # Kafka keeps the transaction across an epoch bump
+
+    @property
+    def has_ongoing(self) -> bool:
+        return bool(self._ongoing)
+
+    def check_txn(self, headers: Sequence[BatchHeader], decisions: Sequence[Decision]) -> Decision | None:
+        """INVALID_TXN_STATE if a batch to be appended is not transactional while its producer has a
+        transaction ongoing here (or started by an earlier batch of the request), as Kafka's
+        ``ProducerAppendInfo.appendDataBatch``; None if all may go."""
+        ongoing = self._ongoing
+        started: set[int] = set()
+        for h, d in zip(headers, decisions):
+            if d.action is not Action.APPEND or not h.has_producer_id:
+                continue
+            pid = h.producer_id
+            if h.attributes & TRANSACTIONAL_BIT:
+                started.add(pid)
+            elif pid in ongoing or pid in started:
+                first = ongoing[pid][1] if pid in ongoing else "this request"
+                return _error(Errors.INVALID_TXN_STATE,
+                              f"producer {pid}: non-transactional batch while its transaction (from offset "
+                              f"{first}) is ongoing on this partition")
+        return None
+
+    def check_marker(self, pid: int, epoch: int) -> Decision:
+        """What to do with an end-of-transaction marker of producer ``pid`` at ``epoch``: APPEND (write it),
+        DUPLICATE (nothing to write: no transaction is ongoing here and the epoch changes nothing), or
+        INVALID_PRODUCER_EPOCH if ``epoch`` is older than the producer's."""
+        row = self._find(pid)
+        txn = self._ongoing.get(pid)
+        current = self._rows["epoch"].item(row) if row >= 0 else -1
+        if txn is not None:
+            current = max(current, txn[0])
+        if epoch < current:
+            return _error(Errors.INVALID_PRODUCER_EPOCH,
+                          f"producer {pid}: marker epoch {epoch} is older than the current epoch {current}")
+        if txn is not None:
+            return APPEND
+        if row >= 0 and epoch > current:
+            return APPEND  # no transaction, but the epoch bump must reach the log to outlive a restart
+        return Decision(Action.DUPLICATE, message=f"producer {pid}: no transaction ongoing on this partition")
+
+    def end_transaction(self, pid: int, epoch: int, commit: bool, offset: int, now_ms: int,
+                        timestamp_ms: int = -1) -> None:
+        """Record the marker of producer ``pid`` written (or read back at recovery) at ``offset``.
+
+        The row takes a newer epoch (``foff``/``loff`` = ``offset``, no batch: the next batch must start
+        at sequence 0, and a replay skips what precedes the marker); a marker of the producer's epoch
+        keeps its batches, so retries of them are still answered as duplicates.  The ongoing
+        transaction ends; an aborted one goes into the aborted index.  Either part is skipped when the
+        state already holds the marker (``replay``'s rules).
+        """
+        row = self._find(pid)
+        if row < 0 or self._rows["foff"].item(row) < offset:
+            if row < 0 or epoch > self._rows["epoch"].item(row):
+                if row < 0:
+                    row = self._new_row(pid)
+                elif pid in self._older:
+                    del self._older[pid]
+                self._rows[row] = (pid, now_ms, offset, offset, timestamp_ms, NO_SEQUENCE, NO_SEQUENCE,
+                                   self._rows["tpos"].item(row), epoch)
+            else:
+                self._rows["upd"][row] = now_ms
+            self._updated(now_ms)
+        if offset < self._txn_from:
+            return
+        txn = self._ongoing.pop(pid, None)
+        if txn is not None and not commit:
+            lso = next(iter(self._ongoing.values()))[1] if self._ongoing else offset + 1
+            self._aborted.add(pid, txn[1], offset, lso)
+
+    def first_unstable_offset(self) -> int | None:
+        """The first offset of the oldest ongoing transaction (the LSO's bound), None if none is ongoing."""
+        for _, first in self._ongoing.values():
+            return first
+        return None
+
+    def ongoing(self) -> dict[int, tuple[int, int]]:
+        """{producer id: (epoch, first offset)} of the ongoing transactions."""
+        return dict(self._ongoing)
+
+    def aborted_transactions(self, start: int, end: int) -> list[tuple[int, int]]:
+        """``AbortedIndex.collect``."""
+        return self._aborted.collect(start, end)
+
+    def truncate_before(self, log_start_offset: int) -> int:
+        """The log start moved up: forget aborted transactions whose marker is gone with it."""
+        return self._aborted.truncate_before(log_start_offset)
 
     def _trim_older(self, now_ms: int) -> None:
         """Drop the older batches of producers idle for the retry window (oldest update first)."""
@@ -627,12 +879,20 @@ class ProducerStateManager:
             del older[pid]
 
     def _evict(self, n: int) -> None:
-        """Drop the ``n`` least recently updated producers (the cap), remembering their ids."""
+        """Drop the ``n`` least recently updated producers (the cap), remembering their ids.  Producers with
+        a transaction ongoing are kept (their state decides what read_committed consumers see)."""
         upd = self._rows["upd"][:self._hi]
+        kept_min = INT64_MAX
+        if self._ongoing:
+            held = self._ongoing_rows()
+            if held.size:
+                kept_min = int(upd[held].min())
+                upd = upd.copy()
+                upd[held] = INT64_MAX  # as if free: never picked
         n = min(n, self._live)
         rows_ = np.argpartition(upd, n - 1)[:n] if n < len(upd) else np.arange(len(upd))
         rows_ = rows_[upd[rows_] != INT64_MAX]
-        evicted_before = int(upd[rows_].max()) if rows_.size else INT64_MAX
+        evicted_before = min(int(upd[rows_].max()) if rows_.size else INT64_MAX, kept_min)
         if self._evicted is None:
             self._evicted = _Evicted(self.max_producers or 0)
         self._evicted.add_all(_evicted_keys(self._rows["pid"][rows_], self._rows["epoch"][rows_]))
@@ -641,6 +901,10 @@ class ProducerStateManager:
                  self._live, self.max_producers, rows_.size)
         self._remove_rows(rows_)
         self._min_upd = max(self._min_upd, evicted_before)  # the rest were updated no earlier
+
+    def _ongoing_rows(self) -> np.ndarray:
+        rows_ = [self._find(pid) for pid in self._ongoing]
+        return np.array([r for r in rows_ if r >= 0], np.int64)
 
     def expire(self, now_ms: int, producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS,
                start: int = 0, stop: int | None = None) -> int:
@@ -659,6 +923,8 @@ class ProducerStateManager:
         last = stop == self._hi
         upd = self._rows["upd"]
         doomed = np.flatnonzero(upd[start:stop] <= cutoff) + start
+        if self._ongoing and doomed.size:  # a producer with a transaction ongoing is kept (as Kafka does)
+            doomed = doomed[~np.isin(self._rows["pid"][doomed], np.fromiter(self._ongoing, np.int64))]
         n = int(doomed.size)
         if n:
             self._remove_rows(doomed)
@@ -687,8 +953,9 @@ class ProducerStateManager:
         pids = live["pid"][live["upd"] != INT64_MAX].tolist()
         return {pid: self._entry(pid) for pid in pids}
 
-    def describe(self, limit: int) -> list[tuple[int, int, int, int]]:
-        """The ``limit`` lowest producer ids as (producer id, epoch, last sequence, last batch's max timestamp)."""
+    def describe(self, limit: int) -> list[tuple[int, int, int, int, int]]:
+        """The ``limit`` lowest producer ids as (producer id, epoch, last sequence, last batch's max timestamp,
+        first offset of its ongoing transaction or -1)."""
         live = self._rows[:self._hi]
         live = live[live["upd"] != INT64_MAX]
         limit = max(0, min(limit, len(live)))
@@ -697,7 +964,10 @@ class ProducerStateManager:
         pick = np.argpartition(live["pid"], limit - 1)[:limit] if limit < len(live) else np.arange(len(live))
         pick = pick[np.argsort(live["pid"][pick])]
         sel = live[pick]
-        return list(zip(sel["pid"].tolist(), sel["epoch"].tolist(), sel["lseq"].tolist(), sel["mts"].tolist()))
+        ongoing = self._ongoing
+        return [(pid, epoch, lseq, mts, ongoing[pid][1] if pid in ongoing else -1)
+                for pid, epoch, lseq, mts in zip(sel["pid"].tolist(), sel["epoch"].tolist(), sel["lseq"].tolist(),
+                                                 sel["mts"].tolist())]
 
     def get(self, producer_id: int) -> ProducerEntry | None:
         return self._entry(producer_id)
@@ -711,7 +981,8 @@ class ProducerStateManager:
 
     def stats(self) -> dict[str, int]:
         return {"producers": self._live, "producers_with_older_batches": len(self._older),
-                "evictions": self.evictions, "array_bytes": self.memory_bytes()}
+                "evictions": self.evictions, "array_bytes": self.memory_bytes(),
+                "ongoing_transactions": len(self._ongoing), "aborted_transactions": len(self._aborted)}
 
     # ------------------------------------------------------------ snapshots
     def snapshot(self, log_end_offset: int) -> ProducerSnapshot:
@@ -743,11 +1014,14 @@ class ProducerStateManager:
         return c.done >= len(c.rows)
 
     def snapshot_finish(self, c: "SnapshotCopy", log_end_offset: int | None = None) -> ProducerSnapshot:
-        """The copy, with the older batches and evicted ids as they are now; ``log_end_offset``: the log
-        end now (every batch the copy holds is below it)."""
+        """The copy, with the older batches, evicted ids and transactions as they are now;
+        ``log_end_offset``: the log end now (every batch the copy holds is below it, and the transactions
+        are exactly those of the log below it: recovery replays them only from there)."""
         older = [[pid, [list(b) for b in _OLDER.iter_unpack(bs)]] for pid, bs in self._older.items()]
+        ongoing = [[pid, epoch, first] for pid, (epoch, first) in self._ongoing.items()]
         return ProducerSnapshot(c.offset, c.rows, older, self._evicted.dump() if self._evicted is not None else None,
-                                c.offset if log_end_offset is None else log_end_offset)
+                                c.offset if log_end_offset is None else log_end_offset, ongoing,
+                                self._aborted.entries().copy())
 
     def write_snapshot(self, path: str, log_end_offset: int) -> int:
         """Atomically write the state, valid once the log holds every offset below ``log_end_offset``.
@@ -758,8 +1032,14 @@ class ProducerStateManager:
 
     def load_snapshot(self, path: str) -> int:
         """Replace the state with the snapshot in ``path``; return the offset it was taken at."""
-        offset, end, rows, older, evicted = _read(path)
+        offset, end, rows, older, evicted, txns = _read(path)
         self.snapshot_end = end
+        if txns is None:  # formats 1 and 2: no transaction was served; replay finds every one from offset
+            self._ongoing, self._aborted, self._txn_from = {}, AbortedIndex(), offset
+        else:
+            ongoing, aborted = txns
+            self._ongoing = {pid: (epoch, first) for pid, epoch, first in ongoing}
+            self._aborted, self._txn_from = AbortedIndex(aborted), end
         n = len(rows)
         self._install(rows, _bits_for(n))
         self._min_upd = int(self._rows["upd"][:n].min()) if n else INT64_MAX
@@ -775,7 +1055,8 @@ class ProducerStateManager:
         """Load the newest snapshot in ``directory`` and replay the log's batch headers after it.
 
         ``log_`` is a ``broker.log.PartitionLog`` (anything with
-        ``log_start_offset``, ``log_end_offset`` and ``iter_headers``).  A
+        ``directory``, ``log_start_offset``, ``log_end_offset``, ``iter_headers``
+        and ``read``, which gives a control batch whole to learn its type).  A
         snapshot taken at an offset beyond the log end proves acknowledged
         batches are missing from the log: ``CorruptFileError``.  A damaged
         newest snapshot is refused too (delete it to fall back to the previous
@@ -810,7 +1091,11 @@ class ProducerStateManager:
             if snap_offset is not None and h.base_offset < snap_offset:
                 continue  # already in the snapshot (only possible if a batch straddles it; ours never do)
             replayed += 1
-            mgr.replay(h, h.base_offset, now_ms)
+            if h.attributes & CONTROL_BIT:
+                _replay_control(mgr, log_, h, now_ms)
+            else:
+                mgr.replay(h, h.base_offset, now_ms)
+        mgr.truncate_before(start)
         mgr.recovery_stats = {"snapshot_offset": -1 if snap_offset is None else snap_offset,
                               "replayed_batches": replayed, "producers": mgr._live}
         return mgr
@@ -818,6 +1103,21 @@ class ProducerStateManager:
     def take_snapshot(self, directory: str, log_end_offset: int, keep: int = 2) -> str:
         """Write ``<offset>.snapshot`` in ``directory`` and delete all but the newest ``keep`` snapshots."""
         return install_snapshot(directory, self.snapshot(log_end_offset), keep)
+
+
+def _replay_control(mgr: ProducerStateManager, log_: Any, h: BatchHeader, now_ms: int) -> None:
+    """A control batch read back at recovery: an end-of-transaction marker ends its transaction (its type
+    is in its record: the batch is read whole).  Only the broker writes control batches."""
+    if not (h.attributes & TRANSACTIONAL_BIT and h.has_producer_id):
+        return
+    batch = log_.read(h.base_offset, 0)[:h.size]
+    try:
+        kind = control_record_type(batch)
+    except BatchError as e:
+        raise CorruptFileError(log_.directory, f"control batch at offset {h.base_offset}: {e}") from None
+    if kind in (CONTROL_ABORT, CONTROL_COMMIT):
+        mgr.end_transaction(h.producer_id, h.producer_epoch, kind == CONTROL_COMMIT, h.base_offset, now_ms,
+                            h.max_timestamp)
 
 
 # ---------------------------------------------------------------- snapshot files
@@ -857,8 +1157,9 @@ def _int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _check_rows(path: str, rows: np.ndarray, offset: int) -> None:
-    """Refuse rows no writer of ours produces (vector checks over the whole file)."""
+def _check_rows(path: str, rows: np.ndarray, offset: int, markers: bool = False) -> None:
+    """Refuse rows no writer of ours produces (vector checks over the whole file).  ``markers``: rows
+    whose last event is an epoch-bumping marker (no sequence, ``foff == loff``: format 3) are allowed."""
     def bad(mask: np.ndarray, why: str) -> None:
         if mask.any():
             i = int(np.flatnonzero(mask)[0])
@@ -870,8 +1171,13 @@ def _check_rows(path: str, rows: np.ndarray, offset: int) -> None:
     bad(rows["upd"] == INT64_MAX, "no last update time")
     if len(pids) > 1:
         bad(np.diff(pids) <= 0, "producers out of order or listed twice")
-    none = (rows["fseq"] == -1) & (rows["lseq"] == -1) & (rows["foff"] == -1) & (rows["loff"] == -1)
+    no_seq = (rows["fseq"] == -1) & (rows["lseq"] == -1)
+    none = no_seq & (rows["foff"] == -1) & (rows["loff"] == -1)
     some = ~none
+    if markers:
+        marker = no_seq & (rows["foff"] >= 0) & (rows["foff"] == rows["loff"])
+        bad(marker & (rows["foff"] >= offset), f"marker offset out of range (snapshot offset {offset})")
+        some &= ~marker
     bad(some & ((rows["fseq"] < 0) | (rows["lseq"] < 0)), "batch sequence out of range")
     bad(some & ((rows["foff"] < 0) | (rows["foff"] > rows["loff"]) | (rows["loff"] >= offset)),
         f"batch offsets out of range (snapshot offset {offset})")
@@ -918,7 +1224,50 @@ def _read_format1(path: str, obj: dict, offset: int) -> tuple[np.ndarray, list, 
     return rows[order], older, None
 
 
-def _read(path: str) -> tuple[int, int, np.ndarray, list, _Evicted | None]:
+_Txns = tuple[list[tuple[int, int, int]], np.ndarray] | None  # ongoing [(pid, epoch, first)], aborted
+
+
+def _check_txns(path: str, obj: dict, end: int) -> _Txns:
+    """The transactions of a format-3 snapshot, checked: every offset below ``end`` (the log end the
+    copy finished at, which recovery checks against the log), as the rows are."""
+    raw_ongoing = obj.get("ongoing")
+    if not isinstance(raw_ongoing, list):
+        raise CorruptFileError(path, "ongoing transactions are not a list")
+    ongoing = []
+    seen: set[int] = set()
+    prev = -1
+    for item in raw_ongoing:
+        if not (isinstance(item, list) and len(item) == 3 and all(_int(x) for x in item)):
+            raise CorruptFileError(path, f"bad ongoing transaction {item!r}")
+        pid, epoch, first = item
+        if pid < 0 or not 0 <= epoch <= INT16_MAX or pid in seen:
+            raise CorruptFileError(path, f"ongoing transaction {item!r}: bad or repeated producer, or bad epoch")
+        if not prev < first < end:
+            raise CorruptFileError(path, f"ongoing transaction {item!r}: first offset out of order or out of "
+                                         f"range (snapshot end {end})")
+        seen.add(pid)
+        prev = first
+        ongoing.append((pid, epoch, first))
+    raw, count = obj.get("aborted"), obj.get("aborted_count")
+    if obj.get("aborted_row") != repr(ABORTED.descr):
+        raise CorruptFileError(path, f"aborted transactions of an unknown layout {obj.get('aborted_row')!r}")
+    if not (isinstance(raw, bytes) and _int(count) and count >= 0 and len(raw) == count * ABORTED.itemsize):
+        raise CorruptFileError(path, f"aborted transactions do not match the count {count!r}")
+    aborted = np.frombuffer(raw, ABORTED)
+    if len(aborted):
+        last, first = aborted["last"], aborted["first"]
+        wrong = ((aborted["pid"] < 0) | (first < 0) | (first >= last) | (last >= end) | (aborted["lso"] < 0)
+                 | (aborted["lso"] > last + 1))
+        if len(aborted) > 1:
+            wrong[1:] |= np.diff(last) <= 0
+        if wrong.any():
+            i = int(np.flatnonzero(wrong)[0])
+            raise CorruptFileError(path, f"aborted transaction {aborted[i].tolist()} out of order or out of "
+                                         f"range (snapshot end {end})")
+    return ongoing, aborted
+
+
+def _read(path: str) -> tuple[int, int, np.ndarray, list, _Evicted | None, _Txns]:
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -927,11 +1276,12 @@ def _read(path: str) -> tuple[int, int, np.ndarray, list, _Evicted | None]:
     return _decode(path, data)
 
 
-def _decode(path: str, data: bytes) -> tuple[int, int, np.ndarray, list, _Evicted | None]:
-    """(offset, end, rows sorted by producer id, older batches, evicted filter) of a snapshot file."""
+def _decode(path: str, data: bytes) -> tuple[int, int, np.ndarray, list, _Evicted | None, _Txns]:
+    """(offset, end, rows sorted by producer id, older batches, evicted filter, transactions or None
+    before format 3) of a snapshot file."""
     obj = unseal(path, data, SNAPSHOT_MAGIC, "producer state snapshot")
     fmt = obj.get("format")
-    if fmt not in (1, SNAPSHOT_FORMAT):
+    if fmt not in (1, 2, SNAPSHOT_FORMAT):
         raise CorruptFileError(path, f"unsupported snapshot format {fmt!r}")
     offset = obj.get("offset")
     if not _int(offset) or offset < 0:
@@ -952,7 +1302,8 @@ def _decode(path: str, data: bytes) -> tuple[int, int, np.ndarray, list, _Evicte
         if not isinstance(older, list):
             raise CorruptFileError(path, "older batches are not a list")
         evicted = _Evicted.load(path, obj["evicted"]) if obj.get("evicted") is not None else None
-    _check_rows(path, rows, end)
+    _check_rows(path, rows, end, markers=fmt >= 3)
+    txns = _check_txns(path, obj, end) if fmt >= 3 else None
     known = set()
     for item in older:
         if not (isinstance(item, list) and len(item) == 2 and _int(item[0])):
@@ -969,7 +1320,7 @@ def _decode(path: str, data: bytes) -> tuple[int, int, np.ndarray, list, _Evicte
         missing = want[(pids[at] != want) if len(pids) else np.ones(len(want), bool)]
         if missing.size:
             raise CorruptFileError(path, f"older batches of producer {int(missing[0])}, which has no row")
-    return offset, end, rows, older, evicted
+    return offset, end, rows, older, evicted, txns
 
 
 def read_snapshot(path: str) -> tuple[int, dict[int, ProducerEntry]]:

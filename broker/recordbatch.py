@@ -19,6 +19,10 @@ Kafka's broker checks, it is deliberately strict about framing: trailing bytes
 that are not a whole batch are CORRUPT_MESSAGE (Kafka's log input stream would
 silently ignore a partial trailing batch; a client never sends one).
 
+``encode_control_batch`` builds the end-of-transaction marker a partition
+writes for the transaction coordinator (Kafka's ``EndTransactionMarker``), and
+``control_record_type`` reads its type back (recovery).
+
 Not checked here (they need the records or topic configuration): per-record
 framing inside uncompressed batches, timestamp bounds, and Kafka's rule that a
 v3+ Produce request carries exactly one batch per partition (a front-end matter:
@@ -55,6 +59,13 @@ TRANSACTIONAL_BIT = 0x10
 CONTROL_BIT = 0x20
 MAX_COMPRESSION_CODEC = 4  # none, gzip, snappy, lz4, zstd
 COMPRESSION_NAMES = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
+
+# Control records (Kafka's ControlRecordType and EndTransactionMarker): the key is (version, type), the
+# value of an end-of-transaction marker (version, coordinator epoch).
+CONTROL_KEY = struct.Struct(">hh")
+END_TXN_MARKER_VALUE = struct.Struct(">hi")
+CONTROL_ABORT = 0
+CONTROL_COMMIT = 1
 
 
 class BatchError(PidQuorumError):
@@ -287,11 +298,12 @@ def encode_batch(records: Sequence[RecordSpec], *, base_offset: int = 0, timesta
                  timestamps: Sequence[int] | None = None, producer_id: int = NO_PRODUCER_ID,
                  producer_epoch: int = NO_PRODUCER_EPOCH, base_sequence: int = NO_SEQUENCE,
                  transactional: bool = False, log_append_time: bool = False,
-                 partition_leader_epoch: int = -1) -> bytes:
+                 partition_leader_epoch: int = -1, control: bool = False) -> bytes:
     """Build a valid, uncompressed RecordBatch v2 from ``(key, value[, headers])`` tuples.
 
     Each record's timestamp is ``timestamps[i]`` if given, else ``timestamp_ms``.
-    For tests and tools; a real client would produce the same bytes.
+    For tests and tools; a real client would produce the same bytes.  ``control``
+    sets the control bit (only the broker writes such batches: ``encode_control_batch``).
     """
     if not records:
         raise ValueError("a record batch needs at least one record")
@@ -313,12 +325,44 @@ def encode_batch(records: Sequence[RecordSpec], *, base_offset: int = 0, timesta
             rec += _varbytes(hkey.encode() if isinstance(hkey, str) else hkey)
             rec += _varbytes(hvalue)
         body += _zigzag_varint(len(rec)) + rec
-    attributes = (TRANSACTIONAL_BIT if transactional else 0) | (TIMESTAMP_TYPE_BIT if log_append_time else 0)
+    attributes = ((TRANSACTIONAL_BIT if transactional else 0) | (TIMESTAMP_TYPE_BIT if log_append_time else 0)
+                  | (CONTROL_BIT if control else 0))
     after_crc = struct.pack(">hiqqqhii", attributes, len(records) - 1, base_ts, max(ts), producer_id,
                             producer_epoch, base_sequence, len(records)) + bytes(body)
     batch_length = 4 + 1 + 4 + len(after_crc)  # partitionLeaderEpoch + magic + crc + rest
     return struct.pack(">qiibI", base_offset, batch_length, partition_leader_epoch, CURRENT_MAGIC,
                        crc32c(after_crc)) + after_crc
+
+
+def encode_control_batch(producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int = 0, *,
+                         timestamp_ms: int, base_offset: int = 0, partition_leader_epoch: int = -1) -> bytes:
+    """An end-of-transaction marker as Kafka's broker writes it (``MemoryRecords.withEndTransactionMarker``).
+
+    A transactional control batch (attributes 0x30, CreateTime, uncompressed) of the producer's id and
+    epoch with base sequence -1 (a marker has no sequence: it is not a producer's write) and one record:
+    key ``>hh`` (version 0, type 0 ABORT / 1 COMMIT), value ``>hi`` (version 0, coordinator epoch).
+    Consumers read the key to tell an abort from a commit and skip the batch; read_committed consumers
+    drop an aborted producer's batches up to it.
+    """
+    key = CONTROL_KEY.pack(0, CONTROL_COMMIT if commit else CONTROL_ABORT)
+    value = END_TXN_MARKER_VALUE.pack(0, coordinator_epoch)
+    return encode_batch([(key, value)], base_offset=base_offset, timestamp_ms=timestamp_ms,
+                        producer_id=producer_id, producer_epoch=producer_epoch, base_sequence=NO_SEQUENCE,
+                        transactional=True, control=True, partition_leader_epoch=partition_leader_epoch)
+
+
+def control_record_type(batch: bytes) -> int:
+    """The type of the control record of a control batch (``CONTROL_ABORT``, ``CONTROL_COMMIT``, or
+    another of Kafka's control types); ``BatchError`` CORRUPT_MESSAGE if the batch holds no control key."""
+    for r in iter_records(batch):
+        if r.key is None or len(r.key) < CONTROL_KEY.size:
+            raise BatchError(Errors.CORRUPT_MESSAGE, f"batch at offset {r.offset}: control record without a "
+                                                     f"control key ({r.key!r})")
+        version, type_ = CONTROL_KEY.unpack_from(r.key)
+        if version < 0:
+            raise BatchError(Errors.CORRUPT_MESSAGE, f"batch at offset {r.offset}: control key version {version}")
+        return type_
+    raise BatchError(Errors.CORRUPT_MESSAGE, "control batch without records")
 
 
 @dataclass(frozen=True, slots=True)

@@ -490,7 +490,8 @@ def test_appends_do_not_wait_for_a_snapshot_being_written(d):
 
 
 def test_a_transactional_batch_outside_a_transaction_is_refused_and_not_appended(d):
-    """KIP-890 part 1: no transaction is ongoing (none is served), so no partition was added to one."""
+    """KIP-890 part 1: without the front end's word that the coordinator added the partition to the
+    producer's transaction (``transactional_ok``), a transactional batch is refused."""
     txn = encode_batch([(None, b"t")], producer_id=7, producer_epoch=0, base_sequence=0, timestamp_ms=TS,
                        transactional=True)
     with Partition(d) as p:

@@ -67,6 +67,7 @@ the log undoes the partial append, so the state stays consistent.
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import logging
 import struct
 import threading
@@ -96,6 +97,7 @@ DEFAULT_SNAPSHOT_EVERY = 100_000  # batches; a crash then replays at most this m
 EXPIRY_CHECK_MS = 60_000
 EXPIRY_CHUNK_ROWS = 1 << 16  # about 2.5 ms of the partition lock at most
 SNAPSHOT_CHUNK_ROWS = 1 << 16  # about 3.5 MB of rows copied per lock acquisition
+MAX_EXPECTING = 100_000  # KIP-890 checks under way, per partition
 _BASE_AND_LENGTH = struct.Struct(">qi")  # a batch's base offset and batchLength
 
 _shared_executor: concurrent.futures.ThreadPoolExecutor | None = None
@@ -152,6 +154,8 @@ class Partition:
         self._pending: concurrent.futures.Future | None = None  # the snapshot being written
         self._snapshot_again = False  # a snapshot was asked for while one was being written
         self.snapshot_errors = 0
+        self._expecting: dict[int, tuple[int, int]] = {}  # producer id -> (epoch, token): KIP-890 checks under way
+        self._tokens = itertools.count(1)
         self.log = PartitionLog(directory, segment_bytes=segment_bytes, fsync=fsync, files=segment_files)
         try:
             now = self._clock()
@@ -168,12 +172,33 @@ class Partition:
             raise
 
     # ================================================================ append
-    def append(self, records: bytes, *, transactional_ok: bool = False) -> AppendResult:
+    def expect_transaction(self, producer_id: int, producer_epoch: int) -> int:
+        """KIP-890 part 1, before the front end asks the coordinator whether this partition is in the
+        producer's ongoing transaction: a token for ``append(..., transactional_ok=token)``.  A marker
+        for the producer written in between voids it (``write_marker``), so a batch verified against a
+        transaction that ended meanwhile is refused instead of opening a transaction nobody will end.
+        No lock: one dict store (atomic), called on the event loop."""
+        token = next(self._tokens)
+        if len(self._expecting) >= MAX_EXPECTING:
+            self._expecting.clear()  # abandoned checks (their appends never came): those left fail safe
+        self._expecting[producer_id] = (producer_epoch, token)
+        return token
+
+    def _transactional_allowed(self, h, transactional_ok: bool | int | None) -> bool:
+        if transactional_ok is True:
+            return True
+        if not transactional_ok:
+            return False
+        cur = self._expecting.get(h.producer_id)
+        return cur == (h.producer_epoch, transactional_ok) or h.producer_id in self.state.ongoing_ids()
+
+    def append(self, records: bytes, *, transactional_ok: bool | int | None = False) -> AppendResult:
         """Validate, deduplicate and append one partition's records blob (see the module doc).
 
         ``transactional_ok``: the front end says the coordinator verified that this partition is in
-        the producer's ongoing transaction (KIP-890 part 1); without it a transactional batch is
-        refused with INVALID_TXN_STATE.
+        the producer's ongoing transaction (KIP-890 part 1): the token ``expect_transaction`` gave
+        before the check (still valid: no marker of the producer since), or True; without it a
+        transactional batch is refused with INVALID_TXN_STATE.
         """
         with self._lock:
             self._check_open()
@@ -185,7 +210,7 @@ class Partition:
             txn = False
             for h in headers:
                 if h.attributes & TRANSACTIONAL_BIT:
-                    if not transactional_ok:
+                    if not self._transactional_allowed(h, transactional_ok):
                         # KIP-890 part 1 (Kafka 3.6+): a transactional batch goes only to a partition added
                         # to its producer's ongoing transaction; refused, never shown to read_committed
                         # consumers as if committed.
@@ -240,6 +265,7 @@ class Partition:
         """
         with self._lock:
             self._check_open()
+            self._expecting.pop(producer_id, None)  # a KIP-890 check under way is void: its transaction ended
             d = self.state.check_marker(producer_id, producer_epoch)
             if d.is_error:
                 return self._result(d.error, message=d.message)

@@ -856,6 +856,10 @@ class ProducerStateManager:
             return first
         return None
 
+    def ongoing_ids(self) -> Any:
+        """The producer ids with a transaction ongoing here (a live view, for membership tests)."""
+        return self._ongoing.keys()
+
     def ongoing(self) -> dict[int, tuple[int, int]]:
         """{producer id: (epoch, first offset)} of the ongoing transactions."""
         return dict(self._ongoing)

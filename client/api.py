@@ -33,6 +33,8 @@ from records import (
     RecordError,
     SeedProducerIdsRequest,
     SeedProducerIdsResponse,
+    TransactionRequest,
+    TransactionResponse,
 )
 from records.codec import from_obj, to_obj
 from wire.kafka import API_VERSIONS, ApiTable, MsgpackApi, encode_msgpack_request, request_entity
@@ -46,6 +48,7 @@ RPC_RESPONSES: dict[type, type] = {
     AlterAclsRequest: AlterAclsResponse,
     DescribeAclsRequest: DescribeAclsResponse,
     AlterClientQuotaRequest: AlterClientQuotaResponse,
+    TransactionRequest: TransactionResponse,
 }
 
 BROKER_REGISTRATION = 62

@@ -44,7 +44,6 @@ from records.schema import INT_RANGES, LONG_MAX
 from security.acl import Acl, AclError, AclIndex
 from wire.errors import (
     ConcurrentTransactionsError,
-    InvalidProducerEpochError,
     InvalidProducerIdMappingError,
     InvalidRequestError,
     InvalidTransactionTimeoutError,
@@ -448,7 +447,9 @@ class TransactionalIdManager:
             if timed_out and op == ABORT:
                 return Result([], txn)
             if timed_out:
-                raise InvalidProducerEpochError(
+                # Not PRODUCER_FENCED (fatal to the client): the clients abort on this one and bump their
+                # epoch with InitProducerId (KIP-360), which answers this producer the epoch of the abort.
+                raise InvalidProducerIdMappingError(
                     f"transactional id {transactional_id!r}: the transaction of epoch {producer_epoch} was aborted "
                     f"by the coordinator (past transaction.timeout.ms); abort, then InitProducerId")
             raise ProducerFencedError(

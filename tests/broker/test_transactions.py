@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KTopicPartition
 
@@ -109,6 +109,11 @@ def test_kafka_python_commit_and_abort(brokers):
             batch = list(range(i * 10, i * 10 + 10))
             for v in batch:
                 p.send("kp", value=str(v).encode(), partition=v % PARTITIONS)
+            # kafka-python's abort_transaction does not wait for the transaction's unsent batches: sent after
+            # the abort, with the same epoch (transaction version 1, all the clients here speak), they are
+            # taken into the next transaction once it adds their partition, as Kafka takes them (only
+            # KIP-890 part 2's epoch bump per transaction tells them apart).  Flushed first, as its docs ask.
+            p.flush()
             if i % 2:
                 p.abort_transaction()
             else:
@@ -199,9 +204,9 @@ def test_second_instance_fences_the_first_mid_transaction(brokers):
     first.begin_transaction()
     send(first, "fence", range(5))  # appended, in the first one's open transaction
     second = txn_producer(b.bootstrap, "fence-tx")  # aborts it (markers with a bumped epoch), then fences
-    first.produce("fence", value="late", partition=0)
-    first.flush(10)
-    with pytest.raises(KafkaException) as ei:
+    with pytest.raises(KafkaException) as ei:  # the late batch is fenced (fatal), or the commit is
+        first.produce("fence", value="late", partition=0)
+        first.flush(10)
         first.commit_transaction(30)
     err = ei.value.args[0]
     assert err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH), err
@@ -209,7 +214,6 @@ def test_second_instance_fences_the_first_mid_transaction(brokers):
     send(second, "fence", range(100, 103))
     second.commit_transaction(30)
     assert values(read(b.bootstrap, "fence", committed=True, expect=3)) == [100, 101, 102]
-    assert "late" not in [v for _, _, v in []]
 
 
 # ------------------------------------------------------------------ KIP-360
@@ -234,16 +238,16 @@ def test_abortable_error_abort_and_bump_with_librdkafka(brokers):
 
 # ------------------------------------------------------------------ KIP-890 part 1 and groups
 def test_send_offsets_to_transaction_is_refused_clearly(brokers):
+    """AddOffsetsToTxn needs a group coordinator, which the broker is not: the client gets an error, and the
+    transaction can still be aborted."""
     b = brokers(1, "--partitions", str(PARTITIONS))
     p = txn_producer(b.bootstrap, "offsets-tx")
     p.begin_transaction()
     send(p, "offsets", [1])
-    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
-    from confluent_kafka import Consumer
     c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "g", "log_level": 0})
     try:
         with pytest.raises(KafkaException):
             p.send_offsets_to_transaction([TopicPartition("offsets", 0, 1)], c.consumer_group_metadata(), 10)
     finally:
         c.close()
-    del ConsumerGroupTopicPartitions
+    assert "AddOffsetsToTxn" in b.tail(200)

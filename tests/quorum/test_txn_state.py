@@ -10,7 +10,6 @@ from quorum.managers import QuorumState, TxnSettings
 from records import TransactionalIdRecord, TransactionStateRecord
 from wire.errors import (
     ConcurrentTransactionsError,
-    InvalidProducerEpochError,
     InvalidProducerIdMappingError,
     InvalidRequestError,
     InvalidTxnStateError,
@@ -117,9 +116,9 @@ def test_timeout_aborts_with_a_bump_and_the_producer_aborts_then_bumps_from_its_
     assert (aborted.state, aborted.producer_epoch) == ("PrepareAbort", epoch + 1)
     assert [t["state"] for t in state.transactions.pending(NOW + TIMEOUT + 2, 10)] == ["PrepareAbort"]
     # The producer, still at its old epoch: its steps are abortable errors, its abort succeeds.
-    with pytest.raises(InvalidProducerEpochError, match="timeout"):
+    with pytest.raises(InvalidProducerIdMappingError, match="timeout"):
         step(state, "add", pid=pid, epoch=epoch, parts=[(1, "t", 1)])
-    with pytest.raises(InvalidProducerEpochError):
+    with pytest.raises(InvalidProducerIdMappingError):
         step(state, "commit", pid=pid, epoch=epoch)
     assert step(state, "abort", pid=pid, epoch=epoch).response.state == "PrepareAbort"
     step(state, "complete", start=NOW, now=NOW + TIMEOUT + 3)

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -251,3 +252,45 @@ def test_send_offsets_to_transaction_is_refused_clearly(brokers):
     finally:
         c.close()
     assert "AddOffsetsToTxn" in b.tail(200)
+
+
+# ------------------------------------------------------------------ two brokers, one quorum
+def test_a_thousand_transactions_on_two_brokers_sharing_the_quorum_exactly_once(brokers):
+    """Two brokers, each holding its own partitions and coordinating its own producer's transactions, with the
+    transactions' state in the one quorum (each broker's sweeper sees the other's and leaves them alone).
+    500 transactions through each, every 5th aborted: read_committed sees each committed one exactly once,
+    whole, in order, and nothing of an aborted one."""
+    b1 = brokers(1, "--partitions", str(PARTITIONS))
+    b2 = brokers(2, "--partitions", str(PARTITIONS))
+    per_broker = 500
+    outcome: dict[int, tuple[list[int], list[int]]] = {}
+
+    def run(b) -> None:
+        p = txn_producer(b.bootstrap, f"two-{b.broker_id}")
+        committed, aborted = [], []
+        for n in range(per_broker):
+            p.begin_transaction()
+            batch = [n * PARTITIONS + i for i in range(PARTITIONS)]
+            send(p, "both", batch)
+            if n % 5 == 4:
+                p.abort_transaction(30)
+                aborted += batch
+            else:
+                p.commit_transaction(30)
+                committed += batch
+        outcome[b.broker_id] = (committed, aborted)
+
+    threads = [threading.Thread(target=run, args=(b,)) for b in (b1, b2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert set(outcome) == {1, 2}, "a producer did not finish"
+    for b in (b1, b2):
+        committed, aborted = outcome[b.broker_id]
+        seen = read(b.bootstrap, "both", committed=True, expect=len(committed))
+        got = [v for _, _, v in seen]
+        assert len(got) == len(set(got)), f"broker {b.broker_id}: {len(got) - len(set(got))} duplicates"
+        assert sorted(got) == sorted(committed), f"broker {b.broker_id}: lost or aborted values seen"
+        assert_in_order(seen)
+        assert len(committed) + len(aborted) == per_broker * PARTITIONS

@@ -2,7 +2,8 @@
 
 * ``pidctl bench`` (``run``, ``systems``, ``worker``): pidquorum against ZooKeeper and etcd, side by side;
 * ``pidctl bench NAME`` (or ``python -m benchmarks.MODULE``): ``quorum`` (``quorum_phases``), ``pid-manager``
-  (``pid_manager``), ``broker``, ``metrics``, ``quota``, ``security``, ``audit``.
+  (``pid_manager``), ``broker``, ``metrics``, ``quota``, ``producers``,
+  ``transactions``, ``security``, ``audit``.
 
 Their helpers: ``common`` (results, tables, throw-away clusters, leader kills), ``processes`` (child
 processes we own, and ``BrokerProcess``, the broker harness the tests use too), ``zookeeper`` (one

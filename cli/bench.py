@@ -27,6 +27,8 @@ BENCHMARKS = {
                        "check() cost."),
     "producers": ("producers", "Idempotent-producer state at scale: memory per idle producer, active latency, "
                                "expiry, snapshots and broker restart with N idle producers in one partition."),
+    "transactions": ("transactions", "Kafka transactions with librdkafka: commits/s and commit latency against an "
+                                     "idempotent producer's flush, and exactly-once across quorum leader kills."),
     "security": ("security", "Authentication and authorization: PLAIN and SCRAM, ACL checks, a SASL_SSL "
                              "connection."),
     "audit": ("audit", "The Spark audit job against a single-process numpy check of the same blocks."),

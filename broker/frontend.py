@@ -21,11 +21,16 @@ connections are served; one over a limit is closed at once (counted; logged
 at most every 10 s).  A long-polling Fetch waits for appends to the partitions
 it reads only (``AppendWaiters``), not for every append.
 
-Bad input never takes the broker down: an unreadable or oversized frame or
-an unknown API key closes that connection with a log line; a readable header
-with a bad body is answered with INVALID_REQUEST, an unsupported version with
-UNSUPPORTED_VERSION (ApiVersions: with the supported ranges), a bad record
-batch with CORRUPT_MESSAGE / INVALID_RECORD for its partition.
+Bad input never takes the broker down: an unreadable or oversized frame, an
+unknown API key or a request at a version outside the advertised range closes
+that connection, as Kafka does (an answer in another version's layout would be
+misread).  An unknown key or an unsupported version is logged once per key
+(and version) and process, then only counted: a client that does not
+negotiate sends it again on every reconnect.  ApiVersions at an unsupported
+version is answered UNSUPPORTED_VERSION with the supported ranges (v0), so the
+client can pick a version; a readable header with a bad body is answered with
+INVALID_REQUEST, a bad record batch with CORRUPT_MESSAGE / INVALID_RECORD for
+its partition.
 """
 from __future__ import annotations
 
@@ -44,7 +49,7 @@ from client.quorum import QuorumClient, RetryPolicy
 from security import acl as a
 from security.sasl import SaslAuthenticator, api_versions_table, linger_close
 from security.tls import server_context
-from telemetry.logs import Throttled, end_request_context, request_context
+from telemetry.logs import FirstOfEach, Throttled, end_request_context, request_context
 from wire import kafka
 from wire.errors import (
     ClusterAuthorizationFailedError,
@@ -186,6 +191,7 @@ class BrokerServer:
         self._connections: dict[asyncio.Task, ReadAhead] = {}
         self._per_ip: dict[str | None, int] = {}  # open connections by client address
         self._refusal_log = Throttled(log, 10.0)
+        self._frame_log = FirstOfEach(log)  # unknown API keys, unsupported versions: once each
         self.quotas = ProducerIdQuotaManager(cfg.quota_window)
         self.quota_poller = QuotaConfigPoller(self.quotas, self.quorum, cfg.quota_refresh_s,
                                               stats_path=os.path.join(cfg.data_dir, STATS_FILE))
@@ -197,7 +203,8 @@ class BrokerServer:
                          "load_in_progress": 0, "trailing_bytes": 0, "fenced_producers": 0,
                          "quota_throttled_batches": 0, "connections_refused": 0,
                          "connections_refused_per_ip": 0, "read_pauses": 0, "fetch_waits": 0,
-                         "fetch_wakeups": 0, "describe_producers_truncated": 0, "evicted_producers_refused": 0}
+                         "fetch_wakeups": 0, "describe_producers_truncated": 0, "evicted_producers_refused": 0,
+                         "unsupported_versions": 0}
         self.port: int | None = None
         self.quota_provider: Any = self.quotas  # stats() -> {principal: {rate, tokens, throttle_time_ms, ...}}
         self.api = kafka.ApiTable(SUPPORTED, NAMES, lambda key, version, code, message, throttle_ms:
@@ -345,6 +352,8 @@ class BrokerServer:
                 if data is not None:
                     writer.write(data)
                     await writer.drain()
+        except kafka.FrameError:
+            pass  # counted and logged by _answer
         except _DropConnection:
             self.counters["dropped_by_fault_injection"] += 1
             log.info("client %s: fault injection: dropping the connection before answering", peer)
@@ -378,9 +387,12 @@ class BrokerServer:
         try:
             req = self.api.parse(frame)
         except kafka.FrameError as e:
-            self.counters["bad_frames"] += 1
-            log.warning("client %s: %s; closing", peer, e)
-            raise ConnectionResetError(str(e)) from None
+            self.counters[e.counter] += 1
+            if e.kind is None:
+                log.warning("client %s: %s; closing", peer, e)
+            else:
+                self._frame_log(e.kind, logging.WARNING, "client %s: %s; closing the connection", peer, e)
+            raise
         except kafka.BadRequest as e:
             self.counters["bad_requests"] += 1
             log.warning("client %s: %s (answered %s)", peer, e.message, e.code.name)

@@ -30,7 +30,8 @@ negotiate sends it again on every reconnect.  ApiVersions at an unsupported
 version is answered UNSUPPORTED_VERSION with the supported ranges (v0), so the
 client can pick a version; a readable header with a bad body is answered with
 INVALID_REQUEST, a bad record batch with CORRUPT_MESSAGE / INVALID_RECORD for
-its partition.
+its partition.  Consumer groups are not served: FindCoordinator for a group is
+answered GROUP_AUTHORIZATION_FAILED, so a consumer with a group fails at once.
 """
 from __future__ import annotations
 
@@ -204,7 +205,7 @@ class BrokerServer:
                          "quota_throttled_batches": 0, "connections_refused": 0,
                          "connections_refused_per_ip": 0, "read_pauses": 0, "fetch_waits": 0,
                          "fetch_wakeups": 0, "describe_producers_truncated": 0, "evicted_producers_refused": 0,
-                         "unsupported_versions": 0}
+                         "unsupported_versions": 0, "groups_refused": 0}
         self.port: int | None = None
         self.quota_provider: Any = self.quotas  # stats() -> {principal: {rate, tokens, throttle_time_ms, ...}}
         self.api = kafka.ApiTable(SUPPORTED, NAMES, lambda key, version, code, message, throttle_ms:
@@ -519,10 +520,46 @@ class BrokerServer:
 
     # ------------------------------------------------------------ FindCoordinator
     def _find_coordinator(self, req: kafka.Request) -> Any:
+        """Transactional ids (key type 1): this broker.  Consumer groups (key type 0): refused with
+        GROUP_AUTHORIZATION_FAILED and, from v1, an error message saying why.  Other key types:
+        INVALID_REQUEST.
+
+        Consumer groups are not served (no JoinGroup, SyncGroup, Heartbeat, OffsetCommit,
+        OffsetFetch).  Naming this broker as their coordinator made clients fail late or never: a
+        client that does not negotiate versions (kafka-python pinned to an ``api_version``, Go
+        clients) sends JoinGroup, the broker closes the connection (unknown API), and it reconnects
+        and tries again for ever.  The code was chosen by what the clients do with it, tried with
+        kafka-python 3.0 and confluent-kafka 2.16 (librdkafka):
+
+        - GROUP_AUTHORIZATION_FAILED (30): kafka-python raises GroupAuthorizationFailedError (naming
+          the group) from ``poll``, ``commit`` and ``committed`` at once, negotiated or pinned.
+          librdkafka puts one consumer error carrying our message on the consumer's queue (the next
+          ``poll`` returns it, not retriable) and keeps asking every second without repeating it;
+          an assign()-only consumer still fetches.  Authorization failures are what clients surface
+          instead of retrying (the Java consumer throws GroupAuthorizationException from poll and
+          commitSync), and the meaning fits: nobody may use a group on this broker.
+        - INVALID_GROUP_ID (24): the same in both clients (kafka-python's error does not name the
+          group), but it tells users to change a group id when no id would work.
+        - COORDINATOR_NOT_AVAILABLE (15), NOT_COORDINATOR (16): retriable; both clients retry for
+          ever and ``poll`` returns nothing (kafka-python logs each NOT_COORDINATOR): the spin.
+
+        Under any error code here, librdkafka's ``commit`` and ``committed`` wait for a coordinator
+        until their timeout (``committed(timeout=)``; a synchronous commit about session.timeout.ms)
+        and fail with _WAIT_COORD / _TIMED_OUT; the consumer error on the queue says why.  Refusals are
+        counted; the first and every 1000th is logged."""
         b = req.body
         key_type = int(getattr(b, "key_type", 0))
         if key_type not in (0, 1):
             raise InvalidRequestError(f"unknown coordinator key type {key_type}")
+        if key_type == 0:
+            self.counters["groups_refused"] += 1
+            why = f"consumer groups are not served by this broker (group {str(b.key)[:200]!r})"
+            if self.counters["groups_refused"] % 1000 == 1:
+                log.info("FindCoordinator: %s; answered GROUP_AUTHORIZATION_FAILED (%d so far)", why,
+                         self.counters["groups_refused"])
+            return kio_.response(FIND_COORDINATOR, req.api_version, {
+                "throttle_time": 0, "error_code": int(Errors.GROUP_AUTHORIZATION_FAILED), "error_message": why,
+                "node_id": -1, "host": "", "port": -1})
         host, port = self.cfg.advertised_address
         # Transactional state lives in the quorum: every broker coordinates every transactional id.
         return kio_.response(FIND_COORDINATOR, req.api_version, {

@@ -30,6 +30,8 @@ BROKER_METRICS = {
     "pidquorum_broker_unsupported_versions":
         "Requests at a version the server does not serve, ApiVersions excepted (connection closed, as Kafka does).",
     "pidquorum_broker_produce_batches": "Produce batches appended.",
+    "pidquorum_broker_groups_refused":
+        "FindCoordinator for a consumer group, answered GROUP_AUTHORIZATION_FAILED (groups are not served).",
     "pidquorum_broker_init_producer_id_requests": "InitProducerId requests.",
     "pidquorum_broker_connections": "Client connections open.",
     "pidquorum_broker_connections_refused":
@@ -71,6 +73,7 @@ _COUNTERS = {  # BrokerServer.counters key -> metric
     "bad_requests": "pidquorum_broker_bad_requests",
     "unsupported_versions": "pidquorum_broker_unsupported_versions",
     "produce_batches": "pidquorum_broker_produce_batches",
+    "groups_refused": "pidquorum_broker_groups_refused",
     "init_producer_id": "pidquorum_broker_init_producer_id_requests",
     "connections_refused": "pidquorum_broker_connections_refused",
     "read_pauses": "pidquorum_broker_read_pauses",

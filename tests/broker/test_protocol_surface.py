@@ -1,29 +1,44 @@
 """The edges of the broker's Kafka protocol surface, against real broker processes and a real quorum:
 
+- FindCoordinator for a consumer group is refused GROUP_AUTHORIZATION_FAILED (groups are not
+  served), so kafka-python and confluent-kafka consumers with a group fail with a clear error in
+  seconds instead of spinning; transactional ids still get this broker, consumers without a group
+  still read.
 - A request at a version outside the advertised range closes the connection, as Kafka does (no
   answer in another version's layout); ApiVersions is answered UNSUPPORTED_VERSION with the ranges.
+- Topic names of 240 to 249 characters work (produce, consume, restart); 250 is refused for that
+  topic only.
 - An unknown API key is logged once per key, then only counted; the connection is closed.
+
+Client scenarios run in subprocesses with deadlines: a client that spins is killed and reported.
 """
 from __future__ import annotations
 
+import json
+import os
 import socket
+import subprocess
+import sys
 
 import pytest
 
-from benchmarks.processes import BrokerProcess
+from benchmarks.processes import BrokerProcess, child_env
 from client import api as p
 from quorum.localcluster import LocalCluster, free_ports
 from telemetry.metrics import read_metrics
 from tests.broker.test_frontend_bad_input import call
+from tests.broker.test_real_clients import consume_all, produce_confluent
 from tests.conftest import wait_for
 from tests.quorum.test_bad_input import framed, header_v1, raw_conn, read_frame, read_until_closed
 from wire import kafka
 from wire.errors import Errors
 
-PRODUCE, FETCH, LIST_OFFSETS, METADATA = 0, 1, 2, 3
+PRODUCE, FETCH, LIST_OFFSETS, METADATA, FIND_COORDINATOR = 0, 1, 2, 3, 10
 ADD_PARTITIONS_TO_TXN, DESCRIBE_PRODUCERS = 24, 61
 NAMES = {PRODUCE: "Produce", FETCH: "Fetch", LIST_OFFSETS: "ListOffsets", METADATA: "Metadata",
          ADD_PARTITIONS_TO_TXN: "AddPartitionsToTxn", DESCRIBE_PRODUCERS: "DescribeProducers"}
+CLIENT_DEADLINE = 30.0  # seconds a client subprocess may take, start-up and imports included
+FAIL_WITHIN = 10.0  # seconds from the client's first call to the error it reports
 
 
 class Broker:
@@ -138,3 +153,138 @@ def test_an_unknown_api_key_is_logged_once_and_counted(broker):
     assert len(lines) == 1, lines
     assert "closing the connection" in lines[0]
 
+
+# ------------------------------------------------------------------ consumer groups
+def run_client(script: str, *args: str) -> dict:
+    """Run ``script`` (Python) in a subprocess with ``args``; the JSON object its last line prints.
+    A client still running at CLIENT_DEADLINE is killed: it was spinning."""
+    try:
+        r = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True,
+                           timeout=CLIENT_DEADLINE, env=child_env(), cwd=os.getcwd())
+    except subprocess.TimeoutExpired as e:
+        raise AssertionError(f"the client was still running after {CLIENT_DEADLINE:.0f}s (spinning); "
+                             f"its output:\n{e.stdout}\n{e.stderr}") from None
+    assert r.returncode == 0, r.stdout + r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+KAFKA_PYTHON_GROUP = """
+import json, sys, time
+from kafka import KafkaConsumer, TopicPartition
+from kafka.structs import OffsetAndMetadata
+bootstrap, topic, how, pinned = sys.argv[1:5]
+extra = {"api_version": (2, 0, 0)} if pinned == "pinned" else {}
+c = KafkaConsumer(bootstrap_servers=bootstrap, group_id="surface-group", enable_auto_commit=False, **extra)
+tp = TopicPartition(topic, 0)
+t0 = time.monotonic()
+try:
+    if how == "subscribe":
+        c.subscribe([topic])
+        while True:
+            c.poll(timeout_ms=500)
+    elif how == "commit":
+        c.assign([tp])
+        c.commit({tp: OffsetAndMetadata(1, "", -1)})
+    else:
+        c.committed(tp)
+    out = {"error": None}
+except Exception as e:
+    out = {"error": type(e).__name__, "text": str(e)}
+out["seconds"] = time.monotonic() - t0
+print(json.dumps(out))
+"""
+
+CONFLUENT_GROUP = """
+import json, sys, time
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+bootstrap, topic, how = sys.argv[1:4]
+c = Consumer({"bootstrap.servers": bootstrap, "group.id": "surface-group", "enable.auto.commit": False,
+              "auto.offset.reset": "earliest", "log_level": 0})
+t0 = time.monotonic()
+out = {"error": None, "values": []}
+try:
+    if how == "subscribe":
+        c.subscribe([topic])
+    else:
+        c.assign([TopicPartition(topic, 0, 0)])
+    while out["error"] is None or (how == "assign" and len(out["values"]) < int(sys.argv[4])):
+        m = c.poll(0.2)
+        if m is None:
+            continue
+        if m.error():
+            err = m.error()
+            out.update(error=err.name(), text=err.str(), fatal=err.fatal(), retriable=err.retriable(),
+                       seconds=time.monotonic() - t0)
+        else:
+            out["values"].append(m.value().decode())
+    if how == "committed":
+        t1 = time.monotonic()
+        try:
+            c.committed([TopicPartition(topic, 0)], timeout=3)
+        except KafkaException as e:
+            out["committed_error"], out["committed_seconds"] = e.args[0].name(), time.monotonic() - t1
+finally:
+    c.close()
+print(json.dumps(out))
+"""
+
+GROUP_MESSAGE = "consumer groups are not served by this broker"
+
+
+@pytest.fixture(scope="module")
+def group_topic(broker):
+    assert produce_confluent(broker.bootstrap, "grouped", range(6)) == []
+    return "grouped"
+
+
+def find_coordinator(b: Broker, version: int, key: str, key_type: int | None = None):
+    fields = {"key": key} if key_type is None else {"key": key, "key_type": key_type}
+    return call(b.proc, FIND_COORDINATOR, version, **fields)
+
+
+@pytest.mark.parametrize("version", [0, 1, 2])
+def test_find_coordinator_refuses_groups_and_names_this_broker_for_transactions(broker, version):
+    before = broker.counter("groups_refused")
+    refused = find_coordinator(broker, version, "some-group", None if version == 0 else 0)
+    assert int(refused.error_code) == Errors.GROUP_AUTHORIZATION_FAILED and int(refused.node_id) == -1
+    if version >= 1:
+        assert GROUP_MESSAGE in refused.error_message and "some-group" in refused.error_message
+    wait_for(lambda: broker.counter("groups_refused") >= before + 1, 5, what="groups_refused counted")
+    if version >= 1:
+        txn = find_coordinator(broker, version, "some-transactional-id", 1)
+        assert int(txn.error_code) == 0 and int(txn.node_id) == 1 and int(txn.port) == broker.proc.port
+        assert int(find_coordinator(broker, version, "x", 2).error_code) == Errors.INVALID_REQUEST
+
+
+@pytest.mark.parametrize("how,pinned", [("subscribe", "negotiated"), ("subscribe", "pinned"),
+                                        ("commit", "negotiated"), ("committed", "negotiated")])
+def test_kafka_python_consumer_with_a_group_fails_at_once(broker, group_topic, how, pinned):
+    """Negotiated, or pinned to api_version (2, 0) as many deployments do (which sent JoinGroup and
+    reconnected for ever when groups were given this broker as coordinator)."""
+    out = run_client(KAFKA_PYTHON_GROUP, broker.bootstrap, group_topic, how, pinned)
+    assert out["error"] == "GroupAuthorizationFailedError" and "surface-group" in out["text"], out
+    assert out["seconds"] < FAIL_WITHIN, out
+
+
+def test_confluent_consumer_with_a_group_fails_at_once(broker, group_topic):
+    out = run_client(CONFLUENT_GROUP, broker.bootstrap, group_topic, "subscribe")
+    assert out["error"] == "GROUP_AUTHORIZATION_FAILED" and GROUP_MESSAGE in out["text"], out
+    assert not out["retriable"] and out["seconds"] < FAIL_WITHIN, out
+
+
+def test_confluent_committed_fails_within_its_timeout(broker, group_topic):
+    """librdkafka waits for a coordinator until the call's timeout (no code makes it fail sooner);
+    the error on the consumer's queue has already said why."""
+    out = run_client(CONFLUENT_GROUP, broker.bootstrap, group_topic, "committed")
+    assert out["error"] == "GROUP_AUTHORIZATION_FAILED", out
+    assert out["committed_error"] == "_TIMED_OUT" and out["committed_seconds"] < FAIL_WITHIN, out
+
+
+def test_consumers_that_use_no_group_still_read(broker, group_topic):
+    """kafka-python without a group_id (assign + poll) is untouched; confluent-kafka, which always has
+    a group.id, gets the one error event and then reads what it assigned itself."""
+    got = consume_all(broker.bootstrap, group_topic, 2, 6)
+    assert sorted(v for _, _, v in got) == list(range(6))
+    on_zero = sum(1 for part, _, _ in got if part == 0)
+    out = run_client(CONFLUENT_GROUP, broker.bootstrap, group_topic, "assign", str(on_zero))
+    assert out["error"] == "GROUP_AUTHORIZATION_FAILED" and len(out["values"]) == on_zero, out

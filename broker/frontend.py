@@ -491,6 +491,10 @@ class BrokerServer:
         except PidQuorumError as e:
             # A null name (Metadata v10+, a topic asked for by id) is "" in the answer: v10-v11 cannot carry null.
             return {"error_code": int(e.code), "name": name or "", "topic_id": None, "partitions": []}
+        except OSError as e:  # the disk refused this topic's files: its error (Kafka's, for a failed log directory)
+            log.error("Metadata: topic %r: %s (answered KAFKA_STORAGE_ERROR)", (name or "")[:255], e)
+            return {"error_code": int(Errors.KAFKA_STORAGE_ERROR), "name": name or "", "topic_id": None,
+                    "partitions": []}
         if topic is None:
             return {"error_code": int(Errors.UNKNOWN_TOPIC_OR_PARTITION), "name": name or "", "topic_id": None,
                     "partitions": []}

@@ -14,6 +14,7 @@ Client scenarios run in subprocesses with deadlines: a client that spins is kill
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -23,11 +24,13 @@ import sys
 import pytest
 
 from benchmarks.processes import BrokerProcess, child_env
+from broker.config import BrokerConfig
+from broker.frontend import BrokerServer
 from client import api as p
 from quorum.localcluster import LocalCluster, free_ports
 from telemetry.metrics import read_metrics
 from tests.broker.test_frontend_bad_input import call
-from tests.broker.test_real_clients import consume_all, produce_confluent
+from tests.broker.test_real_clients import consume_all, produce_confluent, produce_kafka_python
 from tests.conftest import wait_for
 from tests.quorum.test_bad_input import framed, header_v1, raw_conn, read_frame, read_until_closed
 from wire import kafka
@@ -288,3 +291,75 @@ def test_consumers_that_use_no_group_still_read(broker, group_topic):
     on_zero = sum(1 for part, _, _ in got if part == 0)
     out = run_client(CONFLUENT_GROUP, broker.bootstrap, group_topic, "assign", str(on_zero))
     assert out["error"] == "GROUP_AUTHORIZATION_FAILED" and len(out["values"]) == on_zero, out
+
+
+# ------------------------------------------------------------------ long topic names
+def long_name(n: int) -> str:
+    return (f"long-{n}." + "abcdefghij-._0123456789" * 20)[:n]
+
+
+def metadata(b: Broker, names: list[str]) -> dict[str, int]:
+    """Metadata v9 for ``names`` (auto-creation allowed): {name: error code}."""
+    topic_cls = __import__(kafka.load_request_schema(METADATA, 9).__module__, fromlist=["MetadataRequestTopic"])
+    body = call(b.proc, METADATA, 9, topics=tuple(topic_cls.MetadataRequestTopic(name=n) for n in names),
+                allow_auto_topic_creation=True, include_cluster_authorized_operations=False,
+                include_topic_authorized_operations=False)
+    return {t.name: int(t.error_code) for t in body.topics}
+
+
+def test_topic_names_of_240_to_249_characters_produce_consume_and_survive_a_restart(quorum):
+    base, lc = quorum
+    port = free_ports(1)[0]
+    proc = BrokerProcess(str(base), 2, lc.client_addresses(), "--partitions", "2", "--metrics-port", str(port))
+    b = Broker(proc.start(), port)
+    names = [long_name(n) for n in (240, 245, 246, 249)]
+    try:
+        for i, name in enumerate(names):
+            assert produce_confluent(b.bootstrap, name, range(i * 10, i * 10 + 10)) == []
+        for i, name in enumerate(names):
+            got = consume_all(b.bootstrap, name, 2, 10)
+            assert sorted(v for _, _, v in got) == list(range(i * 10, i * 10 + 10)), name
+        proc.stop()
+        proc.start()
+        assert metadata(b, names) == {name: 0 for name in names}
+        for i, name in enumerate(names):
+            produce_kafka_python(b.bootstrap, name, range(100 + i, 101 + i))
+            got = consume_all(b.bootstrap, name, 2, 11)
+            assert sorted(v for _, _, v in got) == [*range(i * 10, i * 10 + 10), 100 + i], name
+        assert "File name too long" not in proc.tail(100_000)
+    finally:
+        proc.stop()
+
+
+def test_a_250_character_name_is_refused_and_the_other_topics_are_answered(broker):
+    too_long, longest = "x" * 250, long_name(249)
+    assert metadata(broker, ["md-first", too_long, longest, "md-last"]) == {
+        "md-first": 0, too_long: Errors.INVALID_TOPIC_EXCEPTION, longest: 0, "md-last": 0}
+
+
+def test_a_disk_error_on_one_topic_is_that_topics_error(tmp_path):
+    """Metadata with a topic whose files the disk refuses: KAFKA_STORAGE_ERROR for it, the others answered
+    (it was UNKNOWN_SERVER_ERROR for the whole request).  A broker object, no process: the disk error is
+    injected into its storage."""
+    cfg = BrokerConfig(broker_id=1, quorum=["127.0.0.1:1"], data_dir=str(tmp_path), listen="127.0.0.1:0")
+    server = BrokerServer(cfg)
+    try:
+        real = server.storage.ensure_topic
+
+        def refuse(name, partitions=None):
+            if name == "on-a-bad-disk":
+                raise OSError(errno.EIO, "Input/output error")
+            return real(name, partitions)
+
+        server.storage.ensure_topic = refuse
+        topic_cls = __import__(kafka.load_request_schema(METADATA, 9).__module__, fromlist=["MetadataRequestTopic"])
+        body = kafka.request_entity(METADATA, 9, topics=tuple(
+            topic_cls.MetadataRequestTopic(name=n) for n in ("before", "on-a-bad-disk", "after")),
+            allow_auto_topic_creation=True, include_cluster_authorized_operations=False,
+            include_topic_authorized_operations=False)
+        resp = server._metadata(kafka.Request(METADATA, 9, 1, "test", body))
+        assert {t.name: int(t.error_code) for t in resp.topics} == {
+            "before": 0, "on-a-bad-disk": Errors.KAFKA_STORAGE_ERROR, "after": 0}
+    finally:
+        server._io.shutdown()
+        server.storage.close()

@@ -28,10 +28,11 @@ misread).  An unknown key or an unsupported version is logged once per key
 (and version) and process, then only counted: a client that does not
 negotiate sends it again on every reconnect.  ApiVersions at an unsupported
 version is answered UNSUPPORTED_VERSION with the supported ranges (v0), so the
-client can pick a version; a readable header with a bad body is answered with
-INVALID_REQUEST, a bad record batch with CORRUPT_MESSAGE / INVALID_RECORD for
-its partition.  Consumer groups are not served: FindCoordinator for a group is
-answered GROUP_AUTHORIZATION_FAILED, so a consumer with a group fails at once.
+client can pick a version (logged once per version: clients start so); a
+readable header with a bad body is answered with INVALID_REQUEST, a bad record
+batch with CORRUPT_MESSAGE / INVALID_RECORD for its partition.  Consumer groups
+are not served: FindCoordinator for a group is answered
+GROUP_AUTHORIZATION_FAILED, so a consumer with a group fails at once.
 """
 from __future__ import annotations
 
@@ -396,7 +397,10 @@ class BrokerServer:
             raise
         except kafka.BadRequest as e:
             self.counters["bad_requests"] += 1
-            log.warning("client %s: %s (answered %s)", peer, e.message, e.code.name)
+            if e.kind is None:
+                log.warning("client %s: %s (answered %s)", peer, e.message, e.code.name)
+            else:  # a newer ApiVersions: how every negotiating client starts (KIP-511), so once per version
+                self._frame_log(e.kind, logging.INFO, "client %s: %s (answered %s)", peer, e.message, e.code.name)
             return self.api.error_response(e)
         self.counters["requests"] += 1
         if principal is not None:

@@ -176,7 +176,11 @@ class QuorumServer:
                     break
                 except kafka.BadRequest as e:
                     self.counters["bad_requests"] += 1
-                    log.warning("client %s: %s (answered %s)", peer, e.message, e.code.name)
+                    if e.kind is None:
+                        log.warning("client %s: %s (answered %s)", peer, e.message, e.code.name)
+                    else:  # a newer ApiVersions: how every negotiating client starts (KIP-511), so once per version
+                        self._frame_log(e.kind, logging.INFO, "client %s: %s (answered %s)", peer, e.message,
+                                        e.code.name)
                     responses.put_nowait(SERVER_API.error_response(e))
                     continue
                 if session is not None:

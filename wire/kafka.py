@@ -80,13 +80,18 @@ class UnsupportedVersion(FrameError):
 
 
 class BadRequest(Exception):
-    """The header is readable but the request is not: answer with ``code``."""
+    """The header is readable but the request is not: answer with ``code``.
 
-    def __init__(self, api_key: int, api_version: int, correlation_id: int, code: Errors, message: str):
+    ``kind``: None, or what a server logs once per process, as for ``FrameError`` (ApiVersions at a
+    newer version than the server's: every client that negotiates sends it on every connection)."""
+
+    def __init__(self, api_key: int, api_version: int, correlation_id: int, code: Errors, message: str,
+                 kind: tuple | None = None):
         super().__init__(message)
         self.api_key, self.api_version, self.correlation_id = api_key, api_version, correlation_id
         self.code = code
         self.message = message
+        self.kind = kind
 
 
 @dataclass
@@ -174,7 +179,8 @@ class ApiTable:
             # As Kafka does (KIP-511): answered UNSUPPORTED_VERSION with the ranges, in v0, so the client
             # can pick a version both sides serve.
             raise BadRequest(api_key, api_version, correlation_id, Errors.UNSUPPORTED_VERSION,
-                             f"{name} v{api_version} is not supported (supported: v{lo}-v{hi})")
+                             f"{name} v{api_version} is not supported (supported: v{lo}-v{hi})",
+                             kind=("unsupported version", api_key, api_version))
         req_cls = load_request_schema(api_key, api_version)
         try:
             check_request(frame, req_cls.__header_schema__, req_cls)

@@ -135,13 +135,18 @@ def test_every_api_one_version_past_either_end_closes_the_connection(broker):
 
 @pytest.mark.parametrize("version", [4, 99])
 def test_api_versions_at_an_unsupported_version_is_answered_with_the_ranges(broker, version):
-    with raw_conn(broker.bootstrap) as s:
-        s.sendall(framed(header_v1(kafka.API_VERSIONS, version, 0x5150) + b"\x00" * 3))
-        corr, body = p.QUORUM_API.parse_response(read_frame(s), kafka.API_VERSIONS, 0)
-        assert corr == 0x5150 and int(body.error_code) == Errors.UNSUPPORTED_VERSION
-        ranges = {int(k.api_key): (int(k.min_version), int(k.max_version)) for k in body.api_keys}
-        assert ranges == advertised(broker) and ranges[PRODUCE] == (3, 10)
-        api_versions_on(s, 9)  # the connection stays open: the client downgrades on it
+    """As Kafka does (KIP-511), so the client can pick versions; logged once per version (every client
+    that negotiates starts so, on every connection)."""
+    for _ in range(2):
+        with raw_conn(broker.bootstrap) as s:
+            s.sendall(framed(header_v1(kafka.API_VERSIONS, version, 0x5150) + b"\x00" * 3))
+            corr, body = p.QUORUM_API.parse_response(read_frame(s), kafka.API_VERSIONS, 0)
+            assert corr == 0x5150 and int(body.error_code) == Errors.UNSUPPORTED_VERSION
+            ranges = {int(k.api_key): (int(k.min_version), int(k.max_version)) for k in body.api_keys}
+            assert ranges == advertised(broker) and ranges[PRODUCE] == (3, 10)
+            api_versions_on(s, 9)  # the connection stays open: the client downgrades on it
+    lines = [line for line in broker.log().splitlines() if f": ApiVersions v{version} is not supported" in line]
+    assert len(lines) == 1 and "answered UNSUPPORTED_VERSION" in lines[0], lines
 
 
 # ------------------------------------------------------------------ unknown API keys

@@ -54,6 +54,7 @@ def test_api_versions_at_an_unsupported_version_is_answered_in_v0_with_the_range
     with pytest.raises(kafka.BadRequest) as ei:
         TABLE.parse(header(kafka.API_VERSIONS, version, corr=77) + b"\x00" * 3)
     assert ei.value.code == Errors.UNSUPPORTED_VERSION
+    assert ei.value.kind == ("unsupported version", kafka.API_VERSIONS, version)  # logged once per version
     corr, body = p.QUORUM_API.parse_response(TABLE.error_response(ei.value)[4:], kafka.API_VERSIONS, 0)
     assert corr == 77 and int(body.error_code) == Errors.UNSUPPORTED_VERSION
     assert {int(k.api_key): (int(k.min_version), int(k.max_version)) for k in body.api_keys} == dict(TABLE.versions)

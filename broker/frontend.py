@@ -27,11 +27,18 @@ connections are served; one over a limit is closed at once (counted; logged
 at most every 10 s).  A long-polling Fetch waits for appends to the partitions
 it reads only (``AppendWaiters``), not for every append.
 
-Bad input never takes the broker down: an unreadable or oversized frame or
-an unknown API key closes that connection with a log line; a readable header
-with a bad body is answered with INVALID_REQUEST, an unsupported version with
-UNSUPPORTED_VERSION (ApiVersions: with the supported ranges), a bad record
-batch with CORRUPT_MESSAGE / INVALID_RECORD for its partition.
+Bad input never takes the broker down: an unreadable or oversized frame, an
+unknown API key or a request at a version outside the advertised range closes
+that connection, as Kafka does (an answer in another version's layout would be
+misread).  An unknown key or an unsupported version is logged once per key
+(and version) and process, then only counted: a client that does not
+negotiate sends it again on every reconnect.  ApiVersions at an unsupported
+version is answered UNSUPPORTED_VERSION with the supported ranges (v0), so the
+client can pick a version (logged once per version: clients start so); a
+readable header with a bad body is answered with INVALID_REQUEST, a bad record
+batch with CORRUPT_MESSAGE / INVALID_RECORD for its partition.  Consumer groups
+are not served: FindCoordinator for a group is answered
+GROUP_AUTHORIZATION_FAILED, so a consumer with a group fails at once.
 """
 from __future__ import annotations
 
@@ -51,7 +58,7 @@ from client.quorum import QuorumClient, RetryPolicy
 from security import acl as a
 from security.sasl import SaslAuthenticator, api_versions_table, linger_close
 from security.tls import server_context
-from telemetry.logs import Throttled, end_request_context, request_context
+from telemetry.logs import FirstOfEach, Throttled, end_request_context, request_context
 from wire import kafka
 from wire.errors import (
     ClusterAuthorizationFailedError,
@@ -80,7 +87,7 @@ DESCRIBE_PRODUCERS = 61
 ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN = 24, 25, 26
 READ_COMMITTED = 1
 # What a consumer group's FindCoordinator and AddOffsetsToTxn get: this broker coordinates no groups.
-GROUPS_NOT_SERVED = Errors.INVALID_REQUEST
+GROUPS_NOT_SERVED = Errors.GROUP_AUTHORIZATION_FAILED
 LATEST_TIMESTAMP, EARLIEST_TIMESTAMP = -1, -2
 MAINTAIN_EVERY_S = 5.0
 
@@ -199,6 +206,7 @@ class BrokerServer:
         self._connections: dict[asyncio.Task, ReadAhead] = {}
         self._per_ip: dict[str | None, int] = {}  # open connections by client address
         self._refusal_log = Throttled(log, 10.0)
+        self._frame_log = FirstOfEach(log)  # unknown API keys, unsupported versions: once each
         self.quotas = ProducerIdQuotaManager(cfg.quota_window)
         self.quota_poller = QuotaConfigPoller(self.quotas, self.quorum, cfg.quota_refresh_s,
                                               stats_path=os.path.join(cfg.data_dir, STATS_FILE))
@@ -210,7 +218,8 @@ class BrokerServer:
                          "load_in_progress": 0, "trailing_bytes": 0, "fenced_producers": 0,
                          "quota_throttled_batches": 0, "connections_refused": 0,
                          "connections_refused_per_ip": 0, "read_pauses": 0, "fetch_waits": 0,
-                         "fetch_wakeups": 0, "describe_producers_truncated": 0, "evicted_producers_refused": 0}
+                         "fetch_wakeups": 0, "describe_producers_truncated": 0, "evicted_producers_refused": 0,
+                         "unsupported_versions": 0, "groups_refused": 0}
         self.port: int | None = None
         self.quota_provider: Any = self.quotas  # stats() -> {principal: {rate, tokens, throttle_time_ms, ...}}
         self.api = kafka.ApiTable(SUPPORTED, NAMES, lambda key, version, code, message, throttle_ms:
@@ -369,6 +378,8 @@ class BrokerServer:
                 if data is not None:
                     writer.write(data)
                     await writer.drain()
+        except kafka.FrameError:
+            pass  # counted and logged by _answer
         except _DropConnection:
             self.counters["dropped_by_fault_injection"] += 1
             log.info("client %s: fault injection: dropping the connection before answering", peer)
@@ -402,12 +413,18 @@ class BrokerServer:
         try:
             req = self.api.parse(frame)
         except kafka.FrameError as e:
-            self.counters["bad_frames"] += 1
-            log.warning("client %s: %s; closing", peer, e)
-            raise ConnectionResetError(str(e)) from None
+            self.counters[e.counter] += 1
+            if e.kind is None:
+                log.warning("client %s: %s; closing", peer, e)
+            else:
+                self._frame_log(e.kind, logging.WARNING, "client %s: %s; closing the connection", peer, e)
+            raise
         except kafka.BadRequest as e:
             self.counters["bad_requests"] += 1
-            log.warning("client %s: %s (answered %s)", peer, e.message, e.code.name)
+            if e.kind is None:
+                log.warning("client %s: %s (answered %s)", peer, e.message, e.code.name)
+            else:  # a newer ApiVersions: how every negotiating client starts (KIP-511), so once per version
+                self._frame_log(e.kind, logging.INFO, "client %s: %s (answered %s)", peer, e.message, e.code.name)
             return self.api.error_response(e)
         self.counters["requests"] += 1
         if principal is not None:
@@ -502,6 +519,10 @@ class BrokerServer:
         except PidQuorumError as e:
             # A null name (Metadata v10+, a topic asked for by id) is "" in the answer: v10-v11 cannot carry null.
             return {"error_code": int(e.code), "name": name or "", "topic_id": None, "partitions": []}
+        except OSError as e:  # the disk refused this topic's files: its error (Kafka's, for a failed log directory)
+            log.error("Metadata: topic %r: %s (answered KAFKA_STORAGE_ERROR)", (name or "")[:255], e)
+            return {"error_code": int(Errors.KAFKA_STORAGE_ERROR), "name": name or "", "topic_id": None,
+                    "partitions": []}
         if topic is None:
             return {"error_code": int(Errors.UNKNOWN_TOPIC_OR_PARTITION), "name": name or "", "topic_id": None,
                     "partitions": []}
@@ -531,10 +552,46 @@ class BrokerServer:
 
     # ------------------------------------------------------------ FindCoordinator
     def _find_coordinator(self, req: kafka.Request) -> Any:
+        """Transactional ids (key type 1): this broker.  Consumer groups (key type 0): refused with
+        GROUP_AUTHORIZATION_FAILED and, from v1, an error message saying why.  Other key types:
+        INVALID_REQUEST.
+
+        Consumer groups are not served (no JoinGroup, SyncGroup, Heartbeat, OffsetCommit,
+        OffsetFetch).  Naming this broker as their coordinator made clients fail late or never: a
+        client that does not negotiate versions (kafka-python pinned to an ``api_version``, Go
+        clients) sends JoinGroup, the broker closes the connection (unknown API), and it reconnects
+        and tries again for ever.  The code was chosen by what the clients do with it, tried with
+        kafka-python 3.0 and confluent-kafka 2.16 (librdkafka):
+
+        - GROUP_AUTHORIZATION_FAILED (30): kafka-python raises GroupAuthorizationFailedError (naming
+          the group) from ``poll``, ``commit`` and ``committed`` at once, negotiated or pinned.
+          librdkafka puts one consumer error carrying our message on the consumer's queue (the next
+          ``poll`` returns it, not retriable) and keeps asking every second without repeating it;
+          an assign()-only consumer still fetches.  Authorization failures are what clients surface
+          instead of retrying (the Java consumer throws GroupAuthorizationException from poll and
+          commitSync), and the meaning fits: nobody may use a group on this broker.
+        - INVALID_GROUP_ID (24): the same in both clients (kafka-python's error does not name the
+          group), but it tells users to change a group id when no id would work.
+        - COORDINATOR_NOT_AVAILABLE (15), NOT_COORDINATOR (16): retriable; both clients retry for
+          ever and ``poll`` returns nothing (kafka-python logs each NOT_COORDINATOR): the spin.
+
+        Under any error code here, librdkafka's ``commit`` and ``committed`` wait for a coordinator
+        until their timeout (``committed(timeout=)``; a synchronous commit about session.timeout.ms)
+        and fail with _WAIT_COORD / _TIMED_OUT; the consumer error on the queue says why.  Refusals are
+        counted; the first and every 1000th is logged."""
         b = req.body
         key_type = int(getattr(b, "key_type", 0))
         if key_type not in (0, 1):
             raise InvalidRequestError(f"unknown coordinator key type {key_type}")
+        if key_type == 0:
+            self.counters["groups_refused"] += 1
+            why = f"consumer groups are not served by this broker (group {str(b.key)[:200]!r})"
+            if self.counters["groups_refused"] % 1000 == 1:
+                log.info("FindCoordinator: %s; answered GROUP_AUTHORIZATION_FAILED (%d so far)", why,
+                         self.counters["groups_refused"])
+            return kio_.response(FIND_COORDINATOR, req.api_version, {
+                "throttle_time": 0, "error_code": int(GROUPS_NOT_SERVED), "error_message": why,
+                "node_id": -1, "host": "", "port": -1})
         host, port = self.cfg.advertised_address
         # Transactional state lives in the quorum: every broker coordinates every transactional id.
         return kio_.response(FIND_COORDINATOR, req.api_version, {

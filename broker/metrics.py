@@ -23,9 +23,15 @@ BROKER_METRICS = {
     "pidquorum_broker_duplicates": "Produce batches recognised as duplicates (answered, not appended again).",
     "pidquorum_broker_fenced_producers": "Answers PRODUCER_FENCED / INVALID_PRODUCER_EPOCH (any API).",
     "pidquorum_broker_requests": "Requests read.",
-    "pidquorum_broker_bad_frames": "Unreadable or oversized frames (connection closed).",
-    "pidquorum_broker_bad_requests": "Readable headers with a bad body or version (answered with an error).",
+    "pidquorum_broker_bad_frames":
+        "Frames that closed the connection: unreadable, oversized, or an unknown API key.",
+    "pidquorum_broker_bad_requests":
+        "Requests with a bad header or body, or ApiVersions at an unsupported version (answered with an error).",
+    "pidquorum_broker_unsupported_versions":
+        "Requests at a version the server does not serve, ApiVersions excepted (connection closed, as Kafka does).",
     "pidquorum_broker_produce_batches": "Produce batches appended.",
+    "pidquorum_broker_groups_refused":
+        "FindCoordinator for a consumer group, answered GROUP_AUTHORIZATION_FAILED (groups are not served).",
     "pidquorum_broker_init_producer_id_requests": "InitProducerId requests.",
     "pidquorum_broker_connections": "Client connections open.",
     "pidquorum_broker_connections_refused":
@@ -65,7 +71,9 @@ _COUNTERS = {  # BrokerServer.counters key -> metric
     "requests": "pidquorum_broker_requests",
     "bad_frames": "pidquorum_broker_bad_frames",
     "bad_requests": "pidquorum_broker_bad_requests",
+    "unsupported_versions": "pidquorum_broker_unsupported_versions",
     "produce_batches": "pidquorum_broker_produce_batches",
+    "groups_refused": "pidquorum_broker_groups_refused",
     "init_producer_id": "pidquorum_broker_init_producer_id_requests",
     "connections_refused": "pidquorum_broker_connections_refused",
     "read_pauses": "pidquorum_broker_read_pauses",

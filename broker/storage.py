@@ -2,15 +2,30 @@
 
 Layout::
 
-    <data_dir>/<topic>.topic           checksummed topic metadata: name, topic ID (UUID), partition count
-    <data_dir>/<topic>-<partition>/    one ``broker.partition.Partition`` directory each
+    <data_dir>/<stem>.topic            checksummed topic metadata: name, topic ID (UUID), partition count
+    <data_dir>/<stem>-<partition>/     one ``broker.partition.Partition`` directory each
+
+The stem (``topic_stem``) is the topic's name when the longest entry it makes,
+``<name>.topic.tmp`` (the metadata file's temporary name while it is written),
+fits in a directory entry (255 bytes): every name of up to 245 characters, so
+every data directory written before long names were served keeps its layout.
+A longer name (246 to 249 characters, which Kafka allows) has the stem
+``<first 200 characters>+<32 hex digits of its SHA-256>``: 233 characters, so
+``<stem>.topic.tmp`` and ``<stem>-<any int32 partition>`` fit.  '+' is not
+allowed in a topic name, so a shortened stem is never another topic's name;
+the real name is in the metadata file.  (A plain stem fits every partition
+number below 10**9.)
 
 A topic's partition directories are created before its metadata file is
-written (atomically), so a crash during creation leaves at most empty
-directories without metadata, which the next creation of that topic reuses.
-On open every topic with a metadata file is reopened (each partition recovers
-its log and producer state); a missing partition directory is a
-``CorruptFileError``, never a silently empty partition.
+written (atomically): the metadata file is what makes the topic exist.  If
+the creation fails (the disk refuses a directory or the file), the
+directories it made and the temporary file are removed again, so nothing is
+left behind; a crash during creation leaves at most empty directories
+without metadata, which are reported when the storage opens and reused by the
+next creation of that topic.  On open every topic with a metadata file is
+reopened (each partition recovers its log and producer state); a missing
+partition directory is a ``CorruptFileError``, never a silently empty
+partition.
 
 Topic names follow Kafka's rules: 1 to 249 characters from ``[a-zA-Z0-9._-]``,
 neither "." nor "..".  A bad name raises ``InvalidTopicError``
@@ -45,16 +60,18 @@ partition has its own.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
+import shutil
 import threading
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from storage.disk import CorruptFileError
-from storage.files import atomic_write, seal, unseal
+from storage.files import atomic_write, fsync_dir, seal, unseal
 from wire.errors import Errors, for_code
 
 from .log import SegmentFiles
@@ -66,6 +83,9 @@ TOPIC_SUFFIX = ".topic"
 TOPIC_MAGIC = b"PQTOPC\x00\x01"
 TOPIC_FORMAT = 1
 MAX_TOPIC_NAME = 249
+MAX_ENTRY_NAME = 255  # bytes of one directory entry (ext4, xfs, btrfs, tmpfs)
+TMP_SUFFIX = ".tmp"  # storage.disk.Disk.write_file writes <path>.tmp, then renames it
+SHORT_STEM_PREFIX = 200  # characters of a long name kept in its stem, before "+<hash>"
 _LEGAL = re.compile(r"^[a-zA-Z0-9._-]+$")
 _PARTITION_DIR = re.compile(r"^(.+)-(\d+)$")
 DEFAULT_MAX_OPEN_SEGMENTS = 1000
@@ -85,6 +105,14 @@ def validate_topic_name(name: Any) -> None:
         raise InvalidTopicError(f"topic name is {len(name)} characters long, the limit is {MAX_TOPIC_NAME}")
     if not _LEGAL.match(name):
         raise InvalidTopicError(f"topic name {name!r} has characters outside [a-zA-Z0-9._-]")
+
+
+def topic_stem(name: str) -> str:
+    """The stem of a (legal) topic's file names: the name itself if ``<name>.topic.tmp`` fits in a
+    directory entry, else its first 200 characters, "+" and 32 hex digits of its SHA-256."""
+    if len(name) + len(TOPIC_SUFFIX) + len(TMP_SUFFIX) <= MAX_ENTRY_NAME:  # legal names are ASCII
+        return name
+    return f"{name[:SHORT_STEM_PREFIX]}+{hashlib.sha256(name.encode()).hexdigest()[:32]}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,10 +170,10 @@ class Storage:
             raise
 
     def _meta_path(self, name: str) -> str:
-        return os.path.join(self.data_dir, name + TOPIC_SUFFIX)
+        return os.path.join(self.data_dir, topic_stem(name) + TOPIC_SUFFIX)
 
     def _partition_dir(self, name: str, p: int) -> str:
-        return os.path.join(self.data_dir, f"{name}-{p}")
+        return os.path.join(self.data_dir, f"{topic_stem(name)}-{p}")
 
     def _open(self) -> None:
         names = sorted(os.listdir(self.data_dir))
@@ -155,7 +183,7 @@ class Storage:
             path = os.path.join(self.data_dir, fname)
             with open(path, "rb") as f:
                 info = _decode_topic(path, f.read())
-            if info.name != fname[:-len(TOPIC_SUFFIX)]:
+            if topic_stem(info.name) != fname[:-len(TOPIC_SUFFIX)]:
                 raise CorruptFileError(path, f"holds the metadata of topic {info.name!r}")
             for p in range(info.partitions):
                 d = self._partition_dir(info.name, p)
@@ -165,10 +193,11 @@ class Storage:
             self._topics[info.name] = info
             for p in range(info.partitions):
                 self._partitions[(info.name, p)] = self._open_partition(info.name, p)
+        known = {(topic_stem(name), p) for name, p in self._partitions}
         for fname in names:
             m = _PARTITION_DIR.match(fname)
             if m and os.path.isdir(os.path.join(self.data_dir, fname)) and (m.group(1), int(m.group(2))) \
-                    not in self._partitions:
+                    not in known:
                 log.warning("storage %s: directory %s belongs to no topic (a topic creation cut by a crash?); "
                             "it is reused if that topic is created again", self.data_dir, fname)
         if (self.max_topics is not None and len(self._topics) > self.max_topics) or \
@@ -221,22 +250,51 @@ class Storage:
         raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist and cannot be created: {problem}")
 
     def _create(self, name: str, n: int) -> TopicInfo:
+        """The partition directories, then the metadata file (atomically): the topic exists once that
+        file does.  On a failure, what this creation made is removed again (``_undo_create``)."""
         self._check_limits(name, n)
         info = TopicInfo(name, uuid.uuid4(), n)
-        opened = []
+        opened: list[Partition] = []
+        made: list[str] = []  # directories this creation made (not those a crashed creation left)
         try:
             for p in range(n):
+                d = self._partition_dir(name, p)
+                if not os.path.isdir(d):
+                    made.append(d)
                 opened.append(self._open_partition(name, p))
             atomic_write(self._meta_path(name), _encode_topic(info))
-        except BaseException:
-            for part in opened:
-                part.close()
+        except BaseException as e:
+            self._undo_create(name, opened, made, e)
             raise
         for p, part in enumerate(opened):
             self._partitions[(name, p)] = part
         self._topics[name] = info
         log.info("storage %s: created topic %s (%d partitions, id %s)", self.data_dir, name, n, info.topic_id)
         return info
+
+    def _undo_create(self, name: str, opened: list[Partition], made: list[str], error: BaseException) -> None:
+        """A failed creation leaves nothing behind: its partitions closed, the directories it made and
+        the metadata file's temporary file removed (the data directory synced), the failure logged."""
+        for part in opened:
+            try:
+                part.close()
+            except Exception:  # noqa: BLE001 - undo the rest; the creation's own error is raised
+                log.exception("storage %s: closing a partition of the failed topic %r", self.data_dir, name)
+        left = []
+        for path in [*made, self._meta_path(name) + TMP_SUFFIX]:
+            try:
+                if os.path.isdir(path):
+                    shutil.rmtree(path)
+                elif os.path.lexists(path):
+                    os.unlink(path)
+            except OSError as e:
+                left.append(f"{os.path.basename(path)} ({e.strerror})")
+        try:
+            fsync_dir(self.data_dir)
+        except OSError as e:
+            left.append(f"the directory sync ({e})")
+        log.error("storage %s: creating topic %r failed: %s: %s; removed what it made%s", self.data_dir, name,
+                  type(error).__name__, error, f", except {', '.join(left)}" if left else "")
 
     def partition(self, topic: str, p: int) -> Partition:
         """The partition, creating its topic first if ``auto_create`` (else, or over the limits,

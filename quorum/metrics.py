@@ -43,8 +43,11 @@ QUORUM_METRICS = {
     "pidquorum_requests": "Requests read on the client port.",
     "pidquorum_forwarded_requests": "Requests this follower forwarded to the leader.",
     "pidquorum_throttled_requests": "AllocateProducerIds answered THROTTLING_QUOTA_EXCEEDED.",
-    "pidquorum_bad_frames": "Unreadable or oversized frames (connection closed).",
-    "pidquorum_bad_requests": "Readable headers with a bad body or version (answered with an error).",
+    "pidquorum_bad_frames": "Frames that closed the connection: unreadable, oversized, or an unknown API key.",
+    "pidquorum_bad_requests":
+        "Requests with a bad header or body, or ApiVersions at an unsupported version (answered with an error).",
+    "pidquorum_unsupported_versions":
+        "Requests at a version the server does not serve, ApiVersions excepted (connection closed, as Kafka does).",
     "pidquorum_proposer_batches": "Log entries the proposer committed as leader.",
     "pidquorum_proposer_records": "Records in those entries.",
 }
@@ -124,5 +127,6 @@ def quorum_families(st: dict) -> Iterable[Any]:
     yield _counter("pidquorum_throttled_requests", server["throttled"])
     yield _counter("pidquorum_bad_frames", server["bad_frames"])
     yield _counter("pidquorum_bad_requests", server["bad_requests"])
+    yield _counter("pidquorum_unsupported_versions", server["unsupported_versions"])
     yield _counter("pidquorum_proposer_batches", st["proposer"]["batches"])
     yield _counter("pidquorum_proposer_records", st["proposer"]["records"])

@@ -32,7 +32,7 @@ from security.client import ClientSecurity
 from security.credentials import NODE_USER, node_credential, node_password
 from security.sasl import SaslAuthenticator, api_versions_table, linger_close
 from security.tls import server_context
-from telemetry.logs import request_context
+from telemetry.logs import FirstOfEach, request_context
 from wire import kafka
 from wire.errors import (
     ClusterAuthorizationFailedError,
@@ -42,6 +42,7 @@ from wire.errors import (
     PidQuorumError,
     RequestTimedOutError,
     ThrottlingQuotaExceededError,
+    UnsupportedVersionError,
     for_code,
 )
 
@@ -95,7 +96,9 @@ class QuorumServer:
         self._forward_conns: dict[str, Connection] = {}
         self._server: asyncio.AbstractServer | None = None
         self._tasks: list[asyncio.Task] = []
-        self.counters = {"requests": 0, "forwarded": 0, "throttled": 0, "bad_frames": 0, "bad_requests": 0}
+        self.counters = {"requests": 0, "forwarded": 0, "throttled": 0, "bad_frames": 0, "bad_requests": 0,
+                         "unsupported_versions": 0}
+        self._frame_log = FirstOfEach(log)  # unknown API keys, unsupported versions: once each
         # AllocateProducerIds answered OK by this node (the RPCs marked timed), their latency
         self.allocate_latency = Histogram(REQUEST_BUCKETS)
         self._setup_security()
@@ -165,12 +168,19 @@ class QuorumServer:
                 try:
                     req = SERVER_API.parse(frame)
                 except kafka.FrameError as e:
-                    self.counters["bad_frames"] += 1
-                    log.warning("client %s: %s; closing", peer, e)
+                    self.counters[e.counter] += 1
+                    if e.kind is None:
+                        log.warning("client %s: %s; closing", peer, e)
+                    else:
+                        self._frame_log(e.kind, logging.WARNING, "client %s: %s; closing the connection", peer, e)
                     break
                 except kafka.BadRequest as e:
                     self.counters["bad_requests"] += 1
-                    log.warning("client %s: %s (answered %s)", peer, e.message, e.code.name)
+                    if e.kind is None:
+                        log.warning("client %s: %s (answered %s)", peer, e.message, e.code.name)
+                    else:  # a newer ApiVersions: how every negotiating client starts (KIP-511), so once per version
+                        self._frame_log(e.kind, logging.INFO, "client %s: %s (answered %s)", peer, e.message,
+                                        e.code.name)
                     responses.put_nowait(SERVER_API.error_response(e))
                     continue
                 if session is not None:
@@ -237,6 +247,10 @@ class QuorumServer:
         """The raw answer frame (size prefix removed) to the request inside a follower's Envelope."""
         try:
             req = SERVER_API.parse(bytes(envelope.request_data))
+        except kafka.UnsupportedVersion as e:
+            # As Kafka does (EnvelopeUtils): a request it cannot parse inside a well-formed Envelope is
+            # UNSUPPORTED_VERSION, told apart from a malformed Envelope (INVALID_REQUEST).
+            raise UnsupportedVersionError(f"forwarded request: {e}") from None
         except kafka.FrameError as e:
             raise InvalidRequestError(f"forwarded request: {e}") from None
         except kafka.BadRequest as e:

@@ -78,6 +78,31 @@ class Throttled:
         return True
 
 
+class FirstOfEach:
+    """One logger line for the first event of each kind, none for the next ones of that kind: a client
+    that sends the same refused request on every reconnect, many times a second (an unknown API key, a
+    version the server does not serve), is one line, not a flood.  The caller counts every event.
+
+    The kinds come from the network, so at most ``max_kinds`` are remembered; events of kinds past
+    that are logged through ``Throttled`` (a line every ``interval_s``)."""
+
+    def __init__(self, logger: logging.Logger, max_kinds: int = 1024, interval_s: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self.logger, self.max_kinds = logger, max_kinds
+        self._seen: set[Any] = set()
+        self._overflow = Throttled(logger, interval_s, clock)
+
+    def __call__(self, kind: Any, level: int, msg: str, *args: Any) -> bool:
+        """Log ``msg % args`` at ``level`` if no event of ``kind`` was logged before; True if logged."""
+        if kind in self._seen:
+            return False
+        if len(self._seen) >= self.max_kinds:
+            return self._overflow(level, msg, *args)
+        self._seen.add(kind)
+        self.logger.log(level, msg + " (logged once; the next ones are only counted)", *args)
+        return True
+
+
 def context_fields() -> dict[str, Any]:
     out = dict(_identity)
     for name, source in list(_sources.items()):

@@ -45,17 +45,53 @@ SIZE = struct.Struct(">i")
 
 
 class FrameError(Exception):
-    """The frame cannot be answered (no usable header, unknown API): close the connection."""
+    """The frame cannot be answered (no usable header, unknown API, unsupported version): close the
+    connection.
+
+    ``counter``: the server counter it goes to.  ``kind``: None, or what a server logs once per process
+    (``telemetry.logs.FirstOfEach``), since a client sends the same request again on every reconnect."""
+    counter = "bad_frames"
+    kind: tuple | None = None
+
+
+class UnknownApi(FrameError):
+    """An API key the table does not serve.  Kafka closes the connection: the body's layout is unknown,
+    and so is the layout of any answer the client could read."""
+
+    def __init__(self, api_key: int):
+        super().__init__(f"unknown API key {api_key}")
+        self.api_key = api_key
+        self.kind = ("unknown API key", api_key)
+
+
+class UnsupportedVersion(FrameError):
+    """A Kafka API at a version outside the table's range (ApiVersions excepted: it is answered).
+
+    Kafka closes the connection (``SocketServer`` parses the header, finds the version not enabled and
+    closes): an answer in another version's layout would be read by the client as that version's answer
+    (an empty success where the layout has no top-level error code), and a client that negotiated with
+    ApiVersions never sends one."""
+    counter = "unsupported_versions"
+
+    def __init__(self, api_key: int, api_version: int, name: str, lo: int, hi: int):
+        super().__init__(f"{name} v{api_version} is not supported (supported: v{lo}-v{hi})")
+        self.api_key, self.api_version = api_key, api_version
+        self.kind = ("unsupported version", api_key, api_version)
 
 
 class BadRequest(Exception):
-    """The header is readable but the request is not: answer with ``code``."""
+    """The header is readable but the request is not: answer with ``code``.
 
-    def __init__(self, api_key: int, api_version: int, correlation_id: int, code: Errors, message: str):
+    ``kind``: None, or what a server logs once per process, as for ``FrameError`` (ApiVersions at a
+    newer version than the server's: every client that negotiates sends it on every connection)."""
+
+    def __init__(self, api_key: int, api_version: int, correlation_id: int, code: Errors, message: str,
+                 kind: tuple | None = None):
         super().__init__(message)
         self.api_key, self.api_version, self.correlation_id = api_key, api_version, correlation_id
         self.code = code
         self.message = message
+        self.kind = kind
 
 
 @dataclass
@@ -121,19 +157,30 @@ class ApiTable:
                                             else f"API {api_key}")
 
     def parse(self, frame: bytes) -> Request:
-        """One request frame (size prefix removed); FrameError or BadRequest if it cannot be served."""
+        """One request frame (size prefix removed); FrameError or BadRequest if it cannot be served.
+
+        FrameError (close the connection, as Kafka does): no readable header, an unknown API key
+        (``UnknownApi``), a Kafka API other than ApiVersions at a version outside its range
+        (``UnsupportedVersion``).  BadRequest (answer it): ApiVersions at any other version, a bad header
+        or body of a supported version, a MsgpackApi at a version other than 0 (its answer is a
+        self-describing msgpack body, which any version of the client can read)."""
         if len(frame) < 8:
             raise FrameError(f"truncated request header ({len(frame)} bytes)")
         api_key, api_version, correlation_id = struct.unpack_from(">hhi", frame)
         if api_key in self.msgpack:
             return self._parse_msgpack(frame, api_key, api_version, correlation_id)
         if api_key not in self.versions:
-            raise FrameError(f"unknown API key {api_key}")
+            raise UnknownApi(api_key)
         lo, hi = self.versions[api_key]
         name = self.name(api_key)
         if not lo <= api_version <= hi:
+            if api_key != API_VERSIONS:
+                raise UnsupportedVersion(api_key, api_version, name, lo, hi)
+            # As Kafka does (KIP-511): answered UNSUPPORTED_VERSION with the ranges, in v0, so the client
+            # can pick a version both sides serve.
             raise BadRequest(api_key, api_version, correlation_id, Errors.UNSUPPORTED_VERSION,
-                             f"{name} v{api_version} is not supported (supported: v{lo}-v{hi})")
+                             f"{name} v{api_version} is not supported (supported: v{lo}-v{hi})",
+                             kind=("unsupported version", api_key, api_version))
         req_cls = load_request_schema(api_key, api_version)
         try:
             check_request(frame, req_cls.__header_schema__, req_cls)
@@ -197,16 +244,18 @@ class ApiTable:
         return self.error_body(api_key, api_version, code, message, throttle_ms)
 
     def error_response(self, bad: BadRequest) -> bytes:
-        """Answer a bad request.  An unsupported version is answered in the nearest supported
-        version's layout (ApiVersions: v0, as Kafka does, with the supported ranges)."""
+        """Answer a bad request, in its own version's layout; ApiVersions at a version outside its range
+        in v0, as Kafka does, with the supported ranges (``parse`` raises BadRequest for no other
+        unsupported version of a Kafka API)."""
         api_key, version = bad.api_key, bad.api_version
         if api_key in self.msgpack:
             version = 0
         else:
             lo, hi = self.versions[api_key]
-            if api_key == API_VERSIONS and not lo <= version <= hi:
+            if not lo <= version <= hi:
+                if api_key != API_VERSIONS:
+                    raise ValueError(f"{self.name(api_key)} v{version} is outside v{lo}-v{hi}: no layout to answer in")
                 version = 0
-            version = min(max(version, lo), hi)
         return self.encode(api_key, version, bad.correlation_id, self.error(api_key, version, bad.code, bad.message))
 
     def parse_response(self, frame: bytes, api_key: int, api_version: int) -> tuple[int, Any]:
@@ -307,5 +356,5 @@ def request_entity(api_key: int, api_version: int, **fields: Any) -> Any:
 
 
 __all__ = ["API_VERSIONS", "ApiTable", "BadRequest", "DEFAULT_MAX_FRAME", "FrameError", "MsgpackApi", "Request",
-           "SIZE", "api_versions_body", "encode_msgpack_request", "encode_request", "iter_frames", "ms",
-           "parse_response", "read_frame", "request_entity"]
+           "SIZE", "UnknownApi", "UnsupportedVersion", "api_versions_body", "encode_msgpack_request",
+           "encode_request", "iter_frames", "ms", "parse_response", "read_frame", "request_entity"]

@@ -104,7 +104,8 @@ def _status(term=3, commit=10, applied=8, state="leader", allocations=None, snap
         "block_size": 1000,
         "snapshot": {"path": "/x", "bytes": 321, "mtime_ns": 1, "age_s": snapshot_age},
         "journal_entries": 4, "allocations": allocations if allocations is not None else {"7": {"blocks": 5, "ids": 5000}},
-        "server": {"requests": 11, "forwarded": 1, "throttled": 2, "bad_frames": 0, "bad_requests": 1},
+        "server": {"requests": 11, "forwarded": 1, "throttled": 2, "bad_frames": 0, "bad_requests": 1,
+                   "unsupported_versions": 3},
         "proposer": {"batches": 6, "records": 9}, "allocate_latency": lat.snapshot(),
     }
 

@@ -153,7 +153,25 @@ class _Lines(logging.Handler):
 
 
 # ------------------------------------------------------------------ the producers
-class TxnLoop:
+class _UnitLoop:
+    """A producer loop run unit by unit (``run_one``): warm-up units, then measured ones until a deadline."""
+    measured_wall_s: float
+
+    def run_one(self, measured: bool) -> None:  # pragma: no cover - each loop has its own
+        raise NotImplementedError
+
+    def warm_up(self) -> None:
+        for _ in range(WARMUP_UNITS):
+            self.run_one(measured=False)
+
+    def run_until(self, t_stop: float) -> None:
+        t = time.perf_counter()
+        while time.perf_counter() < t_stop:
+            self.run_one(measured=True)
+        self.measured_wall_s += time.perf_counter() - t
+
+
+class TxnLoop(_UnitLoop):
     """One transactional producer (replaced by a new one of the same transactional.id after a fatal
     error), one transaction of MESSAGES messages at a time; every transaction's outcome recorded."""
 
@@ -287,14 +305,7 @@ class TxnLoop:
     def warm_up(self) -> None:
         if self.producer is None:
             self.new_producer()
-        for _ in range(WARMUP_UNITS):
-            self.run_one(measured=False)
-
-    def run_until(self, t_stop: float) -> None:
-        t = time.perf_counter()
-        while time.perf_counter() < t_stop:
-            self.run_one(measured=True)
-        self.measured_wall_s += time.perf_counter() - t
+        super().warm_up()
 
     def close(self) -> None:
         if self.producer is not None:
@@ -320,7 +331,7 @@ class TxnLoop:
         return {n: r for n, r in self.outcomes.items() if r["outcome"] != "committed"}
 
 
-class IdempotentLoop:
+class IdempotentLoop(_UnitLoop):
     """One idempotent producer: MESSAGES produce() then flush(), one unit at a time."""
 
     def __init__(self, bootstrap: str, topic: str, conf: dict):
@@ -356,16 +367,6 @@ class IdempotentLoop:
             self.flush_s.append(now - t)
             self.unit_s.append(now - t_unit)
             self.measured_units += 1
-
-    def warm_up(self) -> None:
-        for _ in range(WARMUP_UNITS):
-            self.run_one(measured=False)
-
-    def run_until(self, t_stop: float) -> None:
-        t = time.perf_counter()
-        while time.perf_counter() < t_stop:
-            self.run_one(measured=True)
-        self.measured_wall_s += time.perf_counter() - t
 
     def result(self) -> dict:
         w = self.measured_wall_s

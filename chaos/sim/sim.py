@@ -796,7 +796,7 @@ class _Broker:
         self.sim.acked_blocks.append((self.broker_id, start, start + length))
 
     def _txn(self, tid: str, result) -> None:
-        pid, epoch = result
+        pid, epoch = result[:2]  # (producer id, epoch, pending transaction): the simulation opens none
         self.sim.checker.txn_init(tid, pid, epoch, f"InitProducerId of broker {self.broker_id}")
         self.txn[tid] = (pid, epoch)
 

@@ -23,8 +23,9 @@ with no open transaction of the producer writes nothing), so completing twice is
 **Which broker writes the markers.**  Each partition of a transaction is recorded with the broker that
 holds it, and only that broker writes its markers and completes the transaction (all of a transaction's
 partitions are on the broker its client produced to: each broker leads the partitions it holds).  A
-transaction's completion is serialized on the broker by a per-id lock and re-read through the quorum
-leader under it, so a stale view never writes a marker to a transaction that already ended.
+transaction's completion is serialized on the broker by a per-id lock, and the state it completes is the
+leader's answer given under that lock (EndTxn's prepare, or a re-read by the sweeper and InitProducerId),
+so a stale view never writes a marker to a transaction that already ended.
 
 **Timeouts.**  The sweeper also finds open transactions past their ``transaction.timeout.ms`` and asks
 the quorum to abort them (``timeout``: PrepareAbort with the epoch bumped, so the abort markers fence the
@@ -140,18 +141,23 @@ class TxnCoordinator:
         self._remember(pid, txn)
 
     async def end(self, tid: str, pid: int, epoch: int, commit: bool) -> None:
-        """EndTxn: decided in the quorum, then completed (markers) before the answer where it can be."""
-        txn = await self._txn("commit" if commit else "abort", tid, pid, epoch)
-        if txn["state"] in ("CompleteCommit", "CompleteAbort"):
-            return  # a retry of an EndTxn that was completed
-        try:
-            await self.complete(tid)
-        except (PidQuorumError, OSError) as e:
-            # Decided: the sweeper completes it.  The client's next step is answered CONCURRENT_TRANSACTIONS
-            # until then (retriable).
-            self.counters["txn_completions_deferred"] += 1
-            log.warning("transaction of %r (producer %d) is %s; completing it later: %s", tid[:200], pid,
-                        txn["state"], e)
+        """EndTxn: decided in the quorum, then completed (markers) before the answer where it can be.
+
+        The prepare is committed under the id's completion lock, and its answer (the transaction as the
+        leader applied it) is what the markers are written from: no other completion of the id can run
+        between the two, so there is nothing to re-read (one round trip fewer than ``complete``)."""
+        async with self._lock_of(tid):
+            txn = await self._txn("commit" if commit else "abort", tid, pid, epoch)
+            if txn["state"] in ("CompleteCommit", "CompleteAbort"):
+                return  # a retry of an EndTxn that was completed
+            try:
+                await self._complete_locked(tid, txn)
+            except (PidQuorumError, OSError) as e:
+                # Decided: the sweeper completes it.  The client's next step is answered
+                # CONCURRENT_TRANSACTIONS until then (retriable).
+                self.counters["txn_completions_deferred"] += 1
+                log.warning("transaction of %r (producer %d) is %s; completing it later: %s", tid[:200], pid,
+                            txn["state"], e)
 
     async def init_producer_id(self, tid: str, timeout_ms: int, pid: int, epoch: int) -> tuple[int, int]:
         """InitProducerId for a transactional id: an open or prepared transaction of the id is completed
@@ -172,29 +178,36 @@ class TxnCoordinator:
         raise ConcurrentTransactionsError(f"transactional id {tid[:200]!r}: its last transaction is being completed")
 
     # ------------------------------------------------------------ completion
+    def _lock_of(self, tid: str) -> asyncio.Lock:
+        return self._locks[zlib.crc32(tid.encode("utf-8", "surrogatepass")) % LOCK_STRIPES]
+
     async def complete(self, tid: str) -> None:
         """Write the markers of the id's prepared transaction to this broker's partitions and mark it
         complete.  Serialized per id; the state is read through the quorum leader under the lock."""
-        async with self._locks[zlib.crc32(tid.encode("utf-8", "surrogatepass")) % LOCK_STRIPES]:
+        async with self._lock_of(tid):
             try:
                 txn = await self._txn("describe", tid)
             except InvalidTxnStateError:
                 return  # no transaction (the id expired)
-            if txn["state"] not in ("PrepareCommit", "PrepareAbort"):
-                return
-            pid, epoch, commit = txn["producer_id"], txn["producer_epoch"], txn["state"] == "PrepareCommit"
-            elsewhere = sorted({b for b, _, _ in txn["partitions"]} - {self.broker_id})
-            if elsewhere:
-                raise ConcurrentTransactionsError(f"partitions on broker(s) {elsewhere}: their markers are "
-                                                  f"written there")
-            self._ongoing.pop(pid, None)  # before any marker: a KIP-890 check must ask the quorum again
-            failpoints.hit("broker.txn.prepared", tid, txn["state"])
-            for _, topic, partition in txn["partitions"]:
-                await self._write_marker(topic, partition, pid, epoch, commit)
-            await self._txn("complete", tid, start_time_ms=txn["start_time_ms"])
-            self.counters["txn_committed" if commit else "txn_aborted"] += 1
-            log.debug("transaction of %r (producer %d epoch %d, %d partitions): %s", tid[:200], pid, epoch,
-                      len(txn["partitions"]), "committed" if commit else "aborted")
+            await self._complete_locked(tid, txn)
+
+    async def _complete_locked(self, tid: str, txn: dict) -> None:
+        """Complete ``txn``, the id's transaction as the leader last answered it, under the id's lock."""
+        if txn["state"] not in ("PrepareCommit", "PrepareAbort"):
+            return
+        pid, epoch, commit = txn["producer_id"], txn["producer_epoch"], txn["state"] == "PrepareCommit"
+        elsewhere = sorted({b for b, _, _ in txn["partitions"]} - {self.broker_id})
+        if elsewhere:
+            raise ConcurrentTransactionsError(f"partitions on broker(s) {elsewhere}: their markers are "
+                                              f"written there")
+        self._ongoing.pop(pid, None)  # before any marker: a KIP-890 check must ask the quorum again
+        failpoints.hit("broker.txn.prepared", tid, txn["state"])
+        for _, topic, partition in txn["partitions"]:
+            await self._write_marker(topic, partition, pid, epoch, commit)
+        await self._txn("complete", tid, start_time_ms=txn["start_time_ms"])
+        self.counters["txn_committed" if commit else "txn_aborted"] += 1
+        log.debug("transaction of %r (producer %d epoch %d, %d partitions): %s", tid[:200], pid, epoch,
+                  len(txn["partitions"]), "committed" if commit else "aborted")
 
     async def _write_marker(self, topic: str, partition: int, pid: int, epoch: int, commit: bool) -> None:
         try:

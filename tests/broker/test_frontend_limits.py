@@ -14,12 +14,10 @@ import threading
 
 import pytest
 
-from benchmarks.processes import BrokerProcess
 from broker.frontend import AppendWaiters, ReadAhead
 from client.quorum import Connection
-from quorum.localcluster import LocalCluster, free_ports
 from telemetry.logs import Throttled
-from telemetry.metrics import read_metrics
+from tests.broker.conftest import MeteredBroker, start_metered
 from tests.broker.test_frontend_bad_input import batch, call, entity, init_pid, produce
 from tests.broker.test_pid_manager import settle
 from tests.conftest import wait_for
@@ -98,56 +96,17 @@ def test_throttled_log_says_how_many_lines_it_left_out(caplog):
 
 
 # ------------------------------------------------------------------ processes
-class Broker:
-    def __init__(self, proc: BrokerProcess, metrics_port: int):
-        self.proc, self.metrics = proc, f"127.0.0.1:{metrics_port}"
-
-    @property
-    def bootstrap(self) -> str:
-        return self.proc.bootstrap
-
-    def counter(self, name: str) -> float:
-        m = read_metrics(self.metrics)
-        return m.get(f"pidquorum_broker_{name}_total", m.get(f"pidquorum_broker_{name}", 0))
-
-    def rss(self) -> int:
-        with open(f"/proc/{self.proc.proc.pid}/status") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
-
-    def idle(self) -> None:
-        """Every connection the last test opened is gone (the broker saw the close)."""
-        wait_for(lambda: self.counter("connections") == 0, 15, what="the broker's connections to close")
-
-
 @pytest.fixture(scope="module")
-def quorum(tmp_path_factory):
-    base = tmp_path_factory.mktemp("frontend-limits")
-    lc = LocalCluster(str(base / "cluster"))
-    lc.up(3)
-    try:
-        yield base, lc
-    finally:
-        lc.down(timeout=5)
-
-
-def _start(quorum, broker_id: int, *flags: str):
-    base, lc = quorum
-    port = free_ports(1)[0]
-    proc = BrokerProcess(str(base), broker_id, lc.client_addresses(), "--metrics-port", str(port), *flags)
-    proc.start()
-    return Broker(proc, port)
-
-
-@pytest.fixture(scope="module")
-def broker(quorum):
-    b = _start(quorum, 1, "--max-connection-buffer-bytes", str(BUFFER), "--describe-producers-limit", str(LIMIT))
+def broker(module_quorum):
+    b = start_metered(module_quorum, 1, "--max-connection-buffer-bytes", str(BUFFER),
+                      "--describe-producers-limit", str(LIMIT))
     yield b
     b.proc.stop()
 
 
 @pytest.fixture(scope="module")
-def tight(quorum):
-    b = _start(quorum, 2, "--max-connections", "5", "--max-connections-per-ip", "3")
+def tight(module_quorum):
+    b = start_metered(module_quorum, 2, "--max-connections", "5", "--max-connections-per-ip", "3")
     yield b
     b.proc.stop()
 
@@ -162,7 +121,7 @@ def _show_logs(request):
                 print(f"----- {name} log -----\n{request.getfixturevalue(name).proc.tail(60)}")
 
 
-def connect(b: Broker, source: str = "127.0.0.1") -> socket.socket:
+def connect(b: MeteredBroker, source: str = "127.0.0.1") -> socket.socket:
     host, port = b.bootstrap.rsplit(":", 1)
     s = socket.create_connection((host, int(port)), timeout=10, source_address=(source, 0))
     s.settimeout(10)
@@ -191,7 +150,7 @@ def fetch_frame(corr: int, topic: str, offset: int, max_wait_ms: int) -> bytes:
     return kafka.encode_request(body, corr, "limits-test")
 
 
-def create_topic(b: Broker, topic: str) -> None:
+def create_topic(b: MeteredBroker, topic: str) -> None:
     md = call(b, METADATA, 4, topics=(entity(METADATA, 4, "MetadataRequestTopic", name=topic),),
               allow_auto_topic_creation=True)
     assert int(md.topics[0].error_code) == 0

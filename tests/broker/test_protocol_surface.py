@@ -23,12 +23,11 @@ import sys
 
 import pytest
 
-from benchmarks.processes import BrokerProcess, child_env
+from benchmarks.processes import child_env
 from broker.config import BrokerConfig
 from broker.frontend import BrokerServer
 from client import api as p
-from quorum.localcluster import LocalCluster, free_ports
-from telemetry.metrics import read_metrics
+from tests.broker.conftest import MeteredBroker, start_metered
 from tests.broker.test_frontend_bad_input import call
 from tests.broker.test_real_clients import consume_all, produce_confluent, produce_kafka_python
 from tests.conftest import wait_for
@@ -44,45 +43,16 @@ CLIENT_DEADLINE = 30.0  # seconds a client subprocess may take, start-up and imp
 FAIL_WITHIN = 10.0  # seconds from the client's first call to the error it reports
 
 
-class Broker:
-    def __init__(self, proc: BrokerProcess, metrics_port: int):
-        self.proc, self.metrics = proc, f"127.0.0.1:{metrics_port}"
-
-    @property
-    def bootstrap(self) -> str:
-        return self.proc.bootstrap
-
-    def counter(self, name: str) -> float:
-        return read_metrics(self.metrics).get(f"pidquorum_broker_{name}_total", 0)
-
-    def log(self) -> str:
-        return self.proc.tail(1_000_000)
-
-
 @pytest.fixture(scope="module")
-def quorum(tmp_path_factory):
-    base = tmp_path_factory.mktemp("protocol-surface")
-    lc = LocalCluster(str(base / "cluster"))
-    lc.up(3)
+def broker(module_quorum):
+    b = start_metered(module_quorum, 1, "--partitions", "2")
     try:
-        yield base, lc
+        yield b
     finally:
-        lc.down(timeout=5)
+        b.proc.stop()
 
 
-@pytest.fixture(scope="module")
-def broker(quorum):
-    base, lc = quorum
-    port = free_ports(1)[0]
-    proc = BrokerProcess(str(base), 1, lc.client_addresses(), "--partitions", "2", "--metrics-port", str(port))
-    proc.start()
-    try:
-        yield Broker(proc, port)
-    finally:
-        proc.stop()
-
-
-def advertised(b: Broker) -> dict[int, tuple[int, int]]:
+def advertised(b: MeteredBroker) -> dict[int, tuple[int, int]]:
     body = call(b.proc, kafka.API_VERSIONS, 0)
     assert int(body.error_code) == 0
     return {int(k.api_key): (int(k.min_version), int(k.max_version)) for k in body.api_keys}
@@ -95,7 +65,7 @@ def api_versions_on(s: socket.socket, corr: int) -> None:
     assert got == corr and int(body.error_code) == 0
 
 
-def closed_without_answer(b: Broker, payload: bytes) -> None:
+def closed_without_answer(b: MeteredBroker, payload: bytes) -> None:
     with raw_conn(b.bootstrap) as s:
         s.sendall(framed(payload))
         assert read_until_closed(s) == b"", "answered instead of closing the connection"
@@ -245,7 +215,7 @@ def group_topic(broker):
     return "grouped"
 
 
-def find_coordinator(b: Broker, version: int, key: str, key_type: int | None = None):
+def find_coordinator(b: MeteredBroker, version: int, key: str, key_type: int | None = None):
     fields = {"key": key} if key_type is None else {"key": key, "key_type": key_type}
     return call(b.proc, FIND_COORDINATOR, version, **fields)
 
@@ -303,7 +273,7 @@ def long_name(n: int) -> str:
     return (f"long-{n}." + "abcdefghij-._0123456789" * 20)[:n]
 
 
-def metadata(b: Broker, names: list[str]) -> dict[str, int]:
+def metadata(b: MeteredBroker, names: list[str]) -> dict[str, int]:
     """Metadata v9 for ``names`` (auto-creation allowed): {name: error code}."""
     topic_cls = __import__(kafka.load_request_schema(METADATA, 9).__module__, fromlist=["MetadataRequestTopic"])
     body = call(b.proc, METADATA, 9, topics=tuple(topic_cls.MetadataRequestTopic(name=n) for n in names),
@@ -312,11 +282,9 @@ def metadata(b: Broker, names: list[str]) -> dict[str, int]:
     return {t.name: int(t.error_code) for t in body.topics}
 
 
-def test_topic_names_of_240_to_249_characters_produce_consume_and_survive_a_restart(quorum):
-    base, lc = quorum
-    port = free_ports(1)[0]
-    proc = BrokerProcess(str(base), 2, lc.client_addresses(), "--partitions", "2", "--metrics-port", str(port))
-    b = Broker(proc.start(), port)
+def test_topic_names_of_240_to_249_characters_produce_consume_and_survive_a_restart(module_quorum):
+    b = start_metered(module_quorum, 2, "--partitions", "2")
+    proc = b.proc
     names = [long_name(n) for n in (240, 245, 246, 249)]
     try:
         for i, name in enumerate(names):

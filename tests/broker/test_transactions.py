@@ -217,6 +217,60 @@ def test_second_instance_fences_the_first_mid_transaction(brokers):
     assert values(read(b.bootstrap, "fence", committed=True, expect=3)) == [100, 101, 102]
 
 
+def test_instance_on_another_broker_takes_the_id_over_mid_transaction(brokers):
+    """The id moves to another broker: a second instance calls InitProducerId on broker 2 while the first has
+    a transaction open on broker 1.  Broker 2 decides the abort (bumped epoch) in the quorum; broker 1, which
+    holds the partitions, writes the abort markers; broker 2 then answers with the bumped epoch, and the
+    first instance is fenced."""
+    b1 = brokers(1, "--partitions", str(PARTITIONS))
+    b2 = brokers(2, "--partitions", str(PARTITIONS))
+    first = txn_producer(b1.bootstrap, "move-tx")
+    first.begin_transaction()
+    send(first, "move", range(6))
+    second = txn_producer(b2.bootstrap, "move-tx")  # waits (CONCURRENT_TRANSACTIONS) for broker 1's markers
+    assert end_offsets(b1.bootstrap, "move", True) == end_offsets(b1.bootstrap, "move", False)
+    with pytest.raises(KafkaException) as ei:
+        first.produce("move", value="late", partition=0)
+        first.flush(10)
+        first.commit_transaction(30)
+    err = ei.value.args[0]
+    assert err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH), err
+    assert read(b1.bootstrap, "move", committed=True, timeout=3) == []
+    assert values(read(b1.bootstrap, "move", committed=False, expect=6)) == list(range(6))
+    second.begin_transaction()
+    send(second, "move", range(100, 103))
+    second.commit_transaction(30)
+    assert values(read(b2.bootstrap, "move", committed=True, expect=3)) == [100, 101, 102]
+
+
+def test_prepared_commit_is_completed_when_the_id_moves_to_another_broker(brokers):
+    """Broker 1 dies with a commit decided and no marker written.  A new instance of the id on broker 2 is
+    held (CONCURRENT_TRANSACTIONS) rather than given an epoch over an undecided partition: the outcome stays a
+    commit, completed by broker 1's markers once it is back, and then broker 2 answers."""
+    b1 = brokers(1, "--partitions", str(PARTITIONS), faults=("broker.txn.prepared=crash",))
+    b2 = brokers(2, "--partitions", str(PARTITIONS))
+    p = txn_producer(b1.bootstrap, "moved-commit-tx", **{"transaction.timeout.ms": 60_000})
+    p.begin_transaction()
+    send(p, "movedc", range(9))
+    with pytest.raises(KafkaException):
+        p.commit_transaction(5)
+    b1.proc.wait(timeout=10)
+    second = Producer({"bootstrap.servers": b2.bootstrap, "transactional.id": "moved-commit-tx", "linger.ms": 2,
+                       "log_level": 3})
+    with pytest.raises(KafkaException) as ei:  # broker 1's partitions are down: the id cannot move yet
+        second.init_transactions(5)
+    assert ei.value.args[0].retriable(), ei.value
+    assert "CONCURRENT_TRANSACTIONS" in b2.tail(50)
+    b1.faults = ()
+    b1.start()
+    second.init_transactions(30)  # librdkafka's way after a timed-out init: call it again
+    assert values(read(b1.bootstrap, "movedc", committed=True, expect=9)) == list(range(9))
+    second.begin_transaction()
+    send(second, "movedc", [100])
+    second.commit_transaction(30)
+    assert values(read(b2.bootstrap, "movedc", committed=True, expect=1)) == [100]
+
+
 # ------------------------------------------------------------------ KIP-360
 def test_abortable_error_abort_and_bump_with_librdkafka(brokers):
     """The transaction runs past its timeout; the coordinator aborts it with a bumped epoch; the producer's

@@ -517,6 +517,12 @@ def render_table(res: dict) -> str:
     out = [table(f"pidctl bench: three-node clusters on 127.0.0.1, durability on "
                  f"({res['params']['duration']:.0f}s per throughput scenario; blocks of 1,000 IDs)", headers, rows)]
     pq = res["systems"].get("pidquorum", {})
+    differing = (pq.get("settings") or {}).get("differing_from_defaults")
+    if differing is not None:
+        out.append("pidquorum options that differ from a node's defaults: "
+                   + (", ".join(f"{k} = {v}" for k, v in sorted(differing.items())) or "none")
+                   + (" (allocate_rate_per_broker = 0: no per-broker rate limit, so the bench can ask as fast as "
+                      "it can)" if "allocate_rate_per_broker" in differing else ""))
     w4, mgr = pq.get("w4"), _get(pq, ("w3", "manager"))
     if w4 or mgr:
         lines = []

@@ -33,6 +33,7 @@ import time
 from importlib.metadata import version
 
 from provision.apt import AptUnavailable, ensure_installed
+from quorum.config import NodeConfig
 from quorum.localcluster import LocalCluster, free_ports
 from quorum.raft import RaftConfig
 
@@ -44,7 +45,7 @@ ETCD_BIN = "/usr/bin/etcd"
 PACKAGES = {"zookeeper": zookeeper.PACKAGE, "etcd": "etcd-server"}
 SYSTEMS = ("pidquorum", "zookeeper", "etcd")
 APT_TIMEOUT = 900.0
-RESERVE_BLOCKS = 32
+RESERVE_BLOCKS = 0  # the node default (no reserve): the bench measures the default configuration
 
 
 class SystemUnavailable(Exception):
@@ -179,7 +180,8 @@ class PidquorumSystem(System):
 
     def __init__(self, keep: bool = False, **options):
         super().__init__(keep)
-        # Rate limit off (as in benchmarks.quorum_phases); the leader-side reserve on (NodeConfig.allocate_reserve_blocks).
+        # Rate limit off (as in benchmarks.quorum_phases): the bench asks for blocks as fast as it can.  The
+        # leader-side reserve as asked (NodeConfig.allocate_reserve_blocks; the node default is off).
         self.options = {"allocate_rate_per_broker": 0, "allocate_reserve_blocks": RESERVE_BLOCKS, **options}
         self.lc = LocalCluster(os.path.join(self.dir, "cluster"))
 
@@ -208,8 +210,14 @@ class PidquorumSystem(System):
         if self.lc.exists():
             self.lc.down(timeout=10)
 
+    def differing(self) -> dict:
+        """The options that differ from a node's defaults (``NodeConfig``)."""
+        defaults = {f.name: f.default for f in dataclasses.fields(NodeConfig)}
+        return {k: v for k, v in self.options.items() if defaults.get(k) != v}
+
     def settings(self) -> dict:
         return {"journal": "fdatasync before any message leaves a node", "options": self.options,
+                "differing_from_defaults": self.differing(),
                 "raft": dataclasses.asdict(RaftConfig())}
 
 

@@ -216,7 +216,7 @@ def policy():
 
 
 async def run_pidquorum(endpoints: str, broker_id: int, warmup: int) -> Record:
-    c = QuorumClient(endpoints.split(","), policy(), client_id=f"bench-{broker_id}")
+    c = QuorumClient(endpoints.split(","), policy(), client_id=f"bench-{broker_id}", prefer_leader=True)
     rec = Record()
     try:
         epoch = await c.register_broker(broker_id)
@@ -242,7 +242,7 @@ async def run_pidquorum(endpoints: str, broker_id: int, warmup: int) -> Record:
 
 async def run_manager(endpoints: str, broker_id: int, rate: float) -> dict:
     """A broker's ProducerIdManager on the real quorum; generate_producer_id() paced at ``rate`` IDs/s."""
-    c = QuorumClient(endpoints.split(","), policy(), client_id=f"bench-manager-{broker_id}")
+    c = QuorumClient(endpoints.split(","), policy(), client_id=f"bench-manager-{broker_id}", prefer_leader=True)
     mgr = ProducerIdManager(broker_id, c)
     await mgr.start()
     ns = time.perf_counter_ns

@@ -187,7 +187,8 @@ class BrokerServer:
     def __init__(self, cfg: BrokerConfig):
         self.cfg = cfg
         self.quorum = QuorumClient(list(cfg.quorum), RetryPolicy(timeout=cfg.quorum_timeout_s),
-                                   client_id=f"broker-{cfg.broker_id}", security=cfg.quorum_security)
+                                   client_id=f"broker-{cfg.broker_id}", security=cfg.quorum_security,
+                                   prefer_leader=True)
         self.pids: ProducerIdManager | None = None  # created once the listener's port is known
         self.txn: TxnCoordinator | None = None  # with it
         self._txn_task: asyncio.Task | None = None

@@ -74,8 +74,8 @@ def _benchmark_command(name: str, module: str, summary: str) -> click.Command:
               help="IDs/s asked of the broker's ProducerIdManager in workload 4.")
 @click.option("--install-peers", is_flag=True, help="apt-get install the missing peers' Debian packages first.")
 @click.option("--keep", is_flag=True, help="Keep the clusters' directories.")
-@click.option("--reserve-blocks", type=click.IntRange(0, 1024), default=32, show_default=True,
-              help="pidquorum's allocate_reserve_blocks (leader-side reserve; 0 = the node default, off).")
+@click.option("--reserve-blocks", type=click.IntRange(0, 1024), default=0, show_default=True,
+              help="pidquorum's allocate_reserve_blocks (leader-side reserve; 0 = off, the node default).")
 @click.pass_context
 @handle_errors
 def bench(ctx, systems, duration, out_dir, kills, history, fill_cap, workloads, manager_rate, install_peers, keep,

@@ -3,7 +3,11 @@
 ``Connection`` multiplexes requests on one TCP connection by correlation id.
 ``QuorumClient`` sends each call to the node that answered last, and on a
 connection failure or a retriable error moves to the next node with backoff
-until the call's deadline (``RetryPolicy``, ``client.retry``).
+until the call's deadline (``RetryPolicy``, ``client.retry``).  With
+``prefer_leader`` it also looks for the leader in the background (at its first
+call, after it had to move, and every ``LEADER_RECHECK_S``) and sends there: a
+follower answers too, by forwarding to the leader, but that is a second hop on
+every call.
 ``QuorumClient.find_leader`` is the one way to find the leader (DescribeState
 of every node, ``client.leader.pick_leader``).
 """
@@ -12,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Collection, Iterable
@@ -40,6 +45,8 @@ from wire.errors import (
 from . import api as p
 from .leader import pick_leader, summary
 from .retry import LEADER_POLL, RetryPolicy
+
+log = logging.getLogger(__name__)
 
 
 def _current_task() -> asyncio.Task | None:
@@ -178,12 +185,38 @@ class QuorumClient:
     policy: RetryPolicy = field(default_factory=RetryPolicy)
     client_id: str = "pidquorum"
     security: Any = None  # security.client.ClientSecurity (SASL / TLS), None: PLAINTEXT
+    prefer_leader: bool = False  # find the leader in the background and send there (brokers do)
 
     def __post_init__(self) -> None:
         if not self.addresses:
             raise ValueError("no quorum addresses given")
         self._conns: dict[str, Connection] = {}
         self._preferred = 0
+        self._leader_checked: float | None = None  # loop time of the last look for the leader
+        self._leader_task: asyncio.Task | None = None
+        self.leader_moves = 0  # times a look for the leader moved this client to another node
+
+    def _look_for_leader(self) -> None:
+        """Start a background look for the leader when one is due (never on the caller's path)."""
+        if not self.prefer_leader or len(self.addresses) < 2:
+            return
+        if self._leader_task is not None and not self._leader_task.done():
+            return
+        now = asyncio.get_running_loop().time()
+        if self._leader_checked is not None and now - self._leader_checked < LEADER_RECHECK_S:
+            return
+        self._leader_checked = now
+        self._leader_task = asyncio.get_running_loop().create_task(self._prefer_leader())
+
+    async def _prefer_leader(self) -> None:
+        try:
+            leader, _ = await self.find_leader(0)
+        except Exception as e:  # noqa: BLE001 - no leader now, not allowed DescribeState, ...: stay where it is
+            log.debug("looking for the quorum leader: %s", e)
+            return
+        if leader in self.addresses and self.addresses[self._preferred] != leader:
+            self._preferred = self.addresses.index(leader)
+            self.leader_moves += 1
 
     def _conn(self, address: str) -> Connection:
         conn = self._conns.get(address)
@@ -192,6 +225,7 @@ class QuorumClient:
         return conn
 
     async def _call_any(self, body: Any) -> tuple[Any, str]:
+        self._look_for_leader()
         backoff = self.policy.start()
         attempt = 0
         errors: list[str] = []
@@ -205,6 +239,9 @@ class QuorumClient:
                 message = getattr(resp, "error_message", None) if not isinstance(resp, dict) else None
                 if code == Errors.NONE:
                     self._preferred = (self._preferred + attempt) % n
+                    if attempt:  # it had to move: the leader may have changed
+                        self._leader_checked = None
+                        self._look_for_leader()
                     return resp, address
                 throttle = _throttle_ms(resp)
                 err = for_code(code, f"{address}: {message or code.name}", throttle)
@@ -393,11 +430,14 @@ class QuorumClient:
         return resp
 
     async def close(self) -> None:
+        if self._leader_task is not None and not self._leader_task.done():
+            self._leader_task.cancel()
         for conn in self._conns.values():
             conn.close()
         await asyncio.sleep(0)
 
 
+LEADER_RECHECK_S = 5.0  # a prefer_leader client looks for the leader again this often (a leader change)
 SNAPSHOT_POLL = RetryPolicy(backoff_initial=0.05, backoff_max=0.05, jitter=0.0)  # a node's snapshot file, every 50 ms
 
 

@@ -1171,10 +1171,12 @@ class RaftNode:
         }
 
     def role(self) -> tuple[bool, str | None, int]:
-        """(is leader, leader raft address or None, term)."""
-        s = self._obj.getStatus()
-        leader = s.get("leader")
-        return s["state"] == _LEADER, (leader.address if leader is not None else None), s["raft_term"]
+        """(is leader, leader raft address or None, term).  Three fields, read without a lock as ``getStatus``
+        reads them; ``getStatus`` builds pysyncobj's whole status dict, and the proposer asks this for every
+        batch."""
+        obj = self._obj
+        state, leader, term = obj._SyncObj__raftState, obj._SyncObj__raftLeader, obj._SyncObj__raftCurrentTerm
+        return state == _LEADER, (leader.address if leader is not None else None), term
 
     def current_term(self) -> int:
         """The term this node durably knows (cheap; for log lines)."""

@@ -1,0 +1,61 @@
+"""``QuorumClient(prefer_leader=True)``: calls go to the leader, found in the background, and follow it
+when it changes; a follower would answer by forwarding, a second hop on every call."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from client.quorum import QuorumClient
+from client.retry import RetryPolicy
+from tests.conftest import run
+
+
+async def _until(cond, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+def _leader_last(cluster) -> tuple[list[str], str]:
+    leader = cluster.leader()
+    node_of = {n.node_id: n.client_address for n in cluster.lc.nodes()}
+    return [a for i, a in sorted(node_of.items()) if i != leader] + [node_of[leader]], node_of[leader]
+
+
+def test_calls_move_to_the_leader_and_follow_it_when_it_changes(cluster):
+    addresses, leader = _leader_last(cluster)
+
+    async def go():
+        c = QuorumClient(addresses, RetryPolicy(timeout=20, attempt_timeout=2), prefer_leader=True)
+        try:
+            epoch = await c.register_broker(1)
+            first = await c.allocate(1, epoch)
+            assert first.node == addresses[0]  # a follower answered (forwarded) while the leader was looked for
+            await _until(lambda: c.addresses[c._preferred] == leader, 10, "the client to prefer the leader")
+            assert (await c.allocate(1, epoch)).node == leader
+            cluster.lc.kill(next(n.node_id for n in cluster.lc.nodes() if n.client_address == leader))
+            new_leader = await asyncio.to_thread(cluster.leader, 20)
+            new_address = next(n.client_address for n in cluster.lc.nodes() if n.node_id == new_leader)
+            await c.allocate(1, epoch)  # moves off the dead node, then looks for the leader again
+            await _until(lambda: c.addresses[c._preferred] == new_address, 10, "the client to follow the new leader")
+            assert (await c.allocate(1, epoch)).node == new_address
+            assert c.leader_moves >= 1  # the first move; after the kill the retry itself may land on the leader
+        finally:
+            await c.close()
+    run(go())
+
+
+def test_without_prefer_leader_the_client_stays_on_the_node_that_answered(cluster):
+    addresses, leader = _leader_last(cluster)
+
+    async def go():
+        c = QuorumClient(addresses, RetryPolicy(timeout=20, attempt_timeout=2))
+        try:
+            epoch = await c.register_broker(1)
+            nodes = {(await c.allocate(1, epoch)).node for _ in range(20)}
+            assert nodes == {addresses[0]} and leader not in nodes
+        finally:
+            await c.close()
+    run(go())

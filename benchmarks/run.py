@@ -521,8 +521,8 @@ def render_table(res: dict) -> str:
     if differing is not None:
         out.append("pidquorum options that differ from a node's defaults: "
                    + (", ".join(f"{k} = {v}" for k, v in sorted(differing.items())) or "none")
-                   + (" (allocate_rate_per_broker = 0: no per-broker rate limit, so the bench can ask as fast as "
-                      "it can)" if "allocate_rate_per_broker" in differing else ""))
+                   + (" (no per-broker rate limit: the bench asks as fast as it can)"
+                      if "allocate_rate_per_broker" in differing else ""))
     w4, mgr = pq.get("w4"), _get(pq, ("w3", "manager"))
     if w4 or mgr:
         lines = []

@@ -40,7 +40,7 @@ import time
 import traceback
 from dataclasses import asdict, dataclass, field
 
-from .common import environment_info, loadavg, log, percentile, table, utc_now
+from .common import cpu_seconds, environment_info, loadavg, log, percentile, table, utc_now
 from .processes import child_env
 from .quorum_phases import Bench as QBench
 from .quorum_phases import history_row
@@ -256,8 +256,20 @@ class Bench:
         label = "w1" if n_brokers == 1 else "w2"
         load = self.note_load(f"{label} {sys_.name}")
         self.say(f"{label}: {sys_.name}, {n_brokers} broker(s), {self.o.duration:.0f}s")
+        pids, counts = sys_.node_pids(), sys_.raft_counts()
+        cpu0 = cpu_seconds(pids)
         recs, _, window, _ = self.allocate_run(sys_, f"{label}-{sys_.name}", n_brokers, self.o.duration)
-        return {**throughput(recs, window), "load_before": load["loadavg"]}
+        res = {**throughput(recs, window), "load_before": load["loadavg"]}
+        # What a block costs the cluster: its nodes' CPU (user + system, all nodes) over the run.
+        cpu = cpu_seconds(pids) - cpu0
+        res["node_cpu_s"] = cpu
+        res["node_cpu_ms_per_block"] = cpu * 1000 / res["blocks"] if res["blocks"] else None
+        if counts is not None:  # elections with no fault injected: each one is spurious
+            after = sys_.raft_counts()
+            res["terms_started"] = max((after[i][0] - t for i, (t, _) in counts.items() if i in after), default=None)
+            res["leader_changes"] = max((after[i][1] - c for i, (_, c) in counts.items() if i in after),
+                                        default=None)
+        return res
 
     # -- workload 3 (+ 4b for pidquorum)
     def w_kills(self, sys_) -> dict:
@@ -479,9 +491,13 @@ ROWS = [  # (workload label, metric label, path, format, higher is better)
     ("1 one broker, sequential", "blocks/s", ("w1", "blocks_per_s"), ",.0f", True),
     ("", "p50 ms", ("w1", "latency", "p50_ms"), ".2f", False),
     ("", "p99 ms", ("w1", "latency", "p99_ms"), ".2f", False),
+    ("", "node CPU ms/block", ("w1", "node_cpu_ms_per_block"), ".2f", False),
+    ("", "elections (no faults)", ("w1", "terms_started"), "d", False),
     ("2 three brokers, concurrent", "blocks/s", ("w2", "blocks_per_s"), ",.0f", True),
     ("", "p50 ms", ("w2", "latency", "p50_ms"), ".2f", False),
     ("", "p99 ms", ("w2", "latency", "p99_ms"), ".2f", False),
+    ("", "node CPU ms/block", ("w2", "node_cpu_ms_per_block"), ".2f", False),
+    ("", "elections (no faults)", ("w2", "terms_started"), "d", False),
     ("", "CAS retries/block", ("w2", "cas_retries_per_block"), ".2f", False),
     ("3 leader kill -9 under load", "outage median ms", ("w3", "outage_median_ms"), ",.0f", False),
     ("", "outage max ms", ("w3", "outage_max_ms"), ",.0f", False),

@@ -38,7 +38,7 @@ from quorum.localcluster import LocalCluster, free_ports
 from quorum.raft import RaftConfig
 
 from . import zookeeper
-from .common import find_leader
+from .common import describe_all, find_leader
 from .processes import HOST, log_tail, spawn, stop_process, wait_port
 
 ETCD_BIN = "/usr/bin/etcd"
@@ -156,6 +156,14 @@ class System:
     def settings(self) -> dict:
         return {}
 
+    def node_pids(self) -> list[int]:
+        """The PIDs of the running nodes (their CPU is the cluster's cost)."""
+        return []
+
+    def raft_counts(self) -> dict[int, tuple[int, int]] | None:
+        """Per node: (Raft term, leader changes it saw), where the system tells them; None elsewhere."""
+        return None
+
     def close(self) -> None:
         try:
             self.stop()
@@ -210,6 +218,13 @@ class PidquorumSystem(System):
         if self.lc.exists():
             self.lc.down(timeout=10)
 
+    def node_pids(self) -> list[int]:
+        return [n.pid for n in self.lc.nodes() if n.pid and self.lc.alive(n.node_id)]
+
+    def raft_counts(self) -> dict[int, tuple[int, int]] | None:
+        return {nid: (d["raft"]["term"], d["raft"]["leader_changes"])
+                for nid, d in asyncio.run(describe_all(self.lc)).items()}
+
     def differing(self) -> dict:
         """The options that differ from a node's defaults (``NodeConfig``)."""
         defaults = {f.name: f.default for f in dataclasses.fields(NodeConfig)}
@@ -239,6 +254,9 @@ class _PeerSystem(System):
 
     def endpoints(self) -> str:
         return ",".join(f"{HOST}:{p}" for p in self.client_ports)
+
+    def node_pids(self) -> list[int]:
+        return [p.pid for p in self.procs.procs.values() if p.poll() is None]
 
 
 class ZooKeeperSystem(_PeerSystem):

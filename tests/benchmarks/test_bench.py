@@ -41,6 +41,12 @@ def test_bench_pidquorum_alone_writes_json_table_and_chart(tmp_path):
         assert w["latency"]["p50_ms"] <= w["latency"]["p99_ms"]
         assert w["disjoint_check"]["disjoint"] is True
         assert w["cas_retries_per_block"] == 0  # one serialized controller: no compare-and-set
+        assert w["node_cpu_s"] > 0 and w["node_cpu_ms_per_block"] == pytest.approx(
+            w["node_cpu_s"] * 1000 / w["blocks"])
+        assert isinstance(w["terms_started"], int) and w["terms_started"] >= 0
+        assert isinstance(w["leader_changes"], int) and w["leader_changes"] >= 0
+    assert pq["settings"]["differing_from_defaults"] == {"allocate_rate_per_broker": 0}
+    assert "options that differ from a node's defaults: allocate_rate_per_broker = 0" in result.output
     assert pq["w1"]["brokers"] == 1 and pq["w2"]["brokers"] == 3
     w3 = pq["w3"]
     assert w3["kills"] == 1 and len(w3["rounds"]) == 1 and w3["disjoint_check"]["disjoint"] is True
@@ -69,6 +75,7 @@ def test_bench_peer_sequential_and_concurrent(tmp_path, peer):
     w2 = res["systems"][peer]["w2"]
     assert res["systems"][peer]["w1"]["blocks"] > 0 and w2["blocks"] > 0
     assert w2["disjoint_check"]["disjoint"] is True and w2["cas_retries_per_block"] >= 0
+    assert w2["node_cpu_ms_per_block"] > 0 and "terms_started" not in w2  # the peer's CPU too; no Raft counts
     assert any(t["target"].startswith("w1") for t in res["targets"]) == (peer == "zookeeper")
 
 

@@ -108,20 +108,6 @@ def temp_cluster(prefix: str, keep: bool, label: str | None = None, subdir: str 
                 shutil.rmtree(directory, ignore_errors=True)
 
 
-def cpu_seconds(pids: Iterable[int]) -> float:
-    """User plus system CPU seconds the processes have used (``/proc/PID/stat``); a gone one counts 0."""
-    total = 0.0
-    tick = os.sysconf("SC_CLK_TCK")
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / tick
-    return total
-
-
 async def describe_all(lc: LocalCluster, policy: RetryPolicy = DESCRIBE_POLICY) -> dict[int, dict]:
     """DescribeState of every live node that answers, by node id (``QuorumClient.describe_each``)."""
     alive = {n.client_address: n.node_id for n in lc.nodes() if lc.alive(n.node_id)}
@@ -251,6 +237,16 @@ def run_phases(res: dict, phases: Iterable[tuple[str, Callable]], arg, json_path
         os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
         with open(json_path, "w") as fh:
             json.dump(res, fh, indent=2, default=str)
+
+
+def report(res: dict, output: str, print_results: Callable[[dict], None]) -> int:
+    """Print ``res`` as JSON (``output == "json"``) or through ``print_results``; the exit status: 1 if a
+    phase failed or a check did not hold."""
+    if output == "json":
+        print(json.dumps(res, indent=2, default=str))
+    else:
+        print_results(res)
+    return 1 if res["errors"] or res["failed_checks"] else 0
 
 
 # ----------------------------------------------------------------------- printing

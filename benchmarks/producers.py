@@ -79,7 +79,7 @@ from client.quorum import Connection, ConnectionFailed
 from wire import kafka
 from wire.errors import Errors, RequestTimedOutError
 
-from .common import environment_info, log, percentile, print_footer, run_phases, table, temp_cluster, utc_now
+from .common import environment_info, log, percentile, print_footer, report, run_phases, table, temp_cluster, utc_now
 from .processes import REPO, BrokerProcess, child_env, cpu_seconds
 
 PRODUCE = 0
@@ -763,11 +763,7 @@ def main(argv=None, prog: str | None = None) -> int:
         return checks(r)
 
     run_phases(res, [(n, PHASES[n]) for n in a.phases], a, a.json, checks=all_checks)
-    if a.output == "json":
-        print(json.dumps(res, indent=2, default=str))
-    else:
-        print_results(res)
-    return 1 if res["errors"] or res["failed_checks"] else 0
+    return report(res, a.output, print_results)
 
 
 if __name__ == "__main__":

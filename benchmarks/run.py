@@ -40,8 +40,8 @@ import time
 import traceback
 from dataclasses import asdict, dataclass, field
 
-from .common import cpu_seconds, environment_info, loadavg, log, percentile, table, utc_now
-from .processes import child_env
+from .common import environment_info, loadavg, log, percentile, table, utc_now
+from .processes import child_env, cpu_seconds
 from .quorum_phases import Bench as QBench
 from .quorum_phases import history_row
 from .systems import (
@@ -257,11 +257,12 @@ class Bench:
         load = self.note_load(f"{label} {sys_.name}")
         self.say(f"{label}: {sys_.name}, {n_brokers} broker(s), {self.o.duration:.0f}s")
         pids, counts = sys_.node_pids(), sys_.raft_counts()
-        cpu0 = cpu_seconds(pids)
+        cpu0 = {pid: cpu_seconds(pid) for pid in pids}
         recs, _, window, _ = self.allocate_run(sys_, f"{label}-{sys_.name}", n_brokers, self.o.duration)
         res = {**throughput(recs, window), "load_before": load["loadavg"]}
         # What a block costs the cluster: its nodes' CPU (user + system, all nodes) over the run.
-        cpu = cpu_seconds(pids) - cpu0
+        after = {pid: cpu_seconds(pid) for pid in pids}  # a node gone meanwhile (none is, without faults): left out
+        cpu = sum(after[pid] - cpu0[pid] for pid in pids if after[pid] is not None and cpu0[pid] is not None)
         res["node_cpu_s"] = cpu
         res["node_cpu_ms_per_block"] = cpu * 1000 / res["blocks"] if res["blocks"] else None
         if counts is not None:  # elections with no fault injected: each one is spurious

@@ -65,7 +65,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import re
@@ -88,6 +87,7 @@ from .common import (
     log,
     percentile,
     print_footer,
+    report,
     run_phases,
     table,
     temp_cluster,
@@ -810,11 +810,7 @@ def main(argv=None, prog: str | None = None) -> int:
                    a.json, checks=all_checks, phase_seconds=True)
     finally:
         rig.down()
-    if a.output == "json":
-        print(json.dumps(res, indent=2, default=str))
-    else:
-        print_results(res)
-    return 1 if res["errors"] or res["failed_checks"] else 0
+    return report(res, a.output, print_results)
 
 
 if __name__ == "__main__":

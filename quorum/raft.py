@@ -425,6 +425,8 @@ class _Replicated(SyncObj):
         if kind == "append_entries":
             self._append_entries(node, message)
             return
+        if kind in ("request_vote", "response_vote") and self._stale_term(node, message):
+            return
         if kind in ("request_vote", "timeout_now") and self._pq.restricted and not self._may_vote(message):
             self._withhold(node, message)
             return
@@ -446,6 +448,28 @@ class _Replicated(SyncObj):
             entry = self._pq.journal.entry(match) if match else None
             if entry is not None:
                 self._pq.identity.note_held(node.address, (entry[2], entry[1]))
+
+    def _stale_term(self, node, message) -> bool:
+        """Raft's terms on votes, which pysyncobj leaves out: a RequestVote from an earlier term is answered
+        with this node's term (pysyncobj dropped it in silence), and such an answer makes the candidate a
+        follower in that term.  Without it a candidate that missed a term (one that hears from nobody else
+        in it: a view of the membership without the others) campaigned below the others' term forever,
+        while they could elect nobody without it (found by the simulation, seed 102068).  A denial is a
+        ``response_vote`` with ``granted`` false: an older node counts votes of its own term only, so it
+        ignores one."""
+        term, current = message.get("term"), self._SyncObj__raftCurrentTerm
+        if not _is_int(term):
+            return False
+        if message.get("type") == "request_vote":
+            if term >= current:
+                return False
+            self._SyncObj__transport.send(node, {"type": "response_vote", "term": current, "granted": False})
+            return True
+        if term > current:
+            self._SyncObj__setCurrentTerm(term, None)
+            self.step_down()
+            return True
+        return message.get("granted") is False
 
     def _new_voter(self, node, message) -> bool:
         """pysyncobj counts vote messages, not voters: a vote delivered twice would count twice (two

@@ -81,7 +81,7 @@ class FaultPlan:
                         long_delay=rate(0.4, 0.02), long_delay_max=rng.choice([0.3, 1.0, 2.5]))
         return cls(net=net, crash=rate(0.6, 0.4), crash_in_io=rate(0.5, 0.4), power_loss=rate(0.5, 0.3),
                    partition=rate(0.5, 0.4), disk_error=rate(0.4, 0.2), disk_full=rate(0.3, 0.15),
-                   slow_disk=rate(0.3, 0.3), restore_backup=rate(0.4, 0.2), bad_answer=rate(0.4, 0.3),
+                   slow_disk=rate(0.3, 0.3), restore_backup=rate(0.4, 0.4), bad_answer=rate(0.4, 0.3),
                    membership=rate(0.3, 0.15),
                    transfer=rate(0.4, 0.3), snapshot=rate(0.8, 1.0))
 
@@ -160,6 +160,7 @@ class Simulation:
         self.expected_loss: set[int] = set()  # nodes restored from a backup (may lack what they acknowledged)
         self._replacing = False
         self._restored: tuple[SimulatedNode, float | None] | None = None
+        self._staged: str | None = None  # a fault played out in several steps (no random loss meanwhile)
         self.script: Callable[["Simulation"], None] | None = None  # extra scripted events (crash-state exploration)
         # Called with the outcome when ``run`` ends (a crash-state exploration child reports it and exits).
         self.on_end: Callable[[SimResult], None] | None = None
@@ -372,10 +373,13 @@ class Simulation:
         kinds = [(k, getattr(plan, k)) for k in ("crash", "crash_in_io", "power_loss", "partition", "disk_error",
                                                  "disk_full", "slow_disk", "restore_backup", "bad_answer",
                                                  "membership", "transfer", "snapshot") if getattr(plan, k)]
-        if self._restored_pending():
-            # A restored node is held back only by what live peers saw it hold: until it has rejoined and
-            # heard their verdicts, losing or cutting them off too is a second fault (docs/durability.md).
-            kinds = [(k, w) for k, w in kinds if k not in self.LOSSES]
+        if self._staged is not None:
+            kinds = [(k, w) for k, w in kinds if k not in self.LOSSES]  # a staged fault is playing out
+        elif self._restored_pending():
+            # While a restored node catches up, any fault but a second loss of data (another restored copy)
+            # or a membership change (a copy cannot reach members added since) is within what it must
+            # survive: it waits for its peers' word, then for its target (docs/durability.md).
+            kinds = [(k, w) for k, w in kinds if k not in ("restore_backup", "membership")]
         if kinds:
             total = sum(w for _, w in kinds)
             kind = self.rng.choices([k for k, _ in kinds], [w for _, w in kinds])[0]
@@ -529,24 +533,79 @@ class Simulation:
 
     def _fault_restore_backup(self) -> None:
         """An old copy of a node's data directory is started in its place.  Only when every other member
-        runs: a node whose later position no live peer saw cannot be told apart (docs/durability.md)."""
+        runs: a node whose later position no live peer saw cannot be told apart (docs/durability.md).
+
+        Half the time in the shape that makes a restored copy dangerous (``_restore_while_a_member_lags``);
+        otherwise from a backup taken earlier, at a random moment."""
+        if self.rng.random() < 0.5:
+            self._restore_while_a_member_lags()
+            return
         candidates = [i for i in self.backups if not self.nodes[i].removed and self.nodes[i].running]
         if not candidates:
             return
         i = self.rng.choice(candidates)
-        n = self.nodes[i]
+        if self._may_restore(self.nodes[i]):
+            self._restore(self.nodes[i])
+
+    def _may_restore(self, n: SimulatedNode) -> bool:
+        """Every other member runs on a healthy disk, none is recovering and none is being replaced: with a
+        member already recovering, or one being replaced, a second loss is a majority's."""
         others = [m for m in self.nodes.values() if m is not n and not m.removed]
-        if self._replacing or not all(m.running and not m.raft.restricted and m.disk.stop is None
-                                      and m.disk.fail is None and m.disk.capacity is None for m in others):
-            return  # with a member already recovering, or one being replaced, a second loss is a majority's
+        return not self._replacing and n.running and all(
+            m.running and not m.raft.restricted and m.disk.stop is None and m.disk.fail is None
+            and m.disk.capacity is None for m in others)
+
+    def _restore(self, n: SimulatedNode) -> float:
+        """Replace ``n``'s data directory by its backup; it starts again after the delay returned."""
         self.fault("restore_backup")
-        taken, disk = self.backups.pop(i)
+        taken, disk = self.backups.pop(n.node_id)
         n.crash(f"is stopped and its data directory replaced by the backup from {taken:.2f}s")
         n._committed_before = None
         n.disk = disk.crash()
-        self.expected_loss.add(i)
+        self.expected_loss.add(n.node_id)
         self._restored = (n, None)
-        self.after(self.rng.uniform(0.05, 1.0), "restart", self._restart, n)
+        delay = self.rng.uniform(0.05, 1.0)
+        self.after(delay, "restart", self._restart, n)
+        return delay
+
+    def _restore_while_a_member_lags(self) -> None:
+        """The shape in which a restored copy loses committed entries if it is let in as a full member:
+        entries commit on the copy's node and one peer only (the third member is cut off), the copy is
+        restored, and the peer that holds those entries is killed as the cut-off member comes back.  The
+        copy and the laggard would then make a majority without those entries.  Done right, the copy
+        waits for both peers' word and then for its recovery target, so the cluster waits for the killed
+        peer's restart (kill -9: its files stay).
+
+        The backup is taken now, the cut lasts 0.3-1.5 s; the kill and the heal come together, from the
+        moment the copy is restored to just after it starts."""
+        members = [m for m in self.nodes.values() if not m.removed]
+        if len(members) != 3 or self._restored_pending() or self._staged is not None:
+            return
+        copy, laggard, holder = self.rng.sample(members, 3)
+        if not self._may_restore(copy):
+            return
+        self.backups[copy.node_id] = (self.clock.now, copy.disk.crash())
+        cut = {(laggard.address, m.address) for m in members if m is not laggard}
+        cut |= {(b, a) for a, b in cut}
+        self.net.blocked |= cut
+        self._staged = "restore while a member lags"
+        self.note(f"node {copy.node_id}: its data directory is copied (a backup); node {laggard.node_id} is cut off")
+        self.after(self.rng.uniform(0.3, 1.5), "fault", self._restore_while_cut_off, copy, holder, cut)
+
+    def _restore_while_cut_off(self, copy: SimulatedNode, holder: SimulatedNode, cut: set) -> None:
+        if not self._may_restore(copy):
+            self._staged = None
+            self._heal(cut)
+            return
+        restart = self._restore(copy)
+        self.after(self.rng.uniform(0.0, restart + 0.05), "fault", self._kill_holder_and_heal, holder, cut)
+
+    def _kill_holder_and_heal(self, holder: SimulatedNode, cut: set) -> None:
+        if holder.running:
+            self.fault("crash")
+            self._stop(holder, "is killed (kill -9) as the cut-off member returns")
+        self._heal(cut)
+        self._staged = None
 
     def _restored_pending(self) -> bool:
         if self._restored is None:

@@ -320,18 +320,23 @@ def _fake_peer(c, node_id):
     return TCPNode(c.nodes[node_id].cfg.raft_address)
 
 
-def _deliver(node, peer, message):
-    """Hand ``message`` to the node's Raft layer on its own thread, as if ``peer`` sent it; wait for it."""
+def _on_raft(node, fn):
+    """Run ``fn()`` on the node's Raft thread; wait for it."""
     import threading
     done = threading.Event()
 
     def go():
         try:
-            node.raft._obj._SyncObj__onMessageReceived(peer, message)
+            fn()
         finally:
             done.set()
     node.raft._on_raft_thread(go)
     assert done.wait(5)
+
+
+def _deliver(node, peer, message):
+    """Hand ``message`` to the node's Raft layer on its own thread, as if ``peer`` sent it; wait for it."""
+    _on_raft(node, lambda: node.raft._obj._SyncObj__onMessageReceived(peer, message))
 
 
 def test_raft_port_binds_the_advertised_host_not_every_interface():
@@ -500,6 +505,35 @@ def test_an_acknowledgement_from_another_term_is_ignored():
         assert obj._SyncObj__raftMatchIndex[peer] == 0
         _deliver(n, peer, dict(stale, term=7))
         assert obj._SyncObj__raftMatchIndex[peer] == 2
+
+
+def test_a_candidate_from_an_earlier_term_is_told_the_term_and_follows_it():
+    """pysyncobj dropped a RequestVote from an earlier term in silence and never read a vote response's
+    term: a candidate that missed a term (its view of the membership heard from nobody else) campaigned
+    below the others forever while they could elect nobody without it (simulation, seed 102068)."""
+    with SimCluster(start=False) as c:
+        sent = []
+
+        def follower_in_term_9(n, obj):
+            obj._SyncObj__setCurrentTerm(9, None)
+            transport = obj._SyncObj__transport
+            original = transport.send
+            transport.send = lambda node, message: (sent.append((node.address, message)), original(node, message))
+        n, obj = _node_one_alone(c, follower_in_term_9, "the follower")
+        candidate = _fake_peer(c, 2)
+        _deliver(n, candidate, {"type": "request_vote", "term": 7, "last_log_index": 99, "last_log_term": 7})
+        assert (candidate.address, {"type": "response_vote", "term": 9, "granted": False}) in sent
+        assert obj._SyncObj__raftCurrentTerm == 9 and obj._SyncObj__votedForNodeId is None
+
+        def candidate_in_term_10(n, obj):
+            obj._SyncObj__setCurrentTerm(10, n.cfg.raft_address)
+            obj._SyncObj__setState(1)
+            obj._SyncObj__votesCount = 1
+        _on_raft(n, lambda: candidate_in_term_10(n, obj))
+        _deliver(n, _fake_peer(c, 3), {"type": "response_vote", "term": 10, "granted": False})
+        assert obj._SyncObj__votesCount == 1 and obj._SyncObj__raftState == 1  # a denial is not a vote
+        _deliver(n, _fake_peer(c, 3), {"type": "response_vote", "term": 12, "granted": False})
+        assert obj._SyncObj__raftCurrentTerm == 12 and obj._SyncObj__raftState == 0
 
 
 def test_a_restarted_node_uses_the_membership_in_its_journal():

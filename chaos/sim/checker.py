@@ -75,6 +75,7 @@ class Checker:
         self.applied_by: dict[int, str] = {}               # index -> the first node that applied it
         self.commit_term: dict[int, int] = {}              # index -> a term by which it was committed (an upper bound)
         self.leaders: dict[int, str] = {}                 # term -> leader address
+        self.held: dict[int, tuple[int, int]] = {}        # node id -> (start, highest committed index its log holds)
         self.committed = Ranges()                        # committed allocations (and seeded ZooKeeper blocks)
         self.issued = Ranges()                           # acknowledged [start, end) ranges, with what
         self.max_index = 0
@@ -171,6 +172,7 @@ class Checker:
                 if want is not None and have != want:
                     raise Violation(f"state-machine safety: node {n.node_id} holds {have} at committed index {index}, "
                                     f"the committed entry is {want}")
+            self._kept(n, entries, base)
             if obj._SyncObj__raftState == _LEADER:
                 for index in range(base + 1, self.max_index + 1):
                     want = self.ledger.get(index)
@@ -178,6 +180,20 @@ class Checker:
                         raise Violation(f"leader completeness: {n.address} leads term {term} without committed entry "
                                         f"{index} (term {want[0]}); it holds {entries.get(index)}")
         self._log_matching(logs)
+
+    def _kept(self, n, entries: dict, base: int) -> None:
+        """A process never removes a committed entry from its log, except into a snapshot: every later leader
+        holds it, so no AppendEntries conflicts with it (Raft's truncation is on a conflict only).  Checked
+        at the highest committed entry the process held at the last step (log matching covers below it)."""
+        start, top = self.held.get(n.node_id, (None, 0))
+        if start == n.starts and top > base and entries.get(top) != self.ledger.get(top):
+            raise Violation(f"log: node {n.node_id} removed committed entry {top} from its log (it now holds "
+                            f"{entries.get(top)}, journal {min(entries, default=None)}..{max(entries, default=None)}, "
+                            f"snapshot at {base})")
+        top = min(max(entries, default=0), self.max_index)
+        while top > base and (self.ledger.get(top) is None or entries.get(top) != self.ledger[top]):
+            top -= 1
+        self.held[n.node_id] = (n.starts, top)
 
     def _log_matching(self, logs: dict) -> None:
         seen: dict[tuple[int, int], tuple[int, str]] = {}

@@ -61,7 +61,13 @@ def scripted(sim: Simulation) -> None:
     """The exploration workload's events (no random faults): a follower falls behind and gets a
     snapshot, nodes restart (identity and peers rewritten), leadership moves, compaction throughout."""
     follower = sim.nodes[2]
-    sim.after(1.0, "script", lambda: sim._stop(follower, "is killed (script)") if follower.running else None)
+
+    def kill_follower():
+        if follower.running:
+            follower._committed_before = follower.committed_and_durable()
+            follower.crash("is killed (script)")
+    sim.after(1.0, "script", kill_follower)
+    sim.after(2.8, "script", sim._restart, follower)  # after the compactions below: it needs a snapshot
     for t in (1.5, 2.0, 2.5):
         sim.after(t, "script", lambda: [n.raft.force_snapshot() for n in sim.running()])
     sim.after(4.0, "script", lambda: sim._fault_transfer())

@@ -461,6 +461,9 @@ class Simulation:
                 self.after(self.rng.uniform(0.05, 2.5), "restart", self._restart, n)
 
     def _fault_partition(self) -> None:
+        if self.rng.random() < 0.25 and self.leader() is not None and self._staged is None:
+            self._isolate_leader_then_compact()
+            return
         addresses = [n.address for n in self.nodes.values() if not n.removed]
         shape = self.rng.choice(["isolate", "one-way", "split"])
         if shape == "isolate":
@@ -477,6 +480,28 @@ class Simulation:
         self.note(f"partition ({shape}): {sorted(cut)}")
         self.after(self.rng.uniform(0.3, 4.0), "heal", self._heal, cut)
 
+    def _isolate_leader_then_compact(self) -> None:
+        """The shape in which a follower must drop entries it holds: the leader is cut off and keeps
+        appending what clients send it (never committed), the others elect a leader that commits and
+        compacts past that point, then the cut heals and the old leader is brought up to date by a
+        snapshot over a log that does not match it.  The cut lasts 0.8-2 s; the compaction comes just
+        before the heal."""
+        old = self.leader()
+        addresses = [n.address for n in self.nodes.values() if not n.removed]
+        cut = {(old.address, b) for b in addresses if b != old.address}
+        cut |= {(b, a) for a, b in cut}
+        self.fault("partition_isolate_leader")
+        self.net.blocked |= cut
+        self.note(f"partition (the leader, node {old.node_id}, is cut off): {sorted(cut)}")
+        self.after(self.rng.uniform(0.8, 2.0), "heal", self._compact_then_heal, old, cut)
+
+    def _compact_then_heal(self, old: SimulatedNode, cut: set) -> None:
+        leader = self.leader()
+        if leader is not None and leader is not old:
+            leader.raft.force_snapshot()
+            leader.wake(0.0)
+        self.after(self.rng.uniform(0.05, 0.3), "heal", self._heal, cut)
+
     def _heal(self, cut: set) -> None:
         self.net.blocked -= cut
         self.note("partition healed")
@@ -489,14 +514,29 @@ class Simulation:
         kind = self.rng.choice(["fdatasync", "fsync", "write", "rename", "sync_dir"])
         countdown = [self.rng.randint(1, 20)]
         err = OSError(errno.EIO, "Input/output error")
+        # Half the time the machine then loses power: what a swallowed error left unwritten is gone.
+        power_loss_after = self.rng.uniform(0.05, 1.0) if self.rng.random() < 0.5 else None
 
         def fail(op, _kind=kind):
             if op.kind != _kind:
                 return None
             countdown[0] -= 1
-            return err if countdown[0] == 0 else None
+            if countdown[0] != 0:
+                return None
+            if power_loss_after is not None:
+                self.after(power_loss_after, "fault", self._power_loss_after_error, n)
+            return err
         n.disk.fail = fail
-        self.note(f"node {n.node_id}: EIO at its {countdown[0]}th {kind}")
+        self.note(f"node {n.node_id}: EIO at its {countdown[0]}th {kind}"
+                  + (f", then a power loss {power_loss_after:.2f}s later" if power_loss_after is not None else ""))
+
+    def _power_loss_after_error(self, n: SimulatedNode) -> None:
+        if n.removed or n.disk is None:
+            return
+        if n.running:
+            n._committed_before = n.committed_and_durable()
+        n.power_loss(LossPolicy("random", self.rng, torn=0.5))
+        self.after(self.rng.uniform(0.05, 2.5), "restart", self._restart, n)
 
     def _fault_disk_full(self) -> None:
         n = self._pick()

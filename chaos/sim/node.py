@@ -195,7 +195,9 @@ class SimulatedNode:
         self.next_tick = None
         self.tick()
         if self.service is not None:
-            self.wake(self.sim.tick_period)
+            # As the Raft thread waits (RaftNode.tick_wait); a simulated instant later at the least, since
+            # pysyncobj sends once its clock is past the time it set.
+            self.wake(max(min(self.sim.tick_period, self.raft.tick_wait()), 0.0001))
 
     def tick(self) -> None:
         def go():

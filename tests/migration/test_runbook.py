@@ -239,8 +239,9 @@ def test_runbook_runs_end_to_end_against_zookeeper_and_a_quorum(quorum, zk_chroo
 
     def before_bridge() -> None:
         # The seed put the cursor at exactly the exported block_end + 1 ...
-        states = ClusterHarness(quorum).describe_all()
-        assert {d["state"]["next_producer_id"] for d in states.values()} == {EXPORTED.block_end + 1}
+        # (on every node: followers apply once the commit index reaches them, a few milliseconds later)
+        wait_for(lambda: {d["state"]["next_producer_id"] for d in ClusterHarness(quorum).describe_all().values()}
+                 == {EXPORTED.block_end + 1}, 15, interval=0.05, what="every node's cursor at the export's end + 1")
         # ... and a ZooKeeper-mode broker takes a block before bridge mode starts: the export is stale now.
         s, n = LegacyAllocator(zk_client, 2).allocate()
         legacy.append((s, n, "zk-broker-2 before bridge"))

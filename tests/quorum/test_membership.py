@@ -91,10 +91,11 @@ def test_wiped_follower_is_refused_then_replaced_and_old_leader_killed(cluster):
     blocks += allocate(live, 20)
     assert_unique(blocks)
     assert cluster.leader() != old_leader
-    # The new node holds the same state as the leader.
+    # The new node holds the same state as the leader (a follower applies once the commit index reaches it:
+    # with the next AppendEntries, at most a few milliseconds after the leader).
     wait_for(lambda: caught_up(cluster, fresh.node_id), 15, what="the new node caught up")
-    d = cluster.describe_all()
-    assert len({v["state"]["next_producer_id"] for v in d.values()}) == 1
+    wait_for(lambda: len({v["state"]["next_producer_id"] for v in cluster.describe_all().values()}) == 1, 15,
+             what="every node applied the same state")
 
 
 def test_restored_old_backup_is_held_back_until_it_caught_up(cluster):

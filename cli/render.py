@@ -88,14 +88,21 @@ def _quorum_figures(nodes: list[dict]) -> None:
         followers = ", ".join(f"{names.get(peer, peer)}: {p['lag_entries']}" for peer, p in sorted(r["peers"].items())
                               if p.get("lag_entries") is not None)
         allocations = ", ".join(f"{b}: {a['blocks']}" for b, a in (n.get("allocations") or {}).items())
+        links = ", ".join(f"{names.get(peer, peer)}: {_link(p['link'])}" for peer, p in sorted(r["peers"].items())
+                          if p.get("link"))
         server = n.get("server", {})
-        rows.append([n["node_id"], r.get("leader_changes"), followers or None, snap["bytes"],
+        rows.append([n["node_id"], r.get("leader_changes"), followers or None, links or None, snap["bytes"],
                      None if snap.get("age_s") is None else f"{snap['age_s']:.0f}", sync.get("count"),
                      _ms(sync.get("p50_s")), _ms(sync.get("p99_s")), allocations or None, alloc.get("count"),
                      _ms(alloc.get("p99_s")), server.get("throttled")])
     table("figures (as on the metrics endpoints)",
-          ["node", "leader changes", "follower lag (entries)", "snapshot bytes", "snapshot age s", "syncs",
+          ["node", "leader changes", "follower lag (entries)", "raft links (sealing)", "snapshot bytes", "snapshot age s", "syncs",
            "sync p50 ms", "sync p99 ms", "blocks per broker", "allocs answered", "alloc p99 ms", "throttled"], rows)
+
+
+def _link(link: dict) -> str:
+    """A Raft link's encoding, out and in (``quorum.linkcrypto``): one name when both directions agree."""
+    return link["out"] if link["out"] == link["in"] else f"out {link['out']}, in {link['in']}"
 
 
 def metrics_status(output: str, address: str, figures: dict) -> None:

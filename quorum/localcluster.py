@@ -169,7 +169,9 @@ class LocalCluster:
         self._save(state)
 
     # ------------------------------------------------------------- processes
-    def start(self, node_id: int, env: dict | None = None) -> int:
+    def start(self, node_id: int, env: dict | None = None, command: list[str] | None = None) -> int:
+        """Start node ``node_id``; ``command`` runs it instead of the cluster's node command this time (another
+        version of the node, for a rolling upgrade)."""
         state = self.load()
         node = next((n for n in state["nodes"] if n["node_id"] == node_id), None)
         if node is None:
@@ -185,7 +187,7 @@ class LocalCluster:
         if os.path.exists(ready):
             os.unlink(ready)
         logf = open(self.log_path(node_id), "ab")
-        command = state.get("node_command") or DEFAULT_NODE_COMMAND
+        command = command or state.get("node_command") or DEFAULT_NODE_COMMAND
         proc = subprocess.Popen(
             [sys.executable, *command, "--config", self.config_path(node_id), "--ready-file", ready],
             stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.dir,

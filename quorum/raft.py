@@ -87,8 +87,10 @@ from storage.disk import (
     process_failstop,
 )
 
+from . import linkcrypto
 from .identity import Hello, NodeIdentity, Verdict
 from .journal import UNKNOWN_INDEX, DurableJournal, Position
+from .linkcrypto import AEAD1, LinkCodec
 
 log = logging.getLogger(__name__)
 
@@ -332,9 +334,43 @@ class _Gate:
 
     def _onNodeConnected(self, node):
         self.owner._reset_peer_checks(node)
+        self._install_codec(node)
         # First on the connection, so it arrives before anything pysyncobj sends on it.
         super().send(node, self.owner.hello_message())
         super()._onNodeConnected(node)
+
+    # ---------------------------------------- the link's encoding (quorum.linkcrypto)
+    def _link(self, node) -> LinkCodec | None:
+        conn = getattr(self, "_connections", {}).get(node)
+        codec = getattr(conn, "encryptor", None)
+        return codec if isinstance(codec, LinkCodec) else None
+
+    def _install_codec(self, node) -> None:
+        """A new handshake on ``node``'s connection: its messages stay under Fernet until a direction switches."""
+        master, fernet = self.owner.link_master, getattr(self, "_syncObj", None) and self._syncObj.encryptor
+        conn = getattr(self, "_connections", {}).get(node)
+        if master is not None and fernet is not None and conn is not None and conn.encryptor is not None:
+            conn.encryptor = LinkCodec(fernet, master, conn)
+
+    def _seal_if_offered(self, node, offered) -> None:
+        """The peer's hello lists what it reads: tell it, under Fernet, that what follows is sealed with AES-GCM."""
+        codec = self._link(node)
+        if (codec is None or codec.sealing or AEAD1 not in linkcrypto.OFFERED
+                or not isinstance(offered, list) or AEAD1 not in offered):
+            return
+        if super().send(node, {"type": "pq_codec", "codec": AEAD1}):
+            codec.seal_from_now()
+
+    def _peer_sealing(self, node, message) -> None:
+        codec, name = self._link(node), message.get("codec")
+        if codec is not None and name == AEAD1 and AEAD1 in linkcrypto.OFFERED:
+            codec.open_from_now()
+            return
+        # Nothing after this message could be read: start the connection again.
+        log.error("%s seals its messages with %r, which this node did not offer: reconnecting", node.address, name)
+        conn = getattr(self, "_connections", {}).get(node)
+        if conn is not None:
+            conn.disconnect()
 
     def _onNodeDisconnected(self, node):
         self.owner._reset_peer_checks(node)
@@ -345,6 +381,10 @@ class _Gate:
         owner = self.owner
         if kind == "pq_hello":
             owner._on_hello(node, message)
+            self._seal_if_offered(node, message.get("codecs"))
+            return
+        if kind == "pq_codec":
+            self._peer_sealing(node, message)  # the link's encoding, whatever the checks: nothing else is read
             return
         if kind == "pq_welcome":
             owner._on_welcome(node, message)
@@ -808,6 +848,9 @@ class RaftNode:
         last = self.journal.entries[-1][1] if self.journal.entries else (snap.last_index if snap else 0)
         self.journal.clamp_commit_index(max(last, snap.last_index if snap else 0))
 
+        # The Raft port seals messages with AES-GCM per connection once both ends offer it (quorum.linkcrypto);
+        # a transport given by the caller (the simulation's) has no connections to seal.
+        self.link_master = linkcrypto.master_key(secret) if secret and transport_class is None else None
         self.leader_changed = threading.Event()
         node = self
         conf = SyncObjConf(
@@ -1023,7 +1066,10 @@ class RaftNode:
 
     # -------------------------------------------------------------- identity
     def hello_message(self) -> dict:
-        return self.identity.hello.message(self.journal.durable_end())
+        message = self.identity.hello.message(self.journal.durable_end())
+        if self.link_master is not None and linkcrypto.OFFERED:
+            message["codecs"] = list(linkcrypto.OFFERED)  # an earlier version ignores the field
+        return message
 
     def _reset_peer_checks(self, node) -> None:
         """A connection to ``node`` was (re)established or lost: its checks start again."""
@@ -1190,6 +1236,7 @@ class RaftNode:
                 "next_index": s.get(f"next_node_idx_server_{node.id}"),
                 # On the leader: committed entries the follower does not hold yet.
                 "lag_entries": max(0, s["commit_idx"] - match) if is_leader and match is not None else None,
+                "link": codec.describe() if (codec := self._transport._link(node)) is not None else None,
             }
         recovery = None
         if self.restricted:

@@ -1,0 +1,186 @@
+"""The Raft port's per-connection AES-GCM (quorum.linkcrypto): the codec alone, then real node processes,
+all of this version or mixed with a node that seals with Fernet only (as earlier versions do)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+from cryptography.fernet import Fernet, InvalidToken
+
+from quorum import linkcrypto
+from quorum.linkcrypto import AEAD1, FERNET, LinkCodec, direction_key, master_key
+from quorum.localcluster import LocalCluster
+from tests.conftest import ClusterHarness, run, wait_for
+from tests.quorum.test_cluster import assert_disjoint
+
+FERNET_NODE = os.path.join(os.path.dirname(__file__), "..", "support", "fernet_node.py")
+
+
+class Conn:
+    """The two fields of pysyncobj's TcpConnection the codec reads."""
+
+    def __init__(self, send_rand: bytes, recv_rand: bytes):
+        self.sendRandKey, self.recvRandKey, self.recvLastTimestamp = send_rand, recv_rand, 0
+
+
+def link_pair(secret: str = "s3cret", fernet: Fernet | None = None):
+    """Both ends of one connection after pysyncobj's handshake: each side picked its bytes."""
+    fernet = fernet or Fernet(Fernet.generate_key())
+    master = master_key(secret)
+    a_bytes, b_bytes = os.urandom(32), os.urandom(32)
+    a_conn, b_conn = Conn(b_bytes, a_bytes), Conn(a_bytes, b_bytes)
+    return LinkCodec(fernet, master, a_conn), LinkCodec(fernet, master, b_conn), fernet
+
+
+def deliver(codec: LinkCodec, token: bytes) -> bytes:
+    """What TcpConnection does with a received token: the timestamp first, then the plaintext."""
+    codec.extract_timestamp(token)
+    return codec.decrypt(token)
+
+
+def switched_pair():
+    a, b, fernet = link_pair()
+    a.seal_from_now()
+    b.open_from_now()
+    return a, b, fernet
+
+
+def test_a_link_stays_fernet_until_a_direction_switches():
+    a, b, fernet = link_pair()
+    token = a.encrypt_at_time(b"hello", 7)
+    assert fernet.decrypt(token) == b"hello" and fernet.extract_timestamp(token) == 7
+    assert deliver(b, token) == b"hello"
+    assert a.describe() == b.describe() == {"out": FERNET, "in": FERNET}
+
+
+def test_after_the_switch_messages_are_aes_gcm_in_order_and_the_other_direction_is_unchanged():
+    a, b, fernet = switched_pair()
+    tokens = [a.encrypt_at_time(f"m{i}".encode(), 1) for i in range(5)]
+    with pytest.raises(InvalidToken):
+        fernet.decrypt(tokens[0])  # not Fernet any more
+    assert [deliver(b, t) for t in tokens] == [f"m{i}".encode() for i in range(5)]
+    assert a.describe() == {"out": AEAD1, "in": FERNET} and b.describe() == {"out": FERNET, "in": AEAD1}
+    back = b.encrypt_at_time(b"ack", 3)
+    assert fernet.decrypt(back) == b"ack" and deliver(a, back) == b"ack"
+
+
+@pytest.mark.parametrize("bad", ["replayed", "reordered", "dropped", "altered", "other-direction", "other-link",
+                                 "other-secret"])
+def test_a_message_that_is_not_the_next_one_of_this_direction_of_this_link_does_not_open(bad):
+    a, b, _ = switched_pair()
+    first, second = a.encrypt_at_time(b"one", 1), a.encrypt_at_time(b"two", 1)
+    if bad == "replayed":
+        deliver(b, first)
+        token = first
+    elif bad in ("reordered", "dropped"):
+        token = second  # the receiver expects "one" first
+    elif bad == "altered":
+        token = first[:-1] + bytes([first[-1] ^ 1])
+    elif bad == "other-direction":
+        b.seal_from_now()
+        token = b.encrypt_at_time(b"one", 1)  # b's own first message, reflected back to it
+    elif bad == "other-link":
+        c, _, _ = link_pair(fernet=a._fernet)
+        c.seal_from_now()
+        token = c.encrypt_at_time(b"one", 1)
+    else:
+        c = LinkCodec(a._fernet, master_key("another"), a._conn)  # same handshake, another secret
+        c.seal_from_now()
+        token = c.encrypt_at_time(b"one", 1)
+    with pytest.raises(InvalidToken):
+        deliver(b, token)
+
+
+def test_each_direction_has_its_own_key_and_each_link_its_own():
+    master = master_key("s")
+    x, y = os.urandom(32), os.urandom(32)
+    assert direction_key(master, x, y) != direction_key(master, y, x)
+    assert direction_key(master, x, y) != direction_key(master, x, os.urandom(32))
+    assert direction_key(master, x, y) != direction_key(master_key("t"), x, y)
+    assert direction_key(master, x, y) == direction_key(master_key("s"), x, y)
+    with pytest.raises(ValueError):
+        direction_key(master, None, y)
+
+
+def test_a_new_handshake_on_a_reused_connection_object_is_fernet_again():
+    # pysyncobj reconnects an outgoing link with the same TcpConnection object and new handshake bytes.
+    a, b, fernet = switched_pair()
+    a._conn.sendRandKey, a._conn.recvRandKey = None, os.urandom(32)  # disconnect(), then a new handshake
+    token = a.encrypt_at_time(b"rand", 9)
+    assert fernet.decrypt(token) == b"rand"
+    assert a.describe() == {"out": FERNET, "in": FERNET}
+
+
+def test_decrypt_without_the_timestamp_first_is_refused_once_aes_gcm():
+    a, b, _ = switched_pair()
+    with pytest.raises(InvalidToken):
+        b.decrypt(a.encrypt_at_time(b"x", 1))
+
+
+# ------------------------------------------------------------------ real node processes
+def links(cluster: ClusterHarness) -> dict[tuple[int, int], dict]:
+    """(node, peer node) -> that node's view of the link's encoding, both directions."""
+    by_raft = {n.raft_address: n.node_id for n in cluster.lc.nodes()}
+    out = {}
+    for node_id, d in cluster.describe_all().items():
+        for address, peer in d["raft"]["peers"].items():
+            out[(node_id, by_raft[address])] = peer["link"]
+    return out
+
+
+def allocate(cluster: ClusterHarness, broker: int, n: int):
+    async def go():
+        c = cluster.client(timeout=20.0)
+        try:
+            epoch = await c.register_broker(broker)
+            return [await c.allocate(broker, epoch) for _ in range(n)]
+        finally:
+            await c.close()
+    return run(go())
+
+
+def test_every_link_switches_to_aes_gcm_and_does_again_after_a_restart(cluster):
+    everywhere = {"out": AEAD1, "in": AEAD1}
+    wait_for(lambda: len(got := links(cluster)) == 6 and all(v == everywhere for v in got.values()), 15,
+             what="every link of the three nodes to switch")
+    blocks = allocate(cluster, 1, 20)
+    # The node with the lowest Raft address is connected to by both others: they reconnect to it with the
+    # connection objects they already had (pysyncobj reuses them), after a new handshake.
+    lowest = min(cluster.lc.nodes(), key=lambda n: n.raft_address).node_id
+    cluster.lc.kill(lowest)
+    cluster.lc.start(lowest)
+    cluster.lc.wait_ready([lowest])
+    wait_for(lambda: len(got := links(cluster)) == 6 and all(v == everywhere for v in got.values()), 15,
+             what="the restarted node's links to switch again")
+    blocks += allocate(cluster, 2, 20)
+    assert_disjoint(blocks)
+
+
+@pytest.fixture
+def mixed(tmp_path, request):
+    """Nodes 1 and 2 of this version; node 3 seals with Fernet only (an earlier version)."""
+    lc = LocalCluster(str(tmp_path / "cluster"))
+    lc.create(3)
+    lc.start(1)
+    lc.start(2)
+    lc.start(3, command=[FERNET_NODE])
+    lc.wait_ready()
+    yield ClusterHarness(lc)
+    failed = getattr(request.node, "rep_call", None)
+    if failed is not None and failed.failed:
+        for n in lc.nodes():
+            print(f"--- node {n.node_id} log\n{open(lc.log_path(n.node_id)).read()[-4000:]}")
+    lc.down(timeout=5)
+
+
+def test_a_cluster_mixing_versions_commits_with_fernet_to_the_older_node(mixed):
+    want = {(1, 2): AEAD1, (2, 1): AEAD1, (1, 3): FERNET, (3, 1): FERNET, (2, 3): FERNET, (3, 2): FERNET}
+    wait_for(lambda: {k: v["out"] for k, v in links(mixed).items() if v} == want, 15,
+             what="the links between new nodes to switch, and those to the older node to stay Fernet")
+    assert all(v["in"] == v["out"] for v in links(mixed).values())
+    blocks = allocate(mixed, 1, 20)
+    leader = mixed.leader()
+    mixed.lc.kill(leader)  # whichever version leads, the two others commit together
+    blocks += allocate(mixed, 2, 20)
+    assert_disjoint(blocks)
+    assert linkcrypto.OFFERED == (AEAD1,)  # the older node's setting stayed in its own process

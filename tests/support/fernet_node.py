@@ -1,0 +1,13 @@
+"""A node as versions before per-connection AES-GCM on the Raft port ran (test code): its hello lists no
+link codec, so its links stay under pysyncobj's Fernet both ways.  ``python -m tests.support.fernet_node
+--config FILE`` takes the options of ``python -m quorum``."""
+import sys
+
+from quorum import linkcrypto
+
+linkcrypto.OFFERED = ()
+
+from quorum.__main__ import main  # noqa: E402 - after the codec is withdrawn
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -127,6 +127,7 @@ class RaftConfig:
     leader_step_down_timeout: float = 1.0
     compaction_min_entries: int = 5000
     compaction_min_time: float = 300.0
+    snapshot_chunk_bytes: int = 65536  # an InstallSnapshot message carries at most this much of the snapshot
 
     @model_validator(mode="after")
     def _check(self) -> "RaftConfig":
@@ -146,6 +147,8 @@ class RaftConfig:
             problems.append("leader_step_down_timeout must exceed heartbeat_interval")
         if self.compaction_min_entries < 2:
             problems.append("compaction_min_entries must be at least 2")
+        if not 64 <= self.snapshot_chunk_bytes <= 64 * 2**20:
+            problems.append("snapshot_chunk_bytes must be between 64 and 64 MiB")
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -867,6 +870,7 @@ class RaftNode:
             leaderFallbackTimeout=raft.leader_step_down_timeout,
             logCompactionMinEntries=raft.compaction_min_entries,
             logCompactionMinTime=raft.compaction_min_time,
+            logCompactionBatchSize=raft.snapshot_chunk_bytes,
             commandsWaitLeader=False,
             dynamicMembershipChange=True,
             # pysyncobj binds 0.0.0.0 without a bind address; bind the advertised host instead.

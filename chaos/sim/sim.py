@@ -139,7 +139,11 @@ class Simulation:
         self.plan = FaultPlan.draw(self.rng) if config.faults else FaultPlan()
         compaction = self.rng.choice([8, 20, 60, 5000])
         raft = RaftConfig(compaction_min_entries=config.compaction_min_entries or compaction,
-                          compaction_min_time=self.rng.choice([2.0, 30.0, 300.0]))
+                          compaction_min_time=self.rng.choice([2.0, 30.0, 300.0]),
+                          # Snapshots here are a few kilobytes: small chunks make installs take several
+                          # messages, with the follower's old log still in place between them.  (A stream of
+                          # its own, so the draws above and the fault schedule stay as they were.)
+                          snapshot_chunk_bytes=random.Random(f"{config.seed}-chunks").choice([65536, 1024, 256]))
         self.raft_config = raft
         self.checker = Checker(self)
         self.net = SimNetwork(self, self.plan.net, raft.connection_timeout, raft.reconnect_interval)

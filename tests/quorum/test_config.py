@@ -30,7 +30,8 @@ def test_to_toml_round_trips_every_field(tmp_path):
         allocate_reserve_blocks=16,
         raft=RaftConfig(heartbeat_interval=0.02, election_timeout_min=0.1, election_timeout_max=0.3,
                         connection_timeout=0.6, reconnect_interval=0.05, peer_ping_interval=0.2,
-                        leader_step_down_timeout=0.7, compaction_min_entries=100, compaction_min_time=60.0),
+                        leader_step_down_timeout=0.7, compaction_min_entries=100, compaction_min_time=60.0,
+                        snapshot_chunk_bytes=4096),
     )
     # Every field that has a default is set to something else, so a dropped field cannot hide.
     for obj in (cfg, cfg.raft):
@@ -64,6 +65,7 @@ def test_metrics_port_and_log_format_are_checked(tmp_path):
     assert from_dict(base, str(tmp_path)).metrics_port == 0  # absent = off
     assert from_dict({**base, "metrics_port": 9095, "log_format": "json"}, str(tmp_path)).metrics_port == 9095
     for bad, message in [({"metrics_port": 70000}, "metrics_port"), ({"metrics_port": "9095"}, "metrics_port"),
-                         ({"metrics_port": True}, "metrics_port"), ({"log_format": "xml"}, "log_format")]:
+                         ({"metrics_port": True}, "metrics_port"), ({"log_format": "xml"}, "log_format"),
+                         ({"raft": {"snapshot_chunk_bytes": 0}}, "snapshot_chunk_bytes")]:
         with pytest.raises(ConfigError, match=message):
             from_dict({**base, **bad}, str(tmp_path))

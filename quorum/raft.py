@@ -103,7 +103,8 @@ RECOVERED_VOTE = "<recovered: no vote this term>"  # votedFor after catching up 
 _REPLACED = ("_SyncObj__onMessageReceived", "_SyncObj__tryLogCompaction", "_SyncObj__loadDumpFile")
 _USED = ("_SyncObj__onLeaderChanged", "_SyncObj__applyLogEntries", "_SyncObj__setCurrentTerm", "_SyncObj__setState",
          "_SyncObj__generateRaftTimeout", "_SyncObj__sendNextNodeIdx", "_SyncObj__parseChangeClusterRequest",
-         "_SyncObj__doChangeCluster", "_SyncObj__updateClusterConfiguration", "_SyncObj__onSetCodeVersion")
+         "_SyncObj__doChangeCluster", "_SyncObj__updateClusterConfiguration", "_SyncObj__onSetCodeVersion",
+         "_SyncObj__onNodeDisconnected")
 _missing = [name for name in _REPLACED + _USED if not hasattr(SyncObj, name)]
 if _missing:  # pragma: no cover - only with an unsupported pysyncobj
     raise ImportError(f"pysyncobj {getattr(_syncobj_module, 'VERSION', '?')} lacks {', '.join(_missing)}: "
@@ -472,6 +473,20 @@ class _Replicated(SyncObj):
                                                       _clock() + COMMIT_NOTIFY_S)
         return False
 
+    def _SyncObj__onNodeDisconnected(self, node):
+        """The leader's connection closed: campaign within half the minimum election timeout, not the whole.
+
+        A leader killed or crashed has its connections closed by its kernel at once; a live leader's
+        connection closes only after ``connection_timeout`` without a byte, beyond any election timeout, so
+        this adds no election where there would have been none.  The draw spreads the followers' campaigns
+        (both see the same close), as the election timeout's does; a node held back never campaigns
+        (``_onTick``).  Only when an election starts changes, never what a vote or a commit needs."""
+        SyncObj._SyncObj__onNodeDisconnected(self, node)
+        if (node == self._SyncObj__raftLeader and self._SyncObj__raftState == _FOLLOWER
+                and not self._SyncObj__transferInProgress):
+            soon = _clock() + self._SyncObj__conf.raftMinTimeout / 2 * _syncobj_module.random.random()
+            self._SyncObj__raftElectionDeadline = min(self._SyncObj__raftElectionDeadline, soon)
+
     def _onTick(self, timeToWait=0.0):
         if self._pq.restricted:
             # A node that may have lost acknowledged entries never stands for election.
@@ -837,7 +852,9 @@ class RaftNode:
         self.last_snapshot_bytes = self.store.size
         # Every start may be of a restored copy: until enough peers vouched for it (see check_vouched)
         # this node neither votes, nor stands, nor counts toward a majority.
-        self._vouchers: dict[str, tuple[Position | None, int]] = {}  # peer -> (its log end or held, its term)
+        self._vouchers: dict[str, tuple[Position | None, int]] = {}  # peer -> (its log end, its term)
+        self._unknown_ends: set[str] = set()  # vouchers of an earlier version (no log end in their verdict)
+        self._peers_vouched = False  # the peers' word set this start's target (not the operator's)
         self.vouched = not partners or trust_own_log
         if trust_own_log and partners:
             log.warning("started with the operator's word that this data directory was not restored from a copy "
@@ -967,11 +984,17 @@ class RaftNode:
 
     def tick_wait(self) -> float:
         """How long the Raft thread may wait for messages before its next tick: a tick period, or less
-        when the leader owes its followers an AppendEntries sooner (a new commit index: _Replicated)."""
+        when the leader owes its followers an AppendEntries sooner (a new commit index: _Replicated) or a
+        follower's election deadline comes sooner."""
         obj = self._obj
-        if obj._SyncObj__raftState != _LEADER:
-            return self._tick_period
-        return min(self._tick_period, max(obj._SyncObj__newAppendEntriesTime - _clock(), 0.0))
+        if obj._SyncObj__raftState == _LEADER:
+            return min(self._tick_period, max(obj._SyncObj__newAppendEntriesTime - _clock(), 0.0))
+        # A follower or candidate wakes for its election deadline, not at the next tick after it: the
+        # followers of a lost leader campaign at the instants they drew (``_SyncObj__onNodeDisconnected``), so
+        # they do not split the vote by falling due in the same tick.  (A deadline already past: the tick
+        # about to run starts the election, or this node reaches nobody and has nothing to wake for.)
+        remaining = obj._SyncObj__raftElectionDeadline - _clock()
+        return self._tick_period if remaining <= 0 else min(self._tick_period, remaining)
 
     def _on_raft_thread(self, fn: Callable[[], None]) -> None:
         self._calls.put(fn)
@@ -1053,11 +1076,29 @@ class RaftNode:
         self.vouched = True
         self._obj.vouched_term(max(self._vouchers[a][1] for a in have))
         targets = [t for a in have if (t := self._vouchers[a][0]) is not None]
+        top = max(targets) if targets else None
         log.info("vouched for by %s (log end %s, theirs up to %s)", ", ".join(have), _fmt(self.journal.durable_end()),
-                 _fmt(max(targets)) if targets else "-")
-        if targets:
-            self.adopt_target(max(targets), f"the peers that vouched for this start ({', '.join(have)}) hold "
-                                            f"{_fmt(max(targets))}: a restored copy would lack what it acknowledged")
+                 _fmt(top) if top else "-")
+        # Every entry this node may have acknowledged that was committed is on one of these peers' logs: a
+        # majority held it, and these peers meet every majority the node was part of.  So the highest of their
+        # log ends is the whole target.  A higher one from before (what a peer saw this node hold in an earlier
+        # run, its own files' evidence, a target recorded before the last stop) names entries no majority
+        # holds: never committed.  Kept, it can stall the cluster for good (a restored leader's own entry,
+        # never committed, that no node holds any more, while every other node waits to reach this one's log).
+        # An older peer reports no log end; then nothing is lowered.
+        self._peers_vouched = True
+        if self.recovery is not None and not (set(have) & self._unknown_ends) and (top is None or top < self.recovery):
+            lowered = top if top is not None else (0, 0)
+            log.warning("recovery target %s lowered to %s, the highest log end of the peers that vouched for this "
+                        "start (%s): what lies above it was never committed", _fmt(self.recovery), _fmt(lowered),
+                        ", ".join(have))
+            self.journal.set_recovery_target(lowered)
+            self.recovery, self.recovery_reason = lowered, (
+                f"the peers that vouched for this start ({', '.join(have)}) hold {_fmt(lowered)}")
+            self.check_recovery()
+        if top is not None:
+            self.adopt_target(top, f"the peers that vouched for this start ({', '.join(have)}) hold "
+                                   f"{_fmt(top)}: a restored copy would lack what it acknowledged")
 
     def check_recovery(self) -> None:
         if self.recovery is None or self.journal.durable_end() < self.recovery:
@@ -1141,14 +1182,20 @@ class RaftNode:
             term = vouch.get("term")
             if _is_int(term) and term >= 0 and all(e is None or (isinstance(e, (list, tuple)) and len(e) == 2 and all(
                     _is_int(x) and x >= 0 for x in e)) for e in ends):
-                top = max((tuple(e) for e in ends if e is not None), default=None)
-                self._vouchers[node.address] = (top, term)
+                # Its log end, not what it saw this node hold: see check_vouched.
+                self._vouchers[node.address] = (tuple(ends[0]) if ends[0] is not None else None, term)
+                if ends[0] is None:
+                    self._unknown_ends.add(node.address)
             else:
                 log.warning("ignoring a malformed vouch from %s: %r", node.address, vouch)
         elif vouch is None and not self.vouched:
             self._vouchers[node.address] = (None, 0)  # an older version's verdict: its recover target below
+            self._unknown_ends.add(node.address)
         target = message.get("recover")
-        if target is not None:
+        if target is not None and self._peers_vouched:
+            log.info("%s saw this node hold %r in an earlier run; the peers that vouched for this start set its "
+                     "target already", node.address, target)
+        elif target is not None:
             if not (isinstance(target, (list, tuple)) and len(target) == 2 and all(_is_int(x) and x >= 0
                                                                                      for x in target)):
                 log.warning("ignoring a malformed verdict from %s: recover=%r", node.address, target)

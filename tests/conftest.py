@@ -89,11 +89,15 @@ class ClusterHarness:
         return node_of[address], d
 
 
-def cluster_harness(tmp_path, request, **node_options):
+def cluster_harness(tmp_path, request, commands: dict[int, list[str]] | None = None, **node_options):
     """A three-node LocalCluster with ``node_options`` as a ClusterHarness (a generator for fixtures);
-    prints the nodes' logs when the test failed, and stops the nodes."""
+    prints the nodes' logs when the test failed, and stops the nodes.  ``commands``: node id -> what runs
+    that node instead of the cluster's node command (another version of the node)."""
     lc = LocalCluster(str(tmp_path / "cluster"))
-    lc.up(3, **node_options)
+    lc.create(3, **node_options)
+    for n in lc.nodes():
+        lc.start(n.node_id, command=(commands or {}).get(n.node_id))
+    lc.wait_ready()
     yield ClusterHarness(lc)
     failed = getattr(request.node, "rep_call", None)
     if failed is not None and failed.failed:

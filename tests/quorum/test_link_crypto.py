@@ -9,8 +9,7 @@ from cryptography.fernet import Fernet, InvalidToken
 
 from quorum import linkcrypto
 from quorum.linkcrypto import AEAD1, FERNET, LinkCodec, direction_key, master_key
-from quorum.localcluster import LocalCluster
-from tests.conftest import ClusterHarness, run, wait_for
+from tests.conftest import ClusterHarness, cluster_harness, run, wait_for
 from tests.quorum.test_cluster import assert_disjoint
 
 FERNET_NODE = os.path.join(os.path.dirname(__file__), "..", "support", "fernet_node.py")
@@ -159,18 +158,7 @@ def test_every_link_switches_to_aes_gcm_and_does_again_after_a_restart(cluster):
 @pytest.fixture
 def mixed(tmp_path, request):
     """Nodes 1 and 2 of this version; node 3 seals with Fernet only (an earlier version)."""
-    lc = LocalCluster(str(tmp_path / "cluster"))
-    lc.create(3)
-    lc.start(1)
-    lc.start(2)
-    lc.start(3, command=[FERNET_NODE])
-    lc.wait_ready()
-    yield ClusterHarness(lc)
-    failed = getattr(request.node, "rep_call", None)
-    if failed is not None and failed.failed:
-        for n in lc.nodes():
-            print(f"--- node {n.node_id} log\n{open(lc.log_path(n.node_id)).read()[-4000:]}")
-    lc.down(timeout=5)
+    yield from cluster_harness(tmp_path, request, commands={3: [FERNET_NODE]})
 
 
 def test_a_cluster_mixing_versions_commits_with_fernet_to_the_older_node(mixed):

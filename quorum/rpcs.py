@@ -94,6 +94,10 @@ class Rpc:
     from_reserve: bool = False  # AllocateProducerIds: the leader's block reserve may answer it
     throttled: bool = False  # per-broker rate limit (AllocateProducerIds)
     timed: bool = False  # its latency is reported (AllocateProducerIds: the allocation latency metric)
+    # A read served from the leader's applied state (a follower forwards it): it sees every write whose
+    # answer came before it.  A follower learns a new commit index with the next AppendEntries, a few
+    # milliseconds after the leader answered the write.
+    leader_read: bool = False
 
     @property
     def name(self) -> str:
@@ -102,7 +106,7 @@ class Rpc:
 
     def needs_leader(self, body: Any) -> bool:
         if self.generate is None:
-            return False
+            return self.leader_read
         return self.on_leader(body) if self.on_leader is not None else True
 
     def run(self, state: QuorumState, body: Any, ctx: Context) -> Result:
@@ -285,7 +289,7 @@ async def _describe_state(server: QuorumServer, req: kafka.Request) -> dict:
 
 
 async def _describe_acls(server: QuorumServer, req: kafka.Request) -> tuple[list, int]:
-    # This node's applied entries (no trip to the leader): at most its replication lag behind.
+    # The leader's applied entries (a follower forwards the request: Rpc.leader_read).
     b = req.body
     with server.service.lock:
         acls = server.service.state.acls.acls()
@@ -294,10 +298,11 @@ async def _describe_acls(server: QuorumServer, req: kafka.Request) -> tuple[list
 
 
 async def _describe_client_quotas(server: QuorumServer, req: kafka.Request) -> list[dict]:
-    """DescribeClientQuotas from this node's applied state (no log entry: brokers poll it).
+    """DescribeClientQuotas from the leader's applied state (no log entry: brokers poll it; a follower
+    forwards it, ``Rpc.leader_read``), so a read sees every change answered before it.
 
-    Served only while this node follows (or is) a leader, so a node cut off from the
-    quorum stops answering within an election timeout instead of serving old quotas.
+    A node that lost its leadership to a partition stops answering within an election timeout
+    instead of serving old quotas.
     Filters: user entity, exact name / default / any (Kafka's match types 0, 1, 2).
     """
     _, leader, _ = server.service.raft.role()
@@ -370,7 +375,7 @@ def _rpcs() -> list[Rpc]:
             respond=_kafka_response(p.BROKER_HEARTBEAT, lambda r: {
                 "is_caught_up": True, "is_fenced": r["is_fenced"], "should_shut_down": r["should_shut_down"]}),
             error=_kafka_error(p.BROKER_HEARTBEAT, is_caught_up=False, is_fenced=True, should_shut_down=False)),
-        Rpc(p.DESCRIBE_CLIENT_QUOTAS, acl=lambda b: _READ, serve=_describe_client_quotas,
+        Rpc(p.DESCRIBE_CLIENT_QUOTAS, acl=lambda b: _READ, serve=_describe_client_quotas, leader_read=True,
             respond=lambda v, entries: kafka.load_response_schema(p.DESCRIBE_CLIENT_QUOTAS, v)(
                 throttle_time=kafka.ms(0), error_code=ErrorCode.none, **_quota_entries(entries, v)),
             error=_kafka_error(p.DESCRIBE_CLIENT_QUOTAS, error_message=lambda code: code.name, entries=None)),
@@ -406,7 +411,7 @@ def _rpcs() -> list[Rpc]:
         Rpc(p.RECORD_API_KEY, record=AlterAclsRequest, acl=lambda b: _ADMIN, generate=_alter_acl,
             respond=lambda v, changed: AlterAclsResponse(error_code=0, changed=changed),
             error=_record_error(AlterAclsResponse)),
-        Rpc(p.RECORD_API_KEY, record=DescribeAclsRequest, acl=lambda b: _READ, serve=_describe_acls,
+        Rpc(p.RECORD_API_KEY, record=DescribeAclsRequest, acl=lambda b: _READ, serve=_describe_acls, leader_read=True,
             respond=lambda v, r: DescribeAclsResponse(error_code=0, acls=json.dumps(r[0]), applied_index=r[1]),
             error=_record_error(DescribeAclsResponse)),
         Rpc(p.RECORD_API_KEY, record=AlterClientQuotaRequest, acl=lambda b: _ADMIN, generate=_alter_quota,

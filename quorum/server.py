@@ -296,6 +296,8 @@ class QuorumServer:
                 raise RequestTimedOutError(f"no leader committed the request within {timeout:.2f}s")
             remaining = backoff.remaining()
             is_leader, leader, _ = self.service.raft.role()
+            if is_leader and rpc.generate is None:
+                return await rpc.serve(self, req)  # a leader read (Rpc.leader_read)
             if is_leader:
                 return await self._propose(rpc, req, remaining)
             if req.forwarded:

@@ -100,9 +100,13 @@ def _quorum_figures(nodes: list[dict]) -> None:
            "sync p50 ms", "sync p99 ms", "blocks per broker", "allocs answered", "alloc p99 ms", "throttled"], rows)
 
 
+_LINK_NAMES = {"aes256gcm-1": "AES-GCM", "fernet": "Fernet"}
+
+
 def _link(link: dict) -> str:
     """A Raft link's encoding, out and in (``quorum.linkcrypto``): one name when both directions agree."""
-    return link["out"] if link["out"] == link["in"] else f"out {link['out']}, in {link['in']}"
+    out, into = (_LINK_NAMES.get(link[k], link[k]) for k in ("out", "in"))
+    return out if out == into else f"out {out}, in {into}"
 
 
 def metrics_status(output: str, address: str, figures: dict) -> None:

@@ -166,6 +166,11 @@ def test_a_cluster_mixing_versions_commits_with_fernet_to_the_older_node(mixed):
     wait_for(lambda: {k: v["out"] for k, v in links(mixed).items() if v} == want, 15,
              what="the links between new nodes to switch, and those to the older node to stay Fernet")
     assert all(v["in"] == v["out"] for v in links(mixed).values())
+    from click.testing import CliRunner
+
+    from cli.main import cli
+    status = CliRunner().invoke(cli, ["--quorum", ",".join(mixed.lc.client_addresses()), "quorum", "status"])
+    assert status.exit_code == 0 and "AES-GCM" in status.output and "Fernet" in status.output, status.output
     blocks = allocate(mixed, 1, 20)
     leader = mixed.leader()
     mixed.lc.kill(leader)  # whichever version leads, the two others commit together

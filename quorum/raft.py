@@ -344,15 +344,18 @@ class _Gate:
         super()._onNodeConnected(node)
 
     # ---------------------------------------- the link's encoding (quorum.linkcrypto)
+    def _conn(self, node):
+        """``node``'s TCP connection (None on a transport without one: the simulation's)."""
+        return getattr(self, "_connections", {}).get(node)
+
     def _link(self, node) -> LinkCodec | None:
-        conn = getattr(self, "_connections", {}).get(node)
-        codec = getattr(conn, "encryptor", None)
+        codec = getattr(self._conn(node), "encryptor", None)
         return codec if isinstance(codec, LinkCodec) else None
 
     def _install_codec(self, node) -> None:
         """A new handshake on ``node``'s connection: its messages stay under Fernet until a direction switches."""
         master, fernet = self.owner.link_master, getattr(self, "_syncObj", None) and self._syncObj.encryptor
-        conn = getattr(self, "_connections", {}).get(node)
+        conn = self._conn(node)
         if master is not None and fernet is not None and conn is not None and conn.encryptor is not None:
             conn.encryptor = LinkCodec(fernet, master, conn)
 
@@ -372,7 +375,7 @@ class _Gate:
             return
         # Nothing after this message could be read: start the connection again.
         log.error("%s seals its messages with %r, which this node did not offer: reconnecting", node.address, name)
-        conn = getattr(self, "_connections", {}).get(node)
+        conn = self._conn(node)
         if conn is not None:
             conn.disconnect()
 

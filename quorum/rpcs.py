@@ -55,7 +55,7 @@ from records import (
 from security import acl as a
 from security.acl import Acl
 from wire import kafka
-from wire.errors import Errors, InvalidRequestError, NotControllerError, RequestTimedOutError, UnknownServerError
+from wire.errors import Errors, InvalidRequestError, RequestTimedOutError, UnknownServerError
 
 from . import membership
 from .client_quotas import ClientQuotaManager, parse_user
@@ -301,13 +301,10 @@ async def _describe_client_quotas(server: QuorumServer, req: kafka.Request) -> l
     """DescribeClientQuotas from the leader's applied state (no log entry: brokers poll it; a follower
     forwards it, ``Rpc.leader_read``), so a read sees every change answered before it.
 
-    A node that lost its leadership to a partition stops answering within an election timeout
-    instead of serving old quotas.
+    Only a leader serves it (``QuorumServer._run``), so a node cut off from the quorum stops answering
+    within the leader step-down timeout instead of serving old quotas.
     Filters: user entity, exact name / default / any (Kafka's match types 0, 1, 2).
     """
-    _, leader, _ = server.service.raft.role()
-    if not leader:
-        raise NotControllerError("no leader known: the quota configuration may be stale")
     wanted: list[tuple[int, str | None]] = []
     for c in req.body.components:
         if c.entity_type != "user":

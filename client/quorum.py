@@ -44,7 +44,7 @@ from wire.errors import (
 
 from . import api as p
 from .leader import pick_leader, summary
-from .retry import LEADER_POLL, RetryPolicy
+from .retry import LEADER_POLL, RetryPolicy, result_within
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ class Connection:
         try:
             self._writer.write(frame)
             await self._writer.drain()
-            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+            return await result_within(fut, timeout)
         except (OSError, ConnectionError) as e:
             raise ConnectionFailed(f"{self.address}: {e}") from None
         except asyncio.TimeoutError:
@@ -288,10 +288,6 @@ class QuorumClient:
                                                 transactional_id=transactional_id,
                                                 transaction_timeout_ms=transaction_timeout_ms,
                                                 producer_id=producer_id, producer_epoch=producer_epoch)
-        body = InitTransactionalProducerRequest(broker_id=broker_id, broker_epoch=broker_epoch,
-                                                transactional_id=transactional_id,
-                                                transaction_timeout_ms=transaction_timeout_ms,
-                                                producer_id=producer_id, producer_epoch=producer_epoch)
         resp, _ = await self._call_any(body)
         return int(resp.producer_id), int(resp.producer_epoch)
 
@@ -340,8 +336,6 @@ class QuorumClient:
 
     async def describe_acls(self, principal: str = "") -> tuple[list[Any], int]:
         """The ACL entries as some node has applied them, and that node's applied Raft index."""
-
-
         resp, _ = await self._call_any(DescribeAclsRequest(principal=principal))
         try:
             acls = [Acl.from_obj(a) for a in json.loads(resp.acls)]

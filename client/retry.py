@@ -157,6 +157,35 @@ class Backoff:
         return f"<Backoff attempts={self.attempts} remaining={self.remaining():.3f}s>"
 
 
+async def result_within(fut: asyncio.Future, timeout: float) -> Any:
+    """``await fut``; past ``timeout`` seconds ``fut`` is cancelled and asyncio.TimeoutError raised.
+
+    What ``asyncio.wait_for(fut, timeout)`` does for a future, minus its hops: wait_for waits on a
+    second future that a callback of ``fut`` settles, so the caller resumes one loop iteration after
+    ``fut`` is settled (two behind ``asyncio.shield``).  On a request's path every iteration is a pass
+    through the event loop (its selector call, its ready queue); this resumes in the iteration after
+    ``fut`` is settled, as a plain ``await fut`` does.  Cancelling the caller cancels ``fut``, as
+    wait_for does.
+    """
+    expired = False
+
+    def expire() -> None:
+        nonlocal expired
+        if not fut.done():
+            expired = True
+            fut.cancel()
+
+    handle = asyncio.get_running_loop().call_later(timeout, expire)
+    try:
+        return await fut
+    except asyncio.CancelledError:
+        if expired:
+            raise asyncio.TimeoutError from None
+        raise
+    finally:
+        handle.cancel()
+
+
 FORWARD_POLICY = RetryPolicy(backoff_initial=0.02, backoff_max=0.02, jitter=0.0)
 """A follower forwarding to the leader: a try every 20 ms until the request's deadline
 (``start(timeout)`` with the node's request timeout)."""
@@ -164,4 +193,4 @@ FORWARD_POLICY = RetryPolicy(backoff_initial=0.02, backoff_max=0.02, jitter=0.0)
 LEADER_POLL = RetryPolicy(backoff_initial=0.02, backoff_max=0.1, jitter=0.2)
 """Waiting for a leader (``QuorumClient.find_leader``): DescribeState rounds 20 ms apart, then up to 100 ms."""
 
-__all__ = ["Backoff", "FORWARD_POLICY", "LEADER_POLL", "RetryPolicy"]
+__all__ = ["Backoff", "FORWARD_POLICY", "LEADER_POLL", "RetryPolicy", "result_within"]

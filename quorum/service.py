@@ -29,6 +29,7 @@ from typing import Any, Callable, Protocol
 
 import failpoints
 from client import api as p
+from client.retry import result_within
 from records import AllocateProducerIdsRecord, BridgeReservationRecord, Record, RecordError, decode_batch, encode_batch
 from storage.disk import Disk
 from wire.errors import (
@@ -203,7 +204,7 @@ class Proposer:
         self.queue.put_nowait(Proposal(lambda state, ctx: rpc.run(state, request, ctx),
                                        None if broker_id is None else int(broker_id), fut))
         try:
-            result = await asyncio.wait_for(fut, timeout)
+            result = await result_within(fut, timeout)
         except asyncio.TimeoutError:
             raise RequestTimedOutError(f"not committed within {timeout:.2f}s") from None
         if rpc.from_reserve and self.reserve.size:
@@ -249,7 +250,7 @@ class Proposer:
 
         self.service.raft.propose(payload, done)
         try:
-            return await asyncio.wait_for(fut, timeout)
+            return await result_within(fut, timeout)
         except asyncio.TimeoutError:
             raise ProposalUnknown(f"not applied within {timeout:.2f}s") from None
 

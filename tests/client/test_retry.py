@@ -9,7 +9,7 @@ import pytest
 
 from client.quorum import QuorumClient
 from client.quorum import RetryPolicy as ReExported
-from client.retry import FORWARD_POLICY, Backoff, RetryPolicy
+from client.retry import FORWARD_POLICY, Backoff, RetryPolicy, result_within
 from wire.errors import RequestTimedOutError
 
 
@@ -207,3 +207,51 @@ def test_the_client_stops_after_max_tries_rounds():
         finally:
             await c.close()
     asyncio.run(go())
+
+
+# ------------------------------------------------------------- result_within
+def test_result_within_gives_the_result_and_resumes_in_the_iteration_after_it_is_set():
+    async def main():
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        order = []
+        loop.call_soon(lambda: (fut.set_result(7), order.append("set")))
+        # A callback queued right after the result: a waiter that resumes one pass later than
+        # ``await fut`` (asyncio.wait_for's) runs after it, this one before it.
+        loop.call_soon(lambda: loop.call_soon(order.append, "next pass"))
+        value = await result_within(fut, 5.0)
+        order.append("resumed")
+        await asyncio.sleep(0)
+        return value, order
+
+    value, order = asyncio.run(main())
+    assert value == 7
+    assert order == ["set", "resumed", "next pass"]
+
+
+def test_result_within_times_out_and_cancels_the_future():
+    async def main():
+        fut = asyncio.get_running_loop().create_future()
+        with pytest.raises(asyncio.TimeoutError):
+            await result_within(fut, 0.01)
+        return fut
+
+    assert asyncio.run(main()).cancelled()
+
+
+def test_result_within_passes_on_the_futures_error_and_a_cancelled_caller_cancels_it():
+    async def main():
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        loop.call_soon(fut.set_exception, RequestTimedOutError("boom"))
+        with pytest.raises(RequestTimedOutError):
+            await result_within(fut, 5.0)
+        fut2 = loop.create_future()
+        task = loop.create_task(result_within(fut2, 5.0))
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):  # a cancel, not a timeout
+            await task
+        return fut2
+
+    assert asyncio.run(main()).cancelled()

@@ -1,7 +1,9 @@
 """The client port: Kafka framing, dispatch, forwarding to the leader, throttling.
 
 Every connection reads frames (4-byte size, capped at ``max_frame_bytes``),
-handles requests concurrently and writes responses back in request order.
+handles requests concurrently and writes responses back in request order
+(``InOrder``); it stops reading while the answers the client has not taken
+are over the transport's limit.
 Bad input never takes the node down: an unreadable or oversized frame or an
 unknown API key closes that connection (with a log line); a readable header
 with a bad body is answered with INVALID_REQUEST, an unsupported version with
@@ -19,10 +21,11 @@ deadline, the answer is NOT_CONTROLLER or REQUEST_TIMED_OUT, both retriable.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Awaitable
 
 from client import api as p
 from client.quorum import Connection, ConnectionFailed
@@ -84,6 +87,61 @@ class Relayed:
             return int(body["error_code"] if isinstance(body, dict) else body.error_code) == 0
         except Exception:  # noqa: BLE001 - an unreadable answer is relayed as it is, just not timed
             return False
+
+
+class InOrder:
+    """A connection's answers, written in the order of its requests as soon as each can be.
+
+    Requests are handled concurrently (``put_task``); an answer is written by whoever completes the
+    head of the line: the request's own task when it finishes first in line (no further task wakes up
+    to write it, a pass of the event loop saved on every request), else the task ahead of it.
+    """
+
+    def __init__(self, writer: asyncio.StreamWriter):
+        self._writer = writer
+        self._line: collections.deque[list] = collections.deque()  # [answer bytes or None while pending]
+        self._tasks: set[asyncio.Task] = set()
+
+    def put(self, data: bytes) -> None:
+        self._line.append([data])
+        self._flush()
+
+    def put_task(self, answer: Awaitable[bytes]) -> None:
+        slot: list = [None]
+        self._line.append(slot)
+        task = asyncio.get_running_loop().create_task(self._fill(slot, answer))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _fill(self, slot: list, answer: Awaitable[bytes]) -> None:
+        try:
+            slot[0] = await answer
+        except Exception:  # noqa: BLE001 - a handler bug (they answer every error): no frame to put in its place
+            log.exception("a request handler failed without an answer; closing the connection")
+            self._writer.close()
+            return
+        self._flush()
+
+    def _flush(self) -> None:
+        line = self._line
+        while line and line[0][0] is not None:
+            data = line.popleft()[0]
+            if not self._writer.is_closing():
+                self._writer.write(data)
+
+    async def room(self) -> None:
+        """Wait while the answers not yet taken by the client are over the transport's limit."""
+        await self._writer.drain()
+
+    def cancel(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+
+    async def finish(self) -> None:
+        """Every request read so far answered (those that can be), then what is left written out."""
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._writer.drain()
 
 
 class QuorumServer:
@@ -149,8 +207,7 @@ class QuorumServer:
     # ------------------------------------------------------------ connections
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
-        responses: asyncio.Queue = asyncio.Queue()
-        writer_task = asyncio.get_running_loop().create_task(self._write_responses(responses, writer))
+        responses = InOrder(writer)
         session = self.sasl.session(peer) if self.sasl is not None else None
         refused = False
         try:
@@ -158,7 +215,7 @@ class QuorumServer:
                 if session is not None:
                     verdict = await session.on_frame(frame)
                     if verdict.kind == "reply":
-                        responses.put_nowait(verdict.data)
+                        responses.put(verdict.data)
                     if verdict.kind == "close" or verdict.close:
                         log.warning("client %s: %s; closing", peer, verdict.reason)
                         refused = True
@@ -181,35 +238,25 @@ class QuorumServer:
                     else:  # a newer ApiVersions: how every negotiating client starts (KIP-511), so once per version
                         self._frame_log(e.kind, logging.INFO, "client %s: %s (answered %s)", peer, e.message,
                                         e.code.name)
-                    responses.put_nowait(SERVER_API.error_response(e))
+                    responses.put(SERVER_API.error_response(e))
                     continue
                 if session is not None:
                     req.principal = session.principal
                 self.counters["requests"] += 1
-                responses.put_nowait(asyncio.get_running_loop().create_task(self._dispatch(req, peer)))
+                responses.put_task(self._dispatch(req, peer))
+                await responses.room()  # a client that does not read its answers is not read either
         except (ConnectionError, OSError) as e:
             log.info("client %s: %s", peer, e)
         except asyncio.CancelledError:
-            writer_task.cancel()  # the node is shutting down: end quietly (not a logged task failure)
+            responses.cancel()  # the node is shutting down: end quietly (not a logged task failure)
         finally:
-            responses.put_nowait(None)
             try:
-                await writer_task
+                await responses.finish()
                 if refused:
                     await linger_close(reader, writer)
             except (ConnectionError, OSError, asyncio.CancelledError):
                 pass
             writer.close()
-
-    @staticmethod
-    async def _write_responses(responses: asyncio.Queue, writer: asyncio.StreamWriter) -> None:
-        while True:
-            item = await responses.get()
-            if item is None:
-                return
-            data = item if isinstance(item, bytes) else await item
-            writer.write(data)
-            await writer.drain()
 
     async def _dispatch(self, req: kafka.Request, peer: Any) -> bytes:
         request_context(req.client_id, req.correlation_id)  # this task's log lines carry it

@@ -1,0 +1,115 @@
+"""quorum.server.InOrder: a connection's answers in request order, written by whoever completes the line."""
+from __future__ import annotations
+
+import asyncio
+
+from quorum.server import InOrder
+
+
+class Writer:
+    """What InOrder uses of an asyncio.StreamWriter; ``drain`` waits while ``full`` is set."""
+
+    def __init__(self):
+        self.written: list[bytes] = []
+        self.closed = False
+        self.room = asyncio.Event()
+        self.room.set()
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    async def drain(self) -> None:
+        await self.room.wait()
+
+
+def test_answers_finishing_out_of_order_are_written_in_request_order_as_soon_as_the_line_allows():
+    async def main():
+        w = Writer()
+        line = InOrder(w)
+        first, second = asyncio.Event(), asyncio.Event()
+
+        async def answer(event, data):
+            await event.wait()
+            return data
+
+        line.put_task(answer(first, b"1"))
+        line.put(b"2")  # ready at once, but behind 1
+        line.put_task(answer(second, b"3"))
+        second.set()
+        await asyncio.sleep(0.01)
+        assert w.written == []  # 3 done, 1 not: nothing may pass 1
+        first.set()
+        await asyncio.sleep(0.01)
+        assert w.written == [b"1", b"2", b"3"]
+        line.put(b"4")  # an empty line: written at once
+        assert w.written[-1] == b"4"
+        await line.finish()
+
+    asyncio.run(main())
+
+
+def test_the_finishing_task_writes_its_own_answer_without_another_pass_of_the_loop():
+    async def main():
+        w = Writer()
+        line = InOrder(w)
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        marks = []
+        line.put_task(fut)
+        await asyncio.sleep(0)  # the task now waits on fut
+        loop.call_soon(fut.set_result, b"a")
+        loop.call_soon(lambda: loop.call_soon(lambda: marks.append(list(w.written))))
+        await asyncio.sleep(0.01)
+        assert marks == [[b"a"]]  # written in the pass the task resumed in, before the next one
+        await line.finish()
+
+    asyncio.run(main())
+
+
+def test_room_waits_while_the_client_does_not_take_its_answers_and_finish_waits_for_every_answer():
+    async def main():
+        w = Writer()
+        line = InOrder(w)
+        w.room.clear()
+        waiting = asyncio.ensure_future(line.room())
+        await asyncio.sleep(0.01)
+        assert not waiting.done()
+        w.room.set()
+        await asyncio.wait_for(waiting, 1)
+        slow = asyncio.Event()
+
+        async def answer():
+            await slow.wait()
+            return b"late"
+
+        line.put_task(answer())
+        finishing = asyncio.ensure_future(line.finish())
+        await asyncio.sleep(0.01)
+        assert not finishing.done()
+        slow.set()
+        await asyncio.wait_for(finishing, 1)
+        assert w.written == [b"late"]
+
+    asyncio.run(main())
+
+
+def test_a_handler_that_fails_without_an_answer_closes_the_connection_instead_of_stalling_it():
+    async def main():
+        w = Writer()
+        line = InOrder(w)
+
+        async def broken():
+            raise RuntimeError("bug")
+
+        line.put_task(broken())
+        line.put(b"after")
+        await line.finish()
+        assert w.closed and w.written == []
+
+    asyncio.run(main())

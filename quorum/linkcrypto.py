@@ -26,9 +26,19 @@ version lists nothing and is never switched to: a cluster can be upgraded one no
 The switch message is sealed with the cluster secret like anything else, so nobody without the secret can
 switch a link, and switching changes only the encoding: every message either way is authenticated with
 the secret.
+
+**Compression.**  pysyncobj deflates every message (zlib level 3) before sealing it.  For a message of a
+few hundred bytes (an AppendEntries of one entry, an acknowledgement) that costs about 18 us here, nearly
+all of it the compressor's set-up, to save some 80 bytes on the wire.  ``MessageZlib`` takes its place
+in pysyncobj's connection module (``quorum.raft`` installs it): a message under ``COMPRESS_FROM`` bytes
+is framed as a zlib stream of one stored block (no compression; about 0.3 us), a larger one (a batch of
+entries, a snapshot chunk) is deflated as before.  Either is an ordinary zlib stream: a peer of any
+version reads it with ``zlib.decompress``, as it always did.
 """
 from __future__ import annotations
 
+import struct
+import zlib
 from typing import Any
 
 from cryptography.exceptions import InvalidTag
@@ -43,6 +53,25 @@ OFFERED = (AEAD1,)
 FERNET = "fernet"
 _LABEL = b"pidquorum raft link " + AEAD1.encode()
 _PBKDF2_ITERATIONS = 100_000
+
+
+COMPRESS_FROM = 4096  # bytes: smaller messages are sent stored (see the module's text)
+_ZLIB_HEADER = b"\x78\x01"  # deflate, 32 KiB window, no dictionary, "fastest" (header checksum valid)
+_STORED_BLOCK = struct.Struct("<BHH")  # BFINAL=1 BTYPE=00, LEN, NLEN
+_ADLER = struct.Struct(">I")
+
+
+class MessageZlib:
+    """What pysyncobj's TCP connection module calls ``zlib``: small messages as stored zlib streams."""
+
+    decompress = staticmethod(zlib.decompress)
+
+    @staticmethod
+    def compress(data: bytes, level: int = -1) -> bytes:
+        n = len(data)
+        if n >= COMPRESS_FROM:
+            return zlib.compress(data, level)
+        return b"".join((_ZLIB_HEADER, _STORED_BLOCK.pack(1, n, n ^ 0xFFFF), data, _ADLER.pack(zlib.adler32(data))))
 
 
 def master_key(secret: str | bytes) -> bytes:

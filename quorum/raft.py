@@ -65,6 +65,7 @@ from typing import Any, Callable
 
 import pysyncobj.pickle as _pickle
 import pysyncobj.syncobj as _syncobj_module
+import pysyncobj.tcp_connection as _tcp_connection
 from pydantic import model_validator
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 from pysyncobj.config import SERIALIZER_STATE
@@ -199,6 +200,7 @@ def _create_serializer(fileName, *args, **kwargs):
 
 _syncobj_module.createJournal = _create_journal
 _syncobj_module.Serializer = _create_serializer
+_tcp_connection.zlib = linkcrypto.MessageZlib  # small messages are not deflated (quorum.linkcrypto)
 
 
 class _SnapshotShim:

@@ -116,6 +116,31 @@ def test_decrypt_without_the_timestamp_first_is_refused_once_aes_gcm():
         b.decrypt(a.encrypt_at_time(b"x", 1))
 
 
+@pytest.mark.parametrize("size", [0, 1, 250, linkcrypto.COMPRESS_FROM - 1, linkcrypto.COMPRESS_FROM, 70_000])
+def test_what_pysyncobj_deflates_is_an_ordinary_zlib_stream_and_small_messages_are_stored(size):
+    import zlib
+
+    import pysyncobj.tcp_connection
+
+    import quorum.raft  # noqa: F401 - installs MessageZlib
+    assert pysyncobj.tcp_connection.zlib is linkcrypto.MessageZlib
+    data = os.urandom(size // 2) + bytes(size - size // 2)  # half noise, half zeros: deflate would shrink it
+    out = linkcrypto.MessageZlib.compress(data, 3)
+    assert zlib.decompress(out) == data  # what a peer of any version does with it
+    if size < linkcrypto.COMPRESS_FROM:
+        assert len(out) == size + 11  # header, one stored block's 5 bytes, adler32: nothing deflated
+    else:
+        assert len(out) < size  # a large message is still deflated
+
+
+def test_a_stored_message_whose_bytes_are_damaged_does_not_decompress():
+    import zlib
+    out = bytearray(linkcrypto.MessageZlib.compress(b"append_entries" * 10))
+    out[20] ^= 1
+    with pytest.raises(zlib.error):
+        zlib.decompress(bytes(out))
+
+
 def test_pidctl_shows_a_links_encoding_in_one_name_when_both_directions_agree():
     from cli.render import _link
 

@@ -251,9 +251,13 @@ def test_sasl_protocol_errors_close_only_that_connection(secure_quorum):
     r.response(17, 0)
     r.send_frame(b"\0admin\0nope")
     assert r.closed()
-    # the node kept serving everyone else
-    acls, applied = run(_call(sq.client("admin", addresses=[addr]), lambda c: c.describe_acls()))
-    assert applied > 0
+    # the node kept serving everyone else: a write commits through it and a read sees it
+    async def commit_then_read(c):
+        epoch = await c.register_broker(4242)
+        block = await c.allocate(4242, epoch)
+        return block, await c.describe_acls()
+    block, (acls, applied) = run(_call(sq.client("admin", addresses=[addr]), commit_then_read))
+    assert block.length > 0 and applied >= 2  # (applied > 0 alone held only after earlier tests had written)
 
 
 def test_node_refuses_to_start_with_a_corrupt_credentials_file(tmp_path):

@@ -106,12 +106,29 @@ def test_throughput_counts_every_call_and_checks_overlaps():
 
 
 def test_targets_compare_with_zookeeper_of_the_same_run():
-    def w(bps, p99):
-        return {"blocks_per_s": bps, "latency": {"p99_ms": p99}}
-    res = {"systems": {"pidquorum": {"w1": w(100, 5), "w2": w(300, 10), "w3": {"outage_median_ms": 500}},
-                       "zookeeper": {"w1": w(120, 5), "w2": w(150, 20), "w3": {"outage_median_ms": 400}}}}
-    holds = {t["target"].split(":")[0]: t["holds"] for t in evaluate_targets(res)}
-    assert holds == {"w1": False, "w2": True, "w3": False}
+    def w(bps, p50, p99, cpu=0.5, terms=0):
+        return {"blocks_per_s": bps, "latency": {"p50_ms": p50, "p99_ms": p99}, "node_cpu_ms_per_block": cpu,
+                "terms_started": terms}
+    zk = {"w1": w(120, 2, 5), "w2": w(150, 3, 20), "w3": {"outage_median_ms": 400}}
+
+    def holds(pq):  # "w1", "w2", "w3", "cpu", "elections" -> whether it holds
+        short = {"node CPU": "cpu", "no election": "elections"}
+        out = {}
+        for t in evaluate_targets({"systems": {"pidquorum": pq, "zookeeper": zk}}):
+            key = t["target"].split(":")[0]
+            out[next((v for k, v in short.items() if k in t["target"]), key)] = t["holds"]
+        return out
+
+    good = {"w1": w(360, 1.0, 2), "w2": w(750, 1.5, 20), "w3": {"outage_median_ms": 300}}
+    assert holds(good) == {"w1": True, "w2": True, "w3": True, "cpu": True, "elections": True}
+    assert holds({**good, "w1": w(359, 1.0, 2)})["w1"] is False  # under 3x ZooKeeper
+    assert holds({**good, "w1": w(400, 1.01, 2)})["w1"] is False  # p50 over 1 ms
+    assert holds({**good, "w2": w(749, 1.5, 20)})["w2"] is False  # under 5x
+    assert holds({**good, "w2": w(900, 1.5, 21)})["w2"] is False  # p99 above ZooKeeper's
+    assert holds({**good, "w3": {"outage_median_ms": 301}})["w3"] is False  # over 300 ms
+    assert holds({**good, "w1": w(360, 1.0, 2, cpu=1.2)})["cpu"] is False  # CPU per block
+    assert holds({**good, "w2": w(750, 1.5, 20, terms=1)}) == {"w1": True, "w2": True, "w3": True, "cpu": True,
+                                                               "elections": False}
 
 
 @pytest.mark.parametrize("name", sorted(BENCHMARKS))

@@ -18,14 +18,6 @@ def seed(state: QuorumState, block_end: int, block_start: int | None = None, app
     return res
 
 
-@pytest.fixture
-def state() -> QuorumState:
-    s = QuorumState()
-    for rec in s.registrations.generate_register(1, "inc-1", "h:1", NOW).records:
-        s.replay(rec)
-    return s
-
-
 def allocate(state: QuorumState) -> tuple[int, int]:
     res = state.producer_ids.generate_allocate(1, 1, state.registrations, 1000, NOW)
     state.apply_batch(res.records)

@@ -21,14 +21,6 @@ from .test_transactions import DAY, NOW, init
 TIMEOUT = 60_000
 
 
-@pytest.fixture
-def state() -> QuorumState:
-    s = QuorumState()
-    for rec in s.registrations.generate_register(1, "inc-1", "h:1", NOW).records:
-        s.replay(rec)
-    return s
-
-
 def step(state: QuorumState, op: str, tid: str = "tx", pid: int = 0, epoch: int = 0, parts=(), start: int = -1,
          now: int = NOW, apply: bool = True):
     res = state.transactions.generate_txn(op, 1, state.registrations.brokers[1].broker_epoch, tid, pid, epoch,

@@ -210,7 +210,10 @@ class QuorumClient:
 
     async def _prefer_leader(self) -> None:
         try:
-            leader, _ = await self.find_leader(0)
+            # Asked again (LEADER_POLL) while no node says it leads, up to the next look: a client that
+            # starts with the cluster, or during an election, would otherwise stay on a follower (every
+            # call forwarded) until LEADER_RECHECK_S later.
+            leader, _ = await self.find_leader(LEADER_RECHECK_S)
         except Exception as e:  # noqa: BLE001 - no leader now, not allowed DescribeState, ...: stay where it is
             log.debug("looking for the quorum leader: %s", e)
             return

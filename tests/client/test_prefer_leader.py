@@ -59,3 +59,32 @@ def test_without_prefer_leader_the_client_stays_on_the_node_that_answered(cluste
         finally:
             await c.close()
     run(go())
+
+
+def test_a_client_that_starts_before_the_election_moves_to_the_leader_once_there_is_one():
+    """The first look for the leader found only followers (the cluster was still electing): the client
+    asks again until a node leads, rather than forwarding every call for LEADER_RECHECK_S."""
+    addresses = ["a:1", "b:2", "c:3"]
+
+    def raft(state, term, leader):
+        return {"raft": {"state": state, "term": term, "leader": leader, "self": "raft-" + state}}
+
+    async def go():
+        c = QuorumClient(addresses, RetryPolicy(timeout=20, attempt_timeout=2), prefer_leader=True)
+        rounds = []
+
+        async def describe_each(addrs=None):
+            rounds.append(time.monotonic())
+            if len(rounds) < 4:  # still electing
+                return {a: raft("follower", 1, None) for a in addresses}
+            return {"a:1": raft("follower", 2, "raft-leader"), "b:2": raft("follower", 2, "raft-leader"),
+                    "c:3": {"raft": {"state": "leader", "term": 2, "leader": "raft-leader", "self": "raft-leader"}}}
+
+        c.describe_each = describe_each
+        t0 = time.monotonic()
+        c._look_for_leader()
+        await _until(lambda: c.addresses[c._preferred] == "c:3", 3, "the client to prefer the leader")
+        assert c.leader_moves == 1 and len(rounds) == 4
+        assert time.monotonic() - t0 < 2  # LEADER_POLL's delays, not the next look 5 s later
+        await c.close()
+    run(go())

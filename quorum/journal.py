@@ -12,6 +12,14 @@ compaction, install, start-up).
   fdatasyncs once.  Nothing counts as durable before the fdatasync returned
   (``durable_end``).  The Raft transport syncs before any message that reflects
   the log leaves the node (see ``quorum.raft``).
+* **A sync begun, not waited for.**  ``start_sync()`` writes the buffer and
+  hands the fdatasync to a ``Syncer`` (the node's sync thread) and returns: the
+  leader's own copy is made durable while its Raft thread goes on reading its
+  followers' acknowledgements.  Such a sync counts only once collected: every
+  ``sync()`` (hence every message that needs durability, every commit index,
+  every meta write) and every cut (``truncate_from``, ``rebase``) first waits
+  for the one in flight, takes its error if it failed, and only then moves
+  ``durable_end``.  Nothing is written to the file while a sync is in flight.
 * **Checksums.**  Every entry is ``u32 len | u32 crc32 | u64 index | u64 term |
   command``; indexes are consecutive and terms never go down.  On open, the first
   entry that breaks a rule ends the log.  What follows it is cut (a crash may
@@ -32,10 +40,12 @@ Nothing here imports pysyncobj: it is duck-typed to pysyncobj's Journal.
 from __future__ import annotations
 
 import logging
+import queue
 import struct
+import threading
 import time
 import zlib
-from typing import Optional
+from typing import Callable, Optional
 
 import msgpack
 
@@ -110,6 +120,80 @@ class MetaFile:
         self.disk.write_file(self.path, META_MAGIC + body + struct.pack("<I", zlib.crc32(body)))
 
 
+class InFlight:
+    """One fdatasync handed to a ``Syncer``: ``wait()`` returns once it returned, or raises its error."""
+
+    def __init__(self, fn: Callable[[], None]):
+        self._fn = fn
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        self.seconds = 0.0  # how long the fdatasync took
+
+    def run(self) -> None:
+        t0 = time.monotonic()
+        try:
+            self._fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the thread that collects it
+            self._error = e
+        finally:
+            self.seconds = time.monotonic() - t0
+            self._done.set()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self) -> None:
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+
+
+class Syncer:
+    """Where ``DurableJournal.start_sync`` runs the fdatasync.  This one runs it at ``wait()``, on the
+    waiting thread: nothing is durable before something waits for it (the simulation's, and the
+    most pessimistic ordering a crash can meet)."""
+
+    def submit(self, fn: Callable[[], None]) -> InFlight:
+        return _AtWait(fn)
+
+    def close(self) -> None:
+        pass
+
+
+class _AtWait(InFlight):
+    def done(self) -> bool:
+        return False  # never before something waits for it
+
+    def wait(self) -> None:
+        if not self._done.is_set():
+            self.run()
+        super().wait()
+
+
+class SyncThread(Syncer):
+    """Runs each fdatasync on one daemon thread (os.fdatasync releases the GIL)."""
+
+    def __init__(self, name: str = "journal-sync"):
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            job.run()
+
+    def submit(self, fn: Callable[[], None]) -> InFlight:
+        job = InFlight(fn)
+        self._jobs.put(job)
+        return job
+
+    def close(self) -> None:
+        self._jobs.put(None)
+
+
 class DurableJournal:
     def __init__(self, path: str, disk: Disk):
         self.path = path
@@ -123,6 +207,8 @@ class DurableJournal:
         self._offsets: list[int] = []  # file offset of each entry
         self._pending = bytearray()
         self._durable = 0  # how many of self.entries are on stable storage
+        self.syncer: Syncer = Syncer()  # where start_sync's fdatasync runs (RaftNode: its sync thread)
+        self._inflight: tuple[InFlight, int, float] | None = None  # (the sync, entries it covers, write s)
         self.syncs = 0
         self.sync_latency = Histogram(SYNC_BUCKETS)  # write + fdatasync of each real sync, seconds
         self.cut_on_open: str | None = None  # what open() cut off, for the adapter's log line
@@ -211,6 +297,7 @@ class DurableJournal:
     # ------------------------------------------------------------ durability
     def sync(self) -> None:
         """Make every added entry durable (one write + fdatasync for all pending entries)."""
+        self._collect()
         if self._durable == len(self.entries) and not self._pending:
             return
         t0 = time.monotonic()
@@ -218,9 +305,36 @@ class DurableJournal:
             self._file.write(self._pending)
             self._pending = bytearray()
         self._file.sync()
-        self._durable = len(self.entries)  # only now: the sync returned
+        self._synced(len(self.entries), time.monotonic() - t0)
+
+    def start_sync(self) -> None:
+        """Begin making every added entry durable; do not wait (see the module's text).  A sync still in
+        flight is left to finish: the entries added since wait for the next one."""
+        if self._inflight is not None:
+            if not self._inflight[0].done():
+                return
+            self._collect()
+        if self._durable == len(self.entries) and not self._pending:
+            return
+        t0 = time.monotonic()
+        if self._pending:
+            self._file.write(self._pending)
+            self._pending = bytearray()
+        self._inflight = (self.syncer.submit(self._file.sync), len(self.entries), time.monotonic() - t0)
+
+    def _collect(self) -> None:
+        """Wait for the sync in flight, if any; its entries are durable once it returned (its error is raised)."""
+        if self._inflight is None:
+            return
+        job, covered, write_s = self._inflight
+        self._inflight = None
+        job.wait()
+        self._synced(covered, write_s + job.seconds)
+
+    def _synced(self, covered: int, seconds: float) -> None:
+        self._durable = max(self._durable, covered)  # only now: the sync returned
         self.syncs += 1
-        self.sync_latency.observe(time.monotonic() - t0)
+        self.sync_latency.observe(seconds)
 
     @property
     def dirty(self) -> bool:
@@ -260,6 +374,7 @@ class DurableJournal:
         pos = index - self.entries[0][1] if self.entries else 0
         if pos < 0 or pos >= len(self.entries):
             return 0
+        self._collect()  # the file is not touched while a sync is in flight
         dropped = len(self.entries) - pos
         written = self._file.size
         offset = self._offsets[pos]
@@ -294,6 +409,7 @@ class DurableJournal:
         return dropped
 
     def _write_whole(self, entries: list) -> None:
+        self._collect()  # the file is not replaced while a sync of it is in flight
         blob = bytearray(MAGIC)
         offsets = []
         for command, idx, term in entries:

@@ -90,7 +90,7 @@ from storage.disk import (
 
 from . import linkcrypto
 from .identity import Hello, NodeIdentity, Verdict
-from .journal import UNKNOWN_INDEX, DurableJournal, Position
+from .journal import UNKNOWN_INDEX, DurableJournal, Position, SyncThread
 from .linkcrypto import AEAD1, LinkCodec
 
 log = logging.getLogger(__name__)
@@ -317,11 +317,13 @@ class _Gate:
 
     It makes the journal durable before any message leaves, except the leader's AppendEntries.
     A follower's acknowledgement, a vote, anything that reflects this node's log or term, waits for
-    the fdatasync.  The leader's AppendEntries go out first and the leader syncs right after (the tick
-    callback), so its fdatasync runs while the followers do theirs: one disk sync on the critical path
-    instead of two (Raft thesis 10.2.1).  Safe because the leader's own copy only matters for commit,
-    and pysyncobj records a new commit index through ``DurableJournal.setRaftCommitIndex``, which syncs
-    first: nothing is applied, answered or announced as committed before the leader's copy is durable.
+    the fdatasync.  The leader's AppendEntries go out first and the leader begins its sync right after
+    (the tick callback, ``DurableJournal.start_sync``: the fdatasync runs on the node's sync thread
+    while the Raft thread reads acknowledgements), so it runs while the followers do theirs: one disk
+    sync on the critical path instead of two (Raft thesis 10.2.1).  Safe because the leader's own copy
+    only matters for commit, and pysyncobj records a new commit index through
+    ``DurableJournal.setRaftCommitIndex``, which first collects that sync (or syncs): nothing is
+    applied, answered or announced as committed before the leader's copy is durable.
 
     It also lets no message of a connection reach Raft before the peer's identity hello was checked
     and the peer's verdict on this node arrived (``quorum.identity``).
@@ -815,7 +817,9 @@ class RaftNode:
     ``disk`` and ``failstop`` are the node's storage and its way to stop, ``transport_class`` the
     pysyncobj transport under the identity gate (TCP by default), ``node_class`` pysyncobj's node
     type (``TCPNode``), ``clock`` what gives wall time (``time``); tests and the simulator pass their own.  With ``tick_thread=False`` the caller drives
-    the node with ``tick()``.
+    the node with ``tick()``, and the leader's own fdatasync runs when its sync is collected
+    (``journal.Syncer``: deterministic, and the latest it can be); with the tick thread it runs on a
+    sync thread of its own (``journal.SyncThread``).
     """
 
     def __init__(self, self_addr: str, partners: list[str], data_dir: str, secret: str, raft: RaftConfig,
@@ -941,6 +945,7 @@ class RaftNode:
         self._stopping = False
         self._thread: threading.Thread | None = None
         if tick_thread:
+            self.journal.syncer = SyncThread(f"sync-{self_addr}")
             self._thread = threading.Thread(target=self._run, name=f"raft-{self_addr}", daemon=True)
             self._thread.start()
 
@@ -962,7 +967,7 @@ class RaftNode:
         self._obj.doTick(timeout)
 
     def _on_tick(self) -> None:
-        self.journal.sync()  # the leader's entries sent this tick (see _Gate)
+        self.journal.start_sync()  # the leader's entries sent this tick: durable while it reads acks (see _Gate)
         self.check_vouched()  # (the membership may have shrunk)
         self.check_recovery()
         while True:
@@ -1348,6 +1353,7 @@ class RaftNode:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
         self._obj.destroy()
+        self.journal.syncer.close()
         self.identity.flush()
 
 

@@ -5,15 +5,25 @@ from __future__ import annotations
 import os
 import random
 import struct
+import threading
 import zlib
 
 import msgpack
 import pytest
 
 from chaos.sim.disk import LossPolicy, SimDisk
-from quorum.journal import _ENTRY, MAGIC, META_MAGIC, UNKNOWN_INDEX, DurableJournal, MetaFile, encode_entry
+from quorum.journal import (
+    _ENTRY,
+    MAGIC,
+    META_MAGIC,
+    UNKNOWN_INDEX,
+    DurableJournal,
+    MetaFile,
+    SyncThread,
+    encode_entry,
+)
 from quorum.raft import loss_evidence
-from storage.disk import CorruptFileError, Disk
+from storage.disk import CorruptFileError, Disk, StorageFailure
 
 
 @pytest.fixture
@@ -628,3 +638,80 @@ def test_set_commit_index_syncs_pending_entries(path):
     j.setRaftCommitIndex(2)
     assert j.syncs == 1 and not j.dirty
     assert size(path) == len(MAGIC) + sum(_ENTRY.size + len(c) for c, _, _ in ENTRIES)
+
+
+# ------------------------------------------------- a sync begun, collected later
+def sim_journal() -> tuple[SimDisk, DurableJournal]:
+    disk = SimDisk()
+    disk.make_dir("/d")
+    return disk, DurableJournal("/d/raft.journal", disk)
+
+
+def test_a_sync_begun_counts_only_once_collected_and_a_power_loss_before_that_loses_its_entries():
+    disk, j = sim_journal()
+    fill(j, ENTRIES[:2])
+    j.sync()
+    fill(j, ENTRIES[2:])
+    j.start_sync()  # written; the fdatasync not waited for (the default Syncer: not run before a wait)
+    assert j.durable_end() == (1, 2) and j.dirty
+    assert not j._pending and [op.kind for op in disk.ops][-1] == "write"
+    assert DurableJournal("/d/raft.journal", disk.power_loss()).entries == ENTRIES[:2]
+    j.start_sync()  # one in flight: nothing new to write, nothing else started
+    assert [op.kind for op in disk.ops][-1] == "write"
+    j.sync()  # collects it
+    assert j.durable_end() == (3, 5) and not j.dirty and j.syncs == 2
+    assert DurableJournal("/d/raft.journal", disk.power_loss()).entries == ENTRIES
+
+
+@pytest.mark.parametrize("cut", ["truncate_from", "rebase", "setRaftCommitIndex", "_store_meta"])
+def test_whatever_relies_on_the_log_or_changes_the_file_collects_the_sync_in_flight_first(cut):
+    disk, j = sim_journal()
+    fill(j)
+    j.start_sync()
+    kinds = len(disk.ops)
+    {"truncate_from": lambda: j.truncate_from(4), "rebase": lambda: j.rebase(ENTRIES[2], ENTRIES[3]),
+     "setRaftCommitIndex": lambda: j.setRaftCommitIndex(5), "_store_meta": j._store_meta}[cut]()
+    assert disk.ops[kinds].kind == "fdatasync" and disk.ops[kinds].path == "/d/raft.journal"
+    assert j._inflight is None
+    durable = [e for e in DurableJournal("/d/raft.journal", disk.power_loss()).entries]
+    assert durable == j.entries  # what the journal holds after the operation is all durable
+
+
+def test_on_the_sync_thread_the_entries_count_once_the_fdatasync_returned(path):
+    j = journal(path)
+    j.syncer = SyncThread("test-sync")
+    try:
+        release, running = threading.Event(), threading.Event()
+        real = j._file.sync
+
+        def slow_sync():
+            running.set()
+            assert release.wait(5)
+            real()
+        j._file.sync = slow_sync
+        fill(j)
+        j.start_sync()
+        assert running.wait(5)  # the fdatasync runs on the other thread, this one goes on
+        j.start_sync()
+        assert j.durable_end() == (0, 0) and j.dirty  # nothing counts while it is in flight
+        release.set()
+        j.sync()
+        assert j.durable_end() == (3, 5) and not j.dirty and j.syncs == 1
+    finally:
+        j.syncer.close()
+
+
+def test_a_sync_that_failed_in_flight_fails_where_it_is_collected_and_counts_nothing(path):
+    j = journal(path)
+    j.syncer = SyncThread("test-sync")
+    try:
+        def failing_sync():
+            raise StorageFailure("fdatasync", path, OSError(5, "Input/output error"))
+        j._file.sync = failing_sync
+        fill(j)
+        j.start_sync()
+        with pytest.raises(StorageFailure):
+            j.sync()
+        assert j.durable_end() == (0, 0) and j.dirty
+    finally:
+        j.syncer.close()

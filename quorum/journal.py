@@ -298,14 +298,10 @@ class DurableJournal:
     def sync(self) -> None:
         """Make every added entry durable (one write + fdatasync for all pending entries)."""
         self._collect()
-        if self._durable == len(self.entries) and not self._pending:
-            return
         t0 = time.monotonic()
-        if self._pending:
-            self._file.write(self._pending)
-            self._pending = bytearray()
-        self._file.sync()
-        self._synced(len(self.entries), time.monotonic() - t0)
+        if self._write_pending():
+            self._file.sync()
+            self._synced(len(self.entries), time.monotonic() - t0)
 
     def start_sync(self) -> None:
         """Begin making every added entry durable; do not wait (see the module's text).  A sync still in
@@ -314,13 +310,18 @@ class DurableJournal:
             if not self._inflight[0].done():
                 return
             self._collect()
-        if self._durable == len(self.entries) and not self._pending:
-            return
         t0 = time.monotonic()
+        if self._write_pending():
+            self._inflight = (self.syncer.submit(self._file.sync), len(self.entries), time.monotonic() - t0)
+
+    def _write_pending(self) -> bool:
+        """Write the buffered entries (not durable yet); False when every entry is durable already."""
+        if self._durable == len(self.entries) and not self._pending:
+            return False
         if self._pending:
             self._file.write(self._pending)
             self._pending = bytearray()
-        self._inflight = (self.syncer.submit(self._file.sync), len(self.entries), time.monotonic() - t0)
+        return True
 
     def _collect(self) -> None:
         """Wait for the sync in flight, if any; its entries are durable once it returned (its error is raised)."""

@@ -6,6 +6,12 @@ import asyncio
 from quorum.server import InOrder
 
 
+async def passes(n: int = 5) -> None:
+    """Let the event loop run ``n`` passes (no wall-clock wait: everything here is on this loop)."""
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
 class Writer:
     """What InOrder uses of an asyncio.StreamWriter; ``drain`` waits while ``full`` is set."""
 
@@ -42,10 +48,10 @@ def test_answers_finishing_out_of_order_are_written_in_request_order_as_soon_as_
         line.put(b"2")  # ready at once, but behind 1
         line.put_task(answer(second, b"3"))
         second.set()
-        await asyncio.sleep(0.01)
+        await passes()
         assert w.written == []  # 3 done, 1 not: nothing may pass 1
         first.set()
-        await asyncio.sleep(0.01)
+        await passes()
         assert w.written == [b"1", b"2", b"3"]
         line.put(b"4")  # an empty line: written at once
         assert w.written[-1] == b"4"
@@ -65,7 +71,7 @@ def test_the_finishing_task_writes_its_own_answer_without_another_pass_of_the_lo
         await asyncio.sleep(0)  # the task now waits on fut
         loop.call_soon(fut.set_result, b"a")
         loop.call_soon(lambda: loop.call_soon(lambda: marks.append(list(w.written))))
-        await asyncio.sleep(0.01)
+        await passes()
         assert marks == [[b"a"]]  # written in the pass the task resumed in, before the next one
         await line.finish()
 
@@ -78,7 +84,7 @@ def test_room_waits_while_the_client_does_not_take_its_answers_and_finish_waits_
         line = InOrder(w)
         w.room.clear()
         waiting = asyncio.ensure_future(line.room())
-        await asyncio.sleep(0.01)
+        await passes()
         assert not waiting.done()
         w.room.set()
         await asyncio.wait_for(waiting, 1)
@@ -90,7 +96,7 @@ def test_room_waits_while_the_client_does_not_take_its_answers_and_finish_waits_
 
         line.put_task(answer())
         finishing = asyncio.ensure_future(line.finish())
-        await asyncio.sleep(0.01)
+        await passes()
         assert not finishing.done()
         slow.set()
         await asyncio.wait_for(finishing, 1)

@@ -14,7 +14,7 @@ compaction, install, start-up).
   the log leaves the node (see ``quorum.raft``).
 * **A sync begun, not waited for.**  ``start_sync()`` writes the buffer and
   hands the fdatasync to a ``Syncer`` (the node's sync thread) and returns: the
-  leader's own copy is made durable while its Raft thread goes on reading its
+  leader's own copy is made durable while its node goes on reading its
   followers' acknowledgements.  Such a sync counts only once collected: every
   ``sync()`` (hence every message that needs durability, every commit index,
   every meta write) and every cut (``truncate_from``, ``rebase``) first waits

@@ -29,7 +29,8 @@ def setup_logging(level: str = "INFO", fmt: str = "human") -> None:
 async def _serve(cfg: NodeConfig, ready_file: str | None, disk: Disk | None, trust_own_log: bool,
                  zookeeper: ZooKeeperHook | None) -> None:
     logs.set_identity(node_id=cfg.node_id)
-    service = Service(cfg, disk, zookeeper=zookeeper, trust_own_log=trust_own_log)
+    service = Service(cfg, disk, zookeeper=zookeeper, trust_own_log=trust_own_log,
+                      loop=asyncio.get_running_loop())  # Raft ticks on this loop (quorum.looppoller)
     logs.set_context_source("term", service.raft.current_term)
     server = QuorumServer(service)
     endpoint = None

@@ -23,8 +23,9 @@ prevLogIdx, even where entries match                                            
                                                                                      conflict only
 a snapshot chunk (or serialized=None)  commit index advanced over entries never      commit only to what the
 advances the commit index              verified: a node applies uncommitted entries  message verified
-tick catches every exception           a failed fsync is forgotten and the next      own tick thread: any
-                                       sync is a no-op                               error stops the node
+tick catches every exception           a failed fsync is forgotten and the next      ticks and message handlers
+                                       sync is a no-op                               guarded: any error stops
+                                                                                     the node
 bind 0.0.0.0 when no bind address      the Raft port open on every interface         bind the advertised host
 votes counted per message              a duplicated vote: two leaders in one term    counted per voter
 acknowledgements carry no term         a delayed one raises a match index wrongly    term checked
@@ -55,6 +56,7 @@ Also here:
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import queue
@@ -92,6 +94,7 @@ from . import linkcrypto
 from .identity import Hello, NodeIdentity, Verdict
 from .journal import UNKNOWN_INDEX, DurableJournal, Position, SyncThread
 from .linkcrypto import AEAD1, LinkCodec
+from .looppoller import LoopPoller
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +108,7 @@ _REPLACED = ("_SyncObj__onMessageReceived", "_SyncObj__tryLogCompaction", "_Sync
 _USED = ("_SyncObj__onLeaderChanged", "_SyncObj__applyLogEntries", "_SyncObj__setCurrentTerm", "_SyncObj__setState",
          "_SyncObj__generateRaftTimeout", "_SyncObj__sendNextNodeIdx", "_SyncObj__parseChangeClusterRequest",
          "_SyncObj__doChangeCluster", "_SyncObj__updateClusterConfiguration", "_SyncObj__onSetCodeVersion",
-         "_SyncObj__onNodeDisconnected")
+         "_SyncObj__onNodeDisconnected", "_SyncObj__callErrCallback", "_applyCommand")
 _missing = [name for name in _REPLACED + _USED if not hasattr(SyncObj, name)]
 if _missing:  # pragma: no cover - only with an unsupported pysyncobj
     raise ImportError(f"pysyncobj {getattr(_syncobj_module, 'VERSION', '?')} lacks {', '.join(_missing)}: "
@@ -319,7 +322,7 @@ class _Gate:
     A follower's acknowledgement, a vote, anything that reflects this node's log or term, waits for
     the fdatasync.  The leader's AppendEntries go out first and the leader begins its sync right after
     (the tick callback, ``DurableJournal.start_sync``: the fdatasync runs on the node's sync thread
-    while the Raft thread reads acknowledgements), so it runs while the followers do theirs: one disk
+    while the node reads acknowledgements), so it runs while the followers do theirs: one disk
     sync on the critical path instead of two (Raft thesis 10.2.1).  Safe because the leader's own copy
     only matters for commit, and pysyncobj records a new commit index through
     ``DurableJournal.setRaftCommitIndex``, which first collects that sync (or syncs): nothing is
@@ -434,16 +437,6 @@ class _Gate:
         # counts only members: ``_Replicated`` takes nothing else from it (no vote, request or ack).
 
 
-class _TCP(TCPTransport):
-    """pysyncobj's TCP transport, binding the advertised host (``bindAddress`` is always set by
-    ``RaftNode``; pysyncobj binds 0.0.0.0 without one) and not spinning while the bind is retried."""
-
-    def tryGetReady(self):
-        super().tryGetReady()
-        if not self._ready:
-            time.sleep(0.05)  # pysyncobj retries the bind in a busy loop when it is not ticking itself
-
-
 def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
@@ -452,9 +445,35 @@ class _Replicated(SyncObj):
     """SyncObj with the unsafe code paths replaced (see the module docstring).  The replacements are
     methods named as pysyncobj's private ones, so pysyncobj's own calls reach them."""
 
-    def __init__(self, self_addr, partners, conf, transport_class, node: "RaftNode", node_class=TCPNode):
+    def __init__(self, self_addr, partners, conf, transport_class, node: "RaftNode", node_class=TCPNode,
+                 poller: LoopPoller | None = None):
         self._pq = node
+        self._loop_poller = poller
         super().__init__(self_addr, partners, conf, transportClass=transport_class, nodeClass=node_class)
+
+    # pysyncobj creates its own poller in ``__init__``; a node driven by its asyncio loop hands it the
+    # loop's (``quorum.looppoller``) before its transport and pipe subscribe to it.
+    @property
+    def _poller(self):
+        return self.__dict__["_pq_poller"]
+
+    @_poller.setter
+    def _poller(self, value):
+        self.__dict__["_pq_poller"] = self._loop_poller if self._loop_poller is not None else value
+
+    def _applyCommand(self, command, callback, commandType=None):
+        """pysyncobj's, without its pipe when called on the loop that drives this node: the command is
+        queued and a tick scheduled for the loop's next pass (from another thread, the pipe wakes the loop)."""
+        if self._loop_poller is None or not self._pq.on_loop_thread():
+            return SyncObj._applyCommand(self, command, callback, commandType)
+        try:
+            if commandType is not None:
+                command = _syncobj_module._bchr(commandType) + command
+            self._SyncObj__commandsQueue.put_nowait((command, callback))
+        except queue.Full:
+            self._SyncObj__callErrCallback(FAIL_REASON.QUEUE_FULL, callback)
+            return
+        self._pq.wake()
 
     @replicated
     def apply_entry(self, payload):
@@ -812,22 +831,32 @@ class RaftNode:
     """A running Raft member.
 
     ``on_apply(index, term, payload) -> result`` is called for every committed entry,
-    in order, from the Raft thread.  ``snapshot_state() -> records`` and
+    in order, on the thread that ticks Raft.  ``snapshot_state() -> records`` and
     ``restore_state(records, last_index)`` turn the state into records and back.
     ``disk`` and ``failstop`` are the node's storage and its way to stop, ``transport_class`` the
     pysyncobj transport under the identity gate (TCP by default), ``node_class`` pysyncobj's node
-    type (``TCPNode``), ``clock`` what gives wall time (``time``); tests and the simulator pass their own.  With ``tick_thread=False`` the caller drives
-    the node with ``tick()``, and the leader's own fdatasync runs when its sync is collected
-    (``journal.Syncer``: deterministic, and the latest it can be); with the tick thread it runs on a
-    sync thread of its own (``journal.SyncThread``).
+    type (``TCPNode``), ``clock`` what gives wall time (``time``); tests and the simulator pass their own.
+
+    Who ticks Raft:
+
+    * ``loop`` (a node process, and the in-process test clusters): the asyncio loop that also serves
+      the client port, created on that loop's thread.  pysyncobj's sockets wait on the loop
+      (``quorum.looppoller``) and every tick runs there, so a proposal and its outcome never cross
+      threads; the leader's own fdatasync runs on a sync thread of the node's (``journal.SyncThread``).
+    * no loop (the simulation): the caller, with ``tick()``; the leader's own fdatasync then runs where
+      its sync is collected (``journal.Syncer``: deterministic, and the latest it can be).
+
+    Either way any exception in a tick or in a message's handling stops the node (``failstop``):
+    pysyncobj's own loop logged it and went on, which after a failed fsync meant acknowledging
+    entries that were never written.
     """
 
     def __init__(self, self_addr: str, partners: list[str], data_dir: str, secret: str, raft: RaftConfig,
                  on_apply: Callable[[int, int, bytes], Any], snapshot_state: Callable[[], list],
                  restore_state: Callable[[list, int], None], bind_addr: str | None = None,
                  identity: NodeIdentity | None = None, disk: Disk | None = None,
-                 failstop: FailStop | None = None, transport_class: type | None = None, tick_thread: bool = True,
-                 clock=time, node_class: type = TCPNode, trust_own_log: bool = False):
+                 failstop: FailStop | None = None, transport_class: type | None = None, clock=time, node_class: type = TCPNode, trust_own_log: bool = False,
+                 loop: asyncio.AbstractEventLoop | None = None):
         if not secret:
             raise ValueError("a cluster secret is required: the Raft port executes what it receives")
         raft.validate()
@@ -851,7 +880,12 @@ class RaftNode:
         self.peer_clients: dict[str, str] = {}  # peer raft address -> client address (from its hello)
         self._nudged: dict[str, float] = {}
         self._refusal_logged: dict[str, float] = {}
-        self._calls: queue.SimpleQueue = queue.SimpleQueue()  # closures to run on the Raft thread
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()  # closures to run at the next tick
+        self._loop = loop
+        self._loop_thread = threading.get_ident() if loop is not None else None
+        self._tick_soon: asyncio.Handle | None = None
+        self._tick_timer: asyncio.TimerHandle | None = None
+        self._stopping = False
 
         # Durable state: snapshot, journal, and the two made to agree before pysyncobj sees them.
         files = open_node_files(self.disk, data_dir)
@@ -907,7 +941,7 @@ class RaftNode:
         )
         self._tick_period = conf.autoTickPeriod
 
-        class Transport(_Gate, transport_class or _TCP):
+        class Transport(_Gate, transport_class or TCPTransport):
             owner = node
 
         self._transport_holder: list = []
@@ -920,8 +954,9 @@ class RaftNode:
         with _pending_lock:
             _pending_journals[self.journal_path] = self.journal
             _pending_stores[self.snapshot_path] = _SnapshotShim(self.store, conf.logCompactionBatchSize)
+        self._poller = LoopPoller(loop, self._on_ready) if loop is not None else None
         try:
-            self._obj = _Replicated(self_addr, partners, conf, make_transport, self, node_class)
+            self._obj = _Replicated(self_addr, partners, conf, make_transport, self, node_class, self._poller)
         except SyncObjException as e:
             raise OSError(f"cannot bind the Raft port {bind_addr or self_addr}: {e.errorCode}") from None
         finally:
@@ -942,29 +977,70 @@ class RaftNode:
         self._last_leader = None
         self.leader_changes = 0  # times this node saw a new leader (an election it took part in or heard of)
         self._obj.addOnTickCallback(self._on_tick)
-        self._stopping = False
-        self._thread: threading.Thread | None = None
-        if tick_thread:
+        if loop is not None:
             self.journal.syncer = SyncThread(f"sync-{self_addr}")
-            self._thread = threading.Thread(target=self._run, name=f"raft-{self_addr}", daemon=True)
-            self._thread.start()
-
-    # ------------------------------------------------------------ the thread
-    def _run(self) -> None:
-        """The Raft thread.  Any exception stops the node: pysyncobj's own loop logged it and went on,
-        which after a failed fsync meant acknowledging entries that were never written."""
-        try:
-            while not self._stopping:
-                self._obj.doTick(self.tick_wait())
-        except StorageFailure as e:
-            self.failstop(EXIT_STORAGE, f"the Raft thread hit an I/O error: {e}")
-        except Exception as e:  # noqa: BLE001 - fail-stop on anything unexpected
-            log.critical("the Raft thread failed", exc_info=True)
-            self.failstop(EXIT_SOFTWARE, f"the Raft thread failed: {type(e).__name__}: {e}")
+            self.wake()
 
     def tick(self, timeout: float = 0.0) -> None:
-        """One tick, for a caller that drives the node itself (``tick_thread=False``)."""
+        """One tick, for a caller that drives the node itself (no ``loop``: the simulation)."""
         self._obj.doTick(timeout)
+
+    # ------------------------------------------------------------- the loop
+    def on_loop_thread(self) -> bool:
+        return self._loop_thread is not None and threading.get_ident() == self._loop_thread
+
+    def wake(self) -> None:
+        """A tick at the loop's next pass (a descriptor was ready, a command queued); one per pass."""
+        if self._tick_soon is None and not self._stopping:
+            self._tick_soon = self._loop.call_soon(self._loop_tick)
+
+    def _loop_tick(self) -> None:
+        """One tick on the loop; the next at the latest when ``tick_wait`` says."""
+        if self._tick_soon is not None:
+            self._tick_soon.cancel()
+            self._tick_soon = None
+        if self._tick_timer is not None:
+            self._tick_timer.cancel()
+            self._tick_timer = None
+        if self._stopping:
+            return
+        self._guarded(self._obj.doTick, 0.0)
+        if not self._stopping:
+            self._tick_timer = self._loop.call_later(self.tick_wait(), self._loop_tick)
+
+    def _on_ready(self, handler: Callable[[int, int], None], descr: int, event: int) -> None:
+        """A descriptor of pysyncobj's is ready: its handler (a message read and acted on), then a tick."""
+        if self._stopping:
+            return
+        self._guarded(handler, descr, event)
+        self.wake()
+
+    def _guarded(self, fn: Callable, *args) -> None:
+        """Fail-stop: any exception stops the node.  The loop itself would log it and go on, which after
+        a failed fsync means acknowledging entries that were never written.  Nothing of this node runs
+        after it (``halt``), whether ``failstop`` ends the process or, in a test, returns."""
+        try:
+            fn(*args)
+        except StorageFailure as e:
+            self.halt()
+            self.failstop(EXIT_STORAGE, f"the Raft tick hit an I/O error: {e}")
+        except Exception as e:  # noqa: BLE001 - fail-stop on anything unexpected
+            self.halt()
+            log.critical("the Raft tick failed", exc_info=True)
+            self.failstop(EXIT_SOFTWARE, f"the Raft tick failed: {type(e).__name__}: {e}")
+        except BaseException:
+            self.halt()
+            raise
+
+    def halt(self) -> None:
+        """No tick, no message handled after this (on the loop's thread); the sockets stay as they are."""
+        self._stopping = True
+        for handle in (self._tick_soon, self._tick_timer):
+            if handle is not None:
+                handle.cancel()
+        self._tick_soon = self._tick_timer = None
+        if self._poller is not None:
+            self._poller.close()
 
     def _on_tick(self) -> None:
         self.journal.start_sync()  # the leader's entries sent this tick: durable while it reads acks (see _Gate)
@@ -993,7 +1069,7 @@ class RaftNode:
             self.leader_changed.set()
 
     def tick_wait(self) -> float:
-        """How long the Raft thread may wait for messages before its next tick: a tick period, or less
+        """How long the node may wait for messages before its next tick: a tick period, or less
         when the leader owes its followers an AppendEntries sooner (a new commit index: _Replicated) or a
         follower's election deadline comes sooner."""
         obj = self._obj
@@ -1008,6 +1084,11 @@ class RaftNode:
 
     def _on_raft_thread(self, fn: Callable[[], None]) -> None:
         self._calls.put(fn)
+        if self._loop is not None:
+            if self.on_loop_thread():
+                self.wake()
+            else:
+                self._loop.call_soon_threadsafe(self.wake)
 
     # ----------------------------------------------------------- durability
     def _apply(self, index: int, payload: bytes):
@@ -1150,7 +1231,7 @@ class RaftNode:
             self._transport.send_unsynced(node, self.hello_message())  # answered with its verdict
 
     def _on_hello(self, node, message) -> None:
-        """A peer's hello (Raft thread): our verdict on it, sent back to it."""
+        """A peer's hello (in a tick): our verdict on it, sent back to it."""
         address = node.address
         try:
             hello = Hello.from_message(message)
@@ -1348,11 +1429,16 @@ class RaftNode:
         self._obj.forceLogCompaction()
 
     def destroy(self) -> None:
-        """Stop the Raft thread, then close: the journal synced and its meta written, the peers' positions kept."""
+        """Stop ticking, then close: the journal synced and its meta written, the peers' positions kept.
+        On the loop's thread (as every tick)."""
         self._stopping = True
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=10)
+        for handle in (self._tick_soon, self._tick_timer):
+            if handle is not None:
+                handle.cancel()
+        self._tick_soon = self._tick_timer = None
         self._obj.destroy()
+        if self._poller is not None:
+            self._poller.close()  # pysyncobj's pipe stays subscribed after its transport closed
         self.journal.syncer.close()
         self.identity.flush()
 

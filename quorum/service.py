@@ -237,6 +237,7 @@ class Proposer:
     async def _propose(self, payload: bytes, timeout: float) -> Any:
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
+        here = threading.get_ident()
 
         def done(result, error):
             def settle():
@@ -246,7 +247,10 @@ class Proposer:
                     fut.set_exception(error)
                 else:
                     fut.set_result(result)
-            loop.call_soon_threadsafe(settle)
+            if threading.get_ident() == here:
+                settle()  # the loop drives Raft (a node process): the outcome is settled in the tick
+            else:
+                loop.call_soon_threadsafe(settle)
 
         self.service.raft.propose(payload, done)
         try:

@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 # Process exit codes of a node (sysexits.h names; the systemd unit lists which are not restarted).
 EXIT_CORRUPT = 66        # EX_DATAERR-ish: a damaged or inconsistent data file; needs an operator
 EXIT_UNAVAILABLE = 69    # EX_UNAVAILABLE: cannot start (port taken, missing directory ...)
-EXIT_SOFTWARE = 70       # EX_SOFTWARE: an unexpected error in the Raft thread; state may be half-changed
+EXIT_SOFTWARE = 70       # EX_SOFTWARE: an unexpected error in a Raft tick or handler; state may be half-changed
 EXIT_STORAGE = 74        # EX_IOERR: an I/O error or a full disk on the durable path
 EXIT_DIVERGED = 75       # a committed entry differs from the leader's: this node's log diverged
 EXIT_IDENTITY_REFUSED = 78  # EX_CONFIG: a peer refused this node's identity (another cluster, replaced node)

@@ -111,7 +111,7 @@ class SimulatedNode:
         self.loop = SimLoop(self.sim.clock)
         try:
             self.service = Service(self.cfg, disk=self.disk, clock=self.sim.clock, new_id=self.sim.new_id,
-                                   failstop=self._failstop, transport_class=Transport, tick_thread=False,
+                                   failstop=self._failstop, transport_class=Transport,
                                    node_class=StableNode)
         except (CorruptFileError, IdentityError) as e:
             self.refused = str(e)
@@ -195,7 +195,7 @@ class SimulatedNode:
         self.next_tick = None
         self.tick()
         if self.service is not None:
-            # As the Raft thread waits (RaftNode.tick_wait); a simulated instant later at the least, since
+            # As a node's loop waits (RaftNode.tick_wait); a simulated instant later at the least, since
             # pysyncobj sends once its clock is past the time it set.
             self.wake(max(min(self.sim.tick_period, self.raft.tick_wait()), 0.0001))
 

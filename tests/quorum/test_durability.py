@@ -366,7 +366,7 @@ def test_a_follower_whose_leader_connection_closes_campaigns_within_half_the_min
         got = {}
 
         def heartbeat_then_close(node):
-            # In one turn of the Raft thread: the deadline is fresh (the thread may wait a tick between calls).
+            # In one tick: the deadline is fresh (the node may wait a tick between calls).
             obj._SyncObj__onMessageReceived(leader, {"type": "append_entries", "term": 1, "commit_index": 1,
                                                      "prevLogIdx": 1, "prevLogTerm": 0, "entries": []})
             got["before"], got["at"] = obj._SyncObj__raftElectionDeadline, _clock()
@@ -377,7 +377,7 @@ def test_a_follower_whose_leader_connection_closes_campaigns_within_half_the_min
         assert got["after"] == got["before"] > got["at"] + n.cfg.raft.election_timeout_min / 2
         _on_raft(n, lambda: heartbeat_then_close(leader))
         assert got["after"] < got["before"] and got["after"] <= got["at"] + n.cfg.raft.election_timeout_min / 2, got
-        assert got["wait"] <= max(got["after"] - got["at"], 0) + 0.001  # the Raft thread wakes for it
+        assert got["wait"] <= max(got["after"] - got["at"], 0) + 0.001  # the node's loop wakes for it
 
 
 def _fake_peer(c, node_id):
@@ -386,7 +386,7 @@ def _fake_peer(c, node_id):
 
 
 def _on_raft(node, fn):
-    """Run ``fn()`` on the node's Raft thread; wait for it."""
+    """Run ``fn()`` in the node's next tick; wait for it."""
     import threading
     done = threading.Event()
 
@@ -525,7 +525,7 @@ def test_every_crash_state_of_every_node_keeps_its_committed_entries():
 
 # --------------------------------------------------- found by the deterministic simulation
 def _node_one_alone(c, setup, what: str):
-    """Start node 1 only and run ``setup(node, syncobj)`` on its Raft thread (the state a test needs)."""
+    """Start node 1 only and run ``setup(node, syncobj)`` in its next tick (the state a test needs)."""
     n = c.nodes[1]
     n.start()
     obj = n.raft._obj

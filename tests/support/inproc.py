@@ -1,5 +1,6 @@
 """Quorum nodes in the test process: the real ``Service`` and ``RaftNode`` (pysyncobj over loopback
-TCP, the Raft thread running), each node's files on its own ``SimDisk``.
+TCP), each node ticked by an asyncio loop on a thread of its own as in a node process, each node's
+files on its own ``SimDisk``.
 
 What this adds over ``LocalCluster`` (real processes): the instant of a crash can be chosen to the
 file operation (``SimDisk.stop``), a power loss can drop exactly what was not synced
@@ -12,6 +13,8 @@ is *acknowledged* when its entry was applied on the leader with the record accep
 """
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import threading
 import time
 import uuid
@@ -38,6 +41,13 @@ def _quiet_stops(args) -> None:
 
 
 threading.excepthook = _quiet_stops
+
+
+def _quiet_loop_stops(loop, context) -> None:
+    """The same on a node's loop: a stop or fail-stop inside a tick ends that node (``RaftNode.halt``)."""
+    if isinstance(context.get("exception"), (MachineStopped, NodeHalted)):
+        return
+    loop.default_exception_handler(context)
 FAST = RaftConfig(heartbeat_interval=0.02, election_timeout_min=0.15, election_timeout_max=0.3,
                   connection_timeout=0.6, reconnect_interval=0.05, peer_ping_interval=0.05,
                   leader_step_down_timeout=0.5)
@@ -53,6 +63,8 @@ class SimNode:
     starts: int = 0
     refused: list = field(default_factory=list)
     on_start: object = None  # called with the node after every start (the cluster re-applies its cuts)
+    loop: asyncio.AbstractEventLoop | None = None  # this node's loop (its "process"), ticking Raft
+    loop_thread: threading.Thread | None = None
 
     def _failstop(self, code: int, message: str):
         if self.halted is None:
@@ -64,9 +76,39 @@ class SimNode:
         self.halted = None
         self.disk.failstop = self._failstop
         self.starts += 1
-        self.service = Service(self.cfg, disk=self.disk, failstop=self._failstop, **raft_options)
+        self.loop = asyncio.new_event_loop()
+        self.loop.set_exception_handler(_quiet_loop_stops)
+        self.loop_thread = threading.Thread(target=self.loop.run_forever, name=f"node-{self.node_id}", daemon=True)
+        self.loop_thread.start()
+        try:
+            self.service = self.on_loop(lambda: Service(self.cfg, disk=self.disk, failstop=self._failstop,
+                                                        loop=self.loop, **raft_options))
+        except BaseException:
+            self._end_loop()
+            raise
         if self.on_start is not None:
             self.on_start(self)
+
+    def on_loop(self, fn, timeout: float = 10.0):
+        """``fn()`` on this node's loop thread (where its Raft ticks); its result, or its exception."""
+        done: concurrent.futures.Future = concurrent.futures.Future()
+
+        def run():
+            try:
+                done.set_result(fn())
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                done.set_exception(e)
+
+        self.loop.call_soon_threadsafe(run)
+        return done.result(timeout)
+
+    def _end_loop(self) -> None:
+        loop, thread, self.loop, self.loop_thread = self.loop, self.loop_thread, None, None
+        if loop is None:
+            return
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        loop.close()
 
     @property
     def raft(self):
@@ -74,29 +116,33 @@ class SimNode:
 
     @property
     def running(self) -> bool:
-        return (self.service is not None and self.raft._thread is not None and self.raft._thread.is_alive()
-                and not self.disk.stopped and self.halted is None)
+        return (self.service is not None and self.loop_thread is not None and self.loop_thread.is_alive()
+                and not self.raft._stopping and not self.disk.stopped and self.halted is None)
 
     def crash(self) -> None:
         """The process dies here: no tick after the current one, no file written, sockets closed."""
         if self.service is None:
             return
         raft = self.raft
-        raft._stopping = True
-        if raft._thread is not None:
-            raft._thread.join(timeout=10)
-        self.disk.stopped = True  # nothing more reaches the files
-        try:
-            raft._obj._SyncObj__transport.destroy()
-        except (MachineStopped, NodeHalted):
-            pass
+
+        def die():
+            raft.halt()
+            self.disk.stopped = True  # nothing more reaches the files
+            try:
+                raft._obj._SyncObj__transport.destroy()
+            except (MachineStopped, NodeHalted):
+                pass
+
+        self.on_loop(die)
+        self._end_loop()
         self.service = None
 
     def stop(self) -> None:
-        """A clean stop (SIGTERM): the Raft thread ends, the journal is synced, files closed."""
+        """A clean stop (SIGTERM): ticks end, the journal is synced, files closed."""
         if self.service is None:
             return
-        self.service.close()
+        self.on_loop(self.service.close)
+        self._end_loop()
         self.service = None
 
     def restart(self, disk: SimDisk, **raft_options) -> None:

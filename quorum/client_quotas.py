@@ -93,6 +93,12 @@ class ClientQuotaManager:
         users = sorted(self.quotas, key=lambda u: (u is not None, u or ""))
         return [{"user": u, "values": dict(sorted(self.quotas[u].items()))} for u in users if self.quotas[u]]
 
+    def fork(self) -> "ClientQuotaManager":
+        """A scratch copy (the proposer forks the state for every batch): new dicts over the same floats."""
+        other = ClientQuotaManager.__new__(ClientQuotaManager)
+        other.quotas = {user: dict(values) for user, values in self.quotas.items()}
+        return other
+
     # -- generate --------------------------------------------------------------
     def generate_alter(self, user: Any, key: Any, value: Any, remove: bool, now_ms: int) -> tuple[list[Record], bool]:
         """Records that set (or remove) ``key`` for ``user`` (None: the default), and whether anything changes."""

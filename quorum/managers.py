@@ -864,8 +864,7 @@ class QuorumState:
         # Per batch on the leader: no deepcopy (it was the proposer's largest cost).  The cursor and the
         # migration manager hold only ints, strings and frozen records: a shallow copy is a full one.
         return QuorumState(copy.copy(self.producer_ids), self.registrations.fork(), self.transactions.fork(),
-                           copy.copy(self.migration), acls=self.acls.fork(),
-                           quotas=copy.deepcopy(self.quotas))
+                           copy.copy(self.migration), acls=self.acls.fork(), quotas=self.quotas.fork())
 
     def snapshot_records(self) -> list[Record]:
         """The state as records: the latest block (or cursor), live registrations, live transactional ids."""

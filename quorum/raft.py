@@ -994,19 +994,26 @@ class RaftNode:
         if self._tick_soon is None and not self._stopping:
             self._tick_soon = self._loop.call_soon(self._loop_tick)
 
-    def _loop_tick(self) -> None:
-        """One tick on the loop; the next at the latest when ``tick_wait`` says."""
+    def _loop_tick(self, timer: bool = False) -> None:
+        """One tick on the loop; the next at the latest when ``tick_wait`` says.  A timer already set no
+        later than that stays (a tick a little early is harmless; a timer replaced at every tick, two or
+        three per entry, cost more than the tick's own work on the leader)."""
         if self._tick_soon is not None:
             self._tick_soon.cancel()
             self._tick_soon = None
-        if self._tick_timer is not None:
-            self._tick_timer.cancel()
+        if timer:
             self._tick_timer = None
         if self._stopping:
             return
         self._guarded(self._obj.doTick, 0.0)
-        if not self._stopping:
-            self._tick_timer = self._loop.call_later(self.tick_wait(), self._loop_tick)
+        if self._stopping:
+            return
+        when = self._loop.time() + self.tick_wait()
+        if self._tick_timer is not None:
+            if self._tick_timer.when() <= when:
+                return
+            self._tick_timer.cancel()
+        self._tick_timer = self._loop.call_at(when, self._loop_tick, True)
 
     def _on_ready(self, handler: Callable[[int, int], None], descr: int, event: int) -> None:
         """A descriptor of pysyncobj's is ready: its handler (a message read and acted on), then a tick."""

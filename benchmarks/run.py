@@ -9,7 +9,9 @@ systems of one run with each other, not with another run).
 
 Workloads (1,000-ID blocks, durability on everywhere):
 
-1. one broker allocating blocks back to back for ``duration`` s: blocks/s, p50, p99;
+1. one broker allocating blocks back to back for ``duration`` s: blocks/s, p50, p99; beside it, in
+   the same minutes, the floor of a replicated fsync'd commit on this machine (``benchmarks.floor``:
+   the same processes and hops with nothing but the messages and the syncs);
 2. three brokers (three processes) allocating concurrently: blocks/s, p50, p99, and the
    compare-and-set retries per block (the peers' conditional-update loops; pidquorum has none);
 3. leader ``kill -9`` during workload 2, ``kills`` times (the killed node is restarted 1.5 s later and
@@ -40,6 +42,7 @@ import time
 import traceback
 from dataclasses import asdict, dataclass, field
 
+from . import floor
 from .common import environment_info, loadavg, log, percentile, table, utc_now
 from .processes import child_env, cpu_seconds
 from .quorum_phases import Bench as QBench
@@ -463,6 +466,12 @@ def run_bench(opts: BenchOptions, say=log) -> dict:
         if 1 in opts.workloads:
             for s in systems:
                 attempt(s.name, "w1", bench.w_throughput, s, 1)
+            if any(s.name == "pidquorum" for s in systems):
+                say(f"w1: the floor (benchmarks.floor), {opts.duration:.0f}s")
+                try:
+                    res["floor"] = floor.measure(os.path.join(opts.out_dir, "floor"), opts.duration)
+                except (OSError, RuntimeError, subprocess.SubprocessError, ValueError) as e:
+                    res["errors"].append({"system": None, "workload": "floor", "error": f"{type(e).__name__}: {e}"})
         if 2 in opts.workloads:
             for s in systems:
                 attempt(s.name, "w2", bench.w_throughput, s, BROKERS)
@@ -577,6 +586,15 @@ def render_table(res: dict) -> str:
         out.append(table("5 pidquorum restart vs history (whole cluster stopped and started)",
                          ["history", "reached", "fill/s", "up s", "restart->1st alloc s", "snapshot B",
                           "journal B"], lines))
+    fl, w1 = res.get("floor"), pq.get("w1") or {}
+    if fl and fl.get("commits"):
+        line = (f"floor of a replicated fsync'd commit here (benchmarks.floor, same run): "
+                f"{fl['commits_per_s']:,.0f} commits/s, p50 {fl['p50_ms']:.2f} ms, p99 {fl['p99_ms']:.2f} ms")
+        if w1.get("blocks_per_s") and w1.get("latency", {}).get("p50_ms"):
+            line += (f"; workload 1 reaches {w1['blocks_per_s'] / fl['commits_per_s']:.0%} of its rate, "
+                     f"p50 {w1['latency']['p50_ms'] - fl['p50_ms']:+.2f} ms above it")
+        out.append("")
+        out.append(line)
     if res.get("targets"):
         out.append("")
         out.append("Targets:")

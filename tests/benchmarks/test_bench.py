@@ -61,6 +61,9 @@ def test_bench_pidquorum_alone_writes_json_table_and_chart(tmp_path):
     assert [x["scenario"] for x in res["load"]][:2] == ["w1 pidquorum", "w2 pidquorum"]
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "one broker, sequential" in result.output and "Targets:" in result.output
+    fl = res["floor"]  # measured beside workload 1
+    assert fl["commits"] > 0 and fl["p50_ms"] <= fl["p99_ms"]
+    assert "floor of a replicated fsync'd commit" in result.output
 
 
 @pytest.mark.parametrize("peer", ["zookeeper", "etcd"])

@@ -1,0 +1,215 @@
+"""The floor of a replicated, fsync'd commit on this machine, in Python: what workload 1 could reach.
+
+Four processes on 127.0.0.1, as in workload 1: a client asks one request at a time; a leader writes
+each request to its file, sends it to two followers and fdatasyncs its own copy on a thread
+meanwhile; each follower writes it, fdatasyncs and acknowledges; the leader answers once its own
+sync and one follower's acknowledgement are in (a majority of three).  Nothing else: no Raft state,
+no encryption, no pickling, no state machine, no audit trail, 256-byte messages over asyncio streams.
+
+So the figure is the cost of the physical path (four loopback hops, two fdatasyncs in parallel,
+process wake-ups on a shared machine) plus Python's asyncio at each hop; what a commit costs beyond
+it is pidquorum's own work.  ``pidctl bench`` measures it in the same run as workload 1, and the
+files go to the bench's directory, on the disk the nodes use.
+
+    python -m benchmarks.floor run DIR [--duration S]   # prints the figures as JSON
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+from .common import percentile
+
+MESSAGE = 256
+_LEN = struct.Struct(">I")
+
+
+def _frame(data: bytes) -> bytes:
+    return _LEN.pack(len(data)) + data
+
+
+async def _read(reader: asyncio.StreamReader) -> bytes:
+    n = _LEN.unpack(await reader.readexactly(4))[0]
+    return await reader.readexactly(n)
+
+
+def _nodelay(writer: asyncio.StreamWriter) -> None:
+    writer.transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+async def _serve(handler, port_file: str) -> None:
+    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+    tmp = port_file + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(str(server.sockets[0].getsockname()[1]))
+    os.replace(tmp, port_file)
+    async with server:
+        await server.serve_forever()
+
+
+async def follower(path: str, port_file: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    async def handle(reader, writer):
+        _nodelay(writer)
+        try:
+            while True:
+                m = await _read(reader)
+                os.write(fd, m)
+                os.fdatasync(fd)
+                writer.write(_frame(m[:8]))
+        except asyncio.IncompleteReadError:
+            writer.close()
+
+    await _serve(handle, port_file)
+
+
+async def leader(path: str, port_file: str, follower_ports: list[int]) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    syncer = concurrent.futures.ThreadPoolExecutor(1)
+    loop = asyncio.get_running_loop()
+    links = [await asyncio.open_connection("127.0.0.1", p) for p in follower_ports]
+    for _, w in links:
+        _nodelay(w)
+    behind = [0] * len(links)  # acknowledgements still to read on each link
+
+    async def handle(reader, writer):
+        _nodelay(writer)
+        try:
+            while True:
+                m = await _read(reader)
+                os.write(fd, m)
+                own = loop.run_in_executor(syncer, os.fdatasync, fd)
+                for i, (_, w) in enumerate(links):
+                    w.write(_frame(m))
+                    behind[i] += 1
+                acks = [asyncio.ensure_future(_drain(i)) for i in range(len(links))]
+                await asyncio.wait(acks, return_when=asyncio.FIRST_COMPLETED)
+                await own
+                writer.write(_frame(m[:8]))
+                await asyncio.gather(*acks)  # the slower follower's, before the next request
+        except asyncio.IncompleteReadError:
+            writer.close()
+
+    async def _drain(i):
+        while behind[i]:
+            await _read(links[i][0])
+            behind[i] -= 1
+
+    await _serve(handle, port_file)
+
+
+async def client(port: int, duration: float, warmup: float) -> dict:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    _nodelay(writer)
+    payload = os.urandom(MESSAGE)
+    lat = []
+    start = time.monotonic()
+    measure_from, end = start + warmup, start + warmup + duration
+    while True:
+        t0 = time.monotonic()
+        if t0 >= end:
+            break
+        writer.write(_frame(payload))
+        await _read(reader)
+        if t0 >= measure_from:
+            lat.append(time.monotonic() - t0)
+    writer.close()
+    lat.sort()
+    return {"commits": len(lat), "commits_per_s": len(lat) / duration if duration else None,
+            "p50_ms": percentile(lat, 50) * 1000 if lat else None,
+            "p99_ms": percentile(lat, 99) * 1000 if lat else None}
+
+
+def _wait_port(path: str, proc: subprocess.Popen, timeout: float = 15.0) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if os.path.exists(path):
+            with open(path) as f:
+                return int(f.read())
+        if proc.poll() is not None:
+            raise RuntimeError(f"floor process {proc.args} exited with {proc.returncode}")
+        time.sleep(0.01)
+    raise RuntimeError(f"floor process {proc.args} did not listen within {timeout}s")
+
+
+def measure(directory: str, duration: float = 5.0, warmup: float = 0.5) -> dict:
+    """Start the three server processes, run the client process, stop them; the client's figures plus
+    the bytes each follower wrote (a check that every message was written)."""
+    os.makedirs(directory, exist_ok=True)
+    for name in os.listdir(directory):
+        os.remove(os.path.join(directory, name))
+    me = [sys.executable, "-m", "benchmarks.floor"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [_root(), os.environ.get("PYTHONPATH")]))}
+    procs: list[subprocess.Popen] = []
+    try:
+        ports = []
+        for i in range(2):
+            p = subprocess.Popen(me + ["follower", os.path.join(directory, f"follower-{i}.log"),
+                                       os.path.join(directory, f"follower-{i}.port")], env=env)
+            procs.append(p)
+            ports.append(_wait_port(os.path.join(directory, f"follower-{i}.port"), p))
+        lp = subprocess.Popen(me + ["leader", os.path.join(directory, "leader.log"),
+                                    os.path.join(directory, "leader.port"), *map(str, ports)], env=env)
+        procs.append(lp)
+        port = _wait_port(os.path.join(directory, "leader.port"), lp)
+        out = subprocess.run(me + ["client", str(port), str(duration), str(warmup)], env=env, check=True,
+                             capture_output=True, text=True, timeout=duration + warmup + 60)
+        res = json.loads(out.stdout)
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+    res["follower_bytes"] = [os.path.getsize(os.path.join(directory, f"follower-{i}.log")) for i in range(2)]
+    res["message_bytes"] = MESSAGE
+    return res
+
+
+def _root() -> str:
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.floor", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="role", required=True)
+    r = sub.add_parser("run", help="measure: start the processes, print the figures as JSON")
+    r.add_argument("directory")
+    r.add_argument("--duration", type=float, default=5.0)
+    f = sub.add_parser("follower")
+    f.add_argument("path")
+    f.add_argument("port_file")
+    ld = sub.add_parser("leader")
+    ld.add_argument("path")
+    ld.add_argument("port_file")
+    ld.add_argument("follower_ports", nargs=2, type=int)
+    c = sub.add_parser("client")
+    c.add_argument("port", type=int)
+    c.add_argument("duration", type=float)
+    c.add_argument("warmup", type=float)
+    a = ap.parse_args(argv)
+    if a.role == "run":
+        print(json.dumps(measure(a.directory, a.duration)))
+    elif a.role == "follower":
+        asyncio.run(follower(a.path, a.port_file))
+    elif a.role == "leader":
+        asyncio.run(leader(a.path, a.port_file, a.follower_ports))
+    else:
+        print(json.dumps(asyncio.run(client(a.port, a.duration, a.warmup))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

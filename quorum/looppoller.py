@@ -30,11 +30,9 @@ from __future__ import annotations
 import asyncio
 from typing import Callable
 
-from pysyncobj.poller import POLL_EVENT_TYPE
-
-_READ = POLL_EVENT_TYPE.READ
-_WRITE = POLL_EVENT_TYPE.WRITE
-_ERROR = POLL_EVENT_TYPE.ERROR
+# pysyncobj's ``POLL_EVENT_TYPE`` (``quorum.raft``, the one module that imports pysyncobj, checks they agree).
+READ, WRITE, ERROR = 1, 2, 4
+_READ, _WRITE, _ERROR = READ, WRITE, ERROR
 
 
 class LoopPoller:

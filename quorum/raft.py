@@ -72,6 +72,7 @@ from pydantic import model_validator
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 from pysyncobj.config import SERIALIZER_STATE
 from pysyncobj.node import TCPNode
+from pysyncobj.poller import POLL_EVENT_TYPE
 from pysyncobj.syncobj import SyncObjException
 from pysyncobj.transport import TCPTransport
 
@@ -90,7 +91,7 @@ from storage.disk import (
     process_failstop,
 )
 
-from . import linkcrypto
+from . import linkcrypto, looppoller
 from .identity import Hello, NodeIdentity, Verdict
 from .journal import UNKNOWN_INDEX, DurableJournal, Position, SyncThread
 from .linkcrypto import AEAD1, LinkCodec
@@ -109,6 +110,9 @@ _USED = ("_SyncObj__onLeaderChanged", "_SyncObj__applyLogEntries", "_SyncObj__se
          "_SyncObj__generateRaftTimeout", "_SyncObj__sendNextNodeIdx", "_SyncObj__parseChangeClusterRequest",
          "_SyncObj__doChangeCluster", "_SyncObj__updateClusterConfiguration", "_SyncObj__onSetCodeVersion",
          "_SyncObj__onNodeDisconnected", "_SyncObj__callErrCallback", "_applyCommand")
+if (POLL_EVENT_TYPE.READ, POLL_EVENT_TYPE.WRITE, POLL_EVENT_TYPE.ERROR) != (looppoller.READ, looppoller.WRITE,
+                                                                             looppoller.ERROR):  # pragma: no cover
+    raise ImportError("pysyncobj's poller events differ from quorum.looppoller's")
 _missing = [name for name in _REPLACED + _USED if not hasattr(SyncObj, name)]
 if _missing:  # pragma: no cover - only with an unsupported pysyncobj
     raise ImportError(f"pysyncobj {getattr(_syncobj_module, 'VERSION', '?')} lacks {', '.join(_missing)}: "
@@ -393,6 +397,7 @@ class _Gate:
     def _onMessageReceived(self, node, message):
         kind = message.get("type") if isinstance(message, dict) else None
         owner = self.owner
+        owner.messages_read += 1
         if kind == "pq_hello":
             owner._on_hello(node, message)
             self._seal_if_offered(node, message.get("codecs"))
@@ -550,6 +555,15 @@ class _Replicated(SyncObj):
             entry = self._pq.journal.entry(match) if match else None
             if entry is not None:
                 self._pq.identity.note_held(node.address, (entry[2], entry[1]))
+            if not message.get("reset") and self._commits_nothing():
+                self._pq.quiet_acks += 1
+
+    def _commits_nothing(self) -> bool:
+        """No follower holds an entry beyond the commit index and every committed entry is applied: a tick
+        now would change nothing that the next timed tick would not (``RaftNode._on_ready``)."""
+        commit = self._SyncObj__raftCommitIndex
+        return (self._SyncObj__raftLastApplied == commit
+                and all(m <= commit for m in self._SyncObj__raftMatchIndex.values()))
 
     def _stale_term(self, node, message) -> bool:
         """Raft's terms on votes, which pysyncobj leaves out: a RequestVote from an earlier term is answered
@@ -886,6 +900,8 @@ class RaftNode:
         self._tick_soon: asyncio.Handle | None = None
         self._tick_timer: asyncio.TimerHandle | None = None
         self._stopping = False
+        self.messages_read = 0  # messages read from peers (``_Gate``)
+        self.quiet_acks = 0  # of them, a leader's acknowledgements that committed nothing (``_on_ready``)
 
         # Durable state: snapshot, journal, and the two made to agree before pysyncobj sees them.
         files = open_node_files(self.disk, data_dir)
@@ -1016,10 +1032,20 @@ class RaftNode:
         self._tick_timer = self._loop.call_at(when, self._loop_tick, True)
 
     def _on_ready(self, handler: Callable[[int, int], None], descr: int, event: int) -> None:
-        """A descriptor of pysyncobj's is ready: its handler (a message read and acted on), then a tick."""
+        """A descriptor of pysyncobj's is ready: its handler (messages read and acted on), then a tick.
+
+        Except when every message read was a leader's acknowledgement that commits nothing (in three
+        nodes, the second follower's acknowledgement of an entry the first one's already committed):
+        its tick would find nothing to commit, apply or send that the timed tick (``tick_wait``) does
+        not do in time, and it was a third of the leader's ticks.  A read with no message (a partial
+        one, a connection's events, pysyncobj's pipe) ticks as before."""
         if self._stopping:
             return
+        messages, quiet = self.messages_read, self.quiet_acks
         self._guarded(handler, descr, event)
+        read = self.messages_read - messages
+        if read and read == self.quiet_acks - quiet:
+            return
         self.wake()
 
     def _guarded(self, fn: Callable, *args) -> None:

@@ -6,14 +6,11 @@ import os
 import socket
 import threading
 
-from pysyncobj.poller import POLL_EVENT_TYPE
-
-from quorum.looppoller import LoopPoller
+from quorum.looppoller import ERROR, READ, WRITE, LoopPoller
 from records import encode_batch
 from storage.disk import EXIT_SOFTWARE
 from tests.support.inproc import SimCluster
 
-READ, WRITE, ERROR = POLL_EVENT_TYPE.READ, POLL_EVENT_TYPE.WRITE, POLL_EVENT_TYPE.ERROR
 
 
 async def _passes(n: int = 5) -> None:
@@ -154,3 +151,70 @@ def test_an_exception_while_a_message_is_handled_stops_the_node():
         for _ in range(2):
             c.allocate(1, epoch, among=[n.node_id for n in c.nodes.values() if n is not f])
         c.assert_no_block_reissued()
+
+
+def test_the_leader_skips_the_tick_of_an_acknowledgement_that_commits_nothing():
+    """In three nodes the second acknowledgement of an entry usually finds it committed: its tick would do
+    nothing.  Every other read (an acknowledgement that commits, any other message, a read with no
+    message) still ticks, and every entry still commits."""
+    with SimCluster() as c:
+        c.register(1)
+        leader = c.leader()
+        raft = leader.raft
+        wakes, reads = [0], []
+        wake = raft.wake
+
+        def counting_wake():
+            wakes[0] += 1
+            wake()
+
+        on_ready = raft._poller._on_ready
+        transport = raft._transport
+        received = transport._onMessageReceivedCallback  # what the transport hands Raft's messages to
+        kinds: list[str] = []
+
+        def spy(handler, descr, event):
+            m, q, w = raft.messages_read, raft.quiet_acks, wakes[0]
+            kinds.clear()
+            on_ready(handler, descr, event)
+            reads.append((raft.messages_read - m, raft.quiet_acks - q, wakes[0] - w))
+            ack_reads.append(wakes[0] - w if kinds and set(kinds) == {"next_node_idx"} else None)
+
+        def install():
+            raft.wake = counting_wake
+            raft._poller._on_ready = spy
+            transport._onMessageReceivedCallback = lambda node, message: kinds.append(message.get("type")) or received(
+                node, message)
+        ack_reads: list[int | None] = []
+        leader.on_loop(install)
+        for _ in range(20):
+            c._propose(leader, [], 2.0)  # each commits (the answer comes from the leader's apply)
+        # The first acknowledgement of each entry commits it: that read ticks (the second's may not).
+        assert len([w for w in ack_reads if w]) >= 20
+
+        # Whether a second acknowledgement arrives before or after the first one's tick is the machine's
+        # timing; so also one delivered here, the duplicate of an acknowledgement already counted.
+        follower = next(n for n in raft._obj.otherNodes)
+
+        def deliver(message):
+            def handler(descr, event):
+                transport._onMessageReceived(follower, message)
+            spy(handler, -1, 1)
+            return reads[-1]
+
+        def duplicate_ack():
+            obj = raft._obj
+            match = obj._SyncObj__raftMatchIndex[follower]
+            return {"type": "next_node_idx", "next_node_idx": match + 1, "reset": False, "success": True,
+                    "term": obj._SyncObj__raftCurrentTerm}
+
+        c.wait(lambda: leader.on_loop(raft._obj._commits_nothing), what="every entry committed and applied")
+        assert leader.on_loop(lambda: deliver(duplicate_ack())) == (1, 1, 0)  # no tick for it
+        ping = {"type": "pq_ping", "log": list(raft.journal.durable_end())}
+        assert leader.on_loop(lambda: deliver(ping)) == (1, 0, 1)  # any other message ticks
+        assert leader.on_loop(lambda: (spy(lambda d, e: None, -1, 1), reads[-1])[1]) == (0, 0, 1)  # no message: ticks
+        leader.on_loop(lambda: setattr(raft._poller, "_on_ready", on_ready))
+        transport._onMessageReceivedCallback = received
+        quiet = [r for r in reads if r[0] and r[0] == r[1]]
+        assert quiet and all(w == 0 for _, _, w in quiet)
+        assert all(w >= 1 for m, q, w in reads if not (m and m == q))

@@ -55,7 +55,9 @@ async def _serve(handler, port_file: str) -> None:
         await server.serve_forever()
 
 
-async def follower(path: str, port_file: str) -> None:
+async def _serve_commits(path: str, port_file: str, commit) -> None:
+    """Append each request to ``path``, ``await commit(fd)``, answer; then await what ``commit`` returned
+    (work that may finish after the answer), before the next request."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
     async def handle(reader, writer):
@@ -64,16 +66,24 @@ async def follower(path: str, port_file: str) -> None:
             while True:
                 m = await _read(reader)
                 os.write(fd, m)
-                os.fdatasync(fd)
+                after = await commit(fd, m)
                 writer.write(_frame(m[:8]))
+                if after is not None:
+                    await after
         except asyncio.IncompleteReadError:
             writer.close()
 
     await _serve(handle, port_file)
 
 
+async def follower(path: str, port_file: str) -> None:
+    async def commit(fd: int, m: bytes) -> None:
+        os.fdatasync(fd)
+
+    await _serve_commits(path, port_file, commit)
+
+
 async def leader(path: str, port_file: str, follower_ports: list[int]) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     syncer = concurrent.futures.ThreadPoolExecutor(1)
     loop = asyncio.get_running_loop()
     links = [await asyncio.open_connection("127.0.0.1", p) for p in follower_ports]
@@ -81,30 +91,22 @@ async def leader(path: str, port_file: str, follower_ports: list[int]) -> None:
         _nodelay(w)
     behind = [0] * len(links)  # acknowledgements still to read on each link
 
-    async def handle(reader, writer):
-        _nodelay(writer)
-        try:
-            while True:
-                m = await _read(reader)
-                os.write(fd, m)
-                own = loop.run_in_executor(syncer, os.fdatasync, fd)
-                for i, (_, w) in enumerate(links):
-                    w.write(_frame(m))
-                    behind[i] += 1
-                acks = [asyncio.ensure_future(_drain(i)) for i in range(len(links))]
-                await asyncio.wait(acks, return_when=asyncio.FIRST_COMPLETED)
-                await own
-                writer.write(_frame(m[:8]))
-                await asyncio.gather(*acks)  # the slower follower's, before the next request
-        except asyncio.IncompleteReadError:
-            writer.close()
-
-    async def _drain(i):
+    async def drain(i: int) -> None:
         while behind[i]:
             await _read(links[i][0])
             behind[i] -= 1
 
-    await _serve(handle, port_file)
+    async def commit(fd: int, m: bytes):
+        own = loop.run_in_executor(syncer, os.fdatasync, fd)
+        for i, (_, w) in enumerate(links):
+            w.write(_frame(m))
+            behind[i] += 1
+        acks = [asyncio.ensure_future(drain(i)) for i in range(len(links))]
+        await asyncio.wait(acks, return_when=asyncio.FIRST_COMPLETED)
+        await own
+        return asyncio.gather(*acks)  # the slower follower's, before the next request
+
+    await _serve_commits(path, port_file, commit)
 
 
 async def client(port: int, duration: float, warmup: float) -> dict:

@@ -471,7 +471,8 @@ def run_bench(opts: BenchOptions, say=log) -> dict:
                 try:
                     res["floor"] = floor.measure(os.path.join(opts.out_dir, "floor"), opts.duration)
                 except (OSError, RuntimeError, subprocess.SubprocessError, ValueError) as e:
-                    res["errors"].append({"system": None, "workload": "floor", "error": f"{type(e).__name__}: {e}"})
+                    res["errors"].append({"system": None, "workload": "floor",
+                                          "error": f"{type(e).__name__}: {e}"})
         if 2 in opts.workloads:
             for s in systems:
                 attempt(s.name, "w2", bench.w_throughput, s, BROKERS)

@@ -32,7 +32,6 @@ from typing import Callable
 
 # pysyncobj's ``POLL_EVENT_TYPE`` (``quorum.raft``, the one module that imports pysyncobj, checks they agree).
 READ, WRITE, ERROR = 1, 2, 4
-_READ, _WRITE, _ERROR = READ, WRITE, ERROR
 
 
 class LoopPoller:
@@ -57,14 +56,14 @@ class LoopPoller:
             self._register(descr, 0, eventMask)
 
     def _register(self, descr: int, old_mask: int, mask: int) -> None:
-        reads, read = bool(old_mask & (_READ | _ERROR)), bool(mask & (_READ | _ERROR))
-        writes, write = bool(old_mask & _WRITE), bool(mask & _WRITE)
+        reads, read = bool(old_mask & (READ | ERROR)), bool(mask & (READ | ERROR))
+        writes, write = bool(old_mask & WRITE), bool(mask & WRITE)
         if read and not reads:
-            self._loop.add_reader(descr, self._ready, descr, _READ)
+            self._loop.add_reader(descr, self._ready, descr, READ)
         elif reads and not read:
             self._loop.remove_reader(descr)
         if write and not writes:
-            self._loop.add_writer(descr, self._ready, descr, _WRITE)
+            self._loop.add_writer(descr, self._ready, descr, WRITE)
         elif writes and not write:
             self._loop.remove_writer(descr)
 

@@ -849,7 +849,8 @@ class RaftNode:
     ``restore_state(records, last_index)`` turn the state into records and back.
     ``disk`` and ``failstop`` are the node's storage and its way to stop, ``transport_class`` the
     pysyncobj transport under the identity gate (TCP by default), ``node_class`` pysyncobj's node
-    type (``TCPNode``), ``clock`` what gives wall time (``time``); tests and the simulator pass their own.
+    type (``TCPNode``), ``clock`` what gives wall time (``time``); tests and the simulator pass their
+    own.
 
     Who ticks Raft:
 
@@ -869,7 +870,8 @@ class RaftNode:
                  on_apply: Callable[[int, int, bytes], Any], snapshot_state: Callable[[], list],
                  restore_state: Callable[[list, int], None], bind_addr: str | None = None,
                  identity: NodeIdentity | None = None, disk: Disk | None = None,
-                 failstop: FailStop | None = None, transport_class: type | None = None, clock=time, node_class: type = TCPNode, trust_own_log: bool = False,
+                 failstop: FailStop | None = None, transport_class: type | None = None, clock=time,
+                 node_class: type = TCPNode, trust_own_log: bool = False,
                  loop: asyncio.AbstractEventLoop | None = None):
         if not secret:
             raise ValueError("a cluster secret is required: the Raft port executes what it receives")

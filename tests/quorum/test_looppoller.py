@@ -44,7 +44,8 @@ def test_write_interest_follows_the_latest_subscription():
         poller.subscribe(fd, lambda d, e: seen.append(e), READ | WRITE | ERROR)
         await _passes()
         assert WRITE in seen  # a connected socket is writable
-        poller.subscribe(fd, lambda d, e: seen.append(e) or a.recv(10), READ | ERROR)  # as pysyncobj does once its buffer is empty
+        # As pysyncobj does once its buffer is empty:
+        poller.subscribe(fd, lambda d, e: seen.append(e) or a.recv(10), READ | ERROR)
         seen.clear()
         await _passes()
         assert seen == []

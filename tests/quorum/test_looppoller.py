@@ -10,12 +10,8 @@ from quorum.looppoller import ERROR, READ, WRITE, LoopPoller
 from records import encode_batch
 from storage.disk import EXIT_SOFTWARE
 from tests.support.inproc import SimCluster
+from tests.support.loop import passes
 
-
-
-async def _passes(n: int = 5) -> None:
-    for _ in range(n):
-        await asyncio.sleep(0)
 
 
 def test_a_ready_descriptor_reaches_its_handler_with_the_event():
@@ -24,10 +20,10 @@ def test_a_ready_descriptor_reaches_its_handler_with_the_event():
         seen = []
         poller = LoopPoller(asyncio.get_running_loop(), lambda h, d, e: h(d, e))
         poller.subscribe(a.fileno(), lambda d, e: seen.append((d, e)) or a.recv(100), READ | ERROR)
-        await _passes()
+        await passes()
         assert seen == []  # nothing to read yet
         b.send(b"x")
-        await _passes()
+        await passes()
         assert seen == [(a.fileno(), READ)]
         poller.close()
         a.close(), b.close()
@@ -42,20 +38,20 @@ def test_write_interest_follows_the_latest_subscription():
         poller = LoopPoller(asyncio.get_running_loop(), lambda h, d, e: h(d, e))
         fd = a.fileno()
         poller.subscribe(fd, lambda d, e: seen.append(e), READ | WRITE | ERROR)
-        await _passes()
+        await passes()
         assert WRITE in seen  # a connected socket is writable
         # As pysyncobj does once its buffer is empty:
         poller.subscribe(fd, lambda d, e: seen.append(e) or a.recv(10), READ | ERROR)
         seen.clear()
-        await _passes()
+        await passes()
         assert seen == []
         b.send(b"x")
-        await _passes()
+        await passes()
         assert seen == [READ]
         poller.unsubscribe(fd)
         b.send(b"y")
         seen.clear()
-        await _passes()
+        await passes()
         assert seen == [] and poller.descriptors == 0
         a.close(), b.close()
 
@@ -81,7 +77,7 @@ def test_a_socket_closed_before_it_is_unsubscribed_leaves_its_number_usable():
         seen = []
         poller.subscribe(fd, lambda dd, e: seen.append(e) or reused.recv(10), READ | ERROR)
         d.send(b"x")
-        await _passes()
+        await passes()
         assert seen == [READ]
         poller.close()
         for s in {b, c, d, reused}:

@@ -4,12 +4,7 @@ from __future__ import annotations
 import asyncio
 
 from quorum.server import InOrder
-
-
-async def passes(n: int = 5) -> None:
-    """Let the event loop run ``n`` passes (no wall-clock wait: everything here is on this loop)."""
-    for _ in range(n):
-        await asyncio.sleep(0)
+from tests.support.loop import passes
 
 
 class Writer:

@@ -1466,14 +1466,8 @@ class RaftNode:
     def destroy(self) -> None:
         """Stop ticking, then close: the journal synced and its meta written, the peers' positions kept.
         On the loop's thread (as every tick)."""
-        self._stopping = True
-        for handle in (self._tick_soon, self._tick_timer):
-            if handle is not None:
-                handle.cancel()
-        self._tick_soon = self._tick_timer = None
+        self.halt()  # its descriptors off the loop too (pysyncobj's pipe would stay subscribed)
         self._obj.destroy()
-        if self._poller is not None:
-            self._poller.close()  # pysyncobj's pipe stays subscribed after its transport closed
         self.journal.syncer.close()
         self.identity.flush()
 

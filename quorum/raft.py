@@ -442,6 +442,18 @@ class _Gate:
         # counts only members: ``_Replicated`` takes nothing else from it (no vote, request or ack).
 
 
+def configuration_before(members: list[str], changes: list[tuple[str, str]]) -> list[str]:
+    """``members`` with ``changes`` (oldest first: ("add" | "rem", address)) undone, newest first: the
+    configuration before them.  Undoing an add removes the address, undoing a removal puts it back."""
+    members = list(members)
+    for kind, address in reversed(changes):
+        if kind == "add":
+            members = [a for a in members if a != address]
+        elif kind == "rem" and address not in members:
+            members.append(address)
+    return members
+
+
 def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
@@ -810,8 +822,28 @@ class _Replicated(SyncObj):
         current = pq.store.current
         if prev is None or last is None or (current is not None and current.last_index >= applied):
             return
-        cluster = [self._SyncObj__selfNode.address] + [n.address for n in self._SyncObj__otherNodes]
-        pq.compact(prev, last, cluster)
+        pq.compact(prev, last, self.members_at(applied))
+
+    def members_at(self, index: int) -> list[str]:
+        """The configuration as of log entry ``index``: the current one (the latest in the log, as Raft and
+        pysyncobj use it) with the changes after ``index`` undone, newest first.
+
+        A snapshot at ``index`` must record this one, not the current one.  It recorded the current one:
+        with an uncommitted change after ``index`` (one removing the leader, say), a restart loaded a
+        configuration that never held.  When the leader then cut that change, only the change was undone,
+        not the snapshot's copy of it: the node knew no leader, could not hear it, and stayed behind for
+        good (simulation seed 400136).  A snapshot sent to a follower carried the same error to it."""
+        members = [self._SyncObj__selfNode.address] + [n.address for n in self._SyncObj__otherNodes]
+        if not self._SyncObj__conf.dynamicMembershipChange:
+            return members
+        later = []
+        for command, entry_index, _term in reversed(self._pq.journal.entries):
+            if entry_index <= index:
+                break
+            change = self._SyncObj__parseChangeClusterRequest(command)
+            if change is not None:
+                later.append((change[0], str(change[1])))  # (kind, the node's id: its address)
+        return configuration_before(members, later[::-1])
 
     # ------------------------------------------------------------ recovery
     def step_down(self) -> None:

@@ -176,3 +176,18 @@ def test_identities_survive_a_graceful_restart_of_every_node(cluster):
         lc.start(n.node_id)
     log = wait_refused_exit(lc, victim.node_id)
     assert "its data directory was lost or replaced" in log
+
+
+def test_the_configuration_before_later_changes_undoes_them_newest_first():
+    from quorum.raft import configuration_before
+    now = ["a", "b", "c"]
+    assert configuration_before(now, []) == now
+    # after the snapshot's index: c added, then d removed
+    assert sorted(configuration_before(now, [("add", "c"), ("rem", "d")])) == ["a", "b", "d"]
+    # d added and removed again: it was not there before either
+    assert sorted(configuration_before(now, [("add", "d"), ("rem", "d")])) == now
+    # d removed, then added back: there before
+    assert sorted(configuration_before(now + ["d"], [("rem", "d"), ("add", "d")])) == ["a", "b", "c", "d"]
+    # the leader removed after the index (seed 400136): the configuration at the index still has it
+    assert sorted(configuration_before(["c", "b"], [("rem", "d")])) == ["b", "c", "d"]
+    assert configuration_before(now, [("version", "x")]) == now

@@ -234,7 +234,12 @@ class Proposer:
         self.queue.put_nowait(Proposal(generate, broker_id, fut))
         return fut
 
-    async def _propose(self, payload: bytes, timeout: float) -> Any:
+    async def _propose(self, payload: bytes, timeout: float,
+                       on_applied: Callable[[Any], None] | None = None) -> Any:
+        """Propose ``payload``; its apply's outcome once applied.  ``on_applied`` runs with that outcome where
+        the entry is applied (in the tick, on the loop that drives Raft), before this returns, and never after
+        the deadline passed: the requests it answers resume a pass of the loop earlier than if this
+        coroutine answered them once it resumes."""
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         here = threading.get_ident()
@@ -245,8 +250,15 @@ class Proposer:
                     return
                 if error is not None:
                     fut.set_exception(error)
-                else:
-                    fut.set_result(result)
+                    return
+                if on_applied is not None:
+                    try:
+                        on_applied(result)
+                    except Exception as e:  # noqa: BLE001 - not the tick's failure: this batch's requests'
+                        log.exception("answering an applied batch failed")
+                        fut.set_exception(e)
+                        return
+                fut.set_result(result)
             if threading.get_ident() == here:
                 settle()  # the loop drives Raft (a node process): the outcome is settled in the tick
             else:
@@ -347,16 +359,20 @@ class Proposer:
         if not spans:
             return
         try:
-            errors = await self._propose(encode_batch(records), timeout)
+            await self._propose(encode_batch(records), timeout, lambda errors: self._answer(spans, records, errors))
         except ProposalRejected as e:
             for op, *_ in spans:
                 op.finish(error=NotControllerError(f"not committed: {e}"))
-            return
         except ProposalUnknown as e:
             self.barrier_term = None  # the next batch must see this entry applied (or discarded) first
             for op, *_ in spans:
                 op.finish(error=RequestTimedOutError(f"outcome unknown: {e}"))
-            return
+        except Exception as e:  # noqa: BLE001 - answering failed (logged): no request is left waiting
+            for op, *_ in spans:
+                op.finish(error=UnknownServerError(f"internal error: {type(e).__name__}: {e}"))
+
+    def _answer(self, spans: list[tuple[Proposal, int, int, Any]], records: list[Record], errors: Any) -> None:
+        """The batch's entry is applied: answer each request from its records' outcomes at replay."""
         self.batches += 1
         self.proposed_records += len(records)
         for op, start, n, response in spans:

@@ -129,6 +129,56 @@ def test_a_proposal_on_the_loop_schedules_a_tick_without_the_pipe():
         assert done.wait(5) and writes == [1]
 
 
+def test_the_proposer_answers_its_requests_inside_the_tick_that_applies_their_entry():
+    """A request's future is settled where its entry is applied, not a pass of the loop later by the
+    proposer's coroutine: the waiting handler resumes in the next pass."""
+    from client import api as p
+    from quorum.rpcs import RPCS
+    from quorum.service import Proposal, Proposer
+
+    with SimCluster() as c:
+        epoch = c.register(1)
+        leader = c.leader()
+        obj = leader.raft._obj
+        in_tick = []
+        settled = []
+        original_tick, original_finish = obj.doTick, Proposal.finish
+
+        def tick(timeout):
+            in_tick.append(True)
+            try:
+                return original_tick(timeout)
+            finally:
+                in_tick.pop()
+
+        def finish(self, response=None, error=None):
+            settled.append((bool(in_tick), error))
+            return original_finish(self, response, error)
+
+        obj.doTick = tick
+        Proposal.finish = finish
+        try:
+            async def allocate_twice():
+                proposer = Proposer(leader.service)
+                runner = asyncio.get_running_loop().create_task(proposer.run())
+                rpc = RPCS.of(p.ALLOCATE_PRODUCER_IDS, None)
+                try:
+                    return [await proposer.submit(rpc, p.allocate_request(1, epoch), 10.0) for _ in range(2)]
+                finally:
+                    runner.cancel()
+
+            done = threading.Event()
+            out = []
+            leader.loop.call_soon_threadsafe(lambda: asyncio.ensure_future(allocate_twice()).add_done_callback(
+                lambda f: (out.append(f.result()), done.set())))
+            assert done.wait(10)
+        finally:
+            Proposal.finish = original_finish
+        blocks = out[0]
+        assert len(blocks) == 2 and blocks[0] != blocks[1]
+        assert settled == [(True, None), (True, None)]
+
+
 def test_an_exception_while_a_message_is_handled_stops_the_node():
     """The loop logs an exception of a callback and goes on; a node must not (a fail-stop, as for an
     exception in a tick), and nothing of it runs after."""

@@ -29,6 +29,7 @@ from kio.serial import entity_reader, entity_writer
 from kio.serial.errors import SerialError
 from kio.static.primitive import i16, i32
 
+from . import fixed
 from .bounds import FrameBoundsError, check_request
 from .errors import Errors
 
@@ -182,6 +183,9 @@ class ApiTable:
                              f"{name} v{api_version} is not supported (supported: v{lo}-v{hi})",
                              kind=("unsupported version", api_key, api_version))
         req_cls = load_request_schema(api_key, api_version)
+        fast = fixed.read_request(frame, req_cls)
+        if fast is not None:
+            return Request(api_key, api_version, correlation_id, fast[1], fast[2], 0, raw=frame)
         try:
             check_request(frame, req_cls.__header_schema__, req_cls)
         except FrameBoundsError as e:
@@ -228,6 +232,9 @@ class ApiTable:
             buf.write(msgpack.packb(self.msgpack[api_key].encode(body), use_bin_type=True))
         else:
             resp_cls = load_response_schema(api_key, api_version)
+            data = fixed.write_response(resp_cls, correlation_id, body)
+            if data is not None:
+                return SIZE.pack(len(data)) + data
             entity_writer(resp_cls.__header_schema__)(buf,
                                                       resp_cls.__header_schema__(correlation_id=i32(correlation_id)))
             entity_writer(resp_cls)(buf, body)
@@ -323,6 +330,9 @@ def api_versions_body(version: int, code: Errors, advertised: Mapping[int, tuple
 
 def encode_request(body: Any, correlation_id: int, client_id: str = "pidquorum") -> bytes:
     """A whole request frame for a kio request entity, size prefix included."""
+    data = fixed.write_request(body, correlation_id, client_id)
+    if data is not None:
+        return SIZE.pack(len(data)) + data
     buf = io.BytesIO()
     header_cls = type(body).__header_schema__
     entity_writer(header_cls)(buf, header_cls(request_api_key=i16(body.__api_key__),

@@ -79,12 +79,16 @@ def _kio_read_request(frame: bytes, cls):
     return header.correlation_id, header.client_id, body, len(frame) - off - size
 
 
+def _samples(cls, rng: random.Random, n: int = 300):
+    """``n`` (body, correlation id) of random values, the extremes of each field's range among them."""
+    for _ in range(n):
+        yield _entity(cls, rng), rng.randrange(-2 ** 31, 2 ** 31)
+
+
 @pytest.mark.parametrize("cls", REQUESTS, ids=lambda c: f"{c.__name__}-v{c.__version__}")
 def test_requests_are_kios_bytes_and_read_back_as_kio_reads_them(cls):
     rng = random.Random(cls.__name__)
-    for i in range(300):
-        body = _entity(cls, rng)
-        correlation_id = rng.randrange(-2 ** 31, 2 ** 31)
+    for body, correlation_id in _samples(cls, rng):
         client_id = rng.choice(["pidquorum", "", "brøker-7", "x" * 300])
         frame = fixed.write_request(body, correlation_id, client_id)
         assert frame == _kio_request(body, correlation_id, client_id)
@@ -100,10 +104,7 @@ def test_requests_are_kios_bytes_and_read_back_as_kio_reads_them(cls):
 
 @pytest.mark.parametrize("cls", RESPONSES, ids=lambda c: f"{c.__name__}-v{c.__version__}")
 def test_responses_are_kios_bytes(cls):
-    rng = random.Random(cls.__name__)
-    for _ in range(300):
-        body = _entity(cls, rng)
-        correlation_id = rng.randrange(-2 ** 31, 2 ** 31)
+    for body, correlation_id in _samples(cls, random.Random(cls.__name__)):
         frame = fixed.write_response(cls, correlation_id, body)
         assert frame == _kio_response(body, correlation_id)
         assert SERVER_API.encode(cls.__api_key__, cls.__version__, correlation_id, body) == SIZE.pack(len(frame)) + frame

@@ -40,7 +40,16 @@ def _milliseconds(value: int) -> datetime.timedelta:
     return datetime.timedelta(milliseconds=value)
 
 
-_CONVERT = {"bool": _bool, "error_code": ErrorCode, "timedelta_i32": _milliseconds, "timedelta_i64": _milliseconds}
+def _to_milliseconds(value: datetime.timedelta) -> int:
+    return round(value.total_seconds() * 1000)
+
+
+# kind -> (what makes kio's value of the unpacked one: ValueError leaves the frame to kio,
+#          the type kio's value has, what makes the packed one of it); integers need neither
+_VALUES = {"bool": (_bool, bool, int), "error_code": (ErrorCode, ErrorCode, lambda e: e.value),
+           "timedelta_i32": (_milliseconds, datetime.timedelta, _to_milliseconds),
+           "timedelta_i64": (_milliseconds, datetime.timedelta, _to_milliseconds),
+           "float64": (None, float, None)}
 
 
 @dataclass(frozen=True)
@@ -48,11 +57,9 @@ class Layout:
     """The fixed layout of one kio entity's body (its tagged-fields count, 0, included if flexible)."""
     cls: type
     names: tuple[str, ...]
-    kinds: tuple[str, ...]
+    values: tuple  # per field: its ``_VALUES`` entry, or None for an integer
     body: struct.Struct
     flexible: bool
-    plain: bool  # only integers: values need no conversion
-    convert: tuple  # per field: None, or what makes kio's value of the unpacked one (ValueError: kio's to read)
 
     def read(self, data: bytes, offset: int) -> Any | None:
         """The entity in ``data[offset:]``, which must be exactly its size; None if kio must read it."""
@@ -63,35 +70,25 @@ class Layout:
             if values[-1] != 0:
                 return None  # tagged fields: kio's
             values = values[:-1]
-        if not self.plain:
-            try:
-                values = [v if c is None else c(v) for c, v in zip(self.convert, values)]
-            except ValueError:
-                return None  # a bool byte other than 0 or 1, an error code kio does not know
+        try:
+            values = [v if k is None or k[0] is None else k[0](v) for k, v in zip(self.values, values)]
+        except ValueError:
+            return None  # a bool byte other than 0 or 1, an error code kio does not know
         return self.cls(**dict(zip(self.names, values)))
 
     def write(self, entity: Any) -> bytes | None:
         """``entity``'s body bytes; None if kio must write it (a value out of range or of another type)."""
         values = []
-        for name, kind in zip(self.names, self.kinds):
+        for name, kind in zip(self.names, self.values):
             value = getattr(entity, name)
-            if kind == "error_code":
-                if not isinstance(value, ErrorCode):
+            if kind is None:
+                if not isinstance(value, int) or isinstance(value, bool):
                     return None
-                value = value.value
-            elif kind.startswith("timedelta"):
-                if not isinstance(value, datetime.timedelta):
+            else:
+                if not isinstance(value, kind[1]):
                     return None
-                value = round(value.total_seconds() * 1000)
-            elif kind == "bool":
-                if not isinstance(value, bool):
-                    return None
-                value = int(value)
-            elif kind == "float64":
-                if not isinstance(value, float):
-                    return None
-            elif not isinstance(value, int) or isinstance(value, bool):
-                return None
+                if kind[2] is not None:
+                    value = kind[2](value)
             values.append(value)
         if self.flexible:
             values.append(0)
@@ -110,9 +107,8 @@ def layout(cls: type) -> Layout | None:
         return None
     flexible = bool(getattr(cls, "__flexible__", False))
     fmt = ">" + "".join(_CODES[k] for k in kinds) + ("B" if flexible else "")
-    convert = tuple(_CONVERT.get(k) for k in kinds)
-    return Layout(cls, tuple(f.name for f in fields), kinds, struct.Struct(fmt), flexible,
-                  all(c is None for c in convert), convert)
+    return Layout(cls, tuple(f.name for f in fields), tuple(_VALUES.get(k) for k in kinds), struct.Struct(fmt),
+                  flexible)
 
 
 def _header_flexible(cls: type) -> bool:

@@ -101,6 +101,7 @@ log = logging.getLogger(__name__)
 
 _FOLLOWER, _CANDIDATE, _LEADER = 0, 1, 2
 COMMIT_NOTIFY_S = 0.005  # a new commit index reaches the followers at most this late (see _Replicated)
+FOLLOWER_APPLY_S = 0.005  # a follower applies a commit index it learned at most this late (RaftNode.quiet_append)
 RECOVERED_VOTE = "<recovered: no vote this term>"  # votedFor after catching up (a vote there may be lost)
 
 # pysyncobj internals this adapter reads or replaces (pysyncobj is pinned below 0.4; a release that
@@ -568,7 +569,7 @@ class _Replicated(SyncObj):
             if entry is not None:
                 self._pq.identity.note_held(node.address, (entry[2], entry[1]))
             if not message.get("reset") and self._commits_nothing():
-                self._pq.quiet_acks += 1
+                self._pq.quiet += 1
 
     def _commits_nothing(self) -> bool:
         """No follower holds an entry beyond the commit index and every committed entry is applied: a tick
@@ -644,6 +645,9 @@ class _Replicated(SyncObj):
                     "type": "next_node_idx", "next_node_idx": self._pq.journal.durable_end()[1] + 1,
                     "reset": False, "success": False, "term": self._SyncObj__raftCurrentTerm})
             return  # a deposed leader
+        # This node's leader in its term, as before the message: nothing about who leads changes.
+        settled = (term == self._SyncObj__raftCurrentTerm and self._SyncObj__raftLeader == node
+                   and self._SyncObj__raftState == _FOLLOWER)
         if term > self._SyncObj__raftCurrentTerm:
             self._SyncObj__transferInProgress = False  # a new leader supersedes any pending transfer
         if not self._SyncObj__transferInProgress:
@@ -669,29 +673,32 @@ class _Replicated(SyncObj):
                 if transmission != "finish":
                     self._SyncObj__sendNextNodeIdx(node, success=False, reset=False)
                     return
-            self._match_and_append(node, m.get("prevLogIdx"), m.get("prevLogTerm"), entries, leader_commit)
+            if self._match_and_append(node, m.get("prevLogIdx"), m.get("prevLogTerm"), entries, leader_commit) and settled:
+                self._pq.quiet_append()
         elif m.get("serialized") is not None:
             self._snapshot_chunk(node, term, m["serialized"])
         # A message without entries and without a snapshot chunk verifies nothing: the commit
         # index does not move (pysyncobj advanced it here, over entries it never matched).
 
-    def _match_and_append(self, node, prev_idx, prev_term, entries, leader_commit) -> None:
+    def _match_and_append(self, node, prev_idx, prev_term, entries, leader_commit) -> bool:
+        """Raft's AppendEntries on a follower.  True when it appended (or held) every entry, cut nothing,
+        changed no membership and acknowledged them as counted: the steady state."""
         journal = self._pq.journal
         if not (_is_int(prev_idx) and _is_int(prev_term) and isinstance(entries, (list, tuple))
                 and all(isinstance(e, (list, tuple)) and len(e) == 3 and _is_int(e[1]) and _is_int(e[2])
                         and e[1] == prev_idx + 1 + i for i, e in enumerate(entries))):
             log.warning("dropping a malformed AppendEntries from %s", node.address)
-            return
+            return False
         last = journal.entries[-1][1]
         prev = journal.entry(prev_idx)
         if prev is None:  # beyond our log (or below its start): resume from our end
             self._reply(node, last + 1, verified=False)
-            return
+            return False
         if prev[2] != prev_term:
             self._reply(node, prev_idx, verified=False)
-            return
+            return False
         # Raft 5.3: skip what we hold; cut only at the first entry that conflicts.
-        new = []
+        new, steady = [], True
         for i, e in enumerate(entries):
             held = journal.entry(e[1])
             if held is None:
@@ -704,7 +711,7 @@ class _Replicated(SyncObj):
                 dropped = journal.truncate_from(e[1])
                 log.info("AppendEntries from %s conflicts at index %d (term %d here, %d from the leader): "
                          "cut %d uncommitted entries", node.address, e[1], held[2], e[2], dropped)
-                new = entries[i:]
+                new, steady = entries[i:], False
                 break
         dynamic = self._SyncObj__conf.dynamicMembershipChange
         for command, idx, eterm in new:
@@ -714,12 +721,13 @@ class _Replicated(SyncObj):
                 change = self._SyncObj__parseChangeClusterRequest(command)
                 if change is not None:
                     self._SyncObj__doChangeCluster(change)
+                    steady = False
         verified = entries[-1][1] if entries else prev_idx
         commit = min(leader_commit, verified)
         if commit > self._SyncObj__raftCommitIndex:
             self._SyncObj__raftCommitIndex = commit
             journal.setRaftCommitIndex(commit)  # syncs first
-        self._reply(node, verified + 1, verified=True)
+        return self._reply(node, verified + 1, verified=True) and steady
 
     def _rollback_membership(self, from_index: int) -> None:
         if not self._SyncObj__conf.dynamicMembershipChange:
@@ -730,10 +738,10 @@ class _Replicated(SyncObj):
             if change is not None:
                 self._SyncObj__doChangeCluster(change, reverse=True)
 
-    def _reply(self, node, next_index: int, verified: bool) -> None:
+    def _reply(self, node, next_index: int, verified: bool) -> bool:
         """Acknowledge up to ``next_index - 1`` (durable first), or ask the leader to resume there.
         A recovering node's acknowledgements are sent as the latter: they move the leader's send
-        position but never count toward a majority."""
+        position but never count toward a majority.  True when the acknowledgement counts."""
         self._pq.journal.sync()
         self._pq.check_recovery()
         counted = verified and not self._pq.restricted
@@ -741,6 +749,7 @@ class _Replicated(SyncObj):
         self._SyncObj__transport.send(node, {"type": "next_node_idx", "next_node_idx": next_index,
                                             "reset": not counted, "success": counted,
                                             "term": self._SyncObj__raftCurrentTerm})
+        return counted
 
     def _snapshot_chunk(self, node, term: int, serialized) -> None:
         pq = self._pq
@@ -935,7 +944,10 @@ class RaftNode:
         self._tick_timer: asyncio.TimerHandle | None = None
         self._stopping = False
         self.messages_read = 0  # messages read from peers (``_Gate``)
-        self.quiet_acks = 0  # of them, a leader's acknowledgements that committed nothing (``_on_ready``)
+        # Of them, those whose tick can wait for the timed one (``_on_ready``): a leader's acknowledgements
+        # that commit nothing, a follower's AppendEntries from its leader taken in the steady state.
+        self.quiet = 0
+        self._apply_due: float | None = None  # a follower applies what it learned is committed by then
 
         # Durable state: snapshot, journal, and the two made to agree before pysyncobj sees them.
         files = open_node_files(self.disk, data_dir)
@@ -1058,6 +1070,10 @@ class RaftNode:
         self._guarded(self._obj.doTick, 0.0)
         if self._stopping:
             return
+        self._arm()
+
+    def _arm(self) -> None:
+        """The timed tick no later than ``tick_wait`` says."""
         when = self._loop.time() + self.tick_wait()
         if self._tick_timer is not None:
             if self._tick_timer.when() <= when:
@@ -1068,19 +1084,36 @@ class RaftNode:
     def _on_ready(self, handler: Callable[[int, int], None], descr: int, event: int) -> None:
         """A descriptor of pysyncobj's is ready: its handler (messages read and acted on), then a tick.
 
-        Except when every message read was a leader's acknowledgement that commits nothing (in three
-        nodes, the second follower's acknowledgement of an entry the first one's already committed):
-        its tick would find nothing to commit, apply or send that the timed tick (``tick_wait``) does
-        not do in time, and it was a third of the leader's ticks.  A read with no message (a partial
-        one, a connection's events, pysyncobj's pipe) ticks as before."""
+        Except when every message read was quiet, its tick due no sooner than the timed one
+        (``tick_wait``):
+        * a leader's acknowledgement that commits nothing (in three nodes, the second follower's
+          acknowledgement of an entry the first one's already committed): its tick would find nothing
+          to commit, apply or send, and it was a third of the leader's ticks;
+        * a follower's AppendEntries from its leader in the steady state (``quiet_append``): it was
+          appended, synced and acknowledged in the handler; what its tick would do is apply the commit
+          index it carried, which can wait ``FOLLOWER_APPLY_S``.  Then it is applied in one tick with
+          those of the next AppendEntries, and not in the instants after the acknowledgement, when the
+          leader needs a CPU to commit and answer.
+        A read with no message (a partial one, a connection's events, pysyncobj's pipe) ticks as before."""
         if self._stopping:
             return
-        messages, quiet = self.messages_read, self.quiet_acks
+        messages, quiet = self.messages_read, self.quiet
         self._guarded(handler, descr, event)
         read = self.messages_read - messages
-        if read and read == self.quiet_acks - quiet:
+        if read and read == self.quiet - quiet:
+            if self._apply_due is not None and not self._stopping:
+                self._arm()
             return
         self.wake()
+
+    def quiet_append(self) -> None:
+        """A follower took an AppendEntries from its leader in its term, appended every entry, cut nothing,
+        changed no membership and acknowledged them (``_Replicated._match_and_append``): its tick can wait,
+        to apply what is committed within ``FOLLOWER_APPLY_S``."""
+        self.quiet += 1
+        obj = self._obj
+        if self._apply_due is None and obj._SyncObj__raftCommitIndex > obj.raftLastApplied:
+            self._apply_due = _clock() + FOLLOWER_APPLY_S
 
     def _guarded(self, fn: Callable, *args) -> None:
         """Fail-stop: any exception stops the node.  The loop itself would log it and go on, which after
@@ -1110,6 +1143,7 @@ class RaftNode:
             self._poller.close()
 
     def _on_tick(self) -> None:
+        self._apply_due = None  # this tick applied every committed entry (pysyncobj applies before this runs)
         self.journal.start_sync()  # the leader's entries sent this tick: durable while it reads acks (see _Gate)
         self.check_vouched()  # (the membership may have shrunk)
         self.check_recovery()
@@ -1137,17 +1171,21 @@ class RaftNode:
 
     def tick_wait(self) -> float:
         """How long the node may wait for messages before its next tick: a tick period, or less
-        when the leader owes its followers an AppendEntries sooner (a new commit index: _Replicated) or a
-        follower's election deadline comes sooner."""
+        when the leader owes its followers an AppendEntries sooner (a new commit index: _Replicated), a
+        follower's election deadline comes sooner or it has committed entries to apply (``quiet_append``)."""
         obj = self._obj
+        now = _clock()
+        wait = self._tick_period
+        if self._apply_due is not None and obj._SyncObj__raftCommitIndex > obj.raftLastApplied:
+            wait = min(wait, max(self._apply_due - now, 0.0))  # what a follower learned is committed (quiet_append)
         if obj._SyncObj__raftState == _LEADER:
-            return min(self._tick_period, max(obj._SyncObj__newAppendEntriesTime - _clock(), 0.0))
+            return min(wait, max(obj._SyncObj__newAppendEntriesTime - now, 0.0))
         # A follower or candidate wakes for its election deadline, not at the next tick after it: the
         # followers of a lost leader campaign at the instants they drew (``_SyncObj__onNodeDisconnected``), so
         # they do not split the vote by falling due in the same tick.  (A deadline already past: the tick
         # about to run starts the election, or this node reaches nobody and has nothing to wake for.)
-        remaining = obj._SyncObj__raftElectionDeadline - _clock()
-        return self._tick_period if remaining <= 0 else min(self._tick_period, remaining)
+        remaining = obj._SyncObj__raftElectionDeadline - now
+        return wait if remaining <= 0 else min(wait, remaining)
 
     def _on_raft_thread(self, fn: Callable[[], None]) -> None:
         self._calls.put(fn)

@@ -7,6 +7,7 @@ import socket
 import threading
 
 from quorum.looppoller import ERROR, READ, WRITE, LoopPoller
+from quorum.raft import FOLLOWER_APPLY_S
 from records import encode_batch
 from storage.disk import EXIT_SOFTWARE
 from tests.support.inproc import SimCluster
@@ -221,10 +222,10 @@ def test_the_leader_skips_the_tick_of_an_acknowledgement_that_commits_nothing():
         kinds: list[str] = []
 
         def spy(handler, descr, event):
-            m, q, w = raft.messages_read, raft.quiet_acks, wakes[0]
+            m, q, w = raft.messages_read, raft.quiet, wakes[0]
             kinds.clear()
             on_ready(handler, descr, event)
-            reads.append((raft.messages_read - m, raft.quiet_acks - q, wakes[0] - w))
+            reads.append((raft.messages_read - m, raft.quiet - q, wakes[0] - w))
             ack_reads.append(wakes[0] - w if kinds and set(kinds) == {"next_node_idx"} else None)
 
         def install():
@@ -265,3 +266,54 @@ def test_the_leader_skips_the_tick_of_an_acknowledgement_that_commits_nothing():
         quiet = [r for r in reads if r[0] and r[0] == r[1]]
         assert quiet and all(w == 0 for _, _, w in quiet)
         assert all(w >= 1 for m, q, w in reads if not (m and m == q))
+
+
+def test_a_follower_takes_its_leaders_appendentries_without_a_tick_and_applies_them_on_time():
+    """A follower's AppendEntries from its leader, appended, synced and acknowledged in the handler, needs
+    no tick of its own: the commit index it carries is applied by the timed tick, set no later than
+    ``FOLLOWER_APPLY_S`` ahead.  Any other read still ticks, and the follower applies every entry."""
+    with SimCluster() as c:
+        c.register(1)
+        leader = c.leader()
+        f = next(n for n in c.running() if n is not leader)
+        raft = f.raft
+        wakes, reads, armed = [0], [], []
+        wake, on_ready = raft.wake, raft._poller._on_ready
+
+        def counting_wake():
+            wakes[0] += 1
+            wake()
+
+        def spy(handler, descr, event):
+            m, q, w = raft.messages_read, raft.quiet, wakes[0]
+            on_ready(handler, descr, event)
+            reads.append((raft.messages_read - m, raft.quiet - q, wakes[0] - w))
+            if reads[-1][0] and reads[-1][0] == reads[-1][1] and raft._apply_due is not None:
+                armed.append(raft._tick_timer.when() - raft._loop.time())
+
+        def install():
+            raft.wake = counting_wake
+            raft._poller._on_ready = spy
+        f.on_loop(install)
+        for _ in range(20):
+            c._propose(leader, [], 2.0)
+        commit = leader.on_loop(lambda: leader.raft._obj.raftCommitIndex)
+        c.wait(lambda: f.on_loop(lambda: raft._obj.raftLastApplied) >= commit, what="the follower to apply every entry")
+
+        quiet = [r for r in reads if r[0] and r[0] == r[1]]
+        assert len(quiet) >= 20 and all(w == 0 for _, _, w in quiet)  # each entry's AppendEntries: no tick
+        assert armed and max(armed) <= FOLLOWER_APPLY_S  # its apply: the timed tick, that soon
+
+        # An AppendEntries that does not match the log (here: after an index the follower does not hold) is
+        # not the steady state: the follower asks the leader to resume at its end, and that read ticks.
+        leader_node = f.on_loop(lambda: raft._obj._SyncObj__raftLeader)
+
+        def deliver_unmatched():
+            obj = raft._obj
+            m = {"type": "append_entries", "term": obj._SyncObj__raftCurrentTerm, "commit_index": 0,
+                 "prevLogIdx": len(raft.journal) + 1000, "prevLogTerm": obj._SyncObj__raftCurrentTerm, "entries": []}
+            spy(lambda d, e: raft._transport._onMessageReceived(leader_node, m), -1, 1)
+            return reads[-1]
+        assert f.on_loop(deliver_unmatched) == (1, 0, 1)
+        f.on_loop(lambda: (setattr(raft, "wake", wake), setattr(raft._poller, "_on_ready", on_ready)))
+        c.allocate(2, c.register(2))  # the cluster goes on

@@ -104,27 +104,61 @@ def test_every_tick_and_every_apply_runs_on_the_nodes_loop_thread():
         assert not [t.name for t in threading.enumerate() if t.name.startswith("raft-")]
 
 
-def test_a_proposal_on_the_loop_schedules_a_tick_without_the_pipe():
+def test_a_leaders_proposal_on_its_loop_is_appended_sent_and_synced_at_once_without_a_tick_or_the_pipe():
+    """On the leader's loop a proposal is appended, sent to every follower and its sync started in the
+    call itself (``RaftNode.propose_now``): no tick scheduled for it, no byte through pysyncobj's pipe.
+    On a follower's loop it is queued for the next pass's tick; from another thread the pipe wakes the loop."""
     with SimCluster() as c:
         c.register(1)
         leader = c.leader()
         raft = leader.raft
-        writes = []
+        writes, sent, syncs = [], [], []
         notifier = raft._obj._SyncObj__pipeNotifier
         original = notifier.notify
         notifier.notify = lambda: writes.append(1) or original()
+        send, start_sync = raft._transport.send, raft.journal.start_sync
+
+        def spy_send(node, message):
+            if isinstance(message, dict) and message.get("type") == "append_entries":
+                sent.append((node.address, [e[1] for e in message.get("entries", [])]))
+            return send(node, message)
+
+        def spy_sync():
+            syncs.append(len(sent))
+            return start_sync()
         done = threading.Event()
 
         def propose():
-            tick = raft._tick_soon
-            raft.propose(encode_batch([]), lambda result, error: done.set())
-            return tick, raft._tick_soon
+            raft._transport.send, raft.journal.start_sync = spy_send, spy_sync
+            try:
+                tick, before = raft._tick_soon, raft.journal.entries[-1][1]
+                raft.propose(encode_batch([]), lambda result, error: done.set())
+                return tick, raft._tick_soon, before, raft.journal.entries[-1][1], list(sent), list(syncs)
+            finally:
+                raft._transport.send, raft.journal.start_sync = send, start_sync
 
-        before, after = leader.on_loop(propose)
-        assert before is None and after is not None  # the next pass ticks
+        tick_before, tick_after, last_before, last_after, sent_now, syncs_now = leader.on_loop(propose)
+        assert tick_before is None and tick_after is None  # no tick for it
+        assert last_after == last_before + 1  # appended in the call
+        followers = {n.raft.self_addr for n in c.running() if n is not leader}
+        assert {addr for addr, indexes in sent_now if last_after in indexes} == followers  # sent to both
+        assert syncs_now and syncs_now[-1] == len(sent_now)  # its sync started after the sends
         assert done.wait(5)
-        assert writes == []  # no byte through pysyncobj's pipe for it
-        # From another thread the pipe still wakes the loop.
+        assert writes == []
+
+        # On a follower's loop: queued, and the next pass ticks (which forwards it to the leader).
+        f = next(n for n in c.running() if n is not leader)
+        done.clear()
+
+        def propose_on_follower():
+            tick = f.raft._tick_soon
+            f.raft.propose(encode_batch([]), lambda result, error: done.set())
+            return tick, f.raft._tick_soon
+        before, after = f.on_loop(propose_on_follower)
+        assert before is None and after is not None
+        assert done.wait(5)
+
+        # From another thread the pipe still wakes the leader's loop.
         done.clear()
         raft.propose(encode_batch([]), lambda result, error: done.set())
         assert done.wait(5) and writes == [1]

@@ -34,9 +34,22 @@ in pysyncobj's connection module (``quorum.raft`` installs it): a message under 
 is framed as a zlib stream of one stored block (no compression; about 0.3 us), a larger one (a batch of
 entries, a snapshot chunk) is deflated as before.  Either is an ordinary zlib stream: a peer of any
 version reads it with ``zlib.decompress``, as it always did.
+
+**Pickling.**  pysyncobj pickles every message with protocol 2, which has no opcode for ``bytes``: each
+entry's command is pickled as a call of ``_codecs.encode`` on a latin-1 string, which the receiver looks up
+and runs to get the bytes back (about 6.5 us to pickle an AppendEntries of one entry here, 2.4 us to
+unpickle it).  ``MessagePickle`` takes the place of pysyncobj's pickle module in its connection module:
+protocol 4 (bytes as bytes: 0.5 and 1.0 us, and a quarter fewer bytes on the wire) and the C unpickler
+only (pysyncobj retried a message that failed to unpickle with the pure-Python unpickler, for Python 2
+peers).  Every Python 3 unpickler reads every protocol up to 4, so a peer of any version reads these
+messages, and its own protocol-2 messages are read as before.  Protocol 4, not the newest: a node on a
+later Python must not send a protocol an earlier one cannot read.  Unpickling trusts the peer as before:
+a message is unpickled only after its seal was checked with the cluster secret.
 """
 from __future__ import annotations
 
+import functools
+import pickle
 import struct
 import zlib
 from typing import Any
@@ -72,6 +85,14 @@ class MessageZlib:
         if n >= COMPRESS_FROM:
             return zlib.compress(data, level)
         return b"".join((_ZLIB_HEADER, _STORED_BLOCK.pack(1, n, n ^ 0xFFFF), data, _ADLER.pack(zlib.adler32(data))))
+
+
+class MessagePickle:
+    """What pysyncobj's TCP connection module calls ``pickle``: protocol 4, the C unpickler only."""
+
+    PROTOCOL = 4
+    dumps = staticmethod(functools.partial(pickle.dumps, protocol=PROTOCOL))
+    loads = staticmethod(pickle.loads)
 
 
 def master_key(secret: str | bytes) -> bytes:

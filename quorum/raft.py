@@ -209,6 +209,7 @@ def _create_serializer(fileName, *args, **kwargs):
 _syncobj_module.createJournal = _create_journal
 _syncobj_module.Serializer = _create_serializer
 _tcp_connection.zlib = linkcrypto.MessageZlib  # small messages are not deflated (quorum.linkcrypto)
+_tcp_connection.pickle = linkcrypto.MessagePickle  # bytes pickled as bytes (quorum.linkcrypto)
 
 
 class _SnapshotShim:

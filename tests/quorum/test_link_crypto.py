@@ -141,6 +141,25 @@ def test_a_stored_message_whose_bytes_are_damaged_does_not_decompress():
         zlib.decompress(bytes(out))
 
 
+def test_messages_are_pickled_with_protocol_4_and_each_side_reads_the_others_version():
+    import pysyncobj.pickle
+    import pysyncobj.tcp_connection
+
+    import quorum.raft  # noqa: F401 - installs MessagePickle
+    assert pysyncobj.tcp_connection.pickle is linkcrypto.MessagePickle
+    m = {"type": "append_entries", "term": 3, "commit_index": 41, "prevLogIdx": 41, "prevLogTerm": 3,
+         "entries": [(bytes(range(256)) * 2, 42, 3)]}
+    out = linkcrypto.MessagePickle.dumps(m)
+    assert out[:2] == b"\x80\x04" and b"_codecs" not in out  # protocol 4: bytes as bytes
+    assert linkcrypto.MessagePickle.loads(out) == m
+    assert pysyncobj.pickle.loads(out) == m  # what an earlier version does with it
+    old = pysyncobj.pickle.dumps(m)  # an earlier version's message: protocol 2, bytes through _codecs.encode
+    assert old[:2] == b"\x80\x02" and b"_codecs" in old and len(out) < len(old)
+    assert linkcrypto.MessagePickle.loads(old) == m
+    with pytest.raises(Exception):
+        linkcrypto.MessagePickle.loads(out[:-3])  # a cut message fails (pysyncobj then closes the link)
+
+
 def test_pidctl_shows_a_links_encoding_in_one_name_when_both_directions_agree():
     from cli.render import _link
 

@@ -94,7 +94,7 @@ from storage.disk import (
 from . import linkcrypto, looppoller
 from .identity import Hello, NodeIdentity, Verdict
 from .journal import UNKNOWN_INDEX, DurableJournal, Position, SyncThread
-from .linkcrypto import AEAD1, LinkCodec
+from .linkcrypto import AEAD1, LinkCodec, MessagePickle
 from .looppoller import LoopPoller
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ RECOVERED_VOTE = "<recovered: no vote this term>"  # votedFor after catching up 
 # pysyncobj internals this adapter reads or replaces (pysyncobj is pinned below 0.4; a release that
 # renames them fails here, at import, rather than silently running its own unsafe code path).
 _REPLACED = ("_SyncObj__onMessageReceived", "_SyncObj__tryLogCompaction", "_SyncObj__loadDumpFile")
-_USED = ("_SyncObj__onLeaderChanged", "_SyncObj__applyLogEntries", "_SyncObj__setCurrentTerm", "_SyncObj__setState",
+_USED = ("_getFuncName", "_SyncObj__onLeaderChanged", "_SyncObj__applyLogEntries", "_SyncObj__setCurrentTerm", "_SyncObj__setState",
          "_SyncObj__generateRaftTimeout", "_SyncObj__sendNextNodeIdx", "_SyncObj__parseChangeClusterRequest",
          "_SyncObj__doChangeCluster", "_SyncObj__updateClusterConfiguration", "_SyncObj__onSetCodeVersion",
          "_SyncObj__onNodeDisconnected", "_SyncObj__callErrCallback", "_applyCommand")
@@ -497,6 +497,14 @@ class _Replicated(SyncObj):
             self._pq.propose_now()
         else:
             self._pq.wake()
+
+    def propose_entry(self, payload: bytes, callback) -> None:
+        """``apply_entry(payload)`` replicated: the command pysyncobj's ``@replicated`` wrapper makes (the
+        method's number and its arguments, pickled), but pickled with protocol 4 (``MessagePickle``), where
+        the wrapper's protocol 2 sends the payload's bytes through ``_codecs.encode``.  Every version
+        unpickles either when it applies the entry (pysyncobj's ``pickle.loads``)."""
+        func_id = self._methodToID[self._getFuncName("apply_entry")]
+        self._applyCommand(MessagePickle.dumps((func_id, (payload,))), callback, _syncobj_module._COMMAND_TYPE.REGULAR)
 
     @replicated
     def apply_entry(self, payload):
@@ -1490,7 +1498,7 @@ class RaftNode:
             else:
                 on_done(None, ProposalUnknown(f"outcome unknown (pysyncobj reason {error})"))
 
-        self._obj.apply_entry(payload, callback=callback)
+        self._obj.propose_entry(payload, callback)
 
     # ---------------------------------------------------------------- status
     def status(self) -> dict[str, Any]:

@@ -10,8 +10,9 @@ a closed link are never delivered.  On top of that the seed's faults:
   on its link), **delay** it (long tails);
 * **partitions**: a set of blocked directions, symmetric or one-way.
 
-Every message is pickled on send and unpickled on delivery (as over TCP), so no
-two nodes share an object.  All randomness comes from the simulation's generator.
+Every message is pickled on send and unpickled on delivery (as over TCP, with the
+link's ``MessagePickle``), so no two nodes share an object.  All randomness comes
+from the simulation's generator.
 """
 from __future__ import annotations
 
@@ -19,9 +20,10 @@ import zlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import pysyncobj.pickle as _pickle
 from pysyncobj.node import TCPNode
 from pysyncobj.transport import Transport
+
+from quorum.linkcrypto import MessagePickle
 
 if TYPE_CHECKING:
     from .sim import Simulation
@@ -132,7 +134,7 @@ class SimNetwork:
         if not self.passable(src, dst) or rng.random() < f.drop:
             self.dropped += 1
             return True
-        data = _pickle.dumps(message)
+        data = MessagePickle.dumps(message)
         copies = 2 if rng.random() < f.duplicate else 1
         for _ in range(copies):
             delay = rng.uniform(*f.delay)
@@ -152,7 +154,7 @@ class SimNetwork:
             return  # the connection it was sent on is gone
         link.heard[dst] = self.sim.clock.now
         self.delivered += 1
-        t.deliver(src, _pickle.loads(data))
+        t.deliver(src, MessagePickle.loads(data))
 
 
 class SimTransport(Transport):

@@ -160,6 +160,38 @@ def test_messages_are_pickled_with_protocol_4_and_each_side_reads_the_others_ver
         linkcrypto.MessagePickle.loads(out[:-3])  # a cut message fails (pysyncobj then closes the link)
 
 
+def test_an_entrys_command_is_pickled_with_protocol_4_and_an_earlier_versions_is_applied_alike():
+    """``RaftNode.propose`` makes the command pysyncobj's ``@replicated`` wrapper makes (the method's number
+    and the payload), pickled with protocol 4; a command of the wrapper itself (protocol 2, as an earlier
+    version's leader proposes) commits and is applied the same on every node."""
+    import pickle
+    import threading
+
+    from records import encode_batch
+    from tests.support.inproc import SimCluster
+
+    with SimCluster() as c:
+        c.register(1)
+        leader = c.leader()
+        obj = leader.raft._obj
+        func_id = obj._methodToID[obj._getFuncName("apply_entry")]
+        payload = encode_batch([])
+        c._propose(leader, [], 2.0)
+        command = leader.on_loop(lambda: bytes(leader.raft.journal.entries[-1][0]))
+        assert command[0] == 0 and command[1:3] == b"\x80\x04"  # a regular command, protocol 4
+        assert pickle.loads(command[1:]) == (func_id, (payload,))
+
+        done, out = threading.Event(), []
+        leader.raft._obj.apply_entry(payload, callback=lambda result, error: (out.append(error), done.set()))
+        assert done.wait(5) and out == [0]  # pysyncobj's FAIL_REASON.SUCCESS
+        index = leader.on_loop(lambda: leader.raft.journal.entries[-1][1])
+        older = leader.on_loop(lambda: bytes(leader.raft.journal.entries[-1][0]))
+        assert older[1:3] == b"\x80\x02" and pickle.loads(older[1:]) == (func_id, (payload,))
+        c.wait(lambda: all(n.on_loop(lambda n=n: n.raft._obj.raftLastApplied) >= index for n in c.running()),
+               what="every node to apply the earlier version's command")
+        c.allocate(1, c.register(1))
+
+
 def test_pidctl_shows_a_links_encoding_in_one_name_when_both_directions_agree():
     from cli.render import _link
 

@@ -1107,7 +1107,13 @@ class RaftNode:
           index it carried, which can wait ``FOLLOWER_APPLY_S``.  Then it is applied in one tick with
           those of the next AppendEntries, and not in the instants after the acknowledgement, when the
           leader needs a CPU to commit and answer.
-        A read with no message (a partial one, a connection's events, pysyncobj's pipe) ticks as before."""
+        A read with no message (a partial one, a connection's events, pysyncobj's pipe) ticks at the loop's
+        next pass, as does any read on a follower or candidate (one tick for all the pass's reads).
+
+        On the leader a read with a message that is not quiet ticks at once, before this returns: in the
+        steady state that is the first acknowledgement of an entry, whose tick commits, applies and
+        answers it.  Scheduled for the next pass, that tick waited behind the pass's other callbacks
+        and a poll of the selector; the second acknowledgement, usually read in a later pass, is quiet."""
         if self._stopping:
             return
         messages, quiet = self.messages_read, self.quiet
@@ -1116,6 +1122,9 @@ class RaftNode:
         if read and read == self.quiet - quiet:
             if self._apply_due is not None and not self._stopping:
                 self._arm()
+            return
+        if read and self._obj._SyncObj__raftState == _LEADER:
+            self._loop_tick()
             return
         self.wake()
 

@@ -238,17 +238,24 @@ def test_an_exception_while_a_message_is_handled_stops_the_node():
 def test_the_leader_skips_the_tick_of_an_acknowledgement_that_commits_nothing():
     """In three nodes the second acknowledgement of an entry usually finds it committed: its tick would do
     nothing.  Every other read (an acknowledgement that commits, any other message, a read with no
-    message) still ticks, and every entry still commits."""
+    message) still ticks, and every entry still commits.  On the leader a read with a message that is
+    not quiet ticks at once, inside the read: the acknowledgement that commits an entry has it applied
+    (and its requests answered) before the read returns, not at the loop's next pass."""
     with SimCluster() as c:
         c.register(1)
         leader = c.leader()
         raft = leader.raft
-        wakes, reads = [0], []
-        wake = raft.wake
+        wakes, reads, applied_in_read = [0], [], []
+        wake, loop_tick = raft.wake, raft._loop_tick
 
         def counting_wake():
             wakes[0] += 1
             wake()
+
+        def counting_tick(timer=False):
+            if not timer:
+                wakes[0] += 1  # a tick run at once counts as one asked for
+            loop_tick(timer)
 
         on_ready = raft._poller._on_ready
         transport = raft._transport
@@ -256,14 +263,17 @@ def test_the_leader_skips_the_tick_of_an_acknowledgement_that_commits_nothing():
         kinds: list[str] = []
 
         def spy(handler, descr, event):
-            m, q, w = raft.messages_read, raft.quiet, wakes[0]
+            m, q, w, a = raft.messages_read, raft.quiet, wakes[0], raft._obj.raftLastApplied
             kinds.clear()
             on_ready(handler, descr, event)
             reads.append((raft.messages_read - m, raft.quiet - q, wakes[0] - w))
             ack_reads.append(wakes[0] - w if kinds and set(kinds) == {"next_node_idx"} else None)
+            if kinds and set(kinds) == {"next_node_idx"} and raft._obj.raftLastApplied > a:
+                applied_in_read.append(raft._obj.raftLastApplied)
 
         def install():
             raft.wake = counting_wake
+            raft._loop_tick = counting_tick
             raft._poller._on_ready = spy
             transport._onMessageReceivedCallback = lambda node, message: kinds.append(message.get("type")) or received(
                 node, message)
@@ -273,6 +283,7 @@ def test_the_leader_skips_the_tick_of_an_acknowledgement_that_commits_nothing():
             c._propose(leader, [], 2.0)  # each commits (the answer comes from the leader's apply)
         # The first acknowledgement of each entry commits it: that read ticks (the second's may not).
         assert len([w for w in ack_reads if w]) >= 20
+        assert len(applied_in_read) >= 20  # each applied inside the read of the acknowledgement that commits it
 
         # Whether a second acknowledgement arrives before or after the first one's tick is the machine's
         # timing; so also one delivered here, the duplicate of an acknowledgement already counted.
@@ -295,7 +306,8 @@ def test_the_leader_skips_the_tick_of_an_acknowledgement_that_commits_nothing():
         ping = {"type": "pq_ping", "log": list(raft.journal.durable_end())}
         assert leader.on_loop(lambda: deliver(ping)) == (1, 0, 1)  # any other message ticks
         assert leader.on_loop(lambda: (spy(lambda d, e: None, -1, 1), reads[-1])[1]) == (0, 0, 1)  # no message: ticks
-        leader.on_loop(lambda: setattr(raft._poller, "_on_ready", on_ready))
+        leader.on_loop(lambda: (setattr(raft._poller, "_on_ready", on_ready), setattr(raft, "wake", wake),
+                                setattr(raft, "_loop_tick", loop_tick)))
         transport._onMessageReceivedCallback = received
         quiet = [r for r in reads if r[0] and r[0] == r[1]]
         assert quiet and all(w == 0 for _, _, w in quiet)

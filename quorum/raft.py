@@ -107,8 +107,8 @@ RECOVERED_VOTE = "<recovered: no vote this term>"  # votedFor after catching up 
 # pysyncobj internals this adapter reads or replaces (pysyncobj is pinned below 0.4; a release that
 # renames them fails here, at import, rather than silently running its own unsafe code path).
 _REPLACED = ("_SyncObj__onMessageReceived", "_SyncObj__tryLogCompaction", "_SyncObj__loadDumpFile")
-_USED = ("_getFuncName", "_SyncObj__onLeaderChanged", "_SyncObj__applyLogEntries", "_SyncObj__setCurrentTerm", "_SyncObj__setState",
-         "_SyncObj__generateRaftTimeout", "_SyncObj__sendNextNodeIdx", "_SyncObj__parseChangeClusterRequest",
+_USED = ("_getFuncName", "_SyncObj__onLeaderChanged", "_SyncObj__applyLogEntries", "_SyncObj__setCurrentTerm",
+         "_SyncObj__setState", "_SyncObj__generateRaftTimeout", "_SyncObj__sendNextNodeIdx", "_SyncObj__parseChangeClusterRequest",
          "_SyncObj__doChangeCluster", "_SyncObj__updateClusterConfiguration", "_SyncObj__onSetCodeVersion",
          "_SyncObj__onNodeDisconnected", "_SyncObj__callErrCallback", "_applyCommand")
 if (POLL_EVENT_TYPE.READ, POLL_EVENT_TYPE.WRITE, POLL_EVENT_TYPE.ERROR) != (looppoller.READ, looppoller.WRITE,

@@ -108,9 +108,9 @@ RECOVERED_VOTE = "<recovered: no vote this term>"  # votedFor after catching up 
 # renames them fails here, at import, rather than silently running its own unsafe code path).
 _REPLACED = ("_SyncObj__onMessageReceived", "_SyncObj__tryLogCompaction", "_SyncObj__loadDumpFile")
 _USED = ("_getFuncName", "_SyncObj__onLeaderChanged", "_SyncObj__applyLogEntries", "_SyncObj__setCurrentTerm",
-         "_SyncObj__setState", "_SyncObj__generateRaftTimeout", "_SyncObj__sendNextNodeIdx", "_SyncObj__parseChangeClusterRequest",
-         "_SyncObj__doChangeCluster", "_SyncObj__updateClusterConfiguration", "_SyncObj__onSetCodeVersion",
-         "_SyncObj__onNodeDisconnected", "_SyncObj__callErrCallback", "_applyCommand")
+         "_SyncObj__setState", "_SyncObj__generateRaftTimeout", "_SyncObj__sendNextNodeIdx",
+         "_SyncObj__parseChangeClusterRequest", "_SyncObj__doChangeCluster", "_SyncObj__updateClusterConfiguration",
+         "_SyncObj__onSetCodeVersion", "_SyncObj__onNodeDisconnected", "_SyncObj__callErrCallback", "_applyCommand")
 if (POLL_EVENT_TYPE.READ, POLL_EVENT_TYPE.WRITE, POLL_EVENT_TYPE.ERROR) != (looppoller.READ, looppoller.WRITE,
                                                                              looppoller.ERROR):  # pragma: no cover
     raise ImportError("pysyncobj's poller events differ from quorum.looppoller's")
@@ -504,7 +504,8 @@ class _Replicated(SyncObj):
         the wrapper's protocol 2 sends the payload's bytes through ``_codecs.encode``.  Every version
         unpickles either when it applies the entry (pysyncobj's ``pickle.loads``)."""
         func_id = self._methodToID[self._getFuncName("apply_entry")]
-        self._applyCommand(MessagePickle.dumps((func_id, (payload,))), callback, _syncobj_module._COMMAND_TYPE.REGULAR)
+        command = MessagePickle.dumps((func_id, (payload,)))
+        self._applyCommand(command, callback, _syncobj_module._COMMAND_TYPE.REGULAR)
 
     @replicated
     def apply_entry(self, payload):
@@ -686,7 +687,8 @@ class _Replicated(SyncObj):
                 if transmission != "finish":
                     self._SyncObj__sendNextNodeIdx(node, success=False, reset=False)
                     return
-            if self._match_and_append(node, m.get("prevLogIdx"), m.get("prevLogTerm"), entries, leader_commit) and settled:
+            steady = self._match_and_append(node, m.get("prevLogIdx"), m.get("prevLogTerm"), entries, leader_commit)
+            if steady and settled:
                 self._pq.quiet_append()
         elif m.get("serialized") is not None:
             self._snapshot_chunk(node, term, m["serialized"])
@@ -1145,9 +1147,9 @@ class RaftNode:
         index, the step-down check, the apply, the timers, the pings) waits for the tick that the first
         acknowledgement brings, a round trip later, or the timed one.  Nothing is skipped in between
         that the entry needs: ``_checkCommandsToApply`` is pysyncobj's own step (it appends at the
-        leader's next index in its term, registers the callback and sends the AppendEntries, or answers
-        a node that is no longer leader as its tick would), and ``start_sync`` is ``_on_tick``'s, so the
-        entry's durability is as before (``_Gate``): nothing is committed before its sync is collected."""
+        leader's next index in its term, registers the callback and sends the AppendEntries), and
+        ``start_sync`` is ``_on_tick``'s, so the entry's durability is as before (``_Gate``): nothing is
+        committed before its sync is collected."""
         if not self._stopping:
             self._guarded(self._propose_now)
 

@@ -64,6 +64,7 @@ from collections import Counter
 from importlib.metadata import version
 
 from client.quorum import QuorumClient, RetryPolicy
+from quorum.journal import written_length
 from quorum.localcluster import LocalCluster
 from quorum.raft import RaftConfig
 from chaos.faultnode import FAULT_NODE_COMMAND
@@ -203,6 +204,15 @@ def snapshot_contents(path: str) -> dict | None:
 def file_size(path: str) -> int | None:
     try:
         return os.path.getsize(path)
+    except FileNotFoundError:
+        return None
+
+
+def journal_size(path: str) -> int | None:
+    """The bytes a journal's entries take (``quorum.journal.written_length``), not its preallocated length."""
+    try:
+        with open(path, "rb") as f:
+            return written_length(f.read())
     except FileNotFoundError:
         return None
 
@@ -545,7 +555,7 @@ async def history_row(bench: Bench, target: int, snapshot_before_stop: bool = Fa
         for n in lc.nodes():
             dd = lc.data_dir(n.node_id)
             files[n.node_id] = {"raft.snapshot": file_size(os.path.join(dd, "raft.snapshot")),
-                                "raft.journal": file_size(os.path.join(dd, "raft.journal")),
+                                "raft.journal": journal_size(os.path.join(dd, "raft.journal")),
                                 "raft.journal.meta": file_size(os.path.join(dd, "raft.journal.meta")),
                                 "audit.log": file_size(os.path.join(dd, "audit.log")),
                                 "snapshot_contents": snapshot_contents(os.path.join(dd, "raft.snapshot"))}

@@ -26,6 +26,11 @@ compaction, install, start-up).
   persist unsynced pages in any order) unless the damage lies inside what the
   meta file records as durable and valid entries follow: that is corruption of
   synced data, and the node refuses to start, naming the file and the offset.
+* **Preallocated.**  Before a write would pass the file's length, the file is
+  grown with zeros and synced (``AppendFile.reserve``), so that the fdatasync of
+  each group commit only flushes data, not a new file size.  Zeros after the
+  last entry are that room, not damage: the log ends there and nothing is cut.
+  Anything else after the last entry is cut as above (the cut drops the room).
 * **Cuts are durable before anything follows them.**  ``truncate_from`` syncs the
   new size before an entry is appended after it; ``rebase`` writes the new file
   whole (temp, fsync, rename, fsync dir).
@@ -71,6 +76,19 @@ def _crc(index: int, term: int, command: bytes) -> int:
 
 def encode_entry(command: bytes, index: int, term: int) -> bytes:
     return _ENTRY.pack(len(command), _crc(index, term, command), index, term) + command
+
+
+def written_length(data: bytes) -> int:
+    """How many bytes of a journal file's ``data`` hold its header and its checksum-valid entries: the
+    file's length without the zeros a preallocation left after them (or a torn tail)."""
+    pos = len(MAGIC) if data.startswith(MAGIC) else 0
+    while pos + _ENTRY.size <= len(data):
+        length, crc, index, term = _ENTRY.unpack_from(data, pos)
+        end = pos + _ENTRY.size + length
+        if end > len(data) or _crc(index, term, data[pos + _ENTRY.size:end]) != crc:
+            break
+        pos = end
+    return pos
 
 
 def _position(obj, path: str, key: str) -> Optional[Position]:
@@ -238,6 +256,8 @@ class DurableJournal:
             self._offsets.append(pos)
             pos = end
         good_end = pos
+        if problem is not None and data.count(0, good_end) == len(data) - good_end:
+            problem = None  # zeros after the last entry: the room a preallocation left, not damage
         if problem is not None:
             after = self._valid_entry_after(data, good_end + 1)
             hint = self.durable_hint()
@@ -249,8 +269,8 @@ class DurableJournal:
             self.cut_on_open = (f"{problem}; cut {len(data) - good_end} bytes after index "
                                 f"{self.entries[-1][1] if self.entries else 0} (unsynced writes of a crash)")
             log.warning("journal %s: %s", self.path, self.cut_on_open)
-        self._file = self.disk.open_append(self.path)
-        if good_end != len(data):
+        self._file = self.disk.open_append(self.path, good_end)
+        if problem is not None:
             self._file.truncate(good_end)
         self._durable = len(self.entries)
 
@@ -279,7 +299,7 @@ class DurableJournal:
     @staticmethod
     def _valid_entry_after(data: bytes, start: int) -> int | None:
         """The index of the first checksum-valid entry starting after ``start`` (slow; damaged files only)."""
-        limit = len(data) - _ENTRY.size
+        limit = min(len(data) - _ENTRY.size, len(data.rstrip(b"\0")) - 1)  # an entry's header is not all zeros
         for pos in range(start, limit + 1):
             length, crc, index, term = _ENTRY.unpack_from(data, pos)
             end = pos + _ENTRY.size + length
@@ -319,6 +339,7 @@ class DurableJournal:
         if self._durable == len(self.entries) and not self._pending:
             return False
         if self._pending:
+            self._file.reserve(self._file.size + len(self._pending))
             self._file.write(self._pending)
             self._pending = bytearray()
         return True

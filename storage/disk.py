@@ -24,6 +24,13 @@ The discipline:
   ``AppendFile.sync`` (fdatasync) returned.  A cut (``truncate``) is synced before
   anything is written after it, so a crash can never leave old bytes behind new
   ones.  New files are created whole (header written to a temp file and renamed).
+* **Preallocation** (``AppendFile.reserve``, the Raft journal's): before an append
+  would pass the file's length, zeros are written past the end (``Disk.preallocate``
+  bytes at a time) and fdatasync'd.  The appends then overwrite those zeros: their
+  fdatasync changes no file size, so on ext4 and the like it flushes the data
+  without a file-system journal commit (ZooKeeper's log and etcd's WAL do the
+  same).  A crash leaves zeros, or nothing, after the last entry; the reader stops
+  at them.  A cut still shrinks the file.
 * **Every I/O error is fail-stop.**  After a failed fsync the kernel may have
   dropped the dirty pages and the next fsync may succeed with the data gone (the
   PostgreSQL fsync lesson), so nothing may be acknowledged afterwards: the node
@@ -54,6 +61,8 @@ EXIT_DIVERGED = 75       # a committed entry differs from the leader's: this nod
 EXIT_IDENTITY_REFUSED = 78  # EX_CONFIG: a peer refused this node's identity (another cluster, replaced node)
 
 FailStop = Callable[[int, str], NoReturn]
+
+PREALLOCATE = 1 << 20  # bytes an append file is grown by ahead of its writes (AppendFile.reserve)
 
 
 def process_failstop(code: int, message: str) -> NoReturn:
@@ -95,11 +104,12 @@ class StorageFailure(OSError):
 class AppendFile:
     """An append-only file opened by ``Disk.open_append``: ``write`` at the end, ``sync``, ``truncate``."""
 
-    def __init__(self, disk: "Disk", path: str, fd: int, size: int):
+    def __init__(self, disk: "Disk", path: str, fd: int, size: int, allocated: int | None = None):
         self.disk = disk
         self.path = path
         self._fd = fd
-        self.size = size  # bytes written (durable or not)
+        self.size = size  # bytes written (durable or not): where the next write goes
+        self.allocated = size if allocated is None else allocated  # the file's length (zeros after size)
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         """Write every byte at the end (a short write is continued where it stopped).  Not durable."""
@@ -111,6 +121,28 @@ class AppendFile:
                 self.disk.fail("write", self.path, e)
             view = view[n:]
             self.size += n
+        self.allocated = max(self.allocated, self.size)
+
+    def reserve(self, end: int) -> None:
+        """Make the file at least ``end`` bytes long on stable storage before writes reach ``end``:
+        zeros from its length to a multiple of ``disk.preallocate`` at least that far past ``end``,
+        then fdatasync (nothing when ``disk.preallocate`` is 0 or the file is long enough).  Where
+        the writes go does not move."""
+        chunk = self.disk.preallocate
+        if not chunk or end <= self.allocated:
+            return
+        new = (end // chunk + 2) * chunk
+        view = memoryview(bytes(new - self.allocated))
+        offset = self.allocated
+        while view:
+            try:
+                n = os.pwrite(self._fd, view, offset)
+            except OSError as e:
+                self.disk.fail("preallocate", self.path, e)
+            view = view[n:]
+            offset += n
+        self.sync()
+        self.allocated = new
 
     def sync(self) -> None:
         """fdatasync: everything written so far is on stable storage when this returns."""
@@ -127,7 +159,7 @@ class AppendFile:
             os.fdatasync(self._fd)
         except OSError as e:
             self.disk.fail("truncate", self.path, e)
-        self.size = size
+        self.size = self.allocated = size
 
     def close(self) -> None:
         if self._fd < 0:
@@ -144,8 +176,9 @@ class Disk:
 
     append_file_class = AppendFile  # what ``open_append`` returns (a fault-injecting disk subclasses both)
 
-    def __init__(self, failstop: FailStop = process_failstop):
+    def __init__(self, failstop: FailStop = process_failstop, preallocate: int = PREALLOCATE):
         self.failstop = failstop
+        self.preallocate = preallocate  # AppendFile.reserve's step, bytes (0: append files are not preallocated)
 
     # ---------------------------------------------------------------- errors
     def fail(self, op: str, path: str, error: OSError) -> NoReturn:
@@ -222,18 +255,24 @@ class Disk:
             self.fail("unlink", path, e)
         self.sync_dir(os.path.dirname(os.path.abspath(path)))
 
-    def open_append(self, path: str) -> AppendFile:
-        """An existing file, positioned at its end."""
+    def open_append(self, path: str, end: int | None = None) -> AppendFile:
+        """An existing file, positioned at ``end`` (what was written of it; the bytes after it, zeros
+        of a preallocation, are overwritten) or, by default, at its length."""
         try:
             fd = os.open(path, os.O_RDWR)
         except OSError as e:
             self.fail("open", path, e)
         try:
-            size = os.lseek(fd, 0, os.SEEK_END)
+            length = os.lseek(fd, 0, os.SEEK_END)
+            if end is not None and 0 <= end <= length:
+                os.lseek(fd, end, os.SEEK_SET)
         except OSError as e:
             os.close(fd)
             self.fail("seek", path, e)
-        return self.append_file_class(self, path, fd, size)
+        if end is not None and not 0 <= end <= length:
+            os.close(fd)
+            raise ValueError(f"{path}: cannot append at offset {end}: the file has {length} bytes")
+        return self.append_file_class(self, path, fd, length if end is None else end, length)
 
     def sync_dir(self, path: str) -> None:
         try:

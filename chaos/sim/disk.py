@@ -34,6 +34,7 @@ from typing import Callable, Iterator
 
 from storage.disk import FailStop, StorageFailure
 
+PREALLOCATE = 256  # SimDisk's preallocation step: files grow every few entries, as the real ones every few thousand
 SYNCS = ("fsync", "fdatasync")  # a file's data to stable storage (directory entries: "sync_dir")
 
 
@@ -123,21 +124,37 @@ class _OnlyOne(LossPolicy):
 
 
 class SimAppendFile:
-    def __init__(self, disk: "SimDisk", path: str, inode: _Inode):
+    """``storage.disk.AppendFile`` on a ``SimDisk``: writes go at ``size``, which may lie before the
+    file's length (zeros of a preallocation, ``reserve``)."""
+
+    def __init__(self, disk: "SimDisk", path: str, inode: _Inode, end: int | None = None):
         self.disk = disk
         self.path = path
         self._inode = inode
+        self.size = len(inode.data) if end is None else end
         self.closed = False
 
     @property
-    def size(self) -> int:
+    def allocated(self) -> int:
         return len(self._inode.data)
 
     def write(self, data) -> None:
         data = bytes(data)
-        self.disk._op("write", self.path, offset=len(self._inode.data), bytes=len(data))
-        self.disk._check_space(len(data), self.path)
-        self.disk._apply_write(self._inode, len(self._inode.data), data)
+        self.disk._op("write", self.path, offset=self.size, bytes=len(data))
+        self.disk._check_space(max(0, self.size + len(data) - len(self._inode.data)), self.path)
+        self.disk._apply_write(self._inode, self.size, data)
+        self.size += len(data)
+
+    def reserve(self, end: int) -> None:
+        chunk = self.disk.preallocate
+        if not chunk or end <= len(self._inode.data):
+            return
+        offset = len(self._inode.data)
+        zeros = bytes((end // chunk + 2) * chunk - offset)
+        self.disk._op("write", self.path, offset=offset, bytes=len(zeros), zeros=True)
+        self.disk._check_space(len(zeros), self.path)
+        self.disk._apply_write(self._inode, offset, zeros)
+        self.sync()
 
     def sync(self, kind: str = "fdatasync") -> None:
         self.disk._op(kind, self.path)
@@ -146,6 +163,7 @@ class SimAppendFile:
     def truncate(self, size: int) -> None:
         self.disk._op("truncate", self.path, size=size)
         self.disk._apply_truncate(self._inode, size)
+        self.size = size
         self.disk._op("fdatasync", self.path)
         self.disk._sync_inode(self._inode)
 
@@ -157,8 +175,9 @@ class SimDisk:
     """See the module docstring.  Paths are absolute-looking strings; directories are created by
     ``make_dir`` (the root exists)."""
 
-    def __init__(self, failstop: FailStop = halting_failstop):
+    def __init__(self, failstop: FailStop = halting_failstop, preallocate: int = PREALLOCATE):
         self.failstop = failstop
+        self.preallocate = preallocate  # as ``Disk.preallocate``; small, so that the simulation grows files often
         self._inodes: dict[int, _Inode] = {}
         self._dirs: dict[str, _Dir] = {"/": _Dir()}
         self._next_ino = 1
@@ -327,11 +346,13 @@ class SimDisk:
         self._after("unlink")
         self.sync_dir(dpath)
 
-    def open_append(self, path: str) -> SimAppendFile:
+    def open_append(self, path: str, end: int | None = None) -> SimAppendFile:
         inode = self._lookup(path)
         if inode is None:
             self._raise("open", path, FileNotFoundError(errno.ENOENT, "No such file or directory"))
-        return SimAppendFile(self, path, inode)
+        if end is not None and not 0 <= end <= len(inode.data):
+            raise ValueError(f"{path}: cannot append at offset {end}: the file has {len(inode.data)} bytes")
+        return SimAppendFile(self, path, inode, end)
 
     def sync_dir(self, path: str) -> None:
         d = self._dir(path)
@@ -343,7 +364,7 @@ class SimDisk:
     # ------------------------------------------------------------- crashes
     def clone(self) -> "SimDisk":
         """An exact copy, pending changes included (to enumerate its crash states later)."""
-        out = SimDisk(self.failstop)
+        out = SimDisk(self.failstop, self.preallocate)
         out._next_ino = self._next_ino
         for ino, inode in self._inodes.items():
             new = _Inode(ino)
@@ -366,7 +387,7 @@ class SimDisk:
     def _image(self, policy: LossPolicy) -> "SimDisk":
         """A new disk holding what ``policy`` lets survive: per directory, then per inode, the policy is
         told which one it decides for (``policy.current``) and asked how many pending changes to keep."""
-        out = SimDisk(self.failstop)
+        out = SimDisk(self.failstop, self.preallocate)
         out._next_ino = self._next_ino
         for path, d in self._dirs.items():
             policy.current = ("dir", path)

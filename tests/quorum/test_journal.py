@@ -11,7 +11,7 @@ import zlib
 import msgpack
 import pytest
 
-from chaos.sim.disk import LossPolicy, SimDisk
+from chaos.sim.disk import LossPolicy, NodeHalted, SimDisk
 from quorum.journal import (
     _ENTRY,
     MAGIC,
@@ -21,6 +21,7 @@ from quorum.journal import (
     MetaFile,
     SyncThread,
     encode_entry,
+    written_length,
 )
 from quorum.raft import loss_evidence
 from storage.disk import CorruptFileError, Disk, StorageFailure
@@ -31,7 +32,8 @@ def path(tmp_path) -> str:
     return str(tmp_path / "raft.journal")
 
 
-DISK = Disk()
+DISK = Disk(preallocate=0)  # files exactly as the entries were written (the format's tests); PREALLOCATED below
+PREALLOCATED = Disk(preallocate=4096)
 
 ENTRIES = [
     (b"first command", 1, 1),
@@ -219,6 +221,108 @@ def test_every_crash_state_of_a_journal_write_keeps_the_synced_entries():
     j.rebase(ENTRIES[1], ENTRIES[2])
     disk.on_op = None
     assert len(states) > 10
+
+
+# ------------------------------------------------------------------ preallocation
+ONE = _ENTRY.size + 100  # an entry of a 100-byte command
+
+
+def test_a_journal_is_grown_with_synced_zeros_ahead_of_its_entries_and_their_syncs_keep_its_length(path):
+    j = DurableJournal(path, PREALLOCATED)
+    assert size(path) == len(MAGIC)
+    j.add(b"a" * 100, 1, 1)
+    j.sync()
+    assert size(path) == 2 * 4096  # a step of 4096 bytes, at least one whole step past the entry
+    assert j._file.size == len(MAGIC) + ONE
+    length = 2 * 4096
+    for i in range(2, 100):
+        j.add(b"a" * 100, i, 1)
+        j.sync()
+        written = len(MAGIC) + i * ONE
+        if written > length:  # grown only when an entry would pass its length
+            length = (written // 4096 + 2) * 4096
+        assert size(path) == length
+        with open(path, "rb") as f:
+            data = f.read()
+        assert data[written:] == bytes(len(data) - written)  # zeros after the last entry
+        assert written_length(data) == written
+    assert length > 2 * 4096 and j.syncs == 99  # the growths' syncs are not the journal's group commits
+    j2 = reopen(j)
+    assert len(j2) == 99 and j2.cut_on_open is None and size(path) == length
+
+
+def test_zeros_after_the_last_entry_are_room_not_damage_and_appends_go_before_them(path):
+    j = DurableJournal(path, PREALLOCATED)
+    fill(j, ENTRIES[:3])
+    j.sync()
+    length = size(path)
+    j2 = DurableJournal(reopen(j).path, PREALLOCATED)
+    assert j2.entries == ENTRIES[:3] and j2.cut_on_open is None and size(path) == length
+    fill(j2, ENTRIES[3:])
+    j2.sync()
+    crash(j2)
+    j3 = DurableJournal(path, PREALLOCATED)
+    assert j3.entries == ENTRIES and j3.cut_on_open is None
+
+
+@pytest.mark.parametrize("torn", [1, _ENTRY.size - 1, _ENTRY.size + 3])
+def test_a_torn_entry_in_the_room_is_cut_with_the_room(path, torn):
+    j = DurableJournal(path, PREALLOCATED)
+    fill(j, ENTRIES[:3])
+    j.sync()
+    good = j._file.size
+    crash(j)
+    with open(path, "r+b") as f:  # the start of a fourth entry landed in the zeros, the rest did not
+        f.seek(good)
+        f.write(encode_entry(b"x" * 50, 4, 2)[:torn])
+    j2 = DurableJournal(path, PREALLOCATED)
+    assert j2.entries == ENTRIES[:3] and "cut" in j2.cut_on_open and size(path) == good
+    j2.add(b"again", 4, 3)
+    j2.sync()
+    assert size(path) > good
+    crash(j2)
+    assert DurableJournal(path, PREALLOCATED).entries == ENTRIES[:3] + [(b"again", 4, 3)]
+
+
+def test_damage_of_synced_entries_in_a_preallocated_journal_is_corruption(path):
+    j = DurableJournal(path, PREALLOCATED)
+    fill(j)
+    j.sync()
+    durable(j, 5)
+    crash(j)
+    flip(path, entry_offsets(ENTRIES)[1] + _ENTRY.size + 7)
+    with pytest.raises(CorruptFileError, match="synced data was damaged"):
+        DurableJournal(path, PREALLOCATED)
+
+
+def test_garbage_in_a_megabyte_of_room_is_cut_without_scanning_the_zeros(path):
+    j = DurableJournal(path, Disk())  # the default step, 1 MiB
+    fill(j)
+    j.sync()
+    good = j._file.size
+    assert size(path) >= good + (1 << 20)
+    crash(j)
+    with open(path, "r+b") as f:
+        f.seek(good + 100)
+        f.write(b"garbage")
+    j2 = DurableJournal(path, Disk())
+    assert j2.entries == ENTRIES and size(path) == good
+
+
+def test_a_full_disk_stops_the_node_when_the_journal_grows_before_an_entry_is_written():
+    disk = SimDisk(preallocate=4096)
+    disk.make_dir("/d")
+    j = DurableJournal("/d/raft.journal", disk)
+    fill(j, ENTRIES[:1])
+    j.sync()
+    disk.capacity = disk.used() + 100
+    j.add(b"x" * 9000, 2, 1)  # past the first step
+    with pytest.raises(NodeHalted) as stopped:
+        j.sync()
+    assert stopped.value.code == 74 and "disk full (ENOSPC)" in stopped.value.message
+    writes = [op for op in disk.ops if op.kind == "write" and op.path == "/d/raft.journal"]
+    assert writes[-1].detail.get("zeros") and j.durable_end() == (1, 1)
+    assert DurableJournal("/d/raft.journal", disk.power_loss()).entries == ENTRIES[:1]
 
 
 # ------------------------------------------------------- torn tails and corruption

@@ -14,6 +14,7 @@ it is pidquorum's own work.  ``pidctl bench`` measures it in the same run as wor
 files go to the bench's directory, on the disk the nodes use.
 
     python -m benchmarks.floor run DIR [--duration S]   # prints the figures as JSON
+    python -m benchmarks.floor syncs DIR [--count N]    # fdatasync of appends: growing vs preallocated file
 """
 from __future__ import annotations
 
@@ -187,6 +188,48 @@ def measure(directory: str, duration: float = 5.0, warmup: float = 0.5) -> dict:
     return res
 
 
+def sync_writer(path: str, preallocate: int, count: int) -> dict:
+    """``count`` 256-byte writes, each fdatasync'd, to a new file grown as it goes (``preallocate`` 0) or
+    preallocated ahead (``storage.disk``'s way); the write + fdatasync latencies."""
+    disk = Disk(preallocate=preallocate)
+    disk.write_file(path, b"")
+    file = disk.open_append(path)
+    message = os.urandom(MESSAGE)
+    lat = []
+    for _ in range(count):
+        file.reserve(file.size + MESSAGE)
+        t0 = time.perf_counter()
+        file.write(message)
+        file.sync()
+        lat.append(time.perf_counter() - t0)
+    file.close()
+    lat.sort()
+    return {"p50_ms": percentile(lat, 50) * 1000, "p99_ms": percentile(lat, 99) * 1000}
+
+
+def measure_syncs(directory: str, count: int = 1500, writers: int = 3) -> dict:
+    """``writers`` processes at once (as three nodes on one disk), each ``sync_writer``; first with files
+    that grow at every write, then with preallocated ones, twice over.  Each figure is
+    the median over the writers and rounds of a writer's p50 / p99."""
+    os.makedirs(directory, exist_ok=True)
+    me = [sys.executable, "-m", "benchmarks.floor"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [_root(), os.environ.get("PYTHONPATH")]))}
+    out: dict = {"writers": writers, "count": count, "message_bytes": MESSAGE}
+    runs: dict[str, list[dict]] = {"growing": [], "preallocated": []}
+    for _ in range(2):
+        for mode, step in (("growing", 0), ("preallocated", 1 << 20)):
+            procs = [subprocess.Popen(me + ["sync-writer", os.path.join(directory, f"{mode}-{i}.log"), str(step),
+                                            str(count)], env=env, stdout=subprocess.PIPE, text=True)
+                     for i in range(writers)]
+            for p in procs:
+                runs[mode].append(json.loads(p.communicate(timeout=300)[0]))
+            for i in range(writers):
+                os.remove(os.path.join(directory, f"{mode}-{i}.log"))
+    for mode, rs in runs.items():
+        out[mode] = {k: sorted(r[k] for r in rs)[len(rs) // 2] for k in ("p50_ms", "p99_ms")}
+    return out
+
+
 def _written(path: str) -> int:
     """The bytes written to a preallocated file (every message ends in a non-zero byte; zeros follow)."""
     with open(path, "rb") as f:
@@ -203,6 +246,14 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run", help="measure: start the processes, print the figures as JSON")
     r.add_argument("directory")
     r.add_argument("--duration", type=float, default=5.0)
+    y = sub.add_parser("syncs", help="fdatasync of 256-byte writes, 3 processes at once: growing vs preallocated "
+                                     "files; prints JSON")
+    y.add_argument("directory")
+    y.add_argument("--count", type=int, default=1500)
+    w = sub.add_parser("sync-writer")
+    w.add_argument("path")
+    w.add_argument("preallocate", type=int)
+    w.add_argument("count", type=int)
     f = sub.add_parser("follower")
     f.add_argument("path")
     f.add_argument("port_file")
@@ -217,6 +268,10 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.role == "run":
         print(json.dumps(measure(a.directory, a.duration)))
+    elif a.role == "syncs":
+        print(json.dumps(measure_syncs(a.directory, a.count)))
+    elif a.role == "sync-writer":
+        print(json.dumps(sync_writer(a.path, a.preallocate, a.count)))
     elif a.role == "follower":
         asyncio.run(follower(a.path, a.port_file))
     elif a.role == "leader":

@@ -21,6 +21,15 @@ def test_every_commit_is_written_by_both_followers(tmp_path):
         assert os.path.getsize(tmp_path / "floor" / f"follower-{i}.log") >= size + (1 << 20)
 
 
+def test_the_sync_figures_compare_growing_and_preallocated_files_and_leave_no_file(tmp_path):
+    res = floor.measure_syncs(str(tmp_path / "s"), count=20, writers=2)
+    for mode in ("growing", "preallocated"):
+        assert 0 < res[mode]["p50_ms"] <= res[mode]["p99_ms"]
+    assert os.listdir(tmp_path / "s") == []
+    info = floor.sync_writer(str(tmp_path / "one.log"), 4096, 30)  # the writer alone: its file is preallocated
+    assert info["p50_ms"] > 0 and os.path.getsize(tmp_path / "one.log") == 2 * 4096  # 30 x 256 B fit in the first step
+
+
 def test_the_command_prints_json_and_leaves_no_process(tmp_path):
     out = subprocess.run([sys.executable, "-m", "benchmarks.floor", "run", str(tmp_path / "f"), "--duration", "0.3"],
                          capture_output=True, text=True, timeout=120, check=True,

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 
-from storage.disk import AppendFile, Disk
+from storage.disk import PREALLOCATE, AppendFile, Disk
 
 from .common import percentile
 
@@ -61,8 +61,9 @@ async def _serve(handler, port_file: str) -> None:
 
 
 async def _serve_commits(path: str, port_file: str, commit) -> None:
-    """Append each request to ``path``, ``await commit(fd)``, answer; then await what ``commit`` returned
-    (work that may finish after the answer), before the next request."""
+    """Append each request to ``path`` (a preallocated ``AppendFile``), ``await commit(file, request)``,
+    answer; then await what ``commit`` returned (work that may finish after the answer), before the next
+    request."""
     disk = Disk()
     disk.write_file(path, b"")
     file = disk.open_append(path)
@@ -217,7 +218,7 @@ def measure_syncs(directory: str, count: int = 1500, writers: int = 3) -> dict:
     out: dict = {"writers": writers, "count": count, "message_bytes": MESSAGE}
     runs: dict[str, list[dict]] = {"growing": [], "preallocated": []}
     for _ in range(2):
-        for mode, step in (("growing", 0), ("preallocated", 1 << 20)):
+        for mode, step in (("growing", 0), ("preallocated", PREALLOCATE)):
             procs = [subprocess.Popen(me + ["sync-writer", os.path.join(directory, f"{mode}-{i}.log"), str(step),
                                             str(count)], env=env, stdout=subprocess.PIPE, text=True)
                      for i in range(writers)]

@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable
+from typing import Any, Awaitable, Callable
 
 from client import api as p
 from client.quorum import Connection, ConnectionFailed
@@ -94,7 +95,9 @@ class InOrder:
 
     Requests are handled concurrently (``put_task``); an answer is written by whoever completes the
     head of the line: the request's own task when it finishes first in line (no further task wakes up
-    to write it, a pass of the event loop saved on every request), else the task ahead of it.
+    to write it, a pass of the event loop saved on every request), else the task ahead of it.  An
+    answer known before its task ends is put in its place at once (``fill``: the leader's tick that
+    applied the request's entry, ``QuorumServer._answer``); what the task returns then is dropped.
     """
 
     def __init__(self, writer: asyncio.StreamWriter):
@@ -106,21 +109,34 @@ class InOrder:
         self._line.append([data])
         self._flush()
 
-    def put_task(self, answer: Awaitable[bytes]) -> None:
+    def slot(self) -> list:
+        """The next answer's place in line, empty until ``fill`` or its task fills it."""
         slot: list = [None]
         self._line.append(slot)
+        return slot
+
+    def fill(self, slot: list, data: bytes) -> None:
+        """``slot``'s answer, written now if every answer before it was; a slot is filled once."""
+        if slot[0] is None:
+            slot[0] = data
+            self._flush()
+
+    def put_task(self, answer: Awaitable[bytes], slot: list | None = None) -> None:
+        """The answer ``answer`` returns, in ``slot`` (``slot()``; a new place in line if none)."""
+        if slot is None:
+            slot = self.slot()
         task = asyncio.get_running_loop().create_task(self._fill(slot, answer))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _fill(self, slot: list, answer: Awaitable[bytes]) -> None:
         try:
-            slot[0] = await answer
+            data = await answer
         except Exception:  # noqa: BLE001 - a handler bug (they answer every error): no frame to put in its place
             log.exception("a request handler failed without an answer; closing the connection")
             self._writer.close()
             return
-        self._flush()
+        self.fill(slot, data)
 
     def _flush(self) -> None:
         line = self._line
@@ -243,7 +259,8 @@ class QuorumServer:
                 if session is not None:
                     req.principal = session.principal
                 self.counters["requests"] += 1
-                responses.put_task(self._dispatch(req, peer))
+                slot = responses.slot()
+                responses.put_task(self._dispatch(req, peer, functools.partial(responses.fill, slot)), slot)
                 await responses.room()  # a client that does not read its answers is not read either
         except (ConnectionError, OSError) as e:
             log.info("client %s: %s", peer, e)
@@ -258,27 +275,53 @@ class QuorumServer:
                 pass
             writer.close()
 
-    async def _dispatch(self, req: kafka.Request, peer: Any) -> bytes:
+    async def _dispatch(self, req: kafka.Request, peer: Any, early: Callable[[bytes], None]) -> bytes:
         request_context(req.client_id, req.correlation_id)  # this task's log lines carry it
-        return await self._answer(req, peer)
+        return await self._answer(req, peer, early=early)
 
-    async def _answer(self, req: kafka.Request, peer: Any, relay_not_controller: bool = True) -> bytes:
+    async def _answer(self, req: kafka.Request, peer: Any, relay_not_controller: bool = True,
+                      early: Callable[[bytes], None] | None = None) -> bytes:
         """The whole answer frame to ``req``: its RPC's response, an error answer, or the answer the
         leader gave to the frame this node forwarded.  ``relay_not_controller=False`` (a forwarded
-        request): NOT_CONTROLLER is raised instead, for the forwarding node to try the new leader."""
+        request): NOT_CONTROLLER is raised instead, for the forwarding node to try the new leader.
+
+        ``early``: where the answer may be put before this returns.  A request the leader proposes is
+        answered from the tick that applied its entry (``Proposal.on_value``), as soon as its value is
+        known: this task then resumes, a pass of the event loop later, only to end.  Errors, and values
+        an RPC's ``after`` step still changes, are answered as before, when the task ends."""
         rpc = RPCS.of(req.api_key, req.body)
         t0 = time.monotonic()
+        answered: list[bytes] = []
+
+        def frame(value: Any) -> bytes:
+            data = SERVER_API.encode(req.api_key, req.api_version, req.correlation_id,
+                                     rpc.respond(req.api_version, value))
+            if rpc.timed:
+                self.allocate_latency.observe(time.monotonic() - t0)
+            return data
+
+        def answer_now(value: Any) -> None:  # in the tick: never raises
+            try:
+                data = frame(value)
+            except Exception:  # noqa: BLE001 - left to the task: it meets the same error below, logs and answers it
+                return
+            answered.append(data)
+            try:
+                early(data)
+            except Exception:  # noqa: BLE001 - the connection's own end handles a broken transport
+                log.exception("client %s: writing the answer to %s failed", peer, rpc.name)
+
         try:
             if self.sasl is not None:
                 self._authorize(rpc, req, peer)
-            result = await self._run(rpc, req, peer)
+            result = await self._run(rpc, req, peer, answer_now if early is not None else None)
+            if answered:
+                return answered[0]
             if isinstance(result, Relayed):
                 if rpc.timed and result.ok(req):
                     self.allocate_latency.observe(time.monotonic() - t0)
                 return result.frame
-            body = rpc.respond(req.api_version, result)
-            if rpc.timed:
-                self.allocate_latency.observe(time.monotonic() - t0)
+            return frame(result)
         except PidQuorumError as e:
             if e.code == Errors.NOT_CONTROLLER and not relay_not_controller:
                 raise
@@ -330,9 +373,10 @@ class QuorumServer:
             f"({rpc.name})")
 
     # --------------------------------------------------------------- handlers
-    async def _run(self, rpc: Rpc, req: kafka.Request, peer: Any) -> Any:
-        """The RPC's domain value: served here, or proposed on the leader; or the leader's answer to the
-        forwarded frame (``Relayed``)."""
+    async def _run(self, rpc: Rpc, req: kafka.Request, peer: Any,
+                   on_value: Callable[[Any], None] | None = None) -> Any:
+        """The RPC's domain value: served here, or proposed on the leader (``on_value``: see
+        ``Proposer.submit``); or the leader's answer to the forwarded frame (``Relayed``)."""
         if not rpc.needs_leader(req.body):
             assert rpc.serve is not None
             return await rpc.serve(self, req)
@@ -346,7 +390,7 @@ class QuorumServer:
             if is_leader and rpc.generate is None:
                 return await rpc.serve(self, req)  # a leader read (Rpc.leader_read)
             if is_leader:
-                return await self._propose(rpc, req, remaining)
+                return await self._propose(rpc, req, remaining, on_value)
             if req.forwarded:
                 raise NotControllerError("not the leader (forwarded request)")
             target = (self.cfg.client_address_of(leader) or self.service.raft.peer_client_address(leader)
@@ -360,10 +404,11 @@ class QuorumServer:
                     log.debug("forward to %s failed: %s", target, e)
             await backoff.sleep()
 
-    async def _propose(self, rpc: Rpc, req: kafka.Request, timeout: float) -> Any:
+    async def _propose(self, rpc: Rpc, req: kafka.Request, timeout: float,
+                       on_value: Callable[[Any], None] | None = None) -> Any:
         if rpc.throttled:
             self._throttle(int(req.body.broker_id))
-        value = await self.proposer.submit(rpc, req.body, timeout)
+        value = await self.proposer.submit(rpc, req.body, timeout, on_value if rpc.after is None else None)
         if rpc.after is not None:
             value = await rpc.after(self, req.body, value)
         return value

@@ -164,14 +164,17 @@ class Proposal:
     generate: Callable[[QuorumState, Context], Result]
     broker_id: int | None  # the requesting broker, if any (lingering waits for the recently active ones)
     future: asyncio.Future = field(repr=False)
+    on_value: Callable[[Any], None] | None = field(default=None, repr=False)  # see Proposer.submit
 
     def finish(self, response: Any = None, error: PidQuorumError | None = None) -> None:
         if self.future.done():
             return  # the caller gave up (deadline)
         if error is not None:
             self.future.set_exception(error)
-        else:
-            self.future.set_result(response)
+            return
+        if self.on_value is not None:
+            self.on_value(response)
+        self.future.set_result(response)
 
 
 class Proposer:
@@ -188,8 +191,14 @@ class Proposer:
         self._recent_brokers: collections.deque[set] = collections.deque(maxlen=LINGER_HISTORY_BATCHES)
         self._last_round_s = 0.0
 
-    async def submit(self, rpc: Rpc, request: Any, timeout: float) -> Any:
-        """Propose ``rpc``'s records for ``request`` and answer with its domain value once applied."""
+    async def submit(self, rpc: Rpc, request: Any, timeout: float,
+                     on_value: Callable[[Any], None] | None = None) -> Any:
+        """Propose ``rpc``'s records for ``request`` and answer with its domain value once applied.
+
+        ``on_value`` (which must not raise) is called with that value where the entry is applied: in
+        the tick, before this coroutine resumes a pass of the event loop later.  The server writes the
+        answer there (``QuorumServer._answer``).  Not with the leader-side reserve on: its bookkeeping
+        of a block handed out (``BlockReserve.handed_out``) runs here first."""
         active = False
         broker_id = getattr(request, "broker_id", None)
         if rpc.from_reserve:
@@ -202,7 +211,8 @@ class Proposer:
                     return block
         fut = asyncio.get_running_loop().create_future()
         self.queue.put_nowait(Proposal(lambda state, ctx: rpc.run(state, request, ctx),
-                                       None if broker_id is None else int(broker_id), fut))
+                                       None if broker_id is None else int(broker_id), fut,
+                                       None if rpc.from_reserve and self.reserve.size else on_value))
         try:
             result = await result_within(fut, timeout)
         except asyncio.TimeoutError:

@@ -363,3 +363,51 @@ def test_a_follower_takes_its_leaders_appendentries_without_a_tick_and_applies_t
         assert f.on_loop(deliver_unmatched) == (1, 0, 1)
         f.on_loop(lambda: (setattr(raft, "wake", wake), setattr(raft._poller, "_on_ready", on_ready)))
         c.allocate(2, c.register(2))  # the cluster goes on
+
+
+def test_the_leader_writes_an_answer_inside_the_tick_that_applies_its_entry():
+    """A request the leader proposes is answered from the tick that applied its entry (``Proposal.on_value``),
+    not a pass of the loop later by the request's task: over the wire, through the real server."""
+    from client.quorum import QuorumClient, RetryPolicy
+    from quorum.server import InOrder, QuorumServer
+
+    with SimCluster() as c:
+        leader = c.leader()
+        obj = leader.raft._obj
+        in_tick, flushes = [], []
+        original_tick, original_flush = obj.doTick, InOrder._flush
+
+        def tick(timeout):
+            in_tick.append(True)
+            try:
+                return original_tick(timeout)
+            finally:
+                in_tick.pop()
+
+        def flush(self):
+            before = len(self._line)
+            original_flush(self)
+            if len(self._line) < before:
+                flushes.append(bool(in_tick))
+
+        obj.doTick = tick
+        InOrder._flush = flush
+        server = QuorumServer(leader.service)
+        try:
+            asyncio.run_coroutine_threadsafe(server.start(), leader.loop).result(10)
+
+            async def allocate():
+                client = QuorumClient([leader.cfg.client_address], RetryPolicy(timeout=10, attempt_timeout=5))
+                try:
+                    epoch = await client.register_broker(7)
+                    return [await client.allocate(7, epoch) for _ in range(5)]
+                finally:
+                    await client.close()
+
+            blocks = asyncio.run(allocate())
+        finally:
+            InOrder._flush = original_flush
+            asyncio.run_coroutine_threadsafe(server.stop(), leader.loop).result(10)
+        starts = [b.start for b in blocks]
+        assert starts == sorted(set(starts)) and len(starts) == 5
+        assert flushes == [True] * 6  # the registration and five allocations, each written in its tick

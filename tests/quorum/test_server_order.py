@@ -114,3 +114,32 @@ def test_a_handler_that_fails_without_an_answer_closes_the_connection_instead_of
         assert w.closed and w.written == []
 
     asyncio.run(main())
+
+
+def test_an_answer_filled_before_its_task_ends_keeps_its_place_in_line_and_is_written_once():
+    async def main():
+        w = Writer()
+        line = InOrder(w)
+        first, second = asyncio.Event(), asyncio.Event()
+
+        async def answer(event, data):
+            await event.wait()
+            return data
+
+        line.put_task(answer(first, b"1"))
+        slot = line.slot()
+        line.put_task(answer(second, b"2 from the task"), slot)
+        line.fill(slot, b"2")  # known before its task ends (the leader's tick: QuorumServer._answer)
+        assert w.written == []  # behind 1
+        first.set()
+        await passes()
+        assert w.written == [b"1", b"2"]
+        line.fill(slot, b"2 again")
+        second.set()
+        await line.finish()
+        assert w.written == [b"1", b"2"]  # neither a second fill nor the task's own answer is written
+        third = line.slot()
+        line.fill(third, b"3")  # first in line: written at once
+        assert w.written[-1] == b"3"
+
+    asyncio.run(main())

@@ -12,7 +12,8 @@ AppendEntries first, where their files lie) by as much, in every pair of the run
 both clusters afresh, runs them one after the other (the order alternates), and the verdict is the
 median of the pairs' ratios (CHANGE over BASE) with how many pairs went each way.
 
-    pidctl bench ab BASE CHANGE [--pairs 10] [--seconds 5] [--clients 1] [--warmup 300] [--json PATH] [--keep]
+    pidctl bench ab BASE CHANGE [--pairs 10] [--seconds 5] [--clients 1] [--warmup 300] [--quick]
+                                [--json PATH] [--keep]
 
 Per run: allocations/s, latency p50 and p99 (``time.perf_counter`` around each call), node CPU per
 allocation (user + system of the three node processes, from ``/proc``, all three added).
@@ -129,13 +130,16 @@ def main(argv: list[str] | None = None, prog: str = "python -m benchmarks.ab") -
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     ap.add_argument("base", help="source tree of the version to compare against")
     ap.add_argument("change", help="source tree of the changed version")
-    ap.add_argument("--pairs", type=int, default=10)
-    ap.add_argument("--seconds", type=float, default=5.0, help="measured seconds per run")
+    ap.add_argument("--pairs", type=int, default=None, help="pairs of runs (default 10; 3 with --quick)")
+    ap.add_argument("--seconds", type=float, default=None, help="measured seconds per run (default 5; 2 with --quick)")
+    ap.add_argument("--quick", action="store_true", help="3 pairs of 2 s runs (explicit options still win)")
     ap.add_argument("--clients", type=int, default=1, help="brokers allocating at once (1: workload 1)")
     ap.add_argument("--json", default=os.path.join("bench-results", "ab.json"))
     ap.add_argument("--warmup", type=int, default=WARMUP, help="allocations per client before each measured run")
     ap.add_argument("--keep", action="store_true", help="keep the clusters' directories")
     a = ap.parse_args(argv)
+    a.pairs = a.pairs if a.pairs is not None else (3 if a.quick else 10)
+    a.seconds = a.seconds if a.seconds is not None else (2.0 if a.quick else 5.0)
     if a.pairs < 1 or a.seconds <= 0 or a.clients < 1 or a.warmup < 0:
         ap.error("--pairs and --clients must be at least 1, --seconds positive, --warmup not negative")
     try:

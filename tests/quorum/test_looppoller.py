@@ -15,6 +15,21 @@ from tests.support.loop import passes
 
 
 
+def track_ticks(obj) -> list:
+    """Wrap a node's ``doTick``: the list returned is non-empty exactly while a tick runs."""
+    in_tick, original = [], obj.doTick
+
+    def tick(timeout):
+        in_tick.append(True)
+        try:
+            return original(timeout)
+        finally:
+            in_tick.pop()
+
+    obj.doTick = tick
+    return in_tick
+
+
 def test_a_ready_descriptor_reaches_its_handler_with_the_event():
     async def go():
         a, b = socket.socketpair()
@@ -174,23 +189,14 @@ def test_the_proposer_answers_its_requests_inside_the_tick_that_applies_their_en
     with SimCluster() as c:
         epoch = c.register(1)
         leader = c.leader()
-        obj = leader.raft._obj
-        in_tick = []
+        in_tick = track_ticks(leader.raft._obj)
         settled = []
-        original_tick, original_finish = obj.doTick, Proposal.finish
-
-        def tick(timeout):
-            in_tick.append(True)
-            try:
-                return original_tick(timeout)
-            finally:
-                in_tick.pop()
+        original_finish = Proposal.finish
 
         def finish(self, response=None, error=None):
             settled.append((bool(in_tick), error))
             return original_finish(self, response, error)
 
-        obj.doTick = tick
         Proposal.finish = finish
         try:
             async def allocate_twice():
@@ -373,16 +379,9 @@ def test_the_leader_writes_an_answer_inside_the_tick_that_applies_its_entry():
 
     with SimCluster() as c:
         leader = c.leader()
-        obj = leader.raft._obj
-        in_tick, flushes = [], []
-        original_tick, original_flush = obj.doTick, InOrder._flush
-
-        def tick(timeout):
-            in_tick.append(True)
-            try:
-                return original_tick(timeout)
-            finally:
-                in_tick.pop()
+        in_tick = track_ticks(leader.raft._obj)
+        flushes = []
+        original_flush = InOrder._flush
 
         def flush(self):
             before = len(self._line)
@@ -390,7 +389,6 @@ def test_the_leader_writes_an_answer_inside_the_tick_that_applies_its_entry():
             if len(self._line) < before:
                 flushes.append(bool(in_tick))
 
-        obj.doTick = tick
         InOrder._flush = flush
         server = QuorumServer(leader.service)
         try:

@@ -29,19 +29,21 @@ class Writer:
         await self.room.wait()
 
 
+async def answer_when(event: asyncio.Event, data: bytes) -> bytes:
+    """A request's answer, ``data``, once ``event`` is set."""
+    await event.wait()
+    return data
+
+
 def test_answers_finishing_out_of_order_are_written_in_request_order_as_soon_as_the_line_allows():
     async def main():
         w = Writer()
         line = InOrder(w)
         first, second = asyncio.Event(), asyncio.Event()
 
-        async def answer(event, data):
-            await event.wait()
-            return data
-
-        line.put_task(answer(first, b"1"))
+        line.put_task(answer_when(first, b"1"))
         line.put(b"2")  # ready at once, but behind 1
-        line.put_task(answer(second, b"3"))
+        line.put_task(answer_when(second, b"3"))
         second.set()
         await passes()
         assert w.written == []  # 3 done, 1 not: nothing may pass 1
@@ -122,13 +124,9 @@ def test_an_answer_filled_before_its_task_ends_keeps_its_place_in_line_and_is_wr
         line = InOrder(w)
         first, second = asyncio.Event(), asyncio.Event()
 
-        async def answer(event, data):
-            await event.wait()
-            return data
-
-        line.put_task(answer(first, b"1"))
+        line.put_task(answer_when(first, b"1"))
         slot = line.slot()
-        line.put_task(answer(second, b"2 from the task"), slot)
+        line.put_task(answer_when(second, b"2 from the task"), slot)
         line.fill(slot, b"2")  # known before its task ends (the leader's tick: QuorumServer._answer)
         assert w.written == []  # behind 1
         first.set()

@@ -2,7 +2,7 @@
 
 BASE and CHANGE are source trees of pidquorum (a checkout, or ``git worktree add DIR REV``); each node
 runs from one of them (``PYTHONPATH``).  The measurement is ``pidctl bench``'s workload 1 (or 2 with
-``--clients 3``): prefer-leader ``QuorumClient`` s in this process allocating back to back,
+``--clients 3``): prefer-leader clients (``QuorumClient``) in this process allocating back to back,
 rate limit off, durability on.  The client is this process's own pidquorum for both sides, so a change
 to the client is not what this measures.
 

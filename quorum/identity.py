@@ -223,8 +223,9 @@ class NodeIdentity:
             self._store_peers()
 
     # ---------------------------------------------------------------- checks
-    def admit(self, address: str, hello: Hello) -> Verdict:
-        """Decide about the peer at ``address`` (what we learned is stored durably first when it matters)."""
+    def admit(self, address: str, hello: Hello, record: bool = True) -> Verdict:
+        """Decide about the peer at ``address`` (what we learned is stored durably first when it matters;
+        with ``record`` false, for a peer outside the configuration, nothing is stored)."""
         if hello.cluster_id != self.cluster_id:
             return Verdict(refused=f"{address} belongs to cluster {hello.cluster_id}, this is cluster "
                                    f"{self.cluster_id}: a node of another cluster (check its config's peers and "
@@ -242,6 +243,8 @@ class NodeIdentity:
         recover = None
         if new_run and held is not None and (hello.log_end is None or hello.log_end < held):
             recover = held
+        if not record:
+            return Verdict(recover=recover, new_run=new_run)
         entry = {"node": hello.node_uuid, "run": hello.run, "gen": hello.generation,
                  "held": _max_position(held, hello.log_end)}
         self._peers[address] = entry

@@ -31,6 +31,10 @@ votes counted per message              a duplicated vote: two leaders in one ter
 acknowledgements carry no term         a delayed one raises a match index wrongly    term checked
 restart rebuilds membership from       a restarted node cannot reach a member added  the journal's latest
 committed entries only                 just before it stopped                        configuration, at start
+links only nodes that list each other  a node never hears a member its log does not  ``_TcpTransport``: a link
+(a connection from any other address   list yet: no word for that member's start,    whenever either node
+is closed)                             no AppendEntries from it; the cluster can     lists the other
+                                       wait for good
 =====================================  ============================================  ==========================
 
 Also here:
@@ -57,6 +61,7 @@ Also here:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import queue
@@ -71,9 +76,11 @@ import pysyncobj.tcp_connection as _tcp_connection
 from pydantic import model_validator
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 from pysyncobj.config import SERIALIZER_STATE
+from pysyncobj.monotonic import monotonic as monotonicTime
 from pysyncobj.node import TCPNode
 from pysyncobj.poller import POLL_EVENT_TYPE
 from pysyncobj.syncobj import SyncObjException
+from pysyncobj.tcp_connection import TcpConnection
 from pysyncobj.transport import TCPTransport
 
 import settings
@@ -431,6 +438,11 @@ class _Gate:
         self._destroying = True
         super().destroy()
 
+    def addNode(self, node):
+        super().addNode(node)
+        # A membership entry made ``node`` a member, perhaps while its link was up as an outside peer's.
+        self.owner.became_member(node)
+
     def dropNode(self, node):
         # A membership change removed ``node``: a fresh node may later be added at its address.
         if getattr(self, "_destroying", False):
@@ -442,6 +454,137 @@ class _Gate:
         # The link stays: the change may be an uncommitted entry that the leader (perhaps ``node`` itself)
         # will cut, and Raft servers take a leader's AppendEntries from outside their configuration.  Raft
         # counts only members: ``_Replicated`` takes nothing else from it (no vote, request or ack).
+
+
+class _TcpTransport(TCPTransport):
+    """pysyncobj's TCP transport, with a link between two nodes whenever either lists the other.
+
+    pysyncobj links a pair only when both list each other: only the greater address connects, and a node
+    closes an incoming connection from an address it does not list.  So a node whose log lacks the entry
+    that added a member never hears from it: it never gives its word for the member's start
+    (``check_vouched``) and never takes its AppendEntries, though Raft servers take a leader's AppendEntries
+    from outside their configuration (thesis 4.1).  With that member the only node able to lead (the others
+    restarted and hold back until they reach its log), the cluster waited for good (simulation seed 420719).
+
+    * A connection from an address this node does not list is kept as an outside peer's (at most
+      ``MAX_OUTSIDE`` at once).  The encryption handshake has proved the cluster secret; the identity gate
+      checks its hello like any other but records nothing until the peer is a member
+      (``RaftNode._on_hello``), and ``_Replicated`` takes only a leader's AppendEntries from it.  When a
+      membership entry adds it, the link becomes a member's as it is (or, if this node is the one to
+      connect, its own connection replaces it).
+    * The lesser address of a pair connects too, to a member that has had no link to it for
+      ``connection_timeout`` (a reverse link: the member does not list this node, or it is down).  A node
+      that lists the dialler closes such a link (it connects itself), and a node's own link to a peer
+      replaces a reverse one.
+    """
+
+    MAX_OUTSIDE = 16
+
+    def __init__(self, *args, **kwargs):
+        self._linkless_since: dict = {}  # member with the greater address -> since when it has had no link
+        self._reverse: set = set()  # this node's connections to members with greater addresses
+        super().__init__(*args, **kwargs)
+
+    def _onIncomingMessageReceived(self, conn, message):
+        if isinstance(message, str) and message != "readonly" and (conn.sendRandKey or not self._syncObj.encryptor):
+            node = self._nodeAddrToNode.get(message)
+            if node is None:
+                self._take_outside(conn, message)
+                return
+            if self._shouldConnect(node):
+                self._unknownConnections.discard(conn)  # a reverse link to a node that connects itself
+                conn.disconnect()
+                return
+            old = self._connections.get(node)
+            super()._onIncomingMessageReceived(conn, message)
+            if old is not None and old is not conn and old in self._reverse:
+                self._reverse.discard(old)  # the peer's own link replaces this node's reverse one
+                old.disconnect()  # out of the map: its callback finds no node for it
+            return
+        super()._onIncomingMessageReceived(conn, message)
+
+    def _connectIfNecessarySingle(self, node):
+        if super()._connectIfNecessarySingle(node):
+            return True
+        if self._shouldConnect(node) or node in self._preventConnectNodes or node not in self._nodes:
+            return False
+        now = monotonicTime()
+        since = self._linkless_since.setdefault(node, now)
+        conf = self._syncObj.conf
+        if now - since < conf.connectionTimeout or now - self._lastConnectAttempt.get(node, -1e18) < \
+                conf.connectionRetryTime:
+            return False
+        self._lastConnectAttempt[node] = now
+        old = self._connections.get(node)
+        if old is not None:
+            self._reverse.discard(old)
+        conn = TcpConnection(poller=self._syncObj._poller, timeout=conf.connectionTimeout,
+                             sendBufferSize=conf.sendBufferSize, recvBufferSize=conf.recvBufferSize,
+                             keepalive=conf.tcp_keepalive)
+        conn.encryptor = self._syncObj.encryptor
+        conn.setOnConnectedCallback(functools.partial(self._onOutgoingConnected, conn))
+        conn.setOnMessageReceivedCallback(functools.partial(self._onMessageReceived, node))
+        conn.setOnDisconnectedCallback(functools.partial(self._onDisconnected, conn))
+        self._connections[node] = conn
+        self._reverse.add(conn)
+        return conn.connect(node.ip, node.port)
+
+    def _onNodeConnected(self, node):
+        self._linkless_since.pop(node, None)
+        super()._onNodeConnected(node)
+
+    def _outside(self) -> list:
+        return [n for n in self._connections if n not in self._nodes]
+
+    def _take_outside(self, conn, address: str) -> None:
+        self._unknownConnections.discard(conn)
+        try:
+            node = type(self._selfNode)(address)
+        except (ValueError, TypeError):
+            log.warning("closing a Raft connection that names itself %r: not a host:port address", address[:100])
+            conn.disconnect()
+            return
+        old = self._connections.pop(node, None)
+        if old is not None:
+            self._onNodeDisconnected(node)  # its callback finds no node for it once it is out of the map
+            old.disconnect()
+        if len(self._outside()) >= self.MAX_OUTSIDE:
+            log.warning("closing the Raft connection of %s: %d links of peers outside this node's configuration "
+                        "are open already", address, self.MAX_OUTSIDE)
+            conn.disconnect()
+            return
+        self._connections[node] = conn
+        conn.setOnMessageReceivedCallback(functools.partial(self._onMessageReceived, node))
+        self._onNodeConnected(node)
+
+    def _onDisconnected(self, conn):
+        self._reverse.discard(conn)
+        node = self._connToNode(conn)
+        if node is not None and node not in self._nodes and node not in self._readonlyNodes:
+            del self._connections[node]
+            self._onNodeDisconnected(node)
+            return
+        super()._onDisconnected(conn)
+
+    def addNode(self, node):
+        conn = self._connections.get(node) if node not in self._nodes else None
+        if conn is not None and self._shouldConnect(node):
+            # Only the greater address of a pair connects, so no peer of this version opens such a link;
+            # should one, pysyncobj's own connection replaces it.
+            del self._connections[node]
+            self._onNodeDisconnected(node)
+            conn.disconnect()
+            conn = None
+        super().addNode(node)
+        if conn is not None:
+            self._connections[node] = conn
+
+    def destroy(self):
+        outside = [self._connections.pop(n) for n in self._outside()]
+        self._reverse.clear()
+        super().destroy()
+        for conn in outside:
+            conn.disconnect()
 
 
 def configuration_before(members: list[str], changes: list[tuple[str, str]]) -> list[str]:
@@ -951,6 +1094,7 @@ class RaftNode:
         self._welcomed: dict[str, bool] = {}  # peer raft address -> its verdict on this node arrived
         self.peer_clients: dict[str, str] = {}  # peer raft address -> client address (from its hello)
         self._nudged: dict[str, float] = {}
+        self._outside: dict[str, tuple] = {}  # raft address -> (node, hello) of an admitted peer outside the config
         self._refusal_logged: dict[str, float] = {}
         self._calls: queue.SimpleQueue = queue.SimpleQueue()  # closures to run at the next tick
         self._loop = loop
@@ -1018,7 +1162,7 @@ class RaftNode:
         )
         self._tick_period = conf.autoTickPeriod
 
-        class Transport(_Gate, transport_class or TCPTransport):
+        class Transport(_Gate, transport_class or _TcpTransport):
             owner = node
 
         self._transport_holder: list = []
@@ -1199,7 +1343,7 @@ class RaftNode:
         if now - self._last_ping >= self._ping_interval:
             self._last_ping = now
             ping = {"type": "pq_ping", "log": list(self.journal.durable_end())}
-            for node in self._obj.otherNodes:
+            for node in [*self._obj.otherNodes, *(n for n, _ in self._outside.values())]:
                 self._transport.send_unsynced(node, ping)
         if now - self._last_flush >= 1.0:
             self._last_flush = now
@@ -1358,6 +1502,7 @@ class RaftNode:
         """A connection to ``node`` was (re)established or lost: its checks start again."""
         self._verified.pop(node.address, None)
         self._welcomed.pop(node.address, None)
+        self._outside.pop(node.address, None)
 
     def _admitted(self, address: str) -> bool:
         return self._verified.get(address) is True and self._welcomed.get(address, False)
@@ -1380,21 +1525,24 @@ class RaftNode:
     def _on_hello(self, node, message) -> None:
         """A peer's hello (in a tick): our verdict on it, sent back to it."""
         address = node.address
+        # A peer outside this node's configuration (its log lacks the entry that added it, or it was removed)
+        # is checked alike, but what it presents is recorded only once it is a member (``became_member``):
+        # a node removed and still running must not make a fresh node added later at its address look like a
+        # lost data directory.
+        member = any(n.address == address for n in self._obj.otherNodes)
         try:
             hello = Hello.from_message(message)
-            verdict = self.identity.admit(address, hello)
+            verdict = self.identity.admit(address, hello, record=member)
         except ValueError as e:
             hello, verdict = None, Verdict(refused=f"malformed hello from {address}: {e}")
         if verdict.refused is not None:
-            self._verified[address] = verdict.refused
-            now = _clock()
-            if now - self._refusal_logged.get(address, float("-inf")) >= 10.0:
-                self._refusal_logged[address] = now
-                log.error("refusing Raft traffic from %s: %s", address, verdict.refused)
-            self._transport_holder[0].send_unsynced(node, {"type": "pq_refused", "reason": verdict.refused,
-                                                           "by": self.self_addr})
+            self._refuse(node, verdict.refused)
             return
         self._verified[address] = True
+        if member:
+            self._outside.pop(address, None)
+        else:
+            self._outside[address] = (node, hello)
         if hello.proto < 2:
             self._welcomed[address] = True  # an older version sends no verdict
         if hello.client_address:
@@ -1410,6 +1558,26 @@ class RaftNode:
             "recover": list(verdict.recover) if verdict.recover is not None else None,
             "vouch": {"log_end": list(self.journal.durable_end()), "held": list(held) if held else None,
                       "term": self._obj.current_term()}})
+
+    def _refuse(self, node, reason: str) -> None:
+        address = node.address
+        self._verified[address] = reason
+        self._outside.pop(address, None)
+        now = _clock()
+        if now - self._refusal_logged.get(address, float("-inf")) >= 10.0:
+            self._refusal_logged[address] = now
+            log.error("refusing Raft traffic from %s: %s", address, reason)
+        self._transport_holder[0].send_unsynced(node, {"type": "pq_refused", "reason": reason, "by": self.self_addr})
+
+    def became_member(self, node) -> None:
+        """A membership entry made ``node`` a member while its link was up as an outside peer's: what its
+        hello presented is recorded now, as a member's is at its hello (and refused as there)."""
+        outside = self._outside.pop(node.address, None)
+        if outside is None:
+            return
+        verdict = self.identity.admit(node.address, outside[1])
+        if verdict.refused is not None:
+            self._refuse(outside[0], verdict.refused)
 
     def _on_welcome(self, node, message) -> None:
         """A peer's verdict on this node: welcomed, perhaps with a position this node must reach first,

@@ -1,7 +1,9 @@
 """A simulated network between quorum nodes, and the pysyncobj transport that uses it.
 
-Connections behave like the TCP links pysyncobj opens: a link between two nodes
-exists while both run and know each other, is set up when both directions pass,
+Connections behave like the TCP links a node opens (``quorum.raft._TcpTransport``
+over pysyncobj's): a link between two nodes exists while both run and either
+lists the other (the other takes it even from outside its configuration), is
+set up when both directions pass,
 carries messages in order with a delay, and is closed when a node stops or when
 one side has heard nothing for the connection timeout (a partition).  Messages of
 a closed link are never delivered.  On top of that the seed's faults:
@@ -97,7 +99,7 @@ class SimNetwork:
                 if key in self.links:
                     continue
                 ta, tb = self.endpoints[a], self.endpoints[b]
-                if b in ta.peers and a in tb.peers and self.passable(a, b) and self.passable(b, a):
+                if (b in ta.peers or a in tb.peers) and self.passable(a, b) and self.passable(b, a):
                     self._open(key, a, b)
 
     def _open(self, key: frozenset, a: str, b: str) -> None:
@@ -168,23 +170,32 @@ class SimTransport(Transport):
         super().__init__(syncObj, selfNode, otherNodes)
         self.address = selfNode.address
         self.peers: dict[str, object] = {n.address: n for n in otherNodes}
+        self.outside: dict[str, object] = {}  # linked peers outside this node's configuration
+        self._node_class = type(selfNode)
         self._connected: set[str] = set()
         self.network.attach(self)
 
+    def _node(self, peer: str):
+        return self.peers.get(peer) or self.outside.get(peer)
+
     def connected(self, peer: str) -> None:
+        if peer in self._connected:
+            return
         node = self.peers.get(peer)
-        if node is not None and peer not in self._connected:
-            self._connected.add(peer)
-            self.node.guard(self._onNodeConnected, node)
+        if node is None:
+            node = self.outside[peer] = self._node_class(peer)
+        self._connected.add(peer)
+        self.node.guard(self._onNodeConnected, node)
 
     def disconnected(self, peer: str) -> None:
-        node = self.peers.get(peer)
+        node = self._node(peer)
         if node is not None and peer in self._connected:
             self._connected.discard(peer)
+            self.outside.pop(peer, None)
             self.node.guard(self._onNodeDisconnected, node)
 
     def deliver(self, src: str, message) -> None:
-        node = self.peers.get(src)
+        node = self._node(src)
         if node is None or src not in self._connected:
             return
         self.node.guard(self._onMessageReceived, node, message)
@@ -198,6 +209,7 @@ class SimTransport(Transport):
 
     def addNode(self, node):
         self.peers[node.address] = node
+        self.outside.pop(node.address, None)  # its link, if up, is now a member's
 
     def dropNode(self, node):
         self.peers.pop(node.address, None)
@@ -207,3 +219,4 @@ class SimTransport(Transport):
     def destroy(self):
         self.network.detach(self.address)
         self._connected.clear()
+        self.outside.clear()

@@ -89,8 +89,8 @@ def restored_backup_accepted():
     a recovery target, a restart needs no peer's word, and the node's own evidence is ignored."""
     original = NodeIdentity.admit
 
-    def admit(self, address, hello):
-        v = original(self, address, hello)
+    def admit(self, address, hello, record=True):
+        v = original(self, address, hello, record)
         return Verdict(refused=v.refused, recover=None, new_run=v.new_run)
 
     def check_vouched(self):

@@ -1,0 +1,116 @@
+"""A link from a peer outside a node's configuration (``quorum.raft._TcpTransport``), over real TCP.
+
+Only the greater address of a pair connects.  A node whose log lacks the entry that added a member with a
+greater address must still take that member's link: else it never gives its word for the member's start
+(the member, restarted, never counts) and never takes its AppendEntries (simulation seed 420719: a cluster
+with every node up and no leader, for good).
+"""
+from __future__ import annotations
+
+import random
+import socket
+
+import pytest
+
+from quorum.config import NodeConfig, Peer
+from quorum.localcluster import free_ports
+from tests.support.inproc import DATA, SimCluster, SimDisk, SimNode
+
+
+def _port(addresses: list[str], above: bool) -> int:
+    """A free port whose 127.0.0.1 address sorts above (or below) every one of ``addresses``.  pysyncobj
+    compares addresses as strings: the cluster's ports are ephemeral (32768 and up), so a port of 9000-9999
+    sorts above them and one of 10000-29999 below."""
+    ports = list(range(9000, 10000) if above else range(10000, 30000))
+    random.shuffle(ports)
+    for port in ports:
+        address = f"127.0.0.1:{port}"
+        if not all(address > a if above else address < a for a in addresses):
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port whose address sorts {'above' if above else 'below'} {addresses}")
+
+
+def _newcomer(c: SimCluster, above: bool, cluster_id: str | None = None) -> SimNode:
+    """A fourth node, not in the cluster's configuration, whose Raft address sorts above every member's (it
+    connects to them) or below (it dials them once they have not connected for ``connection_timeout``)."""
+    raft, (client,) = _port([n.cfg.raft_address for n in c.nodes.values()], above), free_ports(1)
+    one = c.nodes[1].cfg
+    peers = [Peer(n.node_id, n.cfg.raft_address, n.cfg.client_address) for n in c.nodes.values()]
+    cfg = NodeConfig(node_id=4, data_dir=DATA, raft_address=f"127.0.0.1:{raft}", client_address=f"127.0.0.1:{client}",
+                     secret=one.secret, peers=peers, block_size=one.block_size, raft=one.raft,
+                     cluster_id=cluster_id or one.cluster_id)
+    node = SimNode(4, cfg, SimDisk(), on_start=c._filter_sends)
+    c.nodes[4] = node
+    return node
+
+
+@pytest.mark.parametrize("above", [True, False], ids=["address-above", "address-below"])
+def test_nodes_give_their_word_to_a_peer_outside_their_configuration_and_record_it_once_it_is_a_member(above):
+    with SimCluster() as c:
+        epoch = c.register(1)
+        c.allocate(1, epoch)
+        members = list(c.nodes.values())
+        new = _newcomer(c, above)
+        new.start()
+        address = new.cfg.raft_address
+
+        # Its links are taken and its hello checked: every member welcomed it, and it has their word ...
+        c.wait(lambda: new.on_loop(lambda: new.raft.vouched and all(
+            new.raft._welcomed.get(n.cfg.raft_address) for n in members)),
+            what="the members' word for a node outside their configuration")
+        for n in members:
+            assert address not in n.raft.members()
+            # ... and none recorded anything of it: it is not a member.
+            assert address not in n.on_loop(n.raft.identity.known_peers)
+            assert n.on_loop(lambda n=n: address in n.raft._outside)
+
+        # Added by the leader: each member records what the link's hello presented; the links stay as they are.
+        c.leader().raft.add_member(address, timeout=10.0)
+        uuid = new.raft.identity.hello.node_uuid
+        c.wait(lambda: all(n.on_loop(n.raft.identity.known_peers).get(address, {}).get("node") == uuid
+                           for n in members), what="every member to record the new member's identity")
+        assert not any(n.on_loop(lambda n=n: address in n.raft._outside) for n in members)
+        block = c.allocate(1, epoch)
+        c.wait(lambda: new.next_producer_id() == block[0] + block[1], what="the new member to apply the block")
+        c.assert_no_block_reissued()
+
+
+def test_a_peer_outside_the_configuration_is_refused_when_it_presents_another_cluster():
+    with SimCluster() as c:
+        c.register(1)
+        low = c.nodes[1]
+        new = _newcomer(c, True, cluster_id="c-another")
+        new.start()
+        c.wait(lambda: new.halted is not None, what="the node of another cluster to be refused")
+        assert "belongs to cluster" in new.halted[1]
+        assert new.cfg.raft_address not in low.on_loop(low.raft.identity.known_peers)
+
+
+class _Conn:
+    """What the transport touches of a connection whose handshake is done."""
+    sendRandKey = b"k" * 32
+
+    def __init__(self):
+        self.closed = False
+
+    def disconnect(self):
+        self.closed = True
+
+
+def test_a_reverse_link_from_a_member_this_node_connects_to_itself_is_closed():
+    with SimCluster() as c:
+        c.register(1)
+        high, low = (max(c.nodes.values(), key=lambda n: n.cfg.raft_address),
+                     min(c.nodes.values(), key=lambda n: n.cfg.raft_address))
+        transport = high.raft._transport
+        own = high.on_loop(lambda: transport._connections[transport._nodeAddrToNode[low.cfg.raft_address]])
+        conn = _Conn()
+        high.on_loop(lambda: transport._onIncomingMessageReceived(conn, low.cfg.raft_address))
+        assert conn.closed  # ``high`` lists ``low`` and connects to it: one link per pair
+        assert high.on_loop(lambda: transport._connections[transport._nodeAddrToNode[low.cfg.raft_address]]) is own

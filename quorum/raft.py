@@ -473,7 +473,8 @@ class _TcpTransport(TCPTransport):
       membership entry adds it, the link becomes a member's as it is (or, if this node is the one to
       connect, its own connection replaces it).
     * The lesser address of a pair connects too, to a member that has had no link to it for
-      ``connection_timeout`` (a reverse link: the member does not list this node, or it is down).  A node
+      ``connection_timeout``, at most once a ``connection_timeout`` (a reverse link: the member does not list
+      this node, or it is down).  A node
       that lists the dialler closes such a link (it connects itself), and a node's own link to a peer
       replaces a reverse one.
     """
@@ -511,8 +512,9 @@ class _TcpTransport(TCPTransport):
         now = monotonicTime()
         since = self._linkless_since.setdefault(node, now)
         conf = self._syncObj.conf
+        # At most once a connection_timeout: a member that lists this node closes the link (it connects itself).
         if now - since < conf.connectionTimeout or now - self._lastConnectAttempt.get(node, -1e18) < \
-                conf.connectionRetryTime:
+                conf.connectionTimeout:
             return False
         self._lastConnectAttempt[node] = now
         old = self._connections.get(node)

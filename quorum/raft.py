@@ -1722,6 +1722,9 @@ class RaftNode:
             "members": self.members(),
             "identity": self.identity.describe(),
             "refused_peers": {a: r for a, r in self._verified.items() if r is not True},
+            # Linked and checked, but not in this node's configuration: a member its log does not list yet, or
+            # one removed that still runs.
+            "outside_peers": sorted(self._outside),
             "unverified_dropped": self.unverified_dropped,
             "recovering": recovery,
         }

@@ -68,14 +68,14 @@ def test_nodes_give_their_word_to_a_peer_outside_their_configuration_and_record_
             assert address not in n.raft.members()
             # ... and none recorded anything of it: it is not a member.
             assert address not in n.on_loop(n.raft.identity.known_peers)
-            assert n.on_loop(lambda n=n: address in n.raft._outside)
+            assert n.on_loop(n.raft.status)["outside_peers"] == [address]
 
         # Added by the leader: each member records what the link's hello presented; the links stay as they are.
         c.leader().raft.add_member(address, timeout=10.0)
         uuid = new.raft.identity.hello.node_uuid
         c.wait(lambda: all(n.on_loop(n.raft.identity.known_peers).get(address, {}).get("node") == uuid
                            for n in members), what="every member to record the new member's identity")
-        assert not any(n.on_loop(lambda n=n: address in n.raft._outside) for n in members)
+        assert not any(n.on_loop(n.raft.status)["outside_peers"] for n in members)
         block = c.allocate(1, epoch)
         c.wait(lambda: new.next_producer_id() == block[0] + block[1], what="the new member to apply the block")
         c.assert_no_block_reissued()

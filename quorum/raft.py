@@ -456,6 +456,12 @@ class _Gate:
         # counts only members: ``_Replicated`` takes nothing else from it (no vote, request or ack).
 
 
+# How a reverse link names its dialler: an earlier version, which takes no such link, reads it as an address it
+# does not list and closes the connection (it would otherwise take it as the peer's own link, and after it closed
+# reconnect through a connection object that cannot dial: a link lost until a restart).
+REVERSE_LINK = "pq-reverse:"
+
+
 class _TcpTransport(TCPTransport):
     """pysyncobj's TCP transport, with a link between two nodes whenever either lists the other.
 
@@ -474,8 +480,8 @@ class _TcpTransport(TCPTransport):
       connect, its own connection replaces it).
     * The lesser address of a pair connects too, to a member that has had no link to it for
       ``connection_timeout``, at most once a ``connection_timeout`` (a reverse link: the member does not list
-      this node, or it is down).  A node
-      that lists the dialler closes such a link (it connects itself), and a node's own link to a peer
+      this node, or it is down).  It names itself with ``REVERSE_LINK``: a node that lists the dialler closes
+      such a link (it connects itself), as an earlier version closes it, and a node's own link to a peer
       replaces a reverse one.
     """
 
@@ -487,13 +493,15 @@ class _TcpTransport(TCPTransport):
         super().__init__(*args, **kwargs)
 
     def _onIncomingMessageReceived(self, conn, message):
-        if isinstance(message, str) and message != "readonly" and (conn.sendRandKey or not self._syncObj.encryptor):
-            node = self._nodeAddrToNode.get(message)
-            if node is None:
-                self._take_outside(conn, message)
+        if isinstance(message, str) and (conn.sendRandKey or not self._syncObj.encryptor):
+            reverse = message.startswith(REVERSE_LINK)
+            address = message[len(REVERSE_LINK):] if reverse else message
+            node = self._nodeAddrToNode.get(address)
+            if node is None and address != "readonly":
+                self._take_outside(conn, address)
                 return
-            if self._shouldConnect(node):
-                self._unknownConnections.discard(conn)  # a reverse link to a node that connects itself
+            if reverse:
+                self._unknownConnections.discard(conn)  # this node lists the dialler: it connects itself
                 conn.disconnect()
                 return
             old = self._connections.get(node)
@@ -503,6 +511,12 @@ class _TcpTransport(TCPTransport):
                 old.disconnect()  # out of the map: its callback finds no node for it
             return
         super()._onIncomingMessageReceived(conn, message)
+
+    def _sendSelfAddress(self, conn):
+        if conn in self._reverse:
+            conn.send(REVERSE_LINK + self._selfNode.address)
+            return
+        super()._sendSelfAddress(conn)
 
     def _connectIfNecessarySingle(self, node):
         if super()._connectIfNecessarySingle(node):

@@ -11,9 +11,11 @@ import random
 import socket
 
 import pytest
+from pysyncobj.transport import TCPTransport
 
 from quorum.config import NodeConfig, Peer
 from quorum.localcluster import free_ports
+from quorum.raft import REVERSE_LINK
 from tests.support.inproc import DATA, SimCluster, SimDisk, SimNode
 
 
@@ -111,6 +113,22 @@ def test_a_reverse_link_from_a_member_this_node_connects_to_itself_is_closed():
         transport = high.raft._transport
         own = high.on_loop(lambda: transport._connections[transport._nodeAddrToNode[low.cfg.raft_address]])
         conn = _Conn()
-        high.on_loop(lambda: transport._onIncomingMessageReceived(conn, low.cfg.raft_address))
+        high.on_loop(lambda: transport._onIncomingMessageReceived(conn, REVERSE_LINK + low.cfg.raft_address))
         assert conn.closed  # ``high`` lists ``low`` and connects to it: one link per pair
+        assert high.on_loop(lambda: transport._connections[transport._nodeAddrToNode[low.cfg.raft_address]]) is own
+
+
+def test_an_earlier_version_closes_a_reverse_link_instead_of_taking_it_as_the_peers_own():
+    """pysyncobj's own transport (what a node of an earlier version runs) reads the reverse link's name as an
+    address it does not list: it closes the link, and its own link to the dialler stays its link."""
+    with SimCluster() as c:
+        c.register(1)
+        high, low = (max(c.nodes.values(), key=lambda n: n.cfg.raft_address),
+                     min(c.nodes.values(), key=lambda n: n.cfg.raft_address))
+        transport = high.raft._transport
+        own = high.on_loop(lambda: transport._connections[transport._nodeAddrToNode[low.cfg.raft_address]])
+        conn = _Conn()
+        high.on_loop(lambda: TCPTransport._onIncomingMessageReceived(transport, conn,
+                                                                     REVERSE_LINK + low.cfg.raft_address))
+        assert conn.closed
         assert high.on_loop(lambda: transport._connections[transport._nodeAddrToNode[low.cfg.raft_address]]) is own

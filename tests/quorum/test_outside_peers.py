@@ -11,6 +11,7 @@ import random
 import socket
 
 import pytest
+from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import TCPTransport
 
 from quorum.config import NodeConfig, Peer
@@ -132,3 +133,48 @@ def test_an_earlier_version_closes_a_reverse_link_instead_of_taking_it_as_the_pe
                                                                      REVERSE_LINK + low.cfg.raft_address))
         assert conn.closed
         assert high.on_loop(lambda: transport._connections[transport._nodeAddrToNode[low.cfg.raft_address]]) is own
+
+
+class _LiveConn(_Conn):
+    """A connection whose handshake is done and that takes what is sent on it."""
+    encryptor = None
+    state = CONNECTION_STATE.CONNECTED
+
+    def __init__(self):
+        super().__init__()
+        self.sent = []
+
+    def send(self, message):
+        self.sent.append(message)
+
+    def setOnMessageReceivedCallback(self, callback):
+        self.on_message = callback
+
+
+def test_links_from_outside_the_configuration_are_bounded_and_forgotten_when_they_close():
+    with SimCluster() as c:
+        c.register(1)
+        node = c.nodes[1]
+        transport = node.raft._transport
+        limit = transport.MAX_OUTSIDE
+        conns = [_LiveConn() for _ in range(limit + 1)]
+        addresses = [f"127.0.0.2:{9000 + i}" for i in range(limit + 1)]
+
+        def offer(i):
+            node.on_loop(lambda: transport._onIncomingMessageReceived(conns[i], addresses[i]))
+
+        for i in range(limit):
+            offer(i)
+        assert not any(conn.closed for conn in conns[:limit])
+        assert all(conn.sent and conn.sent[0]["type"] == "pq_hello" for conn in conns[:limit])  # checked first
+        offer(limit)
+        assert conns[limit].closed  # one too many: closed, nothing sent on it
+        assert not conns[limit].sent
+
+        node.on_loop(lambda: transport._onDisconnected(conns[0]))  # one closes: forgotten, a place is free
+        assert node.on_loop(lambda: sorted(n.address for n in transport._outside())) == sorted(addresses[1:limit])
+        conns[limit] = _LiveConn()
+        offer(limit)
+        assert not conns[limit].closed
+        assert node.on_loop(node.raft.status)["members"] == node.raft.members()  # the configuration is untouched
+        assert len(node.raft.members()) == 3

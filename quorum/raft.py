@@ -52,7 +52,8 @@ Also here:
   candidate that holds its target), nor has its acknowledgements counted; it
   then refuses to vote in the term it caught up in.  Since a start on a restored
   copy looks like any restart, every start first needs the word of enough peers
-  (n - majority + 1: ``check_vouched``), whose log ends become its target;
+  (n - majority + 1: ``check_vouched``) of its configuration and of any newer one
+  a peer reports with it in it, whose log ends become its target;
 * fast failover: short election timeouts and peer pings that keep
   follower-to-follower links alive (they also carry each node's durable log end);
 * typed outcomes: ``ProposalRejected`` (definitely not applied) versus
@@ -107,6 +108,7 @@ from .looppoller import LoopPoller
 log = logging.getLogger(__name__)
 
 _FOLLOWER, _CANDIDATE, _LEADER = 0, 1, 2
+MAX_MEMBERS = 64  # the most members a configuration in a peer's vouch may name
 COMMIT_NOTIFY_S = 0.005  # a new commit index reaches the followers at most this late (see _Replicated)
 FOLLOWER_APPLY_S = 0.005  # a follower applies a commit index it learned at most this late (RaftNode.quiet_append)
 RECOVERED_VOTE = "<recovered: no vote this term>"  # votedFor after catching up (a vote there may be lost)
@@ -1028,6 +1030,15 @@ class _Replicated(SyncObj):
                 later.append((change[0], str(change[1])))  # (kind, the node's id: its address)
         return configuration_before(members, later[::-1])
 
+    def config_index(self) -> int:
+        """The log index of this node's configuration: its latest membership entry, else the first index of
+        its journal (the configuration its snapshot recorded, or the one it was started with)."""
+        entries = self._pq.journal.entries
+        for command, entry_index, _term in reversed(entries):
+            if self._SyncObj__parseChangeClusterRequest(command) is not None:
+                return entry_index
+        return entries[0][1] if entries else 0
+
     # ------------------------------------------------------------ recovery
     def step_down(self) -> None:
         if self._SyncObj__raftState != _FOLLOWER:
@@ -1133,6 +1144,7 @@ class RaftNode:
         # Every start may be of a restored copy: until enough peers vouched for it (see check_vouched)
         # this node neither votes, nor stands, nor counts toward a majority.
         self._vouchers: dict[str, tuple[Position | None, int]] = {}  # peer -> (its log end, its term)
+        self._voucher_configs: dict[str, tuple[frozenset, int]] = {}  # peer -> (its configuration, its index)
         self._unknown_ends: set[str] = set()  # vouchers of an earlier version (no log end in their verdict)
         self._peers_vouched = False  # the peers' word set this start's target (not the operator's)
         self.vouched = not partners or trust_own_log
@@ -1455,24 +1467,58 @@ class RaftNode:
         """Neither votes (but see _may_vote), nor stands for election, nor counts toward a majority."""
         return self.recovery is not None or not self.vouched
 
-    def vouchers_needed(self) -> int:
-        """Peers whose word a restarted node needs: enough to meet every majority it could have been part
-        of without itself (n - majority + 1 of the n - 1 others: both in three nodes, three of four in five)."""
-        n = len(self._obj.otherNodes) + 1
+    @staticmethod
+    def _needed(members: set) -> int:
+        """Of a configuration of ``members`` (this node among them), the others whose word meets every
+        majority this node could have been part of without itself: n - majority + 1 of the n - 1 others
+        (both in three nodes, three of four in five)."""
+        n = len(members)
         return min(n - (n // 2 + 1) + 1, n - 1)
 
+    def vouchers_needed(self) -> int:
+        """Peers whose word a restarted node needs in its own configuration (``_needed``)."""
+        return self._needed({self.self_addr, *(n.address for n in self._obj.otherNodes)})
+
+    def _configurations(self) -> list[set]:
+        """The configurations whose majorities this start's word must meet: this node's own, and every newer
+        one a peer that gave its word reported with this node in it.  A start on a copy from before a
+        membership change knows only the configuration of its time; the changes since may have made
+        majorities that hold none of its own peers (two members add a third: the new one and this node were
+        a majority without the other), and the entries they committed are on none of its own peers' logs."""
+        own = {self.self_addr, *(n.address for n in self._obj.otherNodes)}
+        out, index = [own], None
+        for members, at in self._voucher_configs.values():
+            if self.self_addr not in members or members in out:
+                continue
+            if index is None:
+                index = self._obj.config_index()  # a scan of the journal: only when a peer's view differs
+            if at > index:
+                out.append(members)
+        return out
+
+    def _vouch_shortfall(self) -> list[tuple[set, int, list[str]]]:
+        """Each configuration whose word is not in yet: (its members, peers needed, peers heard)."""
+        short = []
+        for members in self._configurations():
+            heard = sorted(a for a in self._vouchers if a in members and a != self.self_addr)
+            if len(heard) < self._needed(members):
+                short.append((members, self._needed(members), heard))
+        return short
+
     def check_vouched(self) -> None:
-        """Vouched once ``vouchers_needed`` current peers sent their verdict in this run: then the node
-        reaches the highest log end and ``held`` they reported before it counts, and casts no vote up to
-        their highest term (a vote of a lost run may be missing from its files)."""
+        """Vouched once enough peers of each configuration (``_configurations``, ``_needed``) sent their
+        verdict in this run: then the node reaches the highest log end and ``held`` they reported before it
+        counts, and casts no vote up to their highest term (a vote of a lost run may be missing from its
+        files)."""
         if self.vouched:
             return
-        peers = {n.address for n in self._obj.otherNodes}
-        have = sorted(a for a in self._vouchers if a in peers)
-        if len(have) < self.vouchers_needed():
+        if self._vouch_shortfall():
             return
+        members = set().union(*self._configurations()) - {self.self_addr}
+        have = sorted(a for a in self._vouchers if a in members)
         self.vouched = True
-        self._obj.vouched_term(max(self._vouchers[a][1] for a in have))
+        if have:
+            self._obj.vouched_term(max(self._vouchers[a][1] for a in have))
         targets = [t for a in have if (t := self._vouchers[a][0]) is not None]
         top = max(targets) if targets else None
         log.info("vouched for by %s (log end %s, theirs up to %s)", ", ".join(have), _fmt(self.journal.durable_end()),
@@ -1573,7 +1619,8 @@ class RaftNode:
             "type": "pq_welcome", "by": self.self_addr,
             "recover": list(verdict.recover) if verdict.recover is not None else None,
             "vouch": {"log_end": list(self.journal.durable_end()), "held": list(held) if held else None,
-                      "term": self._obj.current_term()}})
+                      "term": self._obj.current_term(),
+                      "config": {"members": self.members(), "index": self._obj.config_index()}}})
 
     def _refuse(self, node, reason: str) -> None:
         address = node.address
@@ -1608,6 +1655,14 @@ class RaftNode:
                 self._vouchers[node.address] = (tuple(ends[0]) if ends[0] is not None else None, term)
                 if ends[0] is None:
                     self._unknown_ends.add(node.address)
+                config = vouch.get("config")  # an earlier version sends none
+                if (isinstance(config, dict) and _is_int(config.get("index")) and config["index"] >= 0
+                        and isinstance(config.get("members"), list) and 0 < len(config["members"]) <= MAX_MEMBERS
+                        and all(isinstance(a, str) and 0 < len(a) <= 300 for a in config["members"])):
+                    self._voucher_configs[node.address] = (frozenset(config["members"]), config["index"])
+                elif config is not None:
+                    log.warning("ignoring a malformed configuration in the vouch of %s: %r", node.address,
+                                str(config)[:200])
             else:
                 log.warning("ignoring a malformed vouch from %s: %r", node.address, vouch)
         elif vouch is None and not self.vouched:
@@ -1714,8 +1769,10 @@ class RaftNode:
         recovery = None
         if self.restricted:
             reason = self.recovery_reason if self.recovery is not None else (
-                f"waiting for the word of {self.vouchers_needed()} peer(s) that this start is not of a restored "
-                f"copy (heard from {len(self._vouchers)})")
+                "waiting for the word of " + "; ".join(
+                    f"{need} peer(s) of ({', '.join(sorted(members))}) (heard from {len(heard)})"
+                    for members, need, heard in self._vouch_shortfall()) +
+                " that this start is not of a restored copy")
             recovery = {"target": list(self.recovery) if self.recovery is not None else None,
                         "log_end": list(self.journal.durable_end()), "reason": reason,
                         "votes_withheld": self.votes_withheld, "vouched": self.vouched,

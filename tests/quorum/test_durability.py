@@ -11,6 +11,7 @@ import os
 import pytest
 
 from chaos.sim.disk import LossPolicy
+from quorum.raft import ProposalUnknown
 from storage.disk import EXIT_STORAGE
 from tests.support.inproc import DATA, SimCluster, stop_at
 
@@ -629,3 +630,60 @@ def test_a_restarted_node_uses_the_membership_in_its_journal():
         image.write_file(meta_path, data[:8] + raw + struct.pack("<I", zlib.crc32(raw)))
         follower.restart(image)
         assert extra in follower.raft.members()
+
+
+def test_a_backup_from_before_a_member_was_added_waits_for_the_word_of_the_new_configuration():
+    """A copy from before a membership change knows only the configuration of its time: its word from
+    those peers does not meet the majorities of the configuration since.  Two members, A and B, add C; A
+    is cut off while B and C commit; B is restored from a backup taken before C was added.  Its own
+    configuration (A, B) asks only A's word, and A lacks what B and C committed: A and B would make a
+    majority of (A, B, C) without those entries and hand their blocks out again.  A's word carries A's
+    configuration, newer than B's: B also waits for C's, and for C's log."""
+    with SimCluster(size=2) as c:
+        epoch = c.register(1)
+        c.allocate(1, epoch)
+        a, b = c.nodes[1], c.nodes[2]
+        backup = b.disk.crash()  # the nightly backup: the configuration is (A, B)
+        new = c.newcomer()
+        new.start()
+        c.leader().raft.add_member(new.cfg.raft_address, timeout=10.0)
+        c.wait(lambda: all(len(n.raft.members()) == 3 for n in c.running()), what="every node to know C")
+        c.cut(a.node_id, b.node_id)
+        c.cut(a.node_id, new.node_id)
+        for _ in range(3):
+            c.allocate(1, epoch, among=[b.node_id, new.node_id])
+        c.cut(b.node_id, new.node_id)  # C, which holds them with B, is unreachable while B restarts
+        b.restart(backup)
+        c.heal()
+        c.cut(a.node_id, new.node_id)
+        c.cut(b.node_id, new.node_id)
+        c.wait(lambda: b.on_loop(lambda: a.cfg.raft_address in b.raft._vouchers), what="A's word for B")
+        with pytest.raises(TimeoutError):
+            c.allocate(1, epoch, timeout=3.0, among=[a.node_id, b.node_id])
+        assert b.status()["recovering"] is not None
+        c.heal()
+        c.allocate(1, epoch, timeout=20.0)
+        c.assert_no_block_reissued()
+
+
+def test_a_restart_is_not_held_to_the_word_of_a_member_removed_before_its_configuration():
+    """Only configurations newer than the restarted node's own count: a peer that has not applied the removal of
+    a dead member yet reports a configuration older than the node's, and the dead member's word is not asked
+    for (it never comes).  C dies; the leader A removes it while B is cut off, and restarts; B's word alone
+    makes A count again, A leads, and B gets the removal from it."""
+    with SimCluster() as c:
+        epoch = c.register(1)
+        a = c.leader()
+        b, dead = [n for n in c.nodes.values() if n is not a]
+        dead.crash()
+        c.cut(a.node_id, b.node_id)
+        with pytest.raises(ProposalUnknown):  # appended, but B, which the new configuration needs, is cut off
+            a.raft.remove_member(dead.cfg.raft_address, timeout=1.0)
+        assert dead.cfg.raft_address not in a.raft.members()
+        assert dead.cfg.raft_address in b.raft.members()
+        a.restart(a.disk.crash())
+        c.heal()
+        c.wait(lambda: a.status()["recovering"] is None, what="A to count again on B's word alone")
+        c.allocate(1, epoch, among=[a.node_id, b.node_id])
+        c.wait(lambda: dead.cfg.raft_address not in b.raft.members(), what="B to apply the removal")
+        c.assert_no_block_reissued()

@@ -14,10 +14,8 @@ import pytest
 from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import TCPTransport
 
-from quorum.config import NodeConfig, Peer
-from quorum.localcluster import free_ports
 from quorum.raft import REVERSE_LINK
-from tests.support.inproc import DATA, SimCluster, SimDisk, SimNode
+from tests.support.inproc import SimCluster, SimNode
 
 
 def _port(addresses: list[str], above: bool) -> int:
@@ -42,15 +40,7 @@ def _port(addresses: list[str], above: bool) -> int:
 def _newcomer(c: SimCluster, above: bool, cluster_id: str | None = None) -> SimNode:
     """A fourth node, not in the cluster's configuration, whose Raft address sorts above every member's (it
     connects to them) or below (it dials them once they have not connected for ``connection_timeout``)."""
-    raft, (client,) = _port([n.cfg.raft_address for n in c.nodes.values()], above), free_ports(1)
-    one = c.nodes[1].cfg
-    peers = [Peer(n.node_id, n.cfg.raft_address, n.cfg.client_address) for n in c.nodes.values()]
-    cfg = NodeConfig(node_id=4, data_dir=DATA, raft_address=f"127.0.0.1:{raft}", client_address=f"127.0.0.1:{client}",
-                     secret=one.secret, peers=peers, block_size=one.block_size, raft=one.raft,
-                     cluster_id=cluster_id or one.cluster_id)
-    node = SimNode(4, cfg, SimDisk(), on_start=c._filter_sends)
-    c.nodes[4] = node
-    return node
+    return c.newcomer(_port([n.cfg.raft_address for n in c.nodes.values()], above), cluster_id=cluster_id)
 
 
 @pytest.mark.parametrize("above", [True, False], ids=["address-above", "address-below"])

@@ -187,6 +187,19 @@ class SimCluster:
             for n in self.nodes.values():
                 n.start()
 
+    def newcomer(self, raft_port: int | None = None, cluster_id: str | None = None) -> SimNode:
+        """A new node, not started and in no member's configuration yet, whose peers are the members (add
+        it with the leader's ``raft.add_member`` once started); ``raft_port`` by default a free one."""
+        node_id = max(self.nodes) + 1
+        raft, (client,) = raft_port or free_ports(1)[0], free_ports(1)
+        one = self.nodes[min(self.nodes)].cfg
+        peers = [Peer(n.node_id, n.cfg.raft_address, n.cfg.client_address) for n in self.nodes.values()]
+        cfg = NodeConfig(node_id=node_id, data_dir=DATA, raft_address=f"127.0.0.1:{raft}",
+                         client_address=f"127.0.0.1:{client}", secret=one.secret, peers=peers,
+                         block_size=one.block_size, raft=one.raft, cluster_id=cluster_id or one.cluster_id)
+        self.nodes[node_id] = SimNode(node_id, cfg, SimDisk(), on_start=self._filter_sends)
+        return self.nodes[node_id]
+
     def __enter__(self):
         return self
 

@@ -81,7 +81,7 @@ from pysyncobj.monotonic import monotonic as monotonicTime
 from pysyncobj.node import TCPNode
 from pysyncobj.poller import POLL_EVENT_TYPE
 from pysyncobj.syncobj import SyncObjException
-from pysyncobj.tcp_connection import TcpConnection
+from pysyncobj.tcp_connection import CONNECTION_STATE, TcpConnection
 from pysyncobj.transport import TCPTransport
 
 import settings
@@ -551,6 +551,15 @@ class _TcpTransport(TCPTransport):
         self._linkless_since.pop(node, None)
         super()._onNodeConnected(node)
 
+    def send(self, node, message):
+        # pysyncobj's looks the connection up again after sending: a send that fails closes it, and an outside
+        # peer's connection is then out of the map (_onDisconnected): the second look-up raised KeyError.
+        conn = self._connections.get(node)
+        if conn is None or conn.state != CONNECTION_STATE.CONNECTED:
+            return False
+        conn.send(message)
+        return conn.state == CONNECTION_STATE.CONNECTED
+
     def _outside(self) -> list:
         return [n for n in self._connections if n not in self._nodes]
 
@@ -715,8 +724,14 @@ class _Replicated(SyncObj):
     # ------------------------------------------------------ replaced: messages
     def _SyncObj__onMessageReceived(self, node, message):
         kind = message.get("type") if isinstance(message, dict) else None
-        if kind != "append_entries" and node not in self._SyncObj__otherNodes:
-            return  # outside this node's configuration: only a leader's AppendEntries are taken (see _Gate.dropNode)
+        if (kind != "append_entries" and node not in self._SyncObj__otherNodes
+                and not (kind == "request_vote" and self._pq.restricted and self._may_vote(message))):
+            # Outside this node's configuration: only a leader's AppendEntries are taken (see _Gate.dropNode),
+            # and the vote a held-back node may give (_may_vote): a candidate that holds its target holds what
+            # it waits for, and may be the only one (a member added since, whose entry is not in this node's
+            # log yet, while the other members wait for its log too).  Raft servers vote for candidates outside
+            # their configuration (thesis 4.1); other nodes keep out a removed member's campaigns.
+            return
         if kind == "append_entries":
             self._append_entries(node, message)
             return
@@ -1144,7 +1159,8 @@ class RaftNode:
         # Every start may be of a restored copy: until enough peers vouched for it (see check_vouched)
         # this node neither votes, nor stands, nor counts toward a majority.
         self._vouchers: dict[str, tuple[Position | None, int]] = {}  # peer -> (its log end, its term)
-        self._voucher_configs: dict[str, tuple[frozenset, int]] = {}  # peer -> (its configuration, its index)
+        # peer -> (its configuration, the index of the entry that made it, whether that entry is committed there)
+        self._voucher_configs: dict[str, tuple[frozenset, int, bool]] = {}
         self._unknown_ends: set[str] = set()  # vouchers of an earlier version (no log end in their verdict)
         self._peers_vouched = False  # the peers' word set this start's target (not the operator's)
         self.vouched = not partners or trust_own_log
@@ -1484,17 +1500,27 @@ class RaftNode:
         one a peer that gave its word reported with this node in it.  A start on a copy from before a
         membership change knows only the configuration of its time; the changes since may have made
         majorities that hold none of its own peers (two members add a third: the new one and this node were
-        a majority without the other), and the entries they committed are on none of its own peers' logs."""
-        own = {self.self_addr, *(n.address for n in self._obj.otherNodes)}
-        out, index = [own], None
-        for members, at in self._voucher_configs.values():
-            if self.self_addr not in members or members in out:
+        a majority without the other), and the entries they committed are on none of its own peers' logs.
+
+        A peer whose configuration's entry is committed on it holds every committed entry below that entry
+        (Raft's log matching): its word stands for every older configuration, this node's own included, which
+        then asks for no more words (a copy from before a replacement does not wait for the member replaced,
+        which never comes back)."""
+        own = frozenset({self.self_addr, *(n.address for n in self._obj.otherNodes)})
+        newer, index = [], None
+        for members, at, committed in self._voucher_configs.values():
+            if self.self_addr not in members:
                 continue
             if index is None:
-                index = self._obj.config_index()  # a scan of the journal: only when a peer's view differs
+                index = self._obj.config_index()  # a scan of the journal: only when a peer reports one
             if at > index:
+                newer.append((at, members, committed))
+        base = max((at for at, _, committed in newer if committed), default=None)
+        out = [own] if base is None else []
+        for at, members, _ in sorted(newer, key=lambda x: x[0]):
+            if (base is None or at >= base) and members not in out:
                 out.append(members)
-        return out
+        return [set(m) for m in out]
 
     def _vouch_shortfall(self) -> list[tuple[set, int, list[str]]]:
         """Each configuration whose word is not in yet: (its members, peers needed, peers heard)."""
@@ -1511,6 +1537,11 @@ class RaftNode:
         counts, and casts no vote up to their highest term (a vote of a lost run may be missing from its
         files)."""
         if self.vouched:
+            return
+        if any(v is True and not self._welcomed.get(a) for a, v in self._verified.items()):
+            # A peer linked to this node has not given its word yet: it may report a configuration newer than
+            # this node's own (a member added since, which lists this node and connects to it), which asks
+            # for more words.  Its word follows its hello (or the link closes, and it is no longer waited for).
             return
         if self._vouch_shortfall():
             return
@@ -1620,7 +1651,13 @@ class RaftNode:
             "recover": list(verdict.recover) if verdict.recover is not None else None,
             "vouch": {"log_end": list(self.journal.durable_end()), "held": list(held) if held else None,
                       "term": self._obj.current_term(),
-                      "config": {"members": self.members(), "index": self._obj.config_index()}}})
+                      "config": self._config_word()}})
+
+    def _config_word(self) -> dict:
+        """This node's configuration as its word carries it: members, the log index of the entry that made
+        it, and whether that entry is committed here (``_configurations``)."""
+        at = self._obj.config_index()
+        return {"members": self.members(), "index": at, "committed": self._obj.raftCommitIndex >= at}
 
     def _refuse(self, node, reason: str) -> None:
         address = node.address
@@ -1659,7 +1696,8 @@ class RaftNode:
                 if (isinstance(config, dict) and _is_int(config.get("index")) and config["index"] >= 0
                         and isinstance(config.get("members"), list) and 0 < len(config["members"]) <= MAX_MEMBERS
                         and all(isinstance(a, str) and 0 < len(a) <= 300 for a in config["members"])):
-                    self._voucher_configs[node.address] = (frozenset(config["members"]), config["index"])
+                    self._voucher_configs[node.address] = (frozenset(config["members"]), config["index"],
+                                                           config.get("committed") is True)
                 elif config is not None:
                     log.warning("ignoring a malformed configuration in the vouch of %s: %r", node.address,
                                 str(config)[:200])

@@ -158,6 +158,7 @@ class Simulation:
                              cluster_id="c-simulated", allocate_reserve_blocks=reserve)
             self.nodes[i + 1] = SimulatedNode(self, i + 1, cfg, SimDisk())
         self.backups: dict[int, tuple[float, SimDisk]] = {}
+        self.backups_before_change: dict[int, tuple[float, SimDisk]] = {}  # taken before the last membership change
         self.acked_blocks: list[tuple[int, int, int]] = []
         self.brokers = [_Broker(self, 1 + b) for b in range(config.brokers)]
         self.managed: list[_ManagedBroker] = []
@@ -580,16 +581,21 @@ class Simulation:
         runs: a node whose later position no live peer saw cannot be told apart (docs/durability.md).
 
         Half the time in the shape that makes a restored copy dangerous (``_restore_while_a_member_lags``);
-        otherwise from a backup taken earlier, at a random moment."""
+        otherwise from a backup taken earlier, at a random moment, and when a membership change completed
+        since some backup, half of those times from a backup taken before it (its copy knows only the
+        configuration before the change: docs/durability.md, "Configurations since the copy")."""
         if self.rng.random() < 0.5:
             self._restore_while_a_member_lags()
             return
-        candidates = [i for i in self.backups if not self.nodes[i].removed and self.nodes[i].running]
+        pool = self.backups
+        if self.backups_before_change and self.rng.random() < 0.5:
+            pool = self.backups_before_change
+        candidates = [i for i in pool if not self.nodes[i].removed and self.nodes[i].running]
         if not candidates:
             return
         i = self.rng.choice(candidates)
         if self._may_restore(self.nodes[i]):
-            self._restore(self.nodes[i])
+            self._restore(self.nodes[i], pool)
 
     def _may_restore(self, n: SimulatedNode) -> bool:
         """Every other member runs on a healthy disk, none is recovering and none is being replaced: with a
@@ -599,10 +605,11 @@ class Simulation:
             m.running and not m.raft.restricted and m.disk.stop is None and m.disk.fail is None
             and m.disk.capacity is None for m in others)
 
-    def _restore(self, n: SimulatedNode) -> float:
-        """Replace ``n``'s data directory by its backup; it starts again after the delay returned."""
+    def _restore(self, n: SimulatedNode, pool: dict | None = None) -> float:
+        """Replace ``n``'s data directory by its backup (of ``pool``: ``backups`` by default); it starts again
+        after the delay returned."""
         self.fault("restore_backup")
-        taken, disk = self.backups.pop(n.node_id)
+        taken, disk = (self.backups if pool is None else pool).pop(n.node_id)
         n.crash(f"is stopped and its data directory replaced by the backup from {taken:.2f}s")
         n._committed_before = None
         n.disk = disk.crash()
@@ -699,7 +706,6 @@ class Simulation:
         members = self._committed_members()
         if victim is not None:
             if members is not None and victim.address not in members:
-                self.backups.clear()  # a copy from before a membership change cannot reach members added since
                 victim.removed = True
                 victim.crash("is removed from the cluster and retired")
                 self.note(f"membership: node {victim.node_id} is out")
@@ -714,6 +720,9 @@ class Simulation:
             return
         if members is not None and fresh.address in members:
             self.note(f"membership: node {fresh.node_id} is in")
+            # The backups from before the change are kept apart: a copy restored from one must wait for the
+            # word of the configuration since (docs/durability.md, "Configurations since the copy").
+            self.backups_before_change = dict(self.backups)
             self.backups.clear()
             self._replacing = False
             return

@@ -687,3 +687,55 @@ def test_a_restart_is_not_held_to_the_word_of_a_member_removed_before_its_config
         c.allocate(1, epoch, among=[a.node_id, b.node_id])
         c.wait(lambda: dead.cfg.raft_address not in b.raft.members(), what="B to apply the removal")
         c.assert_no_block_reissued()
+
+
+def test_a_new_member_that_alone_holds_what_the_others_wait_for_gets_their_votes():
+    """The member added last can be the only node that holds what the others need while their logs do not list
+    it yet.  A leads and B is cut off; A adds C and commits with C; A is restored from a backup taken before C
+    was added.  A waits for C's log (C's configuration is newer than its own); B, not held back, cannot win
+    A's vote with its shorter log; C needs one vote, and neither configuration lists it.  A held-back node
+    votes for a candidate that reaches its target even from outside its configuration: C is elected."""
+    with SimCluster(size=2) as c:
+        epoch = c.register(1)
+        c.allocate(1, epoch)
+        a = c.leader()
+        b = next(n for n in c.nodes.values() if n is not a)
+        backup = a.disk.crash()  # the configuration is (A, B)
+        new = c.newcomer()
+        new.start()
+        c.wait(lambda: new.raft.vouched, what="C to have the word of A and B")  # else its acknowledgements do not count
+        c.cut(a.node_id, b.node_id)
+        c.cut(b.node_id, new.node_id)
+        a.raft.add_member(new.cfg.raft_address, timeout=10.0)  # committed by A and C
+        for _ in range(3):
+            c.allocate(1, epoch, among=[a.node_id])
+        a.restart(backup)
+        c.wait(lambda: a.on_loop(lambda: new.cfg.raft_address in a.raft._vouchers), what="C's word for A")
+        assert a.raft.restricted
+        c.heal()
+        c.allocate(1, epoch, timeout=20.0)
+        c.wait(lambda: all(len(n.raft.members()) == 3 for n in c.running()), what="A and B to learn of C")
+        c.assert_no_block_reissued()
+
+
+def test_a_start_is_not_vouched_for_while_a_linked_peers_word_is_on_its_way():
+    """Enough words of its own configuration are not enough while a peer whose hello arrived has not given
+    its word yet: that peer may be a member added since, whose configuration asks for more."""
+    with SimCluster() as c:
+        c.register(1)
+        b = c.nodes[2]
+        for other in (1, 3):
+            c.cut(2, other)
+        b.restart(b.disk.crash())
+        words = {n.cfg.raft_address: ((1, 1), 1) for n in c.nodes.values() if n is not b}
+
+        def check(pending: bool) -> bool:
+            raft = b.raft
+            raft._vouchers.update(words)
+            raft._verified["127.0.0.2:9000"] = True  # linked, its hello checked
+            raft._welcomed["127.0.0.2:9000"] = not pending
+            raft.check_vouched()
+            return raft.vouched
+
+        assert not b.on_loop(lambda: check(pending=True))
+        assert b.on_loop(lambda: check(pending=False))

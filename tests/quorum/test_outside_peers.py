@@ -96,33 +96,27 @@ class _Conn:
         self.closed = True
 
 
-def test_a_reverse_link_from_a_member_this_node_connects_to_itself_is_closed():
+@pytest.mark.parametrize("version", ["this", "earlier"])
+def test_a_reverse_link_to_a_node_that_lists_the_dialler_is_closed_and_its_own_link_stays(version):
+    """This version closes it: the node connects to the dialler itself, one link per pair.  pysyncobj's own
+    transport (what a node of an earlier version runs) reads the reverse link's name as an address it does not
+    list and closes it too, instead of taking it as the dialler's own link."""
     with SimCluster() as c:
         c.register(1)
         high, low = (max(c.nodes.values(), key=lambda n: n.cfg.raft_address),
                      min(c.nodes.values(), key=lambda n: n.cfg.raft_address))
         transport = high.raft._transport
-        own = high.on_loop(lambda: transport._connections[transport._nodeAddrToNode[low.cfg.raft_address]])
-        conn = _Conn()
-        high.on_loop(lambda: transport._onIncomingMessageReceived(conn, REVERSE_LINK + low.cfg.raft_address))
-        assert conn.closed  # ``high`` lists ``low`` and connects to it: one link per pair
-        assert high.on_loop(lambda: transport._connections[transport._nodeAddrToNode[low.cfg.raft_address]]) is own
+        receive = transport._onIncomingMessageReceived if version == "this" else \
+            lambda conn, message: TCPTransport._onIncomingMessageReceived(transport, conn, message)
 
+        def low_link():
+            return transport._connections[transport._nodeAddrToNode[low.cfg.raft_address]]
 
-def test_an_earlier_version_closes_a_reverse_link_instead_of_taking_it_as_the_peers_own():
-    """pysyncobj's own transport (what a node of an earlier version runs) reads the reverse link's name as an
-    address it does not list: it closes the link, and its own link to the dialler stays its link."""
-    with SimCluster() as c:
-        c.register(1)
-        high, low = (max(c.nodes.values(), key=lambda n: n.cfg.raft_address),
-                     min(c.nodes.values(), key=lambda n: n.cfg.raft_address))
-        transport = high.raft._transport
-        own = high.on_loop(lambda: transport._connections[transport._nodeAddrToNode[low.cfg.raft_address]])
+        own = high.on_loop(low_link)
         conn = _Conn()
-        high.on_loop(lambda: TCPTransport._onIncomingMessageReceived(transport, conn,
-                                                                     REVERSE_LINK + low.cfg.raft_address))
+        high.on_loop(lambda: receive(conn, REVERSE_LINK + low.cfg.raft_address))
         assert conn.closed
-        assert high.on_loop(lambda: transport._connections[transport._nodeAddrToNode[low.cfg.raft_address]]) is own
+        assert high.on_loop(low_link) is own
 
 
 class _LiveConn(_Conn):

@@ -51,6 +51,11 @@ def _quiet_loop_stops(loop, context) -> None:
 FAST = RaftConfig(heartbeat_interval=0.02, election_timeout_min=0.15, election_timeout_max=0.3,
                   connection_timeout=0.6, reconnect_interval=0.05, peer_ping_interval=0.05,
                   leader_step_down_timeout=0.5)
+# FAST's messages with timeouts a loaded CI machine does not reach: for tests that count what one leader does
+# over many entries, which an election in the middle would fail (not what they test).
+STEADY = RaftConfig(heartbeat_interval=0.02, election_timeout_min=1.0, election_timeout_max=2.0,
+                    connection_timeout=3.0, reconnect_interval=0.05, peer_ping_interval=0.05,
+                    leader_step_down_timeout=2.0)
 
 
 @dataclass

@@ -1522,10 +1522,10 @@ class RaftNode:
                 out.append(members)
         return [set(m) for m in out]
 
-    def _vouch_shortfall(self) -> list[tuple[set, int, list[str]]]:
+    def _vouch_shortfall(self, configurations: list[set] | None = None) -> list[tuple[set, int, list[str]]]:
         """Each configuration whose word is not in yet: (its members, peers needed, peers heard)."""
         short = []
-        for members in self._configurations():
+        for members in configurations if configurations is not None else self._configurations():
             heard = sorted(a for a in self._vouchers if a in members and a != self.self_addr)
             if len(heard) < self._needed(members):
                 short.append((members, self._needed(members), heard))
@@ -1543,9 +1543,10 @@ class RaftNode:
             # this node's own (a member added since, which lists this node and connects to it), which asks
             # for more words.  Its word follows its hello (or the link closes, and it is no longer waited for).
             return
-        if self._vouch_shortfall():
+        configurations = self._configurations()  # (a scan of the journal when a peer reported one: once)
+        if self._vouch_shortfall(configurations):
             return
-        members = set().union(*self._configurations()) - {self.self_addr}
+        members = set().union(*configurations) - {self.self_addr}
         have = sorted(a for a in self._vouchers if a in members)
         self.vouched = True
         if have:

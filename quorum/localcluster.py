@@ -14,12 +14,15 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
+
+from storage.disk import EXIT_UNAVAILABLE
 
 from .config import NodeConfig, Peer
 from .config import load as load_config
@@ -29,6 +32,7 @@ from .raft import RaftConfig
 
 STATE_FILE = "cluster.json"
 DEFAULT_NODE_COMMAND = ("-m", "quorum")
+BIND_ATTEMPTS = 3  # how many times ``up`` creates a new cluster whose node found a port taken
 
 
 class ClusterError(Exception):
@@ -213,11 +217,54 @@ class LocalCluster:
                     raise ClusterError(f"node {n.node_id} not ready within {timeout:.0f}s")
                 time.sleep(0.02)
 
-    def up(self, size: int = 3, timeout: float = 30.0, env: dict | None = None, **create_options) -> None:
-        self.create(size=size, **create_options)
+    def up(self, size: int = 3, timeout: float = 30.0, env: dict | None = None,
+           commands: dict[int, list[str]] | None = None, **create_options) -> None:
+        """Create the cluster if there is none, start its nodes and wait until they are ready.
+
+        ``commands``: node id -> what runs that node instead of the cluster's node command.
+        When ``up`` fails, it stops the nodes it started before it raises.  When it created the
+        cluster itself and a node could not bind a port (``free_ports`` releases the ports it picks,
+        and another process can take one before the node binds it), it discards the new cluster,
+        which holds nothing yet, and creates it again on other ports, up to ``BIND_ATTEMPTS`` times."""
+        fresh = not self.exists()
+        for attempt in range(1, BIND_ATTEMPTS + 1):
+            self.create(size=size, **create_options)
+            running = {n.node_id for n in self.nodes() if self._our_pid(n.node_id)}
+            try:
+                for n in self.nodes():
+                    self.start(n.node_id, env=env, command=(commands or {}).get(n.node_id))
+                self.wait_ready(timeout=timeout)
+                return
+            except BaseException as e:
+                retry = (fresh and attempt < BIND_ATTEMPTS and isinstance(e, ClusterError)
+                         and self._port_taken())
+                for n in self.nodes():
+                    if n.node_id not in running:
+                        self.stop(n.node_id, timeout=5.0)
+                if not retry:
+                    raise
+                self._discard()
+
+    def _port_taken(self) -> bool:
+        """Whether a node of this cluster exited because a port it was to bind was taken."""
         for n in self.nodes():
-            self.start(n.node_id, env=env)
-        self.wait_ready(timeout=timeout)
+            proc = getattr(self, "_procs", {}).get(n.pid)
+            if proc is not None and proc.poll() == EXIT_UNAVAILABLE:
+                tail = self.tail_log(n.node_id).lower()
+                if "cannot bind" in tail or "address already in use" in tail:
+                    return True
+        return False
+
+    def _discard(self) -> None:
+        """Remove what ``create`` wrote for the nodes (configs, data, logs, the state file); the secret
+        stays.  Only for a cluster ``up`` has just created, whose nodes are stopped."""
+        for n in self.nodes():
+            for path in (self.config_path(n.node_id), self.log_path(n.node_id),
+                         os.path.join(self.dir, f"node-{n.node_id}.ready")):
+                if os.path.exists(path):
+                    os.unlink(path)
+            shutil.rmtree(self.data_dir(n.node_id), ignore_errors=True)
+        os.unlink(self.state_path)
 
     def _our_pid(self, node_id: int) -> int | None:
         """The node's pid if that process is alive and is our node (never a recycled pid)."""

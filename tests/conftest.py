@@ -94,10 +94,7 @@ def cluster_harness(tmp_path, request, commands: dict[int, list[str]] | None = N
     prints the nodes' logs when the test failed, and stops the nodes.  ``commands``: node id -> what runs
     that node instead of the cluster's node command (another version of the node)."""
     lc = LocalCluster(str(tmp_path / "cluster"))
-    lc.create(3, **node_options)
-    for n in lc.nodes():
-        lc.start(n.node_id, command=(commands or {}).get(n.node_id))
-    lc.wait_ready()
+    lc.up(3, commands=commands, **node_options)
     yield ClusterHarness(lc)
     failed = getattr(request.node, "rep_call", None)
     if failed is not None and failed.failed:

@@ -3,9 +3,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
+
+import pytest
 
 from client.quorum import QuorumClient, RetryPolicy
-from quorum.localcluster import LocalCluster
+from quorum import localcluster
+from quorum.localcluster import ClusterError, LocalCluster
 from tests.conftest import run, wait_for
 
 
@@ -131,7 +135,6 @@ def test_start_waits_for_a_dying_process_instead_of_taking_it_for_the_node(tmp_p
     process (or the stale ready file) for a running node, but wait for it and start a new one."""
     import subprocess as sp
 
-    
     lc = LocalCluster(str(tmp_path / "c"))
     lc.up(3)
     try:
@@ -147,3 +150,63 @@ def test_start_waits_for_a_dying_process_instead_of_taking_it_for_the_node(tmp_p
         dying.wait()
     finally:
         lc.down()
+
+
+def _hold_port() -> socket.socket:
+    """A port another process holds: bound and listening until closed."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    return s
+
+
+def test_up_creates_the_cluster_again_on_other_ports_when_a_node_finds_its_port_taken(tmp_path, monkeypatch):
+    """free_ports releases the ports it picks; another process may take one before the node binds it.
+    up() then discards the cluster it just created and creates it on other ports."""
+    held = _hold_port()
+    taken = held.getsockname()[1]
+    real, calls = localcluster.free_ports, []
+
+    def first_with_a_taken_port(n, host="127.0.0.1"):
+        ports = real(n, host)
+        calls.append(ports)
+        if len(calls) == 1:
+            ports[4] = taken  # node 3's Raft port
+        return ports
+
+    monkeypatch.setattr(localcluster, "free_ports", first_with_a_taken_port)
+    lc = LocalCluster(str(tmp_path / "c"))
+    try:
+        lc.up(3)
+        assert len(calls) == 2
+        nodes = lc.nodes()
+        assert all(lc.alive(n.node_id) for n in nodes)
+        assert all(not n.raft_address.endswith(f":{taken}") for n in nodes)
+        with open(lc.log_path(3)) as f:
+            assert "cannot bind" not in f.read()  # the failed attempt's log went with its cluster
+    finally:
+        lc.down()
+        held.close()
+
+
+def test_a_failed_up_stops_the_nodes_it_started(tmp_path, monkeypatch):
+    """A cluster that existed before up() is not created again: up() raises, and no node it started
+    outlives the failure."""
+    held = _hold_port()
+    lc = LocalCluster(str(tmp_path / "c"))
+    lc.create(3)
+    state = lc.load()
+    node3 = next(n for n in state["nodes"] if n["node_id"] == 3)
+    with open(lc.config_path(3)) as f:
+        text = f.read()
+    with open(lc.config_path(3), "w") as f:
+        f.write(text.replace(node3["raft_address"], f"127.0.0.1:{held.getsockname()[1]}"))
+    try:
+        with pytest.raises(ClusterError, match="node 3"):
+            lc.up(3, timeout=20)
+        pids = [n.pid for n in lc.nodes()]
+        assert all(pids) and not any(lc.alive(n.node_id) for n in lc.nodes())
+        assert lc.load()["nodes"][0]["raft_address"] == state["nodes"][0]["raft_address"]  # not re-created
+    finally:
+        lc.down()
+        held.close()

@@ -83,7 +83,9 @@ def test_chaos_check_refuses_what_is_not_a_run(tmp_path, kill_leader_run, make):
     elif make in ("truncated", "no-final", "bad-final"):
         data = open(os.path.join(good, HISTORY), "rb").read()
         cut = len(data) // 2
-        while data[cut - 1:cut] == b"\n":  # torn inside a line, not at a line boundary by chance
+        # Torn inside a line: neither after a newline nor right before one.  A cut before a newline leaves a
+        # whole last line without its newline, which parses: a shorter history, not a torn one.
+        while b"\n" in data[cut - 1:cut + 1]:
             cut -= 1
         (target / HISTORY).write_bytes(data[:cut] if make == "truncated" else data)
         if make == "truncated":

@@ -160,6 +160,21 @@ class InOrder:
         await self._writer.drain()
 
 
+class EarlyAnswer:
+    """How a proposed request is answered from the tick that applied its entry (``Proposer.submit``):
+    ``prepare(value)`` encodes the answer while the entry is on its way to the followers (the leader waits
+    for them then), and the call, at apply, writes it.  A value other than the prepared one is encoded
+    then."""
+
+    __slots__ = ("answer", "prepare")
+
+    def __init__(self, answer: Callable[[Any], None], prepare: Callable[[Any], None]):
+        self.answer, self.prepare = answer, prepare
+
+    def __call__(self, value: Any) -> None:
+        self.answer(value)
+
+
 class QuorumServer:
     def __init__(self, service: Service):
         self.service = service
@@ -292,13 +307,23 @@ class QuorumServer:
         rpc = RPCS.of(req.api_key, req.body)
         t0 = time.monotonic()
         answered: list[bytes] = []
+        prepared: list = []  # (value, its frame), encoded while the entry was on its way (EarlyAnswer.prepare)
+
+        def encode(value: Any) -> bytes:
+            return SERVER_API.encode(req.api_key, req.api_version, req.correlation_id,
+                                     rpc.respond(req.api_version, value))
 
         def frame(value: Any) -> bytes:
-            data = SERVER_API.encode(req.api_key, req.api_version, req.correlation_id,
-                                     rpc.respond(req.api_version, value))
+            data = prepared[1] if prepared and prepared[0] is value else encode(value)
             if rpc.timed:
                 self.allocate_latency.observe(time.monotonic() - t0)
             return data
+
+        def prepare(value: Any) -> None:
+            try:
+                prepared[:] = (value, encode(value))
+            except Exception:  # noqa: BLE001 - not prepared: frame() meets the same error, where it is handled
+                prepared.clear()
 
         def answer_now(value: Any) -> None:  # in the tick: never raises
             try:
@@ -314,7 +339,7 @@ class QuorumServer:
         try:
             if self.sasl is not None:
                 self._authorize(rpc, req, peer)
-            result = await self._run(rpc, req, peer, answer_now if early is not None else None)
+            result = await self._run(rpc, req, peer, EarlyAnswer(answer_now, prepare) if early is not None else None)
             if answered:
                 return answered[0]
             if isinstance(result, Relayed):

@@ -86,10 +86,11 @@ class Service:
         self.identity = NodeIdentity.open(cfg.data_dir, cfg.secret, cfg.cluster_id, cfg.client_address,
                                           disk=self.disk, **({"new_id": new_id} if new_id else {}))
         self.audit = AuditWriter(os.path.join(cfg.data_dir, "audit.log"), self.disk)
+        self._unaudited: list[tuple[int, int, list]] = []  # applied, trail not written yet (_write_audit)
         self.raft = RaftNode(cfg.raft_address, [p.raft_address for p in cfg.peers], cfg.data_dir, cfg.secret,
                              cfg.raft, on_apply=self._apply, snapshot_state=self._snapshot_state,
                              restore_state=self._restore_state, bind_addr=cfg.raft_bind, identity=self.identity,
-                             disk=self.disk, clock=clock, **raft_options)
+                             disk=self.disk, clock=clock, after_apply=self._write_audit, **raft_options)
 
     # ---------------------------------------------- pysyncobj thread callbacks
     def _apply(self, index: int, term: int, payload: bytes) -> list[str | None]:
@@ -110,10 +111,20 @@ class Service:
         for o in outcomes:
             if not o.accepted:
                 log.warning("entry %d: replay refused %s: %s", index, type(o.record).__name__, o.error)
-        self.audit.append(index, term, outcomes)
+        self._unaudited.append((index, term, outcomes))
         return [o.error for o in outcomes]
 
+    def _write_audit(self) -> None:
+        """The audit trail of the entries applied since the last call: after their answers (RaftNode's
+        ``after_apply``), which never waited for it.  The trail is not synced before an answer either
+        way; what a crash takes from it, replaying the journal writes again (``AuditWriter.append``
+        skips what the file has), and the journal keeps entries until a snapshot synced the trail."""
+        pending, self._unaudited = self._unaudited, []
+        for index, term, outcomes in pending:
+            self.audit.append(index, term, outcomes)
+
     def _snapshot_state(self) -> list[Record]:
+        self._write_audit()
         self.audit.sync()  # the journal drops these entries after the snapshot
         with self.lock:
             return self.state.snapshot_records()
@@ -123,6 +134,7 @@ class Service:
         with self.lock:
             self.state = state
             self.applied_index = last_index
+        self._write_audit()
         self.audit.gap(last_index)
 
     # --------------------------------------------------------------- reading
@@ -146,6 +158,7 @@ class Service:
 
     def close(self) -> None:
         self.raft.destroy()
+        self._write_audit()
         self.audit.close()
 
 
@@ -245,11 +258,13 @@ class Proposer:
         return fut
 
     async def _propose(self, payload: bytes, timeout: float,
-                       on_applied: Callable[[Any], None] | None = None) -> Any:
+                       on_applied: Callable[[Any], None] | None = None,
+                       proposed: Callable[[], None] | None = None) -> Any:
         """Propose ``payload``; its apply's outcome once applied.  ``on_applied`` runs with that outcome where
         the entry is applied (in the tick, on the loop that drives Raft), before this returns, and never after
         the deadline passed: the requests it answers resume a pass of the loop earlier than if this
-        coroutine answered them once it resumes."""
+        coroutine answered them once it resumes.  ``proposed`` (which must not raise) runs once the entry
+        was handed to Raft (on the leader its AppendEntries are sent by then): work for the wait."""
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         here = threading.get_ident()
@@ -275,6 +290,8 @@ class Proposer:
                 loop.call_soon_threadsafe(settle)
 
         self.service.raft.propose(payload, done)
+        if proposed is not None:
+            proposed()
         try:
             return await result_within(fut, timeout)
         except asyncio.TimeoutError:
@@ -369,7 +386,8 @@ class Proposer:
         if not spans:
             return
         try:
-            await self._propose(encode_batch(records), timeout, lambda errors: self._answer(spans, records, errors))
+            await self._propose(encode_batch(records), timeout, lambda errors: self._answer(spans, records, errors),
+                                lambda: self._prepare(spans))
         except ProposalRejected as e:
             for op, *_ in spans:
                 op.finish(error=NotControllerError(f"not committed: {e}"))
@@ -380,6 +398,15 @@ class Proposer:
         except Exception as e:  # noqa: BLE001 - answering failed (logged): no request is left waiting
             for op, *_ in spans:
                 op.finish(error=UnknownServerError(f"internal error: {type(e).__name__}: {e}"))
+
+    @staticmethod
+    def _prepare(spans: list[tuple[Proposal, int, int, Any]]) -> None:
+        """While the batch's entry is on its way: each request's answer, encoded for the value it will have
+        if its records are applied as generated (``QuorumServer``'s ``EarlyAnswer``)."""
+        for op, _, _, response in spans:
+            prepare = getattr(op.on_value, "prepare", None)
+            if prepare is not None and not op.future.done():
+                prepare(response)
 
     def _answer(self, spans: list[tuple[Proposal, int, int, Any]], records: list[Record], errors: Any) -> None:
         """The batch's entry is applied: answer each request from its records' outcomes at replay."""

@@ -409,3 +409,57 @@ def test_the_leader_writes_an_answer_inside_the_tick_that_applies_its_entry():
         starts = [b.start for b in blocks]
         assert starts == sorted(set(starts)) and len(starts) == 5
         assert flushes == [True] * 6  # the registration and five allocations, each written in its tick
+
+
+def test_the_leader_encodes_an_answer_while_its_entry_is_on_its_way_and_writes_the_audit_trail_after_it():
+    """Two pieces of a proposed request's work leave the commit's critical path: its answer is encoded once
+    the entry is handed to Raft, before it is applied (``EarlyAnswer.prepare``), and the audit trail of the
+    entry is written after the answer, in the same tick (``RaftNode``'s ``after_apply``)."""
+    from client.quorum import QuorumClient, RetryPolicy
+    from quorum import server as server_module
+    from quorum.server import InOrder, QuorumServer
+
+    with SimCluster() as c:
+        leader = c.leader()
+        service = leader.service
+        in_tick = track_ticks(leader.raft._obj)
+        encoded, written = [], []
+        api = server_module.SERVER_API
+        original_encode, original_flush = api.encode, InOrder._flush
+
+        def encode(*args, **kwargs):
+            encoded.append(service.applied_index)
+            return original_encode(*args, **kwargs)
+
+        def flush(self):
+            before = len(self._line)
+            original_flush(self)
+            if len(self._line) < before:
+                written.append((bool(in_tick), service.applied_index, service.audit.last_index))
+
+        object.__setattr__(api, "encode", encode)  # the API table is a frozen dataclass
+        InOrder._flush = flush
+        server = QuorumServer(leader.service)
+        try:
+            asyncio.run_coroutine_threadsafe(server.start(), leader.loop).result(10)
+
+            async def allocate():
+                client = QuorumClient([leader.cfg.client_address], RetryPolicy(timeout=10, attempt_timeout=5))
+                try:
+                    epoch = await client.register_broker(7)
+                    return [await client.allocate(7, epoch) for _ in range(5)]
+                finally:
+                    await client.close()
+
+            blocks = asyncio.run(allocate())
+        finally:
+            object.__setattr__(api, "encode", original_encode)
+            InOrder._flush = original_flush
+            asyncio.run_coroutine_threadsafe(server.stop(), leader.loop).result(10)
+        assert [b.start for b in blocks] == sorted({b.start for b in blocks}) and len(blocks) == 5
+        assert len(written) == 6 and len(encoded) == 6, (written, encoded)  # the registration, five allocations
+        for applied_at_encode, (in_a_tick, applied, audited) in zip(encoded, written):
+            assert in_a_tick and applied_at_encode < applied  # encoded before its entry was applied
+            assert audited < applied  # the trail of the answered entry is not written yet ...
+        trail = leader.on_loop(lambda: (service.audit.last_index, service.applied_index))
+        assert trail[0] == trail[1]  # ... and is once the tick is over

@@ -32,6 +32,8 @@ BENCHMARKS = {
     "security": ("security", "Authentication and authorization: PLAIN and SCRAM, ACL checks, a SASL_SSL "
                              "connection."),
     "audit": ("audit", "The Spark audit job against a single-process numpy check of the same blocks."),
+    "stages": ("stages", "Where one commit's time goes: workload 1's stages on the leader and the followers, "
+                         "timed by probes in the nodes."),
     "ab": ("ab", "Two source trees of the node side by side: workload 1 in pairs of fresh clusters, judged by "
                  "the pairs' ratios."),
 }

@@ -1,6 +1,6 @@
 """Where one commit's time goes: the stages of workload 1 on the leader and a follower, timed in the nodes.
 
-``pidctl bench stages [--seconds S] [--json FILE] [--keep]`` (``python -m benchmarks.stages``) starts a
+``pidctl bench stages [--seconds S] [--quick] [--json FILE] [--keep]`` (``python -m benchmarks.stages``) starts a
 three-node ``LocalCluster`` whose nodes run under this module (``node``: the node's own entry point with
 timing probes wrapped around some of its functions), has one broker allocate back to back for
 ``--seconds``, stops the nodes (each writes what its probes recorded), and prints, per stage, the
@@ -218,11 +218,15 @@ def main(argv: list[str] | None = None, prog: str = "python -m benchmarks.stages
     if argv[:1] == ["node"]:
         return node_main(argv[1:])
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seconds", type=float, default=8.0, help="measured seconds (default 8)")
-    ap.add_argument("--warmup", type=int, default=200, help="allocations before the measured ones")
+    ap.add_argument("--seconds", type=float, default=None, help="measured seconds (default 8; 2 with --quick)")
+    ap.add_argument("--warmup", type=int, default=None,
+                    help="allocations before the measured ones (default 200; 50 with --quick)")
+    ap.add_argument("--quick", action="store_true", help="2 s after 50 allocations (explicit options still win)")
     ap.add_argument("--json", default=os.path.join("bench-results", "stages.json"))
     ap.add_argument("--keep", action="store_true", help="keep the cluster's directory (and the event files)")
     a = ap.parse_args(argv)
+    a.seconds = a.seconds if a.seconds is not None else (2.0 if a.quick else 8.0)
+    a.warmup = a.warmup if a.warmup is not None else (50 if a.quick else 200)
     if a.seconds <= 0 or a.warmup < 0:
         ap.error("--seconds must be positive and --warmup not negative")
     directory = tempfile.mkdtemp(prefix="pidquorum-stages-")

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import statistics
 import sys
@@ -31,7 +30,7 @@ import time
 
 from client.quorum import QuorumClient, RetryPolicy
 
-from .common import environment_info, log, percentile, table, temp_cluster, utc_now
+from .common import environment_info, log, percentile, table, temp_cluster, utc_now, write_report
 from .processes import cpu_seconds
 
 WARMUP = 300  # allocations per client before a run is measured (connections, the leader found, caches)
@@ -152,11 +151,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m benchmarks.ab") -
     res["runs"] = run_pairs(trees, a.pairs, a.seconds, a.clients, a.keep, a.warmup)
     res["summary"] = summarize(res["runs"])
     res["finished_at"] = utc_now()
-    os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-    with open(a.json, "w") as fh:
-        json.dump(res, fh, indent=2)
-    print(render(res))
-    print(f"JSON: {a.json}")
+    write_report(res, a.json, render(res))
     return 0
 
 

@@ -250,6 +250,16 @@ def report(res: dict, output: str, print_results: Callable[[dict], None]) -> int
 
 
 # ----------------------------------------------------------------------- printing
+def write_report(res: dict, json_path: str, text: str) -> None:
+    """Write ``res`` as JSON to ``json_path`` (its directory made if need be), print ``text`` and where the
+    JSON went."""
+    os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
+    with open(json_path, "w") as fh:
+        json.dump(res, fh, indent=2, default=str)
+    print(text)
+    print(f"JSON: {json_path}")
+
+
 def table(title: str, headers: list[str], rows: list[list]) -> str:
     """Right-aligned columns under a title; None prints as "-"."""
     cells = [[("-" if v is None else str(v)) for v in row] for row in rows]

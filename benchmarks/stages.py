@@ -34,14 +34,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import glob
-import json
 import os
 import shutil
 import sys
 import tempfile
 import time
 
-from .common import HOST, log, percentile, table
+from .common import HOST, log, percentile, table, write_report
 
 LEADER_STAGES = ("parsed", "batch", "proposed", "appended", "sent", "acked", "committed", "applied", "answered")
 FOLLOWER_STAGES = ("received", "appended", "syncing", "synced", "acked")
@@ -239,11 +238,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m benchmarks.stages
     if res["leader"] is None:
         print("no node recorded a leader's stages (did the cluster elect a leader?)", file=sys.stderr)
         return 1
-    os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-    with open(a.json, "w") as fh:
-        json.dump(res, fh, indent=2)
-    print(render(res))
-    print(f"JSON: {a.json}")
+    write_report(res, a.json, render(res))
     return 0
 
 

@@ -371,41 +371,48 @@ def test_a_follower_takes_its_leaders_appendentries_without_a_tick_and_applies_t
         c.allocate(2, c.register(2))  # the cluster goes on
 
 
-def test_the_leader_writes_an_answer_inside_the_tick_that_applies_its_entry():
-    """A request the leader proposes is answered from the tick that applied its entry (``Proposal.on_value``),
-    not a pass of the loop later by the request's task: over the wire, through the real server."""
+def serve_five_allocations(leader, on_answer_written) -> list:
+    """Serve the client port on ``leader``'s loop (the real ``QuorumServer``) while a client registers a broker
+    and allocates five blocks; ``on_answer_written()`` runs whenever an answer leaves for the client's socket
+    (``InOrder._flush`` wrote one).  Returns the blocks."""
     from client.quorum import QuorumClient, RetryPolicy
     from quorum.server import InOrder, QuorumServer
 
+    original_flush = InOrder._flush
+
+    def flush(self):
+        before = len(self._line)
+        original_flush(self)
+        if len(self._line) < before:
+            on_answer_written()
+
+    InOrder._flush = flush
+    server = QuorumServer(leader.service)
+    try:
+        asyncio.run_coroutine_threadsafe(server.start(), leader.loop).result(10)
+
+        async def allocate():
+            client = QuorumClient([leader.cfg.client_address], RetryPolicy(timeout=10, attempt_timeout=5))
+            try:
+                epoch = await client.register_broker(7)
+                return [await client.allocate(7, epoch) for _ in range(5)]
+            finally:
+                await client.close()
+
+        return asyncio.run(allocate())
+    finally:
+        InOrder._flush = original_flush
+        asyncio.run_coroutine_threadsafe(server.stop(), leader.loop).result(10)
+
+
+def test_the_leader_writes_an_answer_inside_the_tick_that_applies_its_entry():
+    """A request the leader proposes is answered from the tick that applied its entry (``Proposal.on_value``),
+    not a pass of the loop later by the request's task: over the wire, through the real server."""
     with SimCluster() as c:
         leader = c.leader()
         in_tick = track_ticks(leader.raft._obj)
         flushes = []
-        original_flush = InOrder._flush
-
-        def flush(self):
-            before = len(self._line)
-            original_flush(self)
-            if len(self._line) < before:
-                flushes.append(bool(in_tick))
-
-        InOrder._flush = flush
-        server = QuorumServer(leader.service)
-        try:
-            asyncio.run_coroutine_threadsafe(server.start(), leader.loop).result(10)
-
-            async def allocate():
-                client = QuorumClient([leader.cfg.client_address], RetryPolicy(timeout=10, attempt_timeout=5))
-                try:
-                    epoch = await client.register_broker(7)
-                    return [await client.allocate(7, epoch) for _ in range(5)]
-                finally:
-                    await client.close()
-
-            blocks = asyncio.run(allocate())
-        finally:
-            InOrder._flush = original_flush
-            asyncio.run_coroutine_threadsafe(server.stop(), leader.loop).result(10)
+        blocks = serve_five_allocations(leader, lambda: flushes.append(bool(in_tick)))
         starts = [b.start for b in blocks]
         assert starts == sorted(set(starts)) and len(starts) == 5
         assert flushes == [True] * 6  # the registration and five allocations, each written in its tick
@@ -415,9 +422,7 @@ def test_the_leader_encodes_an_answer_while_its_entry_is_on_its_way_and_writes_t
     """Two pieces of a proposed request's work leave the commit's critical path: its answer is encoded once
     the entry is handed to Raft, before it is applied (``EarlyAnswer.prepare``), and the audit trail of the
     entry is written after the answer, in the same tick (``RaftNode``'s ``after_apply``)."""
-    from client.quorum import QuorumClient, RetryPolicy
     from quorum import server as server_module
-    from quorum.server import InOrder, QuorumServer
 
     with SimCluster() as c:
         leader = c.leader()
@@ -425,37 +430,18 @@ def test_the_leader_encodes_an_answer_while_its_entry_is_on_its_way_and_writes_t
         in_tick = track_ticks(leader.raft._obj)
         encoded, written = [], []
         api = server_module.SERVER_API
-        original_encode, original_flush = api.encode, InOrder._flush
+        original_encode = api.encode
 
         def encode(*args, **kwargs):
             encoded.append(service.applied_index)
             return original_encode(*args, **kwargs)
 
-        def flush(self):
-            before = len(self._line)
-            original_flush(self)
-            if len(self._line) < before:
-                written.append((bool(in_tick), service.applied_index, service.audit.last_index))
-
         object.__setattr__(api, "encode", encode)  # the API table is a frozen dataclass
-        InOrder._flush = flush
-        server = QuorumServer(leader.service)
         try:
-            asyncio.run_coroutine_threadsafe(server.start(), leader.loop).result(10)
-
-            async def allocate():
-                client = QuorumClient([leader.cfg.client_address], RetryPolicy(timeout=10, attempt_timeout=5))
-                try:
-                    epoch = await client.register_broker(7)
-                    return [await client.allocate(7, epoch) for _ in range(5)]
-                finally:
-                    await client.close()
-
-            blocks = asyncio.run(allocate())
+            blocks = serve_five_allocations(leader, lambda: written.append(
+                (bool(in_tick), service.applied_index, service.audit.last_index)))
         finally:
             object.__setattr__(api, "encode", original_encode)
-            InOrder._flush = original_flush
-            asyncio.run_coroutine_threadsafe(server.stop(), leader.loop).result(10)
         assert [b.start for b in blocks] == sorted({b.start for b in blocks}) and len(blocks) == 5
         assert len(written) == 6 and len(encoded) == 6, (written, encoded)  # the registration, five allocations
         for applied_at_encode, (in_a_tick, applied, audited) in zip(encoded, written):

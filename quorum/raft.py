@@ -696,7 +696,6 @@ class _Replicated(SyncObj):
         transactions to complete); what the leader commits, applies and answers does not.
         """
         applied = SyncObj._SyncObj__applyLogEntries(self)
-        self._pq.after_apply()  # the work of these entries that no answer waits for (RaftNode's after_apply)
         if applied and self._SyncObj__raftState == _LEADER:
             self._SyncObj__newAppendEntriesTime = min(self._SyncObj__newAppendEntriesTime,
                                                       _clock() + COMMIT_NOTIFY_S)
@@ -1088,9 +1087,7 @@ class RaftNode:
 
     ``on_apply(index, term, payload) -> result`` is called for every committed entry,
     in order, on the thread that ticks Raft.  ``snapshot_state() -> records`` and
-    ``restore_state(records, last_index)`` turn the state into records and back.  ``after_apply()``
-    runs after each pass that applies entries, once the answers of those entries were given: work they
-    do not wait for (the audit trail's write).
+    ``restore_state(records, last_index)`` turn the state into records and back.
     ``disk`` and ``failstop`` are the node's storage and its way to stop, ``transport_class`` the
     pysyncobj transport under the identity gate (TCP by default), ``node_class`` pysyncobj's node
     type (``TCPNode``), ``clock`` what gives wall time (``time``); tests and the simulator pass their
@@ -1116,7 +1113,7 @@ class RaftNode:
                  identity: NodeIdentity | None = None, disk: Disk | None = None,
                  failstop: FailStop | None = None, transport_class: type | None = None, clock=time,
                  node_class: type = TCPNode, trust_own_log: bool = False,
-                 loop: asyncio.AbstractEventLoop | None = None, after_apply: Callable[[], None] | None = None):
+                 loop: asyncio.AbstractEventLoop | None = None):
         if not secret:
             raise ValueError("a cluster secret is required: the Raft port executes what it receives")
         raft.validate()
@@ -1128,7 +1125,6 @@ class RaftNode:
         self.journal_path = os.path.join(data_dir, "raft.journal")
         self.snapshot_path = os.path.join(data_dir, "raft.snapshot")
         self._on_apply = on_apply
-        self.after_apply = after_apply or (lambda: None)
         self._snapshot_state = snapshot_state
         self._restore_state_cb = restore_state
         self.identity = identity or NodeIdentity.open(data_dir, secret, disk=self.disk)

@@ -86,11 +86,10 @@ class Service:
         self.identity = NodeIdentity.open(cfg.data_dir, cfg.secret, cfg.cluster_id, cfg.client_address,
                                           disk=self.disk, **({"new_id": new_id} if new_id else {}))
         self.audit = AuditWriter(os.path.join(cfg.data_dir, "audit.log"), self.disk)
-        self._unaudited: list[tuple[int, int, list]] = []  # applied, trail not written yet (_write_audit)
         self.raft = RaftNode(cfg.raft_address, [p.raft_address for p in cfg.peers], cfg.data_dir, cfg.secret,
                              cfg.raft, on_apply=self._apply, snapshot_state=self._snapshot_state,
                              restore_state=self._restore_state, bind_addr=cfg.raft_bind, identity=self.identity,
-                             disk=self.disk, clock=clock, after_apply=self._write_audit, **raft_options)
+                             disk=self.disk, clock=clock, **raft_options)
 
     # ---------------------------------------------- pysyncobj thread callbacks
     def _apply(self, index: int, term: int, payload: bytes) -> list[str | None]:
@@ -111,20 +110,12 @@ class Service:
         for o in outcomes:
             if not o.accepted:
                 log.warning("entry %d: replay refused %s: %s", index, type(o.record).__name__, o.error)
-        self._unaudited.append((index, term, outcomes))
+        # Before the answer (which the entry's callback writes): a client that reads the trails once it has
+        # its answer finds its block there (``pidctl blocks history``).
+        self.audit.append(index, term, outcomes)
         return [o.error for o in outcomes]
 
-    def _write_audit(self) -> None:
-        """The audit trail of the entries applied since the last call: after their answers (RaftNode's
-        ``after_apply``), which never waited for it.  The trail is not synced before an answer either
-        way; what a crash takes from it, replaying the journal writes again (``AuditWriter.append``
-        skips what the file has), and the journal keeps entries until a snapshot synced the trail."""
-        pending, self._unaudited = self._unaudited, []
-        for index, term, outcomes in pending:
-            self.audit.append(index, term, outcomes)
-
     def _snapshot_state(self) -> list[Record]:
-        self._write_audit()
         self.audit.sync()  # the journal drops these entries after the snapshot
         with self.lock:
             return self.state.snapshot_records()
@@ -134,7 +125,6 @@ class Service:
         with self.lock:
             self.state = state
             self.applied_index = last_index
-        self._write_audit()
         self.audit.gap(last_index)
 
     # --------------------------------------------------------------- reading
@@ -158,7 +148,6 @@ class Service:
 
     def close(self) -> None:
         self.raft.destroy()
-        self._write_audit()
         self.audit.close()
 
 

@@ -225,7 +225,10 @@ class LocalCluster:
         When ``up`` fails, it stops the nodes it started before it raises.  When it created the
         cluster itself and a node could not bind a port (``free_ports`` releases the ports it picks,
         and another process can take one before the node binds it), it discards the new cluster,
-        which holds nothing yet, and creates it again on other ports, up to ``BIND_ATTEMPTS`` times."""
+        which has issued nothing (no node applied a record: every audit trail is empty), and creates it
+        again on other ports, up to ``BIND_ATTEMPTS`` times.  A cluster whose nodes applied anything (a
+        client found it through ``cluster.json`` while it started) is never discarded: a new one would
+        issue its blocks again."""
         fresh = not self.exists()
         for attempt in range(1, BIND_ATTEMPTS + 1):
             self.create(size=size, **create_options)
@@ -241,7 +244,7 @@ class LocalCluster:
                 for n in self.nodes():
                     if n.node_id not in running:
                         self.stop(n.node_id, timeout=5.0)
-                if not retry:
+                if not (retry and self._issued_nothing()):
                     raise
                 self._discard()
 
@@ -254,6 +257,12 @@ class LocalCluster:
                 if "cannot bind" in tail or "address already in use" in tail:
                     return True
         return False
+
+    def _issued_nothing(self) -> bool:
+        """No node applied a record (read with the nodes stopped: a node writes an entry's audit line
+        before it answers the entry's requests)."""
+        return all(not os.path.getsize(path) for n in self.nodes()
+                   if os.path.exists(path := os.path.join(self.data_dir(n.node_id), "audit.log")))
 
     def _discard(self) -> None:
         """Remove what ``create`` wrote for the nodes (configs, data, logs, the state file); the secret

@@ -210,3 +210,41 @@ def test_a_failed_up_stops_the_nodes_it_started(tmp_path, monkeypatch):
     finally:
         lc.down()
         held.close()
+
+
+def test_up_never_discards_a_new_cluster_that_issued_a_block(tmp_path, monkeypatch):
+    """A node that cannot bind a port exits within milliseconds of its Raft port coming up, and a new cluster
+    elects no leader before all its nodes gave their word: a block is issued before such a failure only in a
+    narrow window.  Made certain here: all three nodes are up, a client (which found the cluster through
+    cluster.json) gets a block, and then the start counts as failed on a taken port.  up() raises and keeps
+    the cluster: a new one would issue that block again."""
+    lc = LocalCluster(str(tmp_path / "c"))
+    blocks = []
+    original_wait = LocalCluster.wait_ready
+
+    def ready_then_a_block_then_failed(self, node_ids=None, timeout=30.0):
+        original_wait(self, node_ids, timeout)
+        if blocks:
+            return
+
+        async def allocate():
+            client = QuorumClient(self.client_addresses(), RetryPolicy(timeout=20, attempt_timeout=5))
+            try:
+                blocks.append(await client.allocate(1, await client.register_broker(1)))
+            finally:
+                await client.close()
+        run(allocate())
+        raise ClusterError("node 3 exited during start-up (made up by the test)")
+
+    monkeypatch.setattr(LocalCluster, "wait_ready", ready_then_a_block_then_failed)
+    monkeypatch.setattr(LocalCluster, "_port_taken", lambda self: True)
+    assert not lc.exists()
+    try:
+        with pytest.raises(ClusterError, match="made up by the test"):
+            lc.up(3)
+        assert len(blocks) == 1
+        state = lc.load()  # the same cluster, not another one
+        assert any(os.path.getsize(os.path.join(lc.data_dir(n["node_id"]), "audit.log")) for n in state["nodes"])
+        assert not any(lc.alive(n.node_id) for n in lc.nodes())  # and the nodes it started are stopped
+    finally:
+        lc.down()

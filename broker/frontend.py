@@ -2,7 +2,7 @@
 
 One broker, one listener, every partition led by this broker.  Served with
 kio's codecs: ApiVersions 0-3, Metadata 0-12, InitProducerId 0-4, Produce
-3-10, ListOffsets 1-7, Fetch 4-12, FindCoordinator 0-2, AddPartitionsToTxn 0-3,
+3-10, ListOffsets 1-7, Fetch 4-12, FindCoordinator 0-6, AddPartitionsToTxn 0-3,
 AddOffsetsToTxn 0-3 (answered: no consumer groups), EndTxn 0-3,
 DescribeProducers 0.
 
@@ -554,8 +554,36 @@ class BrokerServer:
     # ------------------------------------------------------------ FindCoordinator
     def _find_coordinator(self, req: kafka.Request) -> Any:
         """Transactional ids (key type 1): this broker.  Consumer groups (key type 0): refused with
-        GROUP_AUTHORIZATION_FAILED and, from v1, an error message saying why.  Other key types:
-        INVALID_REQUEST.
+        GROUP_AUTHORIZATION_FAILED and, from v1, an error message saying why.  Share-group state (key
+        type 2, v6, KIP-932): INVALID_REQUEST, as Kafka answers a broker without a share coordinator (and
+        any version below 6).  Other key types: INVALID_REQUEST.
+
+        Versions v0-v6, as Kafka 4.x serves them, each parsed and answered in its own layout:
+
+        - v0: the request is a key only (always a group); the answer is error_code, node_id, host, port.
+        - v1, v2: the request adds key_type; the answer adds throttle_time and error_message (v2 only
+          changes when a throttled answer is sent).
+        - v3: the first flexible version (compact strings, tagged fields, request header v2, response
+          header v1); fields as v2.
+        - v4 (KIP-699): batched.  The request is key_type and coordinator_keys; the answer has no
+          top-level error, only ``coordinators``: one entry per key, in the request's order (a repeated
+          key gets an entry each time), each with its key, node_id, host, port, error_code and
+          error_message.  Every key is decided as a v0-v3 key would be, with the request's key type.
+        - v5: v4's layout (it may carry TRANSACTION_ABORTABLE, KIP-890, which is never answered here).
+        - v6: v4's layout; key type 2 may be asked.
+
+        Bad input is answered, never a closed connection nor a traceback: an unknown key type gives
+        every key INVALID_REQUEST (as Kafka does); a key over ``MAX_COORDINATOR_KEY_CHARS`` (no
+        transactional id can be that long) gets INVALID_REQUEST, the others of its batch are answered;
+        a batch of no keys is answered one INVALID_REQUEST entry with the key "" (Kafka answers an empty
+        ``coordinators``, which tells the client nothing); a batch of more than ``MAX_COORDINATOR_KEYS``
+        is not looked up: its first ``MAX_COORDINATOR_KEYS`` keys are answered INVALID_REQUEST saying
+        so (each key's entry is larger than the key: answering every key of a 16 MB frame of empty keys
+        would take gigabytes).  Each bad request is logged.
+
+        Authorization: none (this broker has no ACL for FindCoordinator, for any key type; Kafka's
+        DESCRIBE check on the group or transactional id is not made).  The ACLs are checked where the
+        transactional id is used: InitProducerId, AddPartitionsToTxn, EndTxn, Produce.
 
         Consumer groups are not served (no JoinGroup, SyncGroup, Heartbeat, OffsetCommit,
         OffsetFetch).  Naming this broker as their coordinator made clients fail late or never: a
@@ -579,25 +607,58 @@ class BrokerServer:
         Under any error code here, librdkafka's ``commit`` and ``committed`` wait for a coordinator
         until their timeout (``committed(timeout=)``; a synchronous commit about session.timeout.ms)
         and fail with _WAIT_COORD / _TIMED_OUT; the consumer error on the queue says why.  Refusals are
-        counted; the first and every 1000th is logged."""
-        b = req.body
-        key_type = int(getattr(b, "key_type", 0))
-        if key_type not in (0, 1):
-            raise InvalidRequestError(f"unknown coordinator key type {key_type}")
-        if key_type == 0:
+        counted, one per group key; the first and every 1000th is logged."""
+        b, v = req.body, req.api_version
+        key_type = int(getattr(b, "key_type", COORDINATOR_GROUP))  # v0 has no key type: a group
+        host, port = self.cfg.advertised_address
+        me = {"node_id": self.cfg.broker_id, "host": host, "port": port}
+        if v < BATCHED_COORDINATOR_VERSION:
+            code, why = self._coordinator_of(v, key_type, str(b.key))
+            if code == Errors.INVALID_REQUEST:
+                log.info("FindCoordinator v%d: %s (answered INVALID_REQUEST)", v, why)
+            return kio_.response(FIND_COORDINATOR, v, {
+                "throttle_time": 0, "error_code": int(code), "error_message": why,
+                **(me if code == Errors.NONE else NO_COORDINATOR)})
+        keys = b.coordinator_keys
+        if not keys or len(keys) > MAX_COORDINATOR_KEYS:
+            why = ("the request names no coordinator keys" if not keys else
+                   f"{len(keys)} coordinator keys in one request, at most {MAX_COORDINATOR_KEYS}: none was looked "
+                   f"up (the first {MAX_COORDINATOR_KEYS} are answered)")
+            log.info("FindCoordinator v%d: %s (answered INVALID_REQUEST)", v, why)
+            return _coordinator_entries(v, keys or ("",), Errors.INVALID_REQUEST, why)
+        coordinators, invalid = [], None
+        for key in keys:
+            code, why = self._coordinator_of(v, key_type, key)
+            if code == Errors.INVALID_REQUEST and invalid is None:
+                invalid = why
+            coordinators.append({"key": key, "error_code": int(code), "error_message": why,
+                                 **(me if code == Errors.NONE else NO_COORDINATOR)})
+        if invalid is not None:
+            log.info("FindCoordinator v%d (%d keys): %s (answered INVALID_REQUEST)", v, len(keys), invalid)
+        return kio_.response(FIND_COORDINATOR, v, {"throttle_time": 0, "coordinators": coordinators})
+
+    def _coordinator_of(self, version: int, key_type: int, key: str) -> tuple[Errors, str | None]:
+        """(NONE, None) when this broker coordinates ``key`` (of ``key_type``), else (error, why)."""
+        if key_type not in (COORDINATOR_GROUP, COORDINATOR_TRANSACTION, COORDINATOR_SHARE):
+            return Errors.INVALID_REQUEST, (f"unknown coordinator key type {key_type} "
+                                            "(0: group, 1: transaction, 2: share)")
+        if len(key) > MAX_COORDINATOR_KEY_CHARS:
+            return Errors.INVALID_REQUEST, (f"a coordinator key of {len(key)} characters, at most "
+                                            f"{MAX_COORDINATOR_KEY_CHARS}")
+        if key_type == COORDINATOR_SHARE:
+            if version < SHARE_COORDINATOR_VERSION:
+                return Errors.INVALID_REQUEST, (f"coordinator key type 2 (share) needs FindCoordinator "
+                                                f"v{SHARE_COORDINATOR_VERSION}")
+            return Errors.INVALID_REQUEST, "share groups are not served by this broker (coordinator key type 2)"
+        if key_type == COORDINATOR_GROUP:
             self.counters["groups_refused"] += 1
-            why = f"consumer groups are not served by this broker (group {str(b.key)[:200]!r})"
+            why = f"consumer groups are not served by this broker (group {key[:200]!r})"
             if self.counters["groups_refused"] % 1000 == 1:
                 log.info("FindCoordinator: %s; answered GROUP_AUTHORIZATION_FAILED (%d so far)", why,
                          self.counters["groups_refused"])
-            return kio_.response(FIND_COORDINATOR, req.api_version, {
-                "throttle_time": 0, "error_code": int(GROUPS_NOT_SERVED), "error_message": why,
-                "node_id": -1, "host": "", "port": -1})
-        host, port = self.cfg.advertised_address
+            return GROUPS_NOT_SERVED, why
         # Transactional state lives in the quorum: every broker coordinates every transactional id.
-        return kio_.response(FIND_COORDINATOR, req.api_version, {
-            "throttle_time": 0, "error_code": 0, "error_message": None, "node_id": self.cfg.broker_id,
-            "host": host, "port": port})
+        return Errors.NONE, None
 
     # ------------------------------------------------------------ InitProducerId
     async def _init_producer_id(self, req: kafka.Request) -> Any:
@@ -1007,10 +1068,30 @@ def _init_error(cfg: BrokerConfig, version: int, code: Errors, body: Any) -> Any
                                                      "producer_epoch": -1})
 
 
+# FindCoordinator (``BrokerServer._find_coordinator``): key types, the first batched version (KIP-699) and
+# the first that may ask for a share-group key (KIP-932); the bounds of a request's keys.
+COORDINATOR_GROUP, COORDINATOR_TRANSACTION, COORDINATOR_SHARE = 0, 1, 2
+BATCHED_COORDINATOR_VERSION, SHARE_COORDINATOR_VERSION = 4, 6
+MAX_COORDINATOR_KEYS = 10_000  # per request; Kafka has no bound but the frame's size
+MAX_COORDINATOR_KEY_CHARS = 32767  # a Kafka string (v0-v2 cannot carry more); the quorum's bound on a transactional id
+NO_COORDINATOR = {"node_id": -1, "host": "", "port": -1}
+
+
+def _coordinator_entries(version: int, keys: Any, code: Errors, why: str) -> Any:
+    """A batched (v4+) answer giving each of ``keys`` (at most ``MAX_COORDINATOR_KEYS`` of them) ``code``."""
+    return kio_.response(FIND_COORDINATOR, version, {"throttle_time": 0, "coordinators": [
+        {"key": key, "error_code": int(code), "error_message": why, **NO_COORDINATOR}
+        for key in keys[:MAX_COORDINATOR_KEYS]]})
+
+
 def _coordinator_error(cfg: BrokerConfig, version: int, code: Errors, body: Any) -> Any:
+    """``code`` for the whole request; from v4 for each of its keys, or, when the body could not be read,
+    for the key "" (an answer with no entry would not carry the code)."""
+    if version >= BATCHED_COORDINATOR_VERSION:
+        keys = getattr(body, "coordinator_keys", None) or ("",)
+        return _coordinator_entries(version, keys, code, code.name)
     return kio_.response(FIND_COORDINATOR, version, {"throttle_time": 0, "error_code": int(code),
-                                                     "error_message": code.name, "node_id": -1, "host": "",
-                                                     "port": -1})
+                                                     "error_message": code.name, **NO_COORDINATOR})
 
 
 def _metadata_error(cfg: BrokerConfig, version: int, code: Errors, body: Any) -> Any:
@@ -1092,7 +1173,7 @@ RPCS: dict[int, BrokerRpc] = {
     FETCH: BrokerRpc("Fetch", (4, 12), BrokerServer._fetch, _fetch_error),
     LIST_OFFSETS: BrokerRpc("ListOffsets", (1, 7), BrokerServer._list_offsets, _list_offsets_error),
     METADATA: BrokerRpc("Metadata", (0, 12), BrokerServer._metadata, _metadata_error),
-    FIND_COORDINATOR: BrokerRpc("FindCoordinator", (0, 2), BrokerServer._find_coordinator, _coordinator_error),
+    FIND_COORDINATOR: BrokerRpc("FindCoordinator", (0, 6), BrokerServer._find_coordinator, _coordinator_error),
     kafka.API_VERSIONS: BrokerRpc("ApiVersions", (0, 3), BrokerServer._api_versions, _versions_error),
     INIT_PRODUCER_ID: BrokerRpc("InitProducerId", (0, 4), BrokerServer._init_producer_id, _init_error, _init_acl),
     DESCRIBE_PRODUCERS: BrokerRpc("DescribeProducers", (0, 0), BrokerServer._describe_producers,

@@ -27,6 +27,13 @@ transaction's completion is serialized on the broker by a per-id lock, and the s
 leader's answer given under that lock (EndTxn's prepare, or a re-read by the sweeper and InitProducerId),
 so a stale view never writes a marker to a transaction that already ended.
 
+**Each step names its transaction.**  The quorum numbers an id's transactions (``sequence``); this broker
+learns the numbers from the answers (``_Known``) and every step it sends names one, so a copy that
+reaches the quorum late (a retry on another node, a request a paused node forwards when it resumes) is
+refused or answered as it was, never applied to the producer's next transaction.  When the quorum's
+transaction is another one than this broker named, the broker re-reads it and the client is told to
+retry (``_client_step``).  docs/transactions.md has the table of every request and its late copy.
+
 **Timeouts.**  The sweeper also finds open transactions past their ``transaction.timeout.ms`` and asks
 the quorum to abort them (``timeout``: PrepareAbort with the epoch bumped, so the abort markers fence the
 producer's late batches); the producer's next step gets INVALID_PRODUCER_EPOCH (abortable), its abort
@@ -71,11 +78,24 @@ LOCK_STRIPES = 64
 
 
 @dataclass
-class _Ongoing:
+class _Known:
+    """What this broker last learnt from the quorum of a producer's transactions: which one is its
+    current (``sequence``, TransactionStateRecord.sequence; -1 unknown), whether it is open, and the
+    partitions of this broker in it.  Every step it sends names that transaction, so a step that reaches
+    the quorum late (a retry on another node, a request a paused node forwards after it resumes) cannot
+    land on the producer's next transaction."""
     transactional_id: str
     producer_epoch: int
-    start_time_ms: int
+    sequence: int
+    open: bool
     partitions: set[tuple[str, int]] = field(default_factory=set)
+
+    def names(self, op: str) -> int:
+        """The sequence a step ``op`` sends: add joins the open transaction or begins the next one;
+        commit and abort end the open one (or are a retry of the one that ended)."""
+        if op == "add" and not self.open:
+            return 0 if self.sequence < 0 else self.sequence + 1
+        return self.sequence
 
 
 class TxnCoordinator:
@@ -91,22 +111,23 @@ class TxnCoordinator:
         self._reregister = reregister
         self._on_marker = on_marker
         self.check_interval_s = check_interval_s
-        self._ongoing: OrderedDict[int, _Ongoing] = OrderedDict()  # producer id -> what this broker added
+        self._inits = 0  # InitProducerId calls so far (their request ids)
+        self._known: OrderedDict[int, _Known] = OrderedDict()  # producer id -> its transactions, as last answered
         # Completions of one id run one at a time: striped locks (an id always maps to the same one).
         self._locks = [asyncio.Lock() for _ in range(LOCK_STRIPES)]
         self.counters = {"txn_committed": 0, "txn_aborted": 0, "txn_timed_out": 0, "txn_markers": 0,
-                         "txn_completions_deferred": 0, "txn_verify_round_trips": 0}
+                         "txn_completions_deferred": 0, "txn_verify_round_trips": 0, "txn_steps_refused": 0}
 
     # ------------------------------------------------------------ quorum calls
     async def _txn(self, op: str, transactional_id: str = "", producer_id: int = -1, producer_epoch: int = -1,
-                   partitions: list | None = None, start_time_ms: int = -1) -> dict:
+                   partitions: list | None = None, start_time_ms: int = -1, sequence: int = -1) -> dict:
         for attempt in (1, 2):
             epoch = self._broker_epoch()
             if epoch is None:
                 raise CoordinatorLoadInProgressError("broker is not registered with the quorum yet")
             try:
                 return await self.quorum.txn(self.broker_id, epoch, op, transactional_id, producer_id,
-                                             producer_epoch, partitions, start_time_ms)
+                                             producer_epoch, partitions, start_time_ms, sequence)
             except StaleBrokerEpochError:
                 if attempt == 2:
                     raise
@@ -115,21 +136,60 @@ class TxnCoordinator:
 
     # ------------------------------------------------------------ client steps
     async def add_partitions(self, tid: str, pid: int, epoch: int, partitions: list[tuple[str, int]]) -> None:
-        """AddPartitionsToTxn: the partitions join the producer's transaction (one begins if none is open)."""
-        txn = await self._txn("add", tid, pid, epoch, [[self.broker_id, t, p] for t, p in partitions])
+        """AddPartitionsToTxn: the partitions join the producer's transaction (the next one begins if none is
+        open)."""
+        txn = await self._client_step("add", tid, pid, epoch, [[self.broker_id, t, p] for t, p in partitions])
         self._remember(pid, txn)
+
+    async def _client_step(self, op: str, tid: str, pid: int, epoch: int, partitions: list | None = None) -> dict:
+        """A client's step, naming the transaction this broker knows the producer to be in (or, knowing
+        none, the id's current one).  When the quorum's transaction is another (this broker's knowledge is
+        behind: the producer went on through another broker), the broker learns the quorum's and the
+        client is told to retry (CONCURRENT_TRANSACTIONS): a client that is still there does, and its retry
+        names the right transaction; a request that arrived here late has nobody to retry it."""
+        known = self._known_of(tid, pid, epoch)
+        sequence = known.names(op) if known is not None else -1
+        try:
+            return await self._txn(op, tid, pid, epoch, partitions, sequence=sequence)
+        except InvalidTxnStateError:
+            if sequence == -1:
+                raise
+            current = await self._learn(tid, pid)
+            if current is not None and current.names(op) == sequence:
+                raise  # the transaction named is the current one: the step itself is not allowed
+            self.counters["txn_steps_refused"] += 1
+            raise ConcurrentTransactionsError(
+                f"transactional id {tid[:200]!r}: this broker named transaction {sequence}, which is not the "
+                f"producer's current one; retry") from None
+
+    async def _learn(self, tid: str, pid: int) -> _Known | None:
+        """Read the id's transaction through the leader and remember it (None: it has none)."""
+        self._known.pop(pid, None)
+        try:
+            txn = await self._txn("describe", tid)
+        except InvalidTxnStateError:
+            return None
+        self._remember(txn["producer_id"], txn)
+        return self._known.get(txn["producer_id"])
 
     def _remember(self, pid: int, txn: dict) -> None:
         mine = {(t, p) for b, t, p in txn["partitions"] if b == self.broker_id}
-        self._ongoing[pid] = _Ongoing(txn["transactional_id"], txn["producer_epoch"], txn["start_time_ms"], mine)
-        self._ongoing.move_to_end(pid)
-        while len(self._ongoing) > MAX_CACHED:
-            self._ongoing.popitem(last=False)
+        self._keep(pid, _Known(txn["transactional_id"], txn["producer_epoch"], int(txn.get("sequence", -1)),
+                               txn["state"] == "Ongoing", mine))
+
+    def _keep(self, pid: int, known: _Known) -> None:
+        self._known[pid] = known
+        self._known.move_to_end(pid)
+        while len(self._known) > MAX_CACHED:
+            self._known.popitem(last=False)
+
+    def _known_of(self, tid: str, pid: int, epoch: int) -> _Known | None:
+        k = self._known.get(pid)
+        return k if k is not None and k.transactional_id == tid and k.producer_epoch == epoch else None
 
     def _added(self, tid: str, pid: int, epoch: int, topic: str, partition: int) -> bool:
-        o = self._ongoing.get(pid)
-        return (o is not None and o.transactional_id == tid and o.producer_epoch == epoch
-                and (topic, partition) in o.partitions)
+        k = self._known_of(tid, pid, epoch)
+        return k is not None and k.open and (topic, partition) in k.partitions
 
     async def verify(self, tid: str, pid: int, epoch: int, topic: str, partition: int) -> None:
         """KIP-890 part 1: raises INVALID_TXN_STATE unless the partition is in the producer's ongoing
@@ -147,7 +207,8 @@ class TxnCoordinator:
         leader applied it) is what the markers are written from: no other completion of the id can run
         between the two, so there is nothing to re-read (one round trip fewer than ``complete``)."""
         async with self._lock_of(tid):
-            txn = await self._txn("commit" if commit else "abort", tid, pid, epoch)
+            txn = await self._client_step("commit" if commit else "abort", tid, pid, epoch)
+            self._ended(txn)
             if txn["state"] in ("CompleteCommit", "CompleteAbort"):
                 return  # a retry of an EndTxn that was completed
             try:
@@ -162,13 +223,19 @@ class TxnCoordinator:
     async def init_producer_id(self, tid: str, timeout_ms: int, pid: int, epoch: int) -> tuple[int, int]:
         """InitProducerId for a transactional id: an open or prepared transaction of the id is completed
         first (aborted, fencing the producer that began it), then the epoch rules apply (the quorum's)."""
+        self._inits += 1
         for attempt in range(INIT_ATTEMPTS):
             broker_epoch = self._broker_epoch()
             if broker_epoch is None:
                 raise CoordinatorLoadInProgressError("broker is not registered with the quorum yet")
+            # Unique in the cluster (a broker epoch is never handed out twice), the same in every copy of
+            # this call: a copy the quorum applies twice is answered as it was, not bumped again.
+            request_id = f"{self.broker_id}:{broker_epoch}:{self._inits}"
             try:
-                return await self.quorum.init_transactional(self.broker_id, broker_epoch, tid, timeout_ms, pid,
-                                                            epoch)
+                new_pid, new_epoch, last = await self.quorum.init_transactional_sequence(
+                    self.broker_id, broker_epoch, tid, timeout_ms, pid, epoch, request_id)
+                self._keep(new_pid, _Known(tid, new_epoch, last, False))  # its next transaction is last + 1
+                return new_pid, new_epoch
             except StaleBrokerEpochError:
                 await self._reregister()
             except ConcurrentTransactionsError:
@@ -200,14 +267,19 @@ class TxnCoordinator:
         if elsewhere:
             raise ConcurrentTransactionsError(f"partitions on broker(s) {elsewhere}: their markers are "
                                               f"written there")
-        self._ongoing.pop(pid, None)  # before any marker: a KIP-890 check must ask the quorum again
+        self._ended(txn)  # before any marker: a KIP-890 check must ask the quorum again
         failpoints.hit("broker.txn.prepared", tid, txn["state"])
         for _, topic, partition in txn["partitions"]:
             await self._write_marker(topic, partition, pid, epoch, commit)
-        await self._txn("complete", tid, start_time_ms=txn["start_time_ms"])
+        await self._txn("complete", tid, start_time_ms=txn["start_time_ms"], sequence=txn.get("sequence", -1))
         self.counters["txn_committed" if commit else "txn_aborted"] += 1
         log.debug("transaction of %r (producer %d epoch %d, %d partitions): %s", tid[:200], pid, epoch,
                   len(txn["partitions"]), "committed" if commit else "aborted")
+
+    def _ended(self, txn: dict) -> None:
+        """``txn`` is decided (prepared or complete): its producer's next add begins the next transaction."""
+        self._keep(txn["producer_id"], _Known(txn["transactional_id"], txn["producer_epoch"],
+                                              int(txn.get("sequence", -1)), False))
 
     async def _write_marker(self, topic: str, partition: int, pid: int, epoch: int, commit: bool) -> None:
         try:
@@ -250,7 +322,8 @@ class TxnCoordinator:
             tid = txn["transactional_id"]
             try:
                 if txn["state"] == "Ongoing":
-                    await self._txn("timeout", tid, start_time_ms=txn["start_time_ms"])
+                    await self._txn("timeout", tid, start_time_ms=txn["start_time_ms"],
+                                    sequence=txn.get("sequence", -1))
                     self.counters["txn_timed_out"] += 1
                     log.info("transaction of %r (producer %d epoch %d) ran past its timeout of %d ms: aborting",
                              tid[:200], txn["producer_id"], txn["producer_epoch"], txn["timeout_ms"])

@@ -287,22 +287,35 @@ class QuorumClient:
         (not retried) or RequestTimedOutError after the policy's timeout; ConcurrentTransactionsError while
         a transaction of the id must be completed first (``txn(..., "describe", ...)`` says which).
         """
+        pid, epoch, _ = await self.init_transactional_sequence(broker_id, broker_epoch, transactional_id,
+                                                               transaction_timeout_ms, producer_id, producer_epoch)
+        return pid, epoch
+
+    async def init_transactional_sequence(self, broker_id: int, broker_epoch: int, transactional_id: str,
+                                          transaction_timeout_ms: int, producer_id: int = -1,
+                                          producer_epoch: int = -1, request_id: str = "") -> tuple[int, int, int]:
+        """``init_transactional``, and the sequence of the id's last transaction (-1: none), which the
+        producer's next transaction follows (``txn(..., sequence=)``).  ``request_id`` names this
+        InitProducerId (unique per coordinator call): a copy of it applied again is answered as it was."""
         body = InitTransactionalProducerRequest(broker_id=broker_id, broker_epoch=broker_epoch,
                                                 transactional_id=transactional_id,
                                                 transaction_timeout_ms=transaction_timeout_ms,
-                                                producer_id=producer_id, producer_epoch=producer_epoch)
+                                                producer_id=producer_id, producer_epoch=producer_epoch,
+                                                request_id=request_id)
         resp, _ = await self._call_any(body)
-        return int(resp.producer_id), int(resp.producer_epoch)
+        return int(resp.producer_id), int(resp.producer_epoch), int(resp.txn_sequence)
 
     async def txn(self, broker_id: int, broker_epoch: int, op: str, transactional_id: str = "",
                   producer_id: int = -1, producer_epoch: int = -1, partitions: list | None = None,
-                  start_time_ms: int = -1) -> dict:
+                  start_time_ms: int = -1, sequence: int = -1) -> dict:
         """One step of a transaction, decided by the quorum (``TransactionRequest``): the transaction after it
-        (the TransactionStateRecord's fields as a dict, partitions a list of [broker, topic, partition])."""
+        (the TransactionStateRecord's fields as a dict, partitions a list of [broker, topic, partition]).
+        ``sequence`` names the transaction the step is for (-1: the id's current one); a retry of this
+        call, or a copy of it delivered late, is refused for any other transaction."""
         body = TransactionRequest(broker_id=broker_id, broker_epoch=broker_epoch, op=op,
                                   transactional_id=transactional_id, producer_id=producer_id,
                                   producer_epoch=producer_epoch, partitions=json.dumps(partitions or []),
-                                  start_time_ms=start_time_ms)
+                                  start_time_ms=start_time_ms, sequence=sequence)
         resp, _ = await self._call_any(body)
         return json.loads(resp.transaction)
 

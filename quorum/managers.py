@@ -277,6 +277,7 @@ DEFAULT_TXN_EXPIRATION_MS = 7 * 24 * 3600 * 1000   # transactional.id.expiration
 DEFAULT_MAX_TXN_TIMEOUT_MS = 15 * 60 * 1000        # transaction.max.timeout.ms
 MAX_TRANSACTIONAL_ID_CHARS = 32767                 # a Kafka string
 EXPIRE_PER_BATCH = 64                              # expired ids removed per InitProducerId
+MAX_REQUEST_ID_CHARS = 100                         # InitTransactionalProducerRequest.request_id
 
 
 @dataclass(frozen=True)
@@ -329,7 +330,8 @@ class TransactionalIdManager:
     # -- generate ----------------------------------------------------------
     def generate_init(self, broker_id: int, broker_epoch: int, transactional_id: str, timeout_ms: int,
                       expected_pid: int, expected_epoch: int, *, registrations: BrokerRegistrationManager,
-                      producer_ids: ProducerIdsManager, now_ms: int, settings: TxnSettings = TxnSettings()) -> Result:
+                      producer_ids: ProducerIdsManager, now_ms: int, settings: TxnSettings = TxnSettings(),
+                      request_id: str = "") -> Result:
         """Response: (producer_id, producer_epoch, pending): ``pending`` is a transaction of the id to complete
         first (prepared, or open and now aborted to fence its producer: its markers, then ``complete``, then
         ask again), else None.  Errors: PRODUCER_FENCED (the broker maps it to
@@ -347,6 +349,14 @@ class TransactionalIdManager:
                 raise InvalidRequestError(f"{name} {v!r} is not in {lo}..{hi}")
         if (expected_pid == NO_PRODUCER_ID) != (expected_epoch == NO_EPOCH):
             raise InvalidRequestError("producer id and epoch must both be -1 or both be set")
+        if not isinstance(request_id, str) or len(request_id) > MAX_REQUEST_ID_CHARS:
+            raise InvalidRequestError(f"request id must be a string of at most {MAX_REQUEST_ID_CHARS} characters")
+        repeated = self.get(transactional_id)
+        if request_id and repeated is not None and repeated.init_request == request_id:
+            # This request was applied and the id's state is still its answer: a copy of it (a retry on
+            # another node, a request a paused node forwarded late) gets that answer again.  Bumping
+            # again would fence the producer it answered, and abort the transaction it has begun since.
+            return Result([], (repeated.producer_id, repeated.producer_epoch, None))
 
         records: list[Record] = self._expired(now_ms, settings, keep=transactional_id)
         cur = self.get(transactional_id)
@@ -366,7 +376,7 @@ class TransactionalIdManager:
             records.append(TransactionalIdRecord(
                 transactional_id=transactional_id, producer_id=pid, producer_epoch=epoch,
                 last_producer_id=last_pid, last_producer_epoch=last_epoch, timeout_ms=timeout_ms,
-                state="Empty", update_time_ms=now_ms, broker_id=broker_id))
+                state="Empty", update_time_ms=now_ms, broker_id=broker_id, init_request=request_id))
             return Result(records, (pid, epoch, None))
 
         if cur is None:
@@ -398,6 +408,15 @@ class TransactionalIdManager:
             return state(new_pid(), 0, cur.producer_id, last_epoch)
         return state(cur.producer_id, cur.producer_epoch + 1, cur.producer_id, last_epoch)
 
+    def last_sequence(self, transactional_id: str, records: list[Record]) -> int:
+        """The sequence of the id's last transaction once ``records`` (an InitProducerId's answered
+        without a pending transaction) are applied: -1 if it has had none, or was forgotten in them."""
+        if any(isinstance(r, RemoveTransactionalIdRecord) and r.transactional_id == transactional_id
+               for r in records):
+            return -1
+        txn = self.txn(transactional_id)
+        return -1 if txn is None else txn.sequence
+
     def _abort_with_bump(self, cur: TransactionalIdRecord, txn: TransactionStateRecord, last_epoch: int,
                          broker_id: int, now_ms: int, records: list[Record]) -> TransactionStateRecord:
         """PrepareAbort of ``txn`` with the epoch bumped (its markers fence the epoch that began it); at an
@@ -407,7 +426,7 @@ class TransactionalIdManager:
             epoch += 1
             records.append(dataclasses.replace(cur, producer_epoch=epoch, last_producer_id=cur.producer_id,
                                                last_producer_epoch=last_epoch, update_time_ms=now_ms,
-                                               broker_id=broker_id))
+                                               broker_id=broker_id, init_request=""))
         aborted = dataclasses.replace(txn, producer_epoch=epoch, state=PREPARE_ABORT, update_time_ms=now_ms,
                                       broker_id=broker_id)
         records.append(aborted)
@@ -416,21 +435,29 @@ class TransactionalIdManager:
     # -- transactions ------------------------------------------------------
     def generate_txn(self, op: str, broker_id: int, broker_epoch: int, transactional_id: str, producer_id: int,
                      producer_epoch: int, partitions: list, start_time_ms: int, *,
-                     registrations: BrokerRegistrationManager, now_ms: int) -> Result:
+                     registrations: BrokerRegistrationManager, now_ms: int, sequence: int = -1) -> Result:
         """One step of a transaction (``TransactionRequest``); the response is the transaction after it.
+
+        Every step names the transaction it is for (``sequence``, the transaction's number among the
+        id's: see ``_check_sequence``): a step that arrives late or twice, after the producer moved on
+        to its next transaction, is refused (INVALID_TXN_STATE) or answered as it was, never applied to
+        another transaction.  -1 names the id's current transaction, whichever it is.
 
         Client steps (add, verify, commit, abort) need the id's current producer ID and epoch:
         INVALID_PRODUCER_ID_MAPPING for another producer ID (or none), PRODUCER_FENCED for an older
         epoch, except the abort of a transaction the coordinator already aborted on timeout, from the
         epoch that transaction had (answered as done: the client aborts, then bumps with KIP-360), and
         INVALID_PRODUCER_EPOCH for its other steps (abortable, not fatal).  Coordinator steps
-        (complete, timeout) name the transaction by its start time and do nothing to another one."""
+        (complete, timeout) do nothing to another transaction than the one they name (by sequence, or
+        by start time for a coordinator that sends none)."""
         _check_broker_id(broker_id)
         registrations.check_epoch(broker_id, broker_epoch)
+        if isinstance(sequence, bool) or not isinstance(sequence, int) or not -1 <= sequence <= LONG_MAX:
+            raise InvalidRequestError(f"transaction sequence {sequence!r} is not in -1..{LONG_MAX}")
         cur = self.get(transactional_id)
         txn = self.txn(transactional_id)
         if op in (COMPLETE, TIMEOUT):
-            return self._coordinator_step(op, cur, txn, start_time_ms, broker_id, now_ms)
+            return self._coordinator_step(op, cur, txn, start_time_ms, broker_id, now_ms, sequence)
         if op == DESCRIBE:
             if txn is None:
                 raise InvalidTxnStateError(f"transactional id {transactional_id!r} has no transaction")
@@ -443,7 +470,8 @@ class TransactionalIdManager:
                 f"instance took it over with a new producer ID)")
         if producer_epoch != cur.producer_epoch:
             timed_out = (txn is not None and txn.state in (PREPARE_ABORT, COMPLETE_ABORT)
-                         and (cur.last_producer_id, cur.last_producer_epoch) == (producer_id, producer_epoch))
+                         and (cur.last_producer_id, cur.last_producer_epoch) == (producer_id, producer_epoch)
+                         and sequence in (-1, txn.sequence))
             if timed_out and op == ABORT:
                 return Result([], txn)
             if timed_out:
@@ -456,6 +484,7 @@ class TransactionalIdManager:
                 f"transactional id {transactional_id!r}: producer {producer_id} epoch {producer_epoch} was fenced "
                 f"by epoch {cur.producer_epoch}")
         state = txn.state if txn is not None else EMPTY
+        self._check_sequence(op, transactional_id, txn, sequence)
         if op in (ADD, VERIFY):
             wanted = _partitions(partitions)
             if state in (PREPARE_COMMIT, PREPARE_ABORT):
@@ -477,7 +506,7 @@ class TransactionalIdManager:
                 transactional_id=transactional_id, producer_id=cur.producer_id, producer_epoch=cur.producer_epoch,
                 state=ONGOING, partitions=_dump_partitions(have | wanted),
                 start_time_ms=txn.start_time_ms if state == ONGOING else now_ms, update_time_ms=now_ms,
-                broker_id=broker_id)
+                broker_id=broker_id, sequence=txn.sequence if state == ONGOING else _next_sequence(txn))
             return Result([new], new)
         prepare, complete = (PREPARE_COMMIT, COMPLETE_COMMIT) if op == COMMIT else (PREPARE_ABORT, COMPLETE_ABORT)
         if state == ONGOING:
@@ -487,9 +516,34 @@ class TransactionalIdManager:
             return Result([], txn)  # a retry: answered once the markers are written
         raise InvalidTxnStateError(f"transactional id {transactional_id!r}: cannot {op} in state {state}")
 
+    @staticmethod
+    def _check_sequence(op: str, transactional_id: str, txn: TransactionStateRecord | None, sequence: int) -> None:
+        """A client step names its transaction: add the open one (or the next one, which it begins),
+        verify / commit / abort the one they check or end.  Anything else is a step that arrived late
+        or twice, after its transaction ended (or before it began, which no coordinator can send):
+        refused, so that it never lands on the producer's next transaction."""
+        if sequence == -1:
+            return  # the current transaction, whichever it is
+        current = txn.sequence if txn is not None else -1
+        state = txn.state if txn is not None else EMPTY
+        if op == ADD:
+            ok = (state == ONGOING and sequence == current) or (
+                state != ONGOING and sequence == _next_sequence(txn))
+        elif op == VERIFY:
+            ok = state == ONGOING and sequence == current
+        else:  # commit, abort: a retry of an ended one is answered as it ended
+            ok = txn is not None and sequence == current
+        if not ok:
+            raise InvalidTxnStateError(
+                f"transactional id {transactional_id!r}: {op} is for transaction {sequence}, and the id's "
+                f"transaction is {current} ({state}): a step that arrived after its transaction ended is refused")
+
     def _coordinator_step(self, op: str, cur: TransactionalIdRecord | None, txn: TransactionStateRecord | None,
-                          start_time_ms: int, broker_id: int, now_ms: int) -> Result:
-        if txn is None or cur is None or txn.start_time_ms != start_time_ms:
+                          start_time_ms: int, broker_id: int, now_ms: int, sequence: int = -1) -> Result:
+        if sequence != -1:
+            if txn is None or cur is None or txn.sequence != sequence:
+                raise InvalidTxnStateError(f"no transaction {sequence} (it ended or another began)")
+        elif txn is None or cur is None or txn.start_time_ms != start_time_ms:
             raise InvalidTxnStateError(f"no transaction started at {start_time_ms} (it ended or another began)")
         if op == COMPLETE:
             if txn.state in (COMPLETE_COMMIT, COMPLETE_ABORT):
@@ -570,7 +624,13 @@ class TransactionalIdManager:
     def _replay_txn(self, rec: TransactionStateRecord) -> None:
         tid = rec.transactional_id
         cur = self.get(tid)
-        if cur is None or (cur.producer_id, cur.producer_epoch) != (rec.producer_id, rec.producer_epoch):
+        # A snapshot holds the id's current mapping and its last transaction: a completed one may be of an
+        # earlier epoch (InitProducerId bumped the epoch after it ended; live, that record came after it).
+        earlier_completed = (self.txn(tid) is None and cur is not None
+                             and rec.state in (COMPLETE_COMMIT, COMPLETE_ABORT)
+                             and (rec.producer_id, rec.producer_epoch) < (cur.producer_id, cur.producer_epoch))
+        if not earlier_completed and (
+                cur is None or (cur.producer_id, cur.producer_epoch) != (rec.producer_id, rec.producer_epoch)):
             raise InvariantViolation(f"transactional id {tid!r}: a transaction of producer {rec.producer_id} epoch "
                                      f"{rec.producer_epoch} is not of its current producer")
         if rec.state not in _NEXT:
@@ -586,11 +646,19 @@ class TransactionalIdManager:
         # Without an earlier record (the first transaction of the id, or a snapshot's copy) any state goes.
         if old is not None and rec.state not in _NEXT[before]:
             raise InvariantViolation(f"transactional id {tid!r}: {before} cannot become {rec.state}")
+        if rec.sequence < -1:
+            raise InvariantViolation(f"transactional id {tid!r}: transaction sequence {rec.sequence}")
         if old is not None and before not in (COMPLETE_COMMIT, COMPLETE_ABORT):
-            if rec.start_time_ms != old.start_time_ms or not set(map(tuple, json.loads(old.partitions))) <= parts:
+            if (rec.start_time_ms != old.start_time_ms or rec.sequence != old.sequence
+                    or not set(map(tuple, json.loads(old.partitions))) <= parts):
                 raise InvariantViolation(f"transactional id {tid!r}: {rec.state} is not the same transaction")
             if before != ONGOING and rec.partitions != old.partitions:
                 raise InvariantViolation(f"transactional id {tid!r}: partitions changed after {before}")
+        elif old is not None and rec.sequence != _next_sequence(old):
+            # A new transaction after a completed one: the next number, so that no step of the last
+            # one can be taken for it.
+            raise InvariantViolation(f"transactional id {tid!r}: transaction {rec.sequence} does not follow "
+                                     f"transaction {old.sequence}")
         self.txns[tid] = rec
 
     def snapshot_records(self) -> list[Record]:
@@ -638,6 +706,11 @@ def _partitions(value: Any) -> set[tuple[int, str, int]]:
 
 def _dump_partitions(parts: set[tuple[int, str, int]]) -> str:
     return json.dumps(sorted(parts), separators=(",", ":"))
+
+
+def _next_sequence(txn: TransactionStateRecord | None) -> int:
+    """The sequence of the transaction that begins after ``txn`` (0 for an id's first)."""
+    return 0 if txn is None or txn.sequence < 0 else txn.sequence + 1
 
 
 def _names(parts: set[tuple[int, str, int]]) -> str:

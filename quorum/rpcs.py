@@ -172,9 +172,14 @@ def _heartbeat(state: QuorumState, b: Any, ctx: Context) -> Result:
 
 
 def _init_txn(state: QuorumState, b: InitTransactionalProducerRequest, ctx: Context) -> Result:
-    return state.transactions.generate_init(
+    res = state.transactions.generate_init(
         b.broker_id, b.broker_epoch, b.transactional_id, b.transaction_timeout_ms, b.producer_id, b.producer_epoch,
-        registrations=state.registrations, producer_ids=state.producer_ids, now_ms=ctx.now_ms, settings=ctx.txn)
+        registrations=state.registrations, producer_ids=state.producer_ids, now_ms=ctx.now_ms, settings=ctx.txn,
+        request_id=b.request_id)
+    if res.response[2] is not None:
+        return res
+    # Answered: no transaction is open, and the producer's next one is the last one's sequence plus 1.
+    return Result(res.records, (*res.response, state.transactions.last_sequence(b.transactional_id, res.records)))
 
 
 def _txn(state: QuorumState, b: TransactionRequest, ctx: Context) -> Result:
@@ -184,7 +189,7 @@ def _txn(state: QuorumState, b: TransactionRequest, ctx: Context) -> Result:
         raise InvalidRequestError("partitions is not JSON") from None
     res = state.transactions.generate_txn(
         b.op, b.broker_id, b.broker_epoch, b.transactional_id, b.producer_id, b.producer_epoch, partitions,
-        b.start_time_ms, registrations=state.registrations, now_ms=ctx.now_ms)
+        b.start_time_ms, registrations=state.registrations, now_ms=ctx.now_ms, sequence=b.sequence)
     return Result(res.records, txn_json(res.response, state.transactions.get(b.transactional_id)))
 
 
@@ -207,7 +212,7 @@ def _init_response(r: tuple) -> InitTransactionalProducerResponse:
         return InitTransactionalProducerResponse(
             error_code=int(Errors.CONCURRENT_TRANSACTIONS), producer_id=r[0], producer_epoch=r[1],
             error_message=f"the transaction of producer {r[0]} is {r[2].state}: it is completed first")
-    return InitTransactionalProducerResponse(error_code=0, producer_id=r[0], producer_epoch=r[1])
+    return InitTransactionalProducerResponse(error_code=0, producer_id=r[0], producer_epoch=r[1], txn_sequence=r[3])
 
 
 def _read_txn(state: QuorumState, b: DescribeTransactionalIdRequest, ctx: Context) -> Result:

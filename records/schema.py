@@ -172,7 +172,7 @@ BROKER_EPOCH_CURSOR = RecordSpec(
 TRANSACTIONAL_ID = RecordSpec(
     name="TransactionalIdRecord",
     type_id=8,
-    version=0,
+    version=1,
     doc=(
         "The transaction coordinator's state for one transactional id after an "
         "InitProducerId (KIP-360 rules): its current producer ID and epoch, and the "
@@ -187,10 +187,13 @@ TRANSACTIONAL_ID = RecordSpec(
         FieldSpec("last_producer_id", "int64", "Producer ID before the last change (-1: none).", default=-1),
         FieldSpec("last_producer_epoch", "int16", "Epoch before the last change (-1: none).", default=-1),
         FieldSpec("timeout_ms", "int32", "transaction.timeout.ms the producer asked for."),
-        FieldSpec("state", "string", "Transaction state (Empty; full transactions are not served yet).",
+        FieldSpec("state", "string", "Always Empty (the transaction is a TransactionStateRecord).",
                   default="Empty"),
         FieldSpec("update_time_ms", "int64", "Proposer's wall clock at the change; drives expiration."),
         FieldSpec("broker_id", "int32", "Broker (coordinator) that asked for the change; audit only.", default=-1),
+        FieldSpec("init_request", "string", "The InitProducerId request (its request_id) whose answer this "
+                  "state is: a copy of that request delivered again is answered with it, not bumped twice.  "
+                  "'' when a coordinator's abort or an older broker made the change.", default="", since=1),
     ),
 )
 
@@ -337,7 +340,7 @@ CLIENT_QUOTA = RecordSpec(
 TRANSACTION_STATE = RecordSpec(
     name="TransactionStateRecord",
     type_id=17,
-    version=0,
+    version=1,
     doc=(
         "The transaction coordinator's state for one transactional id's current transaction "
         "(KIP-98), kept in the quorum like its producer ID and epoch, so whichever broker picks "
@@ -345,7 +348,8 @@ TRANSACTION_STATE = RecordSpec(
         "Ongoing -> PrepareCommit | PrepareAbort -> CompleteCommit | CompleteAbort, then "
         "Ongoing again.  producer_id/producer_epoch are those the markers are written with and "
         "always equal the id's current TransactionalIdRecord (a timeout abort bumps the epoch "
-        "in the same entry)."
+        "in the same entry).  sequence numbers the id's transactions: every step names the "
+        "transaction it is for, and a step for another one is refused."
     ),
     fields=(
         FieldSpec("transactional_id", "string", "The client's transactional.id."),
@@ -358,6 +362,9 @@ TRANSACTION_STATE = RecordSpec(
                   "runs from here and it identifies the transaction."),
         FieldSpec("update_time_ms", "int64", "Proposer's wall clock at this change."),
         FieldSpec("broker_id", "int32", "Broker that asked for the change; audit only.", default=-1),
+        FieldSpec("sequence", "int64", "The transaction's number among the id's transactions: the one "
+                  "before it plus 1 (0 for the first, or after the id was forgotten); -1 in a record "
+                  "written before v1.", default=-1, since=1),
     ),
 )
 
@@ -414,7 +421,7 @@ AUDIT_GAP = RecordSpec(
 INIT_TRANSACTIONAL_REQUEST = RecordSpec(
     name="InitTransactionalProducerRequest",
     type_id=102,
-    version=0,
+    version=1,
     doc=(
         "pidquorum RPC (client port, API key 10002, msgpack): a broker acting as "
         "transaction coordinator asks the quorum to apply InitProducerId to a "
@@ -428,19 +435,25 @@ INIT_TRANSACTIONAL_REQUEST = RecordSpec(
         FieldSpec("transaction_timeout_ms", "int32", "The client's transaction.timeout.ms."),
         FieldSpec("producer_id", "int64", "Expected current producer ID (KIP-360), -1 for none.", default=-1),
         FieldSpec("producer_epoch", "int16", "Expected current epoch, -1 for none.", default=-1),
+        FieldSpec("request_id", "string", "Names this InitProducerId of the coordinator's (the same in every "
+                  "copy and retry of it; '' none): a copy delivered after it was applied gets the answer it "
+                  "got, instead of fencing the producer it answered.", default="", since=1),
     ),
 )
 
 INIT_TRANSACTIONAL_RESPONSE = RecordSpec(
     name="InitTransactionalProducerResponse",
     type_id=103,
-    version=0,
+    version=1,
     doc="The answer to InitTransactionalProducerRequest.",
     fields=(
         FieldSpec("error_code", "int16", "Kafka error code (0: none)."),
         FieldSpec("error_message", "nullable_string", "Why, when error_code is not 0.", default=None),
         FieldSpec("producer_id", "int64", "The producer ID to use.", default=-1),
         FieldSpec("producer_epoch", "int16", "The epoch to use.", default=-1),
+        FieldSpec("txn_sequence", "int64", "The sequence of the id's last transaction (none is open once "
+                  "InitProducerId is answered): the producer's next transaction is this plus 1; -1 if the "
+                  "id has had none.", default=-1, since=1),
     ),
 )
 
@@ -609,7 +622,7 @@ ALTER_CLIENT_QUOTA_RESPONSE = RecordSpec(
 TRANSACTION_REQUEST = RecordSpec(
     name="TransactionRequest",
     type_id=117,
-    version=0,
+    version=1,
     doc=(
         "pidquorum RPC (API key 10002): a broker acting as transaction coordinator changes or "
         "reads a transaction.  op: add (AddPartitionsToTxn), verify (KIP-890 part 1: is every "
@@ -633,6 +646,12 @@ TRANSACTION_REQUEST = RecordSpec(
         FieldSpec("start_time_ms", "int64", "complete / timeout: the transaction meant (its start time).",
                   default=-1),
         FieldSpec("limit", "int32", "pending: at most this many transactions.", default=100),
+        FieldSpec("sequence", "int64", "The transaction the step is for (TransactionStateRecord.sequence): "
+                  "add names the open transaction, or the next one to begin; commit / abort / complete / "
+                  "timeout / verify the one they end or check.  A step for another transaction of the id is "
+                  "refused (INVALID_TXN_STATE), a repeated one answered as it was.  -1: the id's current "
+                  "transaction, whichever it is (a coordinator that has not learnt the sequence yet).",
+                  default=-1, since=1),
     ),
 )
 

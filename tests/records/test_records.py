@@ -100,8 +100,8 @@ GOLDEN = {
     "TransactionalIdRecord": (
         TransactionalIdRecord(transactional_id="orders-tx-1", producer_id=5000, producer_epoch=3,
                               last_producer_id=5000, last_producer_epoch=2, timeout_ms=60000, state="Empty",
-                              update_time_ms=TS, broker_id=3),
-        "93080099ab6f72646572732d74782d31cd138803cd138802cdea60a5456d707479cf0000018bcfe5680003",
+                              update_time_ms=TS, broker_id=3, init_request="3:17:1"),
+        "9308019aab6f72646572732d74782d31cd138803cd138802cdea60a5456d707479cf0000018bcfe5680003a6333a31373a31",
     ),
     "RemoveTransactionalIdRecord": (
         RemoveTransactionalIdRecord(transactional_id="orders-tx-1", producer_id=5000, timestamp_ms=TS + 4),
@@ -145,9 +145,9 @@ GOLDEN = {
     "TransactionStateRecord": (
         TransactionStateRecord(transactional_id="orders-tx-1", producer_id=5000, producer_epoch=2,
                                state="PrepareCommit", partitions='[[1,"orders",0],[1,"orders",3]]',
-                               start_time_ms=TS, update_time_ms=TS + 9, broker_id=1),
-        "93110098ab6f72646572732d74782d31cd138802ad50726570617265436f6d6d6974bf5b5b312c226f7264657273222c305d2c"
-        "5b312c226f7264657273222c335d5dcf0000018bcfe56800cf0000018bcfe5680901",
+                               start_time_ms=TS, update_time_ms=TS + 9, broker_id=1, sequence=7),
+        "93110199ab6f72646572732d74782d31cd138802ad50726570617265436f6d6d6974bf5b5b312c226f7264657273222c305d2c"
+        "5b312c226f7264657273222c335d5dcf0000018bcfe56800cf0000018bcfe568090107",
     ),
 }
 
@@ -163,12 +163,13 @@ GOLDEN_PAYLOADS = {
     ),
     "InitTransactionalProducerRequest": (
         InitTransactionalProducerRequest(broker_id=3, broker_epoch=17, transactional_id="orders-tx-1",
-                                         transaction_timeout_ms=60000, producer_id=5000, producer_epoch=2),
-        "936600960311ab6f72646572732d74782d31cdea60cd138802",
+                                         transaction_timeout_ms=60000, producer_id=5000, producer_epoch=2,
+                                         request_id="3:17:1"),
+        "936601970311ab6f72646572732d74782d31cdea60cd138802a6333a31373a31",
     ),
     "InitTransactionalProducerResponse": (
         InitTransactionalProducerResponse(error_code=90, error_message="fenced", producer_id=-1, producer_epoch=-1),
-        "936700945aa666656e636564ffff",
+        "936701955aa666656e636564ffffff",
     ),
     "DescribeTransactionalIdRequest": (
         DescribeTransactionalIdRequest(transactional_id="orders-tx-1"),
@@ -225,8 +226,8 @@ GOLDEN_PAYLOADS = {
     ),
     "TransactionRequest": (
         TransactionRequest(broker_id=3, broker_epoch=17, op="add", transactional_id="orders-tx-1", producer_id=5000,
-                           producer_epoch=2, partitions='[[3,"orders",0]]'),
-        "937500990311a3616464ab6f72646572732d74782d31cd138802b05b5b332c226f7264657273222c305d5dff64",
+                           producer_epoch=2, partitions='[[3,"orders",0]]', sequence=8),
+        "9375019a0311a3616464ab6f72646572732d74782d31cd138802b05b5b332c226f7264657273222c305d5dff6408",
     ),
     "TransactionResponse": (
         TransactionResponse(error_code=51, error_message="busy"),
@@ -266,6 +267,23 @@ def test_golden_encoding_of_payloads(name):
     assert decode(bytes.fromhex(expected)) == rec
 
 
+@pytest.mark.parametrize("old_hex, expected", [
+    # TransactionStateRecord v0 (before transactions were numbered): sequence -1
+    ("93110098ab6f72646572732d74782d31cd138802ad50726570617265436f6d6d6974bf5b5b312c226f7264657273222c305d2c"
+     "5b312c226f7264657273222c335d5dcf0000018bcfe56800cf0000018bcfe5680901",
+     dataclasses.replace(GOLDEN["TransactionStateRecord"][0], sequence=-1)),
+    ("936700945aa666656e636564ffff", GOLDEN_PAYLOADS["InitTransactionalProducerResponse"][0]),
+    ("93080099ab6f72646572732d74782d31cd138803cd138802cdea60a5456d707479cf0000018bcfe5680003",
+     dataclasses.replace(GOLDEN["TransactionalIdRecord"][0], init_request="")),
+    ("936600960311ab6f72646572732d74782d31cdea60cd138802",
+     dataclasses.replace(GOLDEN_PAYLOADS["InitTransactionalProducerRequest"][0], request_id="")),
+    ("937500990311a3616464ab6f72646572732d74782d31cd138802b05b5b332c226f7264657273222c305d5dff64",
+     dataclasses.replace(GOLDEN_PAYLOADS["TransactionRequest"][0], sequence=-1)),
+])
+def test_version_0_of_the_transaction_records_still_decodes(old_hex, expected):
+    assert decode(bytes.fromhex(old_hex)) == expected
+
+
 def test_golden_type_ids_and_versions_are_stable():
     # The type id is the first element of every encoded record; pin them.
     assert {s.name: (s.type_id, s.version) for s in schema.RECORDS + schema.PAYLOADS} == {
@@ -276,7 +294,7 @@ def test_golden_type_ids_and_versions_are_stable():
         "UnregisterBrokerRecord": (5, 0),
         "ProducerIdCursorRecord": (6, 0),
         "BrokerEpochCursorRecord": (7, 0),
-        "TransactionalIdRecord": (8, 0),
+        "TransactionalIdRecord": (8, 1),
         "RemoveTransactionalIdRecord": (9, 0),
         "ProducerIdSeedRecord": (10, 0),
         "MigrationStateRecord": (11, 0),
@@ -287,8 +305,8 @@ def test_golden_type_ids_and_versions_are_stable():
         "ClientQuotaRecord": (16, 0),
         "AuditEntry": (100, 0),
         "AuditGap": (101, 0),
-        "InitTransactionalProducerRequest": (102, 0),
-        "InitTransactionalProducerResponse": (103, 0),
+        "InitTransactionalProducerRequest": (102, 1),
+        "InitTransactionalProducerResponse": (103, 1),
         "DescribeTransactionalIdRequest": (104, 0),
         "DescribeTransactionalIdResponse": (105, 0),
         "SeedProducerIdsRequest": (106, 0),
@@ -301,8 +319,8 @@ def test_golden_type_ids_and_versions_are_stable():
         "DescribeAclsResponse": (113, 0),
         "AlterClientQuotaRequest": (115, 0),
         "AlterClientQuotaResponse": (116, 0),
-        "TransactionStateRecord": (17, 0),
-        "TransactionRequest": (117, 0),
+        "TransactionStateRecord": (17, 1),
+        "TransactionRequest": (117, 1),
         "TransactionResponse": (118, 0),
     }
 

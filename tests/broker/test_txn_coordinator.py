@@ -1,0 +1,188 @@
+"""The broker's transaction coordinator over an in-process quorum state (no Raft, no sockets): which
+transaction each step names, and what it does when the quorum's transaction is another one."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from broker.txn_coordinator import TxnCoordinator
+from quorum.managers import QuorumState, txn_json
+from records import TransactionRequest
+from wire.errors import ConcurrentTransactionsError, InvalidTxnStateError
+
+NOW = 1_700_000_000_000
+
+
+class StateQuorum:
+    """``QuorumClient``'s transaction calls, decided on a ``QuorumState`` as the leader decides them; every
+    step sent is kept (``sent``) so that a test can deliver a copy of it again, late."""
+
+    def __init__(self) -> None:
+        self.state = QuorumState()
+        self.now = NOW
+        self.sent: list[TransactionRequest] = []
+        self.inits: list[str] = []
+        for broker in (1, 2, 9):
+            self._apply(self.state.registrations.generate_register(broker, f"inc-{broker}", f"h:{broker}",
+                                                                   NOW).records)
+
+    def _apply(self, records) -> None:
+        assert all(o.accepted for o in self.state.apply_batch(records))
+
+    def epoch(self, broker: int) -> int:
+        return self.state.registrations.brokers[broker].broker_epoch
+
+    async def init_transactional_sequence(self, broker_id, broker_epoch, tid, timeout_ms, pid=-1, epoch=-1,
+                                          request_id=""):
+        self.inits.append(request_id)
+        res = self.state.transactions.generate_init(broker_id, broker_epoch, tid, timeout_ms, pid, epoch,
+                                                    registrations=self.state.registrations,
+                                                    producer_ids=self.state.producer_ids, now_ms=self.now,
+                                                    request_id=request_id)
+        self._apply(res.records)
+        if res.response[2] is not None:
+            raise ConcurrentTransactionsError("complete it first")
+        return res.response[0], res.response[1], self.state.transactions.last_sequence(tid, res.records)
+
+    async def txn(self, broker_id, broker_epoch, op, tid="", pid=-1, epoch=-1, partitions=None,
+                  start_time_ms=-1, sequence=-1) -> dict:
+        req = TransactionRequest(broker_id=broker_id, broker_epoch=broker_epoch, op=op, transactional_id=tid,
+                                 producer_id=pid, producer_epoch=epoch, partitions=json.dumps(partitions or []),
+                                 start_time_ms=start_time_ms, sequence=sequence)
+        self.sent.append(req)
+        return self.deliver(req)
+
+    def deliver(self, req: TransactionRequest) -> dict:
+        self.now += 1
+        res = self.state.transactions.generate_txn(
+            req.op, req.broker_id, req.broker_epoch, req.transactional_id, req.producer_id, req.producer_epoch,
+            json.loads(req.partitions), req.start_time_ms, registrations=self.state.registrations, now_ms=self.now,
+            sequence=req.sequence)
+        self._apply(res.records)
+        return txn_json(res.response, self.state.transactions.get(req.transactional_id))
+
+    async def pending_transactions(self, broker_id, limit=100):
+        return self.state.transactions.pending(self.now, limit)
+
+
+class NoStorage:
+    def topic(self, name):
+        return None  # no partition here: markers are nothing to write (the coordinator's logic only)
+
+
+def coordinator(q: StateQuorum, broker: int = 1) -> TxnCoordinator:
+    async def run_io(fn, *args):
+        return fn(*args)
+
+    async def reregister():
+        raise AssertionError("not expected")
+
+    return TxnCoordinator(broker, q, NoStorage(), run_io, lambda: q.epoch(broker), reregister)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_each_step_names_the_transaction_it_is_for():
+    q = StateQuorum()
+    c = coordinator(q)
+
+    async def go():
+        pid, epoch = await c.init_producer_id("tx", 60_000, -1, -1)
+        for _ in range(3):
+            await c.add_partitions("tx", pid, epoch, [("t", 0)])
+            await c.add_partitions("tx", pid, epoch, [("t", 1)])
+            await c.end("tx", pid, epoch, commit=True)
+    run(go())
+    assert [(r.op, r.sequence) for r in q.sent] == [
+        ("add", 0), ("add", 0), ("commit", 0), ("complete", 0),
+        ("add", 1), ("add", 1), ("commit", 1), ("complete", 1),
+        ("add", 2), ("add", 2), ("commit", 2), ("complete", 2)]
+
+
+def test_late_copies_of_every_step_change_nothing_in_the_next_transaction():
+    q = StateQuorum()
+    c = coordinator(q)
+
+    async def go():
+        pid, epoch = await c.init_producer_id("tx", 60_000, -1, -1)
+        await c.add_partitions("tx", pid, epoch, [("t", 0)])
+        await c.end("tx", pid, epoch, commit=False)
+        first = list(q.sent)
+        await c.add_partitions("tx", pid, epoch, [("t", 1)])
+        return first
+    first = run(go())
+    before = q.state.transactions.txn("tx")
+    for req in first:  # a paused node's queue, forwarded once it resumes
+        with pytest.raises(InvalidTxnStateError):
+            q.deliver(req)
+    assert q.state.transactions.txn("tx") == before
+
+
+def test_a_coordinator_behind_the_quorum_learns_and_the_client_retries():
+    """The producer went on through broker 2; broker 1 still knows only the transaction it ended.  Its
+    EndTxn names that one and is refused; it learns the quorum's transaction, and the client's retry names
+    the right one."""
+    q = StateQuorum()
+    one, two = coordinator(q, 1), coordinator(q, 2)
+
+    async def go():
+        pid, epoch = await one.init_producer_id("tx", 60_000, -1, -1)
+        await one.add_partitions("tx", pid, epoch, [("t", 0)])
+        await one.end("tx", pid, epoch, commit=True)  # transaction 0, through broker 1
+        await two.add_partitions("tx", pid, epoch, [("u", 0)])  # transaction 1 began through broker 2
+        with pytest.raises(ConcurrentTransactionsError, match="retry"):
+            await one.end("tx", pid, epoch, commit=False)  # broker 1 names transaction 0
+        assert q.state.transactions.txn("tx").state == "Ongoing"
+        assert one.counters["txn_steps_refused"] == 1
+        await one.end("tx", pid, epoch, commit=False)  # the client's retry names transaction 1
+        await two.complete("tx")  # its partitions are broker 2's: broker 2 writes the markers
+    run(go())
+    t = q.state.transactions.txn("tx")
+    assert (t.sequence, t.state) == (1, "CompleteAbort")
+
+
+def test_a_step_the_current_transaction_refuses_is_not_turned_into_a_retry():
+    q = StateQuorum()
+    c = coordinator(q)
+
+    async def go():
+        pid, epoch = await c.init_producer_id("tx", 60_000, -1, -1)
+        await c.add_partitions("tx", pid, epoch, [("t", 0)])
+        await c.end("tx", pid, epoch, commit=False)
+        await c.end("tx", pid, epoch, commit=False)  # a retry: answered as it ended
+        for _ in range(2):
+            with pytest.raises(InvalidTxnStateError):
+                await c.end("tx", pid, epoch, commit=True)  # an aborted transaction is never committed
+    run(go())
+    assert q.state.transactions.txn("tx").state == "CompleteAbort"
+
+
+def test_the_sweeper_names_what_it_times_out_and_completes():
+    q = StateQuorum()
+    c = coordinator(q)
+
+    async def go():
+        pid, epoch = await c.init_producer_id("tx", 1_000, -1, -1)
+        await c.add_partitions("tx", pid, epoch, [("t", 0)])
+        q.now += 5_000
+        assert await c.sweep() == 1
+    run(go())
+    assert [(r.op, r.sequence) for r in q.sent][-3:] == [("timeout", 0), ("describe", -1), ("complete", 0)]
+    assert q.state.transactions.txn("tx").state == "CompleteAbort"
+
+
+def test_each_init_producer_id_has_its_own_request_id():
+    q = StateQuorum()
+    c = coordinator(q)
+
+    async def go():
+        pid, epoch = await c.init_producer_id("tx", 60_000, -1, -1)
+        await c.add_partitions("tx", pid, epoch, [("t", 0)])
+        await c.init_producer_id("tx", 60_000, -1, -1)  # a new instance: aborts first, then asks again
+    run(go())
+    e = q.epoch(1)
+    assert q.inits == [f"1:{e}:1", f"1:{e}:2", f"1:{e}:2"]

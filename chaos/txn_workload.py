@@ -1,0 +1,680 @@
+"""The transactions workload of ``pidctl chaos run --workload transactions``: real Kafka clients
+against a real broker, every operation in the history (``chaos.history``).
+
+Processes (Jepsen's: one outstanding operation of each kind at a time), each a thread:
+
+* ``txn-cf-N`` / ``txn-kp-N``: a transactional producer, confluent-kafka (librdkafka) or kafka-python,
+  transactional id ``chaos-txn-cf-N``.  One transaction at a time, each writing a few values to a few
+  partitions of the topic.  A value is ``"<process>:<transaction number>:<index>"`` (unique); a
+  transaction is ``"<process>:<number>"``.
+* ``idem-cf-N`` / ``idem-kp-N``: an idempotent producer (``enable.idempotence``), batches of values
+  sent and flushed; a value is ``"<process>:<batch number>:<index>"``.
+* ``reader-rc``: a kafka-python ``KafkaConsumer`` in read_committed that polls every partition from
+  the beginning during the whole run: what was visible, and when (the poll's return).
+* ``reader-lso``: ListOffsets latest with read_committed (the last stable offset), then with
+  read_uncommitted (the high watermark), sampled every ``sample_interval_s``.
+
+The ops (``f``), their values, and what the outcome types mean, described once:
+
+``txn``      invoke ``{"txn", "lib", "instance", "values": [[value, partition], ...]}``; completion
+             ``ok`` = committed (``commit_transaction()`` returned), ``fail`` = aborted
+             (``abort_transaction()`` returned; outcome ``"aborted"``) or abandoned (no commit was
+             ever asked, and the producer instance was replaced: outcome ``"abandoned"``), ``info`` =
+             unknown (a commit was asked, and neither it nor an abort returned).  The completion's value
+             repeats the invoke's and adds ``outcome``, ``offsets`` (value -> [partition, offset] from
+             the delivery reports), ``delivery_errors``, ``errors`` and the times
+             ``commit_asked_ns`` / ``ended_ns``.
+``commit``   one ``commit_transaction()`` call (``{"txn", "instance"}``): ``ok`` it returned, ``info`` it
+             raised (its error).  The first one's invoke time is when the transaction's commit was asked.
+``abort``    one ``abort_transaction()`` call, likewise.
+``init``     a producer instance created and ``init_transactions()`` called (``{"instance"}``).
+``write``    an idempotent batch: invoke ``{"batch", "lib", "instance", "values"}``; ``ok`` every value
+             acknowledged, ``info`` some not (their fate unknown); value ``{"acked": [[value, partition,
+             offset]], "unacked": [[value, partition, error]]}``.
+``poll``     ``reader-rc``'s poll: ``ok`` ``{"records": [[partition, offset, value], ...]}``.
+``lso``      ``reader-lso``'s sample: ``ok`` ``{"lso": {partition: offset}, "hw": {partition: offset}}``
+             (the HW asked after the LSO's answer came), ``fail`` if the broker did not answer.
+
+Errors are handled as each client documents it: a retriable error is retried (librdkafka's
+``commit_transaction()`` and ``abort_transaction()`` may be called again; ``init_transactions()``
+too), an abortable one is followed by ``abort_transaction()``, a fatal one (or an abort that fails)
+replaces the producer instance by a new one with the same transactional id, whose
+``init_transactions()`` fences the old one and ends what it left.  kafka-python's
+``commit_transaction()`` and ``abort_transaction()`` take no timeout: each runs in a helper thread
+waited for ``step_deadline_s``; one still running then is given up like a fatal error.
+
+Fencing (the ``fence`` fault): ``TxnWorker.fence()`` creates another instance with the worker's
+transactional id and calls ``init_transactions()`` on it, while the worker goes on with its own;
+the worker's instance must then be fenced (its next step fails fatally), and the worker adopts the
+new instance.  The fault is recorded with the new instance's number and when its init returned.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .history import FAIL, INFO, INVOKE, OK, HistoryWriter, Op, now_ns
+from .txn_read import RawBroker, ReadError
+
+log = logging.getLogger(__name__)
+
+LIBS = {"cf": "confluent-kafka", "kp": "kafka-python"}
+TXN, COMMIT, ABORT, INIT, WRITE, POLL, LSO = "txn", "commit", "abort", "init", "write", "poll", "lso"
+COMMITTED, ABORTED, ABANDONED, UNKNOWN = "committed", "aborted", "abandoned", "unknown"
+READER_RC, READER_LSO = "reader-rc", "reader-lso"
+
+
+@dataclass
+class TxnWorkloadConfig:
+    topic: str = "chaos-txn"
+    partitions: int = 4
+    txn_producers: int = 2                  # per client library
+    idempotent_producers: int = 1           # per client library
+    values_per_txn: tuple[int, int] = (2, 6)
+    partitions_per_txn: tuple[int, int] = (2, 3)
+    think_ms: tuple[int, int] = (0, 20)     # pause between two transactions of a producer
+    idem_think_ms: tuple[int, int] = (20, 60)  # between two batches of an idempotent producer
+    transaction_timeout_ms: int = 20_000
+    commit_timeout_s: float = 10.0          # one commit_transaction() / abort_transaction() / init call
+    step_deadline_s: float = 60.0           # retries of one step; a producer's replacement
+    sample_interval_s: float = 0.15         # reader-lso
+    poll_ms: int = 100                      # reader-rc
+
+
+class WorkerGaveUp(Exception):
+    """A producer could not be (re)created within the step deadline."""
+
+
+def error_text(e: BaseException) -> str:
+    """A short description of a client exception, with librdkafka's error name and class."""
+    err = _kafka_error(e)
+    if err is not None:
+        kind = ("fatal" if err.fatal() else "abortable" if err.txn_requires_abort() else
+                "retriable" if err.retriable() else "error")
+        return f"{err.name()} ({kind}): {err.str()}"[:300]
+    return f"{type(e).__name__}: {e}"[:300]
+
+
+def _kafka_error(e: BaseException):
+    try:
+        from confluent_kafka import KafkaError, KafkaException
+    except ImportError:  # pragma: no cover
+        return None
+    if isinstance(e, KafkaException) and e.args and isinstance(e.args[0], KafkaError):
+        return e.args[0]
+    return None
+
+
+class StepTimeout(Exception):
+    """A blocking kafka-python call did not return within its deadline (it may still complete)."""
+
+
+def _bounded(fn: Callable[[], Any], timeout: float, what: str) -> Any:
+    """``fn()`` in a daemon thread, waited for ``timeout`` s; StepTimeout if it is still running."""
+    box: dict[str, Any] = {}
+
+    def go():
+        try:
+            box["result"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            box["error"] = e
+    t = threading.Thread(target=go, name=f"bounded-{what}", daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        raise StepTimeout(f"{what} still running after {timeout:.0f} s")
+    if "error" in box:
+        raise box["error"]
+    return box.get("result")
+
+
+# --------------------------------------------------------------------------
+# The two client libraries behind one interface
+# --------------------------------------------------------------------------
+
+class Acks:
+    """Delivery reports of one transaction or batch: value -> (partition, offset) or error name."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.offsets: dict[str, tuple[int, int]] = {}
+        self.errors: dict[str, str] = {}
+
+    def ok(self, value: str, partition: int, offset: int) -> None:
+        with self.lock:
+            self.offsets[value] = (partition, offset)
+            self.errors.pop(value, None)
+
+    def error(self, value: str, err: str) -> None:
+        with self.lock:
+            if value not in self.offsets:
+                self.errors[value] = err
+
+
+class Driver:
+    """What a worker needs of a client library.  ``classify`` says how to handle an exception:
+    ``retriable`` (call again), ``abortable`` (abort the transaction), ``fatal`` (new instance)."""
+
+    lib = ""
+
+    def __init__(self, bootstrap: str, tid: str | None, cfg: TxnWorkloadConfig, logger: logging.Logger):
+        self.bootstrap, self.tid, self.cfg, self.logger = bootstrap, tid, cfg, logger
+
+    def create(self) -> Any: ...
+    def init(self, h: Any, timeout: float) -> None: ...
+    def begin(self, h: Any) -> None: ...
+    def send(self, h: Any, topic: str, value: str, partition: int, acks: Acks) -> None: ...
+    def flush(self, h: Any, timeout: float) -> None: ...
+    def commit(self, h: Any, timeout: float) -> None: ...
+    def abort(self, h: Any, timeout: float) -> None: ...
+    def classify(self, e: BaseException) -> str: ...
+    def is_fatal(self, h: Any) -> bool: return False
+    def close(self, h: Any) -> None: ...
+
+
+class ConfluentDriver(Driver):
+    lib = LIBS["cf"]
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.fatal_seen: set[int] = set()
+
+    def create(self):
+        from confluent_kafka import Producer  # heavy: imported when used
+        conf = {"bootstrap.servers": self.bootstrap, "linger.ms": 2, "logger": self.logger}
+        if self.tid is not None:  # message.timeout.ms follows transaction.timeout.ms
+            conf.update({"transactional.id": self.tid, "transaction.timeout.ms": self.cfg.transaction_timeout_ms})
+        else:
+            conf.update({"enable.idempotence": True, "message.timeout.ms": int(self.cfg.step_deadline_s * 1000)})
+        holder: dict[str, Any] = {}
+
+        def on_error(err):
+            if err.fatal() and "p" in holder:
+                self.fatal_seen.add(id(holder["p"]))
+        conf["error_cb"] = on_error
+        p = Producer(conf)
+        holder["p"] = p
+        return p
+
+    def init(self, h, timeout):
+        h.init_transactions(timeout)
+
+    def begin(self, h):
+        h.begin_transaction()
+
+    def send(self, h, topic, value, partition, acks):
+        def cb(err, msg, v=value):
+            if err is None:
+                acks.ok(v, msg.partition(), msg.offset())
+            else:
+                acks.error(v, err.name())
+        h.produce(topic, value=value.encode(), partition=partition, on_delivery=cb)
+        h.poll(0)
+
+    def flush(self, h, timeout):
+        left = h.flush(timeout)
+        if left:
+            raise StepTimeout(f"flush: {left} message(s) still queued after {timeout:.0f} s")
+
+    def commit(self, h, timeout):
+        h.commit_transaction(timeout)
+
+    def abort(self, h, timeout):
+        h.abort_transaction(timeout)
+
+    def classify(self, e):
+        err = _kafka_error(e)
+        if err is None:
+            return "retriable" if isinstance(e, (StepTimeout, BufferError)) else "fatal"
+        if err.fatal():
+            return "fatal"
+        if err.txn_requires_abort():
+            return "abortable"
+        if err.retriable():
+            return "retriable"
+        return "abortable"
+
+    def is_fatal(self, h):
+        return id(h) in self.fatal_seen
+
+    def close(self, h):
+        try:
+            h.poll(0)
+        except Exception:  # noqa: BLE001 - a fenced or fatal instance: dropped all the same
+            pass
+
+
+class KafkaPythonDriver(Driver):
+    lib = LIBS["kp"]
+
+    def create(self):
+        from kafka import KafkaProducer  # heavy: imported when used
+        conf: dict[str, Any] = dict(bootstrap_servers=self.bootstrap, acks="all", linger_ms=2,
+                                    max_block_ms=int(self.cfg.commit_timeout_s * 1000), request_timeout_ms=10_000,
+                                    delivery_timeout_ms=int(self.cfg.step_deadline_s * 1000),
+                                    enable_idempotence=True, client_id=self.tid or "chaos-idem-kp")
+        if self.tid is not None:
+            conf.update(transactional_id=self.tid, transaction_timeout_ms=self.cfg.transaction_timeout_ms)
+        return KafkaProducer(**conf)
+
+    def init(self, h, timeout):
+        h.init_transactions()  # bounded by max_block_ms (KafkaTimeoutError: retriable)
+
+    def begin(self, h):
+        h.begin_transaction()
+
+    def send(self, h, topic, value, partition, acks):
+        fut = h.send(topic, value=value.encode(), partition=partition)
+        fut.add_callback(lambda md, v=value: acks.ok(v, md.partition, md.offset))
+        fut.add_errback(lambda exc, v=value: acks.error(v, type(exc).__name__))
+
+    def flush(self, h, timeout):
+        h.flush(timeout)
+
+    def commit(self, h, timeout):
+        _bounded(h.commit_transaction, self.cfg.step_deadline_s, "commit_transaction")
+
+    def abort(self, h, timeout):
+        _bounded(h.abort_transaction, self.cfg.step_deadline_s, "abort_transaction")
+
+    def classify(self, e):
+        from kafka import errors as E  # heavy: imported when used
+        fatal = (E.ProducerFencedError, E.InvalidProducerEpochError, E.OutOfOrderSequenceNumberError,
+                 E.AuthorizationError, E.UnsupportedVersionError, E.InvalidTxnStateError,
+                 E.TransactionCoordinatorFencedError, E.IllegalStateError, StepTimeout)
+        if isinstance(e, fatal):
+            return "fatal"
+        if isinstance(e, E.RetriableError) or isinstance(e, E.NoBrokersAvailable):
+            return "retriable"
+        return "abortable"
+
+    def is_fatal(self, h):
+        tm = getattr(h, "_transaction_manager", None)
+        try:
+            return bool(tm is not None and tm.has_fatal_error())
+        except Exception:  # noqa: BLE001 - an internal of kafka-python that moved: not known fatal
+            return False
+
+    def close(self, h):
+        def go():
+            try:
+                h.close(timeout=0)
+            except Exception:  # noqa: BLE001 - closing a fenced or failed instance
+                pass
+        threading.Thread(target=go, name="close-kafka-python", daemon=True).start()
+
+
+DRIVERS = {"cf": ConfluentDriver, "kp": KafkaPythonDriver}
+
+
+# --------------------------------------------------------------------------
+# Producers
+# --------------------------------------------------------------------------
+
+class _Worker(threading.Thread):
+    def __init__(self, name: str, lib_key: str, bootstrap: str, tid: str | None, cfg: TxnWorkloadConfig,
+                 history: HistoryWriter, stop: threading.Event, seed: int, logger: logging.Logger):
+        super().__init__(name=name, daemon=True)
+        self.process = name
+        self.driver: Driver = DRIVERS[lib_key](bootstrap, tid, cfg, logger)
+        self.lib = self.driver.lib
+        self.tid = tid
+        self.cfg = cfg
+        self.history = history
+        self.stop_event = stop
+        self.rng = random.Random(f"{seed}/{name}")
+        self.producer: Any = None
+        self.instance = 0
+        self._instances = 0
+        self.lock = threading.Lock()   # the instance count and the adopted instance (the fencer's)
+        self.error: str | None = None
+        self.units = 0
+        self.errors: dict[str, int] = {}
+
+    def _note_error(self, where: str, e: BaseException) -> str:
+        text = error_text(e)
+        key = f"{where}: {text.split(':')[0]}"
+        self.errors[key] = self.errors.get(key, 0) + 1
+        return text
+
+    def _op(self, type_: str, f: str, value: Any, error: str | None = None, t: int | None = None) -> Op:
+        return self.history.append(Op(self.process, type_, f, value, now_ns() if t is None else t,
+                                      None if type_ in (INVOKE, OK) else (error or "unknown")))
+
+    def plan(self, n: int) -> list[list]:
+        c = self.cfg
+        k = self.rng.randint(*c.values_per_txn)
+        parts = self.rng.sample(range(c.partitions), min(c.partitions, self.rng.randint(*c.partitions_per_txn)))
+        return [[f"{self.process}:{n}:{i}", parts[i % len(parts)]] for i in range(k)]
+
+    def _number(self) -> int:
+        with self.lock:
+            self._instances += 1
+            return self._instances
+
+    def _init(self, h: Any, deadline: float, note: bool = True) -> None:
+        """init_transactions(), called again while its error is retriable, until ``deadline``."""
+        while True:
+            try:
+                self.driver.init(h, self.cfg.commit_timeout_s)
+                return
+            except Exception as e:  # noqa: BLE001 - classified
+                if self.driver.classify(e) != "retriable" or time.monotonic() > deadline:
+                    raise
+                if note:
+                    self._note_error("init_transactions", e)
+                time.sleep(0.1)
+
+    def _new_instance(self, deadline: float) -> tuple[int, Any]:
+        """A new instance, initialized (transactional); WorkerGaveUp after ``deadline``."""
+        while True:
+            k = self._number()
+            self._op(INVOKE, INIT, {"instance": k})
+            h = None
+            try:
+                try:
+                    h = self.driver.create()
+                except Exception as e:  # noqa: BLE001 - a bad configuration is not retried
+                    if self.driver.classify(e) != "retriable":
+                        self._op(FAIL, INIT, {"instance": k}, error_text(e))
+                        raise WorkerGaveUp(f"{self.process}: cannot create a producer: {error_text(e)}") from None
+                    raise
+                if self.tid is not None:
+                    self._init(h, deadline)
+                self._op(OK, INIT, {"instance": k})
+                return k, h
+            except WorkerGaveUp:
+                raise
+            except Exception as e:  # noqa: BLE001 - a new instance, until the deadline
+                text = self._note_error("new instance", e)
+                self._op(FAIL, INIT, {"instance": k}, text)
+                if h is not None:
+                    self.driver.close(h)
+                if time.monotonic() > deadline:
+                    raise WorkerGaveUp(f"{self.process}: no producer within {self.cfg.step_deadline_s:.0f} s: "
+                                       f"{text}") from None
+                time.sleep(0.2)
+
+    def _take_adopted(self) -> tuple[int, Any] | None:
+        with self.lock:
+            adopted = getattr(self, "adopted", None)
+            self.adopted = None
+        return adopted
+
+    def ensure_producer(self) -> None:
+        if self.producer is not None:
+            return
+        adopted = self._take_adopted()
+        if adopted is not None:
+            self.instance, self.producer = adopted
+            return
+        self.instance, self.producer = self._new_instance(time.monotonic() + self.cfg.step_deadline_s)
+
+    def drop_producer(self) -> None:
+        if self.producer is not None:
+            self.driver.close(self.producer)
+        self.producer = None
+
+    def run(self) -> None:
+        try:
+            while not self.stop_event.is_set():
+                self.ensure_producer()
+                self.run_one()
+                self.units += 1
+                lo, hi = self.think_ms
+                if hi > 0:
+                    self.stop_event.wait(self.rng.uniform(lo, hi) / 1000)
+        except Exception as e:  # noqa: BLE001 - kept for the run's report
+            self.error = f"{type(e).__name__}: {e}"
+            log.exception("%s stopped", self.process)
+        finally:
+            self.drop_producer()
+            adopted = getattr(self, "adopted", None)
+            if adopted is not None:
+                self.driver.close(adopted[1])
+
+    def run_one(self) -> None:  # pragma: no cover - each worker has its own
+        raise NotImplementedError
+
+
+class TxnWorker(_Worker):
+    """A transactional producer; see the module doc."""
+
+    adopted: tuple[int, Any] | None = None
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.think_ms = self.cfg.think_ms
+        self.outcomes: dict[str, int] = {}
+
+    def fence(self) -> dict:
+        """Another instance with this worker's transactional id, initialized (which must fence the worker's
+        own), while the worker goes on; the worker adopts it after its current transaction (or at once
+        when its own instance fails).  Called from the nemesis' thread."""
+        k = self._number()
+        fenced = self.instance
+        t0 = now_ns()
+        h = None
+        try:
+            h = self.driver.create()
+            self._init(h, time.monotonic() + self.cfg.step_deadline_s, note=False)
+        except Exception as e:  # noqa: BLE001 - reported as the fault's outcome
+            if h is not None:
+                self.driver.close(h)
+            return {"process": self.process, "tid": self.tid, "instance": k, "failed": error_text(e)}
+        t1 = now_ns()
+        with self.lock:
+            old, self.adopted = self.adopted, (k, h)
+        if old is not None:
+            self.driver.close(old[1])
+        return {"process": self.process, "tid": self.tid, "instance": k, "fenced_instance": fenced,
+                "init_invoked_ns": t0, "init_returned_ns": t1}
+
+    def _adopt_if_fenced(self) -> None:
+        adopted = self._take_adopted()
+        if adopted is None:
+            return
+        if adopted[0] > self.instance:
+            self.drop_producer()
+            self.instance, self.producer = adopted
+        else:  # the worker made a newer instance of its own since: that one fenced the adopted one
+            self.driver.close(adopted[1])
+
+    def run_one(self) -> None:
+        c = self.cfg
+        n = self.units
+        txn = f"{self.process}:{n}"
+        writes = self.plan(n)
+        p, inst = self.producer, self.instance
+        self._op(INVOKE, TXN, {"txn": txn, "lib": self.lib, "instance": inst, "values": writes})
+        acks = Acks()
+        rec: dict[str, Any] = {"txn": txn, "lib": self.lib, "instance": inst, "values": writes,
+                               "commit_asked_ns": None, "errors": []}
+        stage = "begin_transaction"
+        outcome = None
+        error = None
+        try:
+            self.driver.begin(p)
+            stage = "produce"
+            for v, part in writes:
+                self.driver.send(p, c.topic, v, part, acks)
+            if self.driver.lib == LIBS["kp"]:
+                stage = "flush"  # kafka-python: flushed first, as its docs ask (abort does not wait for sends)
+                self.driver.flush(p, c.step_deadline_s)
+            stage = "commit_transaction"
+            deadline = time.monotonic() + c.step_deadline_s
+            while True:
+                t = now_ns()
+                if rec["commit_asked_ns"] is None:
+                    rec["commit_asked_ns"] = t
+                self._op(INVOKE, COMMIT, {"txn": txn, "instance": inst}, t=t)
+                try:
+                    self.driver.commit(p, c.commit_timeout_s)
+                    self._op(OK, COMMIT, {"txn": txn, "instance": inst})
+                    outcome = COMMITTED
+                    break
+                except Exception as e:  # noqa: BLE001 - classified
+                    text = self._note_error("commit_transaction", e)
+                    self._op(INFO, COMMIT, {"txn": txn, "instance": inst}, text)
+                    rec["errors"].append(f"commit_transaction: {text}")
+                    if self.driver.classify(e) == "retriable" and time.monotonic() < deadline:
+                        continue
+                    raise
+        except Exception as e:  # noqa: BLE001 - the documented handling
+            text = error_text(e)
+            if stage != "commit_transaction":
+                self._note_error(stage, e)
+                rec["errors"].append(f"{stage}: {text}")
+            error = text
+            kind = self.driver.classify(e)
+            if kind != "fatal" and not self.driver.is_fatal(p):
+                outcome = self._abort(p, inst, txn, rec)
+            if outcome is None:
+                self.drop_producer()
+                rec["replaced_producer"] = True
+                outcome = UNKNOWN if rec["commit_asked_ns"] is not None else ABANDONED
+        with acks.lock:
+            rec["offsets"] = {v: list(po) for v, po in acks.offsets.items()}
+            rec["delivery_errors"] = dict(acks.errors)
+        rec["outcome"] = outcome
+        rec["ended_ns"] = now_ns()
+        type_ = OK if outcome == COMMITTED else FAIL if outcome in (ABORTED, ABANDONED) else INFO
+        self._op(type_, TXN, rec, error if type_ != OK else None)
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+        if self.producer is not None:
+            self._adopt_if_fenced()
+
+    def _abort(self, p: Any, inst: int, txn: str, rec: dict) -> str | None:
+        """abort_transaction(), retried while retriable; ABORTED, or None if it failed."""
+        deadline = time.monotonic() + self.cfg.step_deadline_s
+        while True:
+            self._op(INVOKE, ABORT, {"txn": txn, "instance": inst})
+            try:
+                self.driver.abort(p, self.cfg.commit_timeout_s)
+                self._op(OK, ABORT, {"txn": txn, "instance": inst})
+                return ABORTED
+            except Exception as e:  # noqa: BLE001 - classified
+                text = self._note_error("abort_transaction", e)
+                self._op(INFO, ABORT, {"txn": txn, "instance": inst}, text)
+                rec["errors"].append(f"abort_transaction: {text}")
+                if self.driver.classify(e) == "retriable" and time.monotonic() < deadline:
+                    continue
+                return None
+
+
+class IdempotentWorker(_Worker):
+    """An idempotent producer: batches of values, each sent and flushed; see the module doc."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.think_ms = self.cfg.idem_think_ms
+        self.acked = 0
+        self.unacked = 0
+
+    def run_one(self) -> None:
+        c = self.cfg
+        n = self.units
+        writes = self.plan(n)
+        p, inst = self.producer, self.instance
+        self._op(INVOKE, WRITE, {"batch": f"{self.process}:{n}", "lib": self.lib, "instance": inst,
+                                 "values": writes})
+        acks = Acks()
+        error = None
+        fatal = False
+        try:
+            for v, part in writes:
+                self.driver.send(p, c.topic, v, part, acks)
+            self.driver.flush(p, c.step_deadline_s)
+        except Exception as e:  # noqa: BLE001 - the values not acknowledged are unknown
+            error = self._note_error("send", e)
+            fatal = self.driver.classify(e) == "fatal"
+        with acks.lock:
+            acked = [[v, part, acks.offsets[v][1]] for v, part in writes if v in acks.offsets]
+            unacked = [[v, part, acks.errors.get(v, error or "no delivery report")] for v, part in writes
+                       if v not in acks.offsets]
+        self.acked += len(acked)
+        self.unacked += len(unacked)
+        value = {"batch": f"{self.process}:{n}", "lib": self.lib, "instance": inst, "acked": acked,
+                 "unacked": unacked}
+        if unacked:
+            self._op(INFO, WRITE, value, error or unacked[0][2])
+        else:
+            self._op(OK, WRITE, value)
+        if fatal or self.driver.is_fatal(p):
+            self.drop_producer()  # a new instance (a new producer ID) for the next batch
+
+
+# --------------------------------------------------------------------------
+# Readers during the run
+# --------------------------------------------------------------------------
+
+class PollReader(threading.Thread):
+    """``reader-rc``: a read_committed KafkaConsumer over every partition from the beginning."""
+
+    def __init__(self, bootstrap: str, cfg: TxnWorkloadConfig, history: HistoryWriter, stop: threading.Event):
+        super().__init__(name=READER_RC, daemon=True)
+        self.bootstrap, self.cfg, self.history, self.stop_event = bootstrap, cfg, history, stop
+        self.polls = 0
+        self.records = 0
+        self.error: str | None = None
+
+    def run(self) -> None:
+        from kafka import KafkaConsumer  # heavy: imported when used
+        from kafka import TopicPartition as KTopicPartition
+        c = None
+        try:
+            c = KafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False, group_id=None,
+                              auto_offset_reset="earliest", isolation_level="read_committed",
+                              client_id=READER_RC, request_timeout_ms=10_000)
+            c.assign([KTopicPartition(self.cfg.topic, p) for p in range(self.cfg.partitions)])
+            c.seek_to_beginning()
+            while not self.stop_event.is_set():
+                self.history.append(Op(READER_RC, INVOKE, POLL, None, now_ns()))
+                try:
+                    got = c.poll(timeout_ms=self.cfg.poll_ms)
+                except Exception as e:  # noqa: BLE001 - recorded; the consumer goes on
+                    self.history.append(Op(READER_RC, INFO, POLL, None, now_ns(), error_text(e)))
+                    time.sleep(0.2)
+                    continue
+                recs = [[m.partition, m.offset, None if m.value is None else m.value.decode("utf-8", "replace")]
+                        for batch in got.values() for m in batch]
+                self.history.append(Op(READER_RC, OK, POLL, {"records": recs}, now_ns()))
+                self.polls += 1
+                self.records += len(recs)
+        except Exception as e:  # noqa: BLE001 - kept for the report
+            self.error = f"{type(e).__name__}: {e}"
+            log.exception("reader-rc stopped")
+        finally:
+            if c is not None:
+                c.close()
+
+
+class LsoSampler(threading.Thread):
+    """``reader-lso``: ListOffsets read_committed (LSO), then read_uncommitted (HW), every interval."""
+
+    def __init__(self, bootstrap: str, cfg: TxnWorkloadConfig, history: HistoryWriter, stop: threading.Event):
+        super().__init__(name=READER_LSO, daemon=True)
+        self.bootstrap, self.cfg, self.history, self.stop_event = bootstrap, cfg, history, stop
+        self.samples = 0
+        self.failed = 0
+
+    def run(self) -> None:
+        with RawBroker(self.bootstrap, timeout=2.0, client_id=READER_LSO) as raw:
+            while not self.stop_event.is_set():
+                t = time.monotonic()
+                self.history.append(Op(READER_LSO, INVOKE, LSO, None, now_ns()))
+                try:
+                    lso = raw.list_offsets(self.cfg.topic, self.cfg.partitions, committed=True)
+                    hw = raw.list_offsets(self.cfg.topic, self.cfg.partitions, committed=False)
+                except ReadError as e:
+                    self.history.append(Op(READER_LSO, FAIL, LSO, None, now_ns(), str(e)[:300]))
+                    self.failed += 1
+                else:
+                    self.history.append(Op(READER_LSO, OK, LSO, {"lso": {str(k): v for k, v in lso.items()},
+                                                                 "hw": {str(k): v for k, v in hw.items()}}, now_ns()))
+                    self.samples += 1
+                self.stop_event.wait(max(0.0, self.cfg.sample_interval_s - (time.monotonic() - t)))

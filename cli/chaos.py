@@ -35,30 +35,59 @@ def _seconds_range(value: str, name: str) -> tuple[float, float]:
 
 
 @chaos.command("run")
-@click.option("--scenario", required=True,
+@click.option("--workload", type=click.Choice(["producer-ids", "transactions"]), default="producer-ids",
+              show_default=True,
+              help="producer-ids: block allocators and ProducerIdManagers against the quorum (needs --scenario). "
+                   "transactions: Kafka transactions through a real broker with confluent-kafka and kafka-python "
+                   "producers, checked for exactly-once (see docs/transactions.md).")
+@click.option("--scenario",
               type=click.Choice(["kill-leader", "pause-leader", "kill-all", "rolling-restart", "partition-leader",
-                                 "slow-disk", "mixed"]))
+                                 "slow-disk", "mixed"]),
+              help="Faults of the producer-ids workload (required for it).")
 @click.option("--duration", type=click.FloatRange(5, 7 * 24 * 3600), default=60, show_default=True,
               help="Seconds of faults and load.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Fixes the choice and timing of faults.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Run directory (default chaos-<scenario>-<seed>).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False),
+              help="Run directory (default chaos-<scenario>-<seed>, chaos-transactions-<seed>).")
 @click.option("--brokers", type=click.IntRange(0, 64), default=2, show_default=True,
-              help="Wire-protocol block allocators.")
+              help="Wire-protocol block allocators (producer-ids).")
 @click.option("--block-rate", type=click.FloatRange(0.1, 10_000), default=20, show_default=True,
-              help="AllocateProducerIds/s per broker.")
-@click.option("--pid-managers", type=click.IntRange(0, 64), default=2, show_default=True)
+              help="AllocateProducerIds/s per broker (producer-ids).")
+@click.option("--pid-managers", type=click.IntRange(0, 64), default=2, show_default=True, help="(producer-ids)")
 @click.option("--pid-rate", type=click.FloatRange(1, 1_000_000), default=1000, show_default=True,
-              help="PIDs/s asked of each ProducerIdManager.")
-@click.option("--interval", default="2:4", show_default=True, callback=lambda c, p, v: _seconds_range(v, "--interval"),
-              help="Quiet seconds before each fault, MIN:MAX (drawn with the seed).")
-@click.option("--hold", default="0.5:1.5", show_default=True, callback=lambda c, p, v: _seconds_range(v, "--hold"),
-              help="Seconds each fault lasts, MIN:MAX.")
-@click.option("--keep-data", is_flag=True, help="Keep node data directories even if the run passes.")
+              help="PIDs/s asked of each ProducerIdManager (producer-ids).")
+@click.option("--interval", default=None,
+              help="Quiet seconds before each fault, MIN:MAX (drawn with the seed) [default: 2:4; transactions 2:5].")
+@click.option("--hold", default=None,
+              help="Seconds each fault lasts, MIN:MAX [default: 0.5:1.5; transactions 1:3, the downtime of a "
+                   "killed quorum leader or broker].")
+@click.option("--faults", default=None,
+              help="transactions: the faults to draw from, comma-separated [default: kill-leader,pause-leader,"
+                   "pause-node,kill-broker,fence].")
+@click.option("--pause", default="2:8", show_default=True,
+              help="transactions: seconds a SIGSTOPped quorum node stays paused, MIN:MAX.")
+@click.option("--txn-producers", type=click.IntRange(1, 32), default=2, show_default=True,
+              help="transactions: transactional producers per client library.")
+@click.option("--idempotent-producers", type=click.IntRange(0, 32), default=1, show_default=True,
+              help="transactions: idempotent producers per client library.")
+@click.option("--partitions", type=click.IntRange(1, 64), default=4, show_default=True,
+              help="transactions: partitions of the topic.")
+@click.option("--keep-data", is_flag=True, help="Keep data directories even if the run passes.")
 @output_option
 @handle_errors
-def chaos_run(scenario, duration, seed, out_dir, brokers, block_rate, pid_managers, pid_rate, interval, hold,
-              keep_data, output):
+def chaos_run(workload, scenario, duration, seed, out_dir, brokers, block_rate, pid_managers, pid_rate, interval,
+              hold, faults, pause, txn_producers, idempotent_producers, partitions, keep_data, output):
     """Run a three-node quorum under faults, record every operation, check the history."""
+    if workload == "transactions":
+        _chaos_run_transactions(duration, seed, out_dir, interval, hold, faults, pause, txn_producers,
+                                idempotent_producers, partitions, keep_data, output)
+        return
+    if scenario is None:
+        raise click.MissingParameter(param_hint="'--scenario'", param_type="option")
+    if faults is not None:
+        raise click.BadParameter("only for --workload transactions", param_hint="--faults")
+    interval = _seconds_range(interval or "2:4", "--interval")
+    hold = _seconds_range(hold or "0.5:1.5", "--hold")
     from chaos.runner import RunConfig  # heavy (kazoo, for the nodes it starts): imported when used
     from chaos.runner import run as chaos_run_  # heavy (kazoo, for the nodes it starts): imported when used
 
@@ -72,6 +101,30 @@ def chaos_run(scenario, duration, seed, out_dir, brokers, block_rate, pid_manage
     _show_verdict(verdict, output, out_dir)
 
 
+def _chaos_run_transactions(duration, seed, out_dir, interval, hold, faults, pause, txn_producers,
+                            idempotent_producers, partitions, keep_data, output) -> None:
+    # heavy (the Kafka clients, kazoo for the nodes): imported when used
+    from chaos.txn_runner import FAULTS, TxnRunConfig
+    from chaos.txn_runner import run as txn_run
+    from chaos.txn_workload import TxnWorkloadConfig
+
+    chosen = tuple(f.strip() for f in (faults or ",".join(FAULTS)).split(",") if f.strip())
+    unknown = [f for f in chosen if f not in FAULTS]
+    if unknown or not chosen:
+        raise click.BadParameter(f"unknown fault(s) {', '.join(unknown) or '(none given)'}; known: "
+                                 f"{', '.join(FAULTS)}", param_hint="--faults")
+    out_dir = out_dir or f"chaos-transactions-{seed}"
+    cfg = TxnRunConfig(duration_s=duration, seed=seed, out_dir=out_dir, faults=chosen,
+                       interval_s=_seconds_range(interval or "2:5", "--interval"),
+                       hold_s=_seconds_range(hold or "1:3", "--hold"), pause_s=_seconds_range(pause, "--pause"),
+                       keep_data=keep_data,
+                       workload=TxnWorkloadConfig(partitions=partitions, txn_producers=txn_producers,
+                                                  idempotent_producers=idempotent_producers))
+    with render.progress("chaos transactions") as update:
+        verdict = asyncio.run(txn_run(cfg, update))
+    _show_verdict(verdict, output, out_dir)
+
+
 @chaos.command("check")
 @click.argument("run_dir", type=click.Path())
 @click.option("--allow-torn", is_flag=True,
@@ -79,7 +132,13 @@ def chaos_run(scenario, duration, seed, out_dir, brokers, block_rate, pid_manage
 @output_option
 @handle_errors
 def chaos_check(run_dir, allow_torn, output):
-    """Re-check a saved run directory offline."""
+    """Re-check a saved run directory offline (either workload: its run.json says which)."""
+    from chaos.txn_runner import is_txn_run  # heavy (the Kafka clients): imported when used
+
+    if is_txn_run(run_dir):
+        from chaos.txn_runner import check_dir as check_txn_dir  # heavy: imported when used
+        _show_verdict(check_txn_dir(run_dir, write=False, allow_torn_tail=allow_torn), output, run_dir)
+        return
     from chaos.runner import check_dir  # heavy (kazoo, for the nodes it starts): imported when used
 
     _show_verdict(check_dir(run_dir, write=False, allow_torn_tail=allow_torn), output, run_dir)
@@ -185,6 +244,10 @@ def _figures(figures: dict, json_path: str | None, output: str) -> bool:
 def _show_verdict(verdict, output: str, run_dir: str) -> None:
     if output == "json":
         render.emit_json(verdict.to_dict())
+    elif getattr(verdict, "workload", None) == "transactions":
+        from chaos.txn_report import render_txn_summary  # beside the heavy runner: imported when used
+        render_txn_summary(verdict, render.console())
+        render.line(f"run directory: {run_dir}")
     else:
         render_summary(verdict, render.console())
         render.line(f"run directory: {run_dir}")

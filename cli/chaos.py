@@ -153,9 +153,12 @@ def chaos_check(run_dir, allow_torn, output):
               help="Worker processes (default: one per CPU).")
 @click.option("--trace", is_flag=True, help="Print the last events of every failing seed.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the figures as JSON here.")
+@click.option("--workload", "sim_workload", type=click.Choice(["pids", "transactions"]), default="pids",
+              show_default=True, help="pids: brokers allocating producer IDs; transactions: brokers running the "
+                                      "real transaction coordinator, clients, model partitions (docs/simulation.md).")
 @output_option
 @handle_errors
-def chaos_simulate(seeds, steps, nodes, jobs, trace, json_path, output):
+def chaos_simulate(seeds, steps, nodes, jobs, trace, json_path, sim_workload, output):
     """Deterministic simulation of a whole quorum: the real node code on a simulated network, disks and
     clock, faults mixed by each seed; Raft's safety properties and no re-issued producer ID checked after
     every step.  A seed replays bit for bit.  Exit 5 if any seed finds a violation."""
@@ -167,8 +170,13 @@ def chaos_simulate(seeds, steps, nodes, jobs, trace, json_path, output):
     with render.progress(f"simulating {len(seed_list)} seed(s)") as update:
         def progress(done, total, result):
             update(done / total, f"seed {result.seed}: {'ok' if result.ok else 'VIOLATION'}")
-        result = run_campaign(seed_list, steps, int(nodes), jobs, progress)
+        result = run_campaign(seed_list, steps, int(nodes), jobs, progress, workload=sim_workload)
     if _figures(result.to_dict(), json_path, output):
+        if sim_workload == "transactions":
+            render.table("transactions", ["figure", "value"], [
+                ["transactions", f"{result.transactions:,}"], ["committed", f"{result.txn_committed:,}"],
+                ["aborted", f"{result.txn_aborted:,}"], ["outcome unknown", f"{result.txn_unknown:,}"],
+                ["late copies of steps served", f"{result.late_copies:,}"]])
         rates = result.rates()
         render.table("simulation", ["figure", "value"], [
             ["seeds", result.seeds], ["failed", len(result.failures)], ["nodes", nodes],

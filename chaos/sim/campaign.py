@@ -13,7 +13,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-from .sim import SimConfig, SimResult, Simulation
+from .sim import SimConfig, SimResult, make_simulation
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -53,6 +53,12 @@ class CampaignResult:
     acked: int = 0
     committed: int = 0
     jobs: int = 1
+    workload: str = "pids"
+    transactions: int = 0     # the transaction workload's figures (0 for pids)
+    txn_committed: int = 0
+    txn_aborted: int = 0
+    txn_unknown: int = 0
+    late_copies: int = 0      # requests served after their client had given up on them (SIGSTOP, delays)
 
     def rates(self) -> dict:
         minutes = self.wall_seconds / 60 if self.wall_seconds else 0.0
@@ -70,15 +76,16 @@ class CampaignResult:
         return out
 
 
-def _one(seed: int, steps: int, nodes: int) -> SimResult:
+def _one(seed: int, steps: int, nodes: int, workload: str = "pids") -> SimResult:
     logging.disable(logging.CRITICAL)  # the nodes' own log lines: the trace says what happened
-    return Simulation(SimConfig(seed=seed, steps=steps, nodes=nodes)).run()
+    return make_simulation(SimConfig(seed=seed, steps=steps, nodes=nodes, workload=workload)).run()
 
 
 def run_campaign(seeds: list[int], steps: int, nodes: int, jobs: int | None = None,
-                 progress: Callable[[int, int, SimResult], None] | None = None) -> CampaignResult:
+                 progress: Callable[[int, int, SimResult], None] | None = None,
+                 workload: str = "pids") -> CampaignResult:
     jobs = max(1, jobs or os.cpu_count() or 1)
-    out = CampaignResult(jobs=jobs)
+    out = CampaignResult(jobs=jobs, workload=workload)
     t0 = time.perf_counter()
 
     def take(result: SimResult) -> None:
@@ -91,23 +98,30 @@ def run_campaign(seeds: list[int], steps: int, nodes: int, jobs: int | None = No
         out.messages += result.stats.get("messages", 0)
         out.acked += result.stats.get("acked", 0)
         out.committed += result.stats.get("committed", 0)
+        out.transactions += result.stats.get("transactions", 0)
+        out.txn_committed += result.stats.get("txn_committed", 0)
+        out.txn_aborted += result.stats.get("txn_aborted", 0)
+        out.txn_unknown += result.stats.get("txn_unknown", 0)
+        txn = result.stats.get("txn", {})
+        out.late_copies += txn.get("late_copies_ok", 0) + txn.get("late_copies_refused", 0)
         if not result.ok:
             out.failures.append(Failure(result.seed, result.violation or "", result.failed_step, result.trace,
-                                        replay_command(result.seed, steps, nodes)))
+                                        replay_command(result.seed, steps, nodes, workload)))
         if progress:
             progress(out.seeds, len(seeds), result)
 
     if jobs == 1 or len(seeds) == 1:
         for seed in seeds:
-            take(_one(seed, steps, nodes))
+            take(_one(seed, steps, nodes, workload))
     else:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            for fut in as_completed([pool.submit(_one, seed, steps, nodes) for seed in seeds]):
+            for fut in as_completed([pool.submit(_one, seed, steps, nodes, workload) for seed in seeds]):
                 take(fut.result())
     out.failures.sort(key=lambda f: f.seed)
     out.wall_seconds = time.perf_counter() - t0
     return out
 
 
-def replay_command(seed: int, steps: int, nodes: int) -> str:
-    return f"pidctl chaos simulate --seeds {seed} --steps {steps} --nodes {nodes} --trace"
+def replay_command(seed: int, steps: int, nodes: int, workload: str = "pids") -> str:
+    return (f"pidctl chaos simulate --seeds {seed} --steps {steps} --nodes {nodes}"
+            + (f" --workload {workload}" if workload != "pids" else "") + " --trace")

@@ -27,6 +27,12 @@ class _NoWait(selectors.DefaultSelector):
         return super().select(0)
 
 
+def _creation(task: asyncio.Task) -> int:
+    """A task's place in creation order (asyncio names tasks Task-<n> from one counter)."""
+    name = task.get_name()
+    return int(name[5:]) if name.startswith("Task-") and name[5:].isdigit() else 0
+
+
 class SimLoop(asyncio.SelectorEventLoop):
     """An asyncio loop whose clock is the simulation's; ``pump`` runs what is due now."""
 
@@ -50,7 +56,9 @@ class SimLoop(asyncio.SelectorEventLoop):
 
     def shut(self) -> None:
         for _ in range(10):
-            tasks = [t for t in asyncio.all_tasks(self) if not t.done()]
+            # In the order they were created: ``all_tasks`` is a set (ordered by address), and what a
+            # cancelled task's callbacks do next must not depend on where its object happens to live.
+            tasks = sorted((t for t in asyncio.all_tasks(self) if not t.done()), key=_creation)
             if not tasks:
                 break
             for task in tasks:
@@ -75,6 +83,10 @@ class SimulatedNode:
         self.slow: float = 0.0  # a slow disk: seconds each tick that synced adds before the next
         self.removed = False  # no longer a member (membership change); never started again
         self.cut = False  # a crash-state exploration cut this node's power (its restart is scheduled)
+        # SIGSTOP (the transaction simulation's pause): not ticked, its loop not run; what reaches it
+        # (messages, link changes, client requests) waits in ``deferred`` and runs, in order, on ``resume``.
+        self.paused = False
+        self.deferred: list = []
 
     @property
     def address(self) -> str:
@@ -134,6 +146,8 @@ class SimulatedNode:
 
     def _teardown(self) -> None:
         """The process is gone: its sockets close, nothing more reaches its files."""
+        self.paused = False
+        self.deferred = []
         service, self.service, self.proposer = self.service, None, None
         if service is not None:
             obj = getattr(getattr(service, "raft", None), "_obj", None)
@@ -179,10 +193,29 @@ class SimulatedNode:
         self.disk.stopped = False
         self.disk = self.disk.power_loss(policy)
 
+    # ------------------------------------------------------------- SIGSTOP
+    def pause(self) -> None:
+        """SIGSTOP: the process stops where it is; its connections stay open (the kernel keeps them)."""
+        if self.service is not None and not self.paused:
+            self.paused = True
+            self.next_tick = None
+            self.sim.note(f"node {self.node_id} is paused (SIGSTOP)")
+
+    def resume(self) -> None:
+        """SIGCONT: what arrived meanwhile is handled in order, its timers fire late, it ticks."""
+        if not self.paused:
+            return
+        self.paused = False
+        self.sim.note(f"node {self.node_id} resumes (SIGCONT) with {len(self.deferred)} deferred event(s)")
+        deferred, self.deferred = self.deferred, []
+        for fn, args in deferred:
+            self.guard(fn, *args)
+        self.wake(0.0)
+
     # --------------------------------------------------------------- ticks
     def wake(self, after: float = 0.00005) -> None:
         """Tick soon (a message arrived, or work was queued)."""
-        if self.service is None:
+        if self.service is None or self.paused:
             return
         at = self.sim.clock.now + after + self.slow
         if self.next_tick is None or at < self.next_tick:
@@ -190,8 +223,8 @@ class SimulatedNode:
             self.sim.schedule(at, "tick", self._tick_event, at)
 
     def _tick_event(self, at: float) -> None:
-        if self.service is None or self.next_tick != at:
-            return  # superseded, or the node is down
+        if self.service is None or self.next_tick != at or self.paused:
+            return  # superseded, or the node is down (or paused)
         self.next_tick = None
         self.tick()
         if self.service is not None:
@@ -212,6 +245,9 @@ class SimulatedNode:
     def guard(self, fn, *args) -> None:
         """Run ``fn`` as this node's process would: a fail-stop or a machine stop ends the process."""
         if self.service is None:
+            return
+        if self.paused:
+            self.deferred.append((fn, args))
             return
         try:
             fn(*args)

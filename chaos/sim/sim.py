@@ -102,6 +102,7 @@ class SimConfig:
     faults: bool = True
     block_size: int = 1000
     compaction_min_entries: int | None = None  # default: drawn by the seed
+    workload: str = "pids"  # or "transactions": brokers running the real TxnCoordinator (chaos.sim.txn)
 
 
 @dataclass
@@ -117,8 +118,9 @@ class SimResult:
     stats: dict[str, Any] = field(default_factory=dict)
     digest: str = ""
 
-    def replay_command(self, steps: int, nodes: int) -> str:
-        return f"pidctl chaos simulate --seeds {self.seed} --steps {steps} --nodes {nodes} --trace"
+    def replay_command(self, steps: int, nodes: int, workload: str = "pids") -> str:
+        return (f"pidctl chaos simulate --seeds {self.seed} --steps {steps} --nodes {nodes}"
+                + (f" --workload {workload}" if workload != "pids" else "") + " --trace")
 
 
 class Simulation:
@@ -1008,8 +1010,19 @@ class _ManagedBroker:
         self.loop.shut()
 
 
-def simulate(seed: int, steps: int = 6000, nodes: int = 3, faults: bool = True) -> SimResult:
-    return Simulation(SimConfig(seed=seed, steps=steps, nodes=nodes, faults=faults)).run()
+def make_simulation(config: SimConfig) -> Simulation:
+    """The simulation of ``config.workload``: producer IDs (``Simulation``) or transactions
+    (``chaos.sim.txn.TxnSimulation``)."""
+    if config.workload == "transactions":
+        from .txn import TxnSimulation
+        return TxnSimulation(config)
+    if config.workload != "pids":
+        raise ValueError(f"unknown workload {config.workload!r} (pids, transactions)")
+    return Simulation(config)
 
 
-__all__ = ["Simulation", "SimConfig", "SimResult", "FaultPlan", "simulate"]
+def simulate(seed: int, steps: int = 6000, nodes: int = 3, faults: bool = True, workload: str = "pids") -> SimResult:
+    return make_simulation(SimConfig(seed=seed, steps=steps, nodes=nodes, faults=faults, workload=workload)).run()
+
+
+__all__ = ["Simulation", "SimConfig", "SimResult", "FaultPlan", "make_simulation", "simulate"]

@@ -12,6 +12,7 @@ import contextlib
 import os
 
 import quorum.raft as raft_module
+from broker import txn_coordinator
 from broker.pid_manager import ProducerIdManager
 from quorum.identity import NodeIdentity, Verdict
 from quorum.journal import DurableJournal
@@ -161,6 +162,14 @@ def kafka_20031_less_than_for_at_most():
     return _patched((ProducerIdManager, "_validate", validate))
 
 
+def txn_step_names_no_transaction():
+    """The late-step defect (before transaction sequences): every step a coordinator sends names "the id's
+    current transaction, whichever it is" (sequence -1), so a step that reaches the quorum late or twice (a
+    paused node forwarding its queued copy after the client went on, a duplicated request) is applied to
+    the producer's next transaction: a commit prepared that its client never asked for."""
+    return _patched((txn_coordinator._Known, "names", lambda self, op: -1))
+
+
 SWITCHES = {
     "journal-cleared-on-mismatch": journal_cleared_on_mismatch,
     "install-not-synced": install_not_synced,
@@ -170,4 +179,5 @@ SWITCHES = {
     "truncate-after-prev-index": truncate_after_prev_index,
     "kafka-15552-seed-at-block-start": kafka_15552_seed_at_block_start,
     "kafka-20031-less-than-for-at-most": kafka_20031_less_than_for_at_most,
+    "txn-step-names-no-transaction": txn_step_names_no_transaction,
 }

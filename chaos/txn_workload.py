@@ -288,7 +288,7 @@ class KafkaPythonDriver(Driver):
                  E.TransactionCoordinatorFencedError, E.IllegalStateError, StepTimeout)
         if isinstance(e, fatal):
             return "fatal"
-        if isinstance(e, E.RetriableError) or isinstance(e, E.NoBrokersAvailable):
+        if isinstance(e, (E.RetriableError, E.KafkaConnectionError)):
             return "retriable"
         return "abortable"
 

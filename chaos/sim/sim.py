@@ -31,6 +31,7 @@ import hashlib
 import heapq
 import random
 import time
+import traceback
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
@@ -210,6 +211,11 @@ class Simulation:
                 outcome = self._result(True, None, t0)
             except Violation as v:
                 outcome = self._result(False, str(v), t0)
+            except Exception as e:  # noqa: BLE001 - the real code raised where no process would survive it
+                where = traceback.extract_tb(e.__traceback__)[-4:]
+                for frame in where:
+                    self.note(f"  at {'/'.join(frame.filename.rsplit('/', 2)[-2:])}:{frame.lineno} {frame.name}")
+                outcome = self._result(False, f"unexpected exception: {type(e).__name__}: {e}", t0)
             finally:
                 for n in self.nodes.values():
                     try:

@@ -102,6 +102,7 @@ class _Runner:
         self.loop = SimLoop(sim.clock)
         self._next: float | None = None
         self.closed = False
+        self.frozen = False
 
     def wake(self) -> None:
         if self.closed:
@@ -112,8 +113,15 @@ class _Runner:
             self._next = max(when, now)
             self.sim.schedule(self._next, "broker", self._pump, self._next)
 
+    def freeze(self, frozen: bool) -> None:
+        """Hold the loop (nothing of it runs) while the quorum converges; then let it go on."""
+        self.frozen = frozen
+        if not frozen:
+            self._next = None
+            self.wake()
+
     def _pump(self, at: float) -> None:
-        if self._next != at or self.closed:
+        if self._next != at or self.closed or self.frozen:
             return
         self._next = None
         self.loop.pump()
@@ -720,7 +728,14 @@ class TxnSimulation(Simulation):
         self.txn_stopping = True
         self.plan.client_late = self.plan.client_duplicate = self.plan.answer_loss = 0.0
         self.plan.crash_after_prepare = 0.0
+        # The brokers are held while the quorum converges (their sweepers' reads are log entries too: a
+        # transaction no broker can complete would keep the log growing and hide the quorum's state).
+        runners = [b.runner for b in self.txn_brokers if b.runner is not None] + [i.runner for i in self.instances]
+        for r in runners:
+            r.freeze(True)
         super()._converge()
+        for r in runners:
+            r.freeze(False)
         for b in self.txn_brokers:
             b._boot()  # a broker down at the end starts again (its restart event was a fault's)
         deadline = self.clock.now + 60.0 + 3 * self.txn_timeout_ms / 1000
@@ -731,7 +746,7 @@ class TxnSimulation(Simulation):
         if not self._settled():
             leader = self.leader()
             open_txns = [] if leader is None else [
-                (t.transactional_id, t.state, t.sequence) for t in
+                (t.transactional_id, t.state, t.sequence, t.partitions) for t in
                 leader.service.state.transactions.live_txns().values()
                 if t.state not in ("CompleteCommit", "CompleteAbort")]
             raise Violation(f"liveness: transactions not completed 60 simulated seconds after the faults stopped: "

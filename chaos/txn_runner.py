@@ -15,6 +15,10 @@ Steps:
    * ``kill-leader``: kill -9 of the quorum leader, restarted after ``hold_s``;
    * ``pause-leader``: SIGSTOP of the quorum leader, SIGCONT after ``pause_s`` (2-8 s);
    * ``pause-node``: SIGSTOP of a quorum node drawn by the seed (a follower or the leader), ``pause_s``;
+   * ``pause-broker-peer``: SIGSTOP of the quorum node the broker sends its requests to (``ss``), for
+     ``pause_s``; when that is the leader, first the leader for 3.5 s (past the broker's attempt timeout),
+     then the node the broker moved to.  The paused node holds a copy of a transaction step while the
+     broker's retry completes elsewhere, and delivers it when it resumes;
    * ``kill-broker``: kill -9 of the broker process, restarted (same port, same data) after ``hold_s``;
    * ``fence``: a second instance of a transactional producer drawn by the seed calls
      ``init_transactions()`` with the same transactional id (the first must be fenced).
@@ -40,6 +44,7 @@ import os
 import random
 import shutil
 import signal
+import subprocess
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -60,8 +65,9 @@ log = logging.getLogger(__name__)
 WORKLOAD = "transactions"
 HISTORY, READBACK, VERDICT, RUN, CLIENT_LOG = "history.jsonl", "readback.json", "verdict.json", "run.json", \
     "clients.log"
-FAULTS = ("kill-leader", "pause-leader", "pause-node", "kill-broker", "fence")
-PAUSES = ("pause-leader", "pause-node")
+FAULTS = ("kill-leader", "pause-leader", "pause-node", "pause-broker-peer", "kill-broker", "fence")
+PAUSES = ("pause-leader", "pause-node", "pause-broker-peer")
+START_S = {"pause-broker-peer": 5.0}  # time a fault's start may take before its hold (see PauseBrokerPeer)
 
 
 @dataclass
@@ -96,10 +102,11 @@ def schedule(cfg: TxnRunConfig) -> list[dict]:
         fault = rng.choice(list(cfg.faults))
         hold = 0.0 if fault == "fence" else rng.uniform(*(cfg.pause_s if fault in PAUSES else cfg.hold_s))
         pick = rng.random()
-        if t + wait + hold > cfg.duration_s:
+        took = START_S.get(fault, 0.0) + hold
+        if t + wait + took > cfg.duration_s:
             return out
         out.append({"at_s": round(t + wait, 3), "fault": fault, "hold_s": round(hold, 3), "pick": round(pick, 6)})
-        t += wait + hold
+        t += wait + took
 
 
 # --------------------------------------------------------------------------
@@ -127,6 +134,118 @@ class PauseNode(Nemesis):
         node, self.node = self.node, None
         if node is not None:
             await ctx.signal(node, signal.SIGCONT)
+        return {"node": node}
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    out = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                out.add(link[8:-1])
+    except OSError:
+        pass
+    return out
+
+
+def broker_peer_bytes(broker_pid: int, client_ports: dict[int, int]) -> dict[int, int]:
+    """Bytes the broker process has sent on its established connections to each quorum node's client port
+    (``client_ports``: node id -> port), from ``ss -tie`` (its sockets told apart by inode)."""
+    inodes = _socket_inodes(broker_pid)
+    by_port = {port: node for node, port in client_ports.items()}
+    try:
+        text = subprocess.run(["ss", "-tniHe", "state", "established"], capture_output=True, text=True,
+                              timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    out: dict[int, int] = {}
+    node = None
+    for line in text.splitlines():
+        if not line.startswith((" ", "\t")):
+            fields = line.split()
+            ino = next((f[4:] for f in fields if f.startswith("ino:")), None)
+            port = int(fields[3].rsplit(":", 1)[1]) if len(fields) > 3 and ":" in fields[3] else None
+            node = by_port.get(port) if ino in inodes else None
+        elif node is not None:
+            sent = next((int(f.split(":")[1]) for f in line.split() if f.startswith("bytes_sent:")), 0)
+            out[node] = out.get(node, 0) + sent
+    return out
+
+
+async def broker_active_peer(broker_pid: int, client_ports: dict[int, int], window: float = 0.3) -> int | None:
+    """The quorum node the broker sends the most to over ``window`` s (its transaction steps go there)."""
+    before = await asyncio.to_thread(broker_peer_bytes, broker_pid, client_ports)
+    await asyncio.sleep(window)
+    after = await asyncio.to_thread(broker_peer_bytes, broker_pid, client_ports)
+    deltas = {n: after[n] - before.get(n, 0) for n in after}
+    if not deltas or max(deltas.values()) <= 0:
+        return None
+    return max(deltas, key=lambda n: deltas[n])
+
+
+class PauseBrokerPeer(Nemesis):
+    """SIGSTOP the quorum node the broker's requests go to, while the broker retries them elsewhere: the
+    node holds a copy of a transaction step and delivers it (proposes or forwards it) when it resumes.
+
+    The broker prefers the leader, and after an attempt times out (3 s) retries on another node, a
+    follower half the time, which it keeps using until it looks for the leader again.  So: if the broker
+    sends to a follower, that follower is paused for the hold; if it sends to the leader, the leader is
+    paused for ``lead_s`` (past the broker's attempt timeout), resumed, and then the node the broker moved
+    to is paused for the hold.  stop sends SIGCONT."""
+
+    name = "pause-broker-peer"
+
+    def __init__(self, broker: "ChaosBroker", lead_s: float = 3.5) -> None:
+        self.broker = broker
+        self.lead_s = lead_s
+        self.node: int | None = None
+        self.first: int | None = None
+
+    async def start(self, ctx: NemesisContext) -> dict:
+        if not self.broker.alive():
+            return {"node": None, "skipped": "the broker is not running"}
+        ports = {n.node_id: int(n.client_address.rsplit(":", 1)[1]) for n in ctx.cluster.nodes()}
+        pid = self.broker.proc.pid
+        leader = await ctx.leader()
+        peer = await broker_active_peer(pid, ports)
+        out: dict[str, Any] = {"leader": leader, "active_peer": peer}
+        if peer is None:
+            out.update(node=None, skipped="the broker sends nothing to the quorum")
+            return out
+        if peer == leader:
+            self.first = peer
+            t_first = time.monotonic()
+            await ctx.signal(peer, signal.SIGSTOP)
+            await asyncio.sleep(self.lead_s)
+            others = {n: p for n, p in ports.items() if n != peer}
+            moved = None
+            for _ in range(10):  # the broker's retries reach another node once an attempt timed out
+                moved = await broker_active_peer(pid, others)
+                if moved is not None:
+                    break
+            await ctx.signal(peer, signal.SIGCONT)
+            self.first = None
+            out.update(first_paused=peer, first_paused_s=round(time.monotonic() - t_first, 3), moved_to=moved)
+            peer = moved
+            if peer is None:
+                out.update(node=None, skipped="the broker sent nowhere else while the leader was paused")
+                return out
+        self.node = peer
+        await ctx.signal(peer, signal.SIGSTOP)
+        leader_now = await ctx.leader()
+        out.update(node=peer, leader_after=leader_now, was_leader=peer == leader_now)
+        ctx.note("nemesis: paused node %d, where the broker sends its quorum requests (%s)", peer, out)
+        return out
+
+    async def stop(self, ctx: NemesisContext) -> dict:
+        for n in (self.first, self.node):
+            if n is not None:
+                await ctx.signal(n, signal.SIGCONT)
+        node, self.node, self.first = self.node, None, None
         return {"node": node}
 
 
@@ -182,6 +301,8 @@ def _nemesis(entry: dict, broker: ChaosBroker, workers: list[TxnWorker]) -> Neme
         return PauseLeader()
     if f == "pause-node":
         return PauseNode(entry.get("pick", 0.0))
+    if f == "pause-broker-peer":
+        return PauseBrokerPeer(broker)
     if f == "kill-broker":
         return KillBroker(broker)
     if f == "fence":
@@ -294,7 +415,7 @@ async def _run(cfg: TxnRunConfig, plan: list[dict], lc: LocalCluster, broker: Ch
             delay = entry["at_s"] - (time.monotonic() - t0)
             if delay > 0:
                 await _sleep(delay, progress, t0, cfg.duration_s, done)
-            if time.monotonic() - t0 + entry["hold_s"] > cfg.duration_s + 5.0:
+            if time.monotonic() - t0 + START_S.get(entry["fault"], 0.0) + entry["hold_s"] > cfg.duration_s + 5.0:
                 break  # earlier faults ran late: none is left unhealed past the run
             nem = _nemesis(entry, broker, txn_workers)
             history.append(Op("nemesis", INVOKE, nem.name, None, now_ns()))

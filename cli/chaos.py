@@ -63,7 +63,7 @@ def _seconds_range(value: str, name: str) -> tuple[float, float]:
                    "killed quorum leader or broker].")
 @click.option("--faults", default=None,
               help="transactions: the faults to draw from, comma-separated [default: kill-leader,pause-leader,"
-                   "pause-node,kill-broker,fence].")
+                   "pause-node,pause-broker-peer,kill-broker,fence].")
 @click.option("--pause", default="2:8", show_default=True,
               help="transactions: seconds a SIGSTOPped quorum node stays paused, MIN:MAX.")
 @click.option("--txn-producers", type=click.IntRange(1, 32), default=2, show_default=True,

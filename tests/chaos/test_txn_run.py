@@ -1,6 +1,7 @@
 """The transactions chaos run end to end: a real three-node quorum, a real broker process, confluent-kafka
-and kafka-python transactional producers (and an idempotent producer of each), a leader pause, a broker
-kill and two fences; the run must complete, check a meaningful number of transactions and find nothing.
+and kafka-python transactional producers (and an idempotent producer of each), a leader pause, a pause of
+the node the broker sends its quorum requests to, a broker kill and two fences; the run must complete,
+check a meaningful number of transactions and find nothing.
 ``pidctl chaos check`` re-checks the run directory (the workload read from run.json), and finds a value
 taken out of the read-back.  The schedule the seed draws is checked without processes."""
 from __future__ import annotations
@@ -17,15 +18,27 @@ import pytest
 from chaos.history import read_history
 from chaos.runner import RunError
 from chaos.txn_checker import ANOMALIES
-from chaos.txn_runner import FAULTS, HISTORY, READBACK, RUN, VERDICT, TxnRunConfig, check_dir, run, schedule
+from chaos.txn_runner import (
+    FAULTS,
+    HISTORY,
+    READBACK,
+    RUN,
+    START_S,
+    VERDICT,
+    TxnRunConfig,
+    check_dir,
+    run,
+    schedule,
+)
 from chaos.txn_workload import TxnWorkloadConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCHEDULE = [
-    {"at_s": 3.0, "fault": "pause-leader", "hold_s": 3.0, "pick": 0.0},
-    {"at_s": 8.0, "fault": "fence", "hold_s": 0.0, "pick": 0.1},    # a confluent-kafka producer
-    {"at_s": 10.0, "fault": "kill-broker", "hold_s": 1.0, "pick": 0.0},
-    {"at_s": 15.0, "fault": "fence", "hold_s": 0.0, "pick": 0.9},   # a kafka-python producer
+    {"at_s": 2.0, "fault": "pause-leader", "hold_s": 3.5, "pick": 0.0},
+    {"at_s": 6.5, "fault": "pause-broker-peer", "hold_s": 3.0, "pick": 0.0},
+    {"at_s": 14.5, "fault": "fence", "hold_s": 0.0, "pick": 0.1},   # a confluent-kafka producer
+    {"at_s": 16.0, "fault": "kill-broker", "hold_s": 1.0, "pick": 0.0},
+    {"at_s": 20.0, "fault": "fence", "hold_s": 0.0, "pick": 0.9},   # a kafka-python producer
 ]
 
 
@@ -37,7 +50,7 @@ def _pidctl(*args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def txn_run(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("chaos-txn") / "run")
-    cfg = TxnRunConfig(duration_s=20, seed=11, out_dir=out, schedule=SCHEDULE,
+    cfg = TxnRunConfig(duration_s=21, seed=11, out_dir=out, schedule=SCHEDULE,
                        workload=TxnWorkloadConfig(partitions=4, txn_producers=1, idempotent_producers=1))
     verdict = asyncio.run(run(cfg))
     return out, verdict
@@ -53,6 +66,7 @@ def test_the_run_completes_checks_both_libraries_and_finds_no_anomaly(txn_run):
     assert all(f["error"] is None and not (f["start"] or {}).get("skipped") and not (f["start"] or {}).get("failed")
                for f in meta["faults"]), meta["faults"]
     assert meta["faults"][0]["start"]["node"] is not None  # a leader was found and paused
+    assert meta["faults"][1]["start"]["node"] is not None  # so was the node the broker sent its requests to
     assert st["fences"] == 2
     assert not [w for w, x in meta["workers"].items() if x["stopped_with"]], meta["workers"]
     # A meaningful number of transactions of both libraries, read back whole.
@@ -121,14 +135,15 @@ def test_check_refuses_an_unfinished_transactions_run(txn_run, tmp_path):
 
 
 def test_the_schedule_is_the_seed_s_and_ends_healed_within_the_duration():
-    cfg = TxnRunConfig(duration_s=120, seed=5)
-    a, b = schedule(cfg), schedule(TxnRunConfig(duration_s=120, seed=5))
-    assert a == b and a != schedule(TxnRunConfig(duration_s=120, seed=6))
+    cfg = TxnRunConfig(duration_s=300, seed=5)
+    a, b = schedule(cfg), schedule(TxnRunConfig(duration_s=300, seed=5))
+    assert a == b and a != schedule(TxnRunConfig(duration_s=300, seed=6))
     assert len(a) >= 10 and {e["fault"] for e in a} == set(FAULTS)
     for prev, e in zip([None, *a], a):
-        assert e["at_s"] + e["hold_s"] <= 120
-        assert prev is None or e["at_s"] >= prev["at_s"] + prev["hold_s"] + cfg.interval_s[0] - 1e-6
-        if e["fault"] in ("pause-leader", "pause-node"):
+        assert e["at_s"] + START_S.get(e["fault"], 0) + e["hold_s"] <= 300
+        assert prev is None or e["at_s"] >= (prev["at_s"] + START_S.get(prev["fault"], 0) + prev["hold_s"]
+                                             + cfg.interval_s[0] - 1e-6)
+        if e["fault"] in ("pause-leader", "pause-node", "pause-broker-peer"):
             assert 2.0 <= e["hold_s"] <= 8.0
         if e["fault"] == "fence":
             assert e["hold_s"] == 0

@@ -224,13 +224,14 @@ class TxnCoordinator:
         """InitProducerId for a transactional id: an open or prepared transaction of the id is completed
         first (aborted, fencing the producer that began it), then the epoch rules apply (the quorum's)."""
         self._inits += 1
+        call = self._inits  # this call's number: another call may begin while this one waits
         for attempt in range(INIT_ATTEMPTS):
             broker_epoch = self._broker_epoch()
             if broker_epoch is None:
                 raise CoordinatorLoadInProgressError("broker is not registered with the quorum yet")
             # Unique in the cluster (a broker epoch is never handed out twice), the same in every copy of
             # this call: a copy the quorum applies twice is answered as it was, not bumped again.
-            request_id = f"{self.broker_id}:{broker_epoch}:{self._inits}"
+            request_id = f"{self.broker_id}:{broker_epoch}:{call}"
             try:
                 new_pid, new_epoch, last = await self.quorum.init_transactional_sequence(
                     self.broker_id, broker_epoch, tid, timeout_ms, pid, epoch, request_id)

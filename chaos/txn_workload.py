@@ -83,6 +83,7 @@ class TxnWorkloadConfig:
     step_deadline_s: float = 60.0           # retries of one step; a producer's replacement
     sample_interval_s: float = 0.15         # reader-lso
     poll_ms: int = 100                      # reader-rc
+    check_sends: bool = True                # kafka-python: abort a transaction whose sends failed (see SendsFailed)
 
 
 class WorkerGaveUp(Exception):
@@ -107,6 +108,17 @@ def _kafka_error(e: BaseException):
     if isinstance(e, KafkaException) and e.args and isinstance(e.args[0], KafkaError):
         return e.args[0]
     return None
+
+
+class SendsFailed(Exception):
+    """Sends of the transaction failed before its commit (delivery errors after the flush): abortable.
+
+    The Java client's ``commitTransaction()`` fails when a send of the transaction failed, and librdkafka's
+    too.  kafka-python 3.0 does not: a batch that expired (``delivery_timeout_ms``) fails its futures
+    with KafkaTimeoutError without moving the transaction to an error state, and the commit then
+    succeeds without those records (a lost write, found by a chaos run after a broker restart).  So the
+    worker checks the delivery reports of a kafka-python transaction after its flush and aborts it
+    if one failed (``TxnWorkloadConfig.check_sends``; off shows the library's own behaviour)."""
 
 
 class StepTimeout(Exception):
@@ -283,6 +295,8 @@ class KafkaPythonDriver(Driver):
 
     def classify(self, e):
         from kafka import errors as E  # heavy: imported when used
+        if isinstance(e, SendsFailed):
+            return "abortable"
         fatal = (E.ProducerFencedError, E.InvalidProducerEpochError, E.OutOfOrderSequenceNumberError,
                  E.AuthorizationError, E.UnsupportedVersionError, E.InvalidTxnStateError,
                  E.TransactionCoordinatorFencedError, E.IllegalStateError, StepTimeout)
@@ -505,6 +519,12 @@ class TxnWorker(_Worker):
             if self.driver.lib == LIBS["kp"]:
                 stage = "flush"  # kafka-python: flushed first, as its docs ask (abort does not wait for sends)
                 self.driver.flush(p, c.step_deadline_s)
+                if c.check_sends:
+                    with acks.lock:
+                        failed = {v: acks.errors[v] for v, _ in writes if v in acks.errors}
+                    if failed:
+                        raise SendsFailed(f"{len(failed)} of {len(writes)} sends failed before the commit: "
+                                          + ", ".join(f"{v}: {e}" for v, e in sorted(failed.items())[:3]))
             stage = "commit_transaction"
             deadline = time.monotonic() + c.step_deadline_s
             while True:

@@ -90,6 +90,11 @@ class _Known:
     open: bool
     partitions: set[tuple[str, int]] = field(default_factory=set)
 
+    def order(self) -> tuple[int, int, int]:
+        """Later knowledge of the same producer ID sorts higher: a later epoch, a later transaction, an ended
+        one after the same one open (an answer that arrives late must not undo what a newer one taught)."""
+        return self.producer_epoch, self.sequence, 0 if self.open else 1
+
     def names(self, op: str) -> int:
         """The sequence a step ``op`` sends: add joins the open transaction or begins the next one;
         commit and abort end the open one (or are a retry of the one that ended)."""
@@ -116,7 +121,8 @@ class TxnCoordinator:
         # Completions of one id run one at a time: striped locks (an id always maps to the same one).
         self._locks = [asyncio.Lock() for _ in range(LOCK_STRIPES)]
         self.counters = {"txn_committed": 0, "txn_aborted": 0, "txn_timed_out": 0, "txn_markers": 0,
-                         "txn_completions_deferred": 0, "txn_verify_round_trips": 0, "txn_steps_refused": 0}
+                         "txn_completions_deferred": 0, "txn_verify_round_trips": 0, "txn_steps_refused": 0,
+                         "txn_sequence_reads": 0}
 
     # ------------------------------------------------------------ quorum calls
     async def _txn(self, op: str, transactional_id: str = "", producer_id: int = -1, producer_epoch: int = -1,
@@ -148,7 +154,15 @@ class TxnCoordinator:
         client is told to retry (CONCURRENT_TRANSACTIONS): a client that is still there does, and its retry
         names the right transaction; a request that arrived here late has nobody to retry it."""
         known = self._known_of(tid, pid, epoch)
-        sequence = known.names(op) if known is not None else -1
+        if known is None:
+            # Nothing known of this producer (a restart, the id moved here, an answer that was lost): read
+            # the id's transaction first.  A step naming no transaction would be applied to whichever one
+            # the id has when it arrives, and a copy of it may arrive late.
+            self.counters["txn_sequence_reads"] += 1
+            known = await self._learn(tid, pid) or _Known(tid, epoch, -1, False)
+        if op in ("commit", "abort") and known.sequence < 0 and not known.open:
+            raise InvalidTxnStateError(f"transactional id {tid[:200]!r} has no transaction to {op}")
+        sequence = known.names(op)
         try:
             return await self._txn(op, tid, pid, epoch, partitions, sequence=sequence)
         except InvalidTxnStateError:
@@ -178,6 +192,9 @@ class TxnCoordinator:
                                txn["state"] == "Ongoing", mine))
 
     def _keep(self, pid: int, known: _Known) -> None:
+        old = self._known.get(pid)
+        if old is not None and old.transactional_id == known.transactional_id and old.order() > known.order():
+            return  # an answer that arrived after a newer one
         self._known[pid] = known
         self._known.move_to_end(pid)
         while len(self._known) > MAX_CACHED:

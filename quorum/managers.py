@@ -351,8 +351,11 @@ class TransactionalIdManager:
             raise InvalidRequestError("producer id and epoch must both be -1 or both be set")
         if not isinstance(request_id, str) or len(request_id) > MAX_REQUEST_ID_CHARS:
             raise InvalidRequestError(f"request id must be a string of at most {MAX_REQUEST_ID_CHARS} characters")
+        # The request as the state records it: its id with the producer it expected, so that another
+        # request that reuses an id (a coordinator's bug) is not taken for a copy of this one.
+        request = f"{request_id}/{expected_pid}/{expected_epoch}" if request_id else ""
         repeated = self.get(transactional_id)
-        if request_id and repeated is not None and repeated.init_request == request_id:
+        if request and repeated is not None and repeated.init_request == request:
             # This request was applied and the id's state is still its answer: a copy of it (a retry on
             # another node, a request a paused node forwarded late) gets that answer again.  Bumping
             # again would fence the producer it answered, and abort the transaction it has begun since.
@@ -376,7 +379,7 @@ class TransactionalIdManager:
             records.append(TransactionalIdRecord(
                 transactional_id=transactional_id, producer_id=pid, producer_epoch=epoch,
                 last_producer_id=last_pid, last_producer_epoch=last_epoch, timeout_ms=timeout_ms,
-                state="Empty", update_time_ms=now_ms, broker_id=broker_id, init_request=request_id))
+                state="Empty", update_time_ms=now_ms, broker_id=broker_id, init_request=request))
             return Result(records, (pid, epoch, None))
 
         if cur is None:

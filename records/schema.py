@@ -191,9 +191,10 @@ TRANSACTIONAL_ID = RecordSpec(
                   default="Empty"),
         FieldSpec("update_time_ms", "int64", "Proposer's wall clock at the change; drives expiration."),
         FieldSpec("broker_id", "int32", "Broker (coordinator) that asked for the change; audit only.", default=-1),
-        FieldSpec("init_request", "string", "The InitProducerId request (its request_id) whose answer this "
-                  "state is: a copy of that request delivered again is answered with it, not bumped twice.  "
-                  "'' when a coordinator's abort or an older broker made the change.", default="", since=1),
+        FieldSpec("init_request", "string", "The InitProducerId request whose answer this state is "
+                  "(request_id/producer_id/producer_epoch, as it asked): a copy of that request delivered "
+                  "again is answered with it, not bumped twice.  '' when a coordinator's abort or an older "
+                  "broker made the change.", default="", since=1),
     ),
 )
 

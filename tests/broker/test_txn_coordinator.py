@@ -186,3 +186,54 @@ def test_each_init_producer_id_has_its_own_request_id():
     run(go())
     e = q.epoch(1)
     assert q.inits == [f"1:{e}:1", f"1:{e}:2", f"1:{e}:2"]
+
+
+def test_a_coordinator_that_knows_nothing_reads_the_transaction_before_naming_one():
+    """After a restart (a new coordinator) no step goes out naming "whichever transaction is current": a copy
+    of it delivered late would land on the producer's next transaction."""
+    q = StateQuorum()
+    before = coordinator(q)
+
+    async def go():
+        pid, epoch = await before.init_producer_id("tx", 60_000, -1, -1)
+        await before.add_partitions("tx", pid, epoch, [("t", 0)])
+        after = coordinator(q)  # the broker restarted: the client retries its EndTxn there
+        q.sent.clear()
+        await after.end("tx", pid, epoch, commit=True)
+        assert [(r.op, r.sequence) for r in q.sent] == [("describe", -1), ("commit", 0), ("complete", 0)]
+        assert after.counters["txn_sequence_reads"] == 1
+        late = q.sent[1]
+        await after.add_partitions("tx", pid, epoch, [("t", 1)])  # the next transaction
+        with pytest.raises(InvalidTxnStateError):
+            q.deliver(late)
+        assert q.state.transactions.txn("tx").state == "Ongoing"
+    run(go())
+    assert all(r.sequence != -1 for r in q.sent if r.op not in ("describe", "verify"))
+
+
+def test_end_txn_with_no_transaction_sends_nothing():
+    q = StateQuorum()
+    c = coordinator(q)
+
+    async def go():
+        pid, epoch = await c.init_producer_id("tx", 60_000, -1, -1)
+        for commit in (True, False):
+            with pytest.raises(InvalidTxnStateError, match="no transaction"):
+                await c.end("tx", pid, epoch, commit=commit)
+    run(go())
+    assert q.sent == []
+
+
+def test_an_answer_that_arrives_after_a_newer_one_teaches_nothing():
+    """Seed 500818 of the transaction simulation: an add's answer (transaction 5 open, epoch 2) arrived after
+    the coordinator had completed that transaction's abort with the epoch bumped to 3; taking it let a batch
+    of epoch 2 pass the KIP-890 check without a round trip, into a transaction nobody would end."""
+    q = StateQuorum()
+    c = coordinator(q)
+    base = {"transactional_id": "tx", "producer_id": 4, "partitions": [[1, "t", 0]]}
+    c._ended({**base, "producer_epoch": 3, "sequence": 5, "state": "CompleteAbort"})
+    c._remember(4, {**base, "producer_epoch": 2, "sequence": 5, "state": "Ongoing"})
+    assert not c._added("tx", 4, 2, "t", 0)
+    assert c._known_of("tx", 4, 3).names("add") == 6
+    c._remember(4, {**base, "producer_epoch": 3, "sequence": 6, "state": "Ongoing"})  # newer: taken
+    assert c._added("tx", 4, 3, "t", 0)

@@ -228,3 +228,11 @@ def test_a_late_copy_of_init_producer_id_does_not_fence_the_producer_it_answered
 def test_an_init_request_id_is_bounded(state):
     with pytest.raises(InvalidRequestError):
         init_as(state, "x" * 101)
+
+
+def test_a_request_id_reused_with_another_expectation_is_not_a_copy(state):
+    """A copy carries the same request id and the same expected producer; a second request that reuses the
+    id (two calls of one coordinator under way, seed 500000 of the transaction simulation) is decided."""
+    pid, epoch, _ = init_as(state, "1:1:7").response
+    bumped = init_as(state, "1:1:7", pid=pid, epoch=epoch)  # the KIP-360 bump of the instance, same id
+    assert bumped.response == (pid, epoch + 1, None) and bumped.records

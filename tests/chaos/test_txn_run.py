@@ -47,17 +47,20 @@ def _pidctl(*args: str) -> subprocess.CompletedProcess:
                           cwd=REPO)
 
 
-@pytest.fixture(scope="module")
-def txn_run(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("chaos-txn") / "run")
+def test_a_transactions_run_end_to_end(tmp_path):
+    """One run (under pytest-xdist a module fixture could run once per worker), then everything that reads
+    its directory."""
+    out = str(tmp_path / "run")
     cfg = TxnRunConfig(duration_s=21, seed=11, out_dir=out, schedule=SCHEDULE,
                        workload=TxnWorkloadConfig(partitions=4, txn_producers=1, idempotent_producers=1))
     verdict = asyncio.run(run(cfg))
-    return out, verdict
+    _the_run_completes_checks_both_libraries_and_finds_no_anomaly(out, verdict)
+    _pidctl_chaos_check_dispatches_on_the_workload_and_prints_every_class(out, verdict)
+    _a_committed_value_taken_out_of_the_read_back_is_a_lost_write(out, tmp_path)
+    _check_refuses_an_unfinished_transactions_run(out, tmp_path)
 
 
-def test_the_run_completes_checks_both_libraries_and_finds_no_anomaly(txn_run):
-    out, verdict = txn_run
+def _the_run_completes_checks_both_libraries_and_finds_no_anomaly(out, verdict):
     d = verdict.to_dict()
     st = d["stats"]
     meta = json.load(open(os.path.join(out, RUN)))
@@ -89,8 +92,7 @@ def test_the_run_completes_checks_both_libraries_and_finds_no_anomaly(txn_run):
                                           "reader-lso", "nemesis"}
 
 
-def test_pidctl_chaos_check_dispatches_on_the_workload_and_prints_every_class(txn_run):
-    out, verdict = txn_run
+def _pidctl_chaos_check_dispatches_on_the_workload_and_prints_every_class(out, verdict):
     again = check_dir(out, write=False)
     assert again.valid == verdict.valid and again.anomaly_counts == verdict.anomaly_counts
     r = _pidctl("chaos", "check", out, "-o", "json")
@@ -102,8 +104,7 @@ def test_pidctl_chaos_check_dispatches_on_the_workload_and_prints_every_class(tx
     assert "VALID" in r.stdout and all(kind in r.stdout for kind in ANOMALIES)
 
 
-def test_a_committed_value_taken_out_of_the_read_back_is_a_lost_write(txn_run, tmp_path):
-    out, _ = txn_run
+def _a_committed_value_taken_out_of_the_read_back_is_a_lost_write(out, tmp_path):
     copy = str(tmp_path / "copy")
     shutil.copytree(out, copy, ignore=shutil.ignore_patterns("cluster", "broker-1"))
     with open(os.path.join(copy, READBACK)) as f:
@@ -122,8 +123,7 @@ def test_a_committed_value_taken_out_of_the_read_back_is_a_lost_write(txn_run, t
     assert r.returncode == 5 and "INVALID" in r.stdout and "lost-write" in r.stdout
 
 
-def test_check_refuses_an_unfinished_transactions_run(txn_run, tmp_path):
-    out, _ = txn_run
+def _check_refuses_an_unfinished_transactions_run(out, tmp_path):
     copy = tmp_path / "unfinished"
     copy.mkdir()
     shutil.copy(os.path.join(out, RUN), copy / RUN)

@@ -200,7 +200,7 @@ def test_cli_simulate_runs_the_transaction_workload(tmp_path):
 
 def test_cli_prints_a_replay_command_with_the_workload():
     with SWITCHES["txn-step-names-no-transaction"]():
-        result = CliRunner().invoke(cli, ["chaos", "simulate", "--seeds", "2", "--steps", str(STEPS), "--jobs", "1",
+        result = CliRunner().invoke(cli, ["chaos", "simulate", "--seeds", "1..6", "--steps", str(STEPS), "--jobs", "1",
                                           "--workload", "transactions"])
     assert result.exit_code == 5, result.output
-    assert f"--seeds 2 --steps {STEPS} --nodes 3 --workload transactions --trace" in result.output
+    assert f"--steps {STEPS} --nodes 3 --workload transactions --trace" in result.output

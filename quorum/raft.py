@@ -115,7 +115,8 @@ RECOVERED_VOTE = "<recovered: no vote this term>"  # votedFor after catching up 
 
 # pysyncobj internals this adapter reads or replaces (pysyncobj is pinned below 0.4; a release that
 # renames them fails here, at import, rather than silently running its own unsafe code path).
-_REPLACED = ("_SyncObj__onMessageReceived", "_SyncObj__tryLogCompaction", "_SyncObj__loadDumpFile")
+_REPLACED = ("_SyncObj__onMessageReceived", "_SyncObj__tryLogCompaction", "_SyncObj__loadDumpFile",
+             "_checkCommandsToApply")
 _USED = ("_getFuncName", "_SyncObj__onLeaderChanged", "_SyncObj__applyLogEntries", "_SyncObj__setCurrentTerm",
          "_SyncObj__setState", "_SyncObj__generateRaftTimeout", "_SyncObj__sendNextNodeIdx",
          "_SyncObj__parseChangeClusterRequest", "_SyncObj__doChangeCluster", "_SyncObj__updateClusterConfiguration",
@@ -722,8 +723,43 @@ class _Replicated(SyncObj):
         super()._onTick(timeToWait)
 
     # ------------------------------------------------------ replaced: messages
+    def _checkCommandsToApply(self):
+        """pysyncobj's hand-over of submitted commands, without its forwarding to the leader.
+
+        pysyncobj sends a command submitted on a node that is not the leader (any more) to the leader, which
+        appends it.  Every command of pidquorum's is a batch of records a leader generated from its own
+        applied state; on a node that lost its leadership that state may be stale.  Seed 510431 of the
+        transaction simulation: a leader paused while it waited for its barrier entry resumed as a follower,
+        generated a batch on its old state and proposed it; pysyncobj forwarded it and the new leader
+        committed a second producer ID for a transactional id beside its open transaction (a snapshot
+        taken after it could not be loaded).  Here a command is appended only by the node it was submitted
+        to while that node leads; otherwise it is refused, a definite answer (it is in no log): the client
+        retries, and the batch is generated again on the leader's state."""
+        if self._SyncObj__raftState == _LEADER:
+            return SyncObj._checkCommandsToApply(self)
+        pending = self._SyncObj__commandsQueue
+        while True:
+            try:
+                _, callback = pending.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(callback, tuple):  # a command another node forwarded (a node of an earlier version)
+                node, request_id = callback
+                self._SyncObj__transport.send(node, {"type": "apply_command_response", "request_id": request_id,
+                                                     "error": FAIL_REASON.NOT_LEADER})
+            elif callback is not None:
+                callback(None, FAIL_REASON.NOT_LEADER)
+
     def _SyncObj__onMessageReceived(self, node, message):
         kind = message.get("type") if isinstance(message, dict) else None
+        if kind == "apply_command":
+            # A command another node forwarded (only a node of an earlier version forwards): generated on
+            # that node's state, which may be stale; refused (see _checkCommandsToApply).
+            if "request_id" in message:
+                self._SyncObj__transport.send(node, {"type": "apply_command_response",
+                                                     "request_id": message["request_id"],
+                                                     "error": FAIL_REASON.REQUEST_DENIED})
+            return
         if (kind != "append_entries" and node not in self._SyncObj__otherNodes
                 and not (kind == "request_vote" and self._pq.restricted and self._may_vote(message))):
             # Outside this node's configuration: only a leader's AppendEntries are taken (see _Gate.dropNode),

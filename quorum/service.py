@@ -348,6 +348,8 @@ class Proposer:
                 for op in ops:
                     op.finish(error=NotControllerError(f"leadership not established: {e}"))
                 return
+        if not self._still_leading(term, ops):
+            return
         ctx = Context(svc.cfg.block_size, int(svc.clock.time() * 1000),
                       TxnSettings(svc.cfg.transactional_id_expiration_ms, svc.cfg.transaction_max_timeout_ms))
         with svc.lock:
@@ -372,7 +374,7 @@ class Proposer:
                 continue
             spans.append((op, len(records), len(result.records), result.response))
             records.extend(result.records)
-        if not spans:
+        if not spans or not self._still_leading(term, [op for op, *_ in spans]):
             return
         try:
             await self._propose(encode_batch(records), timeout, lambda errors: self._answer(spans, records, errors),
@@ -387,6 +389,19 @@ class Proposer:
         except Exception as e:  # noqa: BLE001 - answering failed (logged): no request is left waiting
             for op, *_ in spans:
                 op.finish(error=UnknownServerError(f"internal error: {type(e).__name__}: {e}"))
+
+    def _still_leading(self, term: int, ops: list[Proposal]) -> bool:
+        """After a wait (the barrier, a ZooKeeper reservation): is this node still the leader of ``term``?  A
+        batch is generated from this node's applied state, which is the cluster's only while it leads in
+        the term whose barrier it applied; otherwise its requests are refused (definite: nothing was
+        proposed) and retried where the leader is."""
+        is_leader, _, now = self.service.raft.role()
+        if is_leader and now == term:
+            return True
+        self.barrier_term = None
+        for op in ops:
+            op.finish(error=NotControllerError(f"leadership of term {term} lost while the batch was prepared"))
+        return False
 
     @staticmethod
     def _prepare(spans: list[tuple[Proposal, int, int, Any]]) -> None:

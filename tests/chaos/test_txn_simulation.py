@@ -76,8 +76,6 @@ def test_seeds_the_first_transaction_campaign_failed_pass():
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.xfail(strict=True, reason="open: a deposed leader's proposer commits a batch generated on its stale "
-                                       "state (docs/simulation.md, section 7); remove the mark once fixed")
 def test_seed_510431_a_stale_leaders_batch_is_not_committed():
     result = _run(510431, 8000)
     assert result.ok, result.violation

@@ -250,7 +250,7 @@ class Partition:
                                 message="" if new else d0.message)
 
     def write_marker(self, producer_id: int, producer_epoch: int, commit: bool,
-                     coordinator_epoch: int = 0) -> AppendResult:
+                     coordinator_epoch: int = 0, still_current: Callable[[], bool] | None = None) -> AppendResult:
         """WriteTxnMarkers for this partition: end producer ``producer_id``'s transaction here with a COMMIT
         or ABORT control batch (``encode_control_batch``), durable when this returns.
 
@@ -262,9 +262,17 @@ class Partition:
         written and the answer is success with ``duplicate`` - unless the marker bumps a known
         producer's epoch: then it is written, so that the bump is in the log and outlives a crash (a
         retry of it is then a duplicate).  The coordinator epoch is written in the marker, not checked.
+
+        ``still_current``, asked under the partition's lock, says whether the transaction the marker is
+        for may still be the producer's here: a marker names only the producer and its epoch, so one
+        written after the producer's next transaction began here would end that one.  False: nothing is
+        written (``duplicate``).
         """
         with self._lock:
             self._check_open()
+            if still_current is not None and not still_current():
+                return self._result(Errors.NONE, duplicate=True,
+                                    message="the transaction has ended: a later one of the producer is known")
             self._expecting.pop(producer_id, None)  # a KIP-890 check under way is void: its transaction ended
             d = self.state.check_marker(producer_id, producer_epoch)
             if d.is_error:

@@ -48,6 +48,7 @@ so a marker written while it is under way voids it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import zlib
 from collections import OrderedDict
@@ -288,7 +289,7 @@ class TxnCoordinator:
         self._ended(txn)  # before any marker: a KIP-890 check must ask the quorum again
         failpoints.hit("broker.txn.prepared", tid, txn["state"])
         for _, topic, partition in txn["partitions"]:
-            await self._write_marker(topic, partition, pid, epoch, commit)
+            await self._write_marker(topic, partition, pid, epoch, commit, self._still_current(txn))
         await self._txn("complete", tid, start_time_ms=txn["start_time_ms"], sequence=txn.get("sequence", -1))
         self.counters["txn_committed" if commit else "txn_aborted"] += 1
         log.debug("transaction of %r (producer %d epoch %d, %d partitions): %s", tid[:200], pid, epoch,
@@ -299,7 +300,24 @@ class TxnCoordinator:
         self._keep(txn["producer_id"], _Known(txn["transactional_id"], txn["producer_epoch"],
                                               int(txn.get("sequence", -1)), False))
 
-    async def _write_marker(self, topic: str, partition: int, pid: int, epoch: int, commit: bool) -> None:
+    def _still_current(self, txn: dict) -> Callable[[], bool]:
+        """Whether ``txn`` may still be its producer's transaction, from what this broker knows (asked under
+        a partition's lock, right before its marker).  A completion works from an answer that may be late:
+        seed 513877 of the transaction simulation read a transaction as prepared, a late copy of an earlier
+        completion then completed it, the producer's next transaction began on the same partitions, and the
+        markers written from the read ended that one.  Every transactional append on this broker's
+        partitions is preceded by this broker learning its transaction (the add's answer, or the KIP-890
+        check's), so a later transaction is known here before any of its records can be."""
+        tid, pid, ended = txn["transactional_id"], txn["producer_id"], (txn["producer_epoch"],
+                                                                         int(txn.get("sequence", -1)), 1)
+
+        def check() -> bool:
+            k = self._known.get(pid)
+            return k is None or k.transactional_id != tid or k.order() <= ended
+        return check
+
+    async def _write_marker(self, topic: str, partition: int, pid: int, epoch: int, commit: bool,
+                            still_current: Callable[[], bool] | None = None) -> None:
         try:
             part = self.storage.partition(topic, partition) if self.storage.topic(topic) is not None else None
         except UnknownTopicOrPartitionError:
@@ -308,7 +326,8 @@ class TxnCoordinator:
             log.warning("marker for %s-%d (producer %d): no such partition here; nothing to mark", topic[:200],
                         partition, pid)
             return
-        res = await self._run_io(part.write_marker, pid, epoch, commit)
+        res = await self._run_io(functools.partial(part.write_marker, pid, epoch, commit,
+                                                   still_current=still_current))
         if res.error == Errors.INVALID_PRODUCER_EPOCH:
             # The partition has seen a newer epoch of the producer, which only exists once this transaction
             # ended: nothing of it is left open there.

@@ -88,7 +88,9 @@ class ModelPartition:
         return Errors.NONE, "", offset
 
     def write_marker(self, producer_id: int, producer_epoch: int, commit: bool,
-                     coordinator_epoch: int = 0) -> MarkerResult:
+                     coordinator_epoch: int = 0, still_current=None) -> MarkerResult:
+        if still_current is not None and not still_current():
+            return MarkerResult(duplicate=True, message="the transaction has ended")
         self._expecting.pop(producer_id, None)
         txn = self.ongoing.get(producer_id)
         current = self.epochs.get(producer_id, -1)

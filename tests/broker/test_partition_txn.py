@@ -249,6 +249,19 @@ def test_a_retried_marker_writes_nothing(d):
         assert r.ok and r.duplicate and p.log_end_offset == end and 99 not in p.producers()
 
 
+def test_a_marker_for_a_transaction_that_ended_writes_nothing_into_the_next(d):
+    """The coordinator's word, asked under the partition's lock: the producer's transaction here is a later
+    one than the marker's (a completion working from a late answer): nothing is written, nothing ended."""
+    with Partition(d) as p:
+        p.append(txn(7, 0, 0), transactional_ok=True)
+        asked = []
+        r = p.write_marker(7, 0, True, still_current=lambda: asked.append(1) or False)
+        assert asked == [1] and (r.error, r.duplicate) == (Errors.NONE, True)
+        assert p.ongoing_transactions() == {7: (0, 0)} and p.last_stable_offset == 0
+        assert p.write_marker(7, 0, False, still_current=lambda: True).base_offset == 1  # its own end
+        assert p.aborted_transactions(0, p.log_end_offset) == [(7, 0)]
+
+
 def test_an_epoch_bump_without_a_transaction_is_written_once(d):
     """Writing nothing would lose the bump at the next crash: the marker goes to the log (as Kafka
     writes it); its retry is then a duplicate."""

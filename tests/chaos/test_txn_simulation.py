@@ -81,9 +81,6 @@ def test_seed_510431_a_stale_leaders_batch_is_not_committed():
     assert result.ok, result.violation
 
 
-@pytest.mark.xfail(strict=True, reason="open: a completion's markers, written from a describe answered before a late "
-                                       "copy of an earlier complete applied, end the producer's next transaction "
-                                       "(docs/simulation.md, section 7); remove the mark once fixed")
 def test_seed_513877_a_stale_completion_writes_no_marker_into_the_next_transaction():
     result = _run(513877, 8000)
     assert result.ok, result.violation

@@ -381,11 +381,12 @@ class Simulation:
     LOSSES = ("crash", "crash_in_io", "power_loss", "disk_error", "disk_full", "restore_backup", "membership",
               "partition")
 
+    FAULT_KINDS = ("crash", "crash_in_io", "power_loss", "partition", "disk_error", "disk_full", "slow_disk",
+                   "restore_backup", "bad_answer", "membership", "transfer", "snapshot")  # drawn by _inject
+
     def _inject(self) -> None:
         plan = self.plan
-        kinds = [(k, getattr(plan, k)) for k in ("crash", "crash_in_io", "power_loss", "partition", "disk_error",
-                                                 "disk_full", "slow_disk", "restore_backup", "bad_answer",
-                                                 "membership", "transfer", "snapshot") if getattr(plan, k)]
+        kinds = [(k, getattr(plan, k)) for k in self.FAULT_KINDS if getattr(plan, k)]
         if self._staged is not None:
             kinds = [(k, w) for k, w in kinds if k not in self.LOSSES]  # a staged fault is playing out
         elif self._restored_pending():

@@ -669,23 +669,7 @@ class TxnSimulation(Simulation):
 
     # --------------------------------------------------------------- faults
     TXN_KINDS = ("pause", "broker_crash", "fence")
-
-    def _inject(self) -> None:
-        plan = self.plan
-        kinds = [(k, getattr(plan, k)) for k in ("crash", "crash_in_io", "power_loss", "partition", "disk_error",
-                                                 "disk_full", "slow_disk", "restore_backup", "bad_answer",
-                                                 "membership", "transfer", "snapshot") + self.TXN_KINDS
-                 if getattr(plan, k)]
-        if self._staged is not None:
-            kinds = [(k, w) for k, w in kinds if k not in self.LOSSES]
-        elif self._restored_pending():
-            kinds = [(k, w) for k, w in kinds if k not in ("restore_backup", "membership")]
-        if kinds:
-            total = sum(w for _, w in kinds)
-            kind = self.rng.choices([k for k, _ in kinds], [w for _, w in kinds])[0]
-            getattr(self, f"_fault_{kind}")()
-            self.after(self.rng.expovariate(total) + 0.05, "fault", self._inject)
-        self._maybe_backup()
+    FAULT_KINDS = Simulation.FAULT_KINDS + TXN_KINDS
 
     def _fault_pause(self) -> None:
         pool = [n for n in self.running() if not n.paused and not n.removed]

@@ -246,13 +246,17 @@ class Simulation:
             self.after(self.rng.uniform(0.3, 1.0), "client", b.act)
         if self.config.faults:
             self.after(self.rng.uniform(0.5, 1.5), "fault", self._inject)
+        self._start_workload()
+        while self.step_no < self.config.steps and self._events:
+            self._step()
+        self._converge()
+
+    def _start_workload(self) -> None:
+        """The clients beyond the brokers that register and allocate (a subclass runs others)."""
         if self.script is not None:
             self.script(self)
         self.after(self.rng.uniform(1.0, 3.0), "client", self._seed_once)
         self.managed = [_ManagedBroker(self, 101 + b) for b in range(self.config.managed_brokers)]
-        while self.step_no < self.config.steps and self._events:
-            self._step()
-        self._converge()
 
     def _step(self) -> None:
         at, _, kind, fn, args = heapq.heappop(self._events)

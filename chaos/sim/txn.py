@@ -642,21 +642,11 @@ class TxnSimulation(Simulation):
             for i in self.instances:
                 i.runner.shut()
 
-    def _run(self) -> None:
-        for n in self.nodes.values():
-            n.start()
-        self.after(0.0, "net", self._maintain_net)
-        for b in self.brokers:
-            self.after(self.rng.uniform(0.3, 1.0), "client", b.act)
-        if self.config.faults:
-            self.after(self.rng.uniform(0.5, 1.5), "fault", self._inject)
+    def _start_workload(self) -> None:
         self.txn_brokers = [_TxnBroker(self, 201 + i) for i in range(2)]
         for i in range(self.n_ids):
             self._new_instance(f"tx-{i}")
         self.after(1.0, "client", self._sample)
-        while self.step_no < self.config.steps and self._events:
-            self._step()
-        self._converge()
 
     def _new_instance(self, tid: str) -> None:
         self.txn_stats["instances"] += 1

@@ -110,25 +110,29 @@ class BrokerProcess:
     ``new_session`` starts it in a session of its own (a terminal's Ctrl-C does not reach it)."""
 
     def __init__(self, base_dir: str, broker_id: int, quorum: list[str], *extra: str, port: int | None = None,
-                 faults: tuple[str, ...] = (), new_session: bool = False, config: dict | None = None):
+                 faults: tuple[str, ...] = (), new_session: bool = False, config: dict | None = None,
+                 env: dict | None = None):
         """``config``: the broker reads its settings from a file (``broker.toml`` in its directory, with
         ``broker_id``, ``quorum``, ``listen`` and ``data_dir`` besides these) instead of flags;
-        ``extra`` flags are still given (and override the file)."""
+        ``extra`` flags are still given (and override the file).  ``env``: environment variables set for
+        the process (e.g. ``PIDQUORUM_BROKER_SASL_PASSWORD``: a password is never one of its flags)."""
         self.broker_id = broker_id
+        self.env = dict(env or {})
         self.faults = tuple(faults)
         self.quorum = list(quorum)
         self.extra = list(extra)
         self.new_session = new_session
         self.port = port or free_ports(1, HOST)[0]
         self.dir = os.path.join(base_dir, f"broker-{broker_id}")
-        os.makedirs(self.dir, exist_ok=True)
+        os.makedirs(self.dir, mode=0o700, exist_ok=True)
         self.data_dir = os.path.join(self.dir, "data")
         self.log_path = os.path.join(self.dir, "broker.log")
         self.ready_path = os.path.join(self.dir, "ready")
         self.config_path = None
         if config is not None:
             self.config_path = os.path.join(self.dir, "broker.toml")
-            with open(self.config_path, "w") as f:  # data_dir relative: to the file's directory
+            fd = os.open(self.config_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # may hold a password
+            with os.fdopen(fd, "w") as f:  # data_dir relative: to the file's directory
                 f.write(_toml({"broker_id": broker_id, "quorum": self.quorum, "listen": self.bootstrap,
                                "data_dir": "data", **config}))
         self.proc: subprocess.Popen | None = None
@@ -148,9 +152,9 @@ class BrokerProcess:
         """Start it and wait until it serves (its ready file); BrokerStartError if it exits or times out."""
         if os.path.exists(self.ready_path):
             os.remove(self.ready_path)
-        with open(self.log_path, "ab") as logf:
+        with os.fdopen(os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as logf:
             self.proc = subprocess.Popen(self.command(), stdout=logf, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, cwd=REPO, env=child_env(),
+                                         stdin=subprocess.DEVNULL, cwd=REPO, env=child_env({**os.environ, **self.env}),
                                          start_new_session=self.new_session)
         deadline = time.monotonic() + timeout
         while not os.path.exists(self.ready_path):

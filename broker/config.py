@@ -15,7 +15,8 @@ the ``[pid_manager]`` table, ``--quorum-<key>`` for ``[quorum_security]``)::
 
     [quorum_security]                          # how to reach the quorum (default: PLAINTEXT)
     security_protocol = "SASL_SSL"
-    sasl_username = "broker"                   # the password: PIDQUORUM_BROKER_SASL_PASSWORD
+    sasl_username = "broker"                   # the password: PIDQUORUM_BROKER_SASL_PASSWORD,
+                                               # --quorum-sasl-password-file or sasl_password here
     tls_cafile = "ca.pem"
 
     [pid_manager]                              # broker.pid_manager.PidManagerConfig
@@ -51,8 +52,8 @@ class QuorumSecurity:
     """The SASL mechanism towards the quorum."""
     sasl_username: Annotated[str | None, Flag(envvar="PIDQUORUM_BROKER_SASL_USERNAME")] = None
     """The broker's user on the quorum (needs CLUSTER_ACTION)."""
-    sasl_password: Annotated[str | None, Flag(envvar="PIDQUORUM_BROKER_SASL_PASSWORD")] = None
-    """Prefer the environment variable PIDQUORUM_BROKER_SASL_PASSWORD."""
+    sasl_password: Annotated[str | None, Flag(envvar="PIDQUORUM_BROKER_SASL_PASSWORD", secret=True)] = None
+    """The broker's password on the quorum."""
     tls_cafile: Annotated[str | None, PATH] = None
     """CA of the quorum's certificates."""
 

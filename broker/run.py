@@ -67,7 +67,11 @@ def fixed_mmap_threshold() -> bool:
 
 
 def run_broker(cfg: BrokerConfig, ready_file: str | None = None) -> int:
-    """Serve until stopped.  Returns a process exit code."""
+    """Serve until stopped.  Returns a process exit code.
+
+    Sets the process umask to 077 first: every file and directory the broker creates (partitions,
+    snapshots, topic metadata, ready file) is its own user's alone (0600 / 0700)."""
+    os.umask(0o077)
     fixed_mmap_threshold()
     try:
         asyncio.run(_serve(cfg, ready_file))

@@ -6,7 +6,7 @@ import asyncio
 import click
 
 from quorum.identity import new_cluster_id
-from quorum.localcluster import ClusterError
+from quorum.localcluster import UNAUTHENTICATED_NOTICE, ClusterError
 from wire.errors import NotControllerError
 
 from . import render
@@ -26,11 +26,14 @@ def cluster():
 @click.pass_obj
 @handle_errors
 def cluster_up(obj: Ctx, nodes, block_size, metrics=False):
+    """Start the local cluster (created on first use) in the background: for development on one machine,
+    its client ports take unauthenticated requests on 127.0.0.1 (a deployment: docs/deployment.md)."""
     lc = obj.cluster
     lc.up(size=nodes, block_size=block_size, metrics=metrics)
     addresses = lc.client_addresses()
     asyncio.run(_wait_leader(obj))
     render.line(f"cluster up in {lc.dir}: {len(addresses)} nodes, client addresses {','.join(addresses)}")
+    render.line(f"note: this cluster is {UNAUTHENTICATED_NOTICE}")
     endpoints = [n.metrics_address for n in lc.nodes() if n.metrics_address]
     if endpoints:
         render.line(f"metrics: {', '.join(f'http://{a}/metrics' for a in endpoints)}")

@@ -10,6 +10,7 @@ import sys
 import click
 
 from security.client import ClientSecurity
+from settings.flags import secret_options
 
 from . import audit, bench, blocks, broker, chaos, cluster, migrate, node, quorum, quota, snapshot
 from .common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, Ctx, handle_errors, output_option, run
@@ -27,13 +28,15 @@ from .security_cmds import register as _register_security_commands
 @click.option("--sasl-mechanism", envvar="PIDQUORUM_SASL_MECHANISM", default="PLAIN", show_default=True,
               type=click.Choice(["PLAIN", "SCRAM-SHA-256"]))
 @click.option("--sasl-username", envvar="PIDQUORUM_SASL_USERNAME", help="SASL user (env PIDQUORUM_SASL_USERNAME).")
-@click.option("--sasl-password", envvar="PIDQUORUM_SASL_PASSWORD",
-              help="SASL password; prefer the environment variable PIDQUORUM_SASL_PASSWORD.")
+@secret_options("--sasl-password", "sasl_password", envvar="PIDQUORUM_SASL_PASSWORD", help="The SASL password")
 @click.option("--tls-cafile", envvar="PIDQUORUM_TLS_CAFILE", type=click.Path(dir_okay=False),
               help="CA that signed the quorum's certificates (default: the system's trust store).")
 @click.pass_context
-def cli(ctx, data_dir, quorum, timeout, security_protocol, sasl_mechanism, sasl_username, sasl_password, tls_cafile):
+def cli(ctx, data_dir, quorum, timeout, security_protocol, sasl_mechanism, sasl_username, sasl_password,
+        sasl_password_file, tls_cafile):
     """pidquorum: producer-ID blocks from a Raft quorum."""
+    if sasl_password_file is not None:  # the file's text (settings.flags.secret_options)
+        sasl_password = sasl_password_file
     security = None
     if security_protocol != "PLAINTEXT":
         try:

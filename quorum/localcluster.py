@@ -8,6 +8,11 @@ Layout of ``DIR``::
     node-N.toml           each node's config
     node-N/               data dir: raft.journal(.meta), raft.snapshot, audit.log
     node-N.log            the node's log
+
+Nothing in it is for other users: the directory is created 0700, the files ``pidctl`` writes are 0600,
+and the nodes run with umask 077 (their data and ready files: 0600 / 0700).  Its client ports accept
+unauthenticated requests on 127.0.0.1 (``UNAUTHENTICATED_NOTICE``): a cluster for development on one
+machine (a deployment: docs/deployment.md).
 """
 from __future__ import annotations
 
@@ -33,10 +38,22 @@ from .raft import RaftConfig
 STATE_FILE = "cluster.json"
 DEFAULT_NODE_COMMAND = ("-m", "quorum")
 BIND_ATTEMPTS = 3  # how many times ``up`` creates a new cluster whose node found a port taken
+UNAUTHENTICATED_NOTICE = ("for development on one machine only: its client ports accept unauthenticated "
+                          "requests (ACL, quota and broker changes) from anyone on 127.0.0.1; to deploy, see "
+                          "docs/deployment.md")
+"""What ``pidctl cluster up`` says of the default cluster (no SASL, no TLS)."""
 
 
 class ClusterError(Exception):
     pass
+
+
+def write_private(path: str, text: str) -> None:
+    """Replace ``path`` with ``text``, mode 0600 (also when it existed with another mode)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
@@ -84,8 +101,7 @@ class LocalCluster:
 
     def _save(self, state: dict) -> None:
         tmp = self.state_path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(state, f, indent=2)
+        write_private(tmp, json.dumps(state, indent=2))
         os.replace(tmp, self.state_path)
 
     def nodes(self) -> list[NodeInfo]:
@@ -119,8 +135,9 @@ class LocalCluster:
         and benchmarks use ``-m chaos.faultnode`` for a disk they can slow down.
         """
         if self.exists():
+            self._make_private()  # a cluster made before its files were
             return
-        os.makedirs(self.dir, exist_ok=True)
+        os.makedirs(self.dir, mode=0o700, exist_ok=True)  # an existing directory keeps its mode: each file is 0600
         secret_path = os.path.join(self.dir, "secret")
         if not os.path.exists(secret_path):
             fd = os.open(secret_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -141,9 +158,20 @@ class LocalCluster:
                              client_address=info.client_address, secret="unused",
                              peers=[Peer(o.node_id, o.raft_address, o.client_address) for o in infos if o is not info],
                              block_size=block_size, raft=raft or RaftConfig(), **node_options)
-            with open(self.config_path(info.node_id), "w") as f:
-                f.write(to_toml(cfg, "secret"))
+            write_private(self.config_path(info.node_id), to_toml(cfg, "secret"))
         self._save({"nodes": [vars(i) for i in infos], "node_command": list(node_command or DEFAULT_NODE_COMMAND)})
+
+    def _make_private(self) -> None:
+        """Mode 0600 for the files ``pidctl`` wrote (configs, logs, the state file, the secret)."""
+        paths = [self.state_path, os.path.join(self.dir, "secret")]
+        for n in self.load()["nodes"]:
+            paths += [self.config_path(n["node_id"]), self.log_path(n["node_id"])]
+        for path in paths:
+            try:
+                if os.stat(path).st_mode & 0o077:
+                    os.chmod(path, 0o600)
+            except FileNotFoundError:
+                pass
 
     def add_node_config(self, host: str = "127.0.0.1") -> NodeInfo:
         """Write the config of a new node (next id, free ports, empty data dir) whose peers are the
@@ -159,8 +187,7 @@ class LocalCluster:
         template.raft_address, template.client_address = info.raft_address, info.client_address
         template.raft_bind = template.client_bind = None
         template.peers = [Peer(o.node_id, o.raft_address, o.client_address) for o in members]
-        with open(self.config_path(node_id), "w") as f:
-            f.write(to_toml(template, "secret"))
+        write_private(self.config_path(node_id), to_toml(template, "secret"))
         state["nodes"].append(vars(info))
         self._save(state)
         return info
@@ -190,12 +217,12 @@ class LocalCluster:
         ready = os.path.join(self.dir, f"node-{node_id}.ready")
         if os.path.exists(ready):
             os.unlink(ready)
-        logf = open(self.log_path(node_id), "ab")
+        logf = os.fdopen(os.open(self.log_path(node_id), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
         command = command or state.get("node_command") or DEFAULT_NODE_COMMAND
         proc = subprocess.Popen(
             [sys.executable, *command, "--config", self.config_path(node_id), "--ready-file", ready],
             stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.dir,
-            env={**os.environ, **(env or {})}, start_new_session=True)
+            env={**os.environ, **(env or {})}, start_new_session=True, umask=0o077)
         logf.close()
         node["pid"] = proc.pid
         self._save(state)

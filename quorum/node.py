@@ -63,7 +63,11 @@ def run_node(cfg: NodeConfig, ready_file: str | None = None, disk: Disk | None =
 
     ``trust_own_log``: the operator's word that this data directory is the one the node last ran on (not
     a restored copy), so the node counts without waiting for its peers to vouch (docs/operations.md).
-    ``zookeeper``: the hook bridge mode and rollback use (entry points pass ``migration.bridge``'s)."""
+    ``zookeeper``: the hook bridge mode and rollback use (entry points pass ``migration.bridge``'s).
+
+    Sets the process umask to 077 first: every file and directory the node creates (data, snapshots,
+    audit trail, ready file) is its own user's alone (0600 / 0700)."""
+    os.umask(0o077)
     try:
         asyncio.run(_serve(cfg, ready_file, disk, trust_own_log, zookeeper))
     except CorruptFileError as e:

@@ -6,11 +6,19 @@ settings get ``--<table-name>-<setting-name>``.  A bool setting is ``--x/--no-x`
 once per item.  ``Annotated[..., Flag(...)]`` on a setting changes its flag (another name, a unit,
 an environment variable, ...).  ``given(ctx, BrokerConfig)`` is what the command line (or the
 environment) gave, as the nested dict a file would: merge it over the file's.
+
+A secret (``Flag(secret=True)``: a password) is never a flag's value: any local user reads a process's
+command line (``ps``, ``/proc/PID/cmdline``).  It comes from ``--<name>-file PATH`` (the file's text, one
+trailing newline stripped; a warning if group or others may read it), from its environment variable,
+or from the settings file; ``--<name>`` itself is refused with a usage error naming those ways
+(``secret_options`` does the same for a command's own secret option).
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
+import os
+import stat
 import types
 import typing
 from typing import Any, Callable, Iterator, Literal
@@ -39,6 +47,8 @@ class Flag:
     prefix: str | None = None
     """For a ``[table]`` setting: what its settings' flags start with (default ``<setting-name>-``)."""
     metavar: str | None = None
+    secret: bool = False
+    """A password: given by ``--<name>-file PATH`` or ``envvar`` (or the file), never as ``--<name> VALUE``."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +126,12 @@ def _specs(cls: type, prefix: str = "", path: tuple[str, ...] = ()) -> Iterator[
             continue
         option = flag.name or f"--{prefix}{name}".replace("_", "-")
         param = "__".join((*path, name))
+        if flag.secret:
+            where = ".".join((*path, name))
+            for decls, attrs in _secret_params(option, param, flag.envvar, flag.help or info.description or "",
+                                               f"{where} in the --config file"):
+                yield _Spec(decls[1], (*path, name), decls, attrs, _same)
+            continue
         attrs: dict = {"help": (flag.help or info.description or "").replace("``", ""), "envvar": flag.envvar,
                        "metavar": flag.metavar}
         convert: Callable[[Any], Any] = _same
@@ -145,6 +161,86 @@ def _specs(cls: type, prefix: str = "", path: tuple[str, ...] = ()) -> Iterator[
         if default is not None and default != ():
             attrs.update(default=default, show_default=True)
         yield _Spec(param, (*path, name), decls, attrs, convert)
+
+
+# ------------------------------------------------------------------------------------------ secrets
+def read_secret_file(path: str, warn: Callable[[str], None] | None = None) -> str:
+    """The secret held in the file at ``path``: its text with one trailing newline stripped.
+    ``OSError`` if it cannot be read, ``ValueError`` if it is empty; ``warn(message)`` (default: a line
+    on stderr) if group or others may read it."""
+    with open(path, encoding="utf-8") as f:
+        mode = os.fstat(f.fileno()).st_mode
+        text = f.read()
+    if mode & (stat.S_IRGRP | stat.S_IROTH):
+        (warn or _warn)(f"warning: {path} holds a secret but has mode {stat.S_IMODE(mode):04o}: "
+                        f"group or others may read it (chmod 600 {path})")
+    if text.endswith("\r\n"):
+        text = text[:-2]
+    elif text.endswith("\n"):
+        text = text[:-1]
+    if not text:
+        raise ValueError(f"{path} is empty")
+    return text
+
+
+def _warn(message: str) -> None:
+    click.echo(message, err=True)
+
+
+def refused_message(option: str, envvar: str | None, file_key: str | None = None) -> str:
+    """The one line that refuses a secret given as a flag's value, naming the ways that are not."""
+    ways = [f"{option}-file PATH"]
+    if envvar:
+        ways.append(f"the environment variable {envvar}")
+    if file_key:
+        ways.append(file_key)
+    use = ways[0] if len(ways) == 1 else f"{', '.join(ways[:-1])} or {ways[-1]}"
+    return (f"{option} is refused: a secret on the command line is visible to every local user "
+            f"(ps, /proc/PID/cmdline); use {use}")
+
+
+def _refuse(message: str, ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    if ctx.get_parameter_source(param.name) == ParameterSource.COMMANDLINE:
+        raise click.UsageError(message, ctx=ctx)
+    return value
+
+
+def _from_file(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    if value is None:
+        return None
+    try:
+        return read_secret_file(value)
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        reason = getattr(e, "strerror", None) or str(e)
+        raise click.BadParameter(f"cannot read {value}: {reason}", ctx=ctx, param=param) from None
+
+
+def _secret_params(option: str, param: str, envvar: str | None, help: str,
+                   file_key: str | None) -> list[tuple[tuple[str, str], dict]]:
+    """The click parameters of a secret: ``option`` (hidden; its environment variable gives the value, the
+    flag itself is refused) and ``option-file`` (the value read from that file)."""
+    refused = refused_message(option, envvar, file_key)
+    env = f" (or the environment variable {envvar})" if envvar else ""
+    help = help.replace("``", "").strip()
+    help = f"{help.rstrip('.')}: read from this file, one trailing newline stripped{env}. Never a flag's value."
+    return [((option, param), {"type": click.STRING, "envvar": envvar, "hidden": True,
+                               "callback": functools.partial(_refuse, refused), "help": refused}),
+            ((f"{option}-file", f"{param}_file"), {"type": click.Path(dir_okay=False), "metavar": "PATH",
+                                                    "callback": _from_file, "help": help})]
+
+
+def secret_options(option: str, param: str, envvar: str | None = None, help: str = "",
+                   file_key: str | None = None) -> Callable[[Callable], Callable]:
+    """A decorator adding a secret option of a command (not a setting): ``param`` is the value of the
+    environment variable ``envvar``, ``<param>_file`` the text of the file ``--<option>-file`` names (read
+    already), and ``option VALUE`` on the command line is refused with a usage error naming those ways."""
+    params = _secret_params(option, param, envvar, help, file_key)
+
+    def decorate(fn: Callable) -> Callable:
+        for decls, attrs in reversed(params):
+            fn = click.option(*decls, **attrs)(fn)
+        return fn
+    return decorate
 
 
 def _split(sep: str, sequence: type, value: str) -> Any:

@@ -213,12 +213,13 @@ class Disk:
 
     # ---------------------------------------------------------------- writes
     def make_dir(self, path: str) -> None:
-        """Create ``path`` (and its parents) if missing, durably."""
+        """Create ``path`` (and its parents) if missing, durably; mode 0700 (files are 0600: a node's data is
+        for its own user)."""
         path = os.path.abspath(path)
         if os.path.isdir(path):
             return
         try:
-            os.makedirs(path, exist_ok=True)
+            os.makedirs(path, mode=0o700, exist_ok=True)
         except OSError as e:
             self.fail("mkdir", path, e)
         self.sync_dir(os.path.dirname(path))

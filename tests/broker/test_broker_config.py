@@ -32,9 +32,46 @@ def test_every_broker_setting_has_a_flag_and_the_old_flags_keep_their_meaning():
             "--quota-refresh-s", "--ready-file", "--log-level", "--log-format", "--metrics-port", "--metrics-host",
             "--sasl-credentials-file", "--sasl-mechanism", "--super-user", "--acl-refresh-ms", "--tls-certfile",
             "--tls-keyfile", "--tls-cafile", "--tls-client-auth", "--quorum-security-protocol",
-            "--quorum-sasl-mechanism", "--quorum-sasl-username", "--quorum-sasl-password",
+            "--quorum-sasl-mechanism", "--quorum-sasl-username", "--quorum-sasl-password-file",
             "--quorum-tls-cafile", "--config", "--max-connections", "--max-connections-per-ip",
             "--max-connection-buffer-bytes", "--describe-producers-limit"} <= opts
+
+
+def _start(monkeypatch, args, env=None):
+    """``pidctl broker start --broker-id 1 --quorum h:1 ARGS``: the settings its flags and environment gave
+    (nothing runs: the config is not loaded)."""
+    from click.testing import CliRunner
+
+    import cli.broker
+    from cli.common import Ctx
+
+    seen = {}
+
+    def load(path, flags, quorum=None):
+        seen.update(flags)
+        raise SystemExit(0)
+    monkeypatch.setattr(cli.broker, "load_broker_config", load)
+    result = CliRunner().invoke(cli.broker.broker_start, ["--broker-id", "1", "--quorum", "h:1", *args], env=env,
+                                obj=Ctx(".", None, 1.0))
+    return result, seen
+
+
+def test_the_quorum_password_is_refused_as_a_flag_and_read_from_a_file_or_the_environment(tmp_path, monkeypatch):
+    result, seen = _start(monkeypatch, ["--quorum-sasl-password", "pw"])
+    assert result.exit_code == 2 and seen == {}
+    assert ("--quorum-sasl-password is refused: a secret on the command line is visible to every local user "
+            "(ps, /proc/PID/cmdline); use --quorum-sasl-password-file PATH, the environment variable "
+            "PIDQUORUM_BROKER_SASL_PASSWORD or quorum_security.sasl_password in the --config file") in result.output
+    secret = tmp_path / "pw"
+    secret.write_text("from-file\n")
+    secret.chmod(0o600)
+    result, seen = _start(monkeypatch, ["--quorum-sasl-password-file", str(secret)],
+                          env={"PIDQUORUM_BROKER_SASL_PASSWORD": "from-env"})
+    assert result.exit_code == 0, result.output
+    assert seen["quorum_security"] == {"sasl_password": "from-file"}  # the file given wins over the environment
+    result, seen = _start(monkeypatch, [], env={"PIDQUORUM_BROKER_SASL_PASSWORD": "from-env"})
+    assert result.exit_code == 0 and seen["quorum_security"] == {"sasl_password": "from-env"}
+    assert "from-env" not in result.output and "from-file" not in result.output
 
 
 def _every_broker_setting(tmp_path) -> BrokerConfig:

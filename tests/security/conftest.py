@@ -16,8 +16,19 @@ PASSWORDS = {"admin": "admin-pw", "broker": "broker-pw", "alice": "alice-pw", "b
 
 
 class SecureQuorum:
-    def __init__(self, lc: LocalCluster, pki, users_file: str):
+    def __init__(self, lc: LocalCluster, pki, users_file: str, secrets_dir: str):
         self.lc, self.pki, self.users_file = lc, pki, users_file
+        self.secrets_dir = secrets_dir
+
+    def password_file(self, user: str) -> str:
+        """A file (mode 0600) holding ``user``'s password, for ``--sasl-password-file`` and
+        ``--quorum-sasl-password-file``: the suite gives passwords as users do, never as a flag's value."""
+        path = os.path.join(self.secrets_dir, f"{user}.password")
+        if not os.path.exists(path):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(PASSWORDS[user] + "\n")
+        return path
 
     @property
     def addresses(self) -> list[str]:
@@ -48,7 +59,8 @@ class SecureQuorum:
 
     def cli_args(self, user: str = "admin") -> list[str]:
         return ["--quorum", ",".join(self.addresses), "--timeout", "30", "--security-protocol", "SASL_SSL",
-                "--sasl-username", user, "--sasl-password", PASSWORDS[user], "--tls-cafile", self.pki.cafile]
+                "--sasl-username", user, "--sasl-password-file", self.password_file(user),
+                "--tls-cafile", self.pki.cafile]
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +73,9 @@ def secure_quorum(tmp_path_factory):
     lc = LocalCluster(str(base / "cluster"))
     lc.up(3, sasl_credentials_file=users, super_users=["User:admin"], tls_certfile=pki.certfile,
           tls_keyfile=pki.keyfile, tls_cafile=pki.cafile)
-    sq = SecureQuorum(lc, pki, users)
+    secrets_dir = base / "secrets"
+    secrets_dir.mkdir(mode=0o700)
+    sq = SecureQuorum(lc, pki, users, str(secrets_dir))
     yield sq
     for n in lc.nodes():
         if os.environ.get("PIDQUORUM_SHOW_LOGS"):

@@ -46,7 +46,7 @@ def secure_brokers(secure_quorum, tmp_path_factory):
     base = str(tmp_path_factory.mktemp("brokers"))
     common = ["--sasl-credentials-file", sq.users_file, "--acl-refresh-ms", "100",
               "--quorum-security-protocol", "SASL_SSL", "--quorum-sasl-username", "broker",
-              "--quorum-sasl-password", PASSWORDS["broker"], "--quorum-tls-cafile", sq.pki.cafile]
+              "--quorum-sasl-password-file", sq.password_file("broker"), "--quorum-tls-cafile", sq.pki.cafile]
     tls = BrokerProcess(base, 1, sq.addresses, *common, "--tls-certfile", sq.pki.certfile,
                         "--tls-keyfile", sq.pki.keyfile)
     plain = BrokerProcess(base, 2, sq.addresses, *common)
@@ -196,14 +196,16 @@ def test_broker_closes_unauthenticated_requests_and_keeps_serving(secure_brokers
 def test_broker_refuses_to_start_without_cluster_action_or_with_a_corrupt_file(secure_quorum, tmp_path):
     sq = secure_quorum
     quorum_as_bob = ["--quorum-security-protocol", "SASL_SSL", "--quorum-sasl-username", "bob",
-                     "--quorum-sasl-password", PASSWORDS["bob"], "--quorum-tls-cafile", sq.pki.cafile]
-    b = BrokerProcess(str(tmp_path), 5, sq.addresses, "--sasl-credentials-file", sq.users_file, *quorum_as_bob)
+                     "--quorum-tls-cafile", sq.pki.cafile]
+    bob = {"PIDQUORUM_BROKER_SASL_PASSWORD": PASSWORDS["bob"]}  # the password from the environment
+    b = BrokerProcess(str(tmp_path), 5, sq.addresses, "--sasl-credentials-file", sq.users_file, *quorum_as_bob,
+                      env=bob)
     with pytest.raises(BrokerStartError, match="exited with 69") as e:
         b.start(timeout=30)
     assert "CLUSTER_AUTHORIZATION_FAILED" in str(e.value) and "not allowed" in str(e.value)
     bad = tmp_path / "users.json"
     bad.write_text('{"format": "pidquorum-credentials", "version": 1, "users": {"x": 1}}')
-    b = BrokerProcess(str(tmp_path), 6, sq.addresses, "--sasl-credentials-file", str(bad), *quorum_as_bob)
+    b = BrokerProcess(str(tmp_path), 6, sq.addresses, "--sasl-credentials-file", str(bad), *quorum_as_bob, env=bob)
     with pytest.raises(BrokerStartError, match="exited with 78") as e:
         b.start(timeout=30)
     assert str(bad) in str(e.value) and "entry must be an object" in str(e.value)

@@ -74,6 +74,7 @@ from . import kafkaio as kio_
 from .acl_cache import AclCache
 from .config import BrokerConfig
 from .partition import Partition
+from .pid_binding import PRINCIPAL, TRANSACTIONAL_ID, ProducerBindings, batch_producers
 from .pid_manager import ProducerIdManager
 from .quota import STATS_FILE, ProducerIdQuotaManager, QuotaConfigPoller, batch_producer_ids
 from .recordbatch import TRANSACTIONAL_BIT, parse_header
@@ -191,6 +192,8 @@ class BrokerServer:
                                    prefer_leader=True)
         self.pids: ProducerIdManager | None = None  # created once the listener's port is known
         self.txn: TxnCoordinator | None = None  # with it
+        # SASL on: who each producer ID was handed to (broker/pid_binding.py); None without authentication.
+        self.bindings: ProducerBindings | None = None
         self._txn_task: asyncio.Task | None = None
         self.storage = Storage(cfg.data_dir, default_partitions=cfg.default_partitions,
                                auto_create=cfg.auto_create_topics, dedup=cfg.dedup, segment_bytes=cfg.segment_bytes,
@@ -207,6 +210,7 @@ class BrokerServer:
         self._connections: dict[asyncio.Task, ReadAhead] = {}
         self._per_ip: dict[str | None, int] = {}  # open connections by client address
         self._refusal_log = Throttled(log, 10.0)
+        self._binding_log = Throttled(log, 10.0)  # Produce refused by a producer-ID binding: at most every 10 s
         self._frame_log = FirstOfEach(log)  # unknown API keys, unsupported versions: once each
         self.quotas = ProducerIdQuotaManager(cfg.quota_window)
         self.quota_poller = QuotaConfigPoller(self.quotas, self.quorum, cfg.quota_refresh_s,
@@ -220,7 +224,8 @@ class BrokerServer:
                          "quota_throttled_batches": 0, "connections_refused": 0,
                          "connections_refused_per_ip": 0, "read_pauses": 0, "fetch_waits": 0,
                          "fetch_wakeups": 0, "describe_producers_truncated": 0, "evicted_producers_refused": 0,
-                         "unsupported_versions": 0, "groups_refused": 0}
+                         "unsupported_versions": 0, "groups_refused": 0, "producer_id_refused_unbound": 0,
+                         "producer_id_refused_other_principal": 0}
         self.port: int | None = None
         self.quota_provider: Any = self.quotas  # stats() -> {principal: {rate, tokens, throttle_time_ms, ...}}
         self.api = kafka.ApiTable(SUPPORTED, NAMES, lambda key, version, code, message, throttle_ms:
@@ -248,6 +253,8 @@ class BrokerServer:
         counters = dict(self.counters)
         if self.txn is not None:
             counters.update(self.txn.counters)
+        if self.bindings is not None:
+            counters.update(self.bindings.stats())
         return {"broker_id": self.cfg.broker_id, "listen": self.cfg.listen, "counters": counters,
                 "connections": len(self._connections),
                 "read_ahead_bytes": sum(r.held for r in self._connections.values()),
@@ -265,6 +272,14 @@ class BrokerServer:
     async def start(self) -> None:
         if self.acls is not None:
             await self.acls.start()  # no first copy of the ACLs: do not serve (raises the quorum's answer)
+        if self.sasl is not None:
+            # Before the listener: no Produce is served unchecked.  Loads (or creates) the durable record.
+            self.bindings = ProducerBindings(
+                self.cfg.data_dir, self.cfg.producer_id_expiration_ms,
+                self.cfg.max_producers_per_partition or MAX_BINDINGS_UNCAPPED,
+                lambda fn, *args: asyncio.get_running_loop().run_in_executor(self._io, fn, *args))
+            self.bindings.open()
+            self.bindings.start()
         host, port = self.cfg.listen.rsplit(":", 1)
         self._server = await asyncio.start_server(self._connection, host, int(port), ssl=self.ssl)
         self.port = self._server.sockets[0].getsockname()[1]
@@ -302,6 +317,8 @@ class BrokerServer:
             await self.pids.close()
         if self.acls is not None:
             await self.acls.close()
+        if self.bindings is not None:
+            await self.bindings.close()
         await self.quorum.close()
         self._io.shutdown(wait=True)
         self.storage.close()
@@ -316,6 +333,8 @@ class BrokerServer:
                 await loop.run_in_executor(self._io, self.storage.maintain)
             except Exception:  # noqa: BLE001 - keep maintaining; the partitions report their own errors
                 log.exception("partition maintenance failed")
+            if self.bindings is not None:
+                await self.bindings.maintain()  # on the loop (the table is the loop's), in chunks
 
     # ------------------------------------------------------------ connections
     def _admit(self, peer: Any) -> bool:
@@ -678,6 +697,10 @@ class BrokerServer:
             except CoordinatorLoadInProgressError:
                 self.counters["load_in_progress"] += 1
                 raise
+            if self.bindings is not None:
+                # On stable storage before the client learns the ID (group commit): it stays this principal's
+                # across a restart, and nobody else may write with it (broker/pid_binding.py).
+                await self.bindings.bind(pid, PRINCIPAL, req.principal)
             return self._init_response(v, pid, 0)
         if tid == "":
             raise InvalidRequestError("transactional id must not be empty")
@@ -691,6 +714,8 @@ class BrokerServer:
                 self._note_error(e.code)
                 return self._init_error(v, Errors.INVALID_PRODUCER_EPOCH)
             raise
+        if self.bindings is not None:
+            await self.bindings.bind(pid, TRANSACTIONAL_ID, tid)
         return self._init_response(v, pid, epoch)
 
     async def _init_transactional(self, tid: str, timeout_ms: int, pid: int, epoch: int) -> tuple[int, int]:
@@ -723,14 +748,22 @@ class BrokerServer:
         responses = []
         appended: list[tuple[str, int]] = []
         refused = self._check_producer_id_quota(req)
+        bindings = self.bindings
+        if bindings is not None:
+            now_ms, checked = bindings.now_ms(), {}
         for t in b.topic_data:
             parts = []
+            allowed = self._topic_allowed(req, str(t.name))
             for pd in t.partition_data:
                 r = {"index": pd.index, "error_code": 0, "base_offset": -1, "log_append_time": None,
                      "log_start_offset": -1, "record_errors": [], "error_message": None}
                 parts.append(r)
                 if acks not in (0, 1, -1):
                     r["error_code"], r["error_message"] = int(Errors.INVALID_REQUIRED_ACKS), f"acks={acks}"
+                    continue
+                if not allowed:
+                    r["error_code"] = int(Errors.TOPIC_AUTHORIZATION_FAILED)
+                    r["error_message"] = f"{req.principal} is not allowed {RPCS[req.api_key].topic_acl} on this topic"
                     continue
                 try:
                     part = self._partition(t.name, int(pd.index), create=self.cfg.auto_create_topics)
@@ -740,6 +773,11 @@ class BrokerServer:
                 if pd.records is None:
                     r["error_code"], r["error_message"] = int(Errors.INVALID_RECORD), "no records"
                     continue
+                if bindings is not None:
+                    refusal = self._binding_refusal(req, pd.records, now_ms, checked)
+                    if refusal is not None:
+                        r["error_code"], r["error_message"] = int(refusal[0]), refusal[1]
+                        continue
                 throttled = max((refused.get(pid, 0) for pid in batch_producer_ids(pd.records)),
                                 default=0) if refused else 0
                 if throttled:
@@ -782,6 +820,29 @@ class BrokerServer:
             return None
         throttle_ms = max(refused.values(), default=0) if refused else 0
         return kio_.response(PRODUCE, v, {"responses": responses, "throttle_time": throttle_ms})
+
+    def _binding_refusal(self, req: kafka.Request, records: Any, now_ms: int,
+                         checked: dict[tuple[int, bool], tuple[Errors, str] | None]) -> tuple[Errors, str] | None:
+        """SASL on: None when every producer ID of the partition's batches is the principal's to use
+        (``ProducerBindings.check``: handed to it, or its transactional id named), else the answer for
+        the partition.  Each (producer ID, transactional) is checked once per request."""
+        tid = req.body.transactional_id
+        for key in batch_producers(records):
+            if key in checked:
+                out = checked[key]
+            else:
+                out = checked[key] = self.bindings.check(key[0], req.principal, tid, key[1], now_ms)
+                if out is not None:
+                    code, why = out
+                    self.counters["producer_id_refused_unbound" if code == Errors.UNKNOWN_PRODUCER_ID
+                                  else "producer_id_refused_other_principal"] += 1
+                    if code != Errors.UNKNOWN_PRODUCER_ID:
+                        self.counters["authorization_failures"] += 1
+                    self._binding_log(logging.INFO, "Produce from %s (transactional id %r): %s: %s", req.principal,
+                                      None if tid is None else str(tid)[:200], code.name, why)
+            if out is not None:
+                return out
+        return None
 
     def _check_producer_id_quota(self, req: kafka.Request) -> dict[int, int]:
         """KIP-936: {producer id: throttle ms} for the new producer IDs of this request over the
@@ -1034,6 +1095,10 @@ class BrokerServer:
             elif code == Errors.CONCURRENT_TRANSACTIONS:
                 code = Errors.INVALID_TXN_STATE  # a late batch of a transaction being ended
             return None, code, e.message
+        if self.bindings is not None and self.bindings.owner(h.producer_id) is None:
+            # The quorum says the id holds this producer ID (a producer from before a restart or an upgrade):
+            # bound from now on, so a batch with it that does not name the id is refused here.
+            self.bindings.learn(h.producer_id, str(tid))
         return token, Errors.NONE, ""
 
 
@@ -1059,6 +1124,14 @@ def _init_acl(b: Any) -> tuple[str, str, str]:
     return a.TRANSACTIONAL_ID, str(b.transactional_id), a.WRITE
 
 
+def _produce_acl(b: Any) -> tuple[str, str, str] | None:
+    """WRITE on a transactional id the Produce names, whether its batches are transactional or not (as Kafka
+    checks it); TRANSACTIONAL_ID_AUTHORIZATION_FAILED for every partition otherwise."""
+    if b.transactional_id is None:
+        return None
+    return a.TRANSACTIONAL_ID, str(b.transactional_id), a.WRITE
+
+
 def _versions_error(cfg: BrokerConfig, version: int, code: Errors, body: Any) -> Any:
     return kafka.api_versions_body(version, code, SUPPORTED)
 
@@ -1067,6 +1140,14 @@ def _init_error(cfg: BrokerConfig, version: int, code: Errors, body: Any) -> Any
     return kio_.response(INIT_PRODUCER_ID, version, {"throttle_time": 0, "error_code": int(code), "producer_id": -1,
                                                      "producer_epoch": -1})
 
+
+# What Produce needs on each topic it writes to (``_topic_allowed``; TOPIC_AUTHORIZATION_FAILED for that topic's
+# partitions).  Kafka needs WRITE.  None for now: deployments and tests grant producers IDEMPOTENT_WRITE and
+# transactional ids only (security/acl.py: "Produce and Fetch need authentication only"), and turning it on
+# refuses every producer without a Topic ACL; switch to ``a.WRITE`` together with their ACLs.  Producer IDs are
+# bound to their principal whatever this is (broker/pid_binding.py).
+PRODUCE_TOPIC_ACL: str | None = None
+MAX_BINDINGS_UNCAPPED = 2 ** 62  # max_producers_per_partition = none: producer-ID bindings are not capped either
 
 # FindCoordinator (``BrokerServer._find_coordinator``): key types, the first batched version (KIP-699) and
 # the first that may ask for a share-group key (KIP-932); the bounds of a request's keys.
@@ -1169,7 +1250,9 @@ class BrokerRpc:
 
 
 RPCS: dict[int, BrokerRpc] = {
-    PRODUCE: BrokerRpc("Produce", (3, 10), BrokerServer._produce, _produce_error),
+    # topic_acl: PRODUCE_TOPIC_ACL (see there).
+    PRODUCE: BrokerRpc("Produce", (3, 10), BrokerServer._produce, _produce_error, _produce_acl,
+                       topic_acl=PRODUCE_TOPIC_ACL),
     FETCH: BrokerRpc("Fetch", (4, 12), BrokerServer._fetch, _fetch_error),
     LIST_OFFSETS: BrokerRpc("ListOffsets", (1, 7), BrokerServer._list_offsets, _list_offsets_error),
     METADATA: BrokerRpc("Metadata", (0, 12), BrokerServer._metadata, _metadata_error),

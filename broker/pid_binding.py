@@ -1,0 +1,408 @@
+"""Producer IDs bound to whom they were handed to (SASL brokers).
+
+**The rule.**  A Produce batch with a producer ID (idempotent or transactional) is accepted only from
+its owner:
+
+* an ID this broker handed out by InitProducerId *without* a transactional id belongs to the
+  principal that sent that InitProducerId;
+* an ID the quorum gave a transactional id (InitProducerId *with* one, or learnt from the quorum's
+  KIP-890 verification of a transactional batch) belongs to that transactional id: the Produce must
+  name it, and the principal must have WRITE on it (checked for every Produce naming a
+  transactional id, ``frontend._produce_acl``).
+
+Producer IDs are handed out in order, so without this any authenticated principal could write with
+another's ID: ``Produce(producer_id=<victim's>, base_sequence=0)`` ahead of the victim makes the
+victim's own first batch a "duplicate" (answered, never written), a higher epoch fences it.
+
+**Answers** (per partition, nothing written to the log nor to the producer state):
+
+=====================================  ===========================================================
+case                                   answer
+=====================================  ===========================================================
+ID bound to another principal          CLUSTER_AUTHORIZATION_FAILED ("producer id N was not handed
+                                       to User:x")
+ID of a transactional id the request   TRANSACTIONAL_ID_AUTHORIZATION_FAILED ("producer id N belongs
+does not name                          to a transactional id this request does not name ...")
+owner, binding expired or evicted      UNKNOWN_PRODUCER_ID (InitProducerId again)
+ID bound to nobody (never handed out   UNKNOWN_PRODUCER_ID (for a transactional batch naming a
+here, or forgotten)                    transactional id: the quorum's verification decides)
+=====================================  ===========================================================
+
+Why these codes: CLUSTER_AUTHORIZATION_FAILED is what Kafka answered an idempotent Produce from a
+principal without IDEMPOTENT_WRITE (before KIP-679), so every client already treats it as a fatal
+authorization error of the producer (librdkafka raises a fatal error, kafka-python fails the batch
+with ClusterAuthorizationFailedError; neither retries), which is the point: the sender may never use
+that ID.  TRANSACTIONAL_ID_AUTHORIZATION_FAILED is Kafka's answer to a Produce whose transactional id
+the principal may not write.  UNKNOWN_PRODUCER_ID is what clients since KIP-360 answer by getting a new
+producer ID / epoch (librdkafka transparently, kafka-python failing the batches in flight): the right
+thing for an owner whose binding is gone.
+
+**Lifetime.**  A binding is *live* while used: each accepted batch refreshes it.  Idle for
+``expiration_ms`` (the broker's ``producer_id_expiration_ms``, when the partitions forget the
+producer's state too), or evicted because more than ``max_bindings`` are live (the least recently
+used 1 % go at once, like the producer-state cap), it is *retired*: its owner gets UNKNOWN_PRODUCER_ID
+and must re-init; anyone else still gets the authorization error.  A retired binding is dropped
+``expiration_ms`` later; after that the ID is bound to nobody (UNKNOWN_PRODUCER_ID for everyone,
+nothing written either way).
+
+**The durable record** (``producer-ids.bindings`` in the broker's data directory): a header, then
+frames ``u32 length | u32 crc32(payload) | payload``, each payload a msgpack list of entries
+``[producer_id, kind, name, last_used_ms, retired_ms]`` (kind 0: a principal, 1: a transactional id;
+``retired_ms`` 0 while live); a later entry for an ID replaces an earlier one.  InitProducerId is
+answered only after its binding's frame was written and fdatasync'd; bindings waiting meanwhile go in
+one frame and one fdatasync (group commit).  The file is rewritten whole (temp file, fsync, rename,
+fsync of the directory) with the bindings in memory when it holds more than twice as many entries
+(plus 10,000), every ``expiration_ms / 4`` (to carry the refreshed use times: after a crash a binding
+is at most that much older than it was), and on close.  At open a frame cut by a crash at the end of
+the file (short, or failing its checksum with nothing after it) is cut off (it was never
+acknowledged); a damaged frame with bytes after it refuses the start (``CorruptFileError``, exit 66).
+Every I/O error is fail-stop (``storage.disk``: exit 74 naming the file).  A broker upgraded from a
+version without the file starts with no bindings: each producer gets UNKNOWN_PRODUCER_ID once and
+re-inits.
+
+Not thread-safe: every method runs on the broker's event loop; file I/O goes to ``run_io``.
+"""
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+import os
+import struct
+import time
+import zlib
+from typing import Any, Callable
+
+import msgpack
+
+from storage.disk import CorruptFileError, Disk, process_failstop
+from wire.errors import Errors
+
+log = logging.getLogger(__name__)
+
+FILE_NAME = "producer-ids.bindings"
+MAGIC = b"PQBIND\x00\x01"
+_FRAME = struct.Struct("<II")
+PRINCIPAL, TRANSACTIONAL_ID = 0, 1
+ENTRIES_PER_FRAME = 65_536
+SCAN_CHUNK = 65_536
+EVICT_FRACTION = 0.01
+REWRITE_SLACK = 10_000
+
+# RecordBatch v2 header offsets (broker.recordbatch.HEADER): magic, attributes, producer id.
+_HEADER_BYTES, _MAGIC_AT, _ATTRIBUTES_AT, _PRODUCER_ID_AT, _LENGTH_AT = 61, 16, 21, 43, 8
+_TRANSACTIONAL_BIT = 0x10
+_I16, _I32, _I64 = struct.Struct(">h"), struct.Struct(">i"), struct.Struct(">q")
+
+
+def batch_producers(records: bytes | bytearray | memoryview) -> list[tuple[int, bool]]:
+    """(producer id, transactional) of every v2 batch with a producer ID in a Produce partition's records,
+    from the headers alone, to the end of the blob (no cap: a batch not looked at could carry an ID).
+    Stops quietly at anything malformed: the append refuses the whole blob then."""
+    out: list[tuple[int, bool]] = []
+    pos, end = 0, len(records)
+    while end - pos >= _HEADER_BYTES and records[pos + _MAGIC_AT] == 2:
+        pid = _I64.unpack_from(records, pos + _PRODUCER_ID_AT)[0]
+        if pid >= 0:
+            item = (pid, bool(_I16.unpack_from(records, pos + _ATTRIBUTES_AT)[0] & _TRANSACTIONAL_BIT))
+            if item not in out:
+                out.append(item)
+        length = _I32.unpack_from(records, pos + _LENGTH_AT)[0]
+        if length < _HEADER_BYTES - 12:
+            break
+        pos += 12 + length
+    return out
+
+
+def encode_frames(entries: list[list]) -> bytes:
+    out = bytearray()
+    for i in range(0, len(entries), ENTRIES_PER_FRAME):
+        raw = msgpack.packb(entries[i:i + ENTRIES_PER_FRAME], use_bin_type=True)
+        out += _FRAME.pack(len(raw), zlib.crc32(raw)) + raw
+    return bytes(out)
+
+
+def decode_file(path: str, data: bytes) -> tuple[list[list], int, int]:
+    """(entries in file order, bytes to keep, entry count) of a bindings file; a torn last frame is left
+    out (bytes to keep ends before it); anything else damaged raises ``CorruptFileError``."""
+    if not data.startswith(MAGIC):
+        if len(data) < len(MAGIC) and MAGIC.startswith(data):
+            return [], -1, 0  # a creation cut short (not possible with temp + rename, but harmless)
+        raise CorruptFileError(path, "not a producer-ID bindings file (bad magic)")
+    pos, entries = len(MAGIC), []
+    while pos < len(data):
+        if len(data) - pos < _FRAME.size:
+            break  # a frame header cut by a crash
+        length, crc = _FRAME.unpack_from(data, pos)
+        body = data[pos + _FRAME.size:pos + _FRAME.size + length]
+        last = pos + _FRAME.size + length >= len(data)
+        if len(body) < length or (zlib.crc32(body) != crc and last) or (length == 0 and not any(data[pos:])):
+            break  # the unsynced end of an append (never acknowledged): cut
+        if zlib.crc32(body) != crc or length == 0:
+            raise CorruptFileError(path, f"frame at byte {pos}: checksum mismatch with {len(data) - pos} bytes "
+                                         f"after it (not a write cut by a crash)")
+        try:
+            frame = msgpack.unpackb(body, raw=False)
+            for e in frame:
+                pid, kind, name, last_ms, retired_ms = e
+                if not (isinstance(pid, int) and pid >= 0 and kind in (PRINCIPAL, TRANSACTIONAL_ID)
+                        and isinstance(name, str) and isinstance(last_ms, int) and isinstance(retired_ms, int)):
+                    raise ValueError(f"bad entry {e!r:.200}")
+        except (ValueError, TypeError, msgpack.UnpackException) as err:  # checksum passed: a writer bug
+            raise CorruptFileError(path, f"frame at byte {pos}: undecodable: {err}") from None
+        entries.extend(frame)
+        pos += _FRAME.size + length
+    return entries, pos, len(entries)
+
+
+class ProducerBindings:
+    def __init__(self, data_dir: str, expiration_ms: int, max_bindings: int,
+                 run_io: Callable[..., Any] | None = None, *, disk: Disk | None = None,
+                 clock: Callable[[], float] = time.time):
+        if expiration_ms < 1 or max_bindings < 1:
+            raise ValueError("expiration_ms and max_bindings must be positive")
+        self.path = os.path.join(data_dir, FILE_NAME)
+        self.expiration_ms = expiration_ms
+        self.max_bindings = max_bindings
+        self._run_io = run_io
+        self._disk = disk or Disk(failstop=process_failstop, preallocate=0)
+        self._clock = clock
+        # producer id -> [kind, name, last_used_ms, retired_ms (0: live)]
+        self._b: dict[int, list] = {}
+        self._live = 0
+        self._file = None
+        self._file_entries = 0
+        self._last_rewrite_ms = 0
+        self._oldest_ms = 0  # a lower bound of the live bindings' last use (expiry scans only when due)
+        self._pending: list[tuple[list, asyncio.Future | None]] = []
+        self._wake: asyncio.Event | None = None
+        self._writer: asyncio.Task | None = None
+        self._closing = False
+        self._rewrite_wanted = False
+        self.counters = {"producer_bindings_written": 0, "producer_binding_syncs": 0,
+                         "producer_bindings_retired": 0, "producer_bindings_dropped": 0,
+                         "producer_binding_rewrites": 0}
+
+    def now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    # ------------------------------------------------------------ open / close
+    def open(self) -> None:
+        """Load the file (creating it empty if missing); blocking, at start."""
+        data = self._disk.read(self.path)
+        if data is None:
+            self._disk.write_file(self.path, MAGIC)
+            keep, entries, count = len(MAGIC), [], 0
+        else:
+            entries, keep, count = decode_file(self.path, data)
+            if keep < 0:
+                self._disk.write_file(self.path, MAGIC)
+                keep = len(MAGIC)
+            elif keep < len(data):
+                log.warning("%s: %d bytes after byte %d are a write cut by a crash (never acknowledged); cut off",
+                            self.path, len(data) - keep, keep)
+        self._file = self._disk.open_append(self.path, keep)
+        if data is not None and keep < len(data):
+            self._file.truncate(keep)
+        now = self.now_ms()
+        for pid, kind, name, last_ms, retired_ms in entries:
+            self._b[pid] = [kind, name, last_ms, retired_ms]
+        self._live = sum(1 for e in self._b.values() if not e[3])
+        self._file_entries = count
+        self._last_rewrite_ms = now
+        self._oldest_ms = min((e[3] or e[2] for e in self._b.values()), default=now)
+        if self._b:
+            log.info("%s: %d producer-ID bindings (%d live)", self.path, len(self._b), self._live)
+
+    def start(self) -> None:
+        """The writer task (on the running loop)."""
+        self._wake = asyncio.Event()
+        self._writer = asyncio.get_running_loop().create_task(self._write_loop())
+
+    async def close(self) -> None:
+        """Write what is pending, rewrite the file with the use times in memory, close it."""
+        if self._writer is not None:
+            self._closing = True
+            self._wake.set()
+            await self._writer
+            self._writer = None
+        if self._file is not None:
+            await self._io(self._rewrite, self._rows())
+            self._file.close()
+            self._file = None
+
+    async def _io(self, fn: Callable, *args: Any) -> Any:
+        if self._run_io is None:
+            return fn(*args)
+        return await self._run_io(fn, *args)
+
+    # ------------------------------------------------------------ the rule
+    def check(self, pid: int, principal: str, tid: str | None, transactional: bool,
+              now_ms: int) -> tuple[Errors, str] | None:
+        """None: ``principal`` (in a Produce naming ``tid``) may write a batch with ``pid``.  Else the
+        answer for the batch's partition and why.  One dict lookup (and one store) per producer ID."""
+        e = self._b.get(pid)
+        if e is None:
+            if transactional and tid is not None:
+                return None  # the quorum verifies the transactional id holds it (then ``learn``)
+            return Errors.UNKNOWN_PRODUCER_ID, (
+                f"producer id {pid} is bound to no principal on this broker (not handed out here, or its "
+                f"binding expired long ago): get a producer id with InitProducerId")
+        if e[0] == PRINCIPAL:
+            if e[1] != principal:
+                return Errors.CLUSTER_AUTHORIZATION_FAILED, f"producer id {pid} was not handed to {principal}"
+        elif e[1] != tid:
+            return Errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, (
+                f"producer id {pid} belongs to a transactional id this request does not name; {principal} may "
+                f"not use it")
+        elif transactional:
+            e[2] = now_ms  # the quorum decides whether the id still holds it (it may have outlived the binding)
+            if e[3]:
+                e[3] = 0
+                self._live += 1
+            return None
+        if e[3] or now_ms - e[2] >= self.expiration_ms:
+            return Errors.UNKNOWN_PRODUCER_ID, (
+                f"producer id {pid}: its binding to {principal if e[0] == PRINCIPAL else 'its transactional id'} "
+                f"expired or was evicted (idle past producer_id_expiration_ms, or max producers): get a new one "
+                f"with InitProducerId")
+        e[2] = now_ms
+        return None
+
+    def owner(self, pid: int) -> tuple[int, str] | None:
+        e = self._b.get(pid)
+        return None if e is None else (e[0], e[1])
+
+    # ------------------------------------------------------------ binding
+    async def bind(self, pid: int, kind: int, name: str) -> None:
+        """Bind ``pid`` to ``name``; returns once the binding is on stable storage (group commit)."""
+        now = self.now_ms()
+        e = self._b.get(pid)
+        if e is not None and e[0] == kind and e[1] == name and not e[3]:
+            e[2] = now  # the same binding again (an epoch bump of a transactional id): nothing to write
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self._pending.append(([pid, kind, name, now, 0], fut))
+        self._wake.set()
+        await fut
+
+    def learn(self, pid: int, tid: str) -> None:
+        """Bind ``pid`` to transactional id ``tid`` now (the quorum said the id holds it), written soon."""
+        now = self.now_ms()
+        self._apply([pid, TRANSACTIONAL_ID, tid, now, 0])
+        self._pending.append(([pid, TRANSACTIONAL_ID, tid, now, 0], None))
+        if self._wake is not None:
+            self._wake.set()
+
+    def _apply(self, entry: list) -> None:
+        pid, kind, name, last_ms, retired_ms = entry
+        old = self._b.get(pid)
+        if old is not None and not old[3]:
+            self._live -= 1
+        self._b[pid] = [kind, name, last_ms, retired_ms]
+        if not retired_ms:
+            self._live += 1
+            if self._live > self.max_bindings:
+                self._evict(last_ms)
+
+    def _evict(self, now_ms: int) -> None:
+        """Retire the least recently used 1 % of the live bindings (and drop retired ones past the cap)."""
+        n = max(1, int(self.max_bindings * EVICT_FRACTION))
+        oldest = heapq.nsmallest(n, ((e[2], pid) for pid, e in self._b.items() if not e[3]))
+        for _, pid in oldest:
+            self._b[pid][3] = now_ms
+        self._live -= len(oldest)
+        self.counters["producer_bindings_retired"] += len(oldest)
+        log.info("producer-ID bindings: %d live, over the cap of %d: the %d least recently used retired",
+                 self._live + len(oldest), self.max_bindings, len(oldest))
+        retired = len(self._b) - self._live
+        if retired > self.max_bindings:
+            for _, pid in heapq.nsmallest(retired - self.max_bindings,
+                                          ((e[3], pid) for pid, e in self._b.items() if e[3])):
+                del self._b[pid]
+                self.counters["producer_bindings_dropped"] += 1
+
+    # ------------------------------------------------------------ the writer
+    async def _write_loop(self) -> None:
+        """The only writer of the file: appends (group commit) and rewrites, one at a time."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if self._rewrite_wanted:
+                self._rewrite_wanted = False
+                await self._io(self._rewrite, self._rows())  # rows as of now; pending ones are appended after
+            batch, self._pending = self._pending, []
+            if batch:
+                try:
+                    await self._io(self._append, encode_frames([entry for entry, _ in batch]))
+                except BaseException as e:  # only where failstop returns (tests): nothing was acknowledged
+                    for _, fut in batch:
+                        if fut is not None and not fut.done():
+                            fut.set_exception(e if isinstance(e, Exception) else RuntimeError(repr(e)))
+                    raise
+                self._file_entries += len(batch)
+                self.counters["producer_bindings_written"] += len(batch)
+                self.counters["producer_binding_syncs"] += 1
+                for entry, fut in batch:
+                    if fut is not None:
+                        self._apply(entry)
+                        if not fut.done():
+                            fut.set_result(None)
+            if self._closing and not self._pending:
+                return
+
+    def _append(self, data: bytes) -> None:
+        self._file.write(data)
+        self._file.sync()
+
+    def _rows(self) -> list[list]:
+        return [[pid, *e] for pid, e in self._b.items()]
+
+    def _rewrite(self, rows: list[list]) -> None:
+        """The file replaced by ``rows`` (whole: temp, fsync, rename, fsync dir); appends go on at its end."""
+        data = MAGIC + encode_frames(rows)
+        self._disk.write_file(self.path, data)
+        if self._file is not None:
+            self._file.close()
+        self._file = self._disk.open_append(self.path, len(data))
+        self._file_entries = len(rows)
+        self.counters["producer_binding_rewrites"] += 1
+
+    # ------------------------------------------------------------ maintenance
+    async def maintain(self) -> None:
+        """Expiry (retire idle bindings, drop retired ones ``expiration_ms`` later) when due, in chunks with
+        the loop free in between; then rewrite the file if it is due (see the module doc)."""
+        now = self.now_ms()
+        if now - self._oldest_ms >= self.expiration_ms:
+            oldest = now
+            items = list(self._b.items())
+            for i in range(0, len(items), SCAN_CHUNK):
+                for pid, e in items[i:i + SCAN_CHUNK]:
+                    if self._b.get(pid) is not e:
+                        continue  # replaced meanwhile
+                    if e[3]:
+                        if now - e[3] >= self.expiration_ms:
+                            del self._b[pid]
+                            self.counters["producer_bindings_dropped"] += 1
+                        else:
+                            oldest = min(oldest, e[3])
+                    elif now - e[2] >= self.expiration_ms:
+                        e[3] = e[2] + self.expiration_ms
+                        self._live -= 1
+                        self.counters["producer_bindings_retired"] += 1
+                        oldest = min(oldest, e[3])  # dropped one expiration later: scan again then
+                    else:
+                        oldest = min(oldest, e[2])
+                await asyncio.sleep(0)
+            self._oldest_ms = oldest
+            if len(self._b) < len(items):
+                log.info("producer-ID bindings: %d dropped (retired past producer_id_expiration_ms); %d left, "
+                         "%d live", len(items) - len(self._b), len(self._b), self._live)
+        if self._wake is not None and (self._file_entries > 2 * len(self._b) + REWRITE_SLACK
+                                       or now - self._last_rewrite_ms >= self.expiration_ms // 4):
+            self._last_rewrite_ms = now
+            self._rewrite_wanted = True  # by the writer, between two appends
+            self._wake.set()
+
+    def stats(self) -> dict[str, int]:
+        return {"producer_bindings": len(self._b), "producer_bindings_live": self._live, **self.counters}

@@ -1,0 +1,400 @@
+"""Producer IDs bound to the principal they were handed to (broker/pid_binding.py), without processes: a
+``BrokerServer`` object with SASL's pieces put in by hand (ACLs, principals), a stand-in ID manager and
+coordinator, and the durable record in a temporary directory."""
+from __future__ import annotations
+
+import asyncio
+import datetime
+import os
+
+import pytest
+
+from broker import frontend
+from broker.config import BrokerConfig
+from broker.frontend import INIT_PRODUCER_ID, PRODUCE, BrokerRpc, BrokerServer
+from broker.pid_binding import (
+    FILE_NAME,
+    MAGIC,
+    PRINCIPAL,
+    TRANSACTIONAL_ID,
+    ProducerBindings,
+    batch_producers,
+    encode_frames,
+)
+from broker.recordbatch import decode_all, encode_batch
+from security import acl as a
+from security.acl import AclIndex
+from storage.disk import CorruptFileError, Disk
+from tests.broker.test_frontend_bad_input import entity
+from wire import kafka
+from wire.errors import Errors, PidQuorumError, ProducerFencedError
+
+ALICE, MALLORY = "User:alice", "User:mallory"
+ACLS = [a.Acl(ALICE, a.CLUSTER, a.CLUSTER_NAME, a.LITERAL, a.IDEMPOTENT_WRITE, a.ALLOW),
+        a.Acl(MALLORY, a.CLUSTER, a.CLUSTER_NAME, a.LITERAL, a.IDEMPOTENT_WRITE, a.ALLOW),
+        a.Acl(ALICE, a.TRANSACTIONAL_ID, "alice-", a.PREFIXED, a.WRITE, a.ALLOW),
+        a.Acl(MALLORY, a.TRANSACTIONAL_ID, "mallory-", a.PREFIXED, a.WRITE, a.ALLOW)]
+DAY_MS = 24 * 3600 * 1000
+
+
+class FakePids:
+    """IDs handed out in order, as a block would."""
+
+    def __init__(self, start: int = 1000):
+        self.next = start
+        self.broker_epoch = 1
+
+    def generate_producer_id(self) -> int:
+        self.next += 1
+        return self.next - 1
+
+    async def close(self) -> None:
+        pass
+
+
+class FakeTxn:
+    """The quorum's answers for transactional ids: tid -> (pid, epoch); verify accepts the current pair."""
+
+    def __init__(self, start: int = 5000):
+        self.ids: dict[str, tuple[int, int]] = {}
+        self.next = start
+        self.counters: dict = {}
+
+    async def init_producer_id(self, tid, timeout_ms, pid, epoch):
+        if tid not in self.ids:
+            self.ids[tid] = (self.next, 0)
+            self.next += 1
+        else:
+            p, e = self.ids[tid]
+            self.ids[tid] = (p, e + 1)
+        return self.ids[tid]
+
+    async def verify(self, tid, pid, epoch, topic, partition):
+        if self.ids.get(tid, (None, None))[0] != pid:
+            from wire.errors import InvalidProducerIdMappingError
+            raise InvalidProducerIdMappingError(f"transactional id {tid!r} has no producer {pid}")
+        if self.ids[tid][1] != epoch:
+            raise ProducerFencedError("fenced")
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Broker:
+    """A BrokerServer object as a SASL broker has it, driven on one event loop."""
+
+    def __init__(self, data_dir: str, clock: Clock, expiration_ms: int = DAY_MS, max_producers: int = 1000):
+        self.data_dir, self.clock = data_dir, clock
+        cfg = BrokerConfig(broker_id=1, quorum=["127.0.0.1:1"], data_dir=data_dir, listen="127.0.0.1:0",
+                           producer_id_expiration_ms=expiration_ms, max_producers_per_partition=max_producers)
+        self.server = s = BrokerServer(cfg)
+        s.counters["authorization_failures"] = 0
+        s.acls = AclIndexCache(ACLS)
+        s.pids = FakePids()
+        s.txn = FakeTxn()
+        s.bindings = ProducerBindings(data_dir, expiration_ms, max_producers,
+                                      lambda fn, *args: asyncio.get_running_loop().run_in_executor(s._io, fn, *args),
+                                      disk=Disk(failstop=_raise), clock=clock)
+        s.bindings.open()
+        s.bindings.start()
+
+    async def call(self, principal: str, api_key: int, version: int, **fields):
+        req = kafka.Request(api_key, version, 1, "test", kafka.request_entity(api_key, version, **fields))
+        req.principal, req.host = principal, "127.0.0.1"
+        try:
+            self.server._authorize(req, ("127.0.0.1", 1))
+            return await self.server._handle(req)
+        except PidQuorumError as e:
+            return self.server._error_body(api_key, version, e.code, req.body)
+
+    async def init(self, principal: str, tid: str | None = None) -> tuple[Errors, int, int]:
+        r = await self.call(principal, INIT_PRODUCER_ID, 4, transactional_id=tid,
+                            transaction_timeout=datetime.timedelta(seconds=60), producer_id=-1, producer_epoch=-1)
+        return Errors(int(r.error_code)), int(r.producer_id), int(r.producer_epoch)
+
+    async def produce(self, principal: str, pid: int, epoch: int, seq: int, value: bytes = b"v", topic: str = "t",
+                      tid: str | None = None, transactional: bool = False) -> tuple[Errors, int, str | None]:
+        records = encode_batch([(None, value)], producer_id=pid, producer_epoch=epoch, base_sequence=seq,
+                               transactional=transactional)
+        pd = entity(PRODUCE, 9, "PartitionProduceData", index=0, records=records)
+        td = entity(PRODUCE, 9, "TopicProduceData", name=topic, partition_data=(pd,))
+        r = await self.call(principal, PRODUCE, 9, transactional_id=tid, acks=-1,
+                            timeout=datetime.timedelta(seconds=5), topic_data=(td,))
+        p = r.responses[0].partition_responses[0]
+        return Errors(int(p.error_code)), int(p.base_offset), p.error_message
+
+    def values(self, topic: str = "t") -> list[bytes]:
+        if self.server.storage.topic(topic) is None:
+            return []
+        data = self.server.storage.partition(topic, 0).read(0, 1 << 20)
+        return [value for _, _, _, value in decode_all(data)] if data else []
+
+    async def close(self) -> None:
+        await self.server.bindings.close()
+        self.server._io.shutdown(wait=True)
+        self.server.storage.close()
+
+
+class AclIndexCache:
+    def __init__(self, acls):
+        self._index = AclIndex(acls)
+
+    def authorize(self, principal, resource_type, name, operation, host):
+        return self._index.authorize(principal, resource_type, name, operation, (), host)
+
+
+def _raise(code: int, message: str) -> None:
+    """A failstop that returns (Disk raises StorageFailure)."""
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+# ------------------------------------------------------------------ the attacks of the report
+def test_another_principal_cannot_pre_empt_the_victims_first_batch(tmp_path, clock):
+    async def go():
+        b = Broker(str(tmp_path), clock)
+        try:
+            code, pid, epoch = await b.init(ALICE)
+            assert code == Errors.NONE
+            # mallory (IDEMPOTENT_WRITE, no relation to the ID) sends alice's first batch before she does
+            code, offset, why = await b.produce(MALLORY, pid, epoch, 0, b"mallory's")
+            assert code == Errors.CLUSTER_AUTHORIZATION_FAILED and offset == -1
+            assert f"producer id {pid}" in why and MALLORY in why
+            # ... and the ID that will be handed out next (not bound yet): refused too, nothing written
+            code, _, why = await b.produce(MALLORY, pid + 1, 0, 0, b"next one")
+            assert code == Errors.UNKNOWN_PRODUCER_ID and f"producer id {pid + 1}" in why
+            assert await b.produce(ALICE, pid, epoch, 0, b"alice's") == (Errors.NONE, 0, None)
+            assert b.values() == [b"alice's"]
+            assert b.server.counters["producer_id_refused_other_principal"] == 1
+        finally:
+            await b.close()
+    run(go())
+
+
+def test_a_higher_epoch_does_not_fence_the_owner(tmp_path, clock):
+    async def go():
+        b = Broker(str(tmp_path), clock)
+        try:
+            _, pid, epoch = await b.init(ALICE)
+            assert (await b.produce(ALICE, pid, epoch, 0, b"a0"))[0] == Errors.NONE
+            code, _, why = await b.produce(MALLORY, pid, epoch + 5, 0, b"fence")
+            assert code == Errors.CLUSTER_AUTHORIZATION_FAILED and str(pid) in why
+            assert await b.produce(ALICE, pid, epoch, 1, b"a1") == (Errors.NONE, 1, None)
+            assert b.values() == [b"a0", b"a1"]
+            part = b.server.storage.partition("t", 0)
+            assert [(p, e) for p, e, *_ in part.describe_producers(10)[0]] == [(pid, epoch)]
+        finally:
+            await b.close()
+    run(go())
+
+
+def test_a_transactional_producers_id_is_refused_to_another_principal(tmp_path, clock):
+    async def go():
+        b = Broker(str(tmp_path), clock)
+        try:
+            code, pid, epoch = await b.init(ALICE, "alice-tx")
+            assert code == Errors.NONE
+            # a non-transactional batch with it, no transactional id named
+            code, _, why = await b.produce(MALLORY, pid, epoch + 1, 0)
+            assert code == Errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED and str(pid) in why and MALLORY in why
+            # a transactional batch naming mallory's own id (which mallory may write)
+            code, _, why = await b.produce(MALLORY, pid, epoch, 0, tid="mallory-tx", transactional=True)
+            assert code == Errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED and str(pid) in why
+            # naming alice's id: mallory may not write it (whole request)
+            code, _, _ = await b.produce(MALLORY, pid, epoch, 0, tid="alice-tx", transactional=True)
+            assert code == Errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+            assert b.values() == []
+            # alice's own transactional batch goes on to the coordinator's check and is appended
+            assert (await b.produce(ALICE, pid, epoch, 0, b"tx", tid="alice-tx", transactional=True))[0] == Errors.NONE
+            assert b.values() == [b"tx"]
+        finally:
+            await b.close()
+    run(go())
+
+
+def test_a_non_transactional_produce_naming_another_principals_transactional_id(tmp_path, clock):
+    async def go():
+        b = Broker(str(tmp_path), clock)
+        try:
+            _, pid, epoch = await b.init(MALLORY)
+            code, _, _ = await b.produce(MALLORY, pid, epoch, 0, tid="alice-tx")
+            assert code == Errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+            assert (await b.produce(MALLORY, pid, epoch, 0, tid="mallory-tx"))[0] == Errors.NONE  # its own: WRITE
+            assert b.values() == [b"v"]
+        finally:
+            await b.close()
+    run(go())
+
+
+def test_the_binding_survives_a_restart_and_the_attacker_cannot_claim_an_id_after_it(tmp_path, clock):
+    async def go():
+        b = Broker(str(tmp_path), clock)
+        _, pid, epoch = await b.init(ALICE)
+        _, tx_pid, tx_epoch = await b.init(ALICE, "alice-tx")
+        unused = b.server.pids.next  # handed out by nobody
+        assert (await b.produce(ALICE, pid, epoch, 0, b"before"))[0] == Errors.NONE
+        await b.close()
+        b = Broker(str(tmp_path), clock)
+        try:
+            assert (await b.produce(MALLORY, pid, epoch, 1))[0] == Errors.CLUSTER_AUTHORIZATION_FAILED
+            assert (await b.produce(MALLORY, tx_pid, tx_epoch, 0))[0] == Errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+            assert (await b.produce(MALLORY, unused, 0, 0))[0] == Errors.UNKNOWN_PRODUCER_ID
+            assert (await b.produce(ALICE, pid, epoch, 1, b"after"))[0] == Errors.NONE
+            assert b.values() == [b"before", b"after"]
+        finally:
+            await b.close()
+    run(go())
+
+
+def test_a_crash_keeps_every_answered_binding(tmp_path, clock):
+    """No close: the file holds what InitProducerId was answered after (appended, fdatasync'd)."""
+    async def go():
+        b = Broker(str(tmp_path), clock)
+        answered = [(await b.init(ALICE))[1] for _ in range(3)] + [(await b.init(MALLORY))[1]]
+        await asyncio.gather(*(b.init(ALICE) for _ in range(20)))  # group commit: fewer syncs than bindings
+        st = b.server.bindings.stats()
+        assert st["producer_bindings_written"] == 24 and st["producer_binding_syncs"] < 24
+        b.server.bindings._writer.cancel()
+        return answered
+    answered = run(go())
+    loaded = ProducerBindings(str(tmp_path), DAY_MS, 1000, clock=clock)
+    loaded.open()
+    assert [loaded.owner(p) for p in answered] == [(PRINCIPAL, ALICE)] * 3 + [(PRINCIPAL, MALLORY)]
+    assert loaded.stats()["producer_bindings"] == 24
+
+
+def test_expired_or_evicted_binding_owner_reinits_others_are_refused(tmp_path, clock):
+    async def go():
+        b = Broker(str(tmp_path), clock, expiration_ms=60_000, max_producers=100)
+        try:
+            _, pid, epoch = await b.init(ALICE)
+            assert (await b.produce(ALICE, pid, epoch, 0))[0] == Errors.NONE
+            clock.t += 61
+            await b.server.bindings.maintain()
+            assert (await b.produce(ALICE, pid, epoch, 1))[0] == Errors.UNKNOWN_PRODUCER_ID
+            assert (await b.produce(MALLORY, pid, epoch, 1))[0] == Errors.CLUSTER_AUTHORIZATION_FAILED
+            _, new_pid, new_epoch = await b.init(ALICE)  # what the client does on UNKNOWN_PRODUCER_ID
+            assert new_pid != pid and (await b.produce(ALICE, new_pid, new_epoch, 0))[0] == Errors.NONE
+            # one more expiration later the retired binding is dropped: bound to nobody, nothing written
+            clock.t += 61
+            await b.server.bindings.maintain()
+            assert b.server.bindings.owner(pid) is None
+            assert (await b.produce(MALLORY, pid, epoch, 1))[0] == Errors.UNKNOWN_PRODUCER_ID
+            # the cap: 100 live bindings; the 101st retires the least recently used 1 % (here: one)
+            first = (await b.init(ALICE))[1]
+            clock.t += 1
+            for _ in range(100):  # new_pid goes first, then first
+                await b.init(ALICE)
+            assert b.server.bindings.stats()["producer_bindings_live"] <= 100
+            assert (await b.produce(ALICE, first, 0, 0))[0] == Errors.UNKNOWN_PRODUCER_ID
+            assert (await b.produce(MALLORY, first, 0, 0))[0] == Errors.CLUSTER_AUTHORIZATION_FAILED
+            assert len(b.values()) == 2
+        finally:
+            await b.close()
+    run(go())
+
+
+def test_the_file_is_rewritten_and_stays_bounded(tmp_path, clock):
+    async def go():
+        b = Broker(str(tmp_path), clock, expiration_ms=60_000, max_producers=100_000)
+        bindings = b.server.bindings
+        try:
+            for _ in range(200):
+                await b.init(ALICE)
+            clock.t += 61
+            await bindings.maintain()  # all retired; the file is rewritten (expiration / 4 passed)
+            clock.t += 61
+            await bindings.maintain()  # all dropped
+            await b.init(ALICE)  # the writer runs the rewrite before this append
+            assert bindings.stats()["producer_bindings"] == 1
+            assert bindings.counters["producer_binding_rewrites"] >= 1
+        finally:
+            await b.close()
+        assert os.path.getsize(tmp_path / FILE_NAME) < 100
+    run(go())
+
+
+def test_torn_tail_is_cut_and_damage_refuses_the_start(tmp_path, clock):
+    path = tmp_path / FILE_NAME
+    good = MAGIC + encode_frames([[7, PRINCIPAL, ALICE, 1, 0]])
+    path.write_bytes(good + encode_frames([[8, PRINCIPAL, ALICE, 1, 0]])[:-3])
+    bindings = ProducerBindings(str(tmp_path), DAY_MS, 10, clock=clock)
+    bindings.open()
+    assert bindings.owner(7) == (PRINCIPAL, ALICE) and bindings.owner(8) is None
+    bindings._file.close()
+    assert path.read_bytes() == good
+    damaged = bytearray(good + encode_frames([[9, TRANSACTIONAL_ID, "alice-tx", 1, 0]]))
+    damaged[len(MAGIC) + 9] ^= 0xFF  # inside the first frame, with a whole frame after it
+    path.write_bytes(bytes(damaged))
+    with pytest.raises(CorruptFileError, match="checksum mismatch"):
+        ProducerBindings(str(tmp_path), DAY_MS, 10, clock=clock).open()
+    path.write_bytes(b"something else")
+    with pytest.raises(CorruptFileError, match="bad magic"):
+        ProducerBindings(str(tmp_path), DAY_MS, 10, clock=clock).open()
+
+
+def test_every_batch_of_a_partitions_records_is_checked(tmp_path, clock):
+    """A benign batch first does not carry another's ID past the check."""
+    mine = encode_batch([(None, b"x")], producer_id=-1, producer_epoch=-1, base_sequence=-1)
+    theirs = encode_batch([(None, b"y")], producer_id=1000, producer_epoch=0, base_sequence=0)
+    assert batch_producers(mine + theirs) == [(1000, False)]
+
+    async def go():
+        b = Broker(str(tmp_path), clock)
+        try:
+            _, pid, _ = await b.init(ALICE)
+            assert pid == 1000
+            pd = entity(PRODUCE, 9, "PartitionProduceData", index=0, records=mine + theirs)
+            td = entity(PRODUCE, 9, "TopicProduceData", name="t", partition_data=(pd,))
+            r = await b.call(MALLORY, PRODUCE, 9, transactional_id=None, acks=-1,
+                             timeout=datetime.timedelta(seconds=5), topic_data=(td,))
+            assert int(r.responses[0].partition_responses[0].error_code) == Errors.CLUSTER_AUTHORIZATION_FAILED
+            assert b.values() == []
+        finally:
+            await b.close()
+    run(go())
+
+
+def test_produce_topic_write_when_turned_on(tmp_path, clock, monkeypatch):
+    """The per-topic check Produce makes once PRODUCE_TOPIC_ACL is WRITE (it is None by default: see there)."""
+    rpc = frontend.RPCS[PRODUCE]
+    monkeypatch.setitem(frontend.RPCS, PRODUCE, BrokerRpc(rpc.name, rpc.versions, rpc.handle, rpc.error, rpc.acl,
+                                                          topic_acl=a.WRITE))
+
+    async def go():
+        b = Broker(str(tmp_path), clock)
+        b.server.acls = AclIndexCache(ACLS + [a.Acl(ALICE, a.TOPIC, "t", a.LITERAL, a.WRITE, a.ALLOW)])
+        try:
+            _, pid, epoch = await b.init(ALICE)
+            assert (await b.produce(ALICE, pid, epoch, 0))[0] == Errors.NONE
+            _, pid, epoch = await b.init(MALLORY)
+            assert (await b.produce(MALLORY, pid, epoch, 0))[0] == Errors.TOPIC_AUTHORIZATION_FAILED
+        finally:
+            await b.close()
+    run(go())
+
+
+def test_without_sasl_nothing_is_bound_nor_checked(tmp_path):
+    cfg = BrokerConfig(broker_id=1, quorum=["127.0.0.1:1"], data_dir=str(tmp_path), listen="127.0.0.1:0")
+    server = BrokerServer(cfg)
+    try:
+        assert server.sasl is None and server.bindings is None
+        assert frontend.RPCS[PRODUCE].acl(kafka.request_entity(PRODUCE, 9, transactional_id=None, acks=1,
+                                                                timeout=datetime.timedelta(seconds=1),
+                                                                topic_data=())) is None
+    finally:
+        server._io.shutdown()
+        server.storage.close()
+    assert not os.path.exists(tmp_path / FILE_NAME)

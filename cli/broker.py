@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import sys
+import time
 import uuid
 
 import click
@@ -12,9 +13,15 @@ import settings.flags as settings_flags
 from broker.config import BrokerConfig
 from broker.config import load as load_broker_config
 from broker.run import run_broker
+from quorum.managers import (
+    DEFAULT_BROKER_SESSION_TIMEOUT_MS,
+    DuplicateBrokerRegistrationError,
+    duplicate_registration_message,
+)
 from quorum.node import setup_logging
 from settings import ConfigError
 from telemetry.metrics import MetricsUnavailable, read_metrics
+from wire.errors import PidQuorumError
 
 from . import render
 from .common import EXIT_ERROR, EXIT_UNAVAILABLE, Ctx, handle_errors, output_option, run
@@ -90,12 +97,37 @@ def broker_status(obj: Ctx, address, output):
 @handle_errors
 def broker_register(obj: Ctx, broker_id, incarnation, listener, output):
     incarnation = incarnation or uuid.uuid4()
-    epoch = asyncio.run(run(lambda c: c.register_broker(broker_id, incarnation, listener))(obj.client()))
+    try:
+        epoch = asyncio.run(run(lambda c: c.register_broker(broker_id, incarnation, listener))(obj.client()))
+    except PidQuorumError as e:
+        # BrokerRegistration's answer has no message field: a refusal of DUPLICATE_BROKER_REGISTRATION (101,
+        # which the client library reads as UNKNOWN_SERVER_ERROR) is named from the leader's state.
+        if e.code.name not in ("DUPLICATE_BROKER_REGISTRATION", "UNKNOWN_SERVER_ERROR"):
+            raise
+        holder = asyncio.run(run(lambda c: _live_holder(c, broker_id, str(incarnation)))(obj.client()))
+        if holder is None:
+            raise
+        raise DuplicateBrokerRegistrationError(holder) from None  # one line, exit 4 (refused)
     result = {"broker_id": broker_id, "broker_epoch": epoch, "incarnation_id": str(incarnation)}
     if output == "json":
         render.emit_json(result)
     else:
         render.line(str(epoch))
+
+
+async def _live_holder(client, broker_id: int, incarnation: str) -> str | None:
+    """The refusal's message if another incarnation holds ``broker_id`` with a session (else None)."""
+    try:
+        _, state = await client.find_leader(0)
+    except Exception:  # noqa: BLE001 - only an explanation: the original error is shown instead
+        return None
+    for b in state.get("state", {}).get("brokers", []):
+        heartbeat = b.get("last_heartbeat_ms")
+        if b.get("broker_id") == broker_id and b.get("incarnation_id") != incarnation and heartbeat is not None \
+                and not b.get("fenced"):
+            expires = heartbeat + DEFAULT_BROKER_SESSION_TIMEOUT_MS
+            return duplicate_registration_message(broker_id, b["incarnation_id"], expires, int(time.time() * 1000))
+    return None
 
 
 # ----------------------------------------------------------------- allocate

@@ -59,7 +59,15 @@ from wire.errors import Errors, InvalidRequestError, RequestTimedOutError, Unkno
 
 from . import membership
 from .client_quotas import ClientQuotaManager, parse_user
-from .managers import PENDING, ROLLED_BACK, QuorumState, Result, TxnSettings, txn_json
+from .managers import (
+    DEFAULT_BROKER_SESSION_TIMEOUT_MS,
+    PENDING,
+    ROLLED_BACK,
+    QuorumState,
+    Result,
+    TxnSettings,
+    txn_json,
+)
 
 if TYPE_CHECKING:  # the server hands itself to ``serve`` handlers; it imports this module
     from .server import QuorumServer
@@ -75,6 +83,9 @@ class Context:
     block_size: int
     now_ms: int
     txn: TxnSettings
+    # Kafka's broker.session.timeout.ms: how long after its last heartbeat a registration holds its broker
+    # id against a new incarnation (BrokerRegistration answers DUPLICATE_BROKER_REGISTRATION meanwhile).
+    session_timeout_ms: int = DEFAULT_BROKER_SESSION_TIMEOUT_MS
 
 
 @dataclass(frozen=True)
@@ -163,7 +174,7 @@ def _register(state: QuorumState, b: Any, ctx: Context) -> Result:
     if b.incarnation_id is None:
         raise InvalidRequestError("incarnation id is required")
     return state.registrations.generate_register(int(b.broker_id), str(b.incarnation_id), p.listener_address(b),
-                                                 ctx.now_ms)
+                                                 ctx.now_ms, ctx.session_timeout_ms)
 
 
 def _heartbeat(state: QuorumState, b: Any, ctx: Context) -> Result:

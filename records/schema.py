@@ -130,11 +130,13 @@ UNFENCE_BROKER = RecordSpec(
     name="UnfenceBrokerRecord",
     type_id=4,
     version=0,
-    doc="A fenced broker heartbeated without asking to stay fenced.",
+    doc=("A broker heartbeated without asking to be fenced: it is unfenced, and its session (which holds its "
+         "broker id against another incarnation) runs from timestamp_ms."),
     fields=(
         FieldSpec("broker_id", "int32", "Broker ID."),
         FieldSpec("broker_epoch", "int64", "Epoch of the registration being unfenced."),
-        FieldSpec("timestamp_ms", "int64", "Proposer's wall clock (ms); audit only.", default=-1),
+        FieldSpec("timestamp_ms", "int64", "Proposer's wall clock (ms): the heartbeat's time, which replay keeps "
+                  "as the session's start (never moved back).", default=-1),
     ),
 )
 

@@ -14,6 +14,13 @@ Example::
     allocate_rate_per_broker = 1000.0        # blocks/s per broker; 0 = no limit
     allocate_burst = 2000
     max_frame_bytes = 1048576
+    # What a peer may cost the client port (see quorum.server):
+    max_connections = 1000                   # one more is closed at once (counted, logged every 10 s)
+    max_connections_per_ip = 1000
+    max_connection_buffer_bytes = 4194304    # requests read and not yet answered, per connection
+    max_unauthenticated_frame_bytes = 65536  # a bigger frame before SASL completes closes the connection
+    authentication_timeout_ms = 10000        # TLS + SASL done within this of the accept, or closed
+    tls_handshake_timeout_ms = 10000
     # Authentication (optional; see README "Security"): SASL on the client port,
     # optionally inside TLS; ACLs are enforced when SASL is on.
     sasl_credentials_file = "users.json"     # pidctl user add --file users.json ...
@@ -76,6 +83,25 @@ class NodeConfig:
     """Blocks/s per broker; 0 = no limit."""
     allocate_burst: Annotated[int, Field(ge=1)] = 2000
     max_frame_bytes: Annotated[int, Field(ge=1024)] = 1024 * 1024
+    """The largest request accepted on the client port."""
+    max_connections: Annotated[int, Field(ge=1)] = 1000
+    """Client-port connections at once (Kafka's max.connections), counted from the accept, before TLS; one
+    more is closed at once (counted in ``connections_refused``, logged at most every 10 s)."""
+    max_connections_per_ip: Annotated[int, Field(ge=1)] = 1000
+    """Client-port connections from one address (Kafka's max.connections.per.ip); lower it so one host
+    cannot take them all (the nodes' forwarding connections count too: one per follower)."""
+    max_connection_buffer_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
+    """Requests read from one connection and not answered yet, in bytes; past it that socket is not read
+    until answers catch up (one frame always passes)."""
+    max_unauthenticated_frame_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024
+    """With SASL on: the largest frame before the connection has authenticated (ApiVersions, SaslHandshake,
+    SaslAuthenticate are small); a bigger one closes the connection.  At most ``max_frame_bytes``."""
+    authentication_timeout_ms: Annotated[int, Field(gt=0, le=3_600_000)] = 10_000
+    """With SASL on: a connection not authenticated (TLS handshake and SASL exchange) this long after it
+    was accepted is closed, however it trickles bytes."""
+    tls_handshake_timeout_ms: Annotated[int, Field(gt=0, le=3_600_000)] = 10_000
+    """With TLS on: a connection whose TLS handshake has not completed this long after it was accepted is
+    closed."""
     max_batch: int = 512
     allocate_reserve_blocks: Annotated[int, Field(ge=0, le=1024)] = 0
     """Leader-side reserve (0 = off): a broker allocating again within a second gets up to this many

@@ -48,6 +48,15 @@ QUORUM_METRICS = {
         "Requests with a bad header or body, or ApiVersions at an unsupported version (answered with an error).",
     "pidquorum_unsupported_versions":
         "Requests at a version the server does not serve, ApiVersions excepted (connection closed, as Kafka does).",
+    "pidquorum_client_connections": "Client-port connections open (counted from the accept, before TLS).",
+    "pidquorum_client_connections_refused":
+        "Client-port connections closed at once: over max_connections or max_connections_per_ip.",
+    "pidquorum_client_authentication_timeouts":
+        "Client-port connections closed for not completing TLS (tls_handshake_timeout_ms) or SASL "
+        "(authentication_timeout_ms) in time.",
+    "pidquorum_client_tls_handshake_failures": "Client-port TLS handshakes that failed (other than by timing out).",
+    "pidquorum_client_read_pauses":
+        "Times a client connection's socket was left unread: max_connection_buffer_bytes of requests unanswered.",
     "pidquorum_proposer_batches": "Log entries the proposer committed as leader.",
     "pidquorum_proposer_records": "Records in those entries.",
 }
@@ -128,5 +137,10 @@ def quorum_families(st: dict) -> Iterable[Any]:
     yield _counter("pidquorum_bad_frames", server["bad_frames"])
     yield _counter("pidquorum_bad_requests", server["bad_requests"])
     yield _counter("pidquorum_unsupported_versions", server["unsupported_versions"])
+    yield _gauge("pidquorum_client_connections", server.get("connections", 0))
+    yield _counter("pidquorum_client_connections_refused", server.get("connections_refused", 0))
+    yield _counter("pidquorum_client_authentication_timeouts", server.get("authentication_timeouts", 0))
+    yield _counter("pidquorum_client_tls_handshake_failures", server.get("tls_handshake_failures", 0))
+    yield _counter("pidquorum_client_read_pauses", server.get("read_pauses", 0))
     yield _counter("pidquorum_proposer_batches", st["proposer"]["batches"])
     yield _counter("pidquorum_proposer_records", st["proposer"]["records"])

@@ -224,8 +224,7 @@ class BrokerServer:
                          "quota_throttled_batches": 0, "connections_refused": 0,
                          "connections_refused_per_ip": 0, "read_pauses": 0, "fetch_waits": 0,
                          "fetch_wakeups": 0, "describe_producers_truncated": 0, "evicted_producers_refused": 0,
-                         "unsupported_versions": 0, "groups_refused": 0, "producer_id_refused_unbound": 0,
-                         "producer_id_refused_other_principal": 0}
+                         "unsupported_versions": 0, "groups_refused": 0, "producer_id_refused": 0}
         self.port: int | None = None
         self.quota_provider: Any = self.quotas  # stats() -> {principal: {rate, tokens, throttle_time_ms, ...}}
         self.api = kafka.ApiTable(SUPPORTED, NAMES, lambda key, version, code, message, throttle_ms:
@@ -275,7 +274,7 @@ class BrokerServer:
         if self.sasl is not None:
             # Before the listener: no Produce is served unchecked.  Loads (or creates) the durable record.
             self.bindings = ProducerBindings(
-                self.cfg.data_dir, self.cfg.producer_id_expiration_ms,
+                self.cfg.data_dir, self.cfg.producer_id_expiration_ms * BINDING_LIFETIME_EXPIRATIONS,
                 self.cfg.max_producers_per_partition or MAX_BINDINGS_UNCAPPED,
                 lambda fn, *args: asyncio.get_running_loop().run_in_executor(self._io, fn, *args))
             self.bindings.open()
@@ -834,10 +833,8 @@ class BrokerServer:
                 out = checked[key] = self.bindings.check(key[0], req.principal, tid, key[1], now_ms)
                 if out is not None:
                     code, why = out
-                    self.counters["producer_id_refused_unbound" if code == Errors.UNKNOWN_PRODUCER_ID
-                                  else "producer_id_refused_other_principal"] += 1
-                    if code != Errors.UNKNOWN_PRODUCER_ID:
-                        self.counters["authorization_failures"] += 1
+                    self.counters["producer_id_refused"] += 1
+                    self.counters["authorization_failures"] += 1
                     self._binding_log(logging.INFO, "Produce from %s (transactional id %r): %s: %s", req.principal,
                                       None if tid is None else str(tid)[:200], code.name, why)
             if out is not None:
@@ -1147,6 +1144,10 @@ def _init_error(cfg: BrokerConfig, version: int, code: Errors, body: Any) -> Any
 # refuses every producer without a Topic ACL; switch to ``a.WRITE`` together with their ACLs.  Producer IDs are
 # bound to their principal whatever this is (broker/pid_binding.py).
 PRODUCE_TOPIC_ACL: str | None = None
+# A producer-ID binding is kept this many producer_id_expiration_ms after its last use (7 days by default, Kafka's
+# transactional.id.expiration.ms): an idempotent producer keeps its ID for life (KIP-360 clients bump the epoch
+# themselves), so its binding must outlive the partitions' state of it (broker/pid_binding.py).
+BINDING_LIFETIME_EXPIRATIONS = 7
 MAX_BINDINGS_UNCAPPED = 2 ** 62  # max_producers_per_partition = none: producer-ID bindings are not capped either
 
 # FindCoordinator (``BrokerServer._find_coordinator``): key types, the first batched version (KIP-699) and

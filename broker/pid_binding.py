@@ -12,53 +12,60 @@ its owner:
 
 Producer IDs are handed out in order, so without this any authenticated principal could write with
 another's ID: ``Produce(producer_id=<victim's>, base_sequence=0)`` ahead of the victim makes the
-victim's own first batch a "duplicate" (answered, never written), a higher epoch fences it.
+victim's own first batch a "duplicate" (answered, never written), a higher epoch fences it.  The epoch
+is not part of the binding: an idempotent producer bumps its own epoch (KIP-360; librdkafka and the
+Java client do so on UNKNOWN_PRODUCER_ID, OUT_OF_ORDER_SEQUENCE_NUMBER, timeouts) and keeps its ID.
 
-**Answers** (per partition, nothing written to the log nor to the producer state):
+**Answers** (per partition; nothing is written to the log nor to the producer state):
 
-=====================================  ===========================================================
-case                                   answer
-=====================================  ===========================================================
-ID bound to another principal          CLUSTER_AUTHORIZATION_FAILED ("producer id N was not handed
-                                       to User:x")
-ID of a transactional id the request   TRANSACTIONAL_ID_AUTHORIZATION_FAILED ("producer id N belongs
-does not name                          to a transactional id this request does not name ...")
-owner, binding expired or evicted      UNKNOWN_PRODUCER_ID (InitProducerId again)
-ID bound to nobody (never handed out   UNKNOWN_PRODUCER_ID (for a transactional batch naming a
-here, or forgotten)                    transactional id: the quorum's verification decides)
-=====================================  ===========================================================
+=========================================  =======================================================
+case                                       answer
+=========================================  =======================================================
+ID bound to another principal              CLUSTER_AUTHORIZATION_FAILED ("producer id N was not
+                                           handed to User:x")
+ID of a transactional id the request       TRANSACTIONAL_ID_AUTHORIZATION_FAILED ("producer id N
+does not name                              belongs to a transactional id this request does not
+                                           name ...")
+ID bound to nobody: never handed out       CLUSTER_AUTHORIZATION_FAILED ("... is bound to no
+here, or its binding was forgotten         principal on this broker ...").  A transactional batch
+(unused for ``lifetime_ms``, or evicted)   naming a transactional id goes on to the quorum's check
+                                           instead, and its ID is bound to that id once it passes
+=========================================  =======================================================
 
 Why these codes: CLUSTER_AUTHORIZATION_FAILED is what Kafka answered an idempotent Produce from a
-principal without IDEMPOTENT_WRITE (before KIP-679), so every client already treats it as a fatal
-authorization error of the producer (librdkafka raises a fatal error, kafka-python fails the batch
-with ClusterAuthorizationFailedError; neither retries), which is the point: the sender may never use
-that ID.  TRANSACTIONAL_ID_AUTHORIZATION_FAILED is Kafka's answer to a Produce whose transactional id
-the principal may not write.  UNKNOWN_PRODUCER_ID is what clients since KIP-360 answer by getting a new
-producer ID / epoch (librdkafka transparently, kafka-python failing the batches in flight): the right
-thing for an owner whose binding is gone.
+principal without IDEMPOTENT_WRITE (before KIP-679), so clients already treat it as an authorization
+failure, not something to retry: librdkafka fails the message with it (a permanent delivery error, not
+retried; tried with confluent-kafka 2.x), kafka-python fails the batch with
+ClusterAuthorizationFailedError.  TRANSACTIONAL_ID_AUTHORIZATION_FAILED is Kafka's
+answer to a Produce whose transactional id the principal may not write (fatal in librdkafka too).
+An owner whose binding was forgotten gets the same answer as anyone else (the broker can no longer
+tell who it is): each of its messages fails, and it must re-init by creating a new producer (a new
+InitProducerId, a new ID).
+UNKNOWN_PRODUCER_ID was tried for that and is wrong: librdkafka answers it by bumping its epoch
+locally and re-sending under the *same* ID, so it would retry until delivery.timeout.ms, for every
+message, for ever.
 
-**Lifetime.**  A binding is *live* while used: each accepted batch refreshes it.  Idle for
-``expiration_ms`` (the broker's ``producer_id_expiration_ms``, when the partitions forget the
-producer's state too), or evicted because more than ``max_bindings`` are live (the least recently
-used 1 % go at once, like the producer-state cap), it is *retired*: its owner gets UNKNOWN_PRODUCER_ID
-and must re-init; anyone else still gets the authorization error.  A retired binding is dropped
-``expiration_ms`` later; after that the ID is bound to nobody (UNKNOWN_PRODUCER_ID for everyone,
-nothing written either way).
+**Lifetime.**  A binding lives while its ID is used: each accepted batch refreshes it.  Unused for
+``lifetime_ms`` (the broker sets 7 x ``producer_id_expiration_ms``: 7 days by default, Kafka's
+``transactional.id.expiration.ms``; the partitions forget the producer's state after 1 x, and then
+accept its next batch at any sequence, as Kafka does, since the binding still says whose it is), or
+evicted because more than ``max_bindings`` (``max_producers_per_partition``) are held (the least
+recently used 1 % go at once, like the producer-state cap), it is forgotten.
 
 **The durable record** (``producer-ids.bindings`` in the broker's data directory): a header, then
 frames ``u32 length | u32 crc32(payload) | payload``, each payload a msgpack list of entries
-``[producer_id, kind, name, last_used_ms, retired_ms]`` (kind 0: a principal, 1: a transactional id;
-``retired_ms`` 0 while live); a later entry for an ID replaces an earlier one.  InitProducerId is
-answered only after its binding's frame was written and fdatasync'd; bindings waiting meanwhile go in
-one frame and one fdatasync (group commit).  The file is rewritten whole (temp file, fsync, rename,
-fsync of the directory) with the bindings in memory when it holds more than twice as many entries
-(plus 10,000), every ``expiration_ms / 4`` (to carry the refreshed use times: after a crash a binding
-is at most that much older than it was), and on close.  At open a frame cut by a crash at the end of
-the file (short, or failing its checksum with nothing after it) is cut off (it was never
-acknowledged); a damaged frame with bytes after it refuses the start (``CorruptFileError``, exit 66).
-Every I/O error is fail-stop (``storage.disk``: exit 74 naming the file).  A broker upgraded from a
-version without the file starts with no bindings: each producer gets UNKNOWN_PRODUCER_ID once and
-re-inits.
+``[producer_id, kind, name, last_used_ms]`` (kind 0: a principal, 1: a transactional id); a later
+entry for an ID replaces an earlier one.  InitProducerId is answered only after its binding's frame
+was written and fdatasync'd; bindings waiting meanwhile go in one frame and one fdatasync (group
+commit).  The file is rewritten whole (temp file, fsync, rename, fsync of the directory) with the
+bindings in memory when it holds more than twice as many entries (plus 10,000), every
+``lifetime_ms / 7`` (to carry the refreshed use times: after a crash a binding is at most that much
+older than it was), and on close.  At open a frame cut by a crash at the end of the file (short, or
+failing its checksum with nothing after it) is cut off (it was never acknowledged); a damaged frame
+with bytes after it refuses the start (``CorruptFileError``, exit 66).  Every I/O error is fail-stop
+(``storage.disk``: exit 74 naming the file).  A broker upgraded from a version without the file
+starts with no bindings: the idempotent producers connected across the upgrade get the
+authorization error once and must be re-created.
 
 Not thread-safe: every method runs on the broker's event loop; file I/O goes to ``run_io``.
 """
@@ -122,12 +129,13 @@ def encode_frames(entries: list[list]) -> bytes:
     return bytes(out)
 
 
-def decode_file(path: str, data: bytes) -> tuple[list[list], int, int]:
-    """(entries in file order, bytes to keep, entry count) of a bindings file; a torn last frame is left
-    out (bytes to keep ends before it); anything else damaged raises ``CorruptFileError``."""
+def decode_file(path: str, data: bytes) -> tuple[list[list], int]:
+    """(entries in file order, bytes to keep) of a bindings file; a torn last frame is left out (the bytes
+    to keep end before it; -1: not even the header is whole); anything else damaged raises
+    ``CorruptFileError``."""
     if not data.startswith(MAGIC):
         if len(data) < len(MAGIC) and MAGIC.startswith(data):
-            return [], -1, 0  # a creation cut short (not possible with temp + rename, but harmless)
+            return [], -1
         raise CorruptFileError(path, "not a producer-ID bindings file (bad magic)")
     pos, entries = len(MAGIC), []
     while pos < len(data):
@@ -136,51 +144,49 @@ def decode_file(path: str, data: bytes) -> tuple[list[list], int, int]:
         length, crc = _FRAME.unpack_from(data, pos)
         body = data[pos + _FRAME.size:pos + _FRAME.size + length]
         last = pos + _FRAME.size + length >= len(data)
-        if len(body) < length or (zlib.crc32(body) != crc and last) or (length == 0 and not any(data[pos:])):
-            break  # the unsynced end of an append (never acknowledged): cut
-        if zlib.crc32(body) != crc or length == 0:
+        if len(body) < length or length == 0 or zlib.crc32(body) != crc:
+            if len(body) < length or last or not any(data[pos:]):
+                break  # the unsynced end of an append (never acknowledged): cut
             raise CorruptFileError(path, f"frame at byte {pos}: checksum mismatch with {len(data) - pos} bytes "
                                          f"after it (not a write cut by a crash)")
         try:
             frame = msgpack.unpackb(body, raw=False)
             for e in frame:
-                pid, kind, name, last_ms, retired_ms = e
+                pid, kind, name, last_ms = e
                 if not (isinstance(pid, int) and pid >= 0 and kind in (PRINCIPAL, TRANSACTIONAL_ID)
-                        and isinstance(name, str) and isinstance(last_ms, int) and isinstance(retired_ms, int)):
+                        and isinstance(name, str) and isinstance(last_ms, int)):
                     raise ValueError(f"bad entry {e!r:.200}")
         except (ValueError, TypeError, msgpack.UnpackException) as err:  # checksum passed: a writer bug
             raise CorruptFileError(path, f"frame at byte {pos}: undecodable: {err}") from None
         entries.extend(frame)
         pos += _FRAME.size + length
-    return entries, pos, len(entries)
+    return entries, pos
 
 
 class ProducerBindings:
-    def __init__(self, data_dir: str, expiration_ms: int, max_bindings: int,
+    def __init__(self, data_dir: str, lifetime_ms: int, max_bindings: int,
                  run_io: Callable[..., Any] | None = None, *, disk: Disk | None = None,
                  clock: Callable[[], float] = time.time):
-        if expiration_ms < 1 or max_bindings < 1:
-            raise ValueError("expiration_ms and max_bindings must be positive")
+        if lifetime_ms < 1 or max_bindings < 1:
+            raise ValueError("lifetime_ms and max_bindings must be positive")
         self.path = os.path.join(data_dir, FILE_NAME)
-        self.expiration_ms = expiration_ms
+        self.lifetime_ms = lifetime_ms
         self.max_bindings = max_bindings
         self._run_io = run_io
         self._disk = disk or Disk(failstop=process_failstop, preallocate=0)
         self._clock = clock
-        # producer id -> [kind, name, last_used_ms, retired_ms (0: live)]
-        self._b: dict[int, list] = {}
-        self._live = 0
+        self._b: dict[int, list] = {}  # producer id -> [kind, name, last_used_ms]
         self._file = None
         self._file_entries = 0
         self._last_rewrite_ms = 0
-        self._oldest_ms = 0  # a lower bound of the live bindings' last use (expiry scans only when due)
+        self._oldest_ms = 0  # a lower bound of the bindings' last use: the expiry scan runs only when due
         self._pending: list[tuple[list, asyncio.Future | None]] = []
         self._wake: asyncio.Event | None = None
         self._writer: asyncio.Task | None = None
         self._closing = False
         self._rewrite_wanted = False
         self.counters = {"producer_bindings_written": 0, "producer_binding_syncs": 0,
-                         "producer_bindings_retired": 0, "producer_bindings_dropped": 0,
+                         "producer_bindings_expired": 0, "producer_bindings_evicted": 0,
                          "producer_binding_rewrites": 0}
 
     def now_ms(self) -> int:
@@ -190,11 +196,12 @@ class ProducerBindings:
     def open(self) -> None:
         """Load the file (creating it empty if missing); blocking, at start."""
         data = self._disk.read(self.path)
+        entries: list[list] = []
         if data is None:
             self._disk.write_file(self.path, MAGIC)
-            keep, entries, count = len(MAGIC), [], 0
+            keep = len(MAGIC)
         else:
-            entries, keep, count = decode_file(self.path, data)
+            entries, keep = decode_file(self.path, data)
             if keep < 0:
                 self._disk.write_file(self.path, MAGIC)
                 keep = len(MAGIC)
@@ -202,17 +209,16 @@ class ProducerBindings:
                 log.warning("%s: %d bytes after byte %d are a write cut by a crash (never acknowledged); cut off",
                             self.path, len(data) - keep, keep)
         self._file = self._disk.open_append(self.path, keep)
-        if data is not None and keep < len(data):
+        if data is not None and 0 <= keep < len(data):
             self._file.truncate(keep)
+        for pid, kind, name, last_ms in entries:
+            self._b[pid] = [kind, name, last_ms]
         now = self.now_ms()
-        for pid, kind, name, last_ms, retired_ms in entries:
-            self._b[pid] = [kind, name, last_ms, retired_ms]
-        self._live = sum(1 for e in self._b.values() if not e[3])
-        self._file_entries = count
+        self._file_entries = len(entries)
         self._last_rewrite_ms = now
-        self._oldest_ms = min((e[3] or e[2] for e in self._b.values()), default=now)
+        self._oldest_ms = min((e[2] for e in self._b.values()), default=now)
         if self._b:
-            log.info("%s: %d producer-ID bindings (%d live)", self.path, len(self._b), self._live)
+            log.info("%s: %d producer-ID bindings", self.path, len(self._b))
 
     def start(self) -> None:
         """The writer task (on the running loop)."""
@@ -244,10 +250,10 @@ class ProducerBindings:
         e = self._b.get(pid)
         if e is None:
             if transactional and tid is not None:
-                return None  # the quorum verifies the transactional id holds it (then ``learn``)
-            return Errors.UNKNOWN_PRODUCER_ID, (
-                f"producer id {pid} is bound to no principal on this broker (not handed out here, or its "
-                f"binding expired long ago): get a producer id with InitProducerId")
+                return None  # the quorum verifies that the transactional id holds it (then ``learn``)
+            return Errors.CLUSTER_AUTHORIZATION_FAILED, (
+                f"producer id {pid} is bound to no principal on this broker, so not to {principal} (it was not "
+                f"handed out here, or went unused too long and was forgotten): create a new producer")
         if e[0] == PRINCIPAL:
             if e[1] != principal:
                 return Errors.CLUSTER_AUTHORIZATION_FAILED, f"producer id {pid} was not handed to {principal}"
@@ -255,17 +261,6 @@ class ProducerBindings:
             return Errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, (
                 f"producer id {pid} belongs to a transactional id this request does not name; {principal} may "
                 f"not use it")
-        elif transactional:
-            e[2] = now_ms  # the quorum decides whether the id still holds it (it may have outlived the binding)
-            if e[3]:
-                e[3] = 0
-                self._live += 1
-            return None
-        if e[3] or now_ms - e[2] >= self.expiration_ms:
-            return Errors.UNKNOWN_PRODUCER_ID, (
-                f"producer id {pid}: its binding to {principal if e[0] == PRINCIPAL else 'its transactional id'} "
-                f"expired or was evicted (idle past producer_id_expiration_ms, or max producers): get a new one "
-                f"with InitProducerId")
         e[2] = now_ms
         return None
 
@@ -278,49 +273,37 @@ class ProducerBindings:
         """Bind ``pid`` to ``name``; returns once the binding is on stable storage (group commit)."""
         now = self.now_ms()
         e = self._b.get(pid)
-        if e is not None and e[0] == kind and e[1] == name and not e[3]:
+        if e is not None and e[0] == kind and e[1] == name:
             e[2] = now  # the same binding again (an epoch bump of a transactional id): nothing to write
             return
         fut = asyncio.get_running_loop().create_future()
-        self._pending.append(([pid, kind, name, now, 0], fut))
+        self._pending.append(([pid, kind, name, now], fut))
         self._wake.set()
         await fut
 
     def learn(self, pid: int, tid: str) -> None:
         """Bind ``pid`` to transactional id ``tid`` now (the quorum said the id holds it), written soon."""
-        now = self.now_ms()
-        self._apply([pid, TRANSACTIONAL_ID, tid, now, 0])
-        self._pending.append(([pid, TRANSACTIONAL_ID, tid, now, 0], None))
+        entry = [pid, TRANSACTIONAL_ID, tid, self.now_ms()]
+        self._apply(entry)
+        self._pending.append((entry, None))
         if self._wake is not None:
             self._wake.set()
 
     def _apply(self, entry: list) -> None:
-        pid, kind, name, last_ms, retired_ms = entry
-        old = self._b.get(pid)
-        if old is not None and not old[3]:
-            self._live -= 1
-        self._b[pid] = [kind, name, last_ms, retired_ms]
-        if not retired_ms:
-            self._live += 1
-            if self._live > self.max_bindings:
-                self._evict(last_ms)
+        pid, kind, name, last_ms = entry
+        self._b[pid] = [kind, name, last_ms]
+        if len(self._b) > self.max_bindings:
+            self._evict()
 
-    def _evict(self, now_ms: int) -> None:
-        """Retire the least recently used 1 % of the live bindings (and drop retired ones past the cap)."""
+    def _evict(self) -> None:
+        """Forget the least recently used 1 % of the bindings at once (one pass per 1 % of a flood)."""
         n = max(1, int(self.max_bindings * EVICT_FRACTION))
-        oldest = heapq.nsmallest(n, ((e[2], pid) for pid, e in self._b.items() if not e[3]))
-        for _, pid in oldest:
-            self._b[pid][3] = now_ms
-        self._live -= len(oldest)
-        self.counters["producer_bindings_retired"] += len(oldest)
-        log.info("producer-ID bindings: %d live, over the cap of %d: the %d least recently used retired",
-                 self._live + len(oldest), self.max_bindings, len(oldest))
-        retired = len(self._b) - self._live
-        if retired > self.max_bindings:
-            for _, pid in heapq.nsmallest(retired - self.max_bindings,
-                                          ((e[3], pid) for pid, e in self._b.items() if e[3])):
-                del self._b[pid]
-                self.counters["producer_bindings_dropped"] += 1
+        for _, pid in heapq.nsmallest(n, ((e[2], pid) for pid, e in self._b.items())):
+            del self._b[pid]
+        self.counters["producer_bindings_evicted"] += n
+        log.warning("producer-ID bindings: more than %d (max_producers_per_partition): the %d least recently "
+                    "used forgotten (their owners get CLUSTER_AUTHORIZATION_FAILED and must re-create their "
+                    "producers)", self.max_bindings, n)
 
     # ------------------------------------------------------------ the writer
     async def _write_loop(self) -> None:
@@ -370,39 +353,31 @@ class ProducerBindings:
 
     # ------------------------------------------------------------ maintenance
     async def maintain(self) -> None:
-        """Expiry (retire idle bindings, drop retired ones ``expiration_ms`` later) when due, in chunks with
-        the loop free in between; then rewrite the file if it is due (see the module doc)."""
+        """Forget bindings unused for ``lifetime_ms`` when any may be due (in chunks, the loop free in
+        between); then have the writer rewrite the file if that is due (see the module doc)."""
         now = self.now_ms()
-        if now - self._oldest_ms >= self.expiration_ms:
-            oldest = now
+        if now - self._oldest_ms >= self.lifetime_ms:
+            oldest, gone = now, 0
             items = list(self._b.items())
             for i in range(0, len(items), SCAN_CHUNK):
                 for pid, e in items[i:i + SCAN_CHUNK]:
-                    if self._b.get(pid) is not e:
-                        continue  # replaced meanwhile
-                    if e[3]:
-                        if now - e[3] >= self.expiration_ms:
+                    if now - e[2] >= self.lifetime_ms:
+                        if self._b.get(pid) is e:
                             del self._b[pid]
-                            self.counters["producer_bindings_dropped"] += 1
-                        else:
-                            oldest = min(oldest, e[3])
-                    elif now - e[2] >= self.expiration_ms:
-                        e[3] = e[2] + self.expiration_ms
-                        self._live -= 1
-                        self.counters["producer_bindings_retired"] += 1
-                        oldest = min(oldest, e[3])  # dropped one expiration later: scan again then
+                            gone += 1
                     else:
                         oldest = min(oldest, e[2])
                 await asyncio.sleep(0)
             self._oldest_ms = oldest
-            if len(self._b) < len(items):
-                log.info("producer-ID bindings: %d dropped (retired past producer_id_expiration_ms); %d left, "
-                         "%d live", len(items) - len(self._b), len(self._b), self._live)
+            if gone:
+                self.counters["producer_bindings_expired"] += gone
+                log.info("producer-ID bindings: %d unused for %d ms forgotten; %d left", gone, self.lifetime_ms,
+                         len(self._b))
         if self._wake is not None and (self._file_entries > 2 * len(self._b) + REWRITE_SLACK
-                                       or now - self._last_rewrite_ms >= self.expiration_ms // 4):
+                                       or now - self._last_rewrite_ms >= self.lifetime_ms // 7):
             self._last_rewrite_ms = now
             self._rewrite_wanted = True  # by the writer, between two appends
             self._wake.set()
 
     def stats(self) -> dict[str, int]:
-        return {"producer_bindings": len(self._b), "producer_bindings_live": self._live, **self.counters}
+        return {"producer_bindings": len(self._b), **self.counters}

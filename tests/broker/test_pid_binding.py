@@ -97,7 +97,7 @@ class Broker:
         s.acls = AclIndexCache(ACLS)
         s.pids = FakePids()
         s.txn = FakeTxn()
-        s.bindings = ProducerBindings(data_dir, expiration_ms, max_producers,
+        s.bindings = ProducerBindings(data_dir, expiration_ms * frontend.BINDING_LIFETIME_EXPIRATIONS, max_producers,
                                       lambda fn, *args: asyncio.get_running_loop().run_in_executor(s._io, fn, *args),
                                       disk=Disk(failstop=_raise), clock=clock)
         s.bindings.open()
@@ -174,10 +174,10 @@ def test_another_principal_cannot_pre_empt_the_victims_first_batch(tmp_path, clo
             assert f"producer id {pid}" in why and MALLORY in why
             # ... and the ID that will be handed out next (not bound yet): refused too, nothing written
             code, _, why = await b.produce(MALLORY, pid + 1, 0, 0, b"next one")
-            assert code == Errors.UNKNOWN_PRODUCER_ID and f"producer id {pid + 1}" in why
+            assert code == Errors.CLUSTER_AUTHORIZATION_FAILED and f"producer id {pid + 1}" in why
             assert await b.produce(ALICE, pid, epoch, 0, b"alice's") == (Errors.NONE, 0, None)
             assert b.values() == [b"alice's"]
-            assert b.server.counters["producer_id_refused_other_principal"] == 1
+            assert b.server.counters["producer_id_refused"] == 2
         finally:
             await b.close()
     run(go())
@@ -250,7 +250,7 @@ def test_the_binding_survives_a_restart_and_the_attacker_cannot_claim_an_id_afte
         try:
             assert (await b.produce(MALLORY, pid, epoch, 1))[0] == Errors.CLUSTER_AUTHORIZATION_FAILED
             assert (await b.produce(MALLORY, tx_pid, tx_epoch, 0))[0] == Errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
-            assert (await b.produce(MALLORY, unused, 0, 0))[0] == Errors.UNKNOWN_PRODUCER_ID
+            assert (await b.produce(MALLORY, unused, 0, 0))[0] == Errors.CLUSTER_AUTHORIZATION_FAILED
             assert (await b.produce(ALICE, pid, epoch, 1, b"after"))[0] == Errors.NONE
             assert b.values() == [b"before", b"after"]
         finally:
@@ -275,32 +275,49 @@ def test_a_crash_keeps_every_answered_binding(tmp_path, clock):
     assert loaded.stats()["producer_bindings"] == 24
 
 
-def test_expired_or_evicted_binding_owner_reinits_others_are_refused(tmp_path, clock):
+def test_after_the_producer_state_expires_the_owner_goes_on_and_others_are_refused(tmp_path, clock):
+    """The partitions forget an idle producer after producer_id_expiration_ms; its binding lives 7 times as
+    long, so the owner's next batch (same ID, or an epoch it bumped itself, KIP-360) is accepted and another
+    principal's is not.  Once the binding is forgotten too, nobody may use the ID (the owner re-creates
+    its producer: a new InitProducerId)."""
     async def go():
-        b = Broker(str(tmp_path), clock, expiration_ms=60_000, max_producers=100)
+        b = Broker(str(tmp_path), clock, expiration_ms=60_000)
         try:
             _, pid, epoch = await b.init(ALICE)
-            assert (await b.produce(ALICE, pid, epoch, 0))[0] == Errors.NONE
-            clock.t += 61
+            assert (await b.produce(ALICE, pid, epoch, 0, b"a0"))[0] == Errors.NONE
+            clock.t += 61  # past the producer-state expiry
             await b.server.bindings.maintain()
-            assert (await b.produce(ALICE, pid, epoch, 1))[0] == Errors.UNKNOWN_PRODUCER_ID
             assert (await b.produce(MALLORY, pid, epoch, 1))[0] == Errors.CLUSTER_AUTHORIZATION_FAILED
-            _, new_pid, new_epoch = await b.init(ALICE)  # what the client does on UNKNOWN_PRODUCER_ID
-            assert new_pid != pid and (await b.produce(ALICE, new_pid, new_epoch, 0))[0] == Errors.NONE
-            # one more expiration later the retired binding is dropped: bound to nobody, nothing written
-            clock.t += 61
+            assert (await b.produce(MALLORY, pid, epoch + 1, 0))[0] == Errors.CLUSTER_AUTHORIZATION_FAILED
+            assert (await b.produce(ALICE, pid, epoch + 1, 0, b"a1"))[0] == Errors.NONE  # its own epoch bump
+            clock.t += 7 * 60 + 1  # unused for the binding's lifetime
             await b.server.bindings.maintain()
             assert b.server.bindings.owner(pid) is None
-            assert (await b.produce(MALLORY, pid, epoch, 1))[0] == Errors.UNKNOWN_PRODUCER_ID
-            # the cap: 100 live bindings; the 101st retires the least recently used 1 % (here: one)
+            for who in (ALICE, MALLORY):
+                code, _, why = await b.produce(who, pid, epoch + 1, 1)
+                assert code == Errors.CLUSTER_AUTHORIZATION_FAILED and "bound to no principal" in why
+            _, new_pid, new_epoch = await b.init(ALICE)
+            assert new_pid != pid and (await b.produce(ALICE, new_pid, new_epoch, 0, b"a2"))[0] == Errors.NONE
+            assert b.values() == [b"a0", b"a1", b"a2"]
+            assert b.server.bindings.stats()["producer_bindings_expired"] == 1
+        finally:
+            await b.close()
+    run(go())
+
+
+def test_over_the_cap_the_least_recently_used_bindings_are_evicted(tmp_path, clock):
+    async def go():
+        b = Broker(str(tmp_path), clock, max_producers=100)
+        try:
             first = (await b.init(ALICE))[1]
             clock.t += 1
-            for _ in range(100):  # new_pid goes first, then first
+            for _ in range(100):
                 await b.init(ALICE)
-            assert b.server.bindings.stats()["producer_bindings_live"] <= 100
-            assert (await b.produce(ALICE, first, 0, 0))[0] == Errors.UNKNOWN_PRODUCER_ID
-            assert (await b.produce(MALLORY, first, 0, 0))[0] == Errors.CLUSTER_AUTHORIZATION_FAILED
-            assert len(b.values()) == 2
+            assert b.server.bindings.stats()["producer_bindings"] == 100
+            assert b.server.bindings.owner(first) is None
+            for who in (ALICE, MALLORY):
+                assert (await b.produce(who, first, 0, 0))[0] == Errors.CLUSTER_AUTHORIZATION_FAILED
+            assert b.values() == []
         finally:
             await b.close()
     run(go())
@@ -313,10 +330,8 @@ def test_the_file_is_rewritten_and_stays_bounded(tmp_path, clock):
         try:
             for _ in range(200):
                 await b.init(ALICE)
-            clock.t += 61
-            await bindings.maintain()  # all retired; the file is rewritten (expiration / 4 passed)
-            clock.t += 61
-            await bindings.maintain()  # all dropped
+            clock.t += 7 * 60 + 1
+            await bindings.maintain()  # all forgotten; a rewrite is due (lifetime / 7 passed)
             await b.init(ALICE)  # the writer runs the rewrite before this append
             assert bindings.stats()["producer_bindings"] == 1
             assert bindings.counters["producer_binding_rewrites"] >= 1
@@ -328,14 +343,14 @@ def test_the_file_is_rewritten_and_stays_bounded(tmp_path, clock):
 
 def test_torn_tail_is_cut_and_damage_refuses_the_start(tmp_path, clock):
     path = tmp_path / FILE_NAME
-    good = MAGIC + encode_frames([[7, PRINCIPAL, ALICE, 1, 0]])
-    path.write_bytes(good + encode_frames([[8, PRINCIPAL, ALICE, 1, 0]])[:-3])
+    good = MAGIC + encode_frames([[7, PRINCIPAL, ALICE, 1]])
+    path.write_bytes(good + encode_frames([[8, PRINCIPAL, ALICE, 1]])[:-3])
     bindings = ProducerBindings(str(tmp_path), DAY_MS, 10, clock=clock)
     bindings.open()
     assert bindings.owner(7) == (PRINCIPAL, ALICE) and bindings.owner(8) is None
     bindings._file.close()
     assert path.read_bytes() == good
-    damaged = bytearray(good + encode_frames([[9, TRANSACTIONAL_ID, "alice-tx", 1, 0]]))
+    damaged = bytearray(good + encode_frames([[9, TRANSACTIONAL_ID, "alice-tx", 1]]))
     damaged[len(MAGIC) + 9] ^= 0xFF  # inside the first frame, with a whole frame after it
     path.write_bytes(bytes(damaged))
     with pytest.raises(CorruptFileError, match="checksum mismatch"):

@@ -23,8 +23,10 @@ What a peer may cost the port is bounded (``security.limits``), before and after
   frame holds at most that;
 * requests read and not answered yet hold at most ``max_connection_buffer_bytes`` per connection
   (``ByteBudget``): past it the socket is not read until answers catch up;
-* when the last connection closes, the heap that connection buffers freed is given back to the
-  system (glibc ``malloc_trim``), so a flood that ended does not leave the node at its peak RSS.
+* a connection's buffers are freed when it ends (the reset that ended it no longer holds them in a
+  reference cycle), and a second after connections end the heap's free pages go back to the system
+  (glibc ``malloc_trim``, at most once a second), so a flood that ended does not leave the node at
+  its peak RSS (100 connections parking 1 MiB each had left it there: 70 -> 238 MB, 238 after).
 
 What each request is, who may send it, how it is handled and answered is
 declared once, in ``quorum.rpcs``; this module only runs that table.

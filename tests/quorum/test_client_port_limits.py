@@ -193,9 +193,12 @@ def _client_hello() -> bytes:
 
 
 # ----------------------------------------------------------------------------------------- caps
+CAPS = dict(max_connections=8, max_connections_per_ip=4, max_connection_buffer_bytes=1024,
+            authentication_timeout_ms=60_000, tls_handshake_timeout_ms=60_000)
+
+
 def test_connections_over_the_per_ip_and_total_caps_are_refused_at_once(secure_node):
-    node = secure_node("caps", max_connections=8, max_connections_per_ip=4,
-                       authentication_timeout_ms=60_000, tls_handshake_timeout_ms=60_000)
+    node = secure_node("caps", **CAPS)
     before = node.server()
     refused = node.metric("pidquorum_client_connections_refused_total")
     node.wait_connections(0)  # the status call's connection closed: the caps below count from 0
@@ -228,10 +231,24 @@ def test_connections_over_the_per_ip_and_total_caps_are_refused_at_once(secure_n
     assert "max_connections_per_ip" in node.lc.tail_log(1, 200)
 
 
+def test_requests_past_the_connection_buffer_wait_unread_and_are_all_answered(secure_node):
+    node = secure_node("caps", **CAPS)
+    pauses = node.metric("pidquorum_client_read_pauses_total")
+
+    async def go():
+        c = node.client("admin")
+        try:  # 100 registrations (a Raft commit each) pipelined on one connection: far over 1 KiB in flight
+            return await asyncio.gather(*(c.register_broker(100 + i) for i in range(100)))
+        finally:
+            await c.close()
+    epochs = asyncio.run(go())
+    assert len(epochs) == 100 and all(e > 0 for e in epochs)
+    assert node.metric("pidquorum_client_read_pauses_total") > pauses
+
+
 # ------------------------------------------------------------------ frames before authentication
 def test_a_frame_over_the_unauthenticated_cap_closes_the_connection_before_its_body_is_read(secure_node):
-    node = secure_node("caps", max_connections=8, max_connections_per_ip=4,
-                       authentication_timeout_ms=60_000, tls_handshake_timeout_ms=60_000)
+    node = secure_node("caps", **CAPS)
     bad_before = node.metric("pidquorum_bad_frames_total")
     s = node.tls()
     try:
@@ -257,6 +274,9 @@ DEADLINES = dict(max_connections=100, max_connections_per_ip=100, authentication
 
 def test_connections_that_never_authenticate_are_closed_at_the_deadline(secure_node):
     node = secure_node("deadlines", **DEADLINES)
+    loop = asyncio.new_event_loop()
+    authenticated = node.client("admin")
+    loop.run_until_complete(authenticated.register_broker(2))  # its connection stays open past the deadline
     before = node.metric("pidquorum_client_authentication_timeouts_total")
     idle = node.tls()  # TLS done, then nothing
     negotiating = node.tls()  # ApiVersions (served before SASL), then nothing
@@ -275,10 +295,14 @@ def test_connections_that_never_authenticate_are_closed_at_the_deadline(secure_n
         assert sent < len(frame)
         for s, what in ((idle, "an idle connection"), (negotiating, "a connection that only negotiated")):
             wait_closed(s, 10, what)
-        # authenticated clients are served meanwhile and after, and are not held to the deadline
+        # authenticated clients are served meanwhile and after, and are not held to the deadline: the one
+        # connected before the attack is still served (the 3 closed connections are the attackers')
         c_ok = node.serves()
+        assert loop.run_until_complete(authenticated.register_broker(2)) > 0
     finally:
         _close_all(socks)
+        loop.run_until_complete(authenticated.close())
+        loop.close()
     assert c_ok
     assert node.metric("pidquorum_client_authentication_timeouts_total") - before == 3
     assert "authentication_timeout_ms" in node.lc.tail_log(1, 200)
@@ -355,3 +379,27 @@ def test_connections_parking_partial_frames_cost_at_most_the_unauthenticated_cap
     wait_for(lambda: node.rss() - base <= max(during - base, 0) // 2 + 4 * MiB, 10,
              what=f"the node's RSS to come back near {base} (during {during})")
     assert node.serves()
+
+
+# ------------------------------------------------------------------------------------ ByteBudget
+def test_the_byte_budget_holds_the_reader_while_unanswered_requests_fill_it():
+    from security.limits import ByteBudget
+
+    async def go():
+        pauses = []
+        budget = ByteBudget(100, on_pause=lambda: pauses.append(1))
+        await budget.room(60)
+        await budget.room(40)  # exactly full
+        third = asyncio.ensure_future(budget.room(30))
+        await asyncio.sleep(0)
+        assert not third.done() and budget.pauses == 1 and pauses == [1]
+        budget.release(20)  # 80 held: 30 more would pass 100
+        await asyncio.sleep(0)
+        assert not third.done()
+        budget.release(60)  # 20 held
+        await asyncio.wait_for(third, 1)
+        assert budget.held == 50
+        budget.release(50)
+        await budget.room(1000)  # nothing held: one frame of any size passes
+        assert budget.held == 1000 and budget.pauses == 1
+    asyncio.run(go())

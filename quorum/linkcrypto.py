@@ -29,8 +29,8 @@ the secret.
 
 **Compression.**  pysyncobj deflates every message (zlib level 3) before sealing it.  For a message of a
 few hundred bytes (an AppendEntries of one entry, an acknowledgement) that costs about 18 us here, nearly
-all of it the compressor's set-up, to save some 80 bytes on the wire.  ``MessageZlib`` takes its place
-in pysyncobj's connection module (``quorum.raft`` installs it): a message under ``COMPRESS_FROM`` bytes
+all of it the compressor's set-up, to save some 80 bytes on the wire.  ``MessageZlib`` is what the Raft
+port's connections (``quorum.raftlink.Link``) compress with: a message under ``COMPRESS_FROM`` bytes
 is framed as a zlib stream of one stored block (no compression; about 0.3 us), a larger one (a batch of
 entries, a snapshot chunk) is deflated as before.  Either is an ordinary zlib stream: a peer of any
 version reads it with ``zlib.decompress``, as it always did.
@@ -38,8 +38,8 @@ version reads it with ``zlib.decompress``, as it always did.
 **Pickling.**  pysyncobj pickles every message with protocol 2, which has no opcode for ``bytes``: each
 entry's command is pickled as a call of ``_codecs.encode`` on a latin-1 string, which the receiver looks up
 and runs to get the bytes back (an AppendEntries of one entry: 310 bytes, about 2 us to pickle and 2 us to
-unpickle in a tight loop here).  ``MessagePickle`` takes the place of pysyncobj's pickle module in its
-connection module: protocol 4 (bytes as bytes: 170 bytes, 0.5 and 0.9 us) and the C unpickler
+unpickle in a tight loop here).  ``MessagePickle`` is what those connections
+pickle with: protocol 4 (bytes as bytes: 170 bytes, 0.5 and 0.9 us) and the C unpickler
 only (pysyncobj retried a message that failed to unpickle with the pure-Python unpickler, for Python 2
 peers).  Every Python 3 unpickler reads every protocol up to 4, so a peer of any version reads these
 messages, and its own protocol-2 messages are read as before.  Protocol 4, not the newest: a node on a

@@ -73,7 +73,6 @@ from typing import Any, Callable
 
 import pysyncobj.pickle as _pickle
 import pysyncobj.syncobj as _syncobj_module
-import pysyncobj.tcp_connection as _tcp_connection
 from pydantic import model_validator
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 from pysyncobj.config import SERIALIZER_STATE
@@ -99,11 +98,12 @@ from storage.disk import (
     process_failstop,
 )
 
-from . import linkcrypto, looppoller
+from . import linkcrypto, looppoller, raftlink
 from .identity import Hello, NodeIdentity, Verdict
 from .journal import UNKNOWN_INDEX, DurableJournal, Position, SyncThread
 from .linkcrypto import AEAD1, LinkCodec, MessagePickle
 from .looppoller import LoopPoller
+from .raftlink import Link, LinkLimits, LinkServer, refusals
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +124,9 @@ _USED = ("_getFuncName", "_SyncObj__onLeaderChanged", "_SyncObj__applyLogEntries
 if (POLL_EVENT_TYPE.READ, POLL_EVENT_TYPE.WRITE, POLL_EVENT_TYPE.ERROR) != (looppoller.READ, looppoller.WRITE,
                                                                              looppoller.ERROR):  # pragma: no cover
     raise ImportError("pysyncobj's poller events differ from quorum.looppoller's")
+if (CONNECTION_STATE.DISCONNECTED, CONNECTION_STATE.CONNECTING, CONNECTION_STATE.CONNECTED) != (
+        raftlink.DISCONNECTED, raftlink.CONNECTING, raftlink.CONNECTED):  # pragma: no cover
+    raise ImportError("pysyncobj's connection states differ from quorum.raftlink's")
 _missing = [name for name in _REPLACED + _USED if not hasattr(SyncObj, name)]
 if _missing:  # pragma: no cover - only with an unsupported pysyncobj
     raise ImportError(f"pysyncobj {getattr(_syncobj_module, 'VERSION', '?')} lacks {', '.join(_missing)}: "
@@ -148,6 +151,13 @@ class RaftConfig:
     compaction_min_entries: int = 5000
     compaction_min_time: float = 300.0
     snapshot_chunk_bytes: int = 65536  # an InstallSnapshot message carries at most this much of the snapshot
+    # The Raft port (quorum.raftlink): what a connection may cost before and after it proves the cluster secret.
+    max_message_bytes: int = 32 * 2**20  # one message from a peer that proved the secret
+    handshake_bytes: int = 4096  # one message before that
+    handshake_timeout: float = 2.0  # from a connection's opening to its proof of the secret
+    max_pending_connections: int = 64  # unauthenticated incoming connections at once (the oldest over it closed)
+    max_pending_per_host: int = 8  # ... from one peer host
+    listen_backlog: int = 1024
 
     @model_validator(mode="after")
     def _check(self) -> "RaftConfig":
@@ -169,9 +179,26 @@ class RaftConfig:
             problems.append("compaction_min_entries must be at least 2")
         if not 64 <= self.snapshot_chunk_bytes <= 64 * 2**20:
             problems.append("snapshot_chunk_bytes must be between 64 and 64 MiB")
+        if not 2**20 <= self.max_message_bytes <= 2**31 - 1:
+            problems.append("max_message_bytes must be between 1 MiB and 2 GiB")
+        elif self.max_message_bytes < 4 * self.snapshot_chunk_bytes:
+            problems.append("max_message_bytes must be at least 4 x snapshot_chunk_bytes")
+        if not 512 <= self.handshake_bytes <= 65536:
+            problems.append("handshake_bytes must be between 512 and 65536")
+        if not 0 < self.handshake_timeout <= 60:
+            problems.append("handshake_timeout must be above 0 and at most 60 s")
+        if not 1 <= self.max_pending_per_host <= self.max_pending_connections <= 65536:
+            problems.append("need 1 <= max_pending_per_host <= max_pending_connections <= 65536")
+        if not 1 <= self.listen_backlog <= 65535:
+            problems.append("listen_backlog must be between 1 and 65535")
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    def link_limits(self) -> LinkLimits:
+        return LinkLimits(max_message_bytes=self.max_message_bytes, handshake_bytes=self.handshake_bytes,
+                          handshake_timeout=self.handshake_timeout, max_pending=self.max_pending_connections,
+                          max_pending_per_host=self.max_pending_per_host, listen_backlog=self.listen_backlog)
 
     def validate(self) -> None:
         """Check again (after an attribute was assigned; construction checks already)."""
@@ -218,8 +245,6 @@ def _create_serializer(fileName, *args, **kwargs):
 
 _syncobj_module.createJournal = _create_journal
 _syncobj_module.Serializer = _create_serializer
-_tcp_connection.zlib = linkcrypto.MessageZlib  # small messages are not deflated (quorum.linkcrypto)
-_tcp_connection.pickle = linkcrypto.MessagePickle  # bytes pickled as bytes (quorum.linkcrypto)
 
 
 class _SnapshotShim:
@@ -486,14 +511,71 @@ class _TcpTransport(TCPTransport):
       this node, or it is down).  It names itself with ``REVERSE_LINK``: a node that lists the dialler closes
       such a link (it connects itself), as an earlier version closes it, and a node's own link to a peer
       replaces a reverse one.
+
+    Its connections and listener are ``quorum.raftlink``'s, not pysyncobj's: every message bounded before it
+    is read, at most ``RaftConfig.handshake_bytes`` before the peer proved the cluster secret.  This class
+    adds the rules that need the whole port: at most ``max_pending_connections`` unauthenticated incoming
+    connections at once, ``max_pending_per_host`` from one host (over a limit, the oldest of them is closed:
+    a peer's handshake takes a round trip, a connection parked by someone without the secret takes a slot
+    until then); and a sweep, every ``SWEEP_S``, that closes a connection that has not proved the secret
+    within ``handshake_timeout`` or read nothing for ``connection_timeout``, whether it sends or not.
     """
 
     MAX_OUTSIDE = 16
+    SWEEP_S = 0.1
+    limits = LinkLimits()  # RaftNode's transport class sets the operator's (RaftConfig.link_limits)
 
     def __init__(self, *args, **kwargs):
         self._linkless_since: dict = {}  # member with the greater address -> since when it has had no link
         self._reverse: set = set()  # this node's connections to members with greater addresses
+        self._last_sweep = 0.0
+        self.link_counters = {"refused_pending": 0, "expired": 0}
         super().__init__(*args, **kwargs)
+
+    # ------------------------------------------------------------ quorum.raftlink in pysyncobj's place
+    def _new_link(self) -> Link:
+        conf = self._syncObj.conf
+        return Link(self._syncObj._poller, self.limits, None, conf.connectionTimeout, conf.sendBufferSize,
+                    conf.recvBufferSize, conf.tcp_keepalive)
+
+    def _createServer(self):
+        conf = self._syncObj.conf
+        host, port = conf.bindAddress.rsplit(":", 1)  # RaftNode always gives one (the advertised address)
+        self._server = LinkServer(self._syncObj._poller, host.strip("[]"), int(port), self._onNewIncomingConnection,
+                                  self.limits, conf.connectionTimeout, conf.sendBufferSize, conf.recvBufferSize,
+                                  conf.tcp_keepalive)
+
+    def _onNewIncomingConnection(self, conn):
+        super()._onNewIncomingConnection(conn)
+        pending = [c for c in self._unknownConnections if not c.authenticated and c is not conn]
+        same_host = [c for c in pending if c.peer_host == conn.peer_host]
+        if len(same_host) >= self.limits.max_pending_per_host:
+            rule = f"{self.limits.max_pending_per_host} from {conn.peer_host} (max_pending_per_host)"
+            victim = min(same_host, key=lambda c: c.opened_at)
+        elif len(pending) >= self.limits.max_pending:
+            rule = f"{self.limits.max_pending} (max_pending_connections)"
+            victim = min(pending, key=lambda c: c.opened_at)
+        else:
+            return
+        self.link_counters["refused_pending"] += 1
+        refusals.warning("pending", "closing the Raft connection of %s, the oldest of %s that have not proved "
+                         "the cluster secret yet", victim.peer, rule)
+        self._unknownConnections.discard(victim)
+        victim.disconnect()
+
+    def _onTick(self):
+        super()._onTick()
+        now = monotonicTime()
+        if now - self._last_sweep < self.SWEEP_S:
+            return
+        self._last_sweep = now
+        for conn in list(self._unknownConnections) + list(self._connections.values()):
+            why = conn.expired(now) if isinstance(conn, Link) else None
+            if why is not None:
+                self.link_counters["expired"] += 1
+                log.info("closing the Raft connection of %s: %s", conn.peer, why)
+                self._unknownConnections.discard(conn)
+                conn.disconnect()
 
     def _onIncomingMessageReceived(self, conn, message):
         if isinstance(message, str) and (conn.sendRandKey or not self._syncObj.encryptor):
@@ -537,9 +619,7 @@ class _TcpTransport(TCPTransport):
         old = self._connections.get(node)
         if old is not None:
             self._reverse.discard(old)
-        conn = TcpConnection(poller=self._syncObj._poller, timeout=conf.connectionTimeout,
-                             sendBufferSize=conf.sendBufferSize, recvBufferSize=conf.recvBufferSize,
-                             keepalive=conf.tcp_keepalive)
+        conn = self._new_link()
         conn.encryptor = self._syncObj.encryptor
         conn.setOnConnectedCallback(functools.partial(self._onOutgoingConnected, conn))
         conn.setOnMessageReceivedCallback(functools.partial(self._onMessageReceived, node))
@@ -604,6 +684,14 @@ class _TcpTransport(TCPTransport):
             conn.disconnect()
             conn = None
         super().addNode(node)
+        made = self._connections.get(node)
+        if isinstance(made, TcpConnection):  # pysyncobj's own, for a node this one dials: a Link instead
+            link = self._new_link()
+            link.encryptor = made.encryptor
+            link.setOnConnectedCallback(functools.partial(self._onOutgoingConnected, link))
+            link.setOnMessageReceivedCallback(functools.partial(self._onMessageReceived, node))
+            link.setOnDisconnectedCallback(functools.partial(self._onDisconnected, link))
+            self._connections[node] = link
         if conn is not None:
             self._connections[node] = conn
 
@@ -1244,6 +1332,7 @@ class RaftNode:
 
         class Transport(_Gate, transport_class or _TcpTransport):
             owner = node
+            limits = raft.link_limits()
 
         self._transport_holder: list = []
 

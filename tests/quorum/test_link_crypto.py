@@ -120,10 +120,8 @@ def test_decrypt_without_the_timestamp_first_is_refused_once_aes_gcm():
 def test_what_pysyncobj_deflates_is_an_ordinary_zlib_stream_and_small_messages_are_stored(size):
     import zlib
 
-    import pysyncobj.tcp_connection
-
-    import quorum.raft  # noqa: F401 - installs MessageZlib
-    assert pysyncobj.tcp_connection.zlib is linkcrypto.MessageZlib
+    from quorum import raftlink
+    assert raftlink.MessageZlib is linkcrypto.MessageZlib  # what a Raft connection sends with
     data = os.urandom(size // 2) + bytes(size - size // 2)  # half noise, half zeros: deflate would shrink it
     out = linkcrypto.MessageZlib.compress(data, 3)
     assert zlib.decompress(out) == data  # what a peer of any version does with it
@@ -145,10 +143,9 @@ def test_messages_are_pickled_with_protocol_4_and_each_side_reads_the_others_ver
     import pickle
 
     import pysyncobj.pickle
-    import pysyncobj.tcp_connection
 
-    import quorum.raft  # noqa: F401 - installs MessagePickle
-    assert pysyncobj.tcp_connection.pickle is linkcrypto.MessagePickle
+    from quorum import raftlink
+    assert raftlink.MessagePickle is linkcrypto.MessagePickle  # what a Raft connection sends with
     m = {"type": "append_entries", "term": 3, "commit_index": 41, "prevLogIdx": 41, "prevLogTerm": 3,
          "entries": [(bytes(range(256)) * 2, 42, 3)]}
     out = linkcrypto.MessagePickle.dumps(m)

@@ -9,12 +9,11 @@ from quorum import linkcrypto
 linkcrypto.OFFERED = ()
 
 import pysyncobj.pickle  # noqa: E402
-import pysyncobj.tcp_connection  # noqa: E402
 
-import quorum.raft  # noqa: E402,F401 - installs MessagePickle, replaced below
+from quorum import raftlink  # noqa: E402
 from quorum.__main__ import main  # noqa: E402 - after the codec is withdrawn
 
-pysyncobj.tcp_connection.pickle = pysyncobj.pickle
+raftlink.MessagePickle = pysyncobj.pickle  # protocol 2, as those versions pickled
 
 if __name__ == "__main__":
     sys.exit(main())

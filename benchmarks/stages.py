@@ -26,7 +26,7 @@ follower (per AppendEntries with an entry):
 
 The probes cost a few microseconds per stage, so the client's figure is a little above workload 1's;
 what the table is for is the split.  The probes reach into ``quorum.raft``, ``quorum.journal``,
-``quorum.service``, ``quorum.server`` and pysyncobj's connection by name: a rename there fails the probe
+``quorum.service``, ``quorum.server`` and ``quorum.raftlink`` by name: a rename there fails the probe
 installation with the missing name, at the node's start.
 """
 from __future__ import annotations
@@ -51,9 +51,7 @@ NODE_COMMAND = ["-m", "benchmarks.stages", "node"]
 # --------------------------------------------------------------------------- in the node
 def _install_probes(events: list) -> None:
     """Wrap the node's functions that begin or end a stage; each appends (stage, perf_counter_ns)."""
-    import pysyncobj.tcp_connection as tcp_connection
-
-    from quorum import journal, raft, server, service
+    from quorum import journal, raft, raftlink, server, service
     from storage import disk
 
     now = time.perf_counter_ns
@@ -93,14 +91,14 @@ def _install_probes(events: list) -> None:
         events.append(("synced", now()))
         return result
     disk.AppendFile.sync = synced
-    send = tcp_connection.TcpConnection.send
+    send = raftlink.Link.send
 
     def sent(self, message):
         result = send(self, message)
         if kind(message) == "next_node_idx":
             events.append(("acked_sent", now()))
         return result
-    tcp_connection.TcpConnection.send = sent
+    raftlink.Link.send = sent
 
 
 def node_main(argv: list[str]) -> int:

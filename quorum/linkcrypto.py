@@ -115,8 +115,9 @@ def _nonce(n: int) -> bytes:
 
 
 class LinkCodec:
-    """What a Raft connection (``quorum.raftlink.Link``, as pysyncobj's ``TcpConnection``) calls as its ``encryptor`` (``encrypt_at_time``,
-    ``extract_timestamp``, ``decrypt``), for one connection: Fernet until a direction switches to AES-GCM.
+    """What a Raft connection (``quorum.raftlink.Link``, as pysyncobj's ``TcpConnection``) calls as its
+    ``encryptor`` (``encrypt_at_time``, ``extract_timestamp``, ``decrypt``), for one connection: Fernet until a
+    direction switches to AES-GCM.
 
     It belongs to the connection's current handshake.  pysyncobj reuses an outgoing connection object when
     it reconnects; a new handshake replaces the handshake bytes, and from then on this object is plain

@@ -96,6 +96,8 @@ class Credentials:
     def __init__(self, path: str, users: dict[str, ScramCredential]):
         self.path = path
         self.users = users
+        self._mock_key: bytes | None = None
+        self._mock_iterations = DEFAULT_ITERATIONS
 
     def with_internal(self, internal: dict[str, ScramCredential]) -> "Credentials":
         """These users plus internal ones (reserved names, never in the file)."""
@@ -103,6 +105,23 @@ class Credentials:
 
     def get(self, user: str) -> ScramCredential | None:
         return self.users.get(user)
+
+    def mock(self, user: str) -> ScramCredential:
+        """What SCRAM answers for an unknown ``user`` (RFC 5802 section 5.1): a salt and iteration count that
+        look like a real user's and stay the same for every attempt, so the server-first message does not
+        tell an unknown name from a known one (Kafka's does: it fails the exchange at once).  Derived from
+        the users' stored keys, which nobody outside knows, so no proof ever matches its stored key."""
+        if self._mock_key is None:
+            material = b"".join(sorted(c.stored_key + c.server_key for c in self.users.values()))
+            self._mock_key = hashlib.sha256(b"pidquorum scram mock v1" + material + self.path.encode()).digest()
+            counts: dict[int, int] = {}
+            for c in self.users.values():
+                counts[c.iterations] = counts.get(c.iterations, 0) + 1
+            self._mock_iterations = max(counts, key=counts.get) if counts else DEFAULT_ITERATIONS
+        key, name = self._mock_key, user.encode()
+        derive = lambda label: hmac.new(key, label + b"\0" + name, hashlib.sha256).digest()  # noqa: E731
+        return ScramCredential(salt=derive(b"salt")[:16], iterations=self._mock_iterations,
+                               stored_key=derive(b"stored"), server_key=derive(b"server"))
 
     def verify_plain(self, user: str, password: str) -> bool:
         cred = self.users.get(user)

@@ -3,7 +3,10 @@
 Pure: each ``step(token)`` takes the client's bytes and returns the server's
 bytes, or raises ``AuthenticationFailed`` with the message the client is told.
 Kafka's wording is kept ("Authentication failed: Invalid username or
-password"), and an unknown user is answered exactly like a wrong password.
+password"), and an unknown user is answered exactly like a wrong password: in
+PLAIN with the same work, in SCRAM with a mock salt and iteration count that
+stay the same for that name (``Credentials.mock``), where Kafka fails the
+exchange at the first message and so tells a known user from an unknown one.
 """
 from __future__ import annotations
 
@@ -131,8 +134,9 @@ class ScramServer(Mechanism):
                                        "different from username")
         cred = self.creds.get(user)
         if cred is None:
-            raise AuthenticationFailed("Authentication failed during authentication due to invalid credentials "
-                                       f"with SASL mechanism {SCRAM_SHA_256}")
+            # Answered like a known user, with a salt that stays the same for that name; the proof then fails
+            # as a wrong password does (Kafka fails here at once, which tells who exists).
+            cred = self.creds.mock(user)
         self.user, self._cred = user, cred
         self._client_first_bare = bare
         self._nonce = a["r"] + self._nonce

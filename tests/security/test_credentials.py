@@ -131,8 +131,29 @@ def test_scram_exchange_and_wrong_password(path):
     with pytest.raises(AuthenticationFailed, match="Invalid username or password"):
         server.step(client.final(server.step(client.first())))
     assert not server.done
-    with pytest.raises(AuthenticationFailed, match="invalid credentials"):
-        ScramServer(creds).step(ScramClient("mallory", "x").first())
+    client, server = ScramClient("mallory", "x"), ScramServer(creds)
+    with pytest.raises(AuthenticationFailed, match="Invalid username or password"):  # as a wrong password
+        server.step(client.final(server.step(client.first())))
+
+
+def _salt_and_iterations(server_first: bytes) -> tuple[str, str]:
+    attrs = dict(part.split("=", 1) for part in server_first.decode().split(","))
+    return attrs["s"], attrs["i"]
+
+
+def test_scram_answers_an_unknown_user_like_a_known_one_with_a_salt_that_stays_the_same(path):
+    """RFC 5802 5.1: a mock salt and iteration count.  Kafka fails an unknown user at the first message, which
+    tells anyone who can connect which user names exist."""
+    import base64
+    creds = c.load(path)
+    known = ScramServer(creds).step(ScramClient("alice", "x").first())
+    unknown = [ScramServer(creds).step(ScramClient("mallory", "x").first()) for _ in range(3)]
+    salt, iterations = _salt_and_iterations(unknown[0])
+    assert all(_salt_and_iterations(u) == (salt, iterations) for u in unknown)  # the same every time
+    assert len(base64.b64decode(salt)) == len(base64.b64decode(_salt_and_iterations(known)[0]))
+    assert iterations == _salt_and_iterations(known)[1]
+    assert _salt_and_iterations(ScramServer(creds).step(ScramClient("trudy", "x").first()))[0] != salt
+    assert _salt_and_iterations(ScramServer(c.load(path)).step(ScramClient("mallory", "x").first()))[0] == salt
 
 
 def test_scram_rfc7677_test_vector():

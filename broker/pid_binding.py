@@ -185,6 +185,7 @@ class ProducerBindings:
         self._writer: asyncio.Task | None = None
         self._closing = False
         self._rewrite_wanted = False
+        self._failed: Exception | None = None  # the write error that stopped the writer (where failstop returned)
         self.counters = {"producer_bindings_written": 0, "producer_binding_syncs": 0,
                          "producer_bindings_expired": 0, "producer_bindings_evicted": 0,
                          "producer_binding_rewrites": 0}
@@ -233,7 +234,8 @@ class ProducerBindings:
             await self._writer
             self._writer = None
         if self._file is not None:
-            await self._io(self._rewrite, self._rows())
+            if self._failed is None:
+                await self._io(self._rewrite, self._rows())
             self._file.close()
             self._file = None
 
@@ -276,6 +278,8 @@ class ProducerBindings:
         if e is not None and e[0] == kind and e[1] == name:
             e[2] = now  # the same binding again (an epoch bump of a transactional id): nothing to write
             return
+        if self._failed is not None:
+            raise self._failed
         fut = asyncio.get_running_loop().create_future()
         self._pending.append(([pid, kind, name, now], fut))
         self._wake.set()
@@ -318,11 +322,12 @@ class ProducerBindings:
             if batch:
                 try:
                     await self._io(self._append, encode_frames([entry for entry, _ in batch]))
-                except BaseException as e:  # only where failstop returns (tests): nothing was acknowledged
-                    for _, fut in batch:
+                except Exception as e:  # only where failstop returns (tests): nothing is acknowledged any more
+                    self._failed = e
+                    for _, fut in batch + self._pending:
                         if fut is not None and not fut.done():
-                            fut.set_exception(e if isinstance(e, Exception) else RuntimeError(repr(e)))
-                    raise
+                            fut.set_exception(e)
+                    return
                 self._file_entries += len(batch)
                 self.counters["producer_bindings_written"] += len(batch)
                 self.counters["producer_binding_syncs"] += 1

@@ -413,3 +413,27 @@ def test_without_sasl_nothing_is_bound_nor_checked(tmp_path):
         server._io.shutdown()
         server.storage.close()
     assert not os.path.exists(tmp_path / FILE_NAME)
+
+
+def test_an_io_error_writing_a_binding_is_fail_stop_and_the_id_is_not_answered(tmp_path, clock):
+    import errno
+
+    stops: list[tuple[int, str]] = []
+
+    async def go():
+        b = Broker(str(tmp_path), clock)
+        b.server.bindings._disk.failstop = lambda code, message: stops.append((code, message))
+        f = b.server.bindings._file
+
+        def failing_sync():
+            f.disk.fail("fdatasync", f.path, OSError(errno.EIO, "Input/output error"))
+        f.sync = failing_sync
+        try:
+            for _ in range(2):  # and nothing is acknowledged after it
+                with pytest.raises(OSError, match="fdatasync .*producer-ids.bindings"):
+                    await b.init(ALICE)
+        finally:
+            b.server._io.shutdown(wait=True)
+            b.server.storage.close()
+    run(go())
+    assert [code for code, _ in stops] == [74] and FILE_NAME in stops[0][1]

@@ -6,6 +6,10 @@ Phases:
   authorize   the per-request ACL check with 10 / 100 / 1000 entries: a plain list, and AclIndex
               (what the servers use)
   connect     a new connection to a one-node SASL_SSL quorum: TCP + TLS + SASL + one DescribeAcls
+  raft-attack a local three-node quorum's leader, its Raft port attacked by processes without the cluster
+              secret (messages announced at 2 GiB and streamed at full speed, a connection flood, slowloris)
+              while allocations run: elections, allocation p50/p99 and the leader's memory, against the
+              same run without the attack
 
 Run: pidctl bench security [--quick] [--json bench-results/security.json]
 (``python -m benchmarks.security`` takes the same options.)
@@ -15,8 +19,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
+import socket
 import statistics
+import struct
 import sys
 import tempfile
 import time
@@ -105,19 +112,134 @@ def phase_connect(args, tmp: str) -> dict:
         lc.down(timeout=5)
 
 
+# ---------------------------------------------------------------- raft-attack
+def _attack(kind: str, host: str, port: int, seconds: float, results) -> None:
+    """One attacker process (no cluster secret): ``kind`` at full speed for ``seconds``."""
+    end, sent, connects, failed = time.monotonic() + seconds, 0, 0, 0
+    held: list[socket.socket] = []
+    chunk = b"\xab" * 65536
+    while time.monotonic() < end:
+        try:
+            s = socket.create_connection((host, port), timeout=1.0)
+        except OSError:
+            failed += 1
+            continue
+        connects += 1
+        try:
+            if kind == "stream":  # a message announced at 2 GiB, then bytes until the node closes the link
+                s.sendall(struct.pack("i", 0x7FFFFFFF))
+                while time.monotonic() < end:
+                    sent += s.send(chunk)
+                s.close()
+            elif kind == "flood":  # connections opened as fast as the node takes them, 500 held at once
+                held.append(s)
+                if len(held) > 500:
+                    held.pop(0).close()
+            elif kind == "slowloris":  # 200 connections, each sending a byte of a message per second
+                s.setblocking(False)
+                held.append(s)
+                if len(held) >= 200:
+                    while time.monotonic() < end:
+                        for h in list(held):
+                            try:
+                                h.send(b"\x01")
+                            except OSError:
+                                held.remove(h)
+                        time.sleep(1.0)
+                        if len(held) < 200:
+                            break
+        except OSError:
+            s.close()
+    for h in held:
+        h.close()
+    results.put({"kind": kind, "connects": connects, "connect_failures": failed, "bytes_streamed": sent})
+
+
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+async def _allocations(lc: LocalCluster, seconds: float, leader_pid: int) -> dict:
+    c = QuorumClient(lc.client_addresses(), RetryPolicy(timeout=10))
+    try:
+        addr, before = await c.find_leader()
+        epoch = await c.register_broker(1)
+        lat, rss, t_end = [], [], time.monotonic() + seconds
+        next_rss = 0.0
+        while time.monotonic() < t_end:
+            t = time.perf_counter()
+            await c.allocate(1, epoch)
+            lat.append(time.perf_counter() - t)
+            if time.monotonic() >= next_rss:
+                rss.append(_rss_mb(leader_pid))
+                next_rss = time.monotonic() + 0.5
+        addr_after, after = await c.find_leader()
+        return {"allocations": len(lat), **_ms_stats(lat), "terms_passed": after["raft"]["term"] - before["raft"]["term"],
+                "leader_changed": addr_after != addr, "leader_rss_mb_max": round(max(rss), 1),
+                "leader_rss_mb_first": round(rss[0], 1)}
+    finally:
+        await c.close()
+
+
+def phase_raft_attack(args, tmp: str) -> dict:
+    lc = LocalCluster(os.path.join(tmp, "attacked"))
+    lc.up(3)
+    try:
+        probe = QuorumClient(lc.client_addresses(), RetryPolicy(timeout=10))
+        leader_client = asyncio.run(_leader(probe))
+        leader = next(n for n in lc.nodes() if n.client_address == leader_client)
+        host, port = leader.raft_address.rsplit(":", 1)
+        out = {"none": asyncio.run(_allocations(lc, args.attack_seconds, leader.pid))}
+        ctx = multiprocessing.get_context("spawn")
+        results = ctx.Queue()
+        kinds = ["stream"] * args.streamers + ["flood", "slowloris"]
+        procs = [ctx.Process(target=_attack, args=(k, host, int(port), args.attack_seconds + 2, results))
+                 for k in kinds]
+        for proc in procs:
+            proc.start()
+        try:
+            time.sleep(1.0)  # the attack under way before the measurement starts
+            out["attack"] = asyncio.run(_allocations(lc, args.attack_seconds, leader.pid))
+            out["attackers"] = [results.get(timeout=30) for _ in procs]
+        finally:
+            for proc in procs:
+                proc.join(10)
+                if proc.is_alive():
+                    proc.kill()
+        out["leader_rss_mb_after"] = round(_rss_mb(leader.pid), 1)
+        return out
+    finally:
+        lc.down(timeout=5)
+
+
+async def _leader(c: QuorumClient) -> str:
+    try:
+        return (await c.find_leader())[0]
+    finally:
+        await c.close()
+
+
 def main(argv=None, prog: str | None = None) -> int:
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer samples")
     ap.add_argument("--json", default="bench-results/security.json")
     ap.add_argument("--iterations", type=int, default=credentials.DEFAULT_ITERATIONS)
-    ap.add_argument("--phases", default="mechanisms,authorize,connect")
+    ap.add_argument("--phases", default="mechanisms,authorize,connect,raft-attack")
+    ap.add_argument("--attack-seconds", type=float, default=None, help="raft-attack: seconds per run (20; quick 8)")
+    ap.add_argument("--streamers", type=int, default=4, help="raft-attack: processes streaming 2 GiB messages")
     args = ap.parse_args(argv)
     args.auths = 50 if args.quick else 300
     args.calls = 20_000 if args.quick else 100_000
     args.connects = 20 if args.quick else 100
+    args.attack_seconds = args.attack_seconds or (8.0 if args.quick else 20.0)
     res = {"params": {k: v for k, v in vars(args).items()}, "environment": environment_info(),
            "started_at": utc_now(), "phases": {}}
-    fns = {"mechanisms": phase_mechanisms, "authorize": phase_authorize, "connect": phase_connect}
+    fns = {"mechanisms": phase_mechanisms, "authorize": phase_authorize, "connect": phase_connect,
+           "raft-attack": phase_raft_attack}
     with tempfile.TemporaryDirectory(prefix="bench-security-") as tmp:
         for name in [p.strip() for p in args.phases.split(",") if p.strip()]:
             log(f"phase {name}")

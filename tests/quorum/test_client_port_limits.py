@@ -268,8 +268,8 @@ def test_a_frame_over_the_unauthenticated_cap_closes_the_connection_before_its_b
 
 
 # ------------------------------------------------------------------------------------ deadlines
-DEADLINES = dict(max_connections=100, max_connections_per_ip=100, authentication_timeout_ms=1500,
-                 tls_handshake_timeout_ms=1000)
+DEADLINES = dict(max_connections=100, max_connections_per_ip=100, authentication_timeout_ms=3000,
+                 tls_handshake_timeout_ms=2000)
 
 
 def test_connections_that_never_authenticate_are_closed_at_the_deadline(secure_node):

@@ -491,8 +491,9 @@ class BrokerServer:
     def _authorize(self, req: kafka.Request, peer: Any) -> None:
         """ACLs (SASL on), as each RPC of the table (``RPCS``) asks: InitProducerId needs
         IDEMPOTENT_WRITE on the cluster without a transactional id (else CLUSTER_AUTHORIZATION_FAILED)
-        and WRITE on the transactional id with one, as do AddPartitionsToTxn and EndTxn (else
-        TRANSACTIONAL_ID_AUTHORIZATION_FAILED).  Topics are checked only where an RPC declares
+        and WRITE on the transactional id with one, as do AddPartitionsToTxn, EndTxn and a Produce that
+        names one, transactional batches or not (else TRANSACTIONAL_ID_AUTHORIZATION_FAILED).  Which
+        producer IDs a Produce may carry is ``_binding_refusal``'s (broker/pid_binding.py).  Topics are checked only where an RPC declares
         ``topic_acl`` (DescribeProducers), per topic by its handler (``_topic_allowed``)."""
         need = RPCS[req.api_key].acl(req.body)
         if need is None:

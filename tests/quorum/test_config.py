@@ -28,6 +28,8 @@ def test_to_toml_round_trips_every_field(tmp_path):
         tls_certfile=str(tmp_path / "n.pem"), tls_keyfile=str(tmp_path / "n.key"), tls_cafile=str(tmp_path / "ca.pem"),
         tls_client_auth=True,
         allocate_reserve_blocks=16,
+        max_connections=50, max_connections_per_ip=5, max_connection_buffer_bytes=131072,
+        max_unauthenticated_frame_bytes=8192, authentication_timeout_ms=2500, tls_handshake_timeout_ms=1500,
         raft=RaftConfig(heartbeat_interval=0.02, election_timeout_min=0.1, election_timeout_max=0.3,
                         connection_timeout=0.6, reconnect_interval=0.05, peer_ping_interval=0.2,
                         leader_step_down_timeout=0.7, compaction_min_entries=100, compaction_min_time=60.0,

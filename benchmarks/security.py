@@ -8,8 +8,9 @@ Phases:
   connect     a new connection to a one-node SASL_SSL quorum: TCP + TLS + SASL + one DescribeAcls
   raft-attack a local three-node quorum's leader, its Raft port attacked by processes without the cluster
               secret (messages announced at 2 GiB and streamed at full speed, a connection flood, slowloris)
-              while allocations run: elections, allocation p50/p99 and the leader's memory, against the
-              same run without the attack
+              while allocations run: elections, allocation p50/p99, the leader's CPU and memory, against
+              the same run without the attack and with the same attackers aimed at a plain listener beside
+              it (the control: what the attacking processes cost the machine, not the node)
 
 Run: pidctl bench security [--quick] [--json bench-results/security.json]
 (``python -m benchmarks.security`` takes the same options.)
@@ -155,6 +156,42 @@ def _attack(kind: str, host: str, port: int, seconds: float, results) -> None:
     results.put({"kind": kind, "connects": connects, "connect_failures": failed, "bytes_streamed": sent})
 
 
+def _sink(host: str, ready, seconds: float) -> None:
+    """The control: a listener that takes what the attackers send and closes each connection after its first
+    read (about what the node does with them), in a process of its own, so that the allocations measured beside
+    it pay the attackers' share of the machine but none of the node's work for them."""
+    import selectors
+    srv = socket.create_server((host, 0), backlog=1024)
+    srv.setblocking(False)
+    ready.put(srv.getsockname()[1])
+    sel = selectors.DefaultSelector()
+    sel.register(srv, selectors.EVENT_READ)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for key, _ in sel.select(0.2):
+            if key.fileobj is srv:
+                for _ in range(32):
+                    try:
+                        conn, _ = srv.accept()
+                    except BlockingIOError:
+                        break
+                    conn.setblocking(False)
+                    sel.register(conn, selectors.EVENT_READ)
+            else:
+                try:
+                    key.fileobj.recv(65536)
+                except OSError:
+                    pass
+                sel.unregister(key.fileobj)
+                key.fileobj.close()
+
+
+def _cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _rss_mb(pid: int) -> float:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -169,7 +206,7 @@ async def _allocations(lc: LocalCluster, seconds: float, leader_pid: int) -> dic
         addr, before = await c.find_leader()
         epoch = await c.register_broker(1)
         lat, rss, t_end = [], [], time.monotonic() + seconds
-        next_rss = 0.0
+        next_rss, cpu0, t0 = 0.0, _cpu_s(leader_pid), time.monotonic()
         while time.monotonic() < t_end:
             t = time.perf_counter()
             await c.allocate(1, epoch)
@@ -177,8 +214,11 @@ async def _allocations(lc: LocalCluster, seconds: float, leader_pid: int) -> dic
             if time.monotonic() >= next_rss:
                 rss.append(_rss_mb(leader_pid))
                 next_rss = time.monotonic() + 0.5
+        cpu = (_cpu_s(leader_pid) - cpu0) / (time.monotonic() - t0)
         addr_after, after = await c.find_leader()
-        return {"allocations": len(lat), **_ms_stats(lat), "terms_passed": after["raft"]["term"] - before["raft"]["term"],
+        return {"allocations": len(lat), "per_s": round(len(lat) / seconds, 1), **_ms_stats(lat),
+                "leader_cpu_share": round(cpu, 3), "leader_cpu_ms_per_allocation": round(cpu * seconds * 1000
+                                                                                       / max(1, len(lat)), 3), "terms_passed": after["raft"]["term"] - before["raft"]["term"],
                 "leader_changed": addr_after != addr, "leader_rss_mb_max": round(max(rss), 1),
                 "leader_rss_mb_first": round(rss[0], 1)}
     finally:
@@ -195,25 +235,40 @@ def phase_raft_attack(args, tmp: str) -> dict:
         host, port = leader.raft_address.rsplit(":", 1)
         out = {"none": asyncio.run(_allocations(lc, args.attack_seconds, leader.pid))}
         ctx = multiprocessing.get_context("spawn")
-        results = ctx.Queue()
-        kinds = ["stream"] * args.streamers + ["flood", "slowloris"]
-        procs = [ctx.Process(target=_attack, args=(k, host, int(port), args.attack_seconds + 2, results))
-                 for k in kinds]
-        for proc in procs:
-            proc.start()
+        ready = ctx.Queue()
+        sink = ctx.Process(target=_sink, args=(host, ready, args.attack_seconds + 5))
+        sink.start()
+        sink_port = ready.get(timeout=30)
         try:
-            time.sleep(1.0)  # the attack under way before the measurement starts
-            out["attack"] = asyncio.run(_allocations(lc, args.attack_seconds, leader.pid))
-            out["attackers"] = [results.get(timeout=30) for _ in procs]
+            # The control: the same attackers on the same machine, aimed at the sink instead of the node.
+            out["attack_on_control"], _ = _attacked(ctx, lc, args, leader.pid, host, sink_port)
         finally:
-            for proc in procs:
-                proc.join(10)
-                if proc.is_alive():
-                    proc.kill()
+            sink.join(10)
+            if sink.is_alive():
+                sink.kill()
+        out["attack"], out["attackers"] = _attacked(ctx, lc, args, leader.pid, host, int(port))
         out["leader_rss_mb_after"] = round(_rss_mb(leader.pid), 1)
         return out
     finally:
         lc.down(timeout=5)
+
+
+def _attacked(ctx, lc: LocalCluster, args, leader_pid: int, host: str, port: int) -> tuple[dict, list]:
+    """Allocations measured while the attackers run against ``host:port``; their own figures."""
+    results = ctx.Queue()
+    kinds = ["stream"] * args.streamers + ["flood", "slowloris"]
+    procs = [ctx.Process(target=_attack, args=(k, host, port, args.attack_seconds + 2, results)) for k in kinds]
+    for proc in procs:
+        proc.start()
+    try:
+        time.sleep(1.0)  # the attack under way before the measurement starts
+        measured = asyncio.run(_allocations(lc, args.attack_seconds, leader_pid))
+        return measured, [results.get(timeout=30) for _ in procs]
+    finally:
+        for proc in procs:
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
 
 
 async def _leader(c: QuorumClient) -> str:

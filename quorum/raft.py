@@ -158,6 +158,8 @@ class RaftConfig:
     max_pending_connections: int = 64  # unauthenticated incoming connections at once (the oldest over it closed)
     max_pending_per_host: int = 8  # ... from one peer host
     listen_backlog: int = 1024
+    accept_rate: float = 200.0  # new connections taken per second, in bursts of accept_burst (the rest queue)
+    accept_burst: int = 64
 
     @model_validator(mode="after")
     def _check(self) -> "RaftConfig":
@@ -191,6 +193,10 @@ class RaftConfig:
             problems.append("need 1 <= max_pending_per_host <= max_pending_connections <= 65536")
         if not 1 <= self.listen_backlog <= 65535:
             problems.append("listen_backlog must be between 1 and 65535")
+        if not 1 <= self.accept_rate <= 1e6:
+            problems.append("accept_rate must be between 1 and 1,000,000 a second")
+        if not 1 <= self.accept_burst <= 65535:
+            problems.append("accept_burst must be between 1 and 65535")
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -198,7 +204,8 @@ class RaftConfig:
     def link_limits(self) -> LinkLimits:
         return LinkLimits(max_message_bytes=self.max_message_bytes, handshake_bytes=self.handshake_bytes,
                           handshake_timeout=self.handshake_timeout, max_pending=self.max_pending_connections,
-                          max_pending_per_host=self.max_pending_per_host, listen_backlog=self.listen_backlog)
+                          max_pending_per_host=self.max_pending_per_host, listen_backlog=self.listen_backlog,
+                          accept_rate=self.accept_rate, accept_burst=self.accept_burst)
 
     def validate(self) -> None:
         """Check again (after an attribute was assigned; construction checks already)."""
@@ -566,6 +573,8 @@ class _TcpTransport(TCPTransport):
     def _onTick(self):
         super()._onTick()
         now = monotonicTime()
+        if isinstance(self._server, LinkServer):
+            self._server.resume(now)
         if now - self._last_sweep < self.SWEEP_S:
             return
         self._last_sweep = now

@@ -24,8 +24,13 @@ open for good, and one that sends a byte a second is never idle.
   heartbeats and the peers' pings keep a live link busy); the transport sweeps its connections with it.
 * **Decompresses within the bound**: an authenticated message inflates to at most ``max_message_bytes``.
 
-``LinkServer`` is pysyncobj's ``TcpServer`` with a real listen backlog and up to ``accepts_per_event``
-connections accepted per readiness.  How many unauthenticated connections may wait at once (in all, and
+``LinkServer`` is pysyncobj's ``TcpServer`` with a real listen backlog, up to ``accepts_per_event``
+connections accepted per readiness, and at most ``accept_rate`` a second (a token bucket of ``accept_burst``):
+past it the listener is off the loop until a token is due (``resume``), and new connections wait in the
+kernel's queue.  What connections from peers without the secret can cost the node's loop is so bounded:
+every one is accepted, read at most twice within ``handshake_bytes`` and closed, and no more than
+``accept_rate`` of them arrive a second, whatever the attacker's speed.  The links between members are open
+already and are not touched; a member reconnecting during such an attack waits its turn in the queue.  How many unauthenticated connections may wait at once (in all, and
 per peer host) is the transport's rule (``quorum.raft._TcpTransport``): it closes the oldest one over a limit.
 
 Nothing here imports pysyncobj: its connection states and poll events are plain ints, and ``quorum.raft``
@@ -66,6 +71,8 @@ class LinkLimits:
     max_pending_per_host: int = 8  # ... from one peer host
     listen_backlog: int = 1024
     accepts_per_event: int = 32
+    accept_rate: float = 200.0  # new connections taken per second (a burst of accept_burst); the rest wait queued
+    accept_burst: int = 64
 
 
 class _Throttled:
@@ -367,6 +374,27 @@ class LinkServer:
         self._keepalive = keepalive
         self._socket: socket.socket | None = None
         self._fileno: int | None = None
+        self._tokens = float(limits.accept_burst)
+        self._refilled = time.monotonic()
+        self._paused = False
+        self.accepted = 0
+        self.pauses = 0
+
+    def _take_token(self, now: float) -> bool:
+        rate, burst = self._limits.accept_rate, self._limits.accept_burst
+        self._tokens = min(float(burst), self._tokens + (now - self._refilled) * rate)
+        self._refilled = now
+        if self._tokens < 1.0:
+            return False
+        self._tokens -= 1.0
+        return True
+
+    def resume(self, now: float) -> None:
+        """Back on the loop once a token is due (the transport calls this at every tick)."""
+        if self._paused and self._fileno is not None and \
+                self._tokens + (now - self._refilled) * self._limits.accept_rate >= 1.0:
+            self._paused = False
+            self._poller.subscribe(self._fileno, self._on_event, READ | ERROR)
 
     def bind(self) -> None:
         family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
@@ -397,6 +425,13 @@ class LinkServer:
     def _on_event(self, descr: int, event: int) -> None:
         if event & READ:
             for _ in range(self._limits.accepts_per_event):
+                if not self._take_token(time.monotonic()):
+                    self._paused = True
+                    self.pauses += 1
+                    self._poller.unsubscribe(self._fileno)
+                    refusals.warning("accept-rate", "the Raft port takes at most %g new connections a second "
+                                     "(accept_rate); the rest wait in the listen queue", self._limits.accept_rate)
+                    return
                 try:
                     sock, addr = self._socket.accept()
                 except OSError as e:
@@ -414,6 +449,7 @@ class LinkServer:
                 except OSError:
                     sock.close()
                     continue
+                self.accepted += 1
                 peer = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
                 self._on_new(Link(self._poller, self._limits, sock, self._timeout, self._send_buffer,
                                   self._recv_buffer, self._keepalive, peer))

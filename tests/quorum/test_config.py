@@ -30,12 +30,13 @@ def test_to_toml_round_trips_every_field(tmp_path):
         allocate_reserve_blocks=16,
         max_connections=50, max_connections_per_ip=5, max_connection_buffer_bytes=131072,
         max_unauthenticated_frame_bytes=8192, authentication_timeout_ms=2500, tls_handshake_timeout_ms=1500,
+        broker_session_timeout_ms=4500,
         raft=RaftConfig(heartbeat_interval=0.02, election_timeout_min=0.1, election_timeout_max=0.3,
                         connection_timeout=0.6, reconnect_interval=0.05, peer_ping_interval=0.2,
                         leader_step_down_timeout=0.7, compaction_min_entries=100, compaction_min_time=60.0,
                         snapshot_chunk_bytes=4096, max_message_bytes=2**21, handshake_bytes=2048,
                         handshake_timeout=3.0, max_pending_connections=32, max_pending_per_host=4,
-                        listen_backlog=256),
+                        listen_backlog=256, accept_rate=50.0, accept_burst=16),
     )
     # Every field that has a default is set to something else, so a dropped field cannot hide.
     for obj in (cfg, cfg.raft):

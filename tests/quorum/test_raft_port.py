@@ -270,3 +270,32 @@ def test_a_flood_of_connections_is_accepted_and_shed_while_the_members_links_sta
         assert leader.raft.current_term() == term
         for s in socks:
             s.close()
+
+
+def test_the_listener_takes_at_most_accept_rate_connections_a_second_and_leaves_the_rest_queued():
+    from quorum.raftlink import LinkServer
+    limits = LinkLimits(accept_rate=20.0, accept_burst=3, listen_backlog=64)
+    poller, taken = Poller(), []
+    server = LinkServer(poller, "127.0.0.1", 0, taken.append, limits, timeout=5.0)
+    server.bind()
+    port = server._socket.getsockname()[1]
+    clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(10)]  # queued by the kernel
+    try:
+        fd = server._fileno
+        callback, _ = poller.subs[fd]
+        callback(fd, READ)
+        assert len(taken) == 3 and fd not in poller.subs  # the burst, then off the loop
+        server.resume(time.monotonic())
+        assert fd not in poller.subs  # no token due yet
+        deadline = time.monotonic() + 5.0
+        while len(taken) < 10 and time.monotonic() < deadline:
+            server.resume(time.monotonic())
+            if fd in poller.subs:
+                poller.subs[fd][0](fd, READ)
+        assert len(taken) == 10 and server.pauses >= 2  # every queued one taken in turn, at the rate
+    finally:
+        for c in clients:
+            c.close()
+        for link in taken:
+            link.disconnect()
+        server.unbind()

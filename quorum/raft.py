@@ -35,6 +35,11 @@ links only nodes that list each other  a node never hears a member its log does 
 (a connection from any other address   list yet: no word for that member's start,    whenever either node
 is closed)                             no AppendEntries from it; the cluster can     lists the other
                                        wait for good
+TCP connection: buffers whatever       anyone who reaches the port, without the      ``quorum.raftlink``:
+length a peer announces, re-copies it  secret, makes a leader buffer gigabytes on    messages bounded before
+per read; timeout checked only on      its Raft thread until it loses leadership;    they are read, a handshake
+events; listen backlog 5, one accept   silent connections held for good; a flood     deadline, idle sweep, a
+per readiness                          keeps members from connecting                 pending cap, accept rate
 =====================================  ============================================  ==========================
 
 Also here:

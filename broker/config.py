@@ -98,6 +98,16 @@ class BrokerConfig:
     """Kafka's max.connections.per.ip: connections from one address (lower it so one host cannot take them all)."""
     max_connection_buffer_bytes: Annotated[int, Field(ge=1024)] = 8 * 1024 * 1024
     """Requests read ahead on one connection, in bytes; past it that socket is not read (one frame always passes)."""
+    max_unauthenticated_frame_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024
+    """With SASL on: the largest frame before the connection has authenticated (ApiVersions, SaslHandshake,
+    SaslAuthenticate are small; Kafka's sasl.server.max.receive.size); a bigger size closes the connection
+    before its body is read.  At most ``max_frame_bytes``."""
+    authentication_timeout_ms: Annotated[int, Field(gt=0, le=3_600_000)] = 10_000
+    """With SASL on: a connection not authenticated (TLS handshake and SASL exchange) this long after it was
+    accepted is closed, however it trickles bytes (counted, logged at most every 10 s)."""
+    tls_handshake_timeout_ms: Annotated[int, Field(gt=0, le=3_600_000)] = 10_000
+    """With TLS on: a connection whose TLS handshake has not completed this long after it was accepted is
+    closed."""
     describe_producers_limit: Annotated[int, Field(ge=1)] = 1000
     """DescribeProducers: at most this many producers per partition, lowest ids first."""
     producer_id_expiration_ms: Annotated[int, Field(ge=1)] = 24 * 3600 * 1000

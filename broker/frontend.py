@@ -24,7 +24,12 @@ socket is not read until the handler catches up, so a client that sends
 faster than it reads its answers fills its own TCP window, not the broker's
 memory.  ``max_connections`` / ``max_connections_per_ip`` bound how many
 connections are served; one over a limit is closed at once (counted; logged
-at most every 10 s).  A long-polling Fetch waits for appends to the partitions
+at most every 10 s).  Before a client authenticates it is bounded as on the
+quorum's client port (``security.limits``): TLS is started on the accepted
+socket with ``tls_handshake_timeout_ms``; with SASL on, a connection not
+authenticated ``authentication_timeout_ms`` after its accept is aborted however
+it trickles, and a frame over ``max_unauthenticated_frame_bytes`` (64 KiB)
+closes the connection before its body is read.  A long-polling Fetch waits for appends to the partitions
 it reads only (``AppendWaiters``), not for every append.
 
 Bad input never takes the broker down: an unreadable or oversized frame, an
@@ -56,6 +61,7 @@ from typing import Any, Callable
 import failpoints
 from client.quorum import QuorumClient, RetryPolicy
 from security import acl as a
+from security.limits import ConnectionLimits, TrimAfterClose
 from security.sasl import SaslAuthenticator, api_versions_table, linger_close
 from security.tls import server_context
 from telemetry.logs import FirstOfEach, Throttled, end_request_context, request_context
@@ -208,8 +214,8 @@ class BrokerServer:
         self._waiters = AppendWaiters()
         self._produce_requests = 0
         self._connections: dict[asyncio.Task, ReadAhead] = {}
-        self._per_ip: dict[str | None, int] = {}  # open connections by client address
-        self._refusal_log = Throttled(log, 10.0)
+        self._peer_log = Throttled(log, 10.0)  # what unauthenticated peers cause: at most a line every 10 s
+        self._trim = TrimAfterClose(log)
         self._binding_log = Throttled(log, 10.0)  # Produce refused by a producer-ID binding: at most every 10 s
         self._frame_log = FirstOfEach(log)  # unknown API keys, unsupported versions: once each
         self.quotas = ProducerIdQuotaManager(cfg.quota_window)
@@ -224,7 +230,11 @@ class BrokerServer:
                          "quota_throttled_batches": 0, "connections_refused": 0,
                          "connections_refused_per_ip": 0, "read_pauses": 0, "fetch_waits": 0,
                          "fetch_wakeups": 0, "describe_producers_truncated": 0, "evicted_producers_refused": 0,
-                         "unsupported_versions": 0, "groups_refused": 0, "producer_id_refused": 0}
+                         "unsupported_versions": 0, "groups_refused": 0, "producer_id_refused": 0,
+                         "authentication_timeouts": 0, "tls_handshake_failures": 0}
+        self.limits = ConnectionLimits(cfg.max_connections, cfg.max_connections_per_ip, self.counters, log)
+        # With SASL on: the largest frame a connection may send before it has authenticated.
+        self.unauthenticated_frame_bytes = min(cfg.max_unauthenticated_frame_bytes, cfg.max_frame_bytes)
         self.port: int | None = None
         self.quota_provider: Any = self.quotas  # stats() -> {principal: {rate, tokens, throttle_time_ms, ...}}
         self.api = kafka.ApiTable(SUPPORTED, NAMES, lambda key, version, code, message, throttle_ms:
@@ -280,7 +290,9 @@ class BrokerServer:
             self.bindings.open()
             self.bindings.start()
         host, port = self.cfg.listen.rsplit(":", 1)
-        self._server = await asyncio.start_server(self._connection, host, int(port), ssl=self.ssl)
+        # TLS is started in _connection (start_tls), so the connection limits and the deadlines count from
+        # the accept, not from the end of a handshake a peer can drag out.
+        self._server = await asyncio.start_server(self._connection, host, int(port))
         self.port = self._server.sockets[0].getsockname()[1]
         self.cfg.with_bound_port(self.port)
         adv_host, adv_port = self.cfg.advertised_address
@@ -304,6 +316,7 @@ class BrokerServer:
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
+        self._trim.cancel()
         for t in list(self._connections):
             t.cancel()
         if self._quota_task is not None:
@@ -336,47 +349,57 @@ class BrokerServer:
                 await self.bindings.maintain()  # on the loop (the table is the loop's), in chunks
 
     # ------------------------------------------------------------ connections
-    def _admit(self, peer: Any) -> bool:
-        """Room for one more connection from ``peer`` (Kafka's max.connections, max.connections.per.ip)?
-        Counted in when yes; a refusal is counted, and logged at most every 10 s."""
-        host = a.peer_host(peer)
-        if len(self._connections) >= self.cfg.max_connections:
-            self.counters["connections_refused"] += 1
-            self._refusal_log(logging.WARNING, "client %s: refused, %d connections open (max_connections)", peer,
-                              len(self._connections))
-            return False
-        if self._per_ip.get(host, 0) >= self.cfg.max_connections_per_ip:
-            self.counters["connections_refused"] += 1
-            self.counters["connections_refused_per_ip"] += 1
-            self._refusal_log(logging.WARNING, "client %s: refused, %d connections open from %s "
-                              "(max_connections_per_ip)", peer, self._per_ip[host], host)
-            return False
-        self._per_ip[host] = self._per_ip.get(host, 0) + 1
-        return True
-
+    # What a peer may cost the listener before it authenticates, as on the quorum's client port
+    # (quorum.server, security.limits): max_connections / max_connections_per_ip counted from the accept
+    # (before TLS); TLS started on the accepted socket with tls_handshake_timeout_ms; with SASL on,
+    # authentication_timeout_ms from the accept to the end of the SASL exchange, and frames of at most
+    # max_unauthenticated_frame_bytes until then (read one at a time: the next size is checked against
+    # what the exchange is after the frame before).
     def _count_read_pause(self) -> None:
         self.counters["read_pauses"] += 1
-
-    def _release(self, peer: Any) -> None:
-        host = a.peer_host(peer)
-        left = self._per_ip.get(host, 0) - 1
-        if left > 0:
-            self._per_ip[host] = left
-        else:
-            self._per_ip.pop(host, None)
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
         task = asyncio.current_task()
-        if task is None or not self._admit(peer):
+        if task is None or not self.limits.admit(peer):
             writer.transport.abort()  # nothing is read or answered: the client sees a reset
             return
+        loop = asyncio.get_running_loop()
+        accepted = loop.time()
         frames = ReadAhead(self.cfg.max_connection_buffer_bytes, self._count_read_pause)
         self._connections[task] = frames
-        read_task = asyncio.get_running_loop().create_task(self._read_frames(reader, frames, peer))
         session = self.sasl.session(peer) if self.sasl is not None else None
+        expired = False
+
+        def authentication_expired() -> None:
+            nonlocal expired
+            if session is None or session.authenticated or writer.transport.is_closing():
+                return
+            expired = True
+            self.counters["authentication_timeouts"] += 1
+            self._peer_log(logging.WARNING, "client %s: not authenticated %d ms after it connected "
+                           "(authentication_timeout_ms); closing", peer, self.cfg.authentication_timeout_ms)
+            writer.transport.abort()  # the TLS handshake's socket too, while it runs (start_tls then fails)
+
+        expiry = (loop.call_at(accepted + self.cfg.authentication_timeout_ms / 1000, authentication_expired)
+                  if session is not None else None)
+        handled = asyncio.Event()  # before authentication: the handler is done with the frame it was given
+        read_task: asyncio.Task | None = None
         try:
+            if self.ssl is not None:
+                timeout = self.cfg.tls_handshake_timeout_ms / 1000
+                try:
+                    await writer.start_tls(self.ssl, ssl_handshake_timeout=timeout)
+                except (OSError, asyncio.TimeoutError) as e:  # ssl.SSLError is an OSError
+                    if not expired:
+                        timed_out = isinstance(e, ConnectionAbortedError) and loop.time() - accepted >= timeout * 0.9
+                        self.counters["authentication_timeouts" if timed_out else "tls_handshake_failures"] += 1
+                        self._peer_log(logging.INFO, "client %s: TLS handshake %s: %s", peer,
+                                       "timed out (tls_handshake_timeout_ms)" if timed_out else "failed", e)
+                    return
+            read_task = loop.create_task(self._read_frames(reader, frames, peer, session, lambda: expired, handled))
             while True:
+                handled.set()
                 item = await frames.get()
                 if item is None:
                     break
@@ -403,23 +426,59 @@ class BrokerServer:
             self.counters["dropped_by_fault_injection"] += 1
             log.info("client %s: fault injection: dropping the connection before answering", peer)
         except (ConnectionError, OSError) as e:
-            log.info("client %s: %s", peer, e)
+            if not expired:
+                log.info("client %s: %s", peer, e)
         except asyncio.CancelledError:
             pass
         finally:
-            read_task.cancel()
+            if expiry is not None:
+                expiry.cancel()
+            if read_task is not None:
+                read_task.cancel()
             writer.close()
+            # The reader keeps the exception that ended the stream (a reset), and the exception keeps the
+            # frames it was raised through, which keep the reader: a cycle only the garbage collector would
+            # free, with the connection's buffers in it.  Cut, they are freed now.
+            error = reader.exception()
+            if error is not None:
+                error.__traceback__ = None
             self._muted_until.pop(peer, None)
             self._connections.pop(task, None)
-            self._release(peer)
+            self.limits.release(peer)
+            self._trim.soon()  # a second later the heap's free pages go back to the system (glibc)
 
-    async def _read_frames(self, reader: asyncio.StreamReader, frames: ReadAhead, peer: Any) -> None:
+    async def _read_frames(self, reader: asyncio.StreamReader, frames: ReadAhead, peer: Any, session: Any,
+                           expired: Callable[[], bool], handled: asyncio.Event) -> None:
+        """Read ``reader``'s frames into ``frames`` until the stream ends or a bad frame closes it.  Before
+        SASL authentication a frame may be at most ``unauthenticated_frame_bytes`` and the next one is not
+        read until the handler is done with it (as Kafka's authenticator); ``expired``: whether the
+        authentication deadline closed the connection (what it was reading then is not a bad frame)."""
         try:
-            async for frame in kafka.iter_frames(reader, self.cfg.max_frame_bytes, peer, self.counters,
-                                                 frames.room):
+            while True:
+                authenticated = session is None or session.authenticated
+                max_bytes = self.cfg.max_frame_bytes if authenticated else self.unauthenticated_frame_bytes
+                try:
+                    frame = await kafka.read_frame(reader, max_bytes, frames.room)
+                except kafka.FrameError as e:
+                    if expired():
+                        return
+                    self.counters["bad_frames"] += 1
+                    if authenticated:
+                        log.warning("client %s: %s; closing", peer, e)
+                    else:  # anyone can send these: at most a line every 10 s
+                        self._peer_log(logging.WARNING, "client %s: before authentication: %s "
+                                       "(max_unauthenticated_frame_bytes %d); closing", peer, e, max_bytes)
+                    return
+                if frame is None:
+                    return
+                if not authenticated:
+                    handled.clear()
                 await frames.put(frame)
+                if not authenticated:
+                    await handled.wait()
         except (ConnectionError, OSError) as e:
-            log.info("client %s: %s", peer, e)
+            if not expired():
+                log.info("client %s: %s", peer, e)
         finally:
             await frames.put(None)
 
@@ -494,8 +553,7 @@ class BrokerServer:
         and WRITE on the transactional id with one, as do AddPartitionsToTxn, EndTxn and a Produce that
         names one, transactional batches or not (else TRANSACTIONAL_ID_AUTHORIZATION_FAILED).  Which
         producer IDs a Produce may carry is ``_binding_refusal``'s (broker/pid_binding.py).  Topics are checked only where an RPC declares
-        ``topic_acl`` (Produce: WRITE, PRODUCE_TOPIC_ACL; DescribeProducers: DESCRIBE), per topic by its handler
-        (``_topic_allowed``)."""
+        ``topic_acl`` (DescribeProducers), per topic by its handler (``_topic_allowed``)."""
         need = RPCS[req.api_key].acl(req.body)
         if need is None:
             return
@@ -1141,8 +1199,11 @@ def _init_error(cfg: BrokerConfig, version: int, code: Errors, body: Any) -> Any
 
 
 # What Produce needs on each topic it writes to (``_topic_allowed``; TOPIC_AUTHORIZATION_FAILED for that topic's
-# partitions), as in Kafka.  Producer IDs are also bound to their principal (broker/pid_binding.py).
-PRODUCE_TOPIC_ACL: str | None = a.WRITE
+# partitions).  Kafka needs WRITE.  None for now: deployments and tests grant producers IDEMPOTENT_WRITE and
+# transactional ids only (security/acl.py: "Produce and Fetch need authentication only"), and turning it on
+# refuses every producer without a Topic ACL; switch to ``a.WRITE`` together with their ACLs.  Producer IDs are
+# bound to their principal whatever this is (broker/pid_binding.py).
+PRODUCE_TOPIC_ACL: str | None = None
 # A producer-ID binding is kept this many producer_id_expiration_ms after its last use (7 days by default, Kafka's
 # transactional.id.expiration.ms): an idempotent producer keeps its ID for life (KIP-360 clients bump the epoch
 # themselves), so its binding must outlive the partitions' state of it (broker/pid_binding.py).

@@ -36,6 +36,10 @@ BROKER_METRICS = {
     "pidquorum_broker_connections": "Client connections open.",
     "pidquorum_broker_connections_refused":
         "Connections closed at once: over max_connections or max_connections_per_ip.",
+    "pidquorum_broker_authentication_timeouts":
+        "Connections closed for not completing TLS (tls_handshake_timeout_ms) or SASL (authentication_timeout_ms) "
+        "in time.",
+    "pidquorum_broker_tls_handshake_failures": "TLS handshakes that failed (other than by timing out).",
     "pidquorum_broker_read_pauses": "Times a connection's socket was left unread: max_connection_buffer_bytes waiting.",
     "pidquorum_broker_read_ahead_bytes": "Bytes of requests read and not yet handled, all connections.",
     "pidquorum_broker_fetch_waits": "Times a Fetch started waiting for an append (long poll).",
@@ -76,6 +80,8 @@ _COUNTERS = {  # BrokerServer.counters key -> metric
     "groups_refused": "pidquorum_broker_groups_refused",
     "init_producer_id": "pidquorum_broker_init_producer_id_requests",
     "connections_refused": "pidquorum_broker_connections_refused",
+    "authentication_timeouts": "pidquorum_broker_authentication_timeouts",
+    "tls_handshake_failures": "pidquorum_broker_tls_handshake_failures",
     "read_pauses": "pidquorum_broker_read_pauses",
     "fetch_waits": "pidquorum_broker_fetch_waits",
     "fetch_wakeups": "pidquorum_broker_fetch_wakeups",

@@ -13,8 +13,12 @@ puts around its connections (the quorum's client port, ``quorum.server``).
   goes back to the system (glibc keeps freed heap pages mapped otherwise: the process's RSS stays at
   its peak after the connections are gone).  A no-op where there is no glibc.
 
-The broker (``broker.frontend``) has the same limits written in its own front end (``_admit``,
-``ReadAhead``), from before this module.
+* ``TrimAfterClose``: calls ``release_freed_memory`` a second after connections end, at most once
+  a second, so a server calls it on every close without paying for a trim per connection.
+
+The broker (``broker.frontend``) uses ``ConnectionLimits`` and ``TrimAfterClose``; its read-ahead
+bound is its own ``ReadAhead`` (a FIFO of frames read ahead of one handler, released when the handler
+takes a frame, where ``ByteBudget`` is released when a concurrent request is answered).
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ import ctypes
 import ctypes.util
 import logging
 import sys
+import time
 from typing import Any, Callable
 
 from telemetry.logs import Throttled
@@ -146,3 +151,34 @@ def release_freed_memory() -> bool:
     except Exception:  # noqa: BLE001 - an optimisation: never worth a failure
         return False
     return True
+
+
+TRIM_DELAY_S = 1.0  # after a connection ends, the heap's free pages go back to the system this much later
+
+
+class TrimAfterClose:
+    """``soon()`` when a connection has ended: ``TRIM_DELAY_S`` later (once its transport and buffers are
+    freed, and those of the connections that end with it) the heap's free pages go back to the system
+    (``release_freed_memory``); at most one trim per delay however many connections end.  ``cancel()``
+    when the listener stops.  Loop thread only."""
+
+    def __init__(self, logger: logging.Logger, delay_s: float = TRIM_DELAY_S):
+        self._log, self.delay_s = logger, delay_s
+        self._handle: asyncio.TimerHandle | None = None
+        self.trims = 0
+
+    def soon(self) -> None:
+        if self._handle is None:
+            self._handle = asyncio.get_running_loop().call_later(self.delay_s, self._trim)
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _trim(self) -> None:
+        self._handle = None
+        t0 = time.perf_counter()
+        if release_freed_memory():
+            self.trims += 1
+            self._log.debug("malloc_trim: %.1f ms", (time.perf_counter() - t0) * 1000)

@@ -24,7 +24,7 @@ def _acl_options(fn):
                      show_default=True),
         click.option("--cluster", is_flag=True, help="The cluster resource (kafka-cluster)."),
         click.option("--transactional-id", help="A transactional id, a prefix (--prefixed), or '*'."),
-        click.option("--topic", help="A topic, a prefix (--prefixed), or '*' (checked by DescribeProducers)."),
+        click.option("--topic", help="A topic, a prefix (--prefixed), or '*' (WRITE: Produce; DESCRIBE: DescribeProducers)."),
         click.option("--prefixed", is_flag=True, help="--transactional-id / --topic is a prefix."),
         click.option("--host", default=a.WILDCARD, show_default=True, help="Client address, '*' for any."),
     ]):

@@ -287,9 +287,11 @@ def test_two_principals_rogue_is_throttled_well_behaved_is_not(cluster, brokers,
     credentials.add_user(creds, "good", "good-secret")
     assert pidctl(cluster, "quota", "set", "--user", "rogue", "--producer-ids-rate", "1")[0] == 0
     assert pidctl(cluster, "quota", "set", "--user", "good", "--producer-ids-rate", "1")[0] == 0
-    for user in ("rogue", "good"):  # with SASL on, the broker enforces the ACLs: idempotent producers need this
+    for user in ("rogue", "good"):  # with SASL on, the broker enforces the ACLs: idempotent producers need these
         assert pidctl(cluster, "acl", "add", "--principal", f"User:{user}", "--operation", "IDEMPOTENT_WRITE",
                       "--cluster")[0] == 0
+        assert pidctl(cluster, "acl", "add", "--principal", f"User:{user}", "--operation", "WRITE",
+                      "--topic", "*")[0] == 0
     b = brokers(1, *QUOTA_ARGS, "--sasl-credentials-file", creds)
     quota_in_force(b, "good", 1.0)
 

@@ -553,7 +553,8 @@ class BrokerServer:
         and WRITE on the transactional id with one, as do AddPartitionsToTxn, EndTxn and a Produce that
         names one, transactional batches or not (else TRANSACTIONAL_ID_AUTHORIZATION_FAILED).  Which
         producer IDs a Produce may carry is ``_binding_refusal``'s (broker/pid_binding.py).  Topics are checked only where an RPC declares
-        ``topic_acl`` (DescribeProducers), per topic by its handler (``_topic_allowed``)."""
+        ``topic_acl`` (Produce: WRITE, PRODUCE_TOPIC_ACL; DescribeProducers: DESCRIBE), per topic by its handler
+        (``_topic_allowed``)."""
         need = RPCS[req.api_key].acl(req.body)
         if need is None:
             return
@@ -1199,11 +1200,8 @@ def _init_error(cfg: BrokerConfig, version: int, code: Errors, body: Any) -> Any
 
 
 # What Produce needs on each topic it writes to (``_topic_allowed``; TOPIC_AUTHORIZATION_FAILED for that topic's
-# partitions).  Kafka needs WRITE.  None for now: deployments and tests grant producers IDEMPOTENT_WRITE and
-# transactional ids only (security/acl.py: "Produce and Fetch need authentication only"), and turning it on
-# refuses every producer without a Topic ACL; switch to ``a.WRITE`` together with their ACLs.  Producer IDs are
-# bound to their principal whatever this is (broker/pid_binding.py).
-PRODUCE_TOPIC_ACL: str | None = None
+# partitions), as in Kafka.  Producer IDs are also bound to their principal (broker/pid_binding.py).
+PRODUCE_TOPIC_ACL: str | None = a.WRITE
 # A producer-ID binding is kept this many producer_id_expiration_ms after its last use (7 days by default, Kafka's
 # transactional.id.expiration.ms): an idempotent producer keeps its ID for life (KIP-360 clients bump the epoch
 # themselves), so its binding must outlive the partitions' state of it (broker/pid_binding.py).

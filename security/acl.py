@@ -25,7 +25,7 @@ ALL, CLUSTER_ACTION, IDEMPOTENT_WRITE, READ, WRITE, DESCRIBE, ALTER = (
     "ALL", "CLUSTER_ACTION", "IDEMPOTENT_WRITE", "READ", "WRITE", "DESCRIBE", "ALTER")
 OPERATIONS = (ALL, CLUSTER_ACTION, IDEMPOTENT_WRITE, READ, WRITE, DESCRIBE, ALTER)
 # Which operations each resource type has (Kafka's ResourceType -> AclOperation table, as far as used here).
-# Topics: only DescribeProducers checks them (DESCRIBE); Produce and Fetch need authentication only.
+# Topics: Produce needs WRITE, DescribeProducers DESCRIBE (as in Kafka); Fetch needs authentication only.
 OPERATIONS_OF = {CLUSTER: {ALL, CLUSTER_ACTION, IDEMPOTENT_WRITE, DESCRIBE, ALTER},
                  TRANSACTIONAL_ID: {ALL, WRITE, DESCRIBE},
                  TOPIC: {ALL, READ, WRITE, DESCRIBE, ALTER}}

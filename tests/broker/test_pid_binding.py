@@ -11,7 +11,7 @@ import pytest
 
 from broker import frontend
 from broker.config import BrokerConfig
-from broker.frontend import INIT_PRODUCER_ID, PRODUCE, BrokerRpc, BrokerServer
+from broker.frontend import INIT_PRODUCER_ID, PRODUCE, BrokerServer
 from broker.pid_binding import (
     FILE_NAME,
     MAGIC,
@@ -33,7 +33,11 @@ ALICE, MALLORY = "User:alice", "User:mallory"
 ACLS = [a.Acl(ALICE, a.CLUSTER, a.CLUSTER_NAME, a.LITERAL, a.IDEMPOTENT_WRITE, a.ALLOW),
         a.Acl(MALLORY, a.CLUSTER, a.CLUSTER_NAME, a.LITERAL, a.IDEMPOTENT_WRITE, a.ALLOW),
         a.Acl(ALICE, a.TRANSACTIONAL_ID, "alice-", a.PREFIXED, a.WRITE, a.ALLOW),
-        a.Acl(MALLORY, a.TRANSACTIONAL_ID, "mallory-", a.PREFIXED, a.WRITE, a.ALLOW)]
+        a.Acl(MALLORY, a.TRANSACTIONAL_ID, "mallory-", a.PREFIXED, a.WRITE, a.ALLOW),
+        # Produce needs WRITE on the topic (PRODUCE_TOPIC_ACL).  The attacker has it too: what refuses him here
+        # must be the producer-ID binding, not a missing topic ACL.
+        a.Acl(ALICE, a.TOPIC, "t", a.LITERAL, a.WRITE, a.ALLOW),
+        a.Acl(MALLORY, a.TOPIC, "t", a.LITERAL, a.WRITE, a.ALLOW)]
 DAY_MS = 24 * 3600 * 1000
 
 
@@ -382,20 +386,25 @@ def test_every_batch_of_a_partitions_records_is_checked(tmp_path, clock):
     run(go())
 
 
-def test_produce_topic_write_when_turned_on(tmp_path, clock, monkeypatch):
-    """The per-topic check Produce makes once PRODUCE_TOPIC_ACL is WRITE (it is None by default: see there)."""
-    rpc = frontend.RPCS[PRODUCE]
-    monkeypatch.setitem(frontend.RPCS, PRODUCE, BrokerRpc(rpc.name, rpc.versions, rpc.handle, rpc.error, rpc.acl,
-                                                          topic_acl=a.WRITE))
+def test_produce_needs_write_on_the_topic(tmp_path, clock):
+    """Produce checks WRITE on each topic (PRODUCE_TOPIC_ACL, as Kafka): a topic the principal may not write is
+    answered TOPIC_AUTHORIZATION_FAILED and nothing is written to it; a prefixed ACL is enough."""
+    assert frontend.RPCS[PRODUCE].topic_acl == a.WRITE
 
     async def go():
         b = Broker(str(tmp_path), clock)
-        b.server.acls = AclIndexCache(ACLS + [a.Acl(ALICE, a.TOPIC, "t", a.LITERAL, a.WRITE, a.ALLOW)])
+        b.server.acls = AclIndexCache(ACLS + [a.Acl(ALICE, a.TOPIC, "alice-", a.PREFIXED, a.WRITE, a.ALLOW)])
         try:
             _, pid, epoch = await b.init(ALICE)
             assert (await b.produce(ALICE, pid, epoch, 0))[0] == Errors.NONE
-            _, pid, epoch = await b.init(MALLORY)
-            assert (await b.produce(MALLORY, pid, epoch, 0))[0] == Errors.TOPIC_AUTHORIZATION_FAILED
+            assert (await b.produce(ALICE, pid, epoch, 1, topic="alice-x"))[0] == Errors.NONE
+            _, mpid, mepoch = await b.init(MALLORY)
+            before = b.server.counters["authorization_failures"]
+            assert (await b.produce(MALLORY, mpid, mepoch, 0, b"m", topic="alice-x"))[0] == \
+                Errors.TOPIC_AUTHORIZATION_FAILED
+            assert (await b.produce(MALLORY, mpid, mepoch, 0, b"m", topic="u"))[0] == Errors.TOPIC_AUTHORIZATION_FAILED
+            assert b.server.counters["authorization_failures"] == before + 2
+            assert b.values("alice-x") == [b"v"] and b.values("u") == []
         finally:
             await b.close()
     run(go())

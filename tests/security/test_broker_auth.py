@@ -1,8 +1,9 @@
 """Real Kafka clients (confluent-kafka / librdkafka and kafka-python) against a real broker process
 that requires SASL (inside TLS, and without), backed by a SASL_SSL quorum holding the ACLs.
 
-Users: alice has IDEMPOTENT_WRITE on the cluster and WRITE on transactional ids prefixed "alice-";
-bob authenticates but has no ACL; the broker's own user has CLUSTER_ACTION on the quorum.
+Users: alice has IDEMPOTENT_WRITE on the cluster, WRITE on transactional ids prefixed "alice-" and WRITE on
+topics prefixed "secured" (Produce needs it, as in Kafka); bob authenticates but has no ACL; the broker's own
+user has CLUSTER_ACTION on the quorum.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import threading
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
-from kafka import KafkaProducer
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka import errors as kerrors
 
 from benchmarks.processes import BrokerProcess, BrokerStartError
@@ -25,6 +26,7 @@ from security.acl import (
     IDEMPOTENT_WRITE,
     LITERAL,
     PREFIXED,
+    TOPIC,
     TRANSACTIONAL_ID,
     WRITE,
     Acl,
@@ -35,7 +37,8 @@ from wire import kafka
 
 ACLS = [Acl("User:broker", CLUSTER, CLUSTER_NAME, LITERAL, CLUSTER_ACTION, ALLOW),
         Acl("User:alice", CLUSTER, CLUSTER_NAME, LITERAL, IDEMPOTENT_WRITE, ALLOW),
-        Acl("User:alice", TRANSACTIONAL_ID, "alice-", PREFIXED, WRITE, ALLOW)]
+        Acl("User:alice", TRANSACTIONAL_ID, "alice-", PREFIXED, WRITE, ALLOW),
+        Acl("User:alice", TOPIC, "secured", PREFIXED, WRITE, ALLOW)]
 
 
 @pytest.fixture(scope="module")
@@ -170,6 +173,54 @@ def test_kafka_python_refusals(secure_brokers, caplog):
             producer.send("secured-kp", value=b"x").get(timeout=20)
     finally:
         producer.close(timeout=5)
+
+
+def kafka_python_read(brokers, user, topic, expect):
+    """Every value of partition 0 of ``topic``, read as ``user`` (Fetch needs authentication only) until
+    ``expect`` values have come and the partition has been idle for 1 s."""
+    c = KafkaConsumer(bootstrap_servers=brokers["plain"].bootstrap, security_protocol="SASL_PLAINTEXT",
+                      sasl_mechanism="PLAIN", sasl_plain_username=user, sasl_plain_password=PASSWORDS[user],
+                      enable_auto_commit=False, auto_offset_reset="earliest", consumer_timeout_ms=1000)
+    try:
+        c.assign([TopicPartition(topic, 0)])
+        c.seek_to_beginning()
+        got: list[bytes] = []
+
+        def more():
+            before = len(got)
+            got.extend(m.value for m in c)  # stops after 1 s idle
+            return len(got) >= expect and len(got) == before
+        wait_for(more, 30, what=f"{expect} records of {topic}")
+        return got
+    finally:
+        c.close()
+
+
+def test_produce_needs_write_on_the_topic(secure_brokers):
+    """Produce needs WRITE on each topic it writes to (as in Kafka): without it the topic's partitions are answered
+    TOPIC_AUTHORIZATION_FAILED and nothing is written; alice's prefixed ACL ("secured") lets her write."""
+    def send(user, topic, value, **extra):
+        producer = kafka_python_producer(secure_brokers, user, acks="all", **extra)
+        try:
+            return producer.send(topic, value=value, partition=0).get(timeout=20)
+        finally:
+            producer.close(timeout=5)
+    # alice may produce (IDEMPOTENT_WRITE) but not to this topic: the topic ACL is what refuses her
+    with pytest.raises(kerrors.TopicAuthorizationFailedError):
+        send("alice", "unsecured-w", b"alice-refused", enable_idempotence=True)
+    # bob has no ACL: a plain (non-idempotent) producer needs nothing but WRITE on the topic, which he lacks
+    with pytest.raises(kerrors.TopicAuthorizationFailedError):
+        send("bob", "secured-w", b"bob-refused", enable_idempotence=False)
+    # alice's prefixed WRITE covers "secured-w"
+    assert send("alice", "secured-w", b"alice-0", enable_idempotence=True).offset == 0
+    assert send("alice", "secured-w", b"alice-1", enable_idempotence=False).offset == 1
+    # nothing refused was written (read back, as alice and as bob: Fetch needs authentication only)
+    assert kafka_python_read(secure_brokers, "alice", "secured-w", 2) == [b"alice-0", b"alice-1"]
+    assert kafka_python_read(secure_brokers, "bob", "secured-w", 2) == [b"alice-0", b"alice-1"]
+    assert kafka_python_read(secure_brokers, "alice", "unsecured-w", 0) == []
+    log = secure_brokers["plain"].tail(400)
+    assert "User:alice is not allowed WRITE on topic 'unsecured-w'" in log
+    assert "User:bob is not allowed WRITE on topic 'secured-w'" in log
 
 
 def test_broker_closes_unauthenticated_requests_and_keeps_serving(secure_brokers):

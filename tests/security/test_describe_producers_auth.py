@@ -2,8 +2,9 @@
 rule; WRITE implies it), checked per topic, TOPIC_AUTHORIZATION_FAILED for the partitions of the others,
 whether they exist or not.
 
-alice: IDEMPOTENT_WRITE on the cluster (to produce) and DESCRIBE on topics prefixed "seen-"; bob: WRITE on
-the topic "written", added with ``pidctl acl add --topic`` while the broker runs."""
+alice: IDEMPOTENT_WRITE on the cluster and WRITE on topics prefixed "seen-" (to produce) and DESCRIBE on them;
+admin: IDEMPOTENT_WRITE and WRITE on the topics "written" and "hidden" (to produce there: a WRITE of alice's would
+imply DESCRIBE); bob: WRITE on the topic "written", added with ``pidctl acl add --topic`` while the broker runs."""
 from __future__ import annotations
 
 import asyncio
@@ -38,7 +39,12 @@ from wire.errors import Errors
 PRODUCE, INIT_PRODUCER_ID, DESCRIBE_PRODUCERS = 0, 22, 61
 ACLS = [Acl("User:broker", CLUSTER, CLUSTER_NAME, LITERAL, CLUSTER_ACTION, ALLOW),
         Acl("User:alice", CLUSTER, CLUSTER_NAME, LITERAL, IDEMPOTENT_WRITE, ALLOW),
-        Acl("User:alice", TOPIC, "seen-", PREFIXED, DESCRIBE, ALLOW)]
+        Acl("User:alice", TOPIC, "seen-", PREFIXED, DESCRIBE, ALLOW),
+        # Produce needs WRITE on the topic (as in Kafka)
+        Acl("User:alice", TOPIC, "seen-", PREFIXED, WRITE, ALLOW),
+        Acl("User:admin", CLUSTER, CLUSTER_NAME, LITERAL, IDEMPOTENT_WRITE, ALLOW),
+        Acl("User:admin", TOPIC, "written", LITERAL, WRITE, ALLOW),
+        Acl("User:admin", TOPIC, "hidden", LITERAL, WRITE, ALLOW)]
 
 
 @pytest.fixture(scope="module")
@@ -68,16 +74,16 @@ def call(b: BrokerProcess, user: str, body):
     return asyncio.run(go())
 
 
-def produce_as_alice(b: BrokerProcess, topic: str) -> int:
-    init = call(b, "alice", kafka.request_entity(INIT_PRODUCER_ID, 4, transactional_id=None,
-                                                 transaction_timeout=datetime.timedelta(seconds=60),
-                                                 producer_id=-1, producer_epoch=-1))
+def produce_as(b: BrokerProcess, user: str, topic: str) -> int:
+    init = call(b, user, kafka.request_entity(INIT_PRODUCER_ID, 4, transactional_id=None,
+                                              transaction_timeout=datetime.timedelta(seconds=60),
+                                              producer_id=-1, producer_epoch=-1))
     assert int(init.error_code) == 0, init
     pid = int(init.producer_id)
     pd = entity(PRODUCE, 9, "PartitionProduceData", index=0, records=batch(pid, 0, seq=0))
     td = entity(PRODUCE, 9, "TopicProduceData", name=topic, partition_data=(pd,))
-    resp = call(b, "alice", kafka.request_entity(PRODUCE, 9, transactional_id=None, acks=-1,
-                                                 timeout=datetime.timedelta(seconds=5), topic_data=(td,)))
+    resp = call(b, user, kafka.request_entity(PRODUCE, 9, transactional_id=None, acks=-1,
+                                              timeout=datetime.timedelta(seconds=5), topic_data=(td,)))
     assert int(resp.responses[0].partition_responses[0].error_code) == 0
     return pid
 
@@ -92,7 +98,8 @@ def describe(b: BrokerProcess, user: str, *topics: str) -> dict[str, tuple[Error
 
 def test_describe_producers_needs_describe_on_each_topic(secure_broker, secure_quorum):
     b = secure_broker
-    pids = {t: produce_as_alice(b, t) for t in ("seen-1", "written", "hidden")}
+    pids = {t: produce_as(b, user, t)
+            for user, t in (("alice", "seen-1"), ("admin", "written"), ("admin", "hidden"))}
     denied = Errors.TOPIC_AUTHORIZATION_FAILED
     assert describe(b, "alice", "seen-1", "written", "hidden", "no-such-topic") == {
         "seen-1": (Errors.NONE, [pids["seen-1"]]), "written": (denied, []), "hidden": (denied, []),

@@ -3,8 +3,9 @@ SASL (SASL_PLAINTEXT), backed by the module's SASL_SSL quorum (broker/pid_bindin
 
 alice is the victim and uses real clients (confluent-kafka for producing, kafka-python for reading back);
 bob, authenticated with IDEMPOTENT_WRITE and transactional ids of his own, attacks with raw Produce
-requests carrying alice's producer ID.  Every attack is answered with an authorization error and writes
-nothing; alice's records are all there, once."""
+requests carrying alice's producer ID.  Both may write the topics (WRITE on topics prefixed "pb-", which Produce
+needs, as in Kafka), so what refuses bob is the binding, not a missing topic ACL.  Every attack is answered with
+an authorization error and writes nothing; alice's records are all there, once."""
 from __future__ import annotations
 
 import asyncio
@@ -27,6 +28,7 @@ from security.acl import (
     IDEMPOTENT_WRITE,
     LITERAL,
     PREFIXED,
+    TOPIC,
     TRANSACTIONAL_ID,
     WRITE,
     Acl,
@@ -43,7 +45,10 @@ ACLS = [Acl("User:broker", CLUSTER, CLUSTER_NAME, LITERAL, CLUSTER_ACTION, ALLOW
         Acl("User:alice", CLUSTER, CLUSTER_NAME, LITERAL, IDEMPOTENT_WRITE, ALLOW),
         Acl("User:alice", TRANSACTIONAL_ID, "pb-alice-", PREFIXED, WRITE, ALLOW),
         Acl("User:bob", CLUSTER, CLUSTER_NAME, LITERAL, IDEMPOTENT_WRITE, ALLOW),
-        Acl("User:bob", TRANSACTIONAL_ID, "pb-bob-", PREFIXED, WRITE, ALLOW)]
+        Acl("User:bob", TRANSACTIONAL_ID, "pb-bob-", PREFIXED, WRITE, ALLOW),
+        # Produce needs WRITE on the topic; the attacker has it too, so the binding is what refuses him
+        Acl("User:alice", TOPIC, "pb-", PREFIXED, WRITE, ALLOW),
+        Acl("User:bob", TOPIC, "pb-", PREFIXED, WRITE, ALLOW)]
 AUTHZ = (Errors.CLUSTER_AUTHORIZATION_FAILED, Errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
 
 

@@ -10,6 +10,7 @@ the ``[pid_manager]`` table, ``--quorum-<key>`` for ``[quorum_security]``)::
     advertised = "10.0.1.1:9092"
     data_dir = "/var/lib/pidquorum-broker"      # relative paths: to this file's directory
     default_partitions = 3                     # --partitions
+    broker_heartbeat_interval_ms = 2000        # BrokerHeartbeat to the quorum (below its session timeout)
     metrics_port = 9096
     log_format = "json"
 
@@ -35,7 +36,7 @@ from security.client import ClientSecurity
 from settings import PATH, BindAddress, HostPort, Table, UserPrincipal
 from settings.flags import Flag
 
-from .pid_manager import PidManagerConfig
+from .pid_manager import DEFAULT_BROKER_HEARTBEAT_INTERVAL_MS, QUORUM_BROKER_SESSION_TIMEOUT_MS, PidManagerConfig
 from .quota import QuotaWindow
 
 Mechanism = Literal["PLAIN", "SCRAM-SHA-256"]
@@ -138,6 +139,12 @@ class BrokerConfig:
     """Threads for the partitions' disk writes."""
     quorum_timeout_s: Annotated[float, Field(gt=0)] = 5.0
     """Deadline of one call to the quorum."""
+    broker_heartbeat_interval_ms: Annotated[int, Field(ge=10, lt=QUORUM_BROKER_SESSION_TIMEOUT_MS)] = (
+        DEFAULT_BROKER_HEARTBEAT_INTERVAL_MS)
+    """Kafka's broker.heartbeat.interval.ms (default 2000): how often the broker sends BrokerHeartbeat, which
+    keeps its registration's session live so that no other incarnation can take its broker id.  Below the
+    quorum's broker_session_timeout_ms (9000 by default; a quorum with a shorter one needs a shorter interval,
+    a few heartbeats per session)."""
     metrics_port: Annotated[int, Field(ge=0, le=65535)] = 0
     """Serve Prometheus metrics on this port (0 = off)."""
     metrics_host: str = "127.0.0.1"
@@ -191,6 +198,8 @@ class BrokerConfig:
             raise ValueError(f"quorum_security: expected a table, got {self.quorum_security!r}")
         if self.data_dir is None:
             self.data_dir = f".pidquorum-broker-{self.broker_id}"
+        # The producer-ID manager heartbeats (broker.pid_manager); not a key of its [pid_manager] table.
+        self.pid_manager.heartbeat_interval_ms = self.broker_heartbeat_interval_ms
         return self
 
     @property

@@ -42,6 +42,23 @@ Everything else is retried with exponential backoff and jitter
 the backoff is reset only when a block is *accepted* -- not by a successful
 re-registration, not by a block that was refused (KAFKA-20058 / KAFKA-20114).
 
+Heartbeats (Kafka's BrokerLifecycleManager): a second background task sends
+BrokerHeartbeat every ``heartbeat_interval_ms`` (2000, Kafka's
+``broker.heartbeat.interval.ms``; the broker's ``broker_heartbeat_interval_ms``)
+for the current epoch, the first one right after each registration, so the
+registration has a live session in the quorum from the start: while it lasts
+(the quorum's ``broker_session_timeout_ms``, 9 s) a BrokerRegistration of this
+broker id by another incarnation is refused (DUPLICATE_BROKER_REGISTRATION)
+instead of fencing this broker.  Nothing a client request does waits for it.
+A heartbeat refused with STALE_BROKER_EPOCH / BROKER_ID_NOT_REGISTERED drops the
+epoch and wakes the refill task, which registers again exactly as after a refused
+AllocateProducerIds.  Any other failure (the quorum unavailable) is retried at the
+interval, logged at most every 10 s.  ``close()`` stops it and, if the broker is
+registered, sends one last heartbeat with ``want_shut_down`` (Kafka's controlled
+shutdown): the quorum removes the registration, so a restarted broker registers at
+once instead of waiting for the session to lapse.  A quorum object without
+``heartbeat`` (a test double of the allocation path) is not heartbeated.
+
 Threading: everything here runs on one asyncio event loop;
 ``generate_producer_id()`` must be called from that loop's thread (it shares
 state with the refill task without locks, which is safe only there).
@@ -56,12 +73,13 @@ import random
 import time
 import uuid
 from dataclasses import replace
-from typing import Annotated, Any, Awaitable, Callable, Protocol
+from typing import Annotated, Any, Awaitable, Callable, ClassVar, Protocol
 
 from pydantic import Field, model_validator
 
 import settings
 from client.retry import RetryPolicy
+from telemetry.logs import Throttled
 from wire.errors import (
     BrokerIdNotRegisteredError,
     CoordinatorLoadInProgressError,
@@ -73,6 +91,13 @@ from wire.errors import (
 log = logging.getLogger(__name__)
 
 LONG_MAX = 2 ** 63 - 1
+# Kafka's broker.heartbeat.interval.ms.
+DEFAULT_BROKER_HEARTBEAT_INTERVAL_MS = 2000
+# The quorum's default broker_session_timeout_ms (quorum.managers.DEFAULT_BROKER_SESSION_TIMEOUT_MS; the broker
+# does not import the quorum): heartbeats must come more often than this.
+QUORUM_BROKER_SESSION_TIMEOUT_MS = 9000
+# How long close() waits for the heartbeat that removes the registration (then the broker stops anyway).
+SHUTDOWN_HEARTBEAT_TIMEOUT_S = 5.0
 _NEVER = LONG_MAX + 1  # an ID no block can reach: "do not wake the refill task from the fast path"
 
 
@@ -84,6 +109,10 @@ class PidQuorum(Protocol):
 
     async def allocate(self, broker_id: int, broker_epoch: int) -> Any:
         """An object with ``start``, ``length`` and (optionally) ``throttle_ms``."""
+
+    async def heartbeat(self, broker_id: int, broker_epoch: int, want_fence: bool = False,
+                        want_shut_down: bool = False) -> dict:
+        """BrokerHeartbeat: ``{"is_fenced": ..., "should_shut_down": ...}`` (optional: see the module doc)."""
 
 
 @settings.model
@@ -121,6 +150,9 @@ class PidManagerConfig:
     """The peak of this many recent windows also bounds the rate estimate from below."""
     latency_ewma_alpha: Annotated[float, Field(gt=0, le=1)] = 0.2
     """Weight of the newest block request in the latency estimate."""
+    # Not a [pid_manager] key: the broker's ``broker_heartbeat_interval_ms`` (broker.config) sets it on the
+    # broker's instance; the class value is the default.
+    heartbeat_interval_ms: ClassVar[int] = DEFAULT_BROKER_HEARTBEAT_INTERVAL_MS
 
     @model_validator(mode="after")
     def _check(self) -> "PidManagerConfig":
@@ -144,19 +176,24 @@ class ProducerIdManager:
     """Hands producer IDs out of quorum-allocated blocks without ever blocking (see the module doc).
 
     ``quorum`` is a ``QuorumClient`` or anything with the same async ``register_broker``
-    and ``allocate``; the manager does not close it.  ``clock`` (monotonic seconds)
-    and ``sleep`` (an ``asyncio.sleep``-like coroutine used for backoff and throttle
-    waits) can be injected by tests.
+    and ``allocate`` (and ``heartbeat``: without it, no heartbeats); the manager does not
+    close it.  ``heartbeat_interval_ms``: default ``config.heartbeat_interval_ms``.
+    ``clock`` (monotonic seconds) and ``sleep`` (an ``asyncio.sleep``-like coroutine used
+    for backoff and throttle waits) can be injected by tests.
     """
 
     def __init__(self, broker_id: int, quorum: PidQuorum, *, listener: str = "",
                  config: PidManagerConfig | None = None, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
-                 rng: random.Random | None = None):
+                 rng: random.Random | None = None, heartbeat_interval_ms: int | None = None):
         self.broker_id = broker_id
         self.quorum = quorum
         self.listener = listener
         self.config = config or PidManagerConfig()
+        interval = self.config.heartbeat_interval_ms if heartbeat_interval_ms is None else heartbeat_interval_ms
+        if interval <= 0:
+            raise ValueError(f"heartbeat_interval_ms must be positive, got {interval}")
+        self.heartbeat_interval_s = interval / 1000.0
         self.incarnation_id = uuid.uuid4()  # one per manager instance: a retried registration keeps its epoch
         self._clock = clock
         self._sleep = sleep
@@ -216,6 +253,18 @@ class ProducerIdManager:
         self._backoffs = 0
         self._throttle_waits = 0
         self._early_windows = 0
+
+        # Heartbeat task (BrokerHeartbeat every heartbeat_interval_s for the current epoch).
+        self._hb_task: asyncio.Task | None = None
+        self._hb_kick: asyncio.Event | None = None  # set by a registration: heartbeat now
+        self._heartbeats = 0  # heartbeats answered without an error
+        self._heartbeat_errors: collections.Counter[str] = collections.Counter()
+        self._heartbeat_re_registrations = 0
+        self._last_heartbeat_ok: float | None = None  # time.monotonic()
+        self._heartbeat_failing_since: float | None = None
+        self._heartbeat_log = Throttled(log, 10.0)
+        self._shut_down_sent = False
+        self._register_after_backoff = False  # the refill task backs off before registering again
         self.backoff_delays: collections.deque[float] = collections.deque(maxlen=1000)  # for tests and stats
 
     # ------------------------------------------------------------------ hot path
@@ -270,6 +319,9 @@ class ProducerIdManager:
         loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self._ready = asyncio.Event()
+        self._hb_kick = asyncio.Event()
+        if self.heartbeats_enabled:
+            self._hb_task = loop.create_task(self._heartbeat_loop(), name=f"broker-heartbeat-{self.broker_id}")
         self._task = loop.create_task(self._run(), name=f"pid-refill-{self.broker_id}")
         ready = loop.create_task(self._ready.wait())
         try:
@@ -291,19 +343,50 @@ class ProducerIdManager:
                                        f"{self.config.start_timeout_s:g}s (errors: {errors or 'none'}, "
                                        f"blocks rejected: {self._blocks_rejected})")
 
-    async def close(self) -> None:
-        """Stop the refill task (cancels an allocation in flight).  IDs in hand can still be generated."""
+    async def close(self, shut_down: bool = True) -> None:
+        """Stop the refill and heartbeat tasks (cancels a request in flight).  IDs in hand can still be generated.
+
+        ``shut_down`` (a clean stop of the broker): if heartbeats are on and the broker is registered,
+        send one heartbeat asking to shut down (Kafka's controlled shutdown), waiting at most
+        ``SHUTDOWN_HEARTBEAT_TIMEOUT_S``: the quorum removes the registration, so the next incarnation
+        of this broker id registers at once.  If it fails, the session lapses on its own."""
+        first = not self._closed
         self._closed = True
-        task, self._task = self._task, None
-        if task is not None and not task.done():
-            task.cancel()
-        if task is not None:
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
-            except Exception:  # noqa: BLE001 - already logged by the task
-                pass
+        for attr in ("_task", "_hb_task"):
+            task = getattr(self, attr)
+            setattr(self, attr, None)
+            if task is not None and not task.done():
+                task.cancel()
+            if task is not None:
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
+                except Exception:  # noqa: BLE001 - already logged by the task
+                    pass
+        if first and shut_down and self.heartbeats_enabled and self.broker_epoch is not None:
+            await self._send_shut_down()
+
+    async def _send_shut_down(self) -> None:
+        epoch = self.broker_epoch
+        try:
+            await asyncio.wait_for(self.quorum.heartbeat(self.broker_id, epoch, want_shut_down=True),
+                                   SHUTDOWN_HEARTBEAT_TIMEOUT_S)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the stop goes on; the session lapses by itself
+            log.warning("broker %d: the shut-down heartbeat (epoch %s) failed: %s: %s; the registration holds "
+                        "the broker id until its session lapses", self.broker_id, epoch, type(e).__name__, e)
+            return
+        self._shut_down_sent = True
+        if self.broker_epoch == epoch:
+            self.broker_epoch = None
+        log.info("broker %d: registration (epoch %s) removed by a shut-down heartbeat", self.broker_id, epoch)
+
+    @property
+    def heartbeats_enabled(self) -> bool:
+        """The quorum object can heartbeat (a ``QuorumClient`` can; test doubles may not)."""
+        return callable(getattr(self.quorum, "heartbeat", None))
 
     @property
     def fatal_error(self) -> PidQuorumError | None:
@@ -317,6 +400,10 @@ class ProducerIdManager:
                 now = self._clock()
                 self._sample_rate(now)
                 if self.broker_epoch is None:
+                    if self._register_after_backoff:  # a heartbeat found the epoch stale: as _fetch_one does
+                        self._register_after_backoff = False
+                        await self._back_off()
+                        continue
                     await self._register()
                     continue
                 if self._needs_block():
@@ -360,6 +447,8 @@ class ProducerIdManager:
             self.broker_epoch = await self.quorum.register_broker(self.broker_id, self.incarnation_id,
                                                                   self.listener)
             self._registrations += 1
+            if self._hb_kick is not None:
+                self._hb_kick.set()  # the session starts now: heartbeat at once
             log.info("broker %d registered (incarnation %s): epoch %d", self.broker_id, self.incarnation_id,
                      self.broker_epoch)
         except asyncio.CancelledError:
@@ -387,6 +476,7 @@ class ProducerIdManager:
             log.warning("broker %d: epoch %s refused (%s); registering again", self.broker_id, self.broker_epoch,
                         e.code.name)
             self.broker_epoch = None
+            self._register_after_backoff = False  # backed off here
             await self._back_off()  # not reset: a fresh epoch is not a block (KAFKA-20058)
             return
         except Exception as e:  # noqa: BLE001
@@ -413,6 +503,70 @@ class ProducerIdManager:
         if throttle_ms > 0:
             self._throttle_waits += 1
             await self._sleep(throttle_ms / 1000.0)
+
+    # ------------------------------------------------------------ heartbeat task
+    async def _heartbeat_loop(self) -> None:
+        """BrokerHeartbeat for the current epoch every ``heartbeat_interval_s`` (from the start of the last
+        one), at once after a registration; see the module doc."""
+        loop = asyncio.get_running_loop()
+        next_at = loop.time()
+        try:
+            while not self._closed:
+                wait = next_at - loop.time()
+                if self.broker_epoch is None or wait > 0:
+                    # Until the next beat is due; a registration (a new epoch) cuts the wait short.
+                    try:
+                        await asyncio.wait_for(self._hb_kick.wait(), None if self.broker_epoch is None else wait)
+                    except asyncio.TimeoutError:
+                        pass
+                    if self._hb_kick.is_set():
+                        self._hb_kick.clear()
+                        next_at = loop.time()
+                    continue
+                next_at = loop.time() + self.heartbeat_interval_s
+                await self._heartbeat_once(self.broker_epoch)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("broker %d: heartbeat task failed", self.broker_id)
+            raise
+
+    async def _heartbeat_once(self, epoch: int) -> None:
+        try:
+            answer = await self.quorum.heartbeat(self.broker_id, epoch)
+        except asyncio.CancelledError:
+            raise
+        except (StaleBrokerEpochError, BrokerIdNotRegisteredError) as e:
+            # The registration is gone or replaced: register again (the refill task's path, as after a
+            # refused AllocateProducerIds: backed off, then registered); the new registration heartbeats at once.
+            self._heartbeat_errors[type(e).__name__] += 1
+            if self.broker_epoch == epoch:
+                self._heartbeat_re_registrations += 1
+                self._re_registrations += 1
+                log.warning("broker %d: heartbeat of epoch %s refused (%s); registering again", self.broker_id,
+                            epoch, e.code.name)
+                self.broker_epoch = None
+                self._register_after_backoff = True
+                if self._wake is not None:
+                    self._wake.set()
+            return
+        except Exception as e:  # noqa: BLE001 - the quorum unavailable, ...: next beat at the interval
+            self._heartbeat_errors[type(e).__name__] += 1
+            now = time.monotonic()
+            if self._heartbeat_failing_since is None:
+                self._heartbeat_failing_since = now
+            self._heartbeat_log(logging.WARNING, "broker %d: heartbeat (epoch %s) failed for %.1f s: %s: %s",
+                                self.broker_id, epoch, now - self._heartbeat_failing_since, type(e).__name__, e)
+            return
+        self._heartbeats += 1
+        self._last_heartbeat_ok = time.monotonic()
+        if self._heartbeat_failing_since is not None:
+            log.info("broker %d: heartbeats answered again after %.1f s", self.broker_id,
+                     self._last_heartbeat_ok - self._heartbeat_failing_since)
+            self._heartbeat_failing_since = None
+        if isinstance(answer, dict) and (answer.get("is_fenced") or answer.get("should_shut_down")):
+            self._heartbeat_log(logging.WARNING, "broker %d: heartbeat (epoch %s) answered %s", self.broker_id,
+                                epoch, answer)
 
     def _validate(self, start: int, length: int) -> str | None:
         if not isinstance(start, int) or not isinstance(length, int):
@@ -593,8 +747,16 @@ class ProducerIdManager:
                 "backoffs": self._backoffs,
                 "throttle_waits": self._throttle_waits,
                 "surge_windows": self._early_windows,
+                "heartbeats": self._heartbeats,
+                "heartbeat_errors": dict(self._heartbeat_errors),
+                "heartbeat_re_registrations": self._heartbeat_re_registrations,
             },
+            "heartbeat_interval_s": self.heartbeat_interval_s if self.heartbeats_enabled else None,
+            "last_heartbeat_age_s": (None if self._last_heartbeat_ok is None
+                                     else time.monotonic() - self._last_heartbeat_ok),
+            "shut_down_heartbeat_sent": self._shut_down_sent,
         }
 
 
-__all__ = ["PidManagerConfig", "PidQuorum", "ProducerIdManager", "is_authorization_error", "LONG_MAX"]
+__all__ = ["DEFAULT_BROKER_HEARTBEAT_INTERVAL_MS", "LONG_MAX", "PidManagerConfig", "PidQuorum", "ProducerIdManager",
+           "QUORUM_BROKER_SESSION_TIMEOUT_MS", "is_authorization_error"]

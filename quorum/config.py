@@ -14,6 +14,7 @@ Example::
     allocate_rate_per_broker = 1000.0        # blocks/s per broker; 0 = no limit
     allocate_burst = 2000
     max_frame_bytes = 1048576
+    broker_session_timeout_ms = 9000         # a registration holds its broker id this long after a heartbeat
     # What a peer may cost the client port (see quorum.server):
     max_connections = 1000                   # one more is closed at once (counted, logged every 10 s)
     max_connections_per_ip = 1000
@@ -53,6 +54,7 @@ from pydantic import Field, field_validator, model_validator
 import settings
 from settings import PATH, ConfigError, HostPort, Table, UserPrincipal
 
+from .managers import DEFAULT_BROKER_SESSION_TIMEOUT_MS
 from .raft import RaftConfig
 
 __all__ = ["ConfigError", "NodeConfig", "Peer", "from_dict", "load", "to_toml"]
@@ -110,6 +112,11 @@ class NodeConfig:
     """Kafka's transactional.id.expiration.ms."""
     transaction_max_timeout_ms: Annotated[int, Field(gt=0, le=2**31 - 1)] = 15 * 60 * 1000
     """Kafka's transaction.max.timeout.ms."""
+    broker_session_timeout_ms: Annotated[int, Field(ge=100, le=3_600_000)] = DEFAULT_BROKER_SESSION_TIMEOUT_MS
+    """Kafka's broker.session.timeout.ms: a broker registration whose broker heartbeated within this long is
+    live, and a BrokerRegistration of its id by another incarnation is refused (DUPLICATE_BROKER_REGISTRATION)
+    until it lapses.  Keep it above the brokers' ``broker_heartbeat_interval_ms`` (2000 by default); every node
+    should have the same value (the leader's decides)."""
     sasl_credentials_file: Annotated[str | None, PATH] = None
     """Set: SASL required on the client port, ACLs enforced."""
     sasl_mechanisms: Annotated[list[Mechanism], Field(strict=False)] = field(

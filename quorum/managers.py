@@ -17,7 +17,6 @@ import collections
 import copy
 import dataclasses
 import datetime
-import enum
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,13 +45,12 @@ from records.schema import INT_RANGES, LONG_MAX
 from security.acl import Acl, AclError, AclIndex
 from wire.errors import (
     ConcurrentTransactionsError,
-    Errors,
+    DuplicateBrokerRegistrationError,
     InvalidProducerIdMappingError,
     InvalidRequestError,
     InvalidTransactionTimeoutError,
     InvalidTxnStateError,
     InvariantViolation,
-    PidQuorumError,
     ProducerFencedError,
     StaleBrokerEpochError,
     UnknownServerError,
@@ -78,23 +76,6 @@ class Result:
 # Kafka's broker.session.timeout.ms: a registration whose broker heartbeated within this long is live, and
 # a new incarnation of its broker id is refused (DUPLICATE_BROKER_REGISTRATION) until the session lapses.
 DEFAULT_BROKER_SESSION_TIMEOUT_MS = 9000
-
-if hasattr(Errors, "DUPLICATE_BROKER_REGISTRATION"):  # pragma: no cover - once wire.errors has Kafka's code
-    _DUPLICATE = Errors.DUPLICATE_BROKER_REGISTRATION
-else:
-    class _Code(enum.IntEnum):
-        """Kafka's error code 101, until ``wire.errors.Errors`` has it (a client reads it as
-        UNKNOWN_SERVER_ERROR meanwhile: refused, not retried)."""
-        DUPLICATE_BROKER_REGISTRATION = 101
-
-    _DUPLICATE = _Code.DUPLICATE_BROKER_REGISTRATION
-
-
-class DuplicateBrokerRegistrationError(PidQuorumError):
-    """Kafka error DUPLICATE_BROKER_REGISTRATION (101): the broker id is held by a live registration
-    of another incarnation."""
-
-    code = _DUPLICATE  # type: ignore[assignment]
 
 
 def _utc(ms: int) -> str:

@@ -351,7 +351,8 @@ class Proposer:
         if not self._still_leading(term, ops):
             return
         ctx = Context(svc.cfg.block_size, int(svc.clock.time() * 1000),
-                      TxnSettings(svc.cfg.transactional_id_expiration_ms, svc.cfg.transaction_max_timeout_ms))
+                      TxnSettings(svc.cfg.transactional_id_expiration_ms, svc.cfg.transaction_max_timeout_ms),
+                      session_timeout_ms=svc.cfg.broker_session_timeout_ms)
         with svc.lock:
             scratch = svc.state.fork()
         records: list[Record] = []

@@ -50,6 +50,7 @@ class Errors(enum.IntEnum):
     INVALID_RECORD = 87
     THROTTLING_QUOTA_EXCEEDED = 89
     PRODUCER_FENCED = 90
+    DUPLICATE_BROKER_REGISTRATION = 101
     BROKER_ID_NOT_REGISTERED = 102
 
     @classmethod
@@ -106,6 +107,10 @@ InvalidRequestError = _BY_CODE[Errors.INVALID_REQUEST]
 StaleBrokerEpochError = _BY_CODE[Errors.STALE_BROKER_EPOCH]
 ThrottlingQuotaExceededError = _BY_CODE[Errors.THROTTLING_QUOTA_EXCEEDED]
 BrokerIdNotRegisteredError = _BY_CODE[Errors.BROKER_ID_NOT_REGISTERED]
+# The broker id is held by a live registration of another incarnation (quorum.managers): not retriable, so
+# ``pidctl broker register`` shows the refusal; a broker's own registration loop retries it until the old
+# session lapses (broker.pid_manager).
+DuplicateBrokerRegistrationError = _BY_CODE[Errors.DUPLICATE_BROKER_REGISTRATION]
 OutOfOrderSequenceNumberError = _BY_CODE[Errors.OUT_OF_ORDER_SEQUENCE_NUMBER]
 InvalidProducerEpochError = _BY_CODE[Errors.INVALID_PRODUCER_EPOCH]
 ProducerFencedError = _BY_CODE[Errors.PRODUCER_FENCED]

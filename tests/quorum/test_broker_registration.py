@@ -26,7 +26,7 @@ from quorum.managers import (
 )
 from quorum.rpcs import RPCS, Context
 from records import RegisterBrokerRecord, UnfenceBrokerRecord
-from tests.conftest import run, wait_for
+from tests.conftest import cluster_harness, run, wait_for
 from wire.errors import PidQuorumError, StaleBrokerEpochError
 
 T = 1_700_000_000_000  # ms: the leader's clock when broker 1 registers
@@ -320,7 +320,7 @@ def test_a_real_quorum_refuses_a_second_incarnation_until_the_session_lapses(clu
             await m.start()
             return m.broker_epoch, time.monotonic(), m.generate_producer_id()
         finally:
-            await m.close()
+            await m.close(shut_down=False)  # keeps the registration (a clean stop would remove it): see below
             await c.close()
     new_epoch, up, pid = run(restarted())
     assert new_epoch > epoch and pid >= 0
@@ -328,3 +328,55 @@ def test_a_real_quorum_refuses_a_second_incarnation_until_the_session_lapses(clu
     wait_for(lambda: any(b["broker_id"] == broker_id and b["incarnation_id"] == str(new)
                          for d in cluster.describe_all().values() for b in d["state"]["brokers"]),
              10, what="every node to apply the new registration")
+
+
+# ------------------------------------------------------------------ the node setting broker_session_timeout_ms
+
+
+def test_broker_session_timeout_ms_is_a_checked_node_setting(tmp_path):
+    from quorum.config import ConfigError, from_dict
+
+    base = {"node_id": 1, "data_dir": "d", "raft_address": "127.0.0.1:1", "client_address": "127.0.0.1:2",
+            "secret": "s"}
+    assert from_dict(base, str(tmp_path)).broker_session_timeout_ms == DEFAULT_BROKER_SESSION_TIMEOUT_MS == 9000
+    assert from_dict({**base, "broker_session_timeout_ms": 1500}, str(tmp_path)).broker_session_timeout_ms == 1500
+    for bad in (0, -1, "9000", 10**10):
+        with pytest.raises(ConfigError, match="broker_session_timeout_ms"):
+            from_dict({**base, "broker_session_timeout_ms": bad}, str(tmp_path))
+
+
+SHORT_SESSION_MS = 1500
+
+
+@pytest.fixture
+def short_session_cluster(tmp_path, request):
+    yield from cluster_harness(tmp_path, request, broker_session_timeout_ms=SHORT_SESSION_MS)
+
+
+def test_the_leader_decides_with_the_nodes_broker_session_timeout_ms(short_session_cluster):
+    """A quorum whose nodes have broker_session_timeout_ms = 1.5 s frees a broker id 1.5 s after the last
+    heartbeat, long before the default 9 s."""
+    addresses = short_session_cluster.lc.client_addresses()
+    broker_id, old, new = 4102, uuid.uuid4(), uuid.uuid4()
+
+    async def go():
+        c = _client(addresses)
+        try:
+            epoch = await c.register_broker(broker_id, old, "127.0.0.1:9001")
+            await c.heartbeat(broker_id, epoch)
+            beat = time.monotonic()
+            with pytest.raises(DuplicateBrokerRegistrationError):
+                await c.register_broker(broker_id, new)
+            deadline = beat + 6.0  # the default session (9 s) would still be live
+            while True:
+                try:
+                    return beat, time.monotonic(), epoch, await c.register_broker(broker_id, new)
+                except DuplicateBrokerRegistrationError:
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.05)
+        finally:
+            await c.close()
+    beat, accepted, epoch, new_epoch = run(go())
+    assert new_epoch > epoch
+    assert SHORT_SESSION_MS / 1000 - 0.5 <= accepted - beat < 6.0  # (the leader's clock, not ours)

@@ -198,8 +198,6 @@ class BrokerConfig:
             raise ValueError(f"quorum_security: expected a table, got {self.quorum_security!r}")
         if self.data_dir is None:
             self.data_dir = f".pidquorum-broker-{self.broker_id}"
-        # The producer-ID manager heartbeats (broker.pid_manager); not a key of its [pid_manager] table.
-        self.pid_manager.heartbeat_interval_ms = self.broker_heartbeat_interval_ms
         return self
 
     @property

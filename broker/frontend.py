@@ -297,7 +297,8 @@ class BrokerServer:
         self.cfg.with_bound_port(self.port)
         adv_host, adv_port = self.cfg.advertised_address
         self.pids = ProducerIdManager(self.cfg.broker_id, self.quorum, listener=f"{adv_host}:{adv_port}",
-                                      config=self.cfg.pid_manager)
+                                      config=self.cfg.pid_manager,
+                                      heartbeat_interval_ms=self.cfg.broker_heartbeat_interval_ms)
         loop = asyncio.get_running_loop()
         self.txn = TxnCoordinator(self.cfg.broker_id, self.quorum, self.storage,
                                   lambda fn, *args: loop.run_in_executor(self._io, fn, *args),

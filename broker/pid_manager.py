@@ -73,7 +73,7 @@ import random
 import time
 import uuid
 from dataclasses import replace
-from typing import Annotated, Any, Awaitable, Callable, ClassVar, Protocol
+from typing import Annotated, Any, Awaitable, Callable, Protocol
 
 from pydantic import Field, model_validator
 
@@ -150,10 +150,6 @@ class PidManagerConfig:
     """The peak of this many recent windows also bounds the rate estimate from below."""
     latency_ewma_alpha: Annotated[float, Field(gt=0, le=1)] = 0.2
     """Weight of the newest block request in the latency estimate."""
-    # Not a [pid_manager] key: the broker's ``broker_heartbeat_interval_ms`` (broker.config) sets it on the
-    # broker's instance; the class value is the default.
-    heartbeat_interval_ms: ClassVar[int] = DEFAULT_BROKER_HEARTBEAT_INTERVAL_MS
-
     @model_validator(mode="after")
     def _check(self) -> "PidManagerConfig":
         if self.backoff_initial_s > self.backoff_max_s:
@@ -177,7 +173,8 @@ class ProducerIdManager:
 
     ``quorum`` is a ``QuorumClient`` or anything with the same async ``register_broker``
     and ``allocate`` (and ``heartbeat``: without it, no heartbeats); the manager does not
-    close it.  ``heartbeat_interval_ms``: default ``config.heartbeat_interval_ms``.
+    close it.  ``heartbeat_interval_ms``: the broker's ``broker_heartbeat_interval_ms``
+(default ``DEFAULT_BROKER_HEARTBEAT_INTERVAL_MS``).
     ``clock`` (monotonic seconds) and ``sleep`` (an ``asyncio.sleep``-like coroutine used
     for backoff and throttle waits) can be injected by tests.
     """
@@ -190,7 +187,7 @@ class ProducerIdManager:
         self.quorum = quorum
         self.listener = listener
         self.config = config or PidManagerConfig()
-        interval = self.config.heartbeat_interval_ms if heartbeat_interval_ms is None else heartbeat_interval_ms
+        interval = DEFAULT_BROKER_HEARTBEAT_INTERVAL_MS if heartbeat_interval_ms is None else heartbeat_interval_ms
         if interval <= 0:
             raise ValueError(f"heartbeat_interval_ms must be positive, got {interval}")
         self.heartbeat_interval_s = interval / 1000.0

@@ -80,6 +80,7 @@ def _every_broker_setting(tmp_path) -> BrokerConfig:
         advertised="10.0.1.9:19092", cluster_id="c-test", default_partitions=3, auto_create_topics=False,
         max_frame_bytes=65536, max_connections=50, max_connections_per_ip=5, max_connection_buffer_bytes=131072,
         max_unauthenticated_frame_bytes=4096, authentication_timeout_ms=2500, tls_handshake_timeout_ms=1500,
+        broker_heartbeat_interval_ms=500,
         describe_producers_limit=10, producer_id_expiration_ms=1000, max_producers_per_partition=500,
         idempotence_retry_window_ms=60_000, producer_snapshot_every=77, segment_bytes=4096, retention_ms=-1, retention_bytes=1 << 30,
         max_open_segments=64, max_topics=10, dedup=False, io_threads=2,

@@ -259,7 +259,8 @@ def test_a_quorum_without_heartbeat_is_not_heartbeated():
 def test_broker_heartbeat_interval_ms_is_validated_and_reaches_the_manager():
     assert BrokerConfig(broker_id=1, quorum=["h:1"]).broker_heartbeat_interval_ms == 2000  # Kafka's default
     cfg = BrokerConfig(broker_id=1, quorum=["h:1"], broker_heartbeat_interval_ms=250)
-    assert ProducerIdManager(1, FakeQuorum(), config=cfg.pid_manager).heartbeat_interval_s == 0.25
+    assert ProducerIdManager(1, FakeQuorum(), heartbeat_interval_ms=cfg.broker_heartbeat_interval_ms
+                             ).heartbeat_interval_s == 0.25  # as the broker's front end passes it
     assert ProducerIdManager(1, FakeQuorum()).heartbeat_interval_s == 2.0
     for bad in (0, 9000, 60_000, "2000"):
         with pytest.raises(ConfigError, match="broker_heartbeat_interval_ms"):

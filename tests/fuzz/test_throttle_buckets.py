@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import types
 
+from quorum.config import NodeConfig
 from quorum.server import BUCKET_PRUNE_AT, QuorumServer
 from wire.errors import ThrottlingQuotaExceededError
 
 
 def _server(rate: float = 1000.0, burst: int = 2000) -> QuorumServer:
-    cfg = types.SimpleNamespace(allocate_rate_per_broker=rate, allocate_burst=burst, secret="s", sasl_credentials_file=None,
-                                sasl_mechanisms=["PLAIN"], super_users=[], tls_certfile=None, tls_keyfile=None,
-                                tls_cafile=None, tls_client_auth=False, allocate_reserve_blocks=0)
+    cfg = NodeConfig(node_id=1, data_dir="unused", raft_address="127.0.0.1:1", client_address="127.0.0.1:2",
+                     secret="s", allocate_rate_per_broker=rate, allocate_burst=burst)
     return QuorumServer(types.SimpleNamespace(cfg=cfg))
 
 

@@ -61,7 +61,7 @@ from typing import Any, Callable
 import failpoints
 from client.quorum import QuorumClient, RetryPolicy
 from security import acl as a
-from security.limits import ConnectionLimits, TrimAfterClose
+from security.limits import ConnectionLimits, TrimAfterClose, read_gated_frame
 from security.sasl import SaslAuthenticator, api_versions_table, linger_close
 from security.tls import server_context
 from telemetry.logs import FirstOfEach, Throttled, end_request_context, request_context
@@ -457,19 +457,9 @@ class BrokerServer:
         try:
             while True:
                 authenticated = session is None or session.authenticated
-                max_bytes = self.cfg.max_frame_bytes if authenticated else self.unauthenticated_frame_bytes
-                try:
-                    frame = await kafka.read_frame(reader, max_bytes, frames.room)
-                except kafka.FrameError as e:
-                    if expired():
-                        return
-                    self.counters["bad_frames"] += 1
-                    if authenticated:
-                        log.warning("client %s: %s; closing", peer, e)
-                    else:  # anyone can send these: at most a line every 10 s
-                        self._peer_log(logging.WARNING, "client %s: before authentication: %s "
-                                       "(max_unauthenticated_frame_bytes %d); closing", peer, e, max_bytes)
-                    return
+                frame = await read_gated_frame(reader, authenticated, self.cfg.max_frame_bytes,
+                                               self.unauthenticated_frame_bytes, frames.room, expired, self.counters,
+                                               log, self._peer_log, peer)
                 if frame is None:
                     return
                 if not authenticated:
@@ -553,9 +543,9 @@ class BrokerServer:
         IDEMPOTENT_WRITE on the cluster without a transactional id (else CLUSTER_AUTHORIZATION_FAILED)
         and WRITE on the transactional id with one, as do AddPartitionsToTxn, EndTxn and a Produce that
         names one, transactional batches or not (else TRANSACTIONAL_ID_AUTHORIZATION_FAILED).  Which
-        producer IDs a Produce may carry is ``_binding_refusal``'s (broker/pid_binding.py).  Topics are checked only where an RPC declares
-        ``topic_acl`` (Produce: WRITE, PRODUCE_TOPIC_ACL; DescribeProducers: DESCRIBE), per topic by its handler
-        (``_topic_allowed``)."""
+        producer IDs a Produce may carry is ``_binding_refusal``'s (broker/pid_binding.py).  Topics are checked
+        only where an RPC declares ``topic_acl`` (Produce: WRITE, PRODUCE_TOPIC_ACL; DescribeProducers:
+        DESCRIBE), per topic by its handler (``_topic_allowed``)."""
         need = RPCS[req.api_key].acl(req.body)
         if need is None:
             return

@@ -53,7 +53,7 @@ from client.retry import FORWARD_POLICY
 from security import acl as a
 from security.client import ClientSecurity
 from security.credentials import NODE_USER, node_credential, node_password
-from security.limits import ByteBudget, ConnectionLimits, release_freed_memory
+from security.limits import ByteBudget, ConnectionLimits, TrimAfterClose, read_gated_frame
 from security.sasl import SaslAuthenticator, api_versions_table, linger_close
 from security.tls import server_context
 from telemetry.logs import FirstOfEach, Throttled, request_context
@@ -77,7 +77,6 @@ from .stats import REQUEST_BUCKETS, Histogram
 log = logging.getLogger(__name__)
 FORWARD_CLIENT_ID = "pidquorum-forward"  # the client id of the connection a node forwards on
 BUCKET_PRUNE_AT = 1024  # throttle buckets kept before idle ones are pruned
-TRIM_DELAY_S = 1.0  # after a connection ends, the heap's free pages go back to the system this much later
 
 
 class _Refused(Exception):
@@ -215,7 +214,7 @@ class QuorumServer:
                          "authentication_timeouts": 0, "tls_handshake_failures": 0, "read_pauses": 0}
         self.limits = ConnectionLimits(self.cfg.max_connections, self.cfg.max_connections_per_ip, self.counters, log)
         self._peer_log = Throttled(log, 10.0)  # what unauthenticated peers cause: at most a line every 10 s
-        self._trim_handle: asyncio.TimerHandle | None = None
+        self._trim = TrimAfterClose(log)  # else 100 connections that each parked 1 MiB leave the node at its peak RSS
         self._frame_log = FirstOfEach(log)  # unknown API keys, unsupported versions: once each
         # AllocateProducerIds answered OK by this node (the RPCs marked timed), their latency
         self.allocate_latency = Histogram(REQUEST_BUCKETS)
@@ -260,8 +259,7 @@ class QuorumServer:
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
-        if self._trim_handle is not None:
-            self._trim_handle.cancel()
+        self._trim.cancel()
         for t in self._tasks:
             t.cancel()
         for c in self._forward_conns.values():
@@ -332,21 +330,8 @@ class QuorumServer:
             if error is not None:
                 error.__traceback__ = None
             self.limits.release(peer)
-            self._trim_soon(loop)
+            self._trim.soon()  # a second later the heap's free pages go back to the system (glibc)
 
-    def _trim_soon(self, loop: asyncio.AbstractEventLoop) -> None:
-        """A connection ended: in a second (once its transport and buffers are freed, and those of the
-        connections that end with it), give the heap's free pages back to the system.  glibc keeps them:
-        without it, 100 connections that each parked 1 MiB left the node at its peak RSS after they
-        closed.  At most one trim a second (``release_freed_memory``: 0.1-0.2 ms with little to give back)."""
-        if self._trim_handle is None:
-            self._trim_handle = loop.call_later(TRIM_DELAY_S, self._trim)
-
-    def _trim(self) -> None:
-        self._trim_handle = None
-        t0 = time.perf_counter()
-        if release_freed_memory():
-            log.debug("malloc_trim: %.1f ms", (time.perf_counter() - t0) * 1000)
 
     async def _serve(self, reader: asyncio.StreamReader, responses: InOrder, session: Any, peer: Any,
                      expired: Callable[[], bool]) -> None:
@@ -355,20 +340,9 @@ class QuorumServer:
         authentication deadline closed it (what it was reading then is not a bad frame)."""
         budget = ByteBudget(self.cfg.max_connection_buffer_bytes, self._count_read_pause)
         while True:
-            authenticated = session is None or session.authenticated
-            max_bytes = self.cfg.max_frame_bytes if authenticated else self.unauthenticated_frame_bytes
-            try:
-                frame = await kafka.read_frame(reader, max_bytes, budget.room)
-            except kafka.FrameError as e:
-                if expired():
-                    return
-                self.counters["bad_frames"] += 1
-                if authenticated:
-                    log.warning("client %s: %s; closing", peer, e)
-                else:  # anyone can send these: at most a line every 10 s
-                    self._peer_log(logging.WARNING, "client %s: before authentication: %s "
-                                   "(max_unauthenticated_frame_bytes %d); closing", peer, e, max_bytes)
-                return
+            frame = await read_gated_frame(reader, session is None or session.authenticated, self.cfg.max_frame_bytes,
+                                           self.unauthenticated_frame_bytes, budget.room, expired, self.counters, log,
+                                           self._peer_log, peer)
             if frame is None:
                 return
             size = len(frame)

@@ -31,6 +31,7 @@ import time
 from typing import Any, Callable
 
 from telemetry.logs import Throttled
+from wire import kafka
 
 from .acl import peer_host
 
@@ -182,3 +183,28 @@ class TrimAfterClose:
         if release_freed_memory():
             self.trims += 1
             self._log.debug("malloc_trim: %.1f ms", (time.perf_counter() - t0) * 1000)
+
+
+async def read_gated_frame(reader: asyncio.StreamReader, authenticated: bool, max_frame_bytes: int,
+                           max_unauthenticated_bytes: int, room: Callable[[int], Any], expired: Callable[[], bool],
+                           counters: dict, logger: logging.Logger, peer_log: Callable[..., None],
+                           peer: Any) -> bytes | None:
+    """A connection's next frame, bounded by what its peer may send now: ``max_frame_bytes`` once it
+    authenticated, ``max_unauthenticated_bytes`` before (the size is checked before the body is read).
+    None ends the connection: the stream ended, or a bad or oversized frame (counted in ``bad_frames``;
+    logged through ``logger``, or before authentication through ``peer_log``, at most a line every 10 s,
+    since anyone can send these).  After the authentication deadline closed the connection (``expired()``),
+    a frame it cut is not a bad one."""
+    max_bytes = max_frame_bytes if authenticated else max_unauthenticated_bytes
+    try:
+        return await kafka.read_frame(reader, max_bytes, room)
+    except kafka.FrameError as e:
+        if expired():
+            return None
+        counters["bad_frames"] += 1
+        if authenticated:
+            logger.warning("client %s: %s; closing", peer, e)
+        else:
+            peer_log(logging.WARNING, "client %s: before authentication: %s (max_unauthenticated_frame_bytes %d); "
+                     "closing", peer, e, max_bytes)
+        return None

@@ -61,7 +61,7 @@ from typing import Any, Callable
 import failpoints
 from client.quorum import QuorumClient, RetryPolicy
 from security import acl as a
-from security.limits import ConnectionLimits, TrimAfterClose, read_gated_frame
+from security.limits import BeforeAuthentication, ConnectionLimits, TrimAfterClose, read_gated_frame
 from security.sasl import SaslAuthenticator, api_versions_table, linger_close
 from security.tls import server_context
 from telemetry.logs import FirstOfEach, Throttled, end_request_context, request_context
@@ -366,39 +366,18 @@ class BrokerServer:
             writer.transport.abort()  # nothing is read or answered: the client sees a reset
             return
         loop = asyncio.get_running_loop()
-        accepted = loop.time()
         frames = ReadAhead(self.cfg.max_connection_buffer_bytes, self._count_read_pause)
         self._connections[task] = frames
         session = self.sasl.session(peer) if self.sasl is not None else None
-        expired = False
-
-        def authentication_expired() -> None:
-            nonlocal expired
-            if session is None or session.authenticated or writer.transport.is_closing():
-                return
-            expired = True
-            self.counters["authentication_timeouts"] += 1
-            self._peer_log(logging.WARNING, "client %s: not authenticated %d ms after it connected "
-                           "(authentication_timeout_ms); closing", peer, self.cfg.authentication_timeout_ms)
-            writer.transport.abort()  # the TLS handshake's socket too, while it runs (start_tls then fails)
-
-        expiry = (loop.call_at(accepted + self.cfg.authentication_timeout_ms / 1000, authentication_expired)
-                  if session is not None else None)
+        gate = BeforeAuthentication(writer, session, peer, self.cfg.authentication_timeout_ms, self.counters,
+                                    self._peer_log)
         handled = asyncio.Event()  # before authentication: the handler is done with the frame it was given
         read_task: asyncio.Task | None = None
         try:
-            if self.ssl is not None:
-                timeout = self.cfg.tls_handshake_timeout_ms / 1000
-                try:
-                    await writer.start_tls(self.ssl, ssl_handshake_timeout=timeout)
-                except (OSError, asyncio.TimeoutError) as e:  # ssl.SSLError is an OSError
-                    if not expired:
-                        timed_out = isinstance(e, ConnectionAbortedError) and loop.time() - accepted >= timeout * 0.9
-                        self.counters["authentication_timeouts" if timed_out else "tls_handshake_failures"] += 1
-                        self._peer_log(logging.INFO, "client %s: TLS handshake %s: %s", peer,
-                                       "timed out (tls_handshake_timeout_ms)" if timed_out else "failed", e)
-                    return
-            read_task = loop.create_task(self._read_frames(reader, frames, peer, session, lambda: expired, handled))
+            if self.ssl is not None and not await gate.start_tls(self.ssl, self.cfg.tls_handshake_timeout_ms):
+                return
+            read_task = loop.create_task(self._read_frames(reader, frames, peer, session, lambda: gate.expired,
+                                                           handled))
             while True:
                 handled.set()
                 item = await frames.get()
@@ -427,13 +406,12 @@ class BrokerServer:
             self.counters["dropped_by_fault_injection"] += 1
             log.info("client %s: fault injection: dropping the connection before answering", peer)
         except (ConnectionError, OSError) as e:
-            if not expired:
+            if not gate.expired:
                 log.info("client %s: %s", peer, e)
         except asyncio.CancelledError:
             pass
         finally:
-            if expiry is not None:
-                expiry.cancel()
+            gate.cancel()
             if read_task is not None:
                 read_task.cancel()
             writer.close()

@@ -53,7 +53,7 @@ from client.retry import FORWARD_POLICY
 from security import acl as a
 from security.client import ClientSecurity
 from security.credentials import NODE_USER, node_credential, node_password
-from security.limits import ByteBudget, ConnectionLimits, TrimAfterClose, read_gated_frame
+from security.limits import BeforeAuthentication, ByteBudget, ConnectionLimits, TrimAfterClose, read_gated_frame
 from security.sasl import SaslAuthenticator, api_versions_table, linger_close
 from security.tls import server_context
 from telemetry.logs import FirstOfEach, Throttled, request_context
@@ -273,50 +273,26 @@ class QuorumServer:
         if not self.limits.admit(peer):
             writer.transport.abort()  # nothing is read or answered: the client sees a reset
             return
-        loop = asyncio.get_running_loop()
-        accepted = loop.time()
         session = self.sasl.session(peer) if self.sasl is not None else None
-        expired = False
-
-        def authentication_expired() -> None:
-            nonlocal expired
-            if session is None or session.authenticated or writer.transport.is_closing():
-                return
-            expired = True
-            self.counters["authentication_timeouts"] += 1
-            self._peer_log(logging.WARNING, "client %s: not authenticated %d ms after it connected "
-                           "(authentication_timeout_ms); closing", peer, self.cfg.authentication_timeout_ms)
-            writer.transport.abort()  # the TLS handshake's socket too, while it runs (start_tls then fails)
-
-        expiry = (loop.call_at(accepted + self.cfg.authentication_timeout_ms / 1000, authentication_expired)
-                  if session is not None else None)
+        gate = BeforeAuthentication(writer, session, peer, self.cfg.authentication_timeout_ms, self.counters,
+                                    self._peer_log)
         responses = InOrder(writer)
         refused = False
         try:
-            if self.ssl is not None:
-                timeout = self.cfg.tls_handshake_timeout_ms / 1000
-                try:
-                    await writer.start_tls(self.ssl, ssl_handshake_timeout=timeout)
-                except (OSError, asyncio.TimeoutError) as e:  # ssl.SSLError is an OSError
-                    if not expired:
-                        timed_out = isinstance(e, ConnectionAbortedError) and loop.time() - accepted >= timeout * 0.9
-                        self.counters["authentication_timeouts" if timed_out else "tls_handshake_failures"] += 1
-                        self._peer_log(logging.INFO, "client %s: TLS handshake %s: %s", peer,
-                                       "timed out (tls_handshake_timeout_ms)" if timed_out else "failed", e)
-                    return
-            await self._serve(reader, responses, session, peer, lambda: expired)
+            if self.ssl is not None and not await gate.start_tls(self.ssl, self.cfg.tls_handshake_timeout_ms):
+                return
+            await self._serve(reader, responses, session, peer, lambda: gate.expired)
         except (ConnectionError, OSError) as e:
-            if not expired:
+            if not gate.expired:
                 log.info("client %s: %s", peer, e)
         except _Refused:
             refused = True
         except asyncio.CancelledError:
             responses.cancel()  # the node is shutting down: end quietly (not a logged task failure)
         finally:
-            if expiry is not None:
-                expiry.cancel()
+            gate.cancel()
             try:
-                if not expired:
+                if not gate.expired:
                     await responses.finish()
                     if refused:
                         await linger_close(reader, writer)

@@ -208,3 +208,49 @@ async def read_gated_frame(reader: asyncio.StreamReader, authenticated: bool, ma
             peer_log(logging.WARNING, "client %s: before authentication: %s (max_unauthenticated_frame_bytes %d); "
                      "closing", peer, e, max_bytes)
         return None
+
+
+class BeforeAuthentication:
+    """What one connection may take before it authenticates: the authentication deadline (with SASL on, a
+    connection not authenticated ``authentication_timeout_ms`` after its accept is aborted, whatever it
+    trickles) and a bounded TLS handshake.  Made when the connection is accepted; ``expired`` says whether
+    the deadline closed it (then what was cut is not an error of the peer's); ``cancel()`` when it ends."""
+
+    def __init__(self, writer: asyncio.StreamWriter, session: Any, peer: Any, authentication_timeout_ms: int,
+                 counters: dict, peer_log: Callable[..., None]):
+        self._loop = asyncio.get_running_loop()
+        self.accepted = self._loop.time()
+        self.expired = False
+        self._writer, self._session, self._peer = writer, session, peer
+        self._timeout_ms, self._counters, self._peer_log = authentication_timeout_ms, counters, peer_log
+        self._expiry = (self._loop.call_at(self.accepted + authentication_timeout_ms / 1000, self._expire)
+                        if session is not None else None)
+
+    def _expire(self) -> None:
+        if self._session.authenticated or self._writer.transport.is_closing():
+            return
+        self.expired = True
+        self._counters["authentication_timeouts"] += 1
+        self._peer_log(logging.WARNING, "client %s: not authenticated %d ms after it connected "
+                       "(authentication_timeout_ms); closing", self._peer, self._timeout_ms)
+        self._writer.transport.abort()  # the TLS handshake's socket too, while it runs (start_tls then fails)
+
+    async def start_tls(self, context: Any, timeout_ms: int) -> bool:
+        """TLS on the accepted socket, the handshake done within ``timeout_ms`` (a ClientHello trickled a byte
+        at a time included).  False: it failed or timed out (counted, logged at most every 10 s); the
+        connection is done."""
+        timeout = timeout_ms / 1000
+        try:
+            await self._writer.start_tls(context, ssl_handshake_timeout=timeout)
+        except (OSError, asyncio.TimeoutError) as e:  # ssl.SSLError is an OSError
+            if not self.expired:
+                timed_out = isinstance(e, ConnectionAbortedError) and self._loop.time() - self.accepted >= timeout * 0.9
+                self._counters["authentication_timeouts" if timed_out else "tls_handshake_failures"] += 1
+                self._peer_log(logging.INFO, "client %s: TLS handshake %s: %s", self._peer,
+                               "timed out (tls_handshake_timeout_ms)" if timed_out else "failed", e)
+            return False
+        return True
+
+    def cancel(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()

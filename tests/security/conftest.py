@@ -81,3 +81,28 @@ def secure_quorum(tmp_path_factory):
         if os.environ.get("PIDQUORUM_SHOW_LOGS"):
             print(f"----- node {n.node_id} -----\n{lc.tail_log(n.node_id, 40)}")
     lc.down(timeout=5)
+
+
+def read_partition(bootstrap: str, user: str, topic: str, expect: int, committed: bool = False) -> list[bytes]:
+    """Every value of partition 0 of ``topic``, read over SASL_PLAINTEXT as ``user`` (kafka-python) until
+    ``expect`` values have come and the partition has been idle for 1 s."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    from tests.conftest import wait_for
+    c = KafkaConsumer(bootstrap_servers=bootstrap, security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",
+                      sasl_plain_username=user, sasl_plain_password=PASSWORDS[user], enable_auto_commit=False,
+                      auto_offset_reset="earliest", consumer_timeout_ms=1000,
+                      isolation_level="read_committed" if committed else "read_uncommitted")
+    try:
+        c.assign([TopicPartition(topic, 0)])
+        c.seek_to_beginning()
+        got: list[bytes] = []
+
+        def more():
+            before = len(got)
+            got.extend(m.value for m in c)  # stops after 1 s idle
+            return len(got) >= expect and len(got) == before
+        wait_for(more, 30, what=f"{expect} records of {topic}")
+        return got
+    finally:
+        c.close()

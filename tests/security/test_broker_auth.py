@@ -13,7 +13,7 @@ import threading
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaProducer
 from kafka import errors as kerrors
 
 from benchmarks.processes import BrokerProcess, BrokerStartError
@@ -32,7 +32,7 @@ from security.acl import (
     Acl,
 )
 from tests.conftest import wait_for
-from tests.security.conftest import PASSWORDS
+from tests.security.conftest import PASSWORDS, read_partition
 from wire import kafka
 
 ACLS = [Acl("User:broker", CLUSTER, CLUSTER_NAME, LITERAL, CLUSTER_ACTION, ALLOW),
@@ -176,24 +176,8 @@ def test_kafka_python_refusals(secure_brokers, caplog):
 
 
 def kafka_python_read(brokers, user, topic, expect):
-    """Every value of partition 0 of ``topic``, read as ``user`` (Fetch needs authentication only) until
-    ``expect`` values have come and the partition has been idle for 1 s."""
-    c = KafkaConsumer(bootstrap_servers=brokers["plain"].bootstrap, security_protocol="SASL_PLAINTEXT",
-                      sasl_mechanism="PLAIN", sasl_plain_username=user, sasl_plain_password=PASSWORDS[user],
-                      enable_auto_commit=False, auto_offset_reset="earliest", consumer_timeout_ms=1000)
-    try:
-        c.assign([TopicPartition(topic, 0)])
-        c.seek_to_beginning()
-        got: list[bytes] = []
-
-        def more():
-            before = len(got)
-            got.extend(m.value for m in c)  # stops after 1 s idle
-            return len(got) >= expect and len(got) == before
-        wait_for(more, 30, what=f"{expect} records of {topic}")
-        return got
-    finally:
-        c.close()
+    """Every value of partition 0 of ``topic``, read as ``user`` (Fetch needs authentication only)."""
+    return read_partition(brokers["plain"].bootstrap, user, topic, expect)
 
 
 def test_produce_needs_write_on_the_topic(secure_brokers):

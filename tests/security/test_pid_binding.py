@@ -15,7 +15,6 @@ import threading
 
 import pytest
 from confluent_kafka import KafkaError, Producer
-from kafka import KafkaConsumer, TopicPartition
 
 from benchmarks.processes import BrokerProcess
 from broker.recordbatch import encode_batch
@@ -36,7 +35,7 @@ from security.acl import (
 from security.client import ClientSecurity
 from tests.broker.test_frontend_bad_input import entity
 from tests.conftest import wait_for
-from tests.security.conftest import PASSWORDS
+from tests.security.conftest import PASSWORDS, read_partition
 from wire import kafka
 from wire.errors import Errors
 
@@ -150,23 +149,7 @@ class Alice:
 
 
 def read_back(b: BrokerProcess, topic: str, expect: int, committed: bool = False) -> list[bytes]:
-    c = KafkaConsumer(bootstrap_servers=b.bootstrap, security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",
-                      sasl_plain_username="alice", sasl_plain_password=PASSWORDS["alice"],
-                      enable_auto_commit=False, auto_offset_reset="earliest", consumer_timeout_ms=1000,
-                      isolation_level="read_committed" if committed else "read_uncommitted")
-    try:
-        c.assign([TopicPartition(topic, 0)])
-        c.seek_to_beginning()
-        got: list[bytes] = []
-
-        def more():
-            before = len(got)
-            got.extend(m.value for m in c)  # stops after 1 s idle
-            return len(got) >= expect and len(got) == before
-        wait_for(more, 30, what=f"{expect} records of {topic}")
-        return got
-    finally:
-        c.close()
+    return read_partition(b.bootstrap, "alice", topic, expect, committed)
 
 
 # ------------------------------------------------------------------ the report's probe

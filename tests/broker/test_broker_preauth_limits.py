@@ -23,10 +23,12 @@ from tests.broker.conftest import MeteredBroker
 from tests.conftest import wait_for
 from tests.quorum.test_client_port_limits import (
     PER_CONNECTION_OVERHEAD,
+    PREAUTH_FRAME,
     _client_hello,
     _close_all,
     _closed,
     _unsent,
+    check_unauthenticated_frame_cap,
     stays_open,
     wait_closed,
 )
@@ -35,7 +37,6 @@ from tests.security.test_broker_auth import ACLS, confluent_config
 from wire import kafka
 
 KiB, MiB = 1024, 1024 * 1024
-PREAUTH_FRAME = 64 * KiB  # max_unauthenticated_frame_bytes (the default) in every broker below
 PARKED_FRAME = 2 * MiB  # far under max_frame_bytes (16 MiB), which was the only bound before authentication
 AUTH_TIMEOUT_MS, TLS_TIMEOUT_MS = 3000, 2000  # the "deadlines" broker's
 
@@ -106,21 +107,7 @@ LONG = dict(authentication_timeout_ms=120_000, tls_handshake_timeout_ms=60_000) 
 
 def test_a_frame_over_the_unauthenticated_cap_closes_the_connection_before_its_body_is_read(sasl_broker):
     b = sasl_broker("plain", False, **LONG)
-    bad_before = b.counter("bad_frames")
-    s = b.connect()
-    try:  # 1 byte over the cap, far under max_frame_bytes; the body never comes
-        s.sendall(kafka.SIZE.pack(PREAUTH_FRAME + 1) + b"\0" * 100)
-        wait_closed(s, 10, "a connection announcing a frame over max_unauthenticated_frame_bytes")
-    finally:
-        s.close()
-    assert b.counter("bad_frames") - bad_before == 1
-    # a frame of exactly the cap is read (it would then be refused as the garbage it is, not for its size)
-    s = b.connect()
-    try:
-        s.sendall(kafka.SIZE.pack(PREAUTH_FRAME) + b"\0" * (PREAUTH_FRAME - 1))
-        assert stays_open(s, 0.5), "closed while a frame under the cap was incomplete"
-    finally:
-        s.close()
+    check_unauthenticated_frame_cap(b.connect, lambda: b.counter("bad_frames"))
     # authenticated, a connection's frames may be up to max_frame_bytes: a producer's 900 KiB record
     p = b.producer()
     assert produced(p)

@@ -247,23 +247,29 @@ def test_requests_past_the_connection_buffer_wait_unread_and_are_all_answered(se
 
 
 # ------------------------------------------------------------------ frames before authentication
-def test_a_frame_over_the_unauthenticated_cap_closes_the_connection_before_its_body_is_read(secure_node):
-    node = secure_node("caps", **CAPS)
-    bad_before = node.metric("pidquorum_bad_frames_total")
-    s = node.tls()
+def check_unauthenticated_frame_cap(connect, bad_frames) -> None:
+    """A frame announced 1 byte over PREAUTH_FRAME closes a connection that has not authenticated before its body
+    is read (counted once in ``bad_frames()``); one of exactly the cap is read (then refused as the garbage it
+    is, not for its size).  ``connect()``: a new connection to the listener (the broker's tests use it too)."""
+    bad_before = bad_frames()
+    s = connect()
     try:
         s.sendall(kafka.SIZE.pack(PREAUTH_FRAME + 1) + b"\0" * 100)  # 1 byte over; far under max_frame_bytes
         wait_closed(s, 10, "a connection announcing a frame over max_unauthenticated_frame_bytes")
     finally:
         s.close()
-    assert node.metric("pidquorum_bad_frames_total") - bad_before == 1
-    # a frame of exactly the cap is read (then refused as the garbage it is, not for its size)
-    s = node.tls()
+    assert bad_frames() - bad_before == 1
+    s = connect()
     try:
         s.sendall(kafka.SIZE.pack(PREAUTH_FRAME) + b"\0" * (PREAUTH_FRAME - 1))
         assert stays_open(s, 0.5), "closed while a frame under the cap was incomplete"
     finally:
         s.close()
+
+
+def test_a_frame_over_the_unauthenticated_cap_closes_the_connection_before_its_body_is_read(secure_node):
+    node = secure_node("caps", **CAPS)
+    check_unauthenticated_frame_cap(node.tls, lambda: node.metric("pidquorum_bad_frames_total"))
     assert node.serves()
 
 

@@ -29,7 +29,6 @@ from tests.quorum.test_client_port_limits import (
     _closed,
     _unsent,
     check_unauthenticated_frame_cap,
-    stays_open,
     wait_closed,
 )
 from tests.security.conftest import secure_quorum  # noqa: F401 - the fixture, shared with the security suite

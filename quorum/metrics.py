@@ -48,6 +48,18 @@ QUORUM_METRICS = {
         "Requests with a bad header or body, or ApiVersions at an unsupported version (answered with an error).",
     "pidquorum_unsupported_versions":
         "Requests at a version the server does not serve, ApiVersions excepted (connection closed, as Kafka does).",
+    "pidquorum_raft_port_accepted_connections": "Connections the Raft port accepted.",
+    "pidquorum_raft_port_accept_pauses":
+        "Times the Raft port stopped accepting for a while: over accept_rate new connections a second.",
+    "pidquorum_raft_port_refused_messages":
+        "Raft connections closed for what they sent: a message over its size limit (handshake_bytes before the "
+        "peer proved the cluster secret, max_message_bytes after), failing the secret's check, or unreadable.",
+    "pidquorum_raft_port_evicted_connections":
+        "Unauthenticated Raft connections closed, the oldest first, over max_pending_connections or "
+        "max_pending_per_host.",
+    "pidquorum_raft_port_expired_connections":
+        "Raft connections closed for not proving the cluster secret within handshake_timeout, or for reading "
+        "nothing for connection_timeout.",
     "pidquorum_client_connections": "Client-port connections open (counted from the accept, before TLS).",
     "pidquorum_client_connections_refused":
         "Client-port connections closed at once: over max_connections or max_connections_per_ip.",
@@ -107,6 +119,12 @@ def quorum_families(st: dict) -> Iterable[Any]:
     yield _gauge("pidquorum_raft_has_quorum", 1.0 if raft["has_quorum"] else 0.0)
     yield _gauge("pidquorum_raft_recovering", 1.0 if raft.get("recovering") else 0.0)
     yield _counter("pidquorum_raft_leader_changes", raft["leader_changes"])
+    port = raft.get("raft_port", {})
+    yield _counter("pidquorum_raft_port_accepted_connections", port.get("accepted", 0))
+    yield _counter("pidquorum_raft_port_accept_pauses", port.get("accept_pauses", 0))
+    yield _counter("pidquorum_raft_port_refused_messages", port.get("refused_messages", 0))
+    yield _counter("pidquorum_raft_port_evicted_connections", port.get("refused_pending", 0))
+    yield _counter("pidquorum_raft_port_expired_connections", port.get("expired", 0))
     yield _gauge("pidquorum_raft_journal_entries", st["journal_entries"])
     yield _counter("pidquorum_journal_syncs", raft["journal_syncs"])
     yield histogram_family("pidquorum_journal_sync_latency_seconds",

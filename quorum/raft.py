@@ -541,21 +541,25 @@ class _TcpTransport(TCPTransport):
         self._linkless_since: dict = {}  # member with the greater address -> since when it has had no link
         self._reverse: set = set()  # this node's connections to members with greater addresses
         self._last_sweep = 0.0
-        self.link_counters = {"refused_pending": 0, "expired": 0}
+        # The Raft port (RaftNode.status()["raft_port"]): connections accepted, times the listener paused at
+        # accept_rate, connections closed for what they sent, evicted unauthenticated (over a pending cap),
+        # closed by the sweep (handshake deadline or idle).
+        self.link_counters = {"accepted": 0, "accept_pauses": 0, "refused_messages": 0, "refused_pending": 0,
+                              "expired": 0}
         super().__init__(*args, **kwargs)
 
     # ------------------------------------------------------------ quorum.raftlink in pysyncobj's place
     def _new_link(self) -> Link:
         conf = self._syncObj.conf
         return Link(self._syncObj._poller, self.limits, None, conf.connectionTimeout, conf.sendBufferSize,
-                    conf.recvBufferSize, conf.tcp_keepalive)
+                    conf.recvBufferSize, conf.tcp_keepalive, counters=self.link_counters)
 
     def _createServer(self):
         conf = self._syncObj.conf
         host, port = conf.bindAddress.rsplit(":", 1)  # RaftNode always gives one (the advertised address)
         self._server = LinkServer(self._syncObj._poller, host.strip("[]"), int(port), self._onNewIncomingConnection,
                                   self.limits, conf.connectionTimeout, conf.sendBufferSize, conf.recvBufferSize,
-                                  conf.tcp_keepalive)
+                                  conf.tcp_keepalive, self.link_counters)
 
     def _onNewIncomingConnection(self, conn):
         super()._onNewIncomingConnection(conn)
@@ -1976,6 +1980,7 @@ class RaftNode:
             "outside_peers": sorted(self._outside),
             "unverified_dropped": self.unverified_dropped,
             "recovering": recovery,
+            "raft_port": dict(getattr(self._transport, "link_counters", {})),
         }
 
     def role(self) -> tuple[bool, str | None, int]:

@@ -110,7 +110,7 @@ class Link:
 
     def __init__(self, poller: Any, limits: LinkLimits, sock: socket.socket | None = None, timeout: float = 10.0,
                  send_buffer: int = 2**16, recv_buffer: int = 2**16,
-                 keepalive: tuple[int, int, int] | None = None, peer: str = "?"):
+                 keepalive: tuple[int, int, int] | None = None, peer: str = "?", counters: dict | None = None):
         # pysyncobj's handshake fields (its transport and quorum.linkcrypto read and set them)
         self.sendRandKey: bytes | None = None
         self.recvRandKey: bytes | None = None
@@ -118,6 +118,7 @@ class Link:
         self.encryptor: Any = None
 
         self.limits = limits
+        self.counters = counters if counters is not None else {}  # "refused_messages": closed for what was sent
         self.peer = peer  # "host:port" of the other end, for logs and per-host limits
         self.authenticated = False
         self.opened_at = time.monotonic()
@@ -238,6 +239,7 @@ class Link:
         return self.limits.max_message_bytes if self.authenticated else self.limits.handshake_bytes
 
     def _refuse(self, why: str) -> None:
+        self.counters["refused_messages"] = self.counters.get("refused_messages", 0) + 1
         refusals.warning(self.peer_host, "closing the Raft connection of %s: %s", self.peer, why)
         self.disconnect()
 
@@ -362,7 +364,7 @@ class LinkServer:
 
     def __init__(self, poller: Any, host: str, port: int, on_new_connection: Callable[[Link], None],
                  limits: LinkLimits, timeout: float, send_buffer: int = 2**16, recv_buffer: int = 2**16,
-                 keepalive: tuple[int, int, int] | None = None):
+                 keepalive: tuple[int, int, int] | None = None, counters: dict | None = None):
         self._poller = poller
         self._host = host
         self._port = int(port)
@@ -372,13 +374,12 @@ class LinkServer:
         self._send_buffer = send_buffer
         self._recv_buffer = recv_buffer
         self._keepalive = keepalive
+        self._counters = counters if counters is not None else {}  # "accepted", "accept_pauses"
         self._socket: socket.socket | None = None
         self._fileno: int | None = None
         self._tokens = float(limits.accept_burst)
         self._refilled = time.monotonic()
         self._paused = False
-        self.accepted = 0
-        self.pauses = 0
 
     def _take_token(self, now: float) -> bool:
         rate, burst = self._limits.accept_rate, self._limits.accept_burst
@@ -427,7 +428,7 @@ class LinkServer:
             for _ in range(self._limits.accepts_per_event):
                 if not self._take_token(time.monotonic()):
                     self._paused = True
-                    self.pauses += 1
+                    self._counters["accept_pauses"] = self._counters.get("accept_pauses", 0) + 1
                     self._poller.unsubscribe(self._fileno)
                     refusals.warning("accept-rate", "the Raft port takes at most %g new connections a second "
                                      "(accept_rate); the rest wait in the listen queue", self._limits.accept_rate)
@@ -449,9 +450,9 @@ class LinkServer:
                 except OSError:
                     sock.close()
                     continue
-                self.accepted += 1
+                self._counters["accepted"] = self._counters.get("accepted", 0) + 1
                 peer = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
                 self._on_new(Link(self._poller, self._limits, sock, self._timeout, self._send_buffer,
-                                  self._recv_buffer, self._keepalive, peer))
+                                  self._recv_buffer, self._keepalive, peer, self._counters))
         if event & ERROR:
             self.unbind()

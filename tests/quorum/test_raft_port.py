@@ -226,6 +226,7 @@ def test_a_leader_streamed_a_huge_message_closes_the_connection_and_keeps_its_te
         assert streamed[0] < 16 * 2**20
         c.allocate(1, epoch)
         assert c.leader() is leader and leader.raft.current_term() == term
+        assert leader.raft.status()["raft_port"]["refused_messages"] >= 1  # counted (a metric)
         attacker.close()
 
 
@@ -275,8 +276,8 @@ def test_a_flood_of_connections_is_accepted_and_shed_while_the_members_links_sta
 def test_the_listener_takes_at_most_accept_rate_connections_a_second_and_leaves_the_rest_queued():
     from quorum.raftlink import LinkServer
     limits = LinkLimits(accept_rate=20.0, accept_burst=3, listen_backlog=64)
-    poller, taken = Poller(), []
-    server = LinkServer(poller, "127.0.0.1", 0, taken.append, limits, timeout=5.0)
+    poller, taken, counters = Poller(), [], {}
+    server = LinkServer(poller, "127.0.0.1", 0, taken.append, limits, timeout=5.0, counters=counters)
     server.bind()
     port = server._socket.getsockname()[1]
     clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(10)]  # queued by the kernel
@@ -292,7 +293,8 @@ def test_the_listener_takes_at_most_accept_rate_connections_a_second_and_leaves_
             server.resume(time.monotonic())
             if fd in poller.subs:
                 poller.subs[fd][0](fd, READ)
-        assert len(taken) == 10 and server.pauses >= 2  # every queued one taken in turn, at the rate
+        assert len(taken) == 10 and counters["accept_pauses"] >= 2  # every queued one taken in turn, at the rate
+        assert counters["accepted"] == 10
     finally:
         for c in clients:
             c.close()

@@ -45,7 +45,9 @@ Example::
 """
 from __future__ import annotations
 
+import logging
 import os
+import stat
 from dataclasses import field
 from typing import Annotated, Literal
 
@@ -56,6 +58,8 @@ from settings import PATH, ConfigError, HostPort, Table, UserPrincipal
 
 from .managers import DEFAULT_BROKER_SESSION_TIMEOUT_MS
 from .raft import RaftConfig
+
+log = logging.getLogger(__name__)
 
 __all__ = ["ConfigError", "NodeConfig", "Peer", "from_dict", "load", "to_toml"]
 
@@ -199,9 +203,13 @@ def from_dict(raw: dict, base_dir: str = ".") -> NodeConfig:
         path = os.path.join(base_dir, secret_file)
         try:
             with open(path) as f:
+                mode = os.fstat(f.fileno()).st_mode
                 raw["secret"] = f.read().strip()
         except OSError as e:
             raise ConfigError(f"secret_file {path}: {e.strerror}") from None
+        if mode & (stat.S_IRGRP | stat.S_IROTH):
+            log.warning("secret_file %s has mode %04o: group or others may read the cluster secret (chmod 600 %s)",
+                        path, stat.S_IMODE(mode), path)
     return settings.build(NodeConfig, settings.resolve_paths(NodeConfig, raw, base_dir))
 
 

@@ -74,3 +74,22 @@ def test_metrics_port_and_log_format_are_checked(tmp_path):
                          ({"raft": {"snapshot_chunk_bytes": 0}}, "snapshot_chunk_bytes")]:
         with pytest.raises(ConfigError, match=message):
             from_dict({**base, **bad}, str(tmp_path))
+
+
+def test_a_secret_file_that_group_or_others_may_read_is_warned_about(tmp_path, caplog):
+    import logging
+    import os
+
+    from quorum.config import from_dict
+    base = {"node_id": 1, "data_dir": "d", "raft_address": "127.0.0.1:1", "client_address": "127.0.0.1:2",
+            "secret_file": "secret"}
+    secret = tmp_path / "secret"
+    secret.write_text("s3cret\n")
+    os.chmod(secret, 0o600)
+    with caplog.at_level(logging.WARNING, logger="quorum.config"):
+        assert from_dict(base, str(tmp_path)).secret == "s3cret"
+    assert not caplog.records
+    os.chmod(secret, 0o644)
+    with caplog.at_level(logging.WARNING, logger="quorum.config"):
+        assert from_dict(base, str(tmp_path)).secret == "s3cret"  # still used: a warning, not a refusal
+    assert "mode 0644" in caplog.text and "chmod 600" in caplog.text

@@ -19,6 +19,7 @@ from . import render
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_REFUSED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 EXIT_ANOMALY = 5  # a checker found a violation
+EXIT_DEGRADED = 6  # pidctl quorum status: serving, but a node is down, recovering or without a leader
 
 log_format_option = click.option("--log-format", type=click.Choice(["human", "json"]), envvar="PIDQUORUM_LOG_FORMAT",
                                  help="Log lines as text (default) or one JSON object per line.")
@@ -129,3 +130,29 @@ async def gather_status(obj: Ctx) -> list[dict]:
         if "raft" in n:
             n["lag"] = commit - n["raft"]["last_applied"]
     return out
+
+
+def quorum_health(nodes: list[dict]) -> tuple[int, str]:
+    """(exit code, one line) for ``gather_status``'s answers, as ``etcdctl endpoint health`` does:
+    EXIT_OK when every node answered, none is recovering and all name the same leader, which answered as
+    leader; EXIT_DEGRADED when a majority answered and names that leader but some node is down, recovering
+    or names another; EXIT_UNAVAILABLE when no majority of the nodes answered or they agree on no leader."""
+    up = [n for n in nodes if "raft" in n]
+    down = [n for n in nodes if "raft" not in n]
+    leaders = {n["raft"]["self"] for n in up if n["raft"]["state"] == "leader"}
+    majority = len(nodes) // 2 + 1
+    if len(up) < majority or len(leaders) != 1:
+        why = (f"{len(up)} of {len(nodes)} nodes answered" if len(up) < majority else
+               "no leader" if not leaders else f"{len(leaders)} nodes claim to lead")
+        return EXIT_UNAVAILABLE, f"unavailable: {why}"
+    (leader,) = leaders
+    agree = [n for n in up if n["raft"]["leader"] == leader]
+    if len(agree) < majority:
+        return EXIT_UNAVAILABLE, f"unavailable: only {len(agree)} of {len(nodes)} nodes follow the leader {leader}"
+    problems = [f"node {n['node_id']} ({n['client_address']}) is down" for n in down]
+    problems += [f"node {n['node_id']} is recovering" for n in up if n["raft"].get("recovering")]
+    problems += [f"node {n['node_id']} names leader {n['raft']['leader']}" for n in up
+                 if n["raft"]["leader"] != leader and not n["raft"].get("recovering")]
+    if problems:
+        return EXIT_DEGRADED, "degraded: " + "; ".join(problems)
+    return EXIT_OK, f"healthy: {len(nodes)} of {len(nodes)} nodes up, leader {leader}"

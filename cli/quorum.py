@@ -9,7 +9,7 @@ import click
 from quorum import membership
 
 from . import render
-from .common import EXIT_UNAVAILABLE, Ctx, gather_status, handle_errors, output_option, run
+from .common import EXIT_OK, EXIT_UNAVAILABLE, Ctx, gather_status, handle_errors, output_option, quorum_health, run
 
 
 @click.group()
@@ -22,8 +22,14 @@ def quorum():
 @click.pass_obj
 @handle_errors
 def quorum_status(obj: Ctx, output):
-    """Leader, term, commit index and per-node lag."""
-    render.quorum_status(output, asyncio.run(gather_status(obj)))
+    """Leader, term, commit index and per-node lag.  Exit 0 healthy, 6 degraded (serving, but a node is down,
+    recovering or follows no leader), 3 unavailable (no majority answers or no leader)."""
+    nodes = asyncio.run(gather_status(obj))
+    render.quorum_status(output, nodes)
+    code, line = quorum_health(nodes)
+    if output != "json":
+        (render.line if code == EXIT_OK else render.warn)(line)
+    sys.exit(code)
 
 
 @quorum.command("remove-node")

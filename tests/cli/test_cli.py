@@ -7,7 +7,7 @@ import os
 import pytest
 from click.testing import CliRunner
 
-from cli.common import EXIT_ERROR, EXIT_REFUSED, EXIT_USAGE
+from cli.common import EXIT_DEGRADED, EXIT_ERROR, EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE, quorum_health
 from cli.main import cli
 from quorum.localcluster import LocalCluster
 from tests.conftest import wait_for
@@ -18,9 +18,9 @@ def pidctl(tmp_path):
     data_dir = str(tmp_path / "pq")
     runner = CliRunner()
 
-    def invoke(*args, expect=0):
+    def invoke(*args, expect=0):  # expect=None: any exit code
         result = runner.invoke(cli, ["--data-dir", data_dir, "--timeout", "15", *args])
-        assert result.exit_code == expect, (result.exit_code, result.output, result.exception)
+        assert expect is None or result.exit_code == expect, (result.exit_code, result.output, result.exception)
         return result
 
     invoke.data_dir = data_dir
@@ -47,6 +47,10 @@ def test_done_means_flow(pidctl):
     a3 = json.loads(pidctl("allocate", "--broker-id", "1", "--broker-epoch", str(r1["broker_epoch"]),
                            "-o", "json").output)
     assert a3[0]["producer_id_start"] >= ranges[-1][1]
+    # One node down, a leader serving: degraded (6), and the line says which node is down.
+    wait_for(lambda: pidctl("quorum", "status", expect=None).exit_code == EXIT_DEGRADED, 15,
+             what="quorum status to say degraded")
+    assert f"node {leader['node_id']} " in pidctl("quorum", "status", expect=EXIT_DEGRADED).output
 
     history = json.loads(pidctl("blocks", "history", "-o", "json").output)
     issued = {(b["producer_id_start"], b["producer_id_len"]) for b in a1 + a2 + a3}
@@ -58,8 +62,9 @@ def test_done_means_flow(pidctl):
     LocalCluster(pidctl.data_dir).start(leader["node_id"])
     LocalCluster(pidctl.data_dir).wait_ready()
     wait_for(lambda: all("raft" in n and n["lag"] == 0 and n["state"]["next_producer_id"] == latest["next_producer_id"]
-                         for n in json.loads(pidctl("quorum", "status", "-o", "json").output)), 15,
+                         for n in json.loads(pidctl("quorum", "status", "-o", "json", expect=None).output)), 15,
              what="all nodes caught up")
+    wait_for(lambda: pidctl("quorum", "status", expect=None).exit_code == EXIT_OK, 15, what="a healthy quorum")
     pidctl("snapshot", "take")
     snap = os.path.join(pidctl.data_dir, "node-1", "raft.snapshot")
     info = json.loads(pidctl("snapshot", "inspect", snap, "-o", "json").output)
@@ -69,6 +74,26 @@ def test_done_means_flow(pidctl):
     assert "producer_id_start" in pidctl("snapshot", "inspect", snap).output
 
     pidctl("cluster", "down")
+    assert "unavailable" in pidctl("quorum", "status", expect=EXIT_UNAVAILABLE).output  # every node down
+
+
+def _node(node_id: int, state: str = "follower", leader: str | None = "r1", recovering=None) -> dict:
+    return {"node_id": node_id, "client_address": f"c{node_id}",
+            "raft": {"self": f"r{node_id}", "state": state, "leader": leader, "recovering": recovering}}
+
+
+def test_quorum_health_is_healthy_degraded_or_unavailable_as_etcdctl_endpoint_health():
+    leader = _node(1, "leader")
+    down = {"node_id": 3, "client_address": "c3", "error": "connection refused"}
+    assert quorum_health([leader, _node(2), _node(3)])[0] == EXIT_OK
+    code, line = quorum_health([leader, _node(2), down])
+    assert code == EXIT_DEGRADED and "node 3 (c3) is down" in line
+    assert quorum_health([leader, _node(2), _node(3, recovering={"reason": "x"})])[0] == EXIT_DEGRADED
+    assert quorum_health([leader, _node(2), _node(3, leader=None)])[0] == EXIT_DEGRADED
+    assert quorum_health([leader, down, dict(down, node_id=2)])[0] == EXIT_UNAVAILABLE  # no majority answers
+    assert quorum_health([_node(1, leader=None), _node(2, leader=None), _node(3, leader=None)])[0] == EXIT_UNAVAILABLE
+    assert quorum_health([leader, _node(2, "leader"), _node(3)])[0] == EXIT_UNAVAILABLE  # two claim to lead
+    assert quorum_health([dict(down, node_id=i) for i in (1, 2, 3)])[0] == EXIT_UNAVAILABLE
 
 
 def test_user_mistakes_are_one_line_with_named_exit_codes(pidctl, tmp_path):

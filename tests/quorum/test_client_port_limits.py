@@ -247,6 +247,30 @@ def test_requests_past_the_connection_buffer_wait_unread_and_are_all_answered(se
 
 
 # ------------------------------------------------------------------ frames before authentication
+def open_unauthenticated_and_wait_closed(connect) -> list:
+    """Three connections that never authenticate: idle (TLS done, if any, then nothing), one that only
+    negotiated (ApiVersions, served before SASL), one sending a frame a byte every 100 ms (never idle, never
+    whole).  Returns them once each was closed by the authentication deadline (the trickle well before its
+    frame was whole).  ``connect()``: a new connection (the broker's tests use it too)."""
+    idle, negotiating, trickling = socks = [connect(), connect(), connect()]
+    negotiating.sendall(kafka.encode_request(kafka.request_entity(kafka.API_VERSIONS, 0), 1, "probe"))
+    frame = kafka.SIZE.pack(1000) + b"\0" * 1000
+    t0 = time.monotonic()
+    sent = 0
+    while not _closed(trickling):
+        assert time.monotonic() - t0 < 15, "the trickling connection was not closed at the deadline"
+        try:
+            trickling.sendall(frame[sent:sent + 1])  # a byte every 100 ms does not keep it open
+        except OSError:
+            break  # closed under the send
+        sent += 1
+        select.select([trickling], [], [], 0.1)
+    assert sent < len(frame), sent
+    for s, what in ((idle, "an idle connection"), (negotiating, "a connection that only negotiated")):
+        wait_closed(s, 10, what)
+    return socks
+
+
 def check_unauthenticated_frame_cap(connect, bad_frames) -> None:
     """A frame announced 1 byte over PREAUTH_FRAME closes a connection that has not authenticated before its body
     is read (counted once in ``bad_frames()``); one of exactly the cap is read (then refused as the garbage it
@@ -284,23 +308,9 @@ def test_connections_that_never_authenticate_are_closed_at_the_deadline(secure_n
     authenticated = node.client("admin")
     loop.run_until_complete(authenticated.register_broker(2))  # its connection stays open past the deadline
     before = node.metric("pidquorum_client_authentication_timeouts_total")
-    idle = node.tls()  # TLS done, then nothing
-    negotiating = node.tls()  # ApiVersions (served before SASL), then nothing
-    trickling = node.tls()  # a frame, one byte at a time, never finished
-    socks = [idle, negotiating, trickling]
+    socks = []
     try:
-        negotiating.sendall(kafka.encode_request(kafka.request_entity(kafka.API_VERSIONS, 0), 1, "probe"))
-        frame = kafka.SIZE.pack(1000) + b"\0" * 1000
-        t0 = time.monotonic()
-        sent = 0
-        while not _closed(trickling):
-            assert time.monotonic() - t0 < 15, "the trickling connection was not closed at the deadline"
-            trickling.sendall(frame[sent:sent + 1])  # a byte every 100 ms does not keep it open
-            sent += 1
-            select.select([trickling], [], [], 0.1)
-        assert sent < len(frame)
-        for s, what in ((idle, "an idle connection"), (negotiating, "a connection that only negotiated")):
-            wait_closed(s, 10, what)
+        socks = open_unauthenticated_and_wait_closed(node.tls)
         # authenticated clients are served meanwhile and after, and are not held to the deadline: the one
         # connected before the attack is still served (the 3 closed connections are the attackers')
         c_ok = node.serves()

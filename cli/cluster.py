@@ -11,7 +11,7 @@ from wire.errors import NotControllerError
 
 from . import render
 from .common import Ctx, gather_status, handle_errors, output_option, run
-from .quorum import quorum_status
+from .quorum import show_status
 
 
 @click.group()
@@ -101,5 +101,5 @@ def demo(ctx, count):
     epochs, rows = handle_errors(lambda: asyncio.run(run(go)(obj.client())))()
     render.line(f"registered brokers: {', '.join(f'{b} (epoch {e})' for b, e in epochs.items())}")
     render.table("allocated blocks", ["broker", "epoch", "start", "end (excl.)", "len", "via node"], rows)
-    ctx.invoke(quorum_status, output="table")
+    show_status(obj, "table")
     render.line(f"stop it with: pidctl --data-dir {obj.data_dir} cluster down")

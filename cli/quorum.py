@@ -24,12 +24,17 @@ def quorum():
 def quorum_status(obj: Ctx, output):
     """Leader, term, commit index and per-node lag.  Exit 0 healthy, 6 degraded (serving, but a node is down,
     recovering or follows no leader), 3 unavailable (no majority answers or no leader)."""
+    sys.exit(show_status(obj, output))
+
+
+def show_status(obj: Ctx, output: str) -> int:
+    """Print the quorum's status and health line; the health's exit code (``quorum_health``)."""
     nodes = asyncio.run(gather_status(obj))
     render.quorum_status(output, nodes)
     code, line = quorum_health(nodes)
     if output != "json":
         (render.line if code == EXIT_OK else render.warn)(line)
-    sys.exit(code)
+    return code
 
 
 @quorum.command("remove-node")

@@ -107,3 +107,10 @@ def test_user_mistakes_are_one_line_with_named_exit_codes(pidctl, tmp_path):
     pidctl("cluster", "up")
     r = pidctl("allocate", "--broker-id", "9", "--broker-epoch", "12345", expect=EXIT_REFUSED)
     assert "STALE_BROKER_EPOCH" in r.output
+
+
+def test_the_demo_runs_to_its_end(pidctl):
+    """README's first command: the demo registers, allocates, shows the quorum's status and says how to stop."""
+    out = pidctl("demo").output
+    assert "healthy: 3 of 3 nodes up" in out
+    assert out.rstrip().splitlines()[-1].startswith("stop it with: pidctl --data-dir")

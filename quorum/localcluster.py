@@ -358,12 +358,76 @@ class LocalCluster:
     def alive(self, node_id: int) -> bool:
         return self._our_pid(node_id) is not None
 
+    def running(self) -> bool:
+        """Every member (a node not removed) is running as our process."""
+        return all(self.alive(n.node_id) for n in self.nodes() if not n.removed)
+
+    # -------------------------------------------------------------- settings
+    def settings(self) -> dict:
+        """What the cluster was created with, read from its files: ``nodes`` (members, not removed),
+        ``block_size`` (node 1's config, as every node's) and ``metrics`` (whether its nodes serve
+        /metrics).  ``create`` never changes an existing cluster: these hold until ``reset``."""
+        members = [n for n in self.nodes() if not n.removed]
+        if not members:
+            raise ClusterError(f"the cluster in {self.dir} has no members left")
+        cfg = load_config(self.config_path(members[0].node_id))
+        return {"nodes": len(members), "block_size": cfg.block_size,
+                "metrics": any(n.metrics_address for n in members)}
+
+    def differences(self, **wanted) -> list[str]:
+        """``wanted`` settings (keys of ``settings``) the existing cluster does not have, each as
+        "KEY: HAS (asked WANTED)"; empty when there is no cluster yet."""
+        if not self.exists():
+            return []
+        have = self.settings()
+        unknown = set(wanted) - set(have)
+        if unknown:
+            raise ValueError(f"unknown settings {sorted(unknown)}")
+        return [f"{k.replace('_', ' ')} {_setting(have[k])} (asked {_setting(v)})"
+                for k, v in wanted.items() if have[k] != v]
+
+    def reset(self, timeout: float = 10.0) -> list[str]:
+        """Stop the nodes (by the pids in ``cluster.json``, only processes that are our nodes) and delete
+        what the cluster wrote: the state file, the secret, each node's config, log, ready file and data
+        directory; then the directory itself when nothing else is in it.  Returns the names left in it
+        (files the cluster did not write are never deleted).  Everything it issued is gone: a new cluster
+        here starts again at producer ID 0."""
+        if not self.exists():
+            raise ClusterError(f"no cluster in {self.dir}")
+        nodes = self.nodes()
+        for n in nodes:
+            self.stop(n.node_id, timeout)
+        still = [n.node_id for n in nodes if self.alive(n.node_id)]
+        if still:
+            raise ClusterError(f"node(s) {', '.join(map(str, still))} did not stop; nothing deleted")
+        for n in nodes:
+            for path in (self.config_path(n.node_id), self.log_path(n.node_id),
+                         os.path.join(self.dir, f"node-{n.node_id}.ready")):
+                if os.path.exists(path):
+                    os.unlink(path)
+            shutil.rmtree(self.data_dir(n.node_id), ignore_errors=True)
+        # The nodes run in this directory, and a library they import (kio, through hypothesis) writes
+        # .hypothesis/ into the working directory.
+        shutil.rmtree(os.path.join(self.dir, ".hypothesis"), ignore_errors=True)
+        for name in ("secret", STATE_FILE + ".tmp", STATE_FILE):  # the state file last: it names the rest
+            path = os.path.join(self.dir, name)
+            if os.path.exists(path):
+                os.unlink(path)
+        left = sorted(os.listdir(self.dir))
+        if not left:
+            os.rmdir(self.dir)
+        return left
+
     def tail_log(self, node_id: int, lines: int = 30) -> str:
         try:
             with open(self.log_path(node_id), errors="replace") as f:
                 return "".join(f.readlines()[-lines:])
         except FileNotFoundError:
             return ""
+
+
+def _setting(v) -> str:
+    return ("on" if v else "off") if isinstance(v, bool) else str(v)
 
 
 def _alive(pid: int, procs: dict | None = None) -> bool:

@@ -9,11 +9,14 @@ import click
 
 from client.leader import pick_leader
 from quorum.localcluster import ClusterError
-from quorum.trail import iter_blocks
+from quorum.trail import iter_blocks, parse_audit
+from storage.disk import CorruptFileError
 from wire.errors import RequestTimedOutError
 
 from . import render
 from .common import Ctx, gather_status, handle_errors, output_option
+
+_PROBE = 1 << 16  # bytes read to recognise an audit trail (lines are far shorter)
 
 
 @click.group()
@@ -51,9 +54,30 @@ def blocks_latest(obj: Ctx, output):
 @click.pass_obj
 @handle_errors
 def blocks_history(obj: Ctx, audit_files, broker_id, output):
-    """Every block ever issued, from the nodes' audit trails (kept across log compaction)."""
+    """Every block ever issued, from the nodes' audit trails (kept across log compaction).
+
+    The history is read from audit files, never from the quorum (no request serves it): with --quorum,
+    give the nodes' files with --audit (each node's DATA_DIR/audit.log)."""
+    if obj.quorum and not audit_files:
+        raise click.UsageError("blocks history reads the nodes' audit files, not the quorum given by --quorum "
+                               "(no request serves the history): pass --audit FILE (each node's "
+                               "DATA_DIR/audit.log), or drop --quorum for the local cluster's")
     paths = list(audit_files) or sorted(glob.glob(os.path.join(obj.data_dir, "node-*", "audit.log")))
     if not paths:
         raise ClusterError(f"no audit files in {obj.data_dir} (use --audit FILE)")
+    for path in paths:
+        _check_audit_file(path)
     rows = [b for b in iter_blocks(paths) if broker_id is None or b["broker_id"] == broker_id]
     render.blocks(output, rows, f"block history ({len(rows)} blocks)")
+
+
+def _check_audit_file(path: str) -> None:
+    """Refuse a file that is not an audit trail: not empty, yet no audit line at its start (a node's
+    trail starts with a whole line; ``read_audit`` would take any other bytes for a torn last line)."""
+    with open(path, "rb") as f:
+        head = f.read(_PROBE)
+    if not head:
+        return  # a node that applied nothing yet
+    lines, _ = parse_audit(path, head, tail=True)
+    if not lines:
+        raise CorruptFileError(path, "not an audit trail (no audit line at its start)")

@@ -160,28 +160,44 @@ def render_summary(report: dict, console: Console | None = None, *, limit: int =
         out.print(f"chart: {c}")
 
 
-def rates_png(series: dict, window_ms: int, path: str | os.PathLike) -> str:
-    """One panel per source (at most 6): blocks per window for its chosen brokers over time, restart-loop
-    suspects drawn thicker and marked in the legend.  Windows are merged so no line has more than
-    MAX_POINTS points.  Returns the path."""
+_TIME_UNITS = ((600.0, "seconds", 1.0), (36_000.0, "minutes", 60.0), (432_000.0, "hours", 3600.0))
+
+
+def time_unit(span_s: float) -> tuple[str, float]:
+    """The unit of a time axis that spans ``span_s`` seconds, and its length in seconds: seconds up to
+    10 minutes, minutes up to 10 hours, hours up to 5 days, then days."""
+    return next(((name, secs) for limit, name, secs in _TIME_UNITS if span_s <= limit), ("days", 86400.0))
+
+
+def rates_figure(series: dict, window_ms: int):
+    """The figure of ``rates_png``: one panel per source (at most 6), blocks per window for its chosen
+    brokers over time, restart-loop suspects drawn thicker and marked in the legend; windows merged so
+    no line has more than MAX_POINTS points; the time axis in the unit that fits the source's span
+    (``time_unit``).  A source with no blocks says so in its panel."""
     import numpy as np  # heavy (numpy): imported when used
-    from matplotlib.backends.backend_agg import FigureCanvasAgg  # heavy (matplotlib): imported when used
     from matplotlib.figure import Figure  # heavy (matplotlib): imported when used
 
-    path = os.fspath(path)
     sources = list(series)[:6]
     fig = Figure(figsize=(12, 3.2 * max(1, len(sources)) + 0.8), dpi=100)
-    FigureCanvasAgg(fig)
     axes = fig.subplots(max(1, len(sources)), 1, squeeze=False)[:, 0]
+    if not sources:
+        axes[0].set_axis_off()
+        axes[0].text(0.5, 0.5, "no data: no allocations in the export", ha="center", va="center",
+                     transform=axes[0].transAxes)
     for ax, src in zip(axes, sources):
         d = series[src]
         wins = [w for pts in d["brokers"].values() for w, _ in pts]
+        if not wins:
+            ax.set_axis_off()
+            ax.text(0.5, 0.5, f"{src}: no data (no allocations)", ha="center", va="center", transform=ax.transAxes)
+            continue
         w0, w1 = min(wins), max(wins)
         merge = max(1, -(-(w1 - w0 + 1) // MAX_POINTS))
         per_s = 1000.0 / (window_ms * merge)
         nb = (w1 - w0) // merge + 1
         t0 = w0 * window_ms / 1000.0
-        edges = (np.arange(nb + 1) * merge * window_ms) / 1000.0 / 3600.0  # hours since the first window
+        unit, unit_s = time_unit(nb * merge * window_ms / 1000.0)
+        edges = (np.arange(nb + 1) * merge * window_ms) / 1000.0 / unit_s  # units since the first window
         for broker, pts in d["brokers"].items():
             counts = np.zeros(nb)
             for w, n in pts:
@@ -190,12 +206,23 @@ def rates_png(series: dict, window_ms: int, path: str | os.PathLike) -> str:
             ax.stairs(counts * per_s * 60.0, edges, linewidth=2.0 if flagged else 1.0, baseline=None,
                       label=f"broker {broker}" + (" (restart loop?)" if flagged else ""))
         ax.set_ylim(bottom=0)
-        start = datetime.datetime.fromtimestamp(t0, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        ax.set_xlim(0, edges[-1])
+        start = datetime.datetime.fromtimestamp(t0, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
         ax.set_title(f"{src}: AllocateProducerIds per minute, per broker (windows of "
                      f"{window_ms * merge / 1000:g} s)")
-        ax.set_xlabel(f"hours since {start}")
+        ax.set_xlabel(f"{unit} since {start}")
         ax.set_ylabel("blocks / min")
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
     fig.tight_layout()
+    return fig
+
+
+def rates_png(series: dict, window_ms: int, path: str | os.PathLike) -> str:
+    """``rates_figure`` as a PNG at ``path``; returns the path."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # heavy (matplotlib): imported when used
+
+    path = os.fspath(path)
+    fig = rates_figure(series, window_ms)
+    FigureCanvasAgg(fig)
     fig.savefig(path, format="png")
     return path

@@ -619,37 +619,63 @@ def render_table(res: dict) -> str:
     return "\n".join(out)
 
 
-def draw_chart(res: dict, path: str) -> str:
-    import matplotlib  # heavy (matplotlib): imported when used
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # heavy (matplotlib): imported when used
+_COLORS = {"pidquorum": "#2a7ab0", "zookeeper": "#d98b2b", "etcd": "#4a9c5d"}
+
+
+def chart_figure(res: dict):
+    """The bar charts of ``bench.png`` as a matplotlib Figure: one panel per figure some system has (a
+    workload that did not run, for any system, has no panel); no figure at all: one panel saying so."""
+    from matplotlib.figure import Figure  # heavy (matplotlib): imported when used
+
     names = [n for n in SYSTEMS if n in res["systems"]]
-    colors = {"pidquorum": "#2a7ab0", "zookeeper": "#d98b2b", "etcd": "#4a9c5d"}
-    panels = [("1 broker: blocks/s", ("w1", "blocks_per_s")), ("3 brokers: blocks/s", ("w2", "blocks_per_s")),
-              ("p99 latency ms (1 broker | 3 brokers)", None), ("leader kill: outage ms (median)",
-                                                               ("w3", "outage_median_ms"))]
-    fig, axes = plt.subplots(1, 4, figsize=(16, 4))
-    for ax, (title, path_) in zip(axes, panels):
-        if path_ is None:
-            w = 0.38
-            for j, key in enumerate(("w1", "w2")):
-                vals = [_get(res["systems"][n], (key, "latency", "p99_ms")) or 0 for n in names]
-                ax.bar([i + (j - 0.5) * w for i in range(len(names))], vals, w,
-                       color=[colors[n] for n in names], alpha=1.0 if j == 0 else 0.55)
-            ax.set_xticks(range(len(names)), names)
-        else:
-            raw = [_get(res["systems"][n], path_) for n in names]
-            raw = [math.inf if r is None and _get(res["systems"][n], ("w3", "outage_unbounded")) and path_[0] == "w3"
-                   else r for r, n in zip(raw, names)]
-            vals = [0 if v is None or (isinstance(v, float) and math.isinf(v)) else v for v in raw]
-            ax.bar(names, vals, color=[colors[n] for n in names])
-            for i, (v, r) in enumerate(zip(vals, raw)):
-                label = "not run" if r is None else "no block after kill" if math.isinf(r) else f"{v:,.0f}"
-                ax.text(i, v, label, ha="center", va="bottom", fontsize=8)
-        ax.set_title(title, fontsize=10)
+    panels = []  # (title, [(bar offset, alpha, values or None per system)])
+    for title, path_ in (("1 broker: blocks/s", ("w1", "blocks_per_s")), ("3 brokers: blocks/s", ("w2", "blocks_per_s"))):
+        panels.append((title, [(0.0, 1.0, [_get(res["systems"][n], path_) for n in names])]))
+    p99 = [(key, [_get(res["systems"][n], (key, "latency", "p99_ms")) for n in names]) for key in ("w1", "w2")]
+    p99 = [(key, vals) for key, vals in p99 if any(v is not None for v in vals)]
+    which = {"w1": "1 broker", "w2": "3 brokers"}
+    width = 0.38 if len(p99) == 2 else 0.8
+    panels.append((f"p99 latency ms ({' | '.join(which[k] for k, _ in p99)})",
+                   [((j - 0.5) * width if len(p99) == 2 else 0.0, 1.0 if j == 0 else 0.55, vals)
+                    for j, (_, vals) in enumerate(p99)]))
+    outage = []
+    for n in names:
+        v = _get(res["systems"][n], ("w3", "outage_median_ms"))
+        outage.append(math.inf if v is None and _get(res["systems"][n], ("w3", "outage_unbounded")) else v)
+    panels.append(("leader kill: outage ms (median)", [(0.0, 1.0, outage)]))
+    panels = [(t, bars) for t, bars in panels if any(v is not None for _, _, vals in bars for v in vals)]
+
+    fig = Figure(figsize=(max(8, 4 * len(panels)), 4))
     fig.suptitle(f"pidctl bench, {res['started_at']} (load avg at start {res['environment']['loadavg_start'][0]})",
                  fontsize=10)
+    if not panels:
+        ax = fig.subplots()
+        ax.set_axis_off()
+        ax.text(0.5, 0.5, "no data: no workload ran on any system", ha="center", va="center",
+                transform=ax.transAxes)
+        return fig
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (title, bars) in zip(axes, panels):
+        width = 0.8 if len(bars) == 1 else 0.38
+        for offset, alpha, raw in bars:
+            vals = [0 if v is None or math.isinf(v) else v for v in raw]
+            ax.bar([i + offset for i in range(len(names))], vals, width, color=[_COLORS[n] for n in names],
+                   alpha=alpha)
+            if len(bars) == 1:
+                for i, (v, r) in enumerate(zip(vals, raw)):
+                    label = ("not run" if r is None else "no block after kill" if math.isinf(r)
+                             else f"{v:,.0f}" if v >= 100 else f"{v:.3g}")
+                    ax.text(i, v, label, ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(range(len(names)), names)
+        ax.set_title(title, fontsize=10)
     fig.tight_layout()
+    return fig
+
+
+def draw_chart(res: dict, path: str) -> str:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # heavy (matplotlib): imported when used
+
+    fig = chart_figure(res)
+    FigureCanvasAgg(fig)
     fig.savefig(path, dpi=90)
-    plt.close(fig)
     return path

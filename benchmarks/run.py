@@ -629,7 +629,8 @@ def chart_figure(res: dict):
 
     names = [n for n in SYSTEMS if n in res["systems"]]
     panels = []  # (title, [(bar offset, alpha, values or None per system)])
-    for title, path_ in (("1 broker: blocks/s", ("w1", "blocks_per_s")), ("3 brokers: blocks/s", ("w2", "blocks_per_s"))):
+    for title, path_ in (("1 broker: blocks/s", ("w1", "blocks_per_s")),
+                         ("3 brokers: blocks/s", ("w2", "blocks_per_s"))):
         panels.append((title, [(0.0, 1.0, [_get(res["systems"][n], path_) for n in names])]))
     p99 = [(key, [_get(res["systems"][n], (key, "latency", "p99_ms")) for n in names]) for key in ("w1", "w2")]
     p99 = [(key, vals) for key, vals in p99 if any(v is not None for v in vals)]

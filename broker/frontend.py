@@ -4,7 +4,7 @@ One broker, one listener, every partition led by this broker.  Served with
 kio's codecs: ApiVersions 0-3, Metadata 0-12, InitProducerId 0-4, Produce
 3-10, ListOffsets 1-7, Fetch 4-12, FindCoordinator 0-6, AddPartitionsToTxn 0-3,
 AddOffsetsToTxn 0-3 (answered: no consumer groups), EndTxn 0-3,
-DescribeProducers 0.
+DescribeProducers 0, DescribeTransactions 0, ListTransactions 0-1.
 
 Producer IDs come from quorum-allocated blocks through the non-blocking
 ``ProducerIdManager``; transactional ids (KIP-360 epoch rules) and their
@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import datetime
 import functools
 import inspect
 import logging
@@ -91,6 +92,12 @@ log = logging.getLogger(__name__)
 
 PRODUCE, FETCH, LIST_OFFSETS, METADATA, FIND_COORDINATOR, INIT_PRODUCER_ID = 0, 1, 2, 3, 10, 22
 DESCRIBE_PRODUCERS = 61
+DESCRIBE_TRANSACTIONS, LIST_TRANSACTIONS = 65, 66
+# Kafka's transaction states (TransactionState.java): what ListTransactions' state filters may name.  The
+# quorum's transactions are in the first six; Dead and PrepareEpochFence are states no id here is ever in.
+TXN_STATES = ("Empty", "Ongoing", "PrepareCommit", "PrepareAbort", "CompleteCommit", "CompleteAbort", "Dead",
+              "PrepareEpochFence")
+TRANSACTIONAL_ID_NOT_FOUND = 105  # Kafka's code for DescribeTransactions of an unknown id (not in wire.errors)
 ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN = 24, 25, 26
 READ_COMMITTED = 1
 # What a consumer group's FindCoordinator and AddOffsetsToTxn get: this broker coordinates no groups.
@@ -1038,6 +1045,71 @@ class BrokerServer:
             topics.append({"name": t.name, "partitions": parts})
         return kio_.response(DESCRIBE_PRODUCERS, req.api_version, {"throttle_time": 0, "topics": topics})
 
+    # ------------------------------------------------------------ KIP-664: ListTransactions, DescribeTransactions
+    def _may_describe(self, req: kafka.Request, tid: str) -> bool:
+        """DESCRIBE on the transactional id (or an operation that implies it); always with SASL off."""
+        if self.acls is None or self.acls.authorize(req.principal, a.TRANSACTIONAL_ID, tid, a.DESCRIBE, req.host):
+            return True
+        self.counters["authorization_failures"] += 1
+        return False
+
+    async def _list_transactions(self, req: kafka.Request) -> Any:
+        """ListTransactions v0-1 (KIP-664): the transactions this broker coordinates (``TxnCoordinator
+        .list_transactions``: the ids it has served since it started), each read through the quorum, as
+        Kafka filters them: by state (a name Kafka does not know is returned in unknown_state_filters and
+        filters nothing), by producer id, and from v1 by duration (running longer than duration_filter ms).
+        Only ids the principal may DESCRIBE are listed (the others are left out, not refused).  The quorum
+        unreachable: COORDINATOR_NOT_AVAILABLE for the whole answer (a partial list would look whole)."""
+        b = req.body
+        states = {str(x) for x in b.state_filters if str(x) in TXN_STATES}
+        unknown = [str(x) for x in b.state_filters if str(x) not in TXN_STATES]
+        pids = {int(x) for x in b.producer_id_filters}
+        duration = int(getattr(b, "duration_filter", -1))
+        try:
+            txns = await self._coordinator().list_transactions(lambda tid: self._may_describe(req, tid))
+        except PidQuorumError as e:
+            log.info("ListTransactions: %s (answered %s)", e.message, _coordinator_code(e).name)
+            return _list_transactions_error(self.cfg, req.api_version, _coordinator_code(e), b)
+        now_ms = int(time.time() * 1000)
+        rows = [{"transactional_id": t["transactional_id"], "producer_id": t["producer_id"],
+                 "transaction_state": t["state"]} for t in txns
+                if (not states or t["state"] in states) and (not pids or t["producer_id"] in pids)
+                and (duration < 0 or now_ms - t["start_time_ms"] > duration)]
+        return kio_.response(LIST_TRANSACTIONS, req.api_version, {
+            "throttle_time": 0, "error_code": 0, "unknown_state_filters": unknown, "transaction_states": rows})
+
+    async def _describe_transactions(self, req: kafka.Request) -> Any:
+        """DescribeTransactions v0 (KIP-664): each id's transaction as the quorum leader has it (any id,
+        not only those this broker has served: every broker coordinates every id).  Per id, as Kafka
+        answers: TRANSACTIONAL_ID_AUTHORIZATION_FAILED without DESCRIBE on it, TRANSACTIONAL_ID_NOT_FOUND
+        for an id the quorum does not know, COORDINATOR_NOT_AVAILABLE when the quorum cannot be read
+        (COORDINATOR_LOAD_IN_PROGRESS while the broker starts)."""
+        tids = [str(t) for t in req.body.transactional_ids]
+        allowed = [t for t in tids if self._may_describe(req, t)]
+        found = dict(zip(allowed, await self._coordinator().describe_each(allowed)))
+        rows = []
+        for tid in tids:
+            row: dict[str, Any] = {"error_code": 0, "transactional_id": tid, "transaction_state": "",
+                                   "transaction_timeout": 0, "transaction_start_time": _ms_time(-1),
+                                   "producer_id": -1, "producer_epoch": -1, "topics": []}
+            rows.append(row)
+            txn = found.get(tid, Errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+            if isinstance(txn, Errors):
+                row["error_code"] = int(txn)
+            elif isinstance(txn, PidQuorumError):
+                row["error_code"] = int(_coordinator_code(txn))
+            elif txn is None:
+                row["error_code"] = TRANSACTIONAL_ID_NOT_FOUND
+            else:
+                topics: dict[str, list[int]] = {}
+                for _, topic, partition in txn["partitions"]:
+                    topics.setdefault(topic, []).append(partition)
+                row.update(transaction_state=txn["state"], transaction_timeout=max(0, txn["timeout_ms"]),
+                           transaction_start_time=_ms_time(txn["start_time_ms"]), producer_id=txn["producer_id"],
+                           producer_epoch=txn["producer_epoch"],
+                           topics=[{"topic": t, "partitions": sorted(ps)} for t, ps in sorted(topics.items())])
+        return kio_.response(DESCRIBE_TRANSACTIONS, req.api_version, {"throttle_time": 0, "transaction_states": rows})
+
     # ------------------------------------------------------------ transactions
     def _coordinator(self) -> TxnCoordinator:
         if self.txn is None:
@@ -1254,6 +1326,32 @@ def _describe_producers_error(cfg: BrokerConfig, version: int, code: Errors, bod
     return kio_.response(DESCRIBE_PRODUCERS, version, {"throttle_time": 0, "topics": topics})
 
 
+def _ms_time(ms: int) -> datetime.datetime:
+    """A Kafka timestamp field (kio's datetime_i64) of ``ms`` since the epoch (-1: none, as Kafka sends it)."""
+    return datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.timezone.utc)
+
+
+def _coordinator_code(e: PidQuorumError) -> Errors:
+    """What an operator's read answers when the quorum could not be read: COORDINATOR_NOT_AVAILABLE (the
+    client may retry), COORDINATOR_LOAD_IN_PROGRESS while the broker starts, else the error itself."""
+    if e.code == Errors.COORDINATOR_LOAD_IN_PROGRESS or not e.retriable:
+        return e.code
+    return Errors.COORDINATOR_NOT_AVAILABLE
+
+
+def _list_transactions_error(cfg: BrokerConfig, version: int, code: Errors, body: Any) -> Any:
+    return kio_.response(LIST_TRANSACTIONS, version, {"throttle_time": 0, "error_code": int(code),
+                                                      "unknown_state_filters": [], "transaction_states": []})
+
+
+def _describe_transactions_error(cfg: BrokerConfig, version: int, code: Errors, body: Any) -> Any:
+    rows = [] if body is None else [
+        {"error_code": int(code), "transactional_id": str(t), "transaction_state": "", "transaction_timeout": 0,
+         "transaction_start_time": _ms_time(-1), "producer_id": -1, "producer_epoch": -1, "topics": []}
+        for t in body.transactional_ids]
+    return kio_.response(DESCRIBE_TRANSACTIONS, version, {"throttle_time": 0, "transaction_states": rows})
+
+
 def _list_offsets_error(cfg: BrokerConfig, version: int, code: Errors, body: Any) -> Any:
     topics = [] if body is None else [
         {"name": t.name, "partitions": [
@@ -1289,6 +1387,11 @@ RPCS: dict[int, BrokerRpc] = {
     INIT_PRODUCER_ID: BrokerRpc("InitProducerId", (0, 4), BrokerServer._init_producer_id, _init_error, _init_acl),
     DESCRIBE_PRODUCERS: BrokerRpc("DescribeProducers", (0, 0), BrokerServer._describe_producers,
                                   _describe_producers_error, topic_acl=a.DESCRIBE),
+    # DESCRIBE on each transactional id, checked per id by the handlers (KIP-664).
+    DESCRIBE_TRANSACTIONS: BrokerRpc("DescribeTransactions", (0, 0), BrokerServer._describe_transactions,
+                                     _describe_transactions_error),
+    LIST_TRANSACTIONS: BrokerRpc("ListTransactions", (0, 1), BrokerServer._list_transactions,
+                                 _list_transactions_error),
     ADD_PARTITIONS_TO_TXN: BrokerRpc(
         "AddPartitionsToTxn", (0, 3), BrokerServer._add_partitions_to_txn, _add_partitions_error,
         lambda b: (a.TRANSACTIONAL_ID, str(b.v3_and_below_transactional_id), a.WRITE)),

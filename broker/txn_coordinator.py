@@ -44,6 +44,14 @@ ongoing transaction: the first batch of a transaction to a partition is checked 
 (``verify``) unless this broker added the partition itself (``_ongoing``, dropped before any marker of
 the transaction is written), and the check is tied to the partition (``Partition.expect_transaction``)
 so a marker written while it is under way voids it.
+
+**Operators' reads** (KIP-664: ListTransactions, DescribeTransactions).  ``describe`` reads an id's
+transaction through the quorum leader, as any step does.  ``list_transactions`` describes the ids this
+broker coordinates: every id a client's InitProducerId or transactional step reached it with, and every
+transaction with partitions here that the quorum reports to drive, since the broker started (at most
+``MAX_CACHED``, the least recently used forgotten).  The quorum has no listing of every id, so an id idle
+since a restart is missing until its producer comes back (or its open transaction times out);
+docs/transactions.md says what the tools do about it.
 """
 from __future__ import annotations
 
@@ -76,6 +84,7 @@ MAX_CACHED = 100_000  # transactions this broker remembers adding partitions to 
 INIT_ATTEMPTS = 3
 PENDING_LIMIT = 100
 LOCK_STRIPES = 64
+DESCRIBE_CONCURRENCY = 16  # quorum reads one ListTransactions has in flight
 
 
 @dataclass
@@ -119,6 +128,7 @@ class TxnCoordinator:
         self.check_interval_s = check_interval_s
         self._inits = 0  # InitProducerId calls so far (their request ids)
         self._known: OrderedDict[int, _Known] = OrderedDict()  # producer id -> its transactions, as last answered
+        self._ids: OrderedDict[str, None] = OrderedDict()  # the ids this broker coordinates (ListTransactions)
         # Completions of one id run one at a time: striped locks (an id always maps to the same one).
         self._locks = [asyncio.Lock() for _ in range(LOCK_STRIPES)]
         self.counters = {"txn_committed": 0, "txn_aborted": 0, "txn_timed_out": 0, "txn_markers": 0,
@@ -193,6 +203,7 @@ class TxnCoordinator:
                                txn["state"] == "Ongoing", mine))
 
     def _keep(self, pid: int, known: _Known) -> None:
+        self._note(known.transactional_id)
         old = self._known.get(pid)
         if old is not None and old.transactional_id == known.transactional_id and old.order() > known.order():
             return  # an answer that arrived after a newer one
@@ -338,6 +349,55 @@ class TxnCoordinator:
             self.counters["txn_markers"] += 1
         self._on_marker(topic, partition)
 
+    # ------------------------------------------------------------ operators' reads
+    def _note(self, tid: str) -> None:
+        self._ids[tid] = None
+        self._ids.move_to_end(tid)
+        while len(self._ids) > MAX_CACHED:
+            self._ids.popitem(last=False)
+
+    async def describe(self, tid: str) -> dict | None:
+        """The id's transaction as the quorum leader has it (``txn_json``'s dict: state, producer, partitions
+        as [broker, topic, partition], start_time_ms, timeout_ms); None for an id the quorum does not know.
+        An id whose producer was initialized again since its last transaction ended (a new epoch, no
+        transaction begun yet) is Empty with the new producer, as in Kafka."""
+        try:
+            txn = await self._txn("describe", tid)
+        except InvalidTxnStateError:  # no transaction: the id may still have a producer
+            txn = None
+        if txn is None or txn["state"] in ("CompleteCommit", "CompleteAbort"):
+            pid, epoch = await self.quorum.describe_transactional(tid)
+            if pid < 0:
+                self._ids.pop(tid, None)
+                return None
+            if txn is None or (txn["producer_id"], txn["producer_epoch"]) != (pid, epoch):
+                txn = {"transactional_id": tid, "producer_id": pid, "producer_epoch": epoch, "state": "Empty",
+                       "partitions": [], "start_time_ms": -1, "timeout_ms": -1 if txn is None else txn["timeout_ms"]}
+        self._note(tid)
+        return txn
+
+    async def list_transactions(self, wanted: Callable[[str], bool] = lambda tid: True) -> list[dict]:
+        """``describe`` of each id this broker coordinates that ``wanted`` keeps (a few quorum reads at a
+        time), the ids the quorum no longer knows left out."""
+        found = await self.describe_each([t for t in self._ids if wanted(t)])
+        failed = next((e for e in found if isinstance(e, PidQuorumError)), None)
+        if failed is not None:
+            raise failed  # a partial listing would look complete
+        return sorted((t for t in found if t is not None), key=lambda t: t["transactional_id"])
+
+    async def describe_each(self, tids: list[str]) -> list[dict | None | PidQuorumError]:
+        """``describe`` of each of ``tids``, a few quorum reads at a time, in their order; a read that
+        failed is its PidQuorumError in the list."""
+        limit = asyncio.Semaphore(DESCRIBE_CONCURRENCY)
+
+        async def one(tid: str) -> dict | None | PidQuorumError:
+            async with limit:
+                try:
+                    return await self.describe(tid)
+                except PidQuorumError as e:
+                    return e
+        return list(await asyncio.gather(*(one(t) for t in tids)))
+
     # ------------------------------------------------------------ the sweeper
     async def run(self) -> None:
         """Every ``check_interval_s``: complete prepared transactions and abort those past their timeout."""
@@ -357,6 +417,7 @@ class TxnCoordinator:
             if not any(b == self.broker_id for b, _, _ in txn["partitions"]):
                 continue  # its partitions are another broker's: that broker completes it
             tid = txn["transactional_id"]
+            self._note(tid)
             try:
                 if txn["state"] == "Ongoing":
                     await self._txn("timeout", tid, start_time_ms=txn["start_time_ms"],

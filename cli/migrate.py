@@ -33,7 +33,9 @@ def migrate():
 def migrate_from_zk(obj: Ctx, export_file, zk_hosts, dry_run, allow_empty, output):
     """Seed the quorum so its next block starts at ZooKeeper's block_end + 1.
 
-    Harmless to run twice; never moves the quorum's cursor backwards.
+    Harmless to run twice; never moves the quorum's cursor backwards. Only a
+    fresh quorum may be seeded: one that issued producer IDs in ZooKeeper's
+    range (0..block_end) before any seed is refused (exit 4), dry run or not.
     """
     from migration.seed import read_zk_block, seed_from_block  # heavy (kazoo): imported when used
 
@@ -101,12 +103,25 @@ def migrate_status(obj: Ctx, output):
     d = asyncio.run(run(go)(obj.client()))
     m = d["state"].get("migration") or {}
     result = {"mode": m.get("mode"), "zk": m.get("zk"), "reserved_until": m.get("reserved_until"),
-              "next_producer_id": d["state"]["next_producer_id"]}
+              "next_producer_id": d["state"]["next_producer_id"],
+              "producer_ids_issued": d.get("producer_ids_issued")}
     if output == "json":
         render.emit_json(result)
     else:
         render.line(f"migration mode: {result['mode'] or 'none'}" + (f" (znode at {result['zk']})" if result["zk"] else "")
-                    + f"; next producer ID {result['next_producer_id']}")
+                    + f"; next producer ID {result['next_producer_id']}" + _issued(result["producer_ids_issued"]))
+
+
+def _issued(issued: dict | None) -> str:
+    """What the quorum issued, as the seed sees it (a fresh quorum has issued nothing)."""
+    if issued is None:  # a node from before DescribeState said it
+        return ""
+    if issued["lowest"] is None:
+        return "; no producer ID issued yet" + ("" if issued["seeded"] else " (a fresh quorum: it may be seeded)")
+    if issued["before_seed"]:
+        return (f"; issued producer IDs from {issued['lowest']} before any seed (not fresh: a seed from a "
+                f"ZooKeeper block ending at {issued['lowest']} or above is refused)")
+    return f"; issued producer IDs from {issued['lowest']}, all after its seed"
 
 
 
@@ -145,29 +160,37 @@ def _remove_quietly(path: str) -> None:
 @click.option("--zk", "zk_hosts", required=True, help="ZooKeeper: HOST:PORT[,HOST:PORT...][/chroot].")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False),
               help="Write the data to this file (atomically: temp file, fsync, rename). Default: stdout.")
+@output_option
 @click.pass_obj
 @handle_errors
-def migrate_export(obj: Ctx, zk_hosts, out_file):
+def migrate_export(obj: Ctx, zk_hosts, out_file, output):
     """Export /latest_producer_id_block: the znode's data exactly as ZooKeeper holds it.
 
     The file is what `pidctl migrate from-zk --export FILE` reads. A missing,
     empty or malformed znode is refused and nothing is written. On stdout the
-    data is followed by a newline.
+    data is followed by a newline. With -o json, stdout is one JSON object
+    instead: the parsed block (numbers as numbers), the znode's version, its
+    data as ZooKeeper holds it, and the file written (null without --out).
     """
     from migration.zk import ZK_BLOCK_PATH, export_block  # heavy (kazoo): imported when used
 
     data, block, version = _zk_call(zk_hosts, export_block, obj.timeout)
-    if out_file is None:
+    if out_file is not None:
+        try:
+            atomic_write(out_file, data)
+        except OSError as e:
+            _remove_quietly(f"{out_file}.tmp")  # atomic_write's temp file, if it got that far
+            raise click.FileError(out_file, hint=e.strerror or str(e)) from None
+    if output == "json":
+        render.emit_json({"zk": zk_hosts, "znode": ZK_BLOCK_PATH, "znode_version": version,
+                          "version": block.version, "broker": block.broker, "block_start": block.block_start,
+                          "block_end": block.block_end, "data": data.decode(), "out": out_file})
+    elif out_file is None:
         sys.stdout.buffer.write(data + b"\n")
         sys.stdout.flush()
-        return
-    try:
-        atomic_write(out_file, data)
-    except OSError as e:
-        _remove_quietly(f"{out_file}.tmp")  # atomic_write's temp file, if it got that far
-        raise click.FileError(out_file, hint=e.strerror or str(e)) from None
-    render.line(f"exported {ZK_BLOCK_PATH} from {zk_hosts} (znode version {version}): block "
-                f"[{block.block_start}, {block.block_end}] of broker {block.broker} -> {out_file}")
+    else:
+        render.line(f"exported {ZK_BLOCK_PATH} from {zk_hosts} (znode version {version}): block "
+                    f"[{block.block_start}, {block.block_end}] of broker {block.broker} -> {out_file}")
 
 
 @migrate.command("zk-allocate")

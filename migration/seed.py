@@ -7,6 +7,12 @@ and issued a whole block twice (KAFKA-15552).  The seed is a replicated
 survives snapshots as the cursor, and never moves the cursor back: seeding
 twice, or after the quorum has issued beyond the seed, commits nothing and
 says so.
+
+Only a fresh quorum may be seeded: ZooKeeper issued every ID from 0 to its
+block_end, so a quorum that issued IDs before its first seed (``pidctl demo``,
+a test run) may have issued some of them too.  Such a seed is refused (exit 4,
+one line naming both ranges): here from DescribeState before anything is sent,
+and by the leader and by replay whoever sends it (``quorum.managers.seed_overlap``).
 """
 from __future__ import annotations
 
@@ -14,6 +20,8 @@ import os
 from typing import Any
 
 from client.quorum import QuorumClient
+from quorum.managers import seed_overlap
+from wire.errors import InvalidRequestError
 
 from .zk import ZkBlock, ZkBlockError, ZkBlockMissing, ZkMigrationError, connect, parse_block, read_block
 
@@ -78,8 +86,12 @@ async def seed_from_block(client: QuorumClient, block: ZkBlock | None, origin: s
         return out
     seed = block.next_start
     out["seed"] = seed
+    described = await _describe_any(client)
+    current = None if described is None else int(described["state"]["next_producer_id"])
+    overlap = None if described is None else _overlap(described, block.block_end)
+    if overlap is not None:  # the leader refuses it too; this says so before anything is sent
+        raise InvalidRequestError(overlap)
     if dry_run:
-        current = await _current_next_id(client)
         changed = current is None or seed > current
         out.update(changed=False, would_change=changed, next_producer_id=current, message=(
             f"dry run: would seed the quorum at {seed} (ZooKeeper block [{block.block_start}, {block.block_end}] "
@@ -94,11 +106,21 @@ async def seed_from_block(client: QuorumClient, block: ZkBlock | None, origin: s
     return out
 
 
-async def _current_next_id(client: QuorumClient) -> int | None:
-    for address in client.addresses:
-        try:
-            d = await client.describe(address)
-        except Exception:  # noqa: BLE001 - try the next node
-            continue
-        return int(d["state"]["next_producer_id"])
-    return None
+def _overlap(described: dict[str, Any], zk_block_end: int) -> str | None:
+    """``seed_overlap`` from a node's DescribeState (its replicated state, as far as it has applied; the
+    leader decides again when the seed is proposed); a node too old to say what it issued leaves the
+    decision to the leader."""
+    issued = described.get("producer_ids_issued")
+    if not isinstance(issued, dict):
+        return None
+    latest = described["state"].get("latest_block")
+    top = None if latest is None else latest["producer_id_start"] + latest["producer_id_len"] - 1
+    return seed_overlap(issued.get("lowest"), bool(issued.get("before_seed")), top, zk_block_end)
+
+
+async def _describe_any(client: QuorumClient) -> dict[str, Any] | None:
+    """The leader's DescribeState, else that of the node that applied most (None: no node answered)."""
+    answers = [d for d in (await client.describe_each()).values() if isinstance(d, dict)]
+    if not answers:
+        return None
+    return max(answers, key=lambda d: ((d.get("raft") or {}).get("state") == "leader", d.get("applied_index", 0)))

@@ -131,6 +131,7 @@ class Service:
     def describe(self) -> dict[str, Any]:
         with self.lock:
             summary = self.state.summary()
+            issued = self.state.producer_ids.history()
             applied = self.applied_index
             allocations = self.allocations.snapshot()
         snap = self.raft.snapshot_path
@@ -140,6 +141,7 @@ class Service:
             "raft": self.raft.status(),
             "applied_index": applied,
             "state": summary,
+            "producer_ids_issued": issued,  # what a ZooKeeper seed is checked against (pidctl migrate status)
             "block_size": self.cfg.block_size,
             "snapshot": _file_info(snap),
             "journal_entries": len(self.raft.journal),

@@ -24,6 +24,7 @@ from .codec import (  # noqa: F401
     MigrationCursorRecord,
     MigrationStateRecord,
     ProducerIdCursorRecord,
+    ProducerIdHistoryRecord,
     ProducerIdSeedRecord,
     Record,
     RecordError,

@@ -99,6 +99,7 @@ InitTransactionalProducerResponse = CLASSES[schema.INIT_TRANSACTIONAL_RESPONSE.t
 DescribeTransactionalIdRequest = CLASSES[schema.DESCRIBE_TRANSACTIONAL_REQUEST.type_id]
 DescribeTransactionalIdResponse = CLASSES[schema.DESCRIBE_TRANSACTIONAL_RESPONSE.type_id]
 ProducerIdSeedRecord = CLASSES[schema.PRODUCER_ID_SEED.type_id]
+ProducerIdHistoryRecord = CLASSES[schema.PRODUCER_ID_HISTORY.type_id]
 SeedProducerIdsRequest = CLASSES[schema.SEED_REQUEST.type_id]
 SeedProducerIdsResponse = CLASSES[schema.SEED_RESPONSE.type_id]
 MigrationStateRecord = CLASSES[schema.MIGRATION_STATE.type_id]

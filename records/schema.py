@@ -281,6 +281,25 @@ MIGRATION_CURSOR = RecordSpec(
     ),
 )
 
+PRODUCER_ID_HISTORY = RecordSpec(
+    name="ProducerIdHistoryRecord",
+    type_id=18,
+    version=0,
+    doc=(
+        "Snapshot-only record, after the latest block or cursor: what the quorum issued before, which a "
+        "ZooKeeper seed is checked against.  A quorum that issued producer IDs before its first seed "
+        "may have issued IDs ZooKeeper issued too, so a seed whose ZooKeeper range (0..block_end) reaches "
+        "them is refused.  Written only when it says more than its absence: a snapshot without it is read "
+        "as 'nothing issued' when it holds no block, else as 'issued from 0, before any seed' (the "
+        "conservative reading of a snapshot written before this record existed)."
+    ),
+    fields=(
+        FieldSpec("lowest_issued", "int64", "Lowest producer ID the quorum ever issued (-1: none)."),
+        FieldSpec("issued_before_seed", "bool", "Some IDs were issued before the first ProducerIdSeedRecord."),
+        FieldSpec("seeded", "bool", "A ProducerIdSeedRecord was applied."),
+    ),
+)
+
 ACL = RecordSpec(
     name="AclRecord",
     type_id=14,
@@ -389,6 +408,7 @@ RECORDS: tuple[RecordSpec, ...] = (
     REMOVE_ACL,
     CLIENT_QUOTA,
     TRANSACTION_STATE,
+    PRODUCER_ID_HISTORY,
 )
 
 # --------------------------------------------------------------------------

@@ -341,3 +341,23 @@ def test_export_and_zk_allocate(zk_chroot, zk_client, tmp_path):
                             cwd=tmp_path), 1, "chroot does not exist")
     r = _pidctl("migrate", "export", "--zk", "127.0.0.1:notaport", cwd=tmp_path)  # click's usage error
     assert r.returncode == 2 and "Invalid value for '--zk'" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_export_json(zk_chroot, zk_client, tmp_path):
+    raw = b'{"version": 1, "broker": 35, "block_start": "4000", "block_end": "4999", "note": "x"}'
+    zk_client.create("/latest_producer_id_block", raw)
+    zk_client.set("/latest_producer_id_block", raw)  # znode version 1
+    expected = {"zk": zk_chroot, "znode": "/latest_producer_id_block", "znode_version": 1, "version": 1,
+                "broker": 35, "block_start": 4000, "block_end": 4999, "data": raw.decode()}
+    r = _pidctl("migrate", "export", "--zk", zk_chroot, "-o", "json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {**expected, "out": None}
+    out = tmp_path / "export.json"
+    r = _pidctl("migrate", "export", "--zk", zk_chroot, "--out", str(out), "-o", "json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {**expected, "out": str(out)}
+    assert out.read_bytes() == raw  # the file is still the znode's bytes, what from-zk --export reads
+    zk_client.delete("/latest_producer_id_block")
+    r = _pidctl("migrate", "export", "--zk", zk_chroot, "-o", "json", cwd=tmp_path)
+    _one_line_error(r, 1, "does not exist")
+    assert r.stdout == ""

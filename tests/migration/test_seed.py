@@ -95,14 +95,72 @@ def test_seed_from_an_export_then_first_block_starts_after_block_end(fresh_quoru
         4000, 4999, 35)
 
 
-def test_seed_below_what_the_quorum_issued_changes_nothing(fresh_quorum, tmp_path):
+def one_line_error(r: subprocess.CompletedProcess) -> str:
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    return lines[0]
+
+
+def test_a_quorum_that_issued_ids_is_not_seeded_over_them(fresh_quorum, tmp_path):
+    # Issue 38: `pidctl demo` (blocks from 0), then the runbook with a ZooKeeper far above: the seed
+    # used to go on and leave the demo's blocks inside ZooKeeper's range.
+    for _ in range(3):
+        first_block(fresh_quorum)  # [0, 3000)
+    path = export(tmp_path, {**EXAMPLE, "block_start": "99000", "block_end": "99999"})
+    status = pidctl(fresh_quorum, "migrate", "status")
+    assert status.returncode == 0 and "issued producer IDs from 0 before any seed (not fresh" in status.stdout
+    expected = ("error: the quorum already issued producer IDs 0..2999, which overlap ZooKeeper's range 0..99999; "
+                "seed only a fresh quorum (docs/migration.md)")
+    for dry in (["--dry-run"], []):
+        r = pidctl(fresh_quorum, "migrate", "from-zk", "--export", path, *dry)
+        assert r.returncode == 4, (r.returncode, r.stdout, r.stderr)
+        assert one_line_error(r) == expected and r.stdout == ""
+    assert next_id(fresh_quorum) == 3000
+    assert seeds_in_audit(fresh_quorum) == []
+
+
+def test_a_seed_below_what_the_quorum_issued_before_it_is_refused(fresh_quorum, tmp_path):
     for _ in range(6):
-        first_block(fresh_quorum)  # [0, 6000) issued, above the ZooKeeper block's end (4999)
+        first_block(fresh_quorum)  # [0, 6000): the ZooKeeper block's 0..4999 among them
     r = pidctl(fresh_quorum, "migrate", "from-zk", "--export", export(tmp_path, EXAMPLE), "-o", "json")
-    assert r.returncode == 0
-    assert json.loads(r.stdout)["changed"] is False
+    assert r.returncode == 4 and r.stdout == ""
+    assert one_line_error(r).startswith("error: the quorum already issued producer IDs 0..5999, which overlap "
+                                        "ZooKeeper's range 0..4999;")
     assert next_id(fresh_quorum) == 6000
     assert seeds_in_audit(fresh_quorum) == []
+
+
+def test_the_leader_refuses_an_overlapping_seed_without_the_cli_preflight(fresh_quorum):
+    # An older pidctl (or another client) sends the seed straight away: the leader's state decides.
+    from wire.errors import InvalidRequestError
+
+    first_block(fresh_quorum)
+
+    async def go():
+        c = QuorumClient(fresh_quorum.client_addresses(), RetryPolicy(timeout=10))
+        try:
+            return await c.seed(100_000, "export:zk.json", 35, 99_000, 99_999)
+        finally:
+            await c.close()
+    with pytest.raises(InvalidRequestError, match=r"issued producer IDs 0\.\.999, which overlap ZooKeeper's"):
+        run(go())
+    assert next_id(fresh_quorum) == 1000
+
+
+def test_status_says_whether_the_quorum_is_fresh(fresh_quorum, tmp_path):
+    r = pidctl(fresh_quorum, "migrate", "status", "-o", "json")
+    assert r.returncode == 0
+    assert json.loads(r.stdout)["producer_ids_issued"] == {"lowest": None, "before_seed": False, "seeded": False}
+    r = pidctl(fresh_quorum, "migrate", "status")
+    assert r.stdout.strip() == ("migration mode: none; next producer ID 0; no producer ID issued yet (a fresh quorum: "
+                                "it may be seeded)")
+    assert pidctl(fresh_quorum, "migrate", "from-zk", "--export", export(tmp_path, EXAMPLE)).returncode == 0
+    first_block(fresh_quorum)
+    r = pidctl(fresh_quorum, "migrate", "status")
+    assert r.stdout.strip() == ("migration mode: none; next producer ID 6000; issued producer IDs from 5000, all "
+                                "after its seed")
+    assert json.loads(pidctl(fresh_quorum, "migrate", "status", "-o", "json").stdout)["producer_ids_issued"] == {
+        "lowest": 5000, "before_seed": False, "seeded": True}
 
 
 @pytest.mark.parametrize("content,field", [

@@ -32,6 +32,7 @@ from records import (
     MigrationCursorRecord,
     MigrationStateRecord,
     ProducerIdCursorRecord,
+    ProducerIdHistoryRecord,
     ProducerIdSeedRecord,
     RecordError,
     RegisterBrokerRecord,
@@ -148,6 +149,11 @@ GOLDEN = {
                                start_time_ms=TS, update_time_ms=TS + 9, broker_id=1, sequence=7),
         "93110199ab6f72646572732d74782d31cd138802ad50726570617265436f6d6d6974bf5b5b312c226f7264657273222c305d2c"
         "5b312c226f7264657273222c335d5dcf0000018bcfe56800cf0000018bcfe568090107",
+    ),
+    "ProducerIdHistoryRecord": (
+        ProducerIdHistoryRecord(lowest_issued=5000, issued_before_seed=False, seeded=True),
+        # [18, 0, [5000, false, true]]
+        "93120093cd1388c2c3",
     ),
 }
 
@@ -320,6 +326,7 @@ def test_golden_type_ids_and_versions_are_stable():
         "AlterClientQuotaRequest": (115, 0),
         "AlterClientQuotaResponse": (116, 0),
         "TransactionStateRecord": (17, 1),
+        "ProducerIdHistoryRecord": (18, 0),
         "TransactionRequest": (117, 1),
         "TransactionResponse": (118, 0),
     }

@@ -9,8 +9,16 @@ import pytest
 from confluent_kafka import Producer
 from kafka.admin import KafkaAdminClient
 
-from client.broker_admin import BrokerAdmin, BrokerRefused
+from broker import frontend
+from broker.config import BrokerConfig
+from broker.frontend import DESCRIBE_TRANSACTIONS, LIST_TRANSACTIONS, BrokerServer
+from broker.txn_coordinator import TxnCoordinator
+from client.broker_admin import BrokerAdmin
+from security import acl as a
+from tests.broker.test_pid_binding import AclIndexCache
 from tests.conftest import wait_for
+from wire import kafka
+from wire.errors import Errors, InvalidTxnStateError, RequestTimedOutError
 
 PARTITIONS = 2
 
@@ -104,3 +112,103 @@ def test_kafka_python_admin_lists_and_describes(brokers):
     wait_for(lambda: admin_call(b.bootstrap, "describe_transactions", ["kp-tx"])[0]["state"] == "CompleteAbort",
              10, what="the abort to complete")
 
+
+
+# ------------------------------------------------------------------ ACLs and errors, in process
+# A BrokerServer object as a SASL broker has it (ACLs put in by hand, tests/broker/test_pid_binding.py's way) with
+# the real TxnCoordinator over a stand-in quorum.
+ALICE, BOB, MALLORY = "User:alice", "User:bob", "User:mallory"
+ACLS = [a.Acl(ALICE, a.TRANSACTIONAL_ID, "alice-", a.PREFIXED, a.DESCRIBE, a.ALLOW),
+        a.Acl(BOB, a.TRANSACTIONAL_ID, "bob-", a.PREFIXED, a.WRITE, a.ALLOW)]  # WRITE implies DESCRIBE
+
+
+class FakeQuorum:
+    """The quorum's answers the coordinator reads: each id's producer and transaction."""
+
+    def __init__(self):
+        self.ids: dict[str, tuple[int, int]] = {}
+        self.txns: dict[str, dict] = {}
+        self.down = False
+
+    async def init_transactional_sequence(self, broker_id, broker_epoch, tid, timeout_ms, pid, epoch, request_id):
+        self.ids[tid] = (7000 + len(self.ids), 0)
+        return (*self.ids[tid], -1)
+
+    async def txn(self, broker_id, broker_epoch, op, tid, *rest):
+        assert op == "describe"
+        if self.down:
+            raise RequestTimedOutError("no quorum")
+        if tid not in self.txns:
+            raise InvalidTxnStateError(f"transactional id {tid!r} has no transaction")
+        return self.txns[tid]
+
+    async def describe_transactional(self, tid):
+        if self.down:
+            raise RequestTimedOutError("no quorum")
+        return self.ids.get(tid, (-1, -1))
+
+
+@pytest.fixture
+def server(tmp_path):
+    cfg = BrokerConfig(broker_id=1, quorum=["127.0.0.1:1"], data_dir=str(tmp_path), listen="127.0.0.1:0")
+    s = BrokerServer(cfg)
+    s.counters["authorization_failures"] = 0
+    s.acls = AclIndexCache(ACLS)
+    quorum = FakeQuorum()
+    s.txn = TxnCoordinator(1, quorum, s.storage, None, lambda: 1, None)
+    yield s, quorum
+    s._io.shutdown(wait=True)
+    s.storage.close()
+
+
+async def call(s: BrokerServer, principal: str, api_key: int, version: int, **fields):
+    req = kafka.Request(api_key, version, 1, "test", kafka.request_entity(api_key, version, **fields))
+    req.principal, req.host = principal, "127.0.0.1"
+    return await s._handle(req)
+
+
+def _setup(s: BrokerServer, quorum: FakeQuorum) -> None:
+    async def go():
+        for tid in ("alice-1", "bob-1", "carol-1"):
+            await s.txn.init_producer_id(tid, 60_000, -1, -1)
+    asyncio.run(go())
+    pid, epoch = quorum.ids["alice-1"]
+    quorum.txns["alice-1"] = {"transactional_id": "alice-1", "producer_id": pid, "producer_epoch": epoch,
+                              "state": "Ongoing", "partitions": [[1, "t", 0]], "start_time_ms": 1_000,
+                              "timeout_ms": 60_000, "sequence": 0}
+
+
+def test_list_shows_only_the_ids_the_principal_may_describe(server):
+    s, quorum = server
+    _setup(s, quorum)
+
+    def listed(principal):
+        r = asyncio.run(call(s, principal, LIST_TRANSACTIONS, 0, state_filters=(), producer_id_filters=()))
+        assert int(r.error_code) == 0
+        return [(str(t.transactional_id), str(t.transaction_state)) for t in r.transaction_states]
+    assert listed(ALICE) == [("alice-1", "Ongoing")]
+    assert listed(BOB) == [("bob-1", "Empty")]
+    assert listed(MALLORY) == []
+
+
+def test_describe_refuses_an_id_the_principal_may_not_describe(server):
+    s, quorum = server
+    _setup(s, quorum)
+    r = asyncio.run(call(s, ALICE, DESCRIBE_TRANSACTIONS, 0, transactional_ids=("alice-1", "bob-1", "alice-none")))
+    assert [(str(t.transactional_id), int(t.error_code)) for t in r.transaction_states] == [
+        ("alice-1", 0), ("bob-1", int(Errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)),
+        ("alice-none", frontend.TRANSACTIONAL_ID_NOT_FOUND)]
+    first = r.transaction_states[0]
+    assert (str(first.transaction_state), [(str(d.topic), list(d.partitions)) for d in first.topics]) == (
+        "Ongoing", [("t", [0])])
+    assert s.counters["authorization_failures"] == 1
+
+
+def test_quorum_unreachable_is_coordinator_not_available(server):
+    s, quorum = server
+    _setup(s, quorum)
+    quorum.down = True
+    r = asyncio.run(call(s, ALICE, LIST_TRANSACTIONS, 1, state_filters=(), producer_id_filters=(), duration_filter=-1))
+    assert int(r.error_code) == int(Errors.COORDINATOR_NOT_AVAILABLE) and r.transaction_states == ()
+    r = asyncio.run(call(s, ALICE, DESCRIBE_TRANSACTIONS, 0, transactional_ids=("alice-1",)))
+    assert int(r.transaction_states[0].error_code) == int(Errors.COORDINATOR_NOT_AVAILABLE)

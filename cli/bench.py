@@ -2,15 +2,19 @@
 the other benchmarks of the ``benchmarks`` package (its own options, ``pidctl bench NAME --help``)."""
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
 import sys
+import tempfile
 
 import click
 
 from benchmarks.run import BenchOptions, render_table, run_bench
 from benchmarks.systems import SYSTEMS
 
-from .common import EXIT_ERROR, handle_errors
+from . import render
+from .common import EXIT_ERROR, handle_errors, output_option
 
 # name -> (module of the benchmarks package, what it measures); each module has main(argv, prog) -> exit status.
 # Imported when run: some need heavy or optional packages (pyarrow and pyspark, confluent-kafka).
@@ -45,7 +49,8 @@ class BenchGroup(click.Group):
 
 
 def _benchmark_command(name: str, module: str, summary: str) -> click.Command:
-    @click.command(name, help=f"{summary}\n\nOptions: `pidctl bench {name} --help` (python -m benchmarks.{module}).",
+    @click.command(name, help=f"{summary}\n\nOptions: `pidctl bench {name} --help` (python -m benchmarks.{module}); "
+                              "-o json: the results JSON on stdout (the printout goes to stderr).",
                    short_help=summary, add_help_option=False,
                    context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
     @click.argument("args", nargs=-1, type=click.UNPROCESSED)
@@ -56,8 +61,58 @@ def _benchmark_command(name: str, module: str, summary: str) -> click.Command:
             main = importlib.import_module(f"benchmarks.{module}").main
         except ModuleNotFoundError as e:  # an optional package (confluent-kafka ...) is missing
             raise click.ClickException(f"pidctl bench {name} needs the Python package {e.name!r}: {e}") from None
-        sys.exit(main(list(args), prog=ctx.command_path))
+        args, output = _take_output(list(args))
+        if output == "table":
+            sys.exit(main(args, prog=ctx.command_path))
+        sys.exit(_run_json(main, args, ctx.command_path))
     return command
+
+
+def _take_output(args: list[str]) -> tuple[list[str], str]:
+    """``args`` without ``-o/--output FORMAT`` (the same for every benchmark, whatever its own options),
+    and the format (table when not given)."""
+    out, output, i = [], "table", 0
+    while i < len(args):
+        a = args[i]
+        if a in ("-o", "--output"):
+            if i + 1 == len(args):
+                raise click.UsageError(f"{a} needs a value: table or json")
+            output, i = args[i + 1], i + 2
+        elif a.startswith("--output="):
+            output, i = a.split("=", 1)[1], i + 1
+        else:
+            out.append(a)
+            i += 1
+    if output not in ("table", "json"):
+        raise click.UsageError(f"-o/--output: expected table or json, got {output!r}")
+    return out, output
+
+
+def _option_value(args: list[str], name: str) -> str | None:
+    for i, a in enumerate(args):
+        if a == name and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(name + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def _run_json(main, args: list[str], prog: str) -> int:
+    """Run a benchmark's ``main`` with its printout on stderr, then print the results file it wrote (its
+    --json FILE if given, else one in a temporary directory) on stdout; its exit status."""
+    with tempfile.TemporaryDirectory(prefix="pidctl-bench-") as tmp:
+        path = _option_value(args, "--json")
+        if path is None:
+            path = os.path.join(tmp, "results.json")
+            args = [*args, "--json", path]
+        before = os.stat(path).st_mtime_ns if os.path.exists(path) else None
+        with contextlib.redirect_stdout(sys.stderr):
+            status = main(args, prog=prog)
+        if not os.path.exists(path) or os.stat(path).st_mtime_ns == before:
+            raise click.ClickException(f"{prog} wrote no results to {path} (exit status {status})")
+        with open(path, encoding="utf-8") as f:
+            sys.stdout.write(f.read().rstrip("\n") + "\n")
+    return status
 
 
 @click.group("bench", cls=BenchGroup, invoke_without_command=True)
@@ -80,13 +135,16 @@ def _benchmark_command(name: str, module: str, summary: str) -> click.Command:
 @click.option("--keep", is_flag=True, help="Keep the clusters' directories.")
 @click.option("--reserve-blocks", type=click.IntRange(0, 1024), default=0, show_default=True,
               help="pidquorum's allocate_reserve_blocks (leader-side reserve; 0 = off, the node default).")
+@output_option
 @click.pass_context
 @handle_errors
 def bench(ctx, systems, duration, out_dir, kills, history, fill_cap, workloads, manager_rate, install_peers, keep,
-          reserve_blocks):
+          reserve_blocks, output):
     """Benchmark pidquorum against ZooKeeper and etcd (three-node clusters on loopback), in one run.
+    -o json: bench.json's content on stdout instead of the table.
 
-    With a NAME, run that benchmark instead, with its own options (`pidctl bench NAME --help`)."""
+    With a NAME, run that benchmark instead, with its own options (`pidctl bench NAME --help`), and -o json
+    after its name for its results JSON on stdout."""
 
     if ctx.invoked_subcommand is not None:
         given = [f"--{p.name.replace('_', '-')}" for p in ctx.command.params
@@ -109,7 +167,10 @@ def bench(ctx, systems, duration, out_dir, kills, history, fill_cap, workloads, 
                         fill_cap=fill_cap, workloads=wl, manager_rate=manager_rate, install_peers=install_peers,
                         keep=keep, reserve_blocks=reserve_blocks)
     res = run_bench(opts)  # progress on stderr
-    click.echo(render_table(res))
+    if output == "json":
+        render.emit_json(res)
+    else:
+        click.echo(render_table(res))
     if res["errors"]:
         sys.exit(EXIT_ERROR)
 

@@ -9,6 +9,7 @@ import os
 import sys
 from typing import Any, Iterable
 
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -24,14 +25,19 @@ def emit_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
 
 
-def table(title: str | None, columns: list[str], rows: Iterable[Iterable[Any]]) -> None:
-    t = Table(title=title, title_justify="left")
+def table(title: str | None, columns: list[str], rows: Iterable[Iterable[Any]], *, compact: bool = False,
+          whole: int = 1) -> None:
+    """A table on stdout.  No value is ever cut short ("..."): a cell too wide for its column wraps, at
+    spaces where it has some; the first ``whole`` columns (a name, an address) never wrap.  ``compact``:
+    no vertical rules (room for more columns in 80)."""
+    t = (Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+         if compact else Table(title=title, title_justify="left"))
     cells = [["-" if v is None else str(v) for v in r] for r in rows]
     for i, c in enumerate(columns):
-        if i == 0:  # the row's name (a principal, an address): never cut, however narrow the terminal
-            t.add_column(c, no_wrap=True, min_width=max([len(c)] + [len(r[0]) for r in cells if r]))
+        if i < whole:  # the row's name (a principal, an address): never cut, however narrow the terminal
+            t.add_column(c, no_wrap=True, min_width=max([len(c)] + [len(r[i]) for r in cells if len(r) > i]))
         else:
-            t.add_column(c)
+            t.add_column(c, overflow="fold")
     for r in cells:
         t.add_row(*r)
     _out.print(t)
@@ -57,19 +63,37 @@ def listing(output: str, obj: Any, title: str | None, columns: list[str], rows: 
 
 
 def quorum_status(output: str, nodes: list[dict]) -> None:
+    """The nodes' DescribeState answers (``cli.common.gather_status``).  ``-o json`` prints them whole: per
+    node ``node_id``, ``client_address``, ``raft`` (the Raft side: ``raft.state`` is the node's role, leader,
+    follower or candidate; ``leader``, ``term``, ``commit_index``, ``last_applied``, ``peers``, ...),
+    ``state`` (the replicated state machine: ``next_producer_id``, ``latest_block``, ``brokers``, ...),
+    ``lag`` (entries behind the highest commit index), or ``error`` for a node that did not answer.
+    The table has the part an operator reads first and fits 80 columns: the role (who leads; a node that
+    follows another leader, or none, is named on the health line), the term, the applied index and lag,
+    the next producer ID; the commit index is applied + lag."""
+    if output == "json":
+        emit_json(nodes)
+        return
     rows = []
     for n in nodes:
         if n.get("error"):
-            rows.append([n["node_id"], n["client_address"], "down", None, None, None, None, None, n["error"]])
+            rows.append([n["node_id"], n["client_address"], "down", None, None, None, None])
             continue
         r = n["raft"]
-        state = r["state"] + (" (recovering)" if r.get("recovering") else "")
-        rows.append([n["node_id"], n["client_address"], state, r["leader"], r["term"], r["commit_index"],
-                     r["last_applied"], n.get("lag"), n["state"]["next_producer_id"]])
-    listing(output, nodes, "quorum status",
-            ["node", "client", "state", "leader (raft)", "term", "commit idx", "applied", "lag", "next PID"], rows)
-    if output != "json":
-        _quorum_figures([n for n in nodes if not n.get("error")])
+        role = "recovering" if r.get("recovering") else r["state"]
+        rows.append([n["node_id"], n["client_address"], role, r["term"], r["last_applied"], n.get("lag"),
+                     n["state"]["next_producer_id"]])
+    table("quorum status", ["node", "client", "role", "term", "applied", "lag", "next PID"], rows, compact=True,
+          whole=2)
+    for n in nodes:
+        if n.get("error"):
+            line(f"node {n['node_id']} is down: {n['error']}")
+    _quorum_figures([n for n in nodes if not n.get("error")])
+
+
+def _node_names(nodes: list[dict]) -> dict[str, str]:
+    """Raft address -> the node's number, for the nodes that answered."""
+    return {n["raft"]["self"]: str(n["node_id"]) for n in nodes if n.get("raft") and n["raft"].get("self")}
 
 
 def _ms(seconds: float | None) -> str | None:
@@ -77,27 +101,34 @@ def _ms(seconds: float | None) -> str | None:
 
 
 def _quorum_figures(nodes: list[dict]) -> None:
-    """The figures the metrics endpoints serve (pidquorum_*), per node."""
+    """The figures the metrics endpoints serve (pidquorum_*): one row per figure, one column per node
+    (a row per node would need 13 columns); a figure per peer or per broker has a line each."""
     if not nodes:
         return
-    rows = []
-    names = {n["raft"].get("self"): f"node {n['node_id']}" for n in nodes if n.get("raft")}  # raft address -> node
+    names = _node_names(nodes)
+    columns: list[list[Any]] = []
     for n in nodes:
         r, snap = n["raft"], n["snapshot"]
         sync, alloc = r.get("journal_sync_latency") or {}, n.get("allocate_latency") or {}
-        followers = ", ".join(f"{names.get(peer, peer)}: {p['lag_entries']}" for peer, p in sorted(r["peers"].items())
+        followers = "\n".join(f"{_peer(names, peer)}: {p['lag_entries']}" for peer, p in sorted(r["peers"].items())
                               if p.get("lag_entries") is not None)
-        allocations = ", ".join(f"{b}: {a['blocks']}" for b, a in (n.get("allocations") or {}).items())
-        links = ", ".join(f"{names.get(peer, peer)}: {_link(p['link'])}" for peer, p in sorted(r["peers"].items())
+        allocations = "\n".join(f"{b}: {a['blocks']}" for b, a in (n.get("allocations") or {}).items())
+        links = "\n".join(f"{_peer(names, peer)}: {_link(p['link'])}" for peer, p in sorted(r["peers"].items())
                           if p.get("link"))
         server = n.get("server", {})
-        rows.append([n["node_id"], r.get("leader_changes"), followers or None, links or None, snap["bytes"],
-                     None if snap.get("age_s") is None else f"{snap['age_s']:.0f}", sync.get("count"),
-                     _ms(sync.get("p50_s")), _ms(sync.get("p99_s")), allocations or None, alloc.get("count"),
-                     _ms(alloc.get("p99_s")), server.get("throttled")])
-    table("figures (as on the metrics endpoints)",
-          ["node", "leader changes", "follower lag (entries)", "raft links (sealing)", "snapshot bytes", "snapshot age s", "syncs",
-           "sync p50 ms", "sync p99 ms", "blocks per broker", "allocs answered", "alloc p99 ms", "throttled"], rows)
+        columns.append([r.get("leader_changes"), followers or None, links or None, snap["bytes"],
+                        None if snap.get("age_s") is None else f"{snap['age_s']:.0f}", sync.get("count"),
+                        _ms(sync.get("p50_s")), _ms(sync.get("p99_s")), allocations or None, alloc.get("count"),
+                        _ms(alloc.get("p99_s")), server.get("throttled")])
+    figures = ["leader changes", "follower lag (entries)", "raft links (sealing)", "snapshot bytes",
+               "snapshot age s", "journal syncs", "sync p50 ms", "sync p99 ms", "blocks per broker",
+               "allocs answered", "alloc p99 ms", "throttled"]
+    table("figures (as on the metrics endpoints)", ["figure", *(f"node {n['node_id']}" for n in nodes)],
+          [[name, *(c[i] for c in columns)] for i, name in enumerate(figures)], compact=True)
+
+
+def _peer(names: dict[str, str], raft_address: str) -> str:
+    return f"node {names[raft_address]}" if raft_address in names else raft_address
 
 
 _LINK_NAMES = {"aes256gcm-1": "AES-GCM", "fernet": "Fernet"}

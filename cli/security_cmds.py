@@ -68,15 +68,23 @@ def register(cli, *, handle_errors, output_option, run) -> None:
     @click.option("--password-stdin", is_flag=True, help="Read the password from the first line of stdin.")
     @click.option("--iterations", type=click.IntRange(credentials.MIN_ITERATIONS, credentials.MAX_ITERATIONS),
                   default=credentials.DEFAULT_ITERATIONS, show_default=True, help="PBKDF2 iterations.")
+    @output_option
     @handle_errors
-    def user_add(name, path, password_stdin, iterations):
-        """Create NAME, or set a new password (and salt) for it."""
+    def user_add(name, path, password_stdin, iterations, output):
+        """Create NAME, or set a new password (and salt) for it.  -o json: user, file, added (false: the
+        password of an existing user was replaced), mechanism, iterations."""
         if password_stdin:
             password = sys.stdin.readline().rstrip("\r\n")
         else:
-            password = click.prompt(f"password for {name}", hide_input=True, confirmation_prompt=True)
+            password = click.prompt(f"password for {name}", hide_input=True, confirmation_prompt=True,
+                                    err=output == "json")  # stdout carries only the JSON
         new = credentials.add_user(path, name, password, iterations)
-        render.line(f"user {name} {'added to' if new else 'updated in'} {path}")
+        if output == "json":
+            entry = next((r for r in credentials.list_users(path) if r["user"] == name), {})
+            render.emit_json({"user": name, "file": path, "added": new, **{k: v for k, v in entry.items()
+                                                                            if k != "user"}})
+        else:
+            render.line(f"user {name} {'added to' if new else 'updated in'} {path}")
 
     @user.command("remove")
     @click.argument("name")

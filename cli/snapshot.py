@@ -17,14 +17,20 @@ def snapshot():
 
 
 @snapshot.command("take")
+@output_option
 @click.pass_obj
 @handle_errors
-def snapshot_take(obj: Ctx):
-    """Ask every node to write a snapshot now (log compaction) and wait for the files."""
+def snapshot_take(obj: Ctx, output):
+    """Ask every node to write a snapshot now (log compaction) and wait for the files.  -o json: one object
+    per node, its client_address and the node's answer (path, bytes, ...)."""
     async def go(client):
         return {a: await client.take_snapshot(a, obj.timeout) for a in obj.addresses()}
 
-    for a, snap in asyncio.run(run(go)(obj.client())).items():
+    taken = asyncio.run(run(go)(obj.client()))
+    if output == "json":
+        render.emit_json([{"client_address": a, **snap} for a, snap in taken.items()])
+        return
+    for a, snap in taken.items():
         render.line(f"{a}: {snap['path']} ({snap['bytes']} bytes)")
 
 

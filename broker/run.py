@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import ctypes.util
+import errno
 import logging
 import os
 import signal
@@ -29,8 +31,10 @@ async def _serve(cfg: BrokerConfig, ready_file: str | None) -> None:
     logs.set_context_source("broker_epoch", lambda: server.pids.broker_epoch if server.pids is not None else None)
     endpoint = None
     try:
-        await server.start()
-        endpoint = serve_metrics(cfg.metrics_host, cfg.metrics_port, server.status, broker_families)
+        with _bind_error("Kafka port", cfg.listen):
+            await server.start()
+        with _bind_error("metrics port", f"{cfg.metrics_host}:{cfg.metrics_port}"):
+            endpoint = serve_metrics(cfg.metrics_host, cfg.metrics_port, server.status, broker_families)
         if ready_file:
             tmp = f"{ready_file}.tmp"
             with open(tmp, "w") as f:
@@ -47,6 +51,18 @@ async def _serve(cfg: BrokerConfig, ready_file: str | None) -> None:
             endpoint.stop()
         await server.stop()
         logs.set_context_source("broker_epoch", None)
+
+
+@contextlib.contextmanager
+def _bind_error(port: str, address: str):
+    """An address in use or not local becomes one line naming the port and its address (asyncio's text
+    names it as a tuple, prometheus_client's not at all); any other OSError goes on as it is."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL):
+            raise
+        raise OSError(f"cannot bind the {port} {address}: {os.strerror(e.errno)}") from None
 
 
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import logging
 import os
 import signal
@@ -35,8 +37,10 @@ async def _serve(cfg: NodeConfig, ready_file: str | None, disk: Disk | None, tru
     server = QuorumServer(service)
     endpoint = None
     try:
-        await server.start()
-        endpoint = serve_metrics(cfg.metrics_host, cfg.metrics_port, server.status, quorum_families)
+        with _bind_error("client port", cfg.client_bind or cfg.client_address):
+            await server.start()
+        with _bind_error("metrics port", f"{cfg.metrics_host}:{cfg.metrics_port}"):
+            endpoint = serve_metrics(cfg.metrics_host, cfg.metrics_port, server.status, quorum_families)
         if ready_file:
             with open(ready_file, "w") as f:
                 f.write(str(os.getpid()))
@@ -54,6 +58,19 @@ async def _serve(cfg: NodeConfig, ready_file: str | None, disk: Disk | None, tru
         await server.stop()
         logs.set_context_source("term", None)
         service.close()
+
+
+@contextlib.contextmanager
+def _bind_error(port: str, address: str):
+    """An address in use or not local becomes one line naming the port and its address (asyncio's text
+    names it as a tuple, prometheus_client's not at all); any other OSError goes on as it is.  The Raft
+    port's is quorum.raft's (its transport binds it)."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL):
+            raise
+        raise OSError(f"cannot bind the {port} {address}: {os.strerror(e.errno)}") from None
 
 
 def run_node(cfg: NodeConfig, ready_file: str | None = None, disk: Disk | None = None,

@@ -86,7 +86,7 @@ from pysyncobj.node import TCPNode
 from pysyncobj.poller import POLL_EVENT_TYPE
 from pysyncobj.syncobj import SyncObjException
 from pysyncobj.tcp_connection import CONNECTION_STATE, TcpConnection
-from pysyncobj.transport import TCPTransport
+from pysyncobj.transport import TCPTransport, TransportNotReadyError
 
 import settings
 from snapshots.format import Snapshot, decode_snapshot
@@ -560,6 +560,17 @@ class _TcpTransport(TCPTransport):
         self._server = LinkServer(self._syncObj._poller, host.strip("[]"), int(port), self._onNewIncomingConnection,
                                   self.limits, conf.connectionTimeout, conf.sendBufferSize, conf.recvBufferSize,
                                   conf.tcp_keepalive, self.link_counters)
+
+    def tryGetReady(self):
+        # pysyncobj gives up binding after maxBindRetries with TransportNotReadyError, which its SyncObj logs
+        # with a traceback and turns into SyncObjException('BindError'): the address and the reason are
+        # lost.  Raise the one line a node stops with (quorum.node: exit 69) before that.
+        try:
+            super().tryGetReady()
+        except TransportNotReadyError:
+            error = getattr(self._server, "bind_error", None)
+            reason = (os.strerror(error.errno) if error is not None and error.errno else str(error or "bind failed"))
+            raise OSError(f"cannot bind the Raft port {self._syncObj.conf.bindAddress}: {reason}") from None
 
     def _onNewIncomingConnection(self, conn):
         super()._onNewIncomingConnection(conn)

@@ -380,6 +380,7 @@ class LinkServer:
         self._tokens = float(limits.accept_burst)
         self._refilled = time.monotonic()
         self._paused = False
+        self.bind_error: OSError | None = None  # the last bind's, for the one line a node stops with
 
     def _take_token(self, now: float) -> bool:
         rate, burst = self._limits.accept_rate, self._limits.accept_burst
@@ -408,8 +409,9 @@ class LinkServer:
             sock.setblocking(False)
             sock.bind((self._host, self._port))
             sock.listen(self._limits.listen_backlog)
-        except OSError:
+        except OSError as e:
             sock.close()
+            self.bind_error = e
             raise
         self._socket = sock
         self._fileno = sock.fileno()

@@ -24,7 +24,20 @@ from telemetry.metrics import MetricsUnavailable, read_metrics
 from wire.errors import PidQuorumError
 
 from . import render
-from .common import EXIT_ERROR, EXIT_UNAVAILABLE, Ctx, handle_errors, output_option, run
+from .common import (
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_REFUSED,
+    EXIT_UNAVAILABLE,
+    INT64_MAX,
+    Addresses,
+    Ctx,
+    broker_id_option,
+    handle_errors,
+    output_option,
+    run,
+)
+from .progress import Bar
 
 
 @click.group()
@@ -69,8 +82,8 @@ def broker_start(ctx: click.Context, config_path, ready_file, log_level, **_sett
 
 
 @broker.command("status")
-@click.option("--metrics", "address", required=True, metavar="HOST:PORT",
-              help="The broker's metrics endpoint (broker start --metrics-port).")
+@click.option("--metrics", "address", required=True, type=Addresses(one=True),
+              help="The broker's metrics endpoint: a broker serves one only when started with --metrics-port.")
 @output_option
 @click.pass_obj
 def broker_status(obj: Ctx, address, output):
@@ -80,7 +93,7 @@ def broker_status(obj: Ctx, address, output):
     try:
         figures = read_metrics(address, timeout=obj.timeout)
     except MetricsUnavailable as e:
-        render.error(str(e))
+        render.error(f"{e} (a broker serves metrics only when started with --metrics-port PORT)")
         sys.exit(EXIT_UNAVAILABLE)
     if not any(name.startswith("pidquorum_broker") for name in figures):
         render.error(f"{address} serves no broker metrics (a quorum node's endpoint?)")
@@ -89,16 +102,17 @@ def broker_status(obj: Ctx, address, output):
 
 
 @broker.command("register")
-@click.option("--broker-id", type=int, required=True)
+@broker_id_option
 @click.option("--incarnation", type=click.UUID, help="Incarnation id (default: a new one).")
-@click.option("--listener", default="", help="host:port the broker serves on.")
+@click.option("--listener", type=Addresses(one=True), help="host:port the broker serves on.")
 @output_option
 @click.pass_obj
 @handle_errors
 def broker_register(obj: Ctx, broker_id, incarnation, listener, output):
+    """Register a broker id and print its new epoch (alone on the line: EPOCH=$(pidctl broker register ...))."""
     incarnation = incarnation or uuid.uuid4()
     try:
-        epoch = asyncio.run(run(lambda c: c.register_broker(broker_id, incarnation, listener))(obj.client()))
+        epoch = asyncio.run(run(lambda c: c.register_broker(broker_id, incarnation, listener or ""))(obj.client()))
     except PidQuorumError as e:
         # BrokerRegistration's answer has no message field: a refusal of DUPLICATE_BROKER_REGISTRATION (101,
         # which the client library reads as UNKNOWN_SERVER_ERROR) is named from the leader's state.
@@ -132,19 +146,85 @@ async def _live_holder(client, broker_id: int, incarnation: str) -> str | None:
 
 # ----------------------------------------------------------------- allocate
 @click.command("allocate")
-@click.option("--broker-id", type=int, required=True)
-@click.option("--broker-epoch", type=int, required=True)
+@broker_id_option
+@click.option("--broker-epoch", type=click.IntRange(0, INT64_MAX), required=True,
+              help="The epoch its registration returned (pidctl broker register).")
 @click.option("--count", type=click.IntRange(1, 1_000_000), default=1, show_default=True, help="Blocks to allocate.")
 @output_option
 @click.pass_obj
 @handle_errors
 def allocate(obj: Ctx, broker_id, broker_epoch, count, output):
-    """Allocate producer-ID blocks for a broker (AllocateProducerIds)."""
-    async def go(client):
-        return [await client.allocate(broker_id, broker_epoch) for _ in range(count)]
+    """Allocate producer-ID blocks for a broker (AllocateProducerIds).  A progress bar on a terminal; Ctrl-C
+    reports the blocks allocated so far (exit 130)."""
+    got: list = []
 
-    got = asyncio.run(run(go)(obj.client()))
-    blocks = [{"broker_id": broker_id, "broker_epoch": broker_epoch, **b.to_dict()} for b in got]
-    render.listing(output, blocks, "allocated", ["broker", "epoch", "start", "end (excl.)", "len", "throttle ms"],
-                   [[b["broker_id"], b["broker_epoch"], b["producer_id_start"], b["next_producer_id"],
-                     b["producer_id_len"], b["throttle_time_ms"]] for b in blocks])
+    async def go(client):
+        with Bar(f"broker {broker_id}", total=count, unit="blocks") as bar:
+            for _ in range(count):
+                got.append(await client.allocate(broker_id, broker_epoch))
+                bar.advance()
+
+    try:
+        asyncio.run(run(go)(obj.client()))
+    except KeyboardInterrupt:
+        _report_partial(output, broker_id, broker_epoch, got, count, "interrupted")
+        sys.exit(EXIT_INTERRUPTED)
+    except PidQuorumError as e:
+        if got:
+            _report_partial(output, broker_id, broker_epoch, got, count, f"stopped by {e.code.name}")
+        if e.code.name != "STALE_BROKER_EPOCH":
+            raise
+        current = asyncio.run(run(lambda c: _registered_epoch(c, broker_id))(obj.client()))
+        if current is None:
+            raise
+        render.error(_stale_epoch_message(broker_id, broker_epoch, current))
+        sys.exit(EXIT_REFUSED)
+    render.listing(output, _block_dicts(broker_id, broker_epoch, got), "allocated",
+                   ["broker", "epoch", "start", "end (excl.)", "len", "throttle ms"],
+                   [[broker_id, broker_epoch, b.start, b.next_id, b.length, b.throttle_ms] for b in got])
+
+
+def _block_dicts(broker_id: int, broker_epoch: int, blocks: list) -> list[dict]:
+    return [{"broker_id": broker_id, "broker_epoch": broker_epoch, **b.to_dict()} for b in blocks]
+
+
+def id_ranges(blocks: list) -> list[tuple[int, int]]:
+    """The blocks' producer IDs as [start, end) ranges, adjacent blocks joined."""
+    out: list[list[int]] = []
+    for b in sorted(blocks, key=lambda b: b.start):
+        if out and out[-1][1] == b.start:
+            out[-1][1] = b.next_id
+        else:
+            out.append([b.start, b.next_id])
+    return [(start, end) for start, end in out]
+
+
+def _report_partial(output: str, broker_id: int, broker_epoch: int, got: list, count: int, why: str) -> None:
+    """What an allocation cut short did: the blocks as JSON on stdout (-o json), one line on stderr."""
+    if output == "json":
+        render.emit_json(_block_dicts(broker_id, broker_epoch, got))
+    ranges = id_ranges(got)
+    shown = ", ".join(f"{start}..{end - 1}" for start, end in ranges[:5]) + (", ..." if len(ranges) > 5 else "")
+    ids = f": producer IDs {shown} ({len(ranges)} range{'s' if len(ranges) != 1 else ''})" if ranges else ""
+    render.warn(f"{why}: {len(got)} of {count} blocks allocated for broker {broker_id} (epoch {broker_epoch}){ids}; "
+                "a request in flight may have allocated one more (pidctl blocks history lists every block)")
+
+
+async def _registered_epoch(client, broker_id: int) -> int | None:
+    """The broker's registered epoch in the leader's state: -1 if it is not registered, None if unknown."""
+    try:
+        _, state = await client.find_leader(0)
+    except Exception:  # noqa: BLE001 - only an explanation: the original error is shown instead
+        return None
+    for b in state.get("state", {}).get("brokers", []):
+        if b.get("broker_id") == broker_id:
+            return int(b["broker_epoch"])
+    return -1
+
+
+def _stale_epoch_message(broker_id: int, given: int, current: int) -> str:
+    if current < 0:
+        return (f"STALE_BROKER_EPOCH: broker {broker_id} is not registered (given epoch {given}): "
+                f"register it first (pidctl broker register --broker-id {broker_id})")
+    return (f"STALE_BROKER_EPOCH: broker {broker_id}'s current epoch is {current} (given {given}): "
+            f"pass --broker-epoch {current}, or register it again")

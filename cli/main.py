@@ -1,7 +1,9 @@
 """pidctl: ``pidctl <noun> <verb>``, thin commands over library calls.
 
-Exit codes: 0 ok, 1 error, 2 usage, 3 unavailable or timed out, 4 refused by
-the quorum, 130 interrupted.  User mistakes print one line, no traceback.
+Exit codes (docs/cli.md lists them, with a node's and a broker's): 0 ok, 1 error, 2 usage, 3 unavailable or
+timed out, 4 refused by the quorum, 5 a checker found an anomaly, 6 degraded (``quorum status``),
+130 interrupted.  User mistakes print one line, no traceback.  The global options may come before the
+command or after it (``accept_global_options``).
 """
 from __future__ import annotations
 
@@ -9,41 +11,37 @@ import sys
 
 import click
 
-from security.client import ClientSecurity
-from settings.flags import secret_options
-
-from . import audit, bench, blocks, broker, chaos, cluster, migrate, node, quorum, quota, snapshot
-from .common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, Ctx, handle_errors, output_option, run
+from . import audit, bench, blocks, broker, chaos, cluster, migrate, node, quorum, quota, render, snapshot
+from .common import (
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    Ctx,
+    accept_global_options,
+    client_security,
+    global_options,
+    handle_errors,
+    output_option,
+    run,
+)
 from .security_cmds import register as _register_security_commands
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--data-dir", envvar="PIDQUORUM_DIR", default=".pidquorum", show_default=True,
-              help="Directory of the local cluster (pidctl cluster ...).")
-@click.option("--quorum", envvar="PIDQUORUM_QUORUM", help="Client addresses host:port,... (default: the local cluster's).")
-@click.option("--timeout", type=float, default=10.0, show_default=True, help="Deadline of one call, in seconds.")
-@click.option("--security-protocol", envvar="PIDQUORUM_SECURITY_PROTOCOL", default="PLAINTEXT", show_default=True,
-              type=click.Choice(["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]),
-              help="How to reach the quorum (as Kafka's security.protocol).")
-@click.option("--sasl-mechanism", envvar="PIDQUORUM_SASL_MECHANISM", default="PLAIN", show_default=True,
-              type=click.Choice(["PLAIN", "SCRAM-SHA-256"]))
-@click.option("--sasl-username", envvar="PIDQUORUM_SASL_USERNAME", help="SASL user (env PIDQUORUM_SASL_USERNAME).")
-@secret_options("--sasl-password", "sasl_password", envvar="PIDQUORUM_SASL_PASSWORD", help="The SASL password")
-@click.option("--tls-cafile", envvar="PIDQUORUM_TLS_CAFILE", type=click.Path(dir_okay=False),
-              help="CA that signed the quorum's certificates (default: the system's trust store).")
+@global_options
+@click.version_option(package_name="pidquorum", prog_name="pidctl", message="%(prog)s %(version)s")
 @click.pass_context
 def cli(ctx, data_dir, quorum, timeout, security_protocol, sasl_mechanism, sasl_username, sasl_password,
         sasl_password_file, tls_cafile):
-    """pidquorum: producer-ID blocks from a Raft quorum."""
-    if sasl_password_file is not None:  # the file's text (settings.flags.secret_options)
+    """pidquorum: producer-ID blocks from a Raft quorum.
+
+    The options below may also follow the command (pidctl quorum status --quorum HOST:PORT); exit codes and
+    environment variables: docs/cli.md."""
+    if sasl_password_file is not None:  # the file's text (settings.flags.secret_parameters)
         sasl_password = sasl_password_file
-    security = None
-    if security_protocol != "PLAINTEXT":
-        try:
-            security = ClientSecurity(security_protocol, sasl_mechanism, sasl_username, sasl_password, tls_cafile)
-        except ValueError as e:
-            raise click.UsageError(str(e)) from None
-    ctx.obj = Ctx(data_dir, quorum, timeout, security)
+    options = {"security_protocol": security_protocol, "sasl_mechanism": sasl_mechanism,
+               "sasl_username": sasl_username, "sasl_password": sasl_password, "tls_cafile": tls_cafile}
+    ctx.obj = Ctx(data_dir, quorum, timeout, client_security(**options), options)
 
 
 for _command in (cluster.cluster, cluster.demo, node.node, broker.broker, broker.allocate, blocks.blocks,
@@ -51,15 +49,20 @@ for _command in (cluster.cluster, cluster.demo, node.node, broker.broker, broker
                  bench.bench):
     cli.add_command(_command)
 _register_security_commands(cli, handle_errors=handle_errors, output_option=output_option, run=run)
+accept_global_options(cli)  # last: every command registered above
 
 
 def main() -> None:
     try:
-        cli.main(standalone_mode=False)
+        cli.main(prog_name="pidctl", standalone_mode=False)
     except click.exceptions.Abort:
         sys.exit(EXIT_INTERRUPTED)
-    except click.UsageError as e:
+    except click.exceptions.NoArgsIsHelpError as e:  # a group without its command: its help
         e.show()
+        sys.exit(EXIT_USAGE)
+    except click.UsageError as e:  # one line: the error and where the help is
+        hint = f" (see '{e.ctx.command_path} --help')" if e.ctx else ""
+        render.error(f"{e.format_message()}{hint}")
         sys.exit(EXIT_USAGE)
     except click.ClickException as e:
         e.show()

@@ -243,6 +243,14 @@ def secret_options(option: str, param: str, envvar: str | None = None, help: str
     return decorate
 
 
+def secret_parameters(option: str, param: str, envvar: str | None = None, help: str = "",
+                      file_key: str | None = None, hidden: bool = False) -> list[click.Option]:
+    """``secret_options``' parameters as click Options, for a command built rather than decorated
+    (``hidden``: the ``-file`` option too is left out of the help)."""
+    return [click.Option(decls, **{**attrs, "hidden": attrs.get("hidden", False) or hidden})
+            for decls, attrs in _secret_params(option, param, envvar, help, file_key)]
+
+
 def _split(sep: str, sequence: type, value: str) -> Any:
     return sequence(x.strip() for x in value.split(sep) if x.strip())
 

@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from . import audit, bench, blocks, broker, chaos, cluster, migrate, node, quorum, quota, render, snapshot
+from . import audit, bench, blocks, broker, chaos, cluster, migrate, node, quorum, quota, render, snapshot, txn
 from .common import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
@@ -46,7 +46,7 @@ def cli(ctx, data_dir, quorum, timeout, security_protocol, sasl_mechanism, sasl_
 
 for _command in (cluster.cluster, cluster.demo, node.node, broker.broker, broker.allocate, blocks.blocks,
                  quorum.quorum, snapshot.snapshot, migrate.migrate, quota.quota, chaos.chaos, audit.audit,
-                 bench.bench):
+                 bench.bench, txn.txn):
     cli.add_command(_command)
 _register_security_commands(cli, handle_errors=handle_errors, output_option=output_option, run=run)
 accept_global_options(cli)  # last: every command registered above

@@ -234,3 +234,168 @@ class BrokerAdmin:
         if code != 0:
             raise BrokerRefused(f"InitProducerId for transactional id {transactional_id!r}: {error_name(code)}", code)
         return int(r.producer_id), int(r.producer_epoch)
+
+
+# ------------------------------------------------------------------ the operator's procedures (pidctl txn)
+OPEN_STATES = ("Ongoing", "PrepareCommit", "PrepareAbort")
+RETRY_BACKOFF_S = 0.2
+
+
+async def _partitions(admin: BrokerAdmin, topic: str | None, partition: int | None) -> list[tuple[str, int]]:
+    if topic is not None and partition is not None:
+        return [(topic, partition)]
+    topics = await admin.topics()
+    if topic is not None:
+        if topic not in topics:
+            raise BrokerRefused(f"broker {admin.address} has no topic {topic!r}", int(Errors.UNKNOWN_TOPIC_OR_PARTITION))
+        topics = {topic: topics[topic]}
+    return [(t, p) for t, n in sorted(topics.items()) for p in range(n)]
+
+
+async def open_transactions(admin: BrokerAdmin, partitions: list[tuple[str, int]]) -> list[dict]:
+    """Every open transaction on ``partitions`` (DescribeProducers: a producer with a current transaction start
+    offset), as {topic, partition, producer_id, producer_epoch, start_offset, last_timestamp_ms}.  A partition
+    the broker refuses raises BrokerRefused naming it."""
+    out = []
+    for r in await admin.describe_producers(partitions):
+        if r["code"]:
+            raise BrokerRefused(f"DescribeProducers {r['topic']}-{r['partition']}: {r['error']}"
+                                f"{': ' + r['message'] if r['message'] and r['message'] != r['error'] else ''}",
+                                r["code"])
+        out += [{"topic": r["topic"], "partition": r["partition"], "producer_id": p["producer_id"],
+                 "producer_epoch": p["producer_epoch"], "start_offset": p["current_txn_start_offset"],
+                 "last_timestamp_ms": p["last_timestamp_ms"]}
+                for p in r["producers"] if p["current_txn_start_offset"] >= 0]
+    return out
+
+
+async def _ids_of(admin: BrokerAdmin, producer_ids: set[int]) -> dict[int, dict]:
+    """The coordinator's transaction of each producer id it lists (ListTransactions, DescribeTransactions)."""
+    if not producer_ids:
+        return {}
+    rows, _ = await admin.list_transactions(producer_ids=sorted(producer_ids))
+    described = await admin.describe_transactions(sorted({r["transactional_id"] for r in rows})) if rows else []
+    return {d["producer_id"]: d for d in described if d["code"] == 0}
+
+
+async def find_hanging(admin: BrokerAdmin, max_timeout_ms: int, now_ms: int, topic: str | None = None,
+                       partition: int | None = None) -> list[dict]:
+    """kafka-transactions.sh find-hanging for one broker: the open transactions of its partitions whose producer
+    last wrote more than ``max_timeout_ms`` ago, each with what the coordinator says of it (``reason``): it
+    does not know the producer, its transaction of the producer is another one (another epoch, ended, without
+    this partition), or it is open past its own timeout (the coordinator has not aborted it).  A transaction
+    the coordinator has open within its timeout is reported too once it is older than ``max_timeout_ms``
+    (Kafka's default, 15 minutes, is transaction.max.timeout.ms: no transaction may live that long)."""
+    found = [t for t in await open_transactions(admin, await _partitions(admin, topic, partition))
+             if now_ms - t["last_timestamp_ms"] > max_timeout_ms]
+    coordinator = await _ids_of(admin, {t["producer_id"] for t in found})
+    for t in found:
+        d = coordinator.get(t["producer_id"])
+        t["open_ms"] = now_ms - t["last_timestamp_ms"]
+        t["transactional_id"] = d["transactional_id"] if d else None
+        t["coordinator_state"] = d["state"] if d else None
+        if d is None:
+            t["reason"] = "the coordinator knows no transactional id with this producer"
+        elif (d["state"] not in OPEN_STATES or d["producer_epoch"] not in (t["producer_epoch"], t["producer_epoch"] + 1)
+              or {"topic": t["topic"], "partition": t["partition"]} not in d["partitions"]):
+            t["reason"] = (f"the coordinator's transaction of {d['transactional_id']!r} is {d['state']} at epoch "
+                           f"{d['producer_epoch']}, without this partition's")
+        elif now_ms - d["start_time_ms"] > d["timeout_ms"]:
+            t["reason"] = f"open past its timeout of {d['timeout_ms']} ms: the coordinator has not aborted it"
+        else:
+            t["reason"] = (f"open {t['open_ms'] // 1000} s, over the threshold; the coordinator aborts it at its "
+                           f"timeout of {d['timeout_ms']} ms")
+    return found
+
+
+async def _init(admin: BrokerAdmin, tid: str, timeout_ms: int, pid: int, epoch: int, deadline: float) -> tuple[int, int]:
+    """InitProducerId expecting (pid, epoch), retried while the coordinator completes the id's transaction."""
+    while True:
+        try:
+            return await admin.init_producer_id(tid, timeout_ms, pid, epoch)
+        except BrokerRefused as e:
+            retriable = e.code in (int(Errors.CONCURRENT_TRANSACTIONS), int(Errors.COORDINATOR_LOAD_IN_PROGRESS),
+                                   int(Errors.COORDINATOR_NOT_AVAILABLE), int(Errors.NOT_COORDINATOR))
+            if not retriable or asyncio.get_running_loop().time() > deadline:
+                raise
+        await asyncio.sleep(RETRY_BACKOFF_S)
+
+
+async def abort_transaction(admin: BrokerAdmin, *, transactional_id: str | None = None, topic: str | None = None,
+                            partition: int | None = None, start_offset: int | None = None,
+                            producer_id: int | None = None, producer_epoch: int | None = None) -> dict:
+    """End an open transaction as aborted and fence the producer that began it (docs/transactions.md).
+
+    The transaction is named by its transactional id, or found on a partition (its open transaction, the one
+    starting at ``start_offset``, or the one of ``producer_id``), and must be Ongoing at the coordinator with
+    that producer (and that partition).  Then, through the coordinator, never by a marker written past it:
+
+    1. InitProducerId expecting (producer id, epoch): the quorum aborts the open transaction with the epoch
+       bumped (its markers are written by the coordinator, fencing the epoch on each partition) — or refuses
+       with PRODUCER_FENCED when the id's producer is no longer that one (the transaction moved on: nothing is
+       applied);
+    2. InitProducerId expecting the bumped pair: the epoch is bumped once more, so the old producer cannot claim
+       the first bump as its own retry (KIP-360) and gets PRODUCER_FENCED from now on.
+
+    Returns the transaction before, the fenced and the new (producer id, epoch), and its state after.
+    BrokerRefused for anything that refuses it, naming why."""
+    deadline = asyncio.get_running_loop().time() + admin.timeout
+    where = None
+    if transactional_id is None:
+        if topic is None or partition is None:
+            raise ValueError("give --transactional-id, or --topic and --partition")
+        where = {"topic": topic, "partition": partition}
+        opened = await open_transactions(admin, [(topic, partition)])
+        picked = [t for t in opened if (start_offset is None or t["start_offset"] == start_offset)
+                  and (producer_id is None or t["producer_id"] == producer_id)
+                  and (producer_epoch is None or t["producer_epoch"] == producer_epoch)]
+        if not picked:
+            raise BrokerRefused(f"{topic}-{partition} has no open transaction"
+                                f"{'' if start_offset is None else f' starting at offset {start_offset}'}"
+                                f"{'' if producer_id is None else f' of producer {producer_id}'}",
+                                int(Errors.INVALID_TXN_STATE))
+        if len(picked) > 1:
+            raise BrokerRefused(f"{topic}-{partition} has {len(picked)} open transactions (start offsets "
+                                f"{', '.join(str(t['start_offset']) for t in picked)}): give --start-offset",
+                                int(Errors.INVALID_REQUEST))
+        producer_id, producer_epoch = picked[0]["producer_id"], picked[0]["producer_epoch"]
+        known = await _ids_of(admin, {producer_id})
+        if producer_id not in known:
+            raise BrokerRefused(f"the coordinator of broker {admin.address} knows no transactional id with producer "
+                                f"{producer_id}: it cannot be fenced from here (see docs/transactions.md)",
+                                int(Errors.INVALID_PRODUCER_ID_MAPPING))
+        transactional_id = known[producer_id]["transactional_id"]
+    (before,) = await admin.describe_transactions([transactional_id])
+    if before["code"]:
+        raise BrokerRefused(f"transactional id {transactional_id!r}: {before['error']}", before["code"])
+    if before["state"] != "Ongoing":
+        raise BrokerRefused(f"transactional id {transactional_id!r} is {before['state']}: no open transaction to "
+                            f"abort", int(Errors.INVALID_TXN_STATE))
+    mismatch = [f"{name} {want} (the coordinator has {before[key]})" for name, key, want in
+                (("producer", "producer_id", producer_id), ("epoch", "producer_epoch", producer_epoch))
+                if want is not None and before[key] != want]
+    if where is not None and where not in before["partitions"]:
+        mismatch.append(f"partition {where['topic']}-{where['partition']} (not in its transaction)")
+    if mismatch:
+        raise BrokerRefused(f"transactional id {transactional_id!r}: its open transaction is not the one named: "
+                            f"{'; '.join(mismatch)}", int(Errors.PRODUCER_FENCED))
+    pid, epoch = before["producer_id"], before["producer_epoch"]
+    try:
+        bumped = await _init(admin, transactional_id, before["timeout_ms"] or 60_000, pid, epoch, deadline)
+    except BrokerRefused as e:
+        if e.code == int(Errors.PRODUCER_FENCED):
+            raise BrokerRefused(f"transactional id {transactional_id!r}: its producer is no longer {pid} epoch "
+                                f"{epoch} (the transaction moved on); nothing was aborted", e.code) from None
+        raise
+    # The aborted transaction's state: CompleteAbort once its markers are written (PrepareAbort: decided, the
+    # coordinator's sweeper writes them).  Read before the second bump, after which the id is Empty.
+    (after,) = await admin.describe_transactions([transactional_id])
+    try:
+        fenced = await _init(admin, transactional_id, before["timeout_ms"] or 60_000, *bumped, deadline)
+    except BrokerRefused as e:
+        if e.code != int(Errors.PRODUCER_FENCED):
+            raise
+        fenced = bumped  # a new instance bumped it meanwhile: the old producer is fenced by that
+    return {"transactional_id": transactional_id, "aborted": before, "fenced_producer_id": pid,
+            "fenced_producer_epoch": epoch, "producer_id": fenced[0], "producer_epoch": fenced[1],
+            "state": after["state"] if after["code"] == 0 else after["error"]}

@@ -47,6 +47,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 if __name__ == "__main__" and __package__ in (None, ""):  # spark-submit audit/job.py: make the repo importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -75,18 +76,45 @@ class Options:
     id_spaces: str = "cluster"            # "cluster": cluster and node sources share one; "source": one each
 
 
-class Timer:
-    """Seconds per phase of a run (the report's ``timing_s``)."""
+# The phases of a run, in order, as the timer names them when they end (``Timer.lap``), with what a
+# person watching is told while each runs (``run_audit(progress=...)``).  Without blocks the three
+# block passes are skipped.
+PHASES = (
+    ("validate", "reading inputs (manifest, Parquet footers)"),
+    ("spark_start", "starting Spark"),
+    ("carry_pass", "Spark job: blocks per bucket"),
+    ("main_pass", "Spark job: ordered scan for overlaps"),
+    ("block_results", "checks: overlaps and gaps"),
+    ("boundary", "checks: migration boundary"),
+    ("duplicate_pids", "checks: duplicate PIDs"),
+    ("brokers", "checks: broker rates and restart loops"),
+    ("projection", "checks: ID-space projection"),
+    ("write", "writing the report and charts"),
+)
 
-    def __init__(self):
+
+class Timer:
+    """Seconds per phase of a run (the report's ``timing_s``).  ``progress``: called with the index in
+    ``PHASES`` and the description of the phase that starts, when a run starts and after each lap."""
+
+    def __init__(self, progress: Callable[[int, str], None] | None = None):
         self.t0 = time.monotonic()
         self.last = self.t0
         self.phases: dict[str, float] = {}
+        self.progress = progress
+        self._announce(0)
 
     def lap(self, name: str) -> None:
         now = time.monotonic()
         self.phases[name] = round(now - self.last, 3)
         self.last = now
+        names = [n for n, _ in PHASES]
+        if name in names:
+            self._announce(names.index(name) + 1)
+
+    def _announce(self, index: int) -> None:
+        if self.progress is not None and index < len(PHASES):
+            self.progress(index, PHASES[index][1])
 
 
 CLUSTER_SPACE = "cluster"
@@ -106,11 +134,12 @@ def id_spaces(manifest: dict, mode: str = "cluster") -> dict[str, str]:
 
 
 def run_audit(input_dir: str, master: str | None = "local[*]", out_dir: str | None = None, *, spark=None,
-              options: Options | None = None, **kw) -> dict:
+              options: Options | None = None, progress: Callable[[int, str], None] | None = None, **kw) -> dict:
     """Audit an export directory; returns the report (also ``out_dir/audit.json`` and PNG charts if
     ``out_dir``).  ``spark``: an existing SparkSession (else the active one, else one is started for
     ``master``, ``None`` for spark-submit's, and stopped afterwards).  Keyword arguments override
-    ``Options`` fields.  Raises ``AuditInputError`` on bad input, before anything is written or Spark
+    ``Options`` fields.  ``progress(index, description)`` is told as each of ``PHASES`` starts (nothing
+    else).  Raises ``AuditInputError`` on bad input, before anything is written or Spark
     starts; a stale ``audit.json`` in ``out_dir`` is removed first, so a failed run never leaves a
     report that looks complete."""
     opts = options or Options()
@@ -118,7 +147,7 @@ def run_audit(input_dir: str, master: str | None = "local[*]", out_dir: str | No
         if not hasattr(opts, k):
             raise TypeError(f"unknown option {k!r}")
         setattr(opts, k, v)
-    timer = Timer()
+    timer = Timer(progress)
     input_dir = os.fspath(input_dir)
     if out_dir is not None:
         out_dir = os.fspath(out_dir)
@@ -160,6 +189,7 @@ def run_audit(input_dir: str, master: str | None = "local[*]", out_dir: str | No
                        "tables": {t.spec.relpath: {"files": len(t.files), "rows": t.rows} for t in tables.values()}}
     report["timing_s"] = dict(timer.phases, total=round(time.monotonic() - timer.t0, 3))
     finish_projection(report)
+    timer.lap("projection")
     series = report.pop("_series", {})
     report["complete"] = True
     report["charts"] = []

@@ -11,12 +11,13 @@ import time
 import click
 
 from audit.inputs import AuditInputError
-from audit.job import EXAMPLES, WINDOW_MS, run_audit
+from audit.job import EXAMPLES, PHASES, WINDOW_MS, run_audit
 from audit.report import render_summary
 from audit.spark import SparkSetupError
 
 from . import render
 from .common import EXIT_ANOMALY, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, handle_errors, output_option
+from .progress import Bar
 
 
 @click.group()
@@ -73,11 +74,14 @@ def audit_export(src, dest, force, output):
 @output_option
 def audit_run(input_dir, master, out_dir, window_ms, examples, per_source, output):
     """Check the whole exported history on Spark: overlaps, duplicate PIDs, migration boundary, gaps,
-    per-broker rates and restart loops, ID-space projection.  Exit 0 clean, 5 on violations, 1 on bad input."""
+    per-broker rates and restart loops, ID-space projection.  Exit 0 clean, 5 on violations, 1 on bad input.
+    On a terminal, stderr shows the phase running (reading inputs, the Spark job, the checks)."""
 
     try:
-        report = run_audit(input_dir, master=master, out_dir=out_dir, window_ms=window_ms, examples=examples,
-                           id_spaces="source" if per_source else "cluster")
+        with Bar("audit", total=len(PHASES)) as bar:  # on a terminal only: stderr, gone when done
+            report = run_audit(input_dir, master=master, out_dir=out_dir, window_ms=window_ms, examples=examples,
+                               id_spaces="source" if per_source else "cluster",
+                               progress=lambda i, phase: bar.update(completed=i, note=phase))
     except (AuditInputError, SparkSetupError) as e:
         render.error(str(e))
         sys.exit(EXIT_ERROR)

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 from cli.common import EXIT_ERROR, EXIT_USAGE
 from cli.main import cli
 from quorum.localcluster import LocalCluster
+from tests.conftest import wait_for
 
 README = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
 
@@ -49,6 +50,9 @@ def test_quorum_option_is_not_answered_from_the_local_files(pidctl):
     r = pidctl("--quorum", quorum, "blocks", "history", expect=EXIT_USAGE)
     assert "reads the nodes' audit files" in r.output and "--audit FILE" in r.output
     assert "Traceback" not in r.output
-    trail = os.path.join(pidctl.data_dir, "node-1", "audit.log")
-    rows = json.loads(pidctl("--quorum", quorum, "blocks", "history", "--audit", trail, "-o", "json").output)
-    assert [(b["broker_id"], b["broker_epoch"]) for b in rows] == [(1, epoch)]
+    trail = os.path.join(pidctl.data_dir, "node-1", "audit.log")  # node 1 may apply the block after the answer
+
+    def history():
+        return json.loads(pidctl("--quorum", quorum, "blocks", "history", "--audit", trail, "-o", "json").output)
+    wait_for(history, 15, what="node 1 to apply the block")
+    assert [(b["broker_id"], b["broker_epoch"]) for b in history()] == [(1, epoch)]

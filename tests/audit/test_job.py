@@ -502,3 +502,53 @@ def test_bad_values_in_seeds_and_chaos_tables(tmp_path):
     d = write_export(tmp_path / "d", {"c": {"generate": []}})
     with pytest.raises(AuditInputError, match="nothing to audit"):
         run_audit(d)
+
+
+# --------------------------------------------------------------------------- the migration boundary, every block
+
+def demo_then_migrated() -> dict:
+    """Issue 38: a quorum that issued blocks from 0 (`pidctl demo`), then was seeded from a ZooKeeper whose
+    block_end is far above them, then issued above it.  Every block after the seed is fine; the three
+    before it lie in ZooKeeper's range 0..99,999."""
+    blocks = [blk(2 + i, 1000 * i, 1000, ts=T0 + i * MIN) for i in range(3)]
+    blocks += [blk(10 + i, 100_000 + 1000 * i, 1000, ts=T0 + (10 + i) * MIN) for i in range(3)]
+    return {"prod": {"records": {SEED: [seed(5, 99_000, 99_999)], REG: [reg(1, 1, 1)], A: blocks}}}
+
+
+def test_every_quorum_block_is_checked_against_zookeepers_range(spark, tmp_path):
+    r = run_audit(write_export(tmp_path / "in", demo_then_migrated()), spark=spark, examples=50)
+    mb = r["checks"]["migration_boundary"]
+    assert not r["valid"] and r["violations"] == {"overlaps": 0, "duplicate_pids": 0, "migration_boundary": 3}
+    assert [(e["block"]["start"], e["block"]["raft_index"], e["issued"]) for e in mb["examples"]] == [
+        (0, 2, "before the seed"), (1000, 3, "before the seed"), (2000, 4, "before the seed")]
+    assert mb["examples"][0]["zk_block_end"] == 99_999 and mb["examples"][0]["seed_raft_index"] == 5
+    assert mb["examples"][2]["note"] == ("quorum block [2000, 2999] issued before the seed lies in ZooKeeper's "
+                                         "range 0..99999: the quorum was not fresh when seeded")
+    # The check that looked only at the first block after the seed found nothing here.
+    assert mb["checked"][0]["first_block"]["start"] == 100_000 and mb["checked"][0]["ok"] is False
+
+
+def test_blocks_between_two_seeds_are_checked_against_the_earlier_one(spark, tmp_path):
+    # Seeded fresh, issued, rolled back (ZooKeeper went on above a placeholder), seeded again: every
+    # block lies above the seed before it, so nothing is reported ...
+    sources = {"prod": {"records": {
+        SEED: [seed(1, 0, 999), seed(5, 50_000, 50_999)],
+        A: [blk(2, 1000, 1000), blk(3, 2000, 1000), blk(6, 51_000, 1000)]}}}
+    r = run_audit(write_export(tmp_path / "ok", sources), spark=spark)
+    assert r["valid"] and r["checks"]["migration_boundary"]["count"] == 0
+    assert r["checks"]["migration_boundary"]["seeds"] == 2
+    # ... but a block after the second seed inside its range is, even when it is not the first after it.
+    sources["prod"]["records"][A].append(blk(7, 50_500, 100))
+    r = run_audit(write_export(tmp_path / "bad", sources), spark=spark)
+    (e,) = r["checks"]["migration_boundary"]["examples"]
+    assert (e["block"]["start"], e["issued"], e["zk_block_end"]) == (50_500, "after the seed", 50_999)
+
+
+def test_cli_reports_an_early_block_in_zookeepers_range_as_an_anomaly(spark, tmp_path):
+    d = write_export(tmp_path / "in", demo_then_migrated())
+    res = CliRunner().invoke(cli, ["audit", "run", "--input", d, "--out", str(tmp_path / "out")])
+    assert res.exit_code == EXIT_ANOMALY, res.output
+    assert "INVALID" in res.output and "migration_boundary x3" in res.output
+    res = CliRunner().invoke(cli, ["audit", "run", "--input", d, "--out", str(tmp_path / "out2"), "-o", "json"])
+    assert res.exit_code == EXIT_ANOMALY
+    assert json.loads(res.output)["violations"]["migration_boundary"] == 3

@@ -15,6 +15,7 @@ from records import (
     BrokerEpochCursorRecord,
     FenceBrokerRecord,
     ProducerIdCursorRecord,
+    ProducerIdHistoryRecord,
     RegisterBrokerRecord,
     encode_batch,
 )
@@ -23,6 +24,7 @@ from records.schema import LONG_MAX
 from snapshots import Snapshot, inspect_snapshot, read_snapshot, write_snapshot
 from snapshots.format import FORMAT, MAGIC, decode_snapshot, encode_snapshot
 from storage.disk import CorruptFileError
+from wire.errors import InvalidRequestError
 
 TS = 1_700_000_000_000
 
@@ -104,6 +106,34 @@ def test_round_trip_restores_the_state(tmp_path):
     write_snapshot(path, make_snapshot(records=state.snapshot_records()))
     back = QuorumState.from_records(read_snapshot(path).records)
     assert back.summary() == state.summary()
+
+
+def test_a_seeded_quorum_stays_seeded_through_a_snapshot_file(tmp_path):
+    # Seeded while fresh, then issued above the seed: the file carries that (ProducerIdHistoryRecord), so the
+    # restored node accepts the same seed again and knows the quorum issued nothing before it.
+    state = QuorumState.from_records(RECORDS[1:])
+    res = state.producer_ids.generate_seed(5000, "export:zk.json", 35, 4000, 4999, TS)
+    assert all(o.accepted for o in state.apply_batch(res.records))
+    state.apply_batch([AllocateProducerIdsRecord(broker_id=1, broker_epoch=3, producer_id_start=5000,
+                                                 producer_id_len=1000)])
+    path = str(tmp_path / "s")
+    write_snapshot(path, make_snapshot(records=state.snapshot_records()))
+    records = read_snapshot(path).records
+    assert ProducerIdHistoryRecord(lowest_issued=5000, issued_before_seed=False, seeded=True) in records
+    back = QuorumState.from_records(records)
+    assert back.producer_ids.history() == {"lowest": 5000, "before_seed": False, "seeded": True}
+    assert back.producer_ids.generate_seed(5000, "export:zk.json", 35, 4000, 4999, TS).response == (False, 6000)
+
+
+def test_a_snapshot_written_before_the_history_record_is_read_conservatively(tmp_path):
+    # RECORDS is such a snapshot: the latest block [5000, 6000) and no word of the blocks before it.
+    path = str(tmp_path / "s")
+    write_snapshot(path, make_snapshot())
+    back = QuorumState.from_records(read_snapshot(path).records)
+    assert back.producer_ids.history() == {"lowest": 0, "before_seed": True, "seeded": False}
+    with pytest.raises(InvalidRequestError, match=r"issued producer IDs 0\.\.5999, which overlap ZooKeeper's "
+                                                  r"range 0\.\.9999"):
+        back.producer_ids.generate_seed(10_000, "export:zk.json", 35, 9000, 9999, TS)
 
 
 def test_round_trip_edge_values(tmp_path):

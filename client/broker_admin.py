@@ -295,7 +295,8 @@ async def find_hanging(admin: BrokerAdmin, max_timeout_ms: int, now_ms: int, top
         t["transactional_id"] = d["transactional_id"] if d else None
         t["coordinator_state"] = d["state"] if d else None
         if d is None:
-            t["reason"] = "the coordinator knows no transactional id with this producer"
+            t["reason"] = ("no transactional id this broker's coordinator lists has this producer (unknown to it, "
+                           "or idle since the broker restarted)")
         elif (d["state"] not in OPEN_STATES or d["producer_epoch"] not in (t["producer_epoch"], t["producer_epoch"] + 1)
               or {"topic": t["topic"], "partition": t["partition"]} not in d["partitions"]):
             t["reason"] = (f"the coordinator's transaction of {d['transactional_id']!r} is {d['state']} at epoch "

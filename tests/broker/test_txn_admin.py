@@ -34,7 +34,7 @@ def admin_call(bootstrap: str, method: str, *args, security=None, **kwargs):
 
 
 def txn_producer(bootstrap: str, tid: str, **config) -> Producer:
-    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": tid, "linger.ms": 2, "log_level": 3, **config})
+    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": tid, "linger.ms": 2, "log_level": 0, **config})
     p.init_transactions(30)
     return p
 

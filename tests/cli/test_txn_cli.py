@@ -57,7 +57,7 @@ def pidctl(broker):
 
 
 def txn_producer(bootstrap: str, tid: str, **config) -> Producer:
-    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": tid, "linger.ms": 2, "log_level": 3, **config})
+    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": tid, "linger.ms": 2, "log_level": 0, **config})
     p.init_transactions(30)
     return p
 
@@ -183,11 +183,13 @@ def test_find_hanging_finds_a_killed_producers_transaction_and_abort_ends_it(bro
 
     # The old producer, were it to come back: its batches and its EndTxn are refused, never applied.
     with RawBroker(b, timeout=5) as raw:
-        for partition in (1, 0):  # one of the transaction's partitions; and it again after the refusal
+        raw.create_topic("other")
+        # Two of the transaction's partitions, and a partition it never wrote to (the KIP-890 check refuses it).
+        for topic, partition in (("hang", 1), ("hang", 0), ("other", 0)):
             records = encode_batch([(None, b"late")], producer_id=pid, producer_epoch=epoch, base_sequence=2,
                                    transactional=True)
             pd = entity(PRODUCE, 9, "PartitionProduceData", index=partition, records=records)
-            td = entity(PRODUCE, 9, "TopicProduceData", name="hang", partition_data=(pd,))
+            td = entity(PRODUCE, 9, "TopicProduceData", name=topic, partition_data=(pd,))
             resp = raw.call(kafka.request_entity(PRODUCE, 9, transactional_id="hang-tx", acks=-1,
                                                  timeout=datetime.timedelta(seconds=5), topic_data=(td,)))
             assert int(resp.responses[0].partition_responses[0].error_code) == int(Errors.INVALID_PRODUCER_EPOCH)
@@ -196,6 +198,7 @@ def test_find_hanging_finds_a_killed_producers_transaction_and_abort_ends_it(bro
                                                  producer_epoch=epoch, committed=committed))
             assert int(resp.error_code) == int(Errors.PRODUCER_FENCED)
     assert offsets(b, "hang", False) == {0: 3, 1: 3, 2: 3} and read_committed(b, "hang") == []
+    assert offsets(b, "other", False) == {0: 0, 1: 0, 2: 0}
 
     # Aborting it again: refused, nothing to abort.
     r = pidctl("abort", "--broker", b, "--transactional-id", "hang-tx", expect=EXIT_REFUSED)
@@ -214,11 +217,11 @@ def test_a_producer_that_wakes_up_after_the_abort_is_fenced(broker, pidctl):
         os.kill(proc.pid, signal.SIGSTOP)
         r = pidctl("abort", "--broker", broker.bootstrap, "--transactional-id", "sleepy-tx", "-o", "json")
         out = json.loads(r.output)
-        assert out["state"] == "CompleteAbort" and out["producer_epoch"] == out["fenced_producer_epoch"] + 2
         os.kill(proc.pid, signal.SIGCONT)
         proc.stdin.write("go\n")
         proc.stdin.flush()
         assert proc.stdout.readline().strip() == "refused _FENCED fatal=True"
+        assert out["state"] == "CompleteAbort" and out["producer_epoch"] == out["fenced_producer_epoch"] + 2
     finally:
         proc.kill()
         proc.wait()

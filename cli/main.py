@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from . import audit, bench, blocks, broker, chaos, cluster, migrate, node, quorum, quota, render, snapshot, txn
+from . import audit, bench, blocks, broker, chaos, cluster, migrate, node, quorum, quota, snapshot, txn
 from .common import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
@@ -60,9 +60,8 @@ def main() -> None:
     except click.exceptions.NoArgsIsHelpError as e:  # a group without its command: its help
         e.show()
         sys.exit(EXIT_USAGE)
-    except click.UsageError as e:  # one line: the error and where the help is
-        hint = f" (see '{e.ctx.command_path} --help')" if e.ctx else ""
-        render.error(f"{e.format_message()}{hint}")
+    except click.UsageError as e:  # click's "Error:" line alone (not the usage and "Try ... --help" above it)
+        click.echo(f"Error: {e.format_message()}", err=True)
         sys.exit(EXIT_USAGE)
     except click.ClickException as e:
         e.show()

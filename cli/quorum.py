@@ -9,7 +9,17 @@ import click
 from quorum import membership
 
 from . import render
-from .common import EXIT_OK, EXIT_UNAVAILABLE, Ctx, gather_status, handle_errors, output_option, quorum_health, run
+from .common import (
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    Addresses,
+    Ctx,
+    gather_status,
+    handle_errors,
+    output_option,
+    quorum_health,
+    run,
+)
 
 
 @click.group()
@@ -38,7 +48,7 @@ def show_status(obj: Ctx, output: str) -> int:
 
 
 @quorum.command("remove-node")
-@click.argument("raft_address")
+@click.argument("raft_address", type=Addresses(one=True))
 @output_option
 @click.pass_obj
 @handle_errors
@@ -50,8 +60,9 @@ def quorum_remove_node(obj: Ctx, raft_address, output):
 
 
 @quorum.command("add-node")
-@click.argument("raft_address")
-@click.option("--client-address", required=True, help="The new node's client address host:port (must be running).")
+@click.argument("raft_address", type=Addresses(one=True))
+@click.option("--client-address", required=True, type=Addresses(one=True),
+              help="The new node's client address host:port (must be running).")
 @click.option("--catch-up-timeout", type=click.FloatRange(0.1, 3600), default=60.0, show_default=True,
               help="Seconds to wait for the new node to hold the log.")
 @output_option
@@ -69,7 +80,7 @@ def quorum_add_node(obj: Ctx, raft_address, client_address, catch_up_timeout, ou
 
 
 @quorum.command("transfer-leadership")
-@click.argument("raft_address", required=False)
+@click.argument("raft_address", required=False, type=Addresses(one=True))
 @output_option
 @click.pass_obj
 @handle_errors

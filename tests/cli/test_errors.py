@@ -75,7 +75,7 @@ def test_a_usage_error_of_the_pidctl_command_is_one_line():
     r = pidctl_process("broker", "register", "--broker-id", "99999999999")
     assert r.returncode == EXIT_USAGE, r
     line = one_line(r.stderr)
-    assert "--broker-id" in line and "2147483647" in line and "pidctl broker register --help" in line
+    assert line.startswith("Error: ") and "--broker-id" in line and "2147483647" in line
     assert r.stdout == ""
 
 

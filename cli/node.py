@@ -17,7 +17,7 @@ def node():
 
 
 @node.command("start")
-@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False))
+@click.option("--config", "config_path", required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--log-level", default="INFO", show_default=True)
 @click.option("--trust-own-log", is_flag=True,
               help="Your word that this data directory is the one the node last ran on, not a restored copy: "

@@ -65,6 +65,8 @@ def invoke(tmp_path):
     (["allocate", "--broker-id", "1", "--broker-epoch", "99999999999999999999"], "0<=x<=9223372036854775807"),
     (["allocate", "--broker-id", "1", "--broker-epoch", "1", "--count", "0"], "1<=x<=1000000"),
     (["broker", "status", "--metrics", "nohost"], "'nohost' is not host:port"),
+    (["quorum", "remove-node", "foo"], "'foo' is not host:port"),
+    (["node", "start", "--config", "/nonexistent/node.toml"], "does not exist"),
 ])
 def test_bad_values_are_usage_errors_naming_the_value(invoke, args, named):
     assert named in invoke(*args, expect=EXIT_USAGE).output

@@ -83,9 +83,11 @@ def client_security(security_protocol: str = "PLAINTEXT", sasl_mechanism: str = 
     if security_protocol == "PLAINTEXT":
         return None
     try:
-        return ClientSecurity(security_protocol, sasl_mechanism, sasl_username, sasl_password, tls_cafile)
-    except ValueError as e:
+        security = ClientSecurity(security_protocol, sasl_mechanism, sasl_username, sasl_password, tls_cafile)
+        security.ssl_context()  # a CA file that is not one: said now, not as "no node answered" later (cached)
+    except (ValueError, TlsConfigError) as e:
         raise click.UsageError(str(e)) from None
+    return security
 
 
 # pidctl's global options: (flags, parameter name, click attributes).  The group takes them before the command
@@ -93,6 +95,7 @@ def client_security(security_protocol: str = "PLAINTEXT", sasl_mechanism: str = 
 # it too, where given ones win (``Ctx.override``).
 GLOBAL_OPTIONS: list[tuple[tuple[str, ...], str, dict]] = [
     (("--data-dir",), "data_dir", {"envvar": "PIDQUORUM_DIR", "default": ".pidquorum", "show_default": True,
+                                   "type": click.Path(file_okay=False),
                                    "help": "Directory of the local cluster (pidctl cluster ...)."}),
     (("--quorum",), "quorum", {"envvar": "PIDQUORUM_QUORUM", "type": Addresses(),
                                "help": "Client addresses host:port,... (default: the local cluster's)."}),
@@ -107,7 +110,7 @@ GLOBAL_OPTIONS: list[tuple[tuple[str, ...], str, dict]] = [
     (("--sasl-username",), "sasl_username", {"envvar": "PIDQUORUM_SASL_USERNAME",
                                              "help": "SASL user (env PIDQUORUM_SASL_USERNAME)."}),
     (("--tls-cafile",), "tls_cafile",
-     {"envvar": "PIDQUORUM_TLS_CAFILE", "type": click.Path(dir_okay=False),
+     {"envvar": "PIDQUORUM_TLS_CAFILE", "type": click.Path(exists=True, dir_okay=False),
       "help": "CA that signed the quorum's certificates (default: the system's trust store)."}),
 ]
 SASL_PASSWORD = ("--sasl-password", "sasl_password", "PIDQUORUM_SASL_PASSWORD", "The SASL password")
@@ -253,6 +256,10 @@ def handle_errors(fn):
             sys.exit(EXIT_UNAVAILABLE if type(e).__name__ == "ZkUnavailable" else EXIT_ERROR)
         except KeyboardInterrupt:
             sys.exit(EXIT_INTERRUPTED)
+        except OSError as e:  # a path that is not what it should be (--data-dir a file, no permission, ...)
+            where = f"{e.filename}: " if e.filename else ""
+            render.error(f"{where}{e.strerror or e}")
+            sys.exit(EXIT_UNAVAILABLE if isinstance(e, (ConnectionError, TimeoutError)) else EXIT_ERROR)
     return wrapper
 
 

@@ -72,6 +72,20 @@ def test_bad_values_are_usage_errors_naming_the_value(invoke, args, named):
     assert named in invoke(*args, expect=EXIT_USAGE).output
 
 
+def test_paths_that_are_not_what_they_should_be(invoke, tmp_path):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a directory\n")
+    r = invoke("--data-dir", str(a_file), "cluster", "up", expect=EXIT_USAGE)
+    assert f"Directory '{a_file}' is a file" in r.output
+    r = invoke("cluster", "up", "--data-dir", str(a_file / "below"), expect=EXIT_ERROR)  # was a traceback
+    assert one_line(r.output) == f"error: {a_file / 'below'}: Not a directory"
+    r = invoke("--security-protocol", "SSL", "--tls-cafile", str(a_file), "blocks", "latest", expect=EXIT_USAGE)
+    assert f"cannot load the TLS CA file ({a_file})" in r.output  # was "no node answered" (3)
+    r = invoke("--security-protocol", "SSL", "--tls-cafile", str(tmp_path / "missing.pem"), "blocks", "latest",
+               expect=EXIT_USAGE)
+    assert "does not exist" in r.output
+
+
 def test_a_usage_error_of_the_pidctl_command_is_one_line():
     """Was a kio TypeError traceback (exit 1): an int32 broker id out of range."""
     r = pidctl_process("broker", "register", "--broker-id", "99999999999")

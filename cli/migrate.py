@@ -117,7 +117,8 @@ def _issued(issued: dict | None) -> str:
     if issued is None:  # a node from before DescribeState said it
         return ""
     if issued["lowest"] is None:
-        return "; no producer ID issued yet" + ("" if issued["seeded"] else " (a fresh quorum: it may be seeded)")
+        return "; seeded, no producer ID issued yet" if issued["seeded"] else (
+            "; no producer ID issued yet (a fresh quorum: it may be seeded)")
     if issued["before_seed"]:
         return (f"; issued producer IDs from {issued['lowest']} before any seed (not fresh: a seed from a "
                 f"ZooKeeper block ending at {issued['lowest']} or above is refused)")

@@ -155,6 +155,8 @@ def test_status_says_whether_the_quorum_is_fresh(fresh_quorum, tmp_path):
     assert r.stdout.strip() == ("migration mode: none; next producer ID 0; no producer ID issued yet (a fresh quorum: "
                                 "it may be seeded)")
     assert pidctl(fresh_quorum, "migrate", "from-zk", "--export", export(tmp_path, EXAMPLE)).returncode == 0
+    r = pidctl(fresh_quorum, "migrate", "status")
+    assert r.stdout.strip() == "migration mode: none; next producer ID 5000; seeded, no producer ID issued yet"
     first_block(fresh_quorum)
     r = pidctl(fresh_quorum, "migrate", "status")
     assert r.stdout.strip() == ("migration mode: none; next producer ID 6000; issued producer IDs from 5000, all "

@@ -237,3 +237,33 @@ def test_an_interrupted_allocation_reports_what_it_allocated(cluster, output):
         assert f"producer IDs {first}..{last} (1 range)" in line  # one broker alone: adjacent blocks
     else:
         assert out == ""
+
+
+def test_allocate_shows_progress_only_when_stderr_is_a_terminal(cluster):
+    import pty
+    runner = CliRunner()
+    epoch = int(runner.invoke(cli, ["--data-dir", cluster, "broker", "register", "--broker-id", "1"]).output)
+    args = [*PIDCTL, "--data-dir", cluster, "allocate", "--broker-id", "1", "--broker-epoch", str(epoch), "--count",
+            "300", "-o", "json"]
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=slave, text=True,
+                                env={**os.environ, "TERM": "xterm", "COLUMNS": "100"})
+        os.close(slave)
+        seen = b""
+        while True:  # read the terminal until the process closes it
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: no writer left
+                break
+            if not chunk:
+                break
+            seen += chunk
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        os.close(master)
+    assert proc.returncode == 0
+    assert len(json.loads(out)) == 300
+    assert b"broker 1" in seen and b"/300" in seen and b"blocks" in seen  # the bar: "broker 1 ... 120/300 blocks"
+    piped = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert piped.returncode == 0 and piped.stderr == ""  # not a terminal: nothing extra

@@ -387,6 +387,8 @@ class ProducerIdsManager:
         elif not 0 <= lowest <= self.latest.producer_id_start:
             raise InvariantViolation(f"lowest issued ID {lowest} is not in 0..{self.latest.producer_id_start}, "
                                      "the start of the latest block")
+        elif not (rec.seeded or rec.issued_before_seed):
+            raise InvariantViolation("blocks were issued, but neither before a seed nor after one")
         self.lowest_issued = None if lowest == -1 else lowest
         self.issued_before_seed, self.seeded = rec.issued_before_seed, rec.seeded
 

@@ -153,6 +153,8 @@ def test_an_old_snapshot_without_a_block_is_fresh(state):
       ProducerIdHistoryRecord(lowest_issued=6000, issued_before_seed=False, seeded=True)], "not in 0..5000"),
     ([AllocateProducerIdsRecord(broker_id=1, broker_epoch=1, producer_id_start=5000, producer_id_len=10),
       ProducerIdHistoryRecord(lowest_issued=-1, issued_before_seed=False, seeded=True)], "not in 0..5000"),
+    ([AllocateProducerIdsRecord(broker_id=1, broker_epoch=1, producer_id_start=5000, producer_id_len=10),
+      ProducerIdHistoryRecord(lowest_issued=5000, issued_before_seed=False, seeded=False)], "neither before"),
 ])
 def test_a_history_record_that_contradicts_the_blocks_is_refused(records, problem):
     state = QuorumState()

@@ -265,7 +265,7 @@ class ProducerIdsManager:
     issued, and whether any was issued before the first seed.  ZooKeeper hands
     out IDs from 0 up to its block_end, so IDs the quorum issued before it was
     seeded may be ones ZooKeeper issued too: a seed whose block_end reaches them
-    is refused (``seed_overlap``), by the proposer and again by replay.
+    is refused (``seed_overlap``) by the proposer, from its applied state (not on replay: see there).
     """
 
     def __init__(self) -> None:
@@ -344,10 +344,11 @@ class ProducerIdsManager:
             if rec.next_producer_id < self.next_producer_id:
                 raise InvariantViolation(
                     f"seed {rec.next_producer_id} is below the next producer ID {self.next_producer_id}")
-            # Whoever proposed it (another operator, an older node): a seed over IDs issued before it is refused.
-            overlap = self.seed_overlap(rec.zk_block_end)
-            if overlap is not None:
-                raise InvariantViolation(overlap)
+            # No overlap check here, on purpose: the leader refused an overlapping seed in generate_seed, from
+            # its applied state.  A committed seed is a fact every replica must apply alike; a node restored
+            # from a snapshot written before ProducerIdHistoryRecord existed only *infers* its history
+            # (assume_history: issued from 0 before any seed), and if it refused what its peers applied its
+            # cursor would stay below theirs and, leading, it would issue IDs inside ZooKeeper's range.
             self.next_producer_id = rec.next_producer_id
             self.seeded = True
             return

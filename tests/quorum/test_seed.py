@@ -49,8 +49,9 @@ def test_seed_below_what_the_quorum_issued_changes_nothing(state):
 
 
 def test_a_higher_seed_moves_the_cursor_up_over_a_gap(state):
-    allocate(state)  # [0, 1000)
-    assert seed(state, 999_999).response == (True, 1_000_000)
+    seed(state, 4999)  # a fresh quorum seeded: IDs from 5000
+    allocate(state)  # [5000, 6000), all above the first seed
+    assert seed(state, 999_999).response == (True, 1_000_000)  # a re-migration after a rollback
     assert allocate(state)[0] == 1_000_000
 
 

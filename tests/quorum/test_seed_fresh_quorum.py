@@ -63,12 +63,39 @@ def test_a_seed_below_what_the_quorum_issued_before_it_is_refused_not_ignored(st
         state.producer_ids.generate_seed(5000, "export:zk.json", 35, 4000, 4999, NOW)
 
 
-def test_replay_refuses_the_overlapping_seed_whoever_proposed_it(state):
+def test_replay_applies_a_committed_seed_even_over_earlier_ids(state):
+    # The leader refuses the overlapping seed (generate_seed); once committed (an older leader let it
+    # through) every replica applies it alike, or one that infers its history from an old snapshot would
+    # keep a lower cursor than its peers.
     allocate(state, 3)
     (outcome,) = state.apply_batch([seed_record(99_999)])
-    assert not outcome.accepted and "overlap ZooKeeper's range 0..99999" in outcome.error
-    assert state.producer_ids.next_producer_id == 3000
-    assert state.producer_ids.history() == {"lowest": 0, "before_seed": True, "seeded": False}
+    assert outcome.accepted, outcome.error
+    assert state.producer_ids.next_producer_id == 100_000
+    assert state.producer_ids.history() == {"lowest": 0, "before_seed": True, "seeded": True}
+    with pytest.raises(InvalidRequestError, match=r"0\.\.2999, which overlap ZooKeeper's range 0\.\.99999"):
+        state.producer_ids.generate_seed(100_000, "export:zk.json", 35, 99_000, 99_999, NOW)
+
+
+def test_a_replica_with_an_inferred_history_applies_the_seed_its_peers_apply():
+    # Peer A replayed the whole log (seeded, then issued above the seed); peer B was restored from a
+    # snapshot written before the history record existed (a block, no history: inferred "issued from 0").
+    # A higher seed after a rollback is accepted by A's proposer; B must move its cursor just as A does.
+    a = QuorumState()
+    a.apply_batch(a.registrations.generate_register(1, "inc-1", "h:1", NOW).records)
+    a.apply_batch([seed_record(99_999)])
+    a.apply_batch([AllocateProducerIdsRecord(broker_id=1, broker_epoch=1, producer_id_start=100_000,
+                                             producer_id_len=1000)])
+    old_snapshot = [r for r in a.snapshot_records() if not isinstance(r, ProducerIdHistoryRecord)]
+    b = QuorumState.from_records(old_snapshot)
+    assert b.producer_ids.history() == {"lowest": 0, "before_seed": True, "seeded": False}
+    later = a.producer_ids.generate_seed(500_000, "export:zk.json", 35, 499_000, 499_999, NOW).records
+    assert later  # A knows every ID it issued lies above the first seed
+    for s in (a, b):
+        (outcome,) = s.apply_batch(later)
+        assert outcome.accepted, outcome.error
+    assert a.producer_ids.next_producer_id == b.producer_ids.next_producer_id == 500_000
+    with pytest.raises(InvalidRequestError):  # B, leading, is stricter: it refuses any further seed
+        b.producer_ids.generate_seed(600_000, "export:zk.json", 35, 599_000, 599_999, NOW)
 
 
 def test_ids_issued_before_the_seed_but_above_zookeepers_range_do_not_overlap(state):
@@ -167,21 +194,21 @@ def test_a_history_record_that_contradicts_the_blocks_is_refused(records, proble
 
 def test_log_replay_and_snapshot_restore_agree():
     # A log as the proposer writes it: a registration, blocks from 0, an overlapping seed an older node let
-    # through (refused on replay here), more blocks.  Replayed from the start, or restored from a snapshot
+    # through (applied on replay, as every replica must), more blocks.  Replayed from the start, or restored from a snapshot
     # taken at the end, the node knows the same history.
     live = QuorumState()
     log = [live.registrations.generate_register(1, "inc-1", "h:1", NOW).records]
     live.apply_batch(log[-1])
     for rec_batch in ([AllocateProducerIdsRecord(broker_id=1, broker_epoch=1, producer_id_start=0, producer_id_len=1000)],
                       [seed_record(99_999)],
-                      [AllocateProducerIdsRecord(broker_id=1, broker_epoch=1, producer_id_start=1000,
+                      [AllocateProducerIdsRecord(broker_id=1, broker_epoch=1, producer_id_start=100_000,
                                                  producer_id_len=1000)]):
         log.append(rec_batch)
         live.apply_batch(rec_batch)
     replayed = QuorumState()
     for batch in log:
         replayed.apply_batch(decode_batch(encode_batch(batch)))
-    expected = {"lowest": 0, "before_seed": True, "seeded": False}
+    expected = {"lowest": 0, "before_seed": True, "seeded": True}
     assert live.producer_ids.history() == replayed.producer_ids.history() == restored(live).producer_ids.history() \
         == expected
-    assert replayed.producer_ids.next_producer_id == 2000
+    assert replayed.producer_ids.next_producer_id == 101_000

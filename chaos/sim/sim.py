@@ -255,7 +255,7 @@ class Simulation:
         """The clients beyond the brokers that register and allocate (a subclass runs others)."""
         if self.script is not None:
             self.script(self)
-        self.after(self.rng.uniform(1.0, 3.0), "client", self._seed_once)
+        self.after(self.rng.uniform(0.0, 0.3), "client", self._seed_once)
         self.managed = [_ManagedBroker(self, 101 + b) for b in range(self.config.managed_brokers)]
 
     def _step(self) -> None:

@@ -100,17 +100,17 @@ def render_summary(report: dict, console: Console | None = None, *, limit: int =
         out.print(t)
     mb = checks["migration_boundary"]
     if mb["count"]:
-        t = Table(title=f"migration boundary violations: {_fmt(mb['count'])} of {_fmt(mb['seeds'])} seeds",
+        t = Table(title=f"quorum blocks in ZooKeeper's range: {_fmt(mb['count'])} (seeds: {_fmt(mb['seeds'])})",
                   title_justify="left")
-        for c in ("source", "seed (raft)", "ZooKeeper block", "first quorum block after it"):
+        for c in ("source", "seed (raft)", "ZooKeeper range", "quorum block", "issued"):
             t.add_column(c)
         for e in mb["examples"][:limit]:
-            t.add_row(e["source"], _fmt(e["seed_raft_index"]), f"[{e['zk_block_start']:,}, {e['zk_block_end']:,}]",
-                      _block(e["first_block"]))
+            t.add_row(e["source"], _fmt(e["seed_raft_index"]), f"0..{e['zk_block_end']:,}", _block(e["block"]),
+                      e["issued"])
         out.print(t)
     elif mb["seeds"]:
-        out.print(f"migration boundary: {_fmt(mb['seeds'])} seed(s), every first quorum block lies above its "
-                  "ZooKeeper block")
+        out.print(f"migration boundary: {_fmt(mb['seeds'])} seed(s), every quorum block lies above ZooKeeper's "
+                  "range")
 
     gaps = report["gaps"]
     out.print(f"gaps: {_fmt(gaps['count'])}, {_fmt(gaps['wasted_ids'])} IDs never issued between blocks")

@@ -549,6 +549,8 @@ def test_cli_reports_an_early_block_in_zookeepers_range_as_an_anomaly(spark, tmp
     res = CliRunner().invoke(cli, ["audit", "run", "--input", d, "--out", str(tmp_path / "out")])
     assert res.exit_code == EXIT_ANOMALY, res.output
     assert "INVALID" in res.output and "migration_boundary x3" in res.output
+    assert "quorum blocks in ZooKeeper's range: 3 (seeds: 1)" in res.output
+    assert "before the seed" in res.output
     res = CliRunner().invoke(cli, ["audit", "run", "--input", d, "--out", str(tmp_path / "out2"), "-o", "json"])
     assert res.exit_code == EXIT_ANOMALY
     assert json.loads(res.output)["violations"]["migration_boundary"] == 3

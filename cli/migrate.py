@@ -12,8 +12,25 @@ from storage.files import atomic_write
 from wire.errors import PidQuorumError
 
 from . import render
-from .common import Ctx, handle_errors, output_option, run
+from .common import Addresses, Ctx, handle_errors, output_option, run
 
+
+
+class ZkHosts(click.ParamType):
+    """ZooKeeper's connect string, ``HOST:PORT[,HOST:PORT...][/chroot]``: every port 1-65535 (kazoo would
+    take ``127.0.0.1:99999`` and, in bridge mode, the quorum would then fail every allocation)."""
+
+    name = "host:port,...[/chroot]"
+
+    def convert(self, value, param, ctx):
+        hosts, slash, chroot = str(value).partition("/")
+        hosts = Addresses().convert(hosts, param, ctx)
+        if slash and (not chroot or chroot.endswith("/") or "//" in chroot):
+            self.fail(f"{value!r}: the chroot {'/' + chroot!r} is not a znode path", param, ctx)
+        return hosts + (slash + chroot if slash else "")
+
+
+ZK_HOSTS = ZkHosts()
 
 @click.group()
 def migrate():
@@ -23,7 +40,7 @@ def migrate():
 @migrate.command("from-zk")
 @click.option("--export", "export_file", type=click.Path(dir_okay=False),
               help="A JSON export of /latest_producer_id_block.")
-@click.option("--zk", "zk_hosts", help="Live ZooKeeper: HOST:PORT[,HOST:PORT...][/chroot].")
+@click.option("--zk", "zk_hosts", type=ZK_HOSTS, help="Live ZooKeeper: HOST:PORT[,HOST:PORT...][/chroot].")
 @click.option("--dry-run", is_flag=True, help="Say what would be seeded; commit nothing.")
 @click.option("--allow-empty", is_flag=True,
               help="A missing znode (or an empty one) is not an error: there is nothing to seed.")
@@ -60,7 +77,7 @@ def _migration_command(obj: Ctx, action: str, zk: str, output: str) -> None:
 
 
 @migrate.command("bridge")
-@click.option("--zk", "zk_hosts", required=True, help="ZooKeeper of the legacy brokers: HOST:PORT[,...][/chroot].")
+@click.option("--zk", "zk_hosts", required=True, type=ZK_HOSTS, help="ZooKeeper of the legacy brokers: HOST:PORT[,...][/chroot].")
 @output_option
 @click.pass_obj
 @handle_errors
@@ -158,7 +175,7 @@ def _remove_quietly(path: str) -> None:
 
 
 @migrate.command("export")
-@click.option("--zk", "zk_hosts", required=True, help="ZooKeeper: HOST:PORT[,HOST:PORT...][/chroot].")
+@click.option("--zk", "zk_hosts", required=True, type=ZK_HOSTS, help="ZooKeeper: HOST:PORT[,HOST:PORT...][/chroot].")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False),
               help="Write the data to this file (atomically: temp file, fsync, rename). Default: stdout.")
 @output_option
@@ -195,7 +212,7 @@ def migrate_export(obj: Ctx, zk_hosts, out_file, output):
 
 
 @migrate.command("zk-allocate")
-@click.option("--zk", "zk_hosts", required=True, help="ZooKeeper: HOST:PORT[,HOST:PORT...][/chroot].")
+@click.option("--zk", "zk_hosts", required=True, type=ZK_HOSTS, help="ZooKeeper: HOST:PORT[,HOST:PORT...][/chroot].")
 @click.option("--broker-id", type=click.IntRange(0, 2**31 - 1), required=True,
               help="Written into the znode; use an id no running broker uses.")
 @click.option("--count", type=click.IntRange(1, 10_000), default=1, show_default=True, help="Blocks to allocate.")

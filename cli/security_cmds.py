@@ -42,7 +42,10 @@ def _acl(principal, operation, permission, cluster, transactional_id, topic, pre
     else:
         rtype, name = (a.TRANSACTIONAL_ID, transactional_id) if topic is None else (a.TOPIC, topic)
         pattern = a.PREFIXED if prefixed else a.LITERAL
-    return a.Acl(principal, rtype, name, pattern, operation.upper(), permission.upper(), host).validate()
+    try:
+        return a.Acl(principal, rtype, name, pattern, operation.upper(), permission.upper(), host).validate()
+    except a.AclError as e:  # a malformed option (e.g. --principal foo): a usage error, before any request
+        raise click.UsageError(str(e)) from None
 
 
 def _describe(e: a.Acl) -> str:
@@ -143,6 +146,9 @@ def register(cli, *, handle_errors, output_option, run) -> None:
     @handle_errors
     def acl_list(obj, principal, output):
         """The entries, as the answering node has applied them."""
+        kind, sep, name = principal.partition(":")
+        if principal and (kind != "User" or not sep or not name):
+            raise click.UsageError(f"principal {principal!r} must be User:<name> (or User:* for everyone)")
         entries, applied = asyncio.run(run(lambda c: c.describe_acls(principal))(obj.client()))
         render.listing(output, [e.to_dict() for e in entries], f"ACLs (applied index {applied})",
                        ["principal", "permission", "operation", "resource type", "name", "pattern", "host"],

@@ -82,4 +82,4 @@ def test_pidctl_acl_takes_exactly_one_resource_and_checks_topic_operations():
     assert res.exit_code == 2 and "--prefixed applies to --transactional-id and --topic only" in res.output
     # refused before the quorum is asked (nothing listens on port 1)
     res = CliRunner().invoke(cli, [*base, "--operation", "IDEMPOTENT_WRITE", "--topic", "orders-", "--prefixed"])
-    assert res.exit_code == 1 and "does not apply to Topic" in res.output
+    assert res.exit_code == 2 and "does not apply to Topic" in res.output

@@ -114,7 +114,7 @@ def test_acls_grant_and_revoke_cluster_action_through_a_follower(secure_quorum):
     wait_for(lambda: _refused(lambda: run(_call(sq.client("broker", addresses=[follower]),
                                                 lambda c: c.register_broker(7)))), 10, what="the removal to apply")
     code, out = pidctl(sq, "acl", "add", "--principal", "alice", "--operation", "WRITE", "--cluster")
-    assert code == 1 and "User:<name>" in out  # a bad entry: one clear line
+    assert code == 2 and "User:<name>" in out  # a bad entry: one clear line, a usage error
 
 
 def _try(fn):

@@ -97,7 +97,6 @@ DESCRIBE_TRANSACTIONS, LIST_TRANSACTIONS = 65, 66
 # quorum's transactions are in the first six; Dead and PrepareEpochFence are states no id here is ever in.
 TXN_STATES = ("Empty", "Ongoing", "PrepareCommit", "PrepareAbort", "CompleteCommit", "CompleteAbort", "Dead",
               "PrepareEpochFence")
-TRANSACTIONAL_ID_NOT_FOUND = 105  # Kafka's code for DescribeTransactions of an unknown id (not in wire.errors)
 ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN = 24, 25, 26
 READ_COMMITTED = 1
 # What a consumer group's FindCoordinator and AddOffsetsToTxn get: this broker coordinates no groups.
@@ -1099,7 +1098,7 @@ class BrokerServer:
             elif isinstance(txn, PidQuorumError):
                 row["error_code"] = int(_coordinator_code(txn))
             elif txn is None:
-                row["error_code"] = TRANSACTIONAL_ID_NOT_FOUND
+                row["error_code"] = Errors.TRANSACTIONAL_ID_NOT_FOUND
             else:
                 topics: dict[str, list[int]] = {}
                 for _, topic, partition in txn["partitions"]:

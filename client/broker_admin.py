@@ -25,14 +25,9 @@ from wire.errors import Errors, PidQuorumError
 
 API_VERSIONS, METADATA, INIT_PRODUCER_ID, DESCRIBE_PRODUCERS = 18, 3, 22, 61
 DESCRIBE_TRANSACTIONS, LIST_TRANSACTIONS = 65, 66
-# Codes Kafka has that wire.errors does not list (it maps them to UNKNOWN_SERVER_ERROR): named here so an
-# operator reads the name, not a number.
-EXTRA_ERROR_NAMES = {105: "TRANSACTIONAL_ID_NOT_FOUND"}
 
 
 def error_name(code: int) -> str:
-    if code in EXTRA_ERROR_NAMES:
-        return EXTRA_ERROR_NAMES[code]
     named = Errors.of(code)
     return named.name if int(named) == code else f"error {code}"
 

@@ -52,6 +52,7 @@ class Errors(enum.IntEnum):
     PRODUCER_FENCED = 90
     DUPLICATE_BROKER_REGISTRATION = 101
     BROKER_ID_NOT_REGISTERED = 102
+    TRANSACTIONAL_ID_NOT_FOUND = 105
 
     @classmethod
     def of(cls, code: int) -> "Errors":

@@ -197,7 +197,7 @@ def test_describe_refuses_an_id_the_principal_may_not_describe(server):
     r = asyncio.run(call(s, ALICE, DESCRIBE_TRANSACTIONS, 0, transactional_ids=("alice-1", "bob-1", "alice-none")))
     assert [(str(t.transactional_id), int(t.error_code)) for t in r.transaction_states] == [
         ("alice-1", 0), ("bob-1", int(Errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)),
-        ("alice-none", frontend.TRANSACTIONAL_ID_NOT_FOUND)]
+        ("alice-none", Errors.TRANSACTIONAL_ID_NOT_FOUND)]
     first = r.transaction_states[0]
     assert (str(first.transaction_state), [(str(d.topic), list(d.partitions)) for d in first.topics]) == (
         "Ongoing", [("t", [0])])

@@ -9,7 +9,6 @@ import pytest
 from confluent_kafka import Producer
 from kafka.admin import KafkaAdminClient
 
-from broker import frontend
 from broker.config import BrokerConfig
 from broker.frontend import DESCRIBE_TRANSACTIONS, LIST_TRANSACTIONS, BrokerServer
 from broker.txn_coordinator import TxnCoordinator

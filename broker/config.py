@@ -32,6 +32,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 import settings
+from client.quorum import SettingNames
 from security.client import ClientSecurity
 from settings import PATH, BindAddress, HostPort, Table, UserPrincipal
 from settings.flags import Flag
@@ -40,6 +41,13 @@ from .pid_manager import DEFAULT_BROKER_HEARTBEAT_INTERVAL_MS, QUORUM_BROKER_SES
 from .quota import QuotaWindow
 
 Mechanism = Literal["PLAIN", "SCRAM-SHA-256"]
+
+
+# The settings a broker's errors about reaching the quorum name as the fix (a file's keys; each is also a
+# --quorum-... flag).
+QUORUM_SETTING_NAMES = SettingNames(tls='security_protocol = "SSL" in [quorum_security]',
+                                    plaintext='security_protocol = "PLAINTEXT" in [quorum_security]',
+                                    cafile="tls_cafile in [quorum_security]")
 
 
 @settings.model
@@ -60,6 +68,11 @@ class QuorumSecurity:
 
     @model_validator(mode="after")
     def _check(self) -> "QuorumSecurity":
+        if self.tls_cafile is not None and self.security_protocol in ("PLAINTEXT", "SASL_PLAINTEXT"):
+            # Not ignored in silence: whoever set a CA meant TLS, and the broker would speak plaintext.
+            tls = "SASL_SSL" if self.security_protocol == "SASL_PLAINTEXT" else "SSL"
+            raise ValueError(f"tls_cafile is set but security_protocol is {self.security_protocol} (no TLS, the CA "
+                             f"would not be used): set security_protocol = \"{tls}\", or remove tls_cafile")
         self.client_security()  # its ValueError names what is missing
         return self
 

@@ -10,13 +10,16 @@ import logging
 import os
 import signal
 
+from client.quorum import HandshakeFailed, QuorumClient, RetryPolicy, unreachable
 from security.credentials import CredentialsError
 from security.tls import TlsConfigError
 from storage.disk import CorruptFileError
+from storage.lock import DirectoryLockedError, lock_directory
 from telemetry import logs
 from telemetry.metrics import serve_metrics
 from wire.errors import PidQuorumError
 
+from .config import QUORUM_SETTING_NAMES
 from .frontend import BrokerConfig, BrokerServer
 from .metrics import broker_families
 
@@ -25,9 +28,38 @@ log = logging.getLogger("pidquorum.broker")
 EXIT_CORRUPT, EXIT_UNAVAILABLE, EXIT_OS, EXIT_CONFIG = 66, 69, 71, 78
 
 
+class QuorumSettingsError(Exception):
+    """No quorum node can be reached with the broker's ``[quorum_security]``, and trying again cannot help."""
+
+
+async def check_quorum(cfg: BrokerConfig) -> None:
+    """Ask every quorum node once (ApiVersions, through the TLS handshake and SASL of ``[quorum_security]``)
+    before serving.  When every node refuses for a reason another try cannot cure (its certificate not
+    trusted, TLS on one end only, SASL credentials refused), raise ``QuorumSettingsError`` naming each
+    node's reason: the broker would otherwise try for ``start_timeout_s`` and stop without saying why.  When
+    some node answers, or the failures may pass (nodes down or restarting), go on: the producer-ID manager
+    tries until its start timeout, logging each failure."""
+    client = QuorumClient(list(cfg.quorum), RetryPolicy(timeout=cfg.quorum_timeout_s,
+                                                        attempt_timeout=min(2.0, cfg.quorum_timeout_s)),
+                          client_id=f"broker-{cfg.broker_id}", security=cfg.quorum_security, names=QUORUM_SETTING_NAMES)
+    try:
+        answers = await client.probe()
+    finally:
+        await client.close()
+    errors = {a: e for a, e in answers.items() if e is not None}
+    if len(errors) < len(answers):
+        return
+    line = unreachable("no quorum node answered", {a: str(e) for a, e in errors.items()})
+    if all(isinstance(e, HandshakeFailed) or (isinstance(e, PidQuorumError) and not e.retriable)
+           for e in errors.values()):
+        raise QuorumSettingsError(line)
+    log.warning("broker %d: %s (trying again)", cfg.broker_id, line)
+
+
 async def _serve(cfg: BrokerConfig, ready_file: str | None) -> None:
-    logs.set_identity(broker_id=cfg.broker_id)
+    await check_quorum(cfg)
     server = BrokerServer(cfg)
+    server.quorum.names = QUORUM_SETTING_NAMES  # its errors name the broker's settings, not pidctl's flags
     logs.set_context_source("broker_epoch", lambda: server.pids.broker_epoch if server.pids is not None else None)
     endpoint = None
     try:
@@ -85,12 +117,28 @@ def fixed_mmap_threshold() -> bool:
 def run_broker(cfg: BrokerConfig, ready_file: str | None = None) -> int:
     """Serve until stopped.  Returns a process exit code.
 
+    Holds the data directory's lock (``storage.lock``) from before anything in it is read: a second broker
+    on the same directory stops at once (EXIT_OS), naming the directory and the pid that holds it.  Refuses
+    to start (EXIT_CONFIG) when no quorum node can be reached with ``[quorum_security]`` (``check_quorum``).
+
     Sets the process umask to 077 first: every file and directory the broker creates (partitions,
     snapshots, topic metadata, ready file) is its own user's alone (0600 / 0700)."""
     os.umask(0o077)
     fixed_mmap_threshold()
+    logs.set_identity(broker_id=cfg.broker_id)
+    try:
+        lock = lock_directory(cfg.data_dir)  # before anything in it is read or written; held until the end
+    except DirectoryLockedError as e:
+        log.critical("refusing to start: %s: two brokers must not share a data directory", e)
+        return EXIT_OS
+    except OSError as e:
+        log.critical("cannot start: the data directory %s: %s", cfg.data_dir, e)
+        return EXIT_OS
     try:
         asyncio.run(_serve(cfg, ready_file))
+    except QuorumSettingsError as e:
+        log.critical("refusing to start: %s", e)
+        return EXIT_CONFIG
     except CorruptFileError as e:
         log.critical("refusing to start: %s", e)
         return EXIT_CORRUPT
@@ -103,4 +151,6 @@ def run_broker(cfg: BrokerConfig, ready_file: str | None = None) -> int:
     except (CredentialsError, TlsConfigError) as e:
         log.critical("refusing to start: %s", e)
         return EXIT_CONFIG
+    finally:
+        lock.release()
     return 0

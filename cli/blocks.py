@@ -8,6 +8,7 @@ import os
 import click
 
 from client.leader import pick_leader
+from client.quorum import unreachable
 from quorum.localcluster import ClusterError
 from quorum.trail import iter_blocks, parse_audit
 from storage.disk import CorruptFileError
@@ -33,7 +34,7 @@ def blocks_latest(obj: Ctx, output):
     nodes = asyncio.run(gather_status(obj))
     live = [n for n in nodes if "raft" in n]
     if not live:
-        raise RequestTimedOutError("no node answered")
+        raise RequestTimedOutError(unreachable("no node answered", {n["client_address"]: n["error"] for n in nodes}))
     leader = pick_leader(dict(enumerate(live)))
     best = live[leader] if leader is not None else max(live, key=lambda n: n["applied_index"])
     result = {"node_id": best["node_id"], "applied_index": best["applied_index"],

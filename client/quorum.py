@@ -10,6 +10,13 @@ follower answers too, by forwarding to the leader, but that is a second hop on
 every call.
 ``QuorumClient.find_leader`` is the one way to find the leader (DescribeState
 of every node, ``client.leader.pick_leader``).
+
+A node that cannot be reached with this client's settings, whatever the number
+of tries (its TLS certificate not trusted or not naming the address dialled,
+TLS on one end only), raises ``HandshakeFailed``: a call does not try that node
+again, and fails at once when every node did so (``QuorumUnreachableError``).
+Each error names the node and the reason, with the setting that fixes it as
+the program using the client names it (``SettingNames``).
 """
 from __future__ import annotations
 
@@ -17,9 +24,11 @@ import asyncio
 import itertools
 import json
 import logging
+import os
+import ssl
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Collection, Iterable
+from typing import Any, Collection, Iterable, Mapping
 
 from records import (
     AlterAclsRequest,
@@ -60,11 +69,94 @@ class ConnectionFailed(Exception):
     """Could not reach the node, or it closed the connection."""
 
 
+class HandshakeFailed(ConnectionFailed):
+    """The node cannot be reached with this client's settings, and another try cannot change that: its TLS
+    certificate is not trusted or does not name the address dialled, or one end speaks TLS and the other not."""
+
+
+class QuorumUnreachableError(RequestTimedOutError):
+    """No node can be reached with this client's settings (each raised ``HandshakeFailed``): raised at once,
+    not after the deadline.  A RequestTimedOutError (the quorum is unavailable to this client) that no retry
+    can cure."""
+
+    @property
+    def retriable(self) -> bool:
+        return False
+
+
+@dataclass(frozen=True)
+class SettingNames:
+    """How the program using the client names the settings that fix a failed connection (pidctl's flags by
+    default; a broker names its ``[quorum_security]`` keys), for the hints in its errors."""
+
+    tls: str = "--security-protocol SSL"
+    plaintext: str = "--security-protocol PLAINTEXT"
+    cafile: str = "--tls-cafile"
+
+
+# OpenSSL's X509_V_ERR_* codes for a chain without a trusted issuer (the CA is not the one given; 7: a CA of the
+# same name that did not sign it), for a certificate that does not name the host or IP address dialled, and for
+# one out of its validity.
+_UNTRUSTED = frozenset({2, 7, 18, 19, 20, 21})
+_NAME_MISMATCH = frozenset({62, 64})
+_EXPIRED = frozenset({9, 10})
+
+
+def _os_reason(e: BaseException) -> str:
+    """An OSError as a few words: the system's text for its errno (not asyncio's "Connect call failed
+    ('127.0.0.1', 9092)"), else its own, else its type."""
+    if isinstance(e, asyncio.TimeoutError):
+        return "no connection within the deadline"
+    errno = getattr(e, "errno", None)
+    if isinstance(errno, int) and errno > 0 and not isinstance(e, ssl.SSLError):
+        return os.strerror(errno)
+    return str(e) or type(e).__name__
+
+
+def _looks_like_tls(head: bytes) -> bool:
+    """The first bytes of a TLS record (alert 0x15 or handshake 0x16, then major version 3): a TLS server's
+    answer to bytes that are no ClientHello.  As a Kafka frame size it would be above 352 MB."""
+    return len(head) >= 2 and head[0] in (0x15, 0x16) and head[1] == 0x03
+
+
+async def _speaks_tls(host: str, port: int, timeout: float) -> bool:
+    """Whether a TLS handshake with ``host:port`` completes (the certificate unchecked: only the protocol is
+    asked).  For a plaintext connection the node closed without a byte: a TLS port does that."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port, ssl=ctx), timeout)
+    except (OSError, asyncio.TimeoutError):
+        return False
+    writer.close()
+    return True
+
+
+async def _speaks_plaintext(host: str, port: int, timeout: float) -> bool:
+    """Whether ``host:port`` answers an ApiVersions request sent without TLS.  For a TLS handshake the node
+    ended at once: a port without TLS does that (it takes the ClientHello for an oversized request)."""
+    writer = None
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+        writer.write(kafka.encode_request(kafka.request_entity(kafka.API_VERSIONS, 0), 1, "pidquorum"))
+        head = await asyncio.wait_for(reader.readexactly(8), timeout)
+    except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError):
+        return False
+    finally:
+        if writer is not None:
+            writer.close()
+    return kafka.SIZE.unpack_from(head, 4)[0] == 1  # the correlation id sent
+
+
 class Connection:
-    def __init__(self, address: str, client_id: str = "pidquorum", security: Any = None):
+    def __init__(self, address: str, client_id: str = "pidquorum", security: Any = None,
+                 names: SettingNames | None = None):
         self.address = address
         self.client_id = client_id
         self.security = security  # security.client.ClientSecurity, or None for PLAINTEXT
+        self.names = names or SettingNames()
+        self._answered = False  # some response came on this connection
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._pending: dict[int, tuple[asyncio.Future, int, int]] = {}
@@ -84,17 +176,39 @@ class Connection:
                 self._reader, self._writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), timeout)
             else:
                 self._reader, self._writer = await asyncio.wait_for(self._secure_connect(host, int(port)), timeout)
+        except HandshakeFailed:
+            self.close()
+            raise
         except (OSError, asyncio.TimeoutError) as e:
             self.close()
-            raise ConnectionFailed(f"{self.address}: {e or type(e).__name__}") from None
+            raise ConnectionFailed(f"{self.address}: {_os_reason(e)}") from None
         except PidQuorumError:
             self.close()  # SASL refused us: not retriable, the caller sees why
             raise
+        self._answered = False
         self._read_task = asyncio.get_running_loop().create_task(self._read_loop())
 
     async def _secure_connect(self, host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         ctx = self.security.ssl_context()
-        reader, writer = await asyncio.open_connection(host, port, ssl=ctx, server_hostname=host if ctx else None)
+        try:
+            reader, writer = await asyncio.open_connection(host, port, ssl=ctx,
+                                                           server_hostname=host if ctx else None)
+        except ssl.SSLCertVerificationError as e:
+            raise HandshakeFailed(self._verify_failed(e, host)) from None
+        except (ssl.SSLEOFError, ssl.SSLZeroReturnError, ConnectionResetError, asyncio.IncompleteReadError):
+            if ctx is None:
+                raise
+            if await _speaks_plaintext(host, port, TLS_PROBE_TIMEOUT_S):  # asked, so that only the truth is said
+                raise HandshakeFailed(f"{self.address}: closed the connection during the TLS handshake: it is a "
+                                      f"port without TLS ({self.names.plaintext})") from None
+            raise ConnectionFailed(f"{self.address}: closed the connection during the TLS handshake") from None
+        except ssl.SSLError as e:
+            if isinstance(e, ssl.SSLSyscallError):
+                raise
+            if e.reason == "WRONG_VERSION_NUMBER":  # the node answered with bytes that are not TLS
+                raise HandshakeFailed(f"{self.address}: answered without TLS: it is a port without TLS "
+                                      f"({self.names.plaintext})") from None
+            raise HandshakeFailed(f"{self.address}: TLS handshake failed ({e.reason or e})") from None
         self._writer = writer
         if self.security.sasl:
             try:
@@ -103,13 +217,37 @@ class Connection:
                 raise ConnectionError(f"SASL: {e}") from None
         return reader, writer
 
+    def _verify_failed(self, e: ssl.SSLCertVerificationError, host: str) -> str:
+        why = f"{self.address}: TLS certificate verify failed ({(e.verify_message or str(e)).rstrip('.')})"
+        if e.verify_code in _UNTRUSTED:
+            return f"{why}: pass {self.names.cafile} with the CA that signed the quorum's certificates"
+        if e.verify_code in _NAME_MISMATCH:
+            return f"{why}: the node's certificate must name {host} in its subjectAltName, or dial a name it has"
+        if e.verify_code in _EXPIRED:
+            return f"{why}: the node's certificate must be renewed"
+        return why
+
+    def _closed(self, partial: bytes) -> Exception:
+        """The connection ended while an answer was read (``partial``: the bytes of it that came)."""
+        if not self._answered and _looks_like_tls(partial):
+            return HandshakeFailed(f"{self.address}: answered in TLS: it is a TLS port ({self.names.tls})")
+        return ConnectionFailed(f"{self.address}: closed the connection before answering")
+
+    @property
+    def _tls(self) -> bool:
+        return self.security is not None and self.security.tls
+
     async def _read_loop(self) -> None:
         assert self._reader is not None
         error: Exception = ConnectionFailed(f"{self.address}: connection closed")
         try:
             while True:
-                size = kafka.SIZE.unpack(await self._reader.readexactly(4))[0]
+                head = await self._reader.readexactly(4)
+                if not self._answered and not self._tls and _looks_like_tls(head):
+                    raise asyncio.IncompleteReadError(head, None)
+                size = kafka.SIZE.unpack(head)[0]
                 frame = await self._reader.readexactly(size)
+                self._answered = True
                 corr = kafka.SIZE.unpack_from(frame, 0)[0]
                 entry = self._pending.pop(corr, None)
                 if entry is None:
@@ -120,8 +258,17 @@ class Connection:
                         fut.set_result(p.QUORUM_API.parse_response(frame, api_key, version)[1])
                     except Exception as e:  # noqa: BLE001 - hand any decode failure to the caller
                         fut.set_exception(ConnectionFailed(f"{self.address}: bad response: {e}"))
-        except (asyncio.IncompleteReadError, OSError) as e:
-            error = ConnectionFailed(f"{self.address}: {type(e).__name__}")
+        except asyncio.IncompleteReadError as e:
+            error = self._closed(e.partial)
+            if not self._tls and not e.partial and not self._answered and self._pending:
+                # Closed without a byte: a TLS port does that to a request that is no ClientHello.  Asked with
+                # a handshake, so that the error says so only when it is true (and then no later try is made).
+                host, port = self.address.rsplit(":", 1)
+                if await _speaks_tls(host, int(port), TLS_PROBE_TIMEOUT_S):
+                    error = HandshakeFailed(f"{self.address}: closed the connection without an answer: it is a "
+                                            f"TLS port ({self.names.tls})")
+        except OSError as e:
+            error = ConnectionFailed(f"{self.address}: {_os_reason(e)}")
         finally:
             self.close()
             for fut, _, _ in self._pending.values():
@@ -148,7 +295,7 @@ class Connection:
             await self._writer.drain()
             return await result_within(fut, timeout)
         except (OSError, ConnectionError) as e:
-            raise ConnectionFailed(f"{self.address}: {e}") from None
+            raise ConnectionFailed(f"{self.address}: {_os_reason(e)}") from None
         except asyncio.TimeoutError:
             raise RequestTimedOutError(f"{self.address}: no response within {timeout:.2f}s") from None
         finally:
@@ -186,6 +333,7 @@ class QuorumClient:
     client_id: str = "pidquorum"
     security: Any = None  # security.client.ClientSecurity (SASL / TLS), None: PLAINTEXT
     prefer_leader: bool = False  # find the leader in the background and send there (brokers do)
+    names: SettingNames = field(default_factory=SettingNames)  # the settings its errors name as the fix
 
     def __post_init__(self) -> None:
         if not self.addresses:
@@ -224,45 +372,52 @@ class QuorumClient:
     def _conn(self, address: str) -> Connection:
         conn = self._conns.get(address)
         if conn is None:
-            conn = self._conns[address] = Connection(address, self.client_id, self.security)
+            conn = self._conns[address] = Connection(address, self.client_id, self.security, self.names)
         return conn
 
     async def _call_any(self, body: Any) -> tuple[Any, str]:
         self._look_for_leader()
         backoff = self.policy.start()
         attempt = 0
-        errors: list[str] = []
+        errors: dict[str, str] = {}  # each node's latest error
+        hopeless: set[str] = set()  # the nodes another try cannot reach (HandshakeFailed): not tried again
         n = len(self.addresses)
         while True:
             address = self.addresses[(self._preferred + attempt) % n]
             try:
-                resp = await self._conn(address).call(body, min(self.policy.attempt_timeout,
-                                                                 max(backoff.remaining(), 0.01)))
-                code = Errors.of(int(resp["error_code"] if isinstance(resp, dict) else resp.error_code))
-                message = getattr(resp, "error_message", None) if not isinstance(resp, dict) else None
-                if code == Errors.NONE:
-                    self._preferred = (self._preferred + attempt) % n
-                    if attempt:  # it had to move: the leader may have changed
-                        self._leader_checked = None
-                        self._look_for_leader()
-                    return resp, address
-                throttle = _throttle_ms(resp)
-                err = for_code(code, f"{address}: {message or code.name}", throttle)
-                if not err.retriable or code == Errors.CONCURRENT_TRANSACTIONS:
-                    raise err  # CONCURRENT_TRANSACTIONS: the Kafka client it is for retries it, not this one
-                errors.append(f"{address}: {code.name}")
-                if code == Errors.THROTTLING_QUOTA_EXCEEDED and throttle:
-                    await asyncio.sleep(min(throttle / 1000, backoff.remaining()))
+                if address in hopeless:
+                    pass
+                else:
+                    resp = await self._conn(address).call(body, min(self.policy.attempt_timeout,
+                                                                     max(backoff.remaining(), 0.01)))
+                    code = Errors.of(int(resp["error_code"] if isinstance(resp, dict) else resp.error_code))
+                    message = getattr(resp, "error_message", None) if not isinstance(resp, dict) else None
+                    if code == Errors.NONE:
+                        self._preferred = (self._preferred + attempt) % n
+                        if attempt:  # it had to move: the leader may have changed
+                            self._leader_checked = None
+                            self._look_for_leader()
+                        return resp, address
+                    throttle = _throttle_ms(resp)
+                    err = for_code(code, f"{address}: {message or code.name}", throttle)
+                    if not err.retriable or code == Errors.CONCURRENT_TRANSACTIONS:
+                        raise err  # CONCURRENT_TRANSACTIONS: the Kafka client it is for retries it, not this one
+                    errors[address] = f"{address}: {code.name}"
+                    if code == Errors.THROTTLING_QUOTA_EXCEEDED and throttle:
+                        await asyncio.sleep(min(throttle / 1000, backoff.remaining()))
+            except HandshakeFailed as e:
+                errors[address] = str(e)
+                hopeless.add(address)
+                if hopeless >= set(self.addresses):
+                    raise QuorumUnreachableError(unreachable("no node answered", errors)) from None
             except (ConnectionFailed, RequestTimedOutError) as e:
-                errors.append(str(e))
+                errors[address] = str(e)
             attempt += 1
             if not backoff.expired and (attempt % n or await backoff.sleep()):  # after each round: back off
                 continue
             if backoff.expired:
-                raise RequestTimedOutError(f"no node answered within {self.policy.timeout:.1f}s: "
-                                           + "; ".join(errors[-3:]))
-            raise RequestTimedOutError(f"no node answered in {backoff.attempts + 1} rounds: "
-                                       + "; ".join(errors[-3:]))
+                raise RequestTimedOutError(unreachable(f"no node answered within {self.policy.timeout:.1f}s", errors))
+            raise RequestTimedOutError(unreachable(f"no node answered in {backoff.attempts + 1} rounds", errors))
 
     async def register_broker(self, broker_id: int, incarnation_id: uuid.UUID | None = None,
                               listener: str = "") -> int:
@@ -401,6 +556,22 @@ class QuorumClient:
 
         return dict(zip(addresses, await asyncio.gather(*(one(a) for a in addresses)), strict=True))
 
+    async def probe(self, addresses: Iterable[str] | None = None) -> dict[str, Exception | None]:
+        """ApiVersions to every node (default: this client's addresses) at once, each tried once, through
+        this client's security (TLS handshake, SASL): None for a node that answered, else its error."""
+        addresses = list(self.addresses if addresses is None else addresses)
+        body = kafka.request_entity(kafka.API_VERSIONS, 0)
+
+        async def one(address: str) -> Exception | None:
+            try:
+                resp = await self._conn(address).call(body, self.policy.attempt_timeout)
+            except Exception as e:  # noqa: BLE001 - a node that cannot be reached: its error is its answer
+                return e
+            code = Errors.of(int(resp.error_code))
+            return None if code == Errors.NONE else for_code(code, f"{address}: ApiVersions: {code.name}")
+
+        return dict(zip(addresses, await asyncio.gather(*(one(a) for a in addresses)), strict=True))
+
     async def find_leader(self, timeout: float | None = None, *, addresses: Iterable[str] | None = None,
                           exclude: Collection[str] = (), poll: RetryPolicy = LEADER_POLL) -> tuple[str, dict]:
         """(client address, DescribeState) of the leader: asks every node (default: this client's
@@ -411,6 +582,8 @@ class QuorumClient:
         backoff = poll.start(self.policy.timeout if timeout is None else timeout)
         while True:
             answers = await self.describe_each(addresses)
+            if all(isinstance(d, HandshakeFailed) for d in answers.values()):  # asking again cannot help
+                raise QuorumUnreachableError(unreachable("no node answered", {a: str(d) for a, d in answers.items()}))
             leader = pick_leader({a: d for a, d in answers.items() if not isinstance(d, Exception)})
             if leader is not None and leader not in exclude:
                 return leader, answers[leader]
@@ -447,8 +620,22 @@ class QuorumClient:
         await asyncio.sleep(0)
 
 
+TLS_PROBE_TIMEOUT_S = 2.0  # the handshake that tells a TLS port (a plaintext connection closed without a byte)
 LEADER_RECHECK_S = 5.0  # a prefer_leader client looks for the leader again this often (a leader change)
 SNAPSHOT_POLL = RetryPolicy(backoff_initial=0.05, backoff_max=0.05, jitter=0.0)  # a node's snapshot file, every 50 ms
+
+
+def unreachable(what: str, errors: Mapping[str, str]) -> str:
+    """One line for nodes that did not answer: ``what``, then each node's error (its text without the address
+    it starts with), the nodes with the same error named together:
+    ``no node answered: 10.0.0.1:9092, 10.0.0.2:9092: Connection refused; 10.0.0.3:9092: ...``."""
+    by_reason: dict[str, list[str]] = {}
+    for address, text in errors.items():
+        reason = text[len(address) + 2:] if text.startswith(f"{address}: ") else text
+        by_reason.setdefault(reason or "no answer", []).append(address)
+    if not by_reason:
+        return what
+    return f"{what}: " + "; ".join(f"{', '.join(nodes)}: {reason}" for reason, nodes in by_reason.items())
 
 
 def _throttle_ms(resp: Any) -> int:
@@ -458,4 +645,5 @@ def _throttle_ms(resp: Any) -> int:
     return int(t.total_seconds() * 1000) if t is not None else 0
 
 
-__all__ = ["AllocatedBlock", "Connection", "ConnectionFailed", "PidQuorumError", "QuorumClient", "RetryPolicy"]
+__all__ = ["AllocatedBlock", "Connection", "ConnectionFailed", "HandshakeFailed", "PidQuorumError", "QuorumClient",
+           "QuorumUnreachableError", "RetryPolicy", "SettingNames", "unreachable"]

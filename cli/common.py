@@ -311,13 +311,15 @@ def quorum_health(nodes: list[dict]) -> tuple[int, str]:
                "no leader" if not leaders else f"{len(leaders)} nodes claim to lead")
         return EXIT_UNAVAILABLE, f"unavailable: {why}"
     (leader,) = leaders
+    row = next(n for n in up if n["raft"]["self"] == leader)
+    named = f"node {row['node_id']} ({row['client_address']}, Raft {leader})"  # the table lists client addresses
     agree = [n for n in up if n["raft"]["leader"] == leader]
     if len(agree) < majority:
-        return EXIT_UNAVAILABLE, f"unavailable: only {len(agree)} of {len(nodes)} nodes follow the leader {leader}"
+        return EXIT_UNAVAILABLE, f"unavailable: only {len(agree)} of {len(nodes)} nodes follow the leader {named}"
     problems = [f"node {n['node_id']} ({n['client_address']}) is down" for n in down]
     problems += [f"node {n['node_id']} is recovering" for n in up if n["raft"].get("recovering")]
     problems += [f"node {n['node_id']} names leader {n['raft']['leader']}" for n in up
                  if n["raft"]["leader"] != leader and not n["raft"].get("recovering")]
     if problems:
         return EXIT_DEGRADED, "degraded: " + "; ".join(problems)
-    return EXIT_OK, f"healthy: {len(nodes)} of {len(nodes)} nodes up, leader {leader}"
+    return EXIT_OK, f"healthy: {len(nodes)} of {len(nodes)} nodes up, leader {named}"

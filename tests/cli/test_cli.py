@@ -85,7 +85,8 @@ def _node(node_id: int, state: str = "follower", leader: str | None = "r1", reco
 def test_quorum_health_is_healthy_degraded_or_unavailable_as_etcdctl_endpoint_health():
     leader = _node(1, "leader")
     down = {"node_id": 3, "client_address": "c3", "error": "connection refused"}
-    assert quorum_health([leader, _node(2), _node(3)])[0] == EXIT_OK
+    code, line = quorum_health([leader, _node(2), _node(3)])
+    assert code == EXIT_OK and line.startswith(f"healthy: 3 of 3 nodes up, leader node 1 (c1, Raft {leader['raft']['self']})")
     code, line = quorum_health([leader, _node(2), down])
     assert code == EXIT_DEGRADED and "node 3 (c3) is down" in line
     assert quorum_health([leader, _node(2), _node(3, recovering={"reason": "x"})])[0] == EXIT_DEGRADED

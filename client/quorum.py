@@ -229,7 +229,7 @@ class Connection:
 
     def _closed(self, partial: bytes) -> Exception:
         """The connection ended while an answer was read (``partial``: the bytes of it that came)."""
-        if not self._answered and _looks_like_tls(partial):
+        if not self._answered and not self._tls and _looks_like_tls(partial):
             return HandshakeFailed(f"{self.address}: answered in TLS: it is a TLS port ({self.names.tls})")
         return ConnectionFailed(f"{self.address}: closed the connection before answering")
 

@@ -12,6 +12,7 @@ import sys
 from security.credentials import CredentialsError
 from security.tls import TlsConfigError
 from storage.disk import EXIT_CORRUPT, EXIT_IDENTITY_REFUSED, EXIT_UNAVAILABLE, CorruptFileError, Disk
+from storage.lock import DirectoryLockedError, lock_directory
 from telemetry import logs
 from telemetry.metrics import serve_metrics
 
@@ -83,8 +84,28 @@ def run_node(cfg: NodeConfig, ready_file: str | None = None, disk: Disk | None =
     ``zookeeper``: the hook bridge mode and rollback use (entry points pass ``migration.bridge``'s).
 
     Sets the process umask to 077 first: every file and directory the node creates (data, snapshots,
-    audit trail, ready file) is its own user's alone (0600 / 0700)."""
+    audit trail, ready file) is its own user's alone (0600 / 0700).
+
+    Holds the data directory's lock (``storage.lock``) from before anything in it is read: two nodes on
+    one directory would append to one journal and each count the other's acknowledgements as its own, so
+    a second one stops at once (exit 69), naming the directory and the pid that holds it."""
     os.umask(0o077)
+    try:
+        lock = lock_directory(cfg.data_dir)
+    except DirectoryLockedError as e:
+        log.critical("refusing to start: %s: two nodes must not share a data directory", e)
+        return EXIT_UNAVAILABLE
+    except OSError as e:
+        log.critical("cannot start: the data directory %s: %s", cfg.data_dir, e)
+        return EXIT_UNAVAILABLE
+    try:
+        return _run(cfg, ready_file, disk, trust_own_log, zookeeper)
+    finally:
+        lock.release()
+
+
+def _run(cfg: NodeConfig, ready_file: str | None, disk: Disk | None, trust_own_log: bool,
+         zookeeper: ZooKeeperHook | None) -> int:
     try:
         asyncio.run(_serve(cfg, ready_file, disk, trust_own_log, zookeeper))
     except CorruptFileError as e:

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from client.quorum import QuorumClient, RetryPolicy
+from client.quorum import ConnectionFailed, QuorumClient, RetryPolicy, unreachable
 from quorum.localcluster import ClusterError, LocalCluster
 from security.client import ClientSecurity
 from security.acl import AclError
@@ -256,6 +256,9 @@ def handle_errors(fn):
             sys.exit(EXIT_UNAVAILABLE if type(e).__name__ == "ZkUnavailable" else EXIT_ERROR)
         except KeyboardInterrupt:
             sys.exit(EXIT_INTERRUPTED)
+        except ConnectionFailed as e:  # a node that cannot be reached (a TLS failure no retry cures, ...)
+            render.error(str(e))
+            sys.exit(EXIT_UNAVAILABLE)
         except OSError as e:  # a path that is not what it should be (--data-dir a file, no permission, ...)
             where = f"{e.filename}: " if e.filename else ""
             render.error(f"{where}{e.strerror or e}")
@@ -309,6 +312,8 @@ def quorum_health(nodes: list[dict]) -> tuple[int, str]:
     if len(up) < majority or len(leaders) != 1:
         why = (f"{len(up)} of {len(nodes)} nodes answered" if len(up) < majority else
                "no leader" if not leaders else f"{len(leaders)} nodes claim to lead")
+        if not up:  # say why: each node's error, the same ones named together
+            why = unreachable(why, {n["client_address"]: n.get("error", "") for n in down})
         return EXIT_UNAVAILABLE, f"unavailable: {why}"
     (leader,) = leaders
     row = next(n for n in up if n["raft"]["self"] == leader)

@@ -8,8 +8,9 @@ import sys
 
 import click
 
+from client.quorum import unreachable
 from storage.files import atomic_write
-from wire.errors import PidQuorumError
+from wire.errors import RequestTimedOutError
 
 from . import render
 from .common import Addresses, Ctx, handle_errors, output_option, run
@@ -111,12 +112,13 @@ def migrate_rollback(obj: Ctx, output):
 def migrate_status(obj: Ctx, output):
     """The migration mode, the znode, and the quorum's next producer ID (from any node)."""
     async def go(client):
+        errors: dict[str, str] = {}
         for address in client.addresses:
             try:
                 return await client.describe(address)
-            except Exception:  # noqa: BLE001 - try the next node
-                continue
-        raise PidQuorumError("no quorum node answered")
+            except Exception as e:  # noqa: BLE001 - try the next node
+                errors[address] = str(e) or type(e).__name__
+        raise RequestTimedOutError(unreachable("no quorum node answered", errors))
     d = asyncio.run(run(go)(obj.client()))
     m = d["state"].get("migration") or {}
     result = {"mode": m.get("mode"), "zk": m.get("zk"), "reserved_until": m.get("reserved_until"),

@@ -61,6 +61,11 @@ def test_quorum_status_and_cluster_status_name_each_node_and_why(stopped_cluster
         rc, out = pidctl("--data-dir", lc.dir, "--timeout", "2", *command)
         for n in lc.nodes():
             assert f"node {n.node_id} is down: {n.client_address}: Connection refused\n" in out, (command, out)
+        # the health line, last: why no node answered, and the exit code of an unavailable quorum
+        assert rc == EXIT_UNAVAILABLE, (command, rc, out)
+        assert out.rstrip().splitlines()[-1].startswith(f"warning: unavailable: 0 of {len(lc.nodes())} nodes "
+                                                         "answered: "), (command, out)
+        assert out.rstrip().endswith(": Connection refused"), (command, out)
     rc, out = pidctl("--quorum", ",".join(f"127.0.0.1:{p}" for p in free_ports(2)), "--timeout", "2", "quorum",
                      "status")
-    assert rc == EXIT_UNAVAILABLE and out.count(": Connection refused\n") == 2, out
+    assert rc == EXIT_UNAVAILABLE and out.count(": Connection refused\n") == 3, out  # two nodes, the health line

@@ -19,6 +19,7 @@ from kio.serial import entity_reader
 from kio.static.constants import EntityType
 from kio.static.primitive import i16, i32, i32Timedelta, i64
 
+from client.quorum import _os_reason as os_reason  # the same few words for an OSError as the quorum client
 from security.client import authenticate
 from wire import kafka
 from wire.errors import Errors, PidQuorumError
@@ -146,7 +147,8 @@ class BrokerAdmin:
             raise BrokerUnavailable(f"broker {self.address}: no answer within {self.timeout:g}s") from None
         except (OSError, asyncio.IncompleteReadError, kafka.FrameError) as e:
             await self.close()
-            why = "closed the connection" if isinstance(e, asyncio.IncompleteReadError) else str(e) or type(e).__name__
+            why = ("closed the connection before answering" if isinstance(e, asyncio.IncompleteReadError)
+                   else str(e) or type(e).__name__ if isinstance(e, kafka.FrameError) else os_reason(e))
             raise BrokerUnavailable(f"broker {self.address}: {why}") from None
         except PidQuorumError as e:  # SASL refused us
             await self.close()

@@ -22,6 +22,8 @@ from records import (
     AlterAclsResponse,
     AlterClientQuotaRequest,
     AlterClientQuotaResponse,
+    BlockHistoryRequest,
+    BlockHistoryResponse,
     DescribeAclsRequest,
     DescribeAclsResponse,
     DescribeTransactionalIdRequest,
@@ -49,6 +51,7 @@ RPC_RESPONSES: dict[type, type] = {
     DescribeAclsRequest: DescribeAclsResponse,
     AlterClientQuotaRequest: AlterClientQuotaResponse,
     TransactionRequest: TransactionResponse,
+    BlockHistoryRequest: BlockHistoryResponse,
 }
 
 BROKER_REGISTRATION = 62

@@ -13,10 +13,12 @@ scratch copy for the proposer to generate a batch against.
 """
 from __future__ import annotations
 
+import bisect
 import collections
 import copy
 import dataclasses
 import datetime
+import itertools
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -420,6 +422,8 @@ DEFAULT_MAX_TXN_TIMEOUT_MS = 15 * 60 * 1000        # transaction.max.timeout.ms
 MAX_TRANSACTIONAL_ID_CHARS = 32767                 # a Kafka string
 EXPIRE_PER_BATCH = 64                              # expired ids removed per InitProducerId
 MAX_REQUEST_ID_CHARS = 100                         # InitTransactionalProducerRequest.request_id
+LIST_PAGE_CHARS = 1 << 20                          # list_page: about this much JSON per page at most
+LIST_ROW_CHARS = 300                               # a listed transaction's JSON besides its id and partitions
 
 
 @dataclass(frozen=True)
@@ -446,6 +450,9 @@ class TransactionalIdManager:
                  txns: dict[str, TransactionStateRecord | None] | None = None) -> None:
         self.entries: Any = entries if entries is not None else {}
         self.txns: Any = txns if txns is not None else {}  # the current transaction of each id, if it had one
+        # The live ids in order, for ``list_page``: built at its first call, then kept by replay (an id added
+        # or removed), so a page costs a bisection and not a sort of every id.  Derived, never snapshotted.
+        self._order: list[str] | None = None
 
     def get(self, transactional_id: str) -> TransactionalIdRecord | None:
         return self.entries.get(transactional_id)
@@ -722,6 +729,34 @@ class TransactionalIdManager:
                 out.append(txn_json(txn, cur))
         return out
 
+    def list_page(self, after: str, limit: int, max_chars: int = LIST_PAGE_CHARS) -> list[dict]:
+        """Every live transactional id after ``after``, in id order, with its transaction (``txn_json``): at
+        most ``limit`` of them, and no more once about ``max_chars`` of JSON are listed (at least one), so a
+        page is bounded however many ids there are and however many partitions their transactions hold.
+
+        An id without a transaction, or whose producer was initialized again since its last transaction
+        ended (a new epoch, none begun yet), is ``Empty`` with its current producer, as in Kafka."""
+        if self._order is None:
+            self._order = sorted(self.live())
+        out: list[dict] = []
+        size = 0
+        for tid in itertools.islice(self._order, bisect.bisect_right(self._order, after), None):
+            if len(out) >= limit or (out and size >= max_chars):
+                break
+            cur = self.entries[tid]
+            txn = self.txn(tid)
+            if txn is not None and (txn.state not in (COMPLETE_COMMIT, COMPLETE_ABORT)
+                                    or (txn.producer_id, txn.producer_epoch) == (cur.producer_id, cur.producer_epoch)):
+                row = txn_json(txn, cur)
+            else:
+                row = txn_json(TransactionStateRecord(
+                    transactional_id=tid, producer_id=cur.producer_id, producer_epoch=cur.producer_epoch, state=EMPTY,
+                    partitions="[]", start_time_ms=-1, update_time_ms=cur.update_time_ms, broker_id=cur.broker_id,
+                    sequence=txn.sequence if txn is not None else -1), cur)
+            out.append(row)
+            size += len(tid) + (len(txn.partitions) if txn is not None else 0) + LIST_ROW_CHARS
+        return out
+
     def _expired(self, now_ms: int, settings: TxnSettings, keep: str) -> list[Record]:
         """Removal records for up to EXPIRE_PER_BATCH other ids idle past expiration."""
         out: list[Record] = []
@@ -751,6 +786,8 @@ class TransactionalIdManager:
                     f"transactional id {rec.transactional_id!r}: producer {rec.producer_id} epoch "
                     f"{rec.producer_epoch} does not move past producer {cur.producer_id} epoch {cur.producer_epoch}")
             self.entries[rec.transactional_id] = rec
+            if cur is None and self._order is not None:
+                bisect.insort(self._order, rec.transactional_id)
         elif isinstance(rec, RemoveTransactionalIdRecord):
             cur = self.get(rec.transactional_id)
             if cur is None or cur.producer_id != rec.producer_id:
@@ -761,6 +798,8 @@ class TransactionalIdManager:
                     table[rec.transactional_id] = None
                 else:
                     table.pop(rec.transactional_id, None)
+            if self._order is not None:
+                del self._order[bisect.bisect_left(self._order, rec.transactional_id)]
         elif isinstance(rec, TransactionStateRecord):
             self._replay_txn(rec)
         else:  # pragma: no cover - dispatch bug
@@ -827,7 +866,7 @@ _NEXT = {EMPTY: {ONGOING}, ONGOING: {ONGOING, PREPARE_COMMIT, PREPARE_ABORT},
          PREPARE_COMMIT: {COMPLETE_COMMIT}, PREPARE_ABORT: {COMPLETE_ABORT},
          COMPLETE_COMMIT: {ONGOING}, COMPLETE_ABORT: {ONGOING}}
 ADD, VERIFY, COMMIT, ABORT, COMPLETE, TIMEOUT = "add", "verify", "commit", "abort", "complete", "timeout"
-DESCRIBE, PENDING = "describe", "pending"
+DESCRIBE, PENDING, LIST = "describe", "pending", "list"
 MAX_TXN_PARTITIONS = 10_000
 MAX_TOPIC_CHARS = 249
 

@@ -14,8 +14,11 @@ Two kinds of handler:
   caller gets ``Result.response``, a domain value.  A follower never runs it: it
   forwards the client's raw frame to the leader and relays the raw answer.
 * ``serve(server, request) -> value``: answered by the node itself from what it
-  has applied (ApiVersions, DescribeState, DescribeAcls, DescribeClientQuotas,
-  a validate-only AlterClientQuota) or, for Envelope, the forwarded request.
+  has applied (ApiVersions, DescribeState, a validate-only AlterClientQuota,
+  TransactionRequest's pending), by the leader from what it has applied
+  (``Rpc.leader_read``: DescribeAcls, DescribeClientQuotas, TransactionRequest's
+  list), from the node's audit trail (BlockHistory) or, for Envelope, the
+  forwarded request.
 
 ``respond(version, value)`` turns the domain value into the response body and
 ``error(version, code, message, throttle_ms)`` is the body of an answer that
@@ -24,6 +27,7 @@ carries only an error.  Handlers never see a forwarded answer.
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import json
 from dataclasses import dataclass
@@ -39,6 +43,8 @@ from records import (
     AlterAclsResponse,
     AlterClientQuotaRequest,
     AlterClientQuotaResponse,
+    BlockHistoryRequest,
+    BlockHistoryResponse,
     DescribeAclsRequest,
     DescribeAclsResponse,
     DescribeTransactionalIdRequest,
@@ -54,13 +60,15 @@ from records import (
 )
 from security import acl as a
 from security.acl import Acl
+from storage.disk import CorruptFileError
 from wire import kafka
-from wire.errors import Errors, InvalidRequestError, RequestTimedOutError, UnknownServerError
+from wire.errors import Errors, InvalidRequestError, RequestTimedOutError, UnknownServerError, for_code
 
 from . import membership
 from .client_quotas import ClientQuotaManager, parse_user
 from .managers import (
     DEFAULT_BROKER_SESSION_TIMEOUT_MS,
+    LIST,
     PENDING,
     ROLLED_BACK,
     QuorumState,
@@ -68,6 +76,7 @@ from .managers import (
     TxnSettings,
     txn_json,
 )
+from .trail import BlockPage, read_block_page
 
 if TYPE_CHECKING:  # the server hands itself to ``serve`` handlers; it imports this module
     from .server import QuorumServer
@@ -107,8 +116,9 @@ class Rpc:
     timed: bool = False  # its latency is reported (AllocateProducerIds: the allocation latency metric)
     # A read served from the leader's applied state (a follower forwards it): it sees every write whose
     # answer came before it.  A follower learns a new commit index with the next AppendEntries, a few
-    # milliseconds after the leader answered the write.
-    leader_read: bool = False
+    # milliseconds after the leader answered the write.  A callable: which requests of the RPC are (the
+    # others are proposed, or served where they arrive: ``on_leader``).
+    leader_read: bool | Callable[[Any], bool] = False
 
     @property
     def name(self) -> str:
@@ -117,8 +127,12 @@ class Rpc:
 
     def needs_leader(self, body: Any) -> bool:
         if self.generate is None:
-            return self.leader_read
+            return self.reads_on_leader(body)
         return self.on_leader(body) if self.on_leader is not None else True
+
+    def reads_on_leader(self, body: Any) -> bool:
+        """Whether the leader answers ``body`` with ``serve``, from its applied state (nothing proposed)."""
+        return self.leader_read(body) if callable(self.leader_read) else self.leader_read
 
     def run(self, state: QuorumState, body: Any, ctx: Context) -> Result:
         """``generate``, behind the one rule every ID-issuing RPC shares."""
@@ -204,15 +218,19 @@ def _txn(state: QuorumState, b: TransactionRequest, ctx: Context) -> Result:
     return Result(res.records, txn_json(res.response, state.transactions.get(b.transactional_id)))
 
 
-async def _pending_txns(server: QuorumServer, req: kafka.Request) -> list[dict]:
-    """The transactions some coordinator must drive, from this node's applied state (a follower's may lag:
-    every step on them is decided again by the leader)."""
+async def _read_txns(server: QuorumServer, req: kafka.Request) -> list[dict]:
+    """``pending``, from this node's applied state (a follower's may lag: every step on them is decided
+    again by the leader), the transactions some coordinator must drive; ``list``, from the leader's
+    (``Rpc.leader_read``: it sees every step answered before it, as ``describe`` does), a page of every
+    live transactional id (``TransactionalIdManager.list_page``)."""
     b = req.body
-    if b.op != PENDING:
+    if b.op not in (PENDING, LIST):
         raise InvalidRequestError(f"operation {b.op!r} must go to the leader")
     limit = max(1, min(int(b.limit), 10_000))
     service = server.service
     with service.lock:
+        if b.op == LIST:
+            return service.state.transactions.list_page(b.after_transactional_id, limit)
         return service.state.transactions.pending(int(service.clock.time() * 1000), limit)
 
 
@@ -342,6 +360,35 @@ async def _describe_client_quotas(server: QuorumServer, req: kafka.Request) -> l
     return [e for e in entries if keep(e["user"])]
 
 
+async def _block_history(server: QuorumServer, req: kafka.Request) -> tuple[int, int, int, BlockPage]:
+    """A page of this node's audit trail (``quorum.trail.read_block_page``, in an I/O thread: it reads the
+    file), with the node's id and applied index: (node id, applied index, trail index, page)."""
+    b = req.body
+    if not -1 <= int(b.broker_id):
+        raise InvalidRequestError(f"broker id {b.broker_id} is not -1 (every broker) or a broker id")
+    limit = max(1, min(int(b.limit), MAX_BLOCK_PAGE))
+    service = server.service
+    last_index, end = service.audit.extent()  # first: the applied index read after it is at least as far
+    with service.lock:
+        applied = service.applied_index
+    read = functools.partial(read_block_page, service.audit.path, end, last_index,
+                             (int(b.after_raft_index), int(b.after_position)), int(b.cursor_offset), limit,
+                             None if b.broker_id == -1 else int(b.broker_id))
+    try:
+        page = await asyncio.get_running_loop().run_in_executor(None, read)
+    except (CorruptFileError, OSError) as e:
+        raise for_code(Errors.KAFKA_STORAGE_ERROR, f"node {service.cfg.node_id}'s audit trail: {e}") from None
+    return service.cfg.node_id, applied, last_index, page
+
+
+def _block_history_response(version: int, r: tuple[int, int, int, BlockPage]) -> BlockHistoryResponse:
+    node_id, applied, last_index, page = r
+    return BlockHistoryResponse(error_code=0, node_id=node_id, applied_index=applied, trail_index=last_index,
+                                blocks=json.dumps(page.blocks), gaps=json.dumps(page.gaps),
+                                next_raft_index=page.cursor[0], next_position=page.cursor[1],
+                                next_offset=page.cursor[2], more=page.more)
+
+
 async def _envelope(server: QuorumServer, req: kafka.Request) -> bytes:
     """A request a follower forwarded (Kafka's Envelope, KIP-590): the client's frame as it arrived, its
     principal and address.  Answered with the raw answer frame the follower relays; a node that is not
@@ -370,6 +417,7 @@ def envelope_peer(address: bytes) -> tuple[str, int] | None:
 _BROKERS = (a.CLUSTER_ACTION,)  # what brokers do
 _ADMIN = (a.ALTER,)
 _READ = (a.DESCRIBE, a.CLUSTER_ACTION)  # administrators and brokers (which poll) alike
+MAX_BLOCK_PAGE = 10_000  # blocks in one BlockHistoryResponse at most (about 150 bytes of JSON each)
 
 
 def _rpcs() -> list[Rpc]:
@@ -411,7 +459,7 @@ def _rpcs() -> list[Rpc]:
                                             producer_epoch=cur.producer_epoch, state=cur.state),
             error=_record_error(DescribeTransactionalIdResponse)),
         Rpc(p.RECORD_API_KEY, record=TransactionRequest, acl=lambda b: _BROKERS, generate=_txn,
-            on_leader=lambda b: b.op != PENDING, serve=_pending_txns,
+            on_leader=lambda b: b.op != PENDING, leader_read=lambda b: b.op == LIST, serve=_read_txns,
             respond=lambda v, r: TransactionResponse(error_code=0, transactions=json.dumps(r)) if isinstance(r, list)
             else TransactionResponse(error_code=0, transaction=json.dumps(r)),
             error=_record_error(TransactionResponse)),
@@ -427,6 +475,8 @@ def _rpcs() -> list[Rpc]:
         Rpc(p.RECORD_API_KEY, record=DescribeAclsRequest, acl=lambda b: _READ, serve=_describe_acls, leader_read=True,
             respond=lambda v, r: DescribeAclsResponse(error_code=0, acls=json.dumps(r[0]), applied_index=r[1]),
             error=_record_error(DescribeAclsResponse)),
+        Rpc(p.RECORD_API_KEY, record=BlockHistoryRequest, acl=lambda b: _READ, serve=_block_history,
+            respond=_block_history_response, error=_record_error(BlockHistoryResponse)),
         Rpc(p.RECORD_API_KEY, record=AlterClientQuotaRequest, acl=lambda b: _ADMIN, generate=_alter_quota,
             on_leader=lambda b: not b.validate_only, serve=_validate_quota,
             respond=lambda v, changed: AlterClientQuotaResponse(error_code=0, changed=changed),

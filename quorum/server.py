@@ -493,7 +493,7 @@ class QuorumServer:
                 raise RequestTimedOutError(f"no leader committed the request within {timeout:.2f}s")
             remaining = backoff.remaining()
             is_leader, leader, _ = self.service.raft.role()
-            if is_leader and rpc.generate is None:
+            if is_leader and (rpc.generate is None or rpc.reads_on_leader(req.body)):
                 return await rpc.serve(self, req)  # a leader read (Rpc.leader_read)
             if is_leader:
                 return await self._propose(rpc, req, remaining, on_value)

@@ -9,6 +9,8 @@ from .codec import (  # noqa: F401
     AlterClientQuotaResponse,
     AuditEntry,
     AuditGap,
+    BlockHistoryRequest,
+    BlockHistoryResponse,
     BridgeReservationRecord,
     BrokerEpochCursorRecord,
     ClientQuotaRecord,

@@ -119,6 +119,8 @@ TransactionRequest = CLASSES[schema.TRANSACTION_REQUEST.type_id]
 TransactionResponse = CLASSES[schema.TRANSACTION_RESPONSE.type_id]
 AlterClientQuotaRequest = CLASSES[schema.ALTER_CLIENT_QUOTA_REQUEST.type_id]
 AlterClientQuotaResponse = CLASSES[schema.ALTER_CLIENT_QUOTA_RESPONSE.type_id]
+BlockHistoryRequest = CLASSES[schema.BLOCK_HISTORY_REQUEST.type_id]
+BlockHistoryResponse = CLASSES[schema.BLOCK_HISTORY_RESPONSE.type_id]
 
 
 def to_obj(record: Record) -> list:

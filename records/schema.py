@@ -645,7 +645,7 @@ ALTER_CLIENT_QUOTA_RESPONSE = RecordSpec(
 TRANSACTION_REQUEST = RecordSpec(
     name="TransactionRequest",
     type_id=117,
-    version=1,
+    version=2,
     doc=(
         "pidquorum RPC (API key 10002): a broker acting as transaction coordinator changes or "
         "reads a transaction.  op: add (AddPartitionsToTxn), verify (KIP-890 part 1: is every "
@@ -655,26 +655,31 @@ TRANSACTION_REQUEST = RecordSpec(
         "describe (the id's transaction, read through the leader: InitProducerId answers "
         "CONCURRENT_TRANSACTIONS while one must be completed first), "
         "pending (answered by the node from its applied state: the transactions some broker "
-        "must drive, prepared or past their timeout)."
+        "must drive, prepared or past their timeout), "
+        "list (answered by the node from its applied state: every live transactional id, in id order, "
+        "after after_transactional_id; a page of at most limit ids and about 1 MiB)."
     ),
     fields=(
         FieldSpec("broker_id", "int32", "The coordinator broker."),
         FieldSpec("broker_epoch", "int64", "Its current broker epoch."),
-        FieldSpec("op", "string", "add | verify | commit | abort | complete | timeout | describe | pending."),
-        FieldSpec("transactional_id", "string", "The client's transactional.id ('' for pending).", default=""),
+        FieldSpec("op", "string", "add | verify | commit | abort | complete | timeout | describe | pending | list."),
+        FieldSpec("transactional_id", "string", "The client's transactional.id ('' for pending and list).",
+                  default=""),
         FieldSpec("producer_id", "int64", "The producer ID the client (or the transaction) has.", default=-1),
         FieldSpec("producer_epoch", "int16", "Its epoch.", default=-1),
         FieldSpec("partitions", "string", "add / verify: a JSON array of [broker_id, topic, partition].",
                   default="[]"),
         FieldSpec("start_time_ms", "int64", "complete / timeout: the transaction meant (its start time).",
                   default=-1),
-        FieldSpec("limit", "int32", "pending: at most this many transactions.", default=100),
+        FieldSpec("limit", "int32", "pending, list: at most this many transactions.", default=100),
         FieldSpec("sequence", "int64", "The transaction the step is for (TransactionStateRecord.sequence): "
                   "add names the open transaction, or the next one to begin; commit / abort / complete / "
                   "timeout / verify the one they end or check.  A step for another transaction of the id is "
                   "refused (INVALID_TXN_STATE), a repeated one answered as it was.  -1: the id's current "
                   "transaction, whichever it is (a coordinator that has not learnt the sequence yet).",
                   default=-1, since=1),
+        FieldSpec("after_transactional_id", "string", "list: the ids after this one, in id order (the last id "
+                  "of the previous page; '': from the first).", default="", since=2),
     ),
 )
 
@@ -688,7 +693,57 @@ TRANSACTION_RESPONSE = RecordSpec(
         FieldSpec("error_message", "nullable_string", "Why, when error_code is not 0.", default=None),
         FieldSpec("transaction", "string", "The transaction after the change, a JSON object with the "
                   "TransactionStateRecord fields plus timeout_ms ('' if none).", default=""),
-        FieldSpec("transactions", "string", "pending: a JSON array of such objects.", default="[]"),
+        FieldSpec("transactions", "string", "pending, list: a JSON array of such objects (list: an id without "
+                  "a transaction, or initialized again since its last one ended, is state Empty with its producer).",
+                  default="[]"),
+    ),
+)
+
+BLOCK_HISTORY_REQUEST = RecordSpec(
+    name="BlockHistoryRequest",
+    type_id=119,
+    version=0,
+    doc=(
+        "pidquorum RPC (API key 10002): a page of the blocks in the answering node's audit trail (every "
+        "accepted AllocateProducerIdsRecord it applied, kept across log compaction), in Raft order "
+        "(`pidctl blocks history` with --quorum).  Answered by the node itself, from its trail; needs "
+        "DESCRIBE or CLUSTER_ACTION on the cluster."
+    ),
+    fields=(
+        FieldSpec("after_raft_index", "int64", "The cursor: blocks after the trail line (raft index, position) "
+                  "the last page ended at; -1: from the start.", default=-1),
+        FieldSpec("after_position", "int32", "The cursor's position in its entry (-1 for a gap line).", default=-1),
+        FieldSpec("cursor_offset", "int64", "Where the cursor's line is in the answering node's trail, as its last "
+                  "answer said (a hint: checked against the line there, else the node looks for the cursor "
+                  "itself); -1: unknown.", default=-1),
+        FieldSpec("limit", "int32", "At most this many blocks (1..10000); a page also ends after about 1 MiB of "
+                  "trail read.", default=1000),
+        FieldSpec("broker_id", "int32", "Only this broker's blocks (-1: every broker's).", default=-1),
+    ),
+)
+
+BLOCK_HISTORY_RESPONSE = RecordSpec(
+    name="BlockHistoryResponse",
+    type_id=120,
+    version=0,
+    doc="The answer to BlockHistoryRequest.",
+    fields=(
+        FieldSpec("error_code", "int16", "Kafka error code (0: none)."),
+        FieldSpec("error_message", "nullable_string", "Why, when error_code is not 0.", default=None),
+        FieldSpec("node_id", "int32", "The answering node.", default=-1),
+        FieldSpec("applied_index", "int64", "Its applied Raft index when it answered.", default=-1),
+        FieldSpec("trail_index", "int64", "The last Raft index of its trail this answer covers (the trail is "
+                  "written on apply, so it may be behind applied_index for a moment).", default=-1),
+        FieldSpec("blocks", "string", "A JSON array of blocks: raft_index, raft_term and the "
+                  "AllocateProducerIdsRecord fields.", default="[]"),
+        FieldSpec("gaps", "string", "A JSON array of [after_index, raft_index]: the node installed a snapshot "
+                  "at raft_index, so its trail has no entry after after_index up to raft_index (the other "
+                  "nodes' trails have them).", default="[]"),
+        FieldSpec("next_raft_index", "int64", "The cursor for the next page: the last line read.", default=-1),
+        FieldSpec("next_position", "int32", "Its position.", default=-1),
+        FieldSpec("next_offset", "int64", "Its offset in this node's trail (the next request's cursor_offset).",
+                  default=-1),
+        FieldSpec("more", "bool", "Lines of the trail up to trail_index remain after the cursor.", default=False),
     ),
 )
 
@@ -697,7 +752,8 @@ PAYLOADS: tuple[RecordSpec, ...] = (AUDIT_ENTRY, AUDIT_GAP, INIT_TRANSACTIONAL_R
                                     SEED_REQUEST, SEED_RESPONSE, MIGRATION_REQUEST, MIGRATION_RESPONSE,
                                     ALTER_ACLS_REQUEST, ALTER_ACLS_RESPONSE, DESCRIBE_ACLS_REQUEST,
                                     DESCRIBE_ACLS_RESPONSE, ALTER_CLIENT_QUOTA_REQUEST,
-                                    ALTER_CLIENT_QUOTA_RESPONSE, TRANSACTION_REQUEST, TRANSACTION_RESPONSE)
+                                    ALTER_CLIENT_QUOTA_RESPONSE, TRANSACTION_REQUEST, TRANSACTION_RESPONSE,
+                                    BLOCK_HISTORY_REQUEST, BLOCK_HISTORY_RESPONSE)
 
 for _spec in RECORDS + PAYLOADS:
     validate_spec(_spec)

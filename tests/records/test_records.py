@@ -17,6 +17,8 @@ from records import (
     AlterClientQuotaResponse,
     AuditEntry,
     AuditGap,
+    BlockHistoryRequest,
+    BlockHistoryResponse,
     BridgeReservationRecord,
     BrokerEpochCursorRecord,
     ClientQuotaRecord,
@@ -233,11 +235,20 @@ GOLDEN_PAYLOADS = {
     "TransactionRequest": (
         TransactionRequest(broker_id=3, broker_epoch=17, op="add", transactional_id="orders-tx-1", producer_id=5000,
                            producer_epoch=2, partitions='[[3,"orders",0]]', sequence=8),
-        "9375019a0311a3616464ab6f72646572732d74782d31cd138802b05b5b332c226f7264657273222c305d5dff6408",
+        "9375029b0311a3616464ab6f72646572732d74782d31cd138802b05b5b332c226f7264657273222c305d5dff6408a0",
     ),
     "TransactionResponse": (
         TransactionResponse(error_code=51, error_message="busy"),
         "9376009433a462757379a0a25b5d",
+    ),
+    "BlockHistoryRequest": (
+        BlockHistoryRequest(after_raft_index=42, after_position=1, cursor_offset=4096, limit=500, broker_id=3),
+        "937700952a01cd1000cd01f403",
+    ),
+    "BlockHistoryResponse": (
+        BlockHistoryResponse(error_code=0, node_id=2, applied_index=50, trail_index=49, blocks="[]", gaps="[[0,7]]",
+                             next_raft_index=49, next_position=0, next_offset=8192, more=True),
+        "9378009b00c0023231a25b5da75b5b302c375d5d3100cd2000c3",
     ),
 }
 
@@ -285,6 +296,9 @@ def test_golden_encoding_of_payloads(name):
      dataclasses.replace(GOLDEN_PAYLOADS["InitTransactionalProducerRequest"][0], request_id="")),
     ("937500990311a3616464ab6f72646572732d74782d31cd138802b05b5b332c226f7264657273222c305d5dff64",
      dataclasses.replace(GOLDEN_PAYLOADS["TransactionRequest"][0], sequence=-1)),
+    # TransactionRequest v1 (before op list): after_transactional_id ''
+    ("9375019a0311a3616464ab6f72646572732d74782d31cd138802b05b5b332c226f7264657273222c305d5dff6408",
+     GOLDEN_PAYLOADS["TransactionRequest"][0]),
 ])
 def test_version_0_of_the_transaction_records_still_decodes(old_hex, expected):
     assert decode(bytes.fromhex(old_hex)) == expected
@@ -327,8 +341,10 @@ def test_golden_type_ids_and_versions_are_stable():
         "AlterClientQuotaResponse": (116, 0),
         "TransactionStateRecord": (17, 1),
         "ProducerIdHistoryRecord": (18, 0),
-        "TransactionRequest": (117, 1),
+        "TransactionRequest": (117, 2),
         "TransactionResponse": (118, 0),
+        "BlockHistoryRequest": (119, 0),
+        "BlockHistoryResponse": (120, 0),
     }
 
 

@@ -33,6 +33,7 @@ from typing import Any, Collection, Iterable, Mapping
 from records import (
     AlterAclsRequest,
     AlterClientQuotaRequest,
+    BlockHistoryRequest,
     DescribeAclsRequest,
     DescribeTransactionalIdRequest,
     InitTransactionalProducerRequest,
@@ -327,6 +328,22 @@ class AllocatedBlock:
 
 
 @dataclass
+class BlockHistoryPage:
+    """A page of one node's audit trail (``QuorumClient.block_history``): its blocks in Raft order (the
+    dicts of ``pidctl blocks history -o json``), the (after_index, raft_index] ranges its trail has no entry
+    of (a snapshot it installed: the other nodes' trails have them), the node's applied index and the last
+    Raft index the page covers, and the cursor the next page starts after."""
+    address: str
+    node_id: int
+    applied_index: int
+    trail_index: int
+    blocks: list[dict]
+    gaps: list[tuple[int, int]]
+    cursor: tuple[int, int, int]
+    more: bool
+
+
+@dataclass
 class QuorumClient:
     addresses: list[str]
     policy: RetryPolicy = field(default_factory=RetryPolicy)
@@ -480,6 +497,63 @@ class QuorumClient:
         resp, _ = await self._call_any(TransactionRequest(broker_id=broker_id, broker_epoch=-1, op="pending",
                                                           limit=limit))
         return json.loads(resp.transactions)
+
+    async def list_transactions(self, broker_id: int, after_transactional_id: str = "",
+                                limit: int = 1000) -> list[dict]:
+        """A page of every transactional id the quorum knows, in id order, after ``after_transactional_id``
+        ('': from the first), each with its transaction as ``txn``'s dict (state Empty, no partitions, for an
+        id with none open or ended since its producer was last initialized), as the answering node has
+        applied them.  At most ``limit`` ids, fewer when their transactions are large; an empty page is
+        the end.  The next page is after the last id of this one."""
+        resp, _ = await self._call_any(TransactionRequest(broker_id=broker_id, broker_epoch=-1, op="list",
+                                                          after_transactional_id=after_transactional_id,
+                                                          limit=limit))
+        return json.loads(resp.transactions)
+
+    async def block_history(self, address: str, after: tuple[int, int, int] = (-1, -1, -1), limit: int = 1000,
+                            broker_id: int | None = None) -> "BlockHistoryPage":
+        """A page of the blocks in the audit trail of the node at ``address`` (no failover: the cursor is a
+        place in that node's trail) after ``after``, the last page's ``BlockHistoryPage.cursor``."""
+        body = BlockHistoryRequest(after_raft_index=after[0], after_position=after[1], cursor_offset=after[2],
+                                   limit=limit, broker_id=-1 if broker_id is None else broker_id)
+        resp = await self._conn(address).call(body, self.policy.attempt_timeout)
+        if resp.error_code != 0:
+            raise for_code(resp.error_code, f"{address}: {resp.error_message or Errors.of(resp.error_code).name}")
+        try:
+            blocks, gaps = json.loads(resp.blocks), json.loads(resp.gaps)
+        except ValueError as e:
+            raise ConnectionFailed(f"{address}: BlockHistory: unreadable answer: {e}") from None
+        return BlockHistoryPage(address, int(resp.node_id), int(resp.applied_index), int(resp.trail_index), blocks,
+                                [tuple(g) for g in gaps],
+                                (int(resp.next_raft_index), int(resp.next_position), int(resp.next_offset)),
+                                bool(resp.more))
+
+    async def node_block_history(self, address: str, broker_id: int | None = None,
+                                 page: int = 1000) -> "BlockHistoryPage":
+        """Every block in the audit trail of the node at ``address`` (``block_history``, page after page),
+        as one page: its ``trail_index`` and ``applied_index`` are the last page's."""
+        out = await self.block_history(address, limit=page, broker_id=broker_id)
+        last = out
+        while last.more:
+            last = await self.block_history(address, last.cursor, page, broker_id)
+            out.blocks += last.blocks
+            out.gaps += last.gaps
+        return BlockHistoryPage(address, last.node_id, last.applied_index, last.trail_index, out.blocks, out.gaps,
+                                last.cursor, False)
+
+    async def block_history_each(self, addresses: Iterable[str] | None = None, broker_id: int | None = None,
+                                 page: int = 1000) -> dict[str, "BlockHistoryPage | Exception"]:
+        """``node_block_history`` of every node (default: this client's addresses) at once, by address, in
+        the given order: its whole history, or the exception of a node that did not answer."""
+        addresses = list(self.addresses if addresses is None else addresses)
+
+        async def one(address: str) -> BlockHistoryPage | Exception:
+            try:
+                return await self.node_block_history(address, broker_id, page)
+            except Exception as e:  # noqa: BLE001 - a node down or refusing: its error is its answer
+                return e
+
+        return dict(zip(addresses, await asyncio.gather(*(one(a) for a in addresses)), strict=True))
 
     async def describe_transactional(self, transactional_id: str) -> tuple[int, int]:
         """The transactional id's current (producer id, epoch), read through the leader; (-1, -1) if unknown."""
@@ -645,5 +719,5 @@ def _throttle_ms(resp: Any) -> int:
     return int(t.total_seconds() * 1000) if t is not None else 0
 
 
-__all__ = ["AllocatedBlock", "Connection", "ConnectionFailed", "HandshakeFailed", "PidQuorumError", "QuorumClient",
+__all__ = ["AllocatedBlock", "BlockHistoryPage", "Connection", "ConnectionFailed", "HandshakeFailed", "PidQuorumError", "QuorumClient",
            "QuorumUnreachableError", "RetryPolicy", "SettingNames", "unreachable"]

@@ -90,20 +90,25 @@ def parse_audit(path: str, data: bytes, start: int = 0, tail: bool = False) -> t
             if end < len(data) and not tail:
                 raise CorruptFileError(path, f"checksum mismatch in audit line at offset {start + pos}")
             break
-        try:
-            obj = msgpack.unpackb(body, raw=False)
-            if not isinstance(obj, list) or len(obj) != 2:
-                raise RecordError(f"expected [entry, record], got {type(obj).__name__}")
-            entry = from_obj(obj[0])
-            record = from_obj(obj[1]) if obj[1] is not None else None
-            _check_line(entry, record)
-        except (RecordError, ValueError, TypeError, IndexError) as e:
-            raise CorruptFileError(path, f"bad audit line at offset {start + pos}: {e}") from None
-        lines.append(AuditLine(entry, record))
+        lines.append(_decode_line(path, body, start + pos))
         pos = end
     if pos != len(data) and not tail and _valid_frame_after(data, pos + 1):
         raise CorruptFileError(path, f"damaged audit line at offset {start + pos} with valid lines after it")
     return lines, start + pos
+
+
+def _decode_line(path: str, body: bytes, offset: int) -> AuditLine:
+    """The line whose (checksum-valid) frame body is ``body``, at ``offset`` of the file."""
+    try:
+        obj = msgpack.unpackb(body, raw=False)
+        if not isinstance(obj, list) or len(obj) != 2:
+            raise RecordError(f"expected [entry, record], got {type(obj).__name__}")
+        entry = from_obj(obj[0])
+        record = from_obj(obj[1]) if obj[1] is not None else None
+        _check_line(entry, record)
+    except (RecordError, ValueError, TypeError, IndexError, msgpack.UnpackException) as e:
+        raise CorruptFileError(path, f"bad audit line at offset {offset}: {e}") from None
+    return AuditLine(entry, record)
 
 
 def _check_line(entry: Record, record: Record | None) -> None:
@@ -211,6 +216,12 @@ class AuditWriter:
         self._f.write(_frame([to_obj(AuditGap(raft_index=raft_index)), None]))
         self.last_index = raft_index
 
+    def extent(self) -> tuple[int, int]:
+        """(last Raft index, bytes) of what was written whole, for a reader in another thread: every line
+        up to that index is in those bytes (read in this order: ``append`` writes, then moves the index)."""
+        last = self.last_index
+        return last, self._f.size
+
     def sync(self) -> None:
         self._f.sync()
         size = self._f.size
@@ -224,15 +235,147 @@ class AuditWriter:
         self._f.close()
 
 
+def _block(ln: AuditLine) -> dict | None:
+    """The block an audit line records (``pidctl blocks history``'s dict), or None if it records none."""
+    if isinstance(ln.entry, AuditEntry) and ln.entry.accepted and ln.entry.record == "AllocateProducerIdsRecord":
+        return {"raft_index": ln.entry.raft_index, "raft_term": ln.entry.raft_term, **ln.record.to_dict()}
+    return None
+
+
+def _key(entry: Record) -> tuple[int, int]:
+    """Where a line is in Raft order: (raft index, position in the entry; -1 for a gap line)."""
+    return entry.raft_index, -1 if isinstance(entry, AuditGap) else entry.position
+
+
 def iter_blocks(paths: list[str]) -> Iterator[dict]:
     """Accepted AllocateProducerIdsRecords from one or more nodes' trails, by Raft index, deduplicated."""
     seen: dict[tuple[int, int], dict] = {}
     for path in paths:
         lines, _ = read_audit(path)
         for ln in lines:
-            if isinstance(ln.entry, AuditEntry) and ln.entry.accepted and ln.entry.record == "AllocateProducerIdsRecord":
-                key = (ln.entry.raft_index, ln.entry.position)
-                seen.setdefault(key, {"raft_index": ln.entry.raft_index, "raft_term": ln.entry.raft_term,
-                                      **ln.record.to_dict()})
+            block = _block(ln)
+            if block is not None:
+                seen.setdefault(_key(ln.entry), block)
     for key in sorted(seen):
         yield seen[key]
+
+
+def merge_histories(histories: list[tuple[list[dict], list[tuple[int, int]], int]]) -> tuple[list[dict],
+                                                                                           list[tuple[int, int]]]:
+    """Several nodes' block histories (each: its blocks, its trail's gaps as (after_index, raft_index], the
+    last Raft index it covers) as one, as ``iter_blocks`` merges their files: every block once, in Raft
+    order; and the ranges (after_index, raft_index] of Raft indexes that no node's trail holds (each
+    node installed a snapshot over them, or had not applied them yet), which may hide blocks."""
+    seen: dict[tuple[int, int], dict] = {}
+    for blocks, _, _ in histories:
+        for b in blocks:
+            seen.setdefault((b["raft_index"], b["producer_id_start"]), b)
+    end = max((last for _, _, last in histories), default=0)
+    # A Raft index is missing when every node misses it: in one of its gaps, or after its last index.
+    missing: list[tuple[int, int]] | None = None
+    for _, gaps, last in histories:
+        mine = sorted([(a, b) for a, b in gaps if b > a] + ([(last, end)] if last < end else []))
+        missing = mine if missing is None else _intersect(missing, mine)
+    return [seen[k] for k in sorted(seen)], missing or []
+
+
+def _intersect(xs: list[tuple[int, int]], ys: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The intersection of two sorted lists of half-open ranges (a, b]."""
+    out = []
+    for a, b in xs:
+        for c, d in ys:
+            lo, hi = max(a, c), min(b, d)
+            if lo < hi:
+                out.append((lo, hi))
+    return sorted(out)
+
+
+# ------------------------------------------------------------------ a node's trail, a page at a time
+PAGE_BYTES = 1 << 20  # trail bytes one BlockHistoryRequest reads at most (its answer's time and size are bounded)
+NO_CURSOR = (-1, -1, -1)
+
+
+@dataclass
+class BlockPage:
+    """A page of one node's trail (``read_block_page``).  ``cursor``: (raft index, position, offset) of the
+    last line read, where the next page starts; ``gaps``: [after_index, raft_index] of each snapshot the
+    node installed (its trail has nothing after after_index up to raft_index); ``more``: lines remain."""
+    blocks: list[dict]
+    gaps: list[list[int]]
+    cursor: tuple[int, int, int]
+    more: bool
+
+
+def _line_at(f, path: str, offset: int, end: int) -> AuditLine | None:
+    """The line whose frame starts at ``offset`` (before ``end``), or None if no whole, valid one does."""
+    f.seek(offset)
+    head = f.read(_FRAME.size)
+    if len(head) < _FRAME.size:
+        return None
+    length, crc = _FRAME.unpack(head)
+    if offset + _FRAME.size + length > end:
+        return None
+    body = f.read(length)
+    if len(body) != length or zlib.crc32(body) != crc:
+        return None
+    try:
+        return _decode_line(path, body, offset)
+    except CorruptFileError:
+        return None
+
+
+def read_block_page(path: str, end: int, last_index: int, after: tuple[int, int] = (-1, -1),
+                    cursor_offset: int = -1, limit: int = 1000, broker_id: int | None = None,
+                    max_bytes: int = PAGE_BYTES) -> BlockPage:
+    """The blocks of the trail ``path`` after the line ``after`` (raft index, position), in Raft order: at
+    most ``limit``, reading at most about ``max_bytes`` of the file, only lines in its first ``end`` bytes and
+    up to Raft index ``last_index`` (what the writer had written whole: ``AuditWriter.extent``).  Read-only.
+
+    ``cursor_offset`` is where a line at or before ``after`` is in this file (the last page's cursor): it
+    is checked, and the page starts there; without one (or another node's) the file is read from its
+    start, a page at a time, until the lines after ``after``.  The file's lines are in Raft order (the
+    writer skips an index it has), so a line is "after" the cursor by its (raft index, position)."""
+    blocks: list[dict] = []
+    gaps: list[list[int]] = []
+    after = (after[0], after[1])
+    with open(path, "rb") as f:
+        start = 0
+        if 0 <= cursor_offset < end:
+            line = _line_at(f, path, cursor_offset, end)
+            if line is not None and _key(line.entry) <= after:
+                start = cursor_offset
+        f.seek(start)
+        cursor = (*after, start if start else -1)
+        prev_index = 0  # the Raft index of the line before (a trail that starts with a gap: from 0)
+        pos, read, more = start, 0, False
+        while True:
+            # Two lines at least (the first may be the cursor's own, read again): each page moves on.
+            if len(blocks) >= limit or (read > 1 and pos - start >= max_bytes):
+                more = pos < end
+                break
+            if pos + _FRAME.size > end:
+                break
+            length, crc = _FRAME.unpack(f.read(_FRAME.size))
+            stop = pos + _FRAME.size + length
+            if stop > end:
+                break  # not whole in the part of the file written up to ``last_index``
+            body = f.read(length)
+            if len(body) != length or zlib.crc32(body) != crc:
+                raise CorruptFileError(path, f"checksum mismatch in audit line at offset {pos}")
+            line = _decode_line(path, body, pos)
+            if line.entry.raft_index > last_index:
+                break
+            key = _key(line.entry)
+            if key > after:
+                if isinstance(line.entry, AuditGap):
+                    gaps.append([prev_index, line.entry.raft_index])
+                else:
+                    block = _block(line)
+                    if block is not None and (broker_id is None or block["broker_id"] == broker_id):
+                        blocks.append(block)
+                cursor = (*key, pos)
+            else:
+                cursor = (*after, pos)  # a line at or before the cursor: the next page may start here
+            prev_index = line.entry.raft_index
+            pos, read = stop, read + 1
+    return BlockPage(blocks, gaps, cursor, more)

@@ -1,5 +1,5 @@
-"""pidctl blocks history: a file that is not an audit trail is refused, and --quorum never reads the
-local directory's files in silence."""
+"""pidctl blocks history: a file that is not an audit trail is refused, and --quorum asks the nodes, never
+the local directory's files."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ import os
 import pytest
 from click.testing import CliRunner
 
-from cli.common import EXIT_ERROR, EXIT_USAGE
+from cli.common import EXIT_ERROR
 from cli.main import cli
 from quorum.localcluster import LocalCluster
 from tests.conftest import wait_for
@@ -42,17 +42,23 @@ def test_a_file_that_is_not_an_audit_trail_is_refused(pidctl, tmp_path):
     assert "0 blocks" in pidctl("blocks", "history", "--audit", str(empty)).output
 
 
-def test_quorum_option_is_not_answered_from_the_local_files(pidctl):
+def test_quorum_option_asks_the_nodes_not_the_local_files(pidctl, tmp_path):
     pidctl("cluster", "up")
     epoch = json.loads(pidctl("broker", "register", "--broker-id", "1", "-o", "json").output)["broker_epoch"]
     pidctl("allocate", "--broker-id", "1", "--broker-epoch", str(epoch))
     quorum = ",".join(LocalCluster(pidctl.data_dir).client_addresses())
-    r = pidctl("--quorum", quorum, "blocks", "history", expect=EXIT_USAGE)
-    assert "reads the nodes' audit files" in r.output and "--audit FILE" in r.output
-    assert "Traceback" not in r.output
-    trail = os.path.join(pidctl.data_dir, "node-1", "audit.log")  # node 1 may apply the block after the answer
+    elsewhere = str(tmp_path / "elsewhere")  # no audit file there: the history comes from the nodes
+    os.makedirs(elsewhere)
 
-    def history():
-        return json.loads(pidctl("--quorum", quorum, "blocks", "history", "--audit", trail, "-o", "json").output)
-    wait_for(history, 15, what="node 1 to apply the block")
-    assert [(b["broker_id"], b["broker_epoch"]) for b in history()] == [(1, epoch)]
+    def history(*extra):
+        r = pidctl("--quorum", quorum, "blocks", "history", "--data-dir", elsewhere, "-o", "json", *extra)
+        return [(b["broker_id"], b["broker_epoch"]) for b in json.loads(r.stdout)]
+    assert history() == [(1, epoch)]  # every node's trail read: the one that applied the block has it
+    assert history("--broker-id", "2") == []
+    # --audit still reads the file given, --quorum or not
+    trail = os.path.join(pidctl.data_dir, "node-1", "audit.log")  # node 1 may apply the block after the answer
+    wait_for(lambda: history("--audit", trail), 15, what="node 1 to apply the block")
+    assert history("--audit", trail) == [(1, epoch)]
+    # without --quorum, a directory without audit files is an error that says what to pass
+    r = pidctl("blocks", "history", "--data-dir", elsewhere, expect=EXIT_ERROR)
+    assert r.output.strip() == f"error: no audit files in {elsewhere} (use --audit FILE, or --quorum)"

@@ -46,12 +46,10 @@ the transaction is written), and the check is tied to the partition (``Partition
 so a marker written while it is under way voids it.
 
 **Operators' reads** (KIP-664: ListTransactions, DescribeTransactions).  ``describe`` reads an id's
-transaction through the quorum leader, as any step does.  ``list_transactions`` describes the ids this
-broker coordinates: every id a client's InitProducerId or transactional step reached it with, and every
-transaction with partitions here that the quorum reports to drive, since the broker started (at most
-``MAX_CACHED``, the least recently used forgotten).  The quorum has no listing of every id, so an id idle
-since a restart is missing until its producer comes back (or its open transaction times out);
-docs/transactions.md says what the tools do about it.
+transaction through the quorum leader, as any step does.  ``list_transactions`` lists every transactional
+id the quorum knows (every broker coordinates every id), page after page (``TransactionRequest`` list),
+as the answering quorum node has applied them: nothing of it is kept on the broker, so a restarted broker
+lists an idle id as well.
 """
 from __future__ import annotations
 
@@ -73,6 +71,7 @@ from wire.errors import (
     PidQuorumError,
     StaleBrokerEpochError,
     UnknownTopicOrPartitionError,
+    for_code,
 )
 
 from .storage import Storage
@@ -81,6 +80,7 @@ log = logging.getLogger(__name__)
 
 CHECK_INTERVAL_S = 1.0
 MAX_CACHED = 100_000  # transactions this broker remembers adding partitions to (KIP-890 checks without a round trip)
+LIST_PAGE = 1000  # transactional ids per quorum read of ListTransactions
 INIT_ATTEMPTS = 3
 PENDING_LIMIT = 100
 LOCK_STRIPES = 64
@@ -128,7 +128,6 @@ class TxnCoordinator:
         self.check_interval_s = check_interval_s
         self._inits = 0  # InitProducerId calls so far (their request ids)
         self._known: OrderedDict[int, _Known] = OrderedDict()  # producer id -> its transactions, as last answered
-        self._ids: OrderedDict[str, None] = OrderedDict()  # the ids this broker coordinates (ListTransactions)
         # Completions of one id run one at a time: striped locks (an id always maps to the same one).
         self._locks = [asyncio.Lock() for _ in range(LOCK_STRIPES)]
         self.counters = {"txn_committed": 0, "txn_aborted": 0, "txn_timed_out": 0, "txn_markers": 0,
@@ -203,7 +202,6 @@ class TxnCoordinator:
                                txn["state"] == "Ongoing", mine))
 
     def _keep(self, pid: int, known: _Known) -> None:
-        self._note(known.transactional_id)
         old = self._known.get(pid)
         if old is not None and old.transactional_id == known.transactional_id and old.order() > known.order():
             return  # an answer that arrived after a newer one
@@ -350,12 +348,6 @@ class TxnCoordinator:
         self._on_marker(topic, partition)
 
     # ------------------------------------------------------------ operators' reads
-    def _note(self, tid: str) -> None:
-        self._ids[tid] = None
-        self._ids.move_to_end(tid)
-        while len(self._ids) > MAX_CACHED:
-            self._ids.popitem(last=False)
-
     async def describe(self, tid: str) -> dict | None:
         """The id's transaction as the quorum leader has it (``txn_json``'s dict: state, producer, partitions
         as [broker, topic, partition], start_time_ms, timeout_ms); None for an id the quorum does not know.
@@ -368,22 +360,28 @@ class TxnCoordinator:
         if txn is None or txn["state"] in ("CompleteCommit", "CompleteAbort"):
             pid, epoch = await self.quorum.describe_transactional(tid)
             if pid < 0:
-                self._ids.pop(tid, None)
                 return None
             if txn is None or (txn["producer_id"], txn["producer_epoch"]) != (pid, epoch):
                 txn = {"transactional_id": tid, "producer_id": pid, "producer_epoch": epoch, "state": "Empty",
                        "partitions": [], "start_time_ms": -1, "timeout_ms": -1 if txn is None else txn["timeout_ms"]}
-        self._note(tid)
         return txn
 
     async def list_transactions(self, wanted: Callable[[str], bool] = lambda tid: True) -> list[dict]:
-        """``describe`` of each id this broker coordinates that ``wanted`` keeps (a few quorum reads at a
-        time), the ids the quorum no longer knows left out."""
-        found = await self.describe_each([t for t in self._ids if wanted(t)])
-        failed = next((e for e in found if isinstance(e, PidQuorumError)), None)
-        if failed is not None:
-            raise failed  # a partial listing would look complete
-        return sorted((t for t in found if t is not None), key=lambda t: t["transactional_id"])
+        """Every transactional id the quorum knows that ``wanted`` keeps, in id order, with its transaction
+        (``describe``'s dict; Empty for an id with none since its producer was initialized), read a page at a
+        time from one quorum node's applied state (which may lag the leader by the entries it has not
+        applied yet).  A page that cannot be read raises: a partial listing would look complete."""
+        out: list[dict] = []
+        after = ""
+        while True:
+            page = await self.quorum.list_transactions(self.broker_id, after, LIST_PAGE)
+            if not page:
+                return out
+            if page[0]["transactional_id"] <= after:  # a page that does not move on would never end
+                raise for_code(Errors.COORDINATOR_NOT_AVAILABLE, f"the quorum listed "
+                               f"{page[0]['transactional_id'][:200]!r} after {after[:200]!r}")
+            out += [t for t in page if wanted(t["transactional_id"])]
+            after = page[-1]["transactional_id"]
 
     async def describe_each(self, tids: list[str]) -> list[dict | None | PidQuorumError]:
         """``describe`` of each of ``tids``, a few quorum reads at a time, in their order; a read that
@@ -417,7 +415,6 @@ class TxnCoordinator:
             if not any(b == self.broker_id for b, _, _ in txn["partitions"]):
                 continue  # its partitions are another broker's: that broker completes it
             tid = txn["transactional_id"]
-            self._note(tid)
             try:
                 if txn["state"] == "Ongoing":
                     await self._txn("timeout", tid, start_time_ms=txn["start_time_ms"],

@@ -506,7 +506,7 @@ class QuorumClient:
         applied them.  At most ``limit`` ids, fewer when their transactions are large; an empty page is
         the end.  The next page is after the last id of this one."""
         resp, _ = await self._call_any(TransactionRequest(broker_id=broker_id, broker_epoch=-1, op="list",
-                                                          after_transactional_id=after_transactional_id,
+                                                          transactional_id=after_transactional_id,
                                                           limit=limit))
         return json.loads(resp.transactions)
 

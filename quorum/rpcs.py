@@ -230,7 +230,7 @@ async def _read_txns(server: QuorumServer, req: kafka.Request) -> list[dict]:
     service = server.service
     with service.lock:
         if b.op == LIST:
-            return service.state.transactions.list_page(b.after_transactional_id, limit)
+            return service.state.transactions.list_page(b.transactional_id, limit)
         return service.state.transactions.pending(int(service.clock.time() * 1000), limit)
 
 

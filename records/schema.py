@@ -645,7 +645,7 @@ ALTER_CLIENT_QUOTA_RESPONSE = RecordSpec(
 TRANSACTION_REQUEST = RecordSpec(
     name="TransactionRequest",
     type_id=117,
-    version=2,
+    version=1,
     doc=(
         "pidquorum RPC (API key 10002): a broker acting as transaction coordinator changes or "
         "reads a transaction.  op: add (AddPartitionsToTxn), verify (KIP-890 part 1: is every "
@@ -656,15 +656,15 @@ TRANSACTION_REQUEST = RecordSpec(
         "CONCURRENT_TRANSACTIONS while one must be completed first), "
         "pending (answered by the node from its applied state: the transactions some broker "
         "must drive, prepared or past their timeout), "
-        "list (answered by the node from its applied state: every live transactional id, in id order, "
-        "after after_transactional_id; a page of at most limit ids and about 1 MiB)."
+        "list (answered by the leader from its applied state: every live transactional id, in id order, "
+        "after transactional_id; a page of at most limit ids and about 1 MiB of JSON)."
     ),
     fields=(
         FieldSpec("broker_id", "int32", "The coordinator broker."),
         FieldSpec("broker_epoch", "int64", "Its current broker epoch."),
         FieldSpec("op", "string", "add | verify | commit | abort | complete | timeout | describe | pending | list."),
-        FieldSpec("transactional_id", "string", "The client's transactional.id ('' for pending and list).",
-                  default=""),
+        FieldSpec("transactional_id", "string", "The client's transactional.id ('' for pending); list: the "
+                  "ids after this one (the last id of the previous page; '': from the first).", default=""),
         FieldSpec("producer_id", "int64", "The producer ID the client (or the transaction) has.", default=-1),
         FieldSpec("producer_epoch", "int16", "Its epoch.", default=-1),
         FieldSpec("partitions", "string", "add / verify: a JSON array of [broker_id, topic, partition].",
@@ -678,8 +678,6 @@ TRANSACTION_REQUEST = RecordSpec(
                   "refused (INVALID_TXN_STATE), a repeated one answered as it was.  -1: the id's current "
                   "transaction, whichever it is (a coordinator that has not learnt the sequence yet).",
                   default=-1, since=1),
-        FieldSpec("after_transactional_id", "string", "list: the ids after this one, in id order (the last id "
-                  "of the previous page; '': from the first).", default="", since=2),
     ),
 )
 

@@ -148,7 +148,7 @@ def test_the_list_rpc_is_a_leader_read_served_from_the_applied_state(state):
     assert rpc.needs_leader(add) and not rpc.reads_on_leader(add)
     got = serve(state, op="list", limit=5)
     assert [t["transactional_id"] for t in got] == [f"tx-{i:02d}" for i in range(5)]
-    got = serve(state, op="list", limit=5, after_transactional_id="tx-09")
+    got = serve(state, op="list", limit=5, transactional_id="tx-09")
     assert [t["transactional_id"] for t in got] == ["tx-10", "tx-11"]
     assert len(serve(state, op="list", limit=0)) == 1  # at least one
     assert len(serve(state, op="list", limit=2**31 - 1)) == 12

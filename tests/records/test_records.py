@@ -235,7 +235,7 @@ GOLDEN_PAYLOADS = {
     "TransactionRequest": (
         TransactionRequest(broker_id=3, broker_epoch=17, op="add", transactional_id="orders-tx-1", producer_id=5000,
                            producer_epoch=2, partitions='[[3,"orders",0]]', sequence=8),
-        "9375029b0311a3616464ab6f72646572732d74782d31cd138802b05b5b332c226f7264657273222c305d5dff6408a0",
+        "9375019a0311a3616464ab6f72646572732d74782d31cd138802b05b5b332c226f7264657273222c305d5dff6408",
     ),
     "TransactionResponse": (
         TransactionResponse(error_code=51, error_message="busy"),
@@ -296,9 +296,6 @@ def test_golden_encoding_of_payloads(name):
      dataclasses.replace(GOLDEN_PAYLOADS["InitTransactionalProducerRequest"][0], request_id="")),
     ("937500990311a3616464ab6f72646572732d74782d31cd138802b05b5b332c226f7264657273222c305d5dff64",
      dataclasses.replace(GOLDEN_PAYLOADS["TransactionRequest"][0], sequence=-1)),
-    # TransactionRequest v1 (before op list): after_transactional_id ''
-    ("9375019a0311a3616464ab6f72646572732d74782d31cd138802b05b5b332c226f7264657273222c305d5dff6408",
-     GOLDEN_PAYLOADS["TransactionRequest"][0]),
 ])
 def test_version_0_of_the_transaction_records_still_decodes(old_hex, expected):
     assert decode(bytes.fromhex(old_hex)) == expected
@@ -341,7 +338,7 @@ def test_golden_type_ids_and_versions_are_stable():
         "AlterClientQuotaResponse": (116, 0),
         "TransactionStateRecord": (17, 1),
         "ProducerIdHistoryRecord": (18, 0),
-        "TransactionRequest": (117, 2),
+        "TransactionRequest": (117, 1),
         "TransactionResponse": (118, 0),
         "BlockHistoryRequest": (119, 0),
         "BlockHistoryResponse": (120, 0),

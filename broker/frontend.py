@@ -1054,7 +1054,8 @@ class BrokerServer:
 
     async def _list_transactions(self, req: kafka.Request) -> Any:
         """ListTransactions v0-1 (KIP-664): the transactions this broker coordinates (``TxnCoordinator
-        .list_transactions``: the ids it has served since it started), each read through the quorum, as
+        .list_transactions``: every transactional id the quorum knows, read a page at a time from the quorum
+        leader), as
         Kafka filters them: by state (a name Kafka does not know is returned in unknown_state_filters and
         filters nothing), by producer id, and from v1 by duration (running longer than duration_filter ms).
         Only ids the principal may DESCRIBE are listed (the others are left out, not refused).  The quorum

@@ -146,6 +146,15 @@ class FakeQuorum:
             raise RequestTimedOutError("no quorum")
         return self.ids.get(tid, (-1, -1))
 
+    async def list_transactions(self, broker_id, after="", limit=1000):
+        """A page of every id (TransactionRequest list): its transaction, or Empty."""
+        if self.down:
+            raise RequestTimedOutError("no quorum")
+        return [self.txns.get(tid) or {"transactional_id": tid, "producer_id": self.ids[tid][0],
+                                       "producer_epoch": self.ids[tid][1], "state": "Empty", "partitions": [],
+                                       "start_time_ms": -1, "timeout_ms": -1}
+                for tid in sorted(t for t in self.ids if t > after)[:limit]]
+
 
 @pytest.fixture
 def server(tmp_path):

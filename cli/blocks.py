@@ -15,7 +15,7 @@ from storage.disk import CorruptFileError
 from wire.errors import PidQuorumError, RequestTimedOutError
 
 from . import render
-from .common import Ctx, gather_status, handle_errors, output_option, run
+from .common import INT32_MAX, Ctx, gather_status, handle_errors, output_option, run
 
 _PROBE = 1 << 16  # bytes read to recognise an audit trail (lines are far shorter)
 
@@ -51,7 +51,7 @@ def blocks_latest(obj: Ctx, output):
 @click.option("--audit", "audit_files", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help="Audit file(s) to read (default: ask the nodes of --quorum, or read every node's audit.log "
                    "in --data-dir).")
-@click.option("--broker-id", type=int, help="Only this broker's blocks.")
+@click.option("--broker-id", type=click.IntRange(0, INT32_MAX), help="Only this broker's blocks.")
 @output_option
 @click.pass_obj
 @handle_errors

@@ -8,7 +8,7 @@ import os
 import pytest
 from click.testing import CliRunner
 
-from cli.common import EXIT_ERROR
+from cli.common import EXIT_ERROR, EXIT_USAGE
 from cli.main import cli
 from quorum.localcluster import LocalCluster
 from tests.conftest import wait_for
@@ -62,3 +62,9 @@ def test_quorum_option_asks_the_nodes_not_the_local_files(pidctl, tmp_path):
     # without --quorum, a directory without audit files is an error that says what to pass
     r = pidctl("blocks", "history", "--data-dir", elsewhere, expect=EXIT_ERROR)
     assert r.output.strip() == f"error: no audit files in {elsewhere} (use --audit FILE, or --quorum)"
+
+
+@pytest.mark.parametrize("broker_id", ["-5", "99999999999", "x"])
+def test_blocks_history_refuses_a_broker_id_no_broker_can_have(tmp_path, broker_id):
+    r = CliRunner().invoke(cli, ["--data-dir", str(tmp_path / "none"), "blocks", "history", "--broker-id", broker_id])
+    assert r.exit_code == EXIT_USAGE and "--broker-id" in r.output, r.output

@@ -139,7 +139,8 @@ def test_a_nodes_trail_a_page_at_a_time(pidctl):
     epoch = register(pidctl, 1)
     allocate(pidctl, 1, epoch, 7)
     addresses = pidctl.lc.client_addresses()
-    wait_for(lambda: len(list(iter_blocks([trail(pidctl.data_dir, 1)]))) == 7, 15, what="node 1 to apply")
+    for node in (1, 2):  # the pages are read from node 1, then from node 1 and node 2
+        wait_for(lambda: len(list(iter_blocks([trail(pidctl.data_dir, node)]))) == 7, 15, what=f"node {node} to apply")
     files = list(iter_blocks([trail(pidctl.data_dir, 1)]))
 
     async def pages(address: str, limit: int, switch_to: str | None = None):

@@ -51,7 +51,10 @@ def test_a_transactions_run_end_to_end(tmp_path):
     """One run (under pytest-xdist a module fixture could run once per worker), then everything that reads
     its directory."""
     out = str(tmp_path / "run")
-    cfg = TxnRunConfig(duration_s=21, seed=11, out_dir=out, schedule=SCHEDULE,
+    # 30 s, not the schedule's 21: a fault starts after the one before has healed, and the broker's restart
+    # waits out its registration's session (7 s here, 11 s on a loaded 2-core CI machine), so the last fence
+    # can come at 29 s; the run drops a fault that would end past its duration + 5 s.
+    cfg = TxnRunConfig(duration_s=30, seed=11, out_dir=out, schedule=SCHEDULE,
                        workload=TxnWorkloadConfig(partitions=4, txn_producers=1, idempotent_producers=1))
     verdict = asyncio.run(run(cfg))
     _the_run_completes_checks_both_libraries_and_finds_no_anomaly(out, verdict)

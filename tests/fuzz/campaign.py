@@ -281,8 +281,7 @@ def run_servers(seconds: float, seed: int, out_dir: str) -> dict:
                                                 f"broker exit {broker.proc.poll()}")
                     raise RuntimeError("a process died")
                 now = S.replicated_state(asyncio.run(describe_leader()))
-                if now["state"] != before["state"] or (now["term"] == before["term"]
-                                                        and now["commit_index"] != before["commit_index"]):
+                if now["state"] != before["state"]:  # (a broker's heartbeats move the commit index)
                     result["violations"].append(f"round {result['rounds']} {server}: state moved: {before} -> {now}")
                     before = now
             if result["rounds"] % 5 == 0:

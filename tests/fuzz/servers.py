@@ -166,9 +166,12 @@ def problems(counts: Counter) -> dict[str, int]:
 
 def replicated_state(describe: dict) -> dict[str, Any]:
     """What must not move under garbage: the state summary (latest block, next ID, broker
-    registrations and epochs, transactional ids, migration) and the Raft commit index."""
-    return {"state": describe["state"], "commit_index": describe["raft"]["commit_index"],
-            "term": describe["raft"]["term"]}
+    registrations and epochs, transactional ids, migration, quotas) and the Raft term.  Not a running
+    broker's heartbeats: each one (every 2 s) commits a record that moves its ``last_heartbeat_ms`` and
+    the commit index, garbage or not."""
+    state = dict(describe["state"])
+    state["brokers"] = [{k: v for k, v in b.items() if k != "last_heartbeat_ms"} for b in state.get("brokers", [])]
+    return {"state": state, "term": describe["raft"]["term"]}
 
 
 def audit_blocks(data_dir: str) -> list[dict]:

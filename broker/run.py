@@ -2,10 +2,8 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ctypes
 import ctypes.util
-import errno
 import logging
 import os
 import signal
@@ -18,6 +16,7 @@ from storage.lock import DirectoryLockedError, lock_directory
 from telemetry import logs
 from telemetry.metrics import serve_metrics
 from wire.errors import PidQuorumError
+from wire.listen import bind_error
 
 from .config import QUORUM_SETTING_NAMES
 from .frontend import BrokerConfig, BrokerServer
@@ -63,9 +62,9 @@ async def _serve(cfg: BrokerConfig, ready_file: str | None) -> None:
     logs.set_context_source("broker_epoch", lambda: server.pids.broker_epoch if server.pids is not None else None)
     endpoint = None
     try:
-        with _bind_error("Kafka port", cfg.listen):
+        with bind_error("Kafka port", cfg.listen):
             await server.start()
-        with _bind_error("metrics port", f"{cfg.metrics_host}:{cfg.metrics_port}"):
+        with bind_error("metrics port", f"{cfg.metrics_host}:{cfg.metrics_port}"):
             endpoint = serve_metrics(cfg.metrics_host, cfg.metrics_port, server.status, broker_families)
         if ready_file:
             tmp = f"{ready_file}.tmp"
@@ -83,18 +82,6 @@ async def _serve(cfg: BrokerConfig, ready_file: str | None) -> None:
             endpoint.stop()
         await server.stop()
         logs.set_context_source("broker_epoch", None)
-
-
-@contextlib.contextmanager
-def _bind_error(port: str, address: str):
-    """An address in use or not local becomes one line naming the port and its address (asyncio's text
-    names it as a tuple, prometheus_client's not at all); any other OSError goes on as it is."""
-    try:
-        yield
-    except OSError as e:
-        if e.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL):
-            raise
-        raise OSError(f"cannot bind the {port} {address}: {os.strerror(e.errno)}") from None
 
 
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter

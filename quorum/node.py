@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import errno
 import logging
 import os
 import signal
@@ -15,6 +13,7 @@ from storage.disk import EXIT_CORRUPT, EXIT_IDENTITY_REFUSED, EXIT_UNAVAILABLE, 
 from storage.lock import DirectoryLockedError, lock_directory
 from telemetry import logs
 from telemetry.metrics import serve_metrics
+from wire.listen import bind_error
 
 from .config import NodeConfig
 from .identity import IdentityError
@@ -38,9 +37,9 @@ async def _serve(cfg: NodeConfig, ready_file: str | None, disk: Disk | None, tru
     server = QuorumServer(service)
     endpoint = None
     try:
-        with _bind_error("client port", cfg.client_bind or cfg.client_address):
+        with bind_error("client port", cfg.client_bind or cfg.client_address):
             await server.start()
-        with _bind_error("metrics port", f"{cfg.metrics_host}:{cfg.metrics_port}"):
+        with bind_error("metrics port", f"{cfg.metrics_host}:{cfg.metrics_port}"):
             endpoint = serve_metrics(cfg.metrics_host, cfg.metrics_port, server.status, quorum_families)
         if ready_file:
             with open(ready_file, "w") as f:
@@ -59,19 +58,6 @@ async def _serve(cfg: NodeConfig, ready_file: str | None, disk: Disk | None, tru
         await server.stop()
         logs.set_context_source("term", None)
         service.close()
-
-
-@contextlib.contextmanager
-def _bind_error(port: str, address: str):
-    """An address in use or not local becomes one line naming the port and its address (asyncio's text
-    names it as a tuple, prometheus_client's not at all); any other OSError goes on as it is.  The Raft
-    port's is quorum.raft's (its transport binds it)."""
-    try:
-        yield
-    except OSError as e:
-        if e.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL):
-            raise
-        raise OSError(f"cannot bind the {port} {address}: {os.strerror(e.errno)}") from None
 
 
 def run_node(cfg: NodeConfig, ready_file: str | None = None, disk: Disk | None = None,

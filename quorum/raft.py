@@ -2002,6 +2002,54 @@ class RaftNode:
         state, leader, term = obj._SyncObj__raftState, obj._SyncObj__raftLeader, obj._SyncObj__raftCurrentTerm
         return state == _LEADER, (leader.address if leader is not None else None), term
 
+    # What the simulator and tests read and do without reaching into the Raft object (callbacks get
+    # (result, error): error 0 is success, anything else pysyncobj's FAIL_REASON number).
+    @property
+    def is_leader(self) -> bool:
+        return self._obj._SyncObj__raftState == _LEADER
+
+    @property
+    def raft_term(self) -> int:
+        """The term this node is in now (``current_term``: the one it made durable)."""
+        return self._obj._SyncObj__raftCurrentTerm
+
+    @property
+    def voted_for(self):
+        """Whom this node voted for in ``raft_term`` (None: nobody yet)."""
+        return self._obj._SyncObj__votedForNodeId
+
+    @property
+    def commit_index(self) -> int:
+        return self._obj._SyncObj__raftCommitIndex
+
+    @property
+    def last_applied(self) -> int:
+        return self._obj._SyncObj__raftLastApplied
+
+    def start_add_member(self, address: str, callback: Callable[[Any, int], None]) -> None:
+        self._obj.addNodeToCluster(address, callback=callback)
+
+    def start_remove_member(self, address: str, callback: Callable[[Any, int], None]) -> None:
+        self._obj.removeNodeFromCluster(address, callback=callback)
+
+    def start_transfer(self, address: str | None, callback: Callable[[Any, int], None]) -> None:
+        self._obj.transferLeadership(address, callback=callback)
+
+    def abandon(self) -> None:
+        """The process is gone (a simulated kill): its links close, its pipe's descriptors too; nothing is
+        synced or written (``destroy`` is the orderly stop)."""
+        obj = self._obj
+        try:
+            obj._SyncObj__transport.destroy()
+        finally:
+            notifier = getattr(obj, "_SyncObj__pipeNotifier", None)
+            if notifier is not None:
+                for fd in (notifier._PipeNotifier__pipeR, notifier._PipeNotifier__pipeW):
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+
     def current_term(self) -> int:
         """The term this node durably knows (cheap; for log lines)."""
         return self.journal.getCurrentTerm()

@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from .node import SimulatedNode
     from .sim import Simulation
 
-_LEADER = 2
 
 
 class Violation(AssertionError):
@@ -100,7 +99,7 @@ class Checker:
         entry = node.raft.journal.entry(index)  # what is compared is the log entry's command, as in the logs
         key = (term, _h(entry[0]) if entry is not None else _h(payload))
         known = self.ledger.get(index)
-        current = node.raft._obj.raftCurrentTerm  # the applying node learnt of the commit in this term
+        current = node.raft.raft_term  # the applying node learnt of the commit in this term
         if current < self.commit_term.get(index, current + 1):
             self.commit_term[index] = current
         if known is None:
@@ -146,9 +145,8 @@ class Checker:
         logs = {}
         for n in nodes:
             raft = n.raft
-            obj = raft._obj
-            term = obj.raftCurrentTerm
-            if obj._SyncObj__raftState == _LEADER:
+            term = raft.raft_term
+            if raft.is_leader:
                 holder = self.leaders.setdefault(term, n.address)
                 if holder != n.address:
                     raise Violation(f"election safety: {n.address} and {holder} both lead term {term}")
@@ -157,7 +155,7 @@ class Checker:
             base = snap.last_index if snap else 1  # index 1: pysyncobj's implicit first no-op, on every node
             entries = {e[1]: (e[2], _h(e[0])) for e in journal.entries}
             logs[n.address] = (entries, base)
-            commit = obj.raftCommitIndex
+            commit = raft.commit_index
             durable = journal.durable_end()[1]
             if commit > max(durable, base):
                 raise Violation(f"durability: node {n.node_id} has commit index {commit} but its journal is durable "
@@ -173,7 +171,7 @@ class Checker:
                     raise Violation(f"state-machine safety: node {n.node_id} holds {have} at committed index {index}, "
                                     f"the committed entry is {want}")
             self._kept(n, entries, base)
-            if obj._SyncObj__raftState == _LEADER:
+            if raft.is_leader:
                 for index in range(base + 1, self.max_index + 1):
                     want = self.ledger.get(index)
                     if want is not None and self.commit_term[index] < term and entries.get(index) != want:

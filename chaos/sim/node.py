@@ -150,19 +150,12 @@ class SimulatedNode:
         self.deferred = []
         service, self.service, self.proposer = self.service, None, None
         if service is not None:
-            obj = getattr(getattr(service, "raft", None), "_obj", None)
-            if obj is not None:
+            raft = getattr(service, "raft", None)
+            if raft is not None:
                 try:
-                    obj._SyncObj__transport.destroy()
+                    raft.abandon()
                 except (NodeHalted, MachineStopped):
                     pass
-                notifier = getattr(obj, "_SyncObj__pipeNotifier", None)
-                if notifier is not None:
-                    for fd in (notifier._PipeNotifier__pipeR, notifier._PipeNotifier__pipeW):
-                        try:
-                            os.close(fd)
-                        except OSError:
-                            pass
         elif self.sim.net.endpoints.get(self.address) is not None:
             self.sim.net.detach(self.address)
         if self.loop is not None:
@@ -178,7 +171,7 @@ class SimulatedNode:
         raft = self.raft
         snap = raft.store.current
         durable = max(raft.journal.durable_end()[1], snap.last_index if snap else 0)
-        return min(raft._obj.raftCommitIndex, durable)
+        return min(raft.commit_index, durable)
 
     def crash(self, why: str = "crash") -> None:
         """The process dies now (kill -9): what it wrote stays in the page cache."""

@@ -198,7 +198,7 @@ class Simulation:
 
     def leader(self) -> SimulatedNode | None:
         for n in self.running():
-            if n.raft._obj._SyncObj__raftState == 2:
+            if n.raft.is_leader:
                 return n
         return None
 
@@ -304,7 +304,7 @@ class Simulation:
             if leader is None:
                 continue
             last = leader.raft.journal.entries[-1][1]
-            if all(n.raft._obj.raftLastApplied == last and not n.raft.restricted for n in members):
+            if all(n.raft.last_applied == last and not n.raft.restricted for n in members):
                 quiet_since = quiet_since or self.clock.now
                 if self.clock.now - quiet_since > 0.5:
                     converged = True
@@ -700,7 +700,7 @@ class Simulation:
         self.fault("membership")
         self._replacing = True
         self.note(f"membership: replacing node {victim.node_id}")
-        leader.guard(leader.raft._obj.removeNodeFromCluster, victim.address,
+        leader.guard(leader.raft.start_remove_member, victim.address,
                      lambda r, e, _v=victim: self.note(f"membership: removal of node {_v.node_id}: "
                                                        f"{'done' if e == 0 else e}"))
         self.after(0.2, "membership", self._watch_membership, victim, None, self.clock.now)
@@ -710,8 +710,7 @@ class Simulation:
         leader = self.leader()
         if leader is None:
             return None
-        obj = leader.raft._obj
-        if obj.raftCommitIndex != leader.raft.journal.entries[-1][1]:
+        if leader.raft.commit_index != leader.raft.journal.entries[-1][1]:
             return None
         return leader.raft.members()
 
@@ -727,7 +726,7 @@ class Simulation:
             if self.clock.now - since > 3.0 and self.leader() is not None:
                 leader = self.leader()
                 self.note(f"membership: removing node {victim.node_id} again")
-                leader.guard(leader.raft._obj.removeNodeFromCluster, victim.address, lambda r, e: None)
+                leader.guard(leader.raft.start_remove_member, victim.address, lambda r, e: None)
                 since = self.clock.now
             self.after(0.2, "membership", self._watch_membership, victim, None, since)
             return
@@ -742,7 +741,7 @@ class Simulation:
         if self.clock.now - since > 3.0 and self.leader() is not None and fresh.running:
             leader = self.leader()
             self.note(f"membership: adding node {fresh.node_id} again")
-            leader.guard(leader.raft._obj.addNodeToCluster, fresh.address, lambda r, e: None)
+            leader.guard(leader.raft.start_add_member, fresh.address, lambda r, e: None)
             since = self.clock.now
         elif not fresh.running and not fresh.removed:
             self._restart(fresh)
@@ -766,7 +765,7 @@ class Simulation:
         node = SimulatedNode(self, node_id, cfg, SimDisk())
         self.nodes[node_id] = node
         self._start(node)
-        leader.guard(leader.raft._obj.addNodeToCluster, address,
+        leader.guard(leader.raft.start_add_member, address,
                      lambda r, e, _n=node: self.note(f"membership: adding node {_n.node_id}: {'done' if e == 0 else e}"))
         self.after(0.2, "membership", self._watch_membership, None, node, self.clock.now)
 
@@ -780,7 +779,7 @@ class Simulation:
         leader = self.leader()
         if leader is not None:
             self.fault("transfer")
-            leader.guard(leader.raft._obj.transferLeadership, None, lambda r, e: self.note(
+            leader.guard(leader.raft.start_transfer, None, lambda r, e: self.note(
                 f"leadership transfer from node {leader.node_id}: {'sent' if e == 0 else f'denied ({e})'}"))
 
     def _fault_snapshot(self) -> None:

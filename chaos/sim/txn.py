@@ -544,7 +544,7 @@ class TxnSimulation(Simulation):
 
     def leader(self) -> SimulatedNode | None:
         for n in self.running():
-            if not n.paused and n.raft._obj._SyncObj__raftState == 2:
+            if not n.paused and n.raft.is_leader:
                 return n
         return super().leader()
 

@@ -156,6 +156,7 @@ class RaftConfig:
     compaction_min_entries: int = 5000
     compaction_min_time: float = 300.0
     snapshot_chunk_bytes: int = 65536  # an InstallSnapshot message carries at most this much of the snapshot
+    append_entries_batch_bytes: int = 65536  # an AppendEntries carries entries up to about this much (one at least)
     # The Raft port (quorum.raftlink): what a connection may cost before and after it proves the cluster secret.
     max_message_bytes: int = 32 * 2**20  # one message from a peer that proved the secret
     handshake_bytes: int = 4096  # one message before that
@@ -186,6 +187,8 @@ class RaftConfig:
             problems.append("compaction_min_entries must be at least 2")
         if not 64 <= self.snapshot_chunk_bytes <= 64 * 2**20:
             problems.append("snapshot_chunk_bytes must be between 64 and 64 MiB")
+        if not 64 <= self.append_entries_batch_bytes <= 64 * 2**20:
+            problems.append("append_entries_batch_bytes must be between 64 and 64 MiB")
         if not 2**20 <= self.max_message_bytes <= 2**31 - 1:
             problems.append("max_message_bytes must be between 1 MiB and 2 GiB")
         elif self.max_message_bytes < 4 * self.snapshot_chunk_bytes:
@@ -1349,6 +1352,7 @@ class RaftNode:
             logCompactionMinEntries=raft.compaction_min_entries,
             logCompactionMinTime=raft.compaction_min_time,
             logCompactionBatchSize=raft.snapshot_chunk_bytes,
+            appendEntriesBatchSizeBytes=raft.append_entries_batch_bytes,
             commandsWaitLeader=False,
             dynamicMembershipChange=True,
             # pysyncobj binds 0.0.0.0 without a bind address; bind the advertised host instead.

@@ -34,7 +34,8 @@ def test_to_toml_round_trips_every_field(tmp_path):
         raft=RaftConfig(heartbeat_interval=0.02, election_timeout_min=0.1, election_timeout_max=0.3,
                         connection_timeout=0.6, reconnect_interval=0.05, peer_ping_interval=0.2,
                         leader_step_down_timeout=0.7, compaction_min_entries=100, compaction_min_time=60.0,
-                        snapshot_chunk_bytes=4096, max_message_bytes=2**21, handshake_bytes=2048,
+                        snapshot_chunk_bytes=4096, append_entries_batch_bytes=8192, max_message_bytes=2**21,
+                        handshake_bytes=2048,
                         handshake_timeout=3.0, max_pending_connections=32, max_pending_per_host=4,
                         listen_backlog=256, accept_rate=50.0, accept_burst=16),
     )

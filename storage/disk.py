@@ -37,16 +37,20 @@ The discipline:
   calls its ``failstop`` with ``EXIT_STORAGE``, which in a node process logs the
   reason and exits at once, from whichever thread hit the error.
 
-``Disk`` is the only place that touches these files.  Tests and the simulator
-substitute their own ``Disk`` (a recording disk, a disk that loses unsynced
-writes, a failing disk) and their own ``failstop``; production code never
-looks for a switch.
+``Disk`` is the only place that touches these files, and it makes every system call
+through ``self.os`` (the ``os`` module unless given another object with the same
+calls: ``open read write pwrite lseek fsync fdatasync ftruncate close replace unlink
+mkdir stat fstat``).  The simulator and the crash-state explorer hand it a simulated
+file system at that level (``chaos/sim/fs.py``), so they run this discipline, not a
+copy of it; tests also give their own ``failstop``.  Production code never looks for
+a switch.
 """
 from __future__ import annotations
 
 import errno as _errno
 import logging
 import os
+import stat as _stat
 import sys
 from typing import Callable, NoReturn
 
@@ -63,6 +67,7 @@ EXIT_IDENTITY_REFUSED = 78  # EX_CONFIG: a peer refused this node's identity (an
 FailStop = Callable[[int, str], NoReturn]
 
 PREALLOCATE = 1 << 20  # bytes an append file is grown by ahead of its writes (AppendFile.reserve)
+READ_CHUNK = 1 << 20  # bytes asked of one read(2) while reading a whole file
 
 
 def process_failstop(code: int, message: str) -> NoReturn:
@@ -116,9 +121,9 @@ class AppendFile:
         view = memoryview(data)
         while view:
             try:
-                n = os.write(self._fd, view)
+                n = self.disk.os.write(self._fd, view)
             except OSError as e:
-                self.disk.fail("write", self.path, e)
+                self.disk.io_error("write", self.path, e)
             view = view[n:]
             self.size += n
         self.allocated = max(self.allocated, self.size)
@@ -136,9 +141,9 @@ class AppendFile:
         offset = self.allocated
         while view:
             try:
-                n = os.pwrite(self._fd, view, offset)
+                n = self.disk.os.pwrite(self._fd, view, offset)
             except OSError as e:
-                self.disk.fail("preallocate", self.path, e)
+                self.disk.io_error("preallocate", self.path, e)
             view = view[n:]
             offset += n
         self.sync()
@@ -147,18 +152,19 @@ class AppendFile:
     def sync(self) -> None:
         """fdatasync: everything written so far is on stable storage when this returns."""
         try:
-            os.fdatasync(self._fd)
+            self.disk.os.fdatasync(self._fd)
         except OSError as e:
-            self.disk.fail("fdatasync", self.path, e)
+            self.disk.io_error("fdatasync", self.path, e)
 
     def truncate(self, size: int) -> None:
         """Cut the file to ``size`` bytes, durably (synced before anything is written after it)."""
         try:
-            os.ftruncate(self._fd, size)
-            os.lseek(self._fd, size, os.SEEK_SET)
-            os.fdatasync(self._fd)
+            sys_ = self.disk.os
+            sys_.ftruncate(self._fd, size)
+            sys_.lseek(self._fd, size, os.SEEK_SET)
+            sys_.fdatasync(self._fd)
         except OSError as e:
-            self.disk.fail("truncate", self.path, e)
+            self.disk.io_error("truncate", self.path, e)
         self.size = self.allocated = size
 
     def close(self) -> None:
@@ -166,22 +172,23 @@ class AppendFile:
             return
         fd, self._fd = self._fd, -1
         try:
-            os.close(fd)
+            self.disk.os.close(fd)
         except OSError as e:
-            self.disk.fail("close", self.path, e)
-
+            self.disk.io_error("close", self.path, e)
 
 class Disk:
-    """The real file system, under the discipline above."""
+    """The real file system, under the discipline above.  ``os_module``: what makes the system calls (the
+    ``os`` module; the simulator's file system in ``chaos.sim``)."""
 
     append_file_class = AppendFile  # what ``open_append`` returns (a fault-injecting disk subclasses both)
 
-    def __init__(self, failstop: FailStop = process_failstop, preallocate: int = PREALLOCATE):
+    def __init__(self, failstop: FailStop = process_failstop, preallocate: int = PREALLOCATE, os_module=os):
         self.failstop = failstop
         self.preallocate = preallocate  # AppendFile.reserve's step, bytes (0: append files are not preallocated)
+        self.os = os_module
 
     # ---------------------------------------------------------------- errors
-    def fail(self, op: str, path: str, error: OSError) -> NoReturn:
+    def io_error(self, op: str, path: str, error: OSError) -> NoReturn:
         failure = StorageFailure(op, path, error)
         self.failstop(EXIT_STORAGE, f"I/O error on the durable path, {failure}; nothing more is written or "
                                     f"acknowledged (restart the node once the disk is healthy)")
@@ -190,99 +197,130 @@ class Disk:
     # ----------------------------------------------------------------- reads
     def read(self, path: str, offset: int = 0) -> bytes | None:
         """The file's bytes from ``offset`` on, or None if there is no such file."""
+        sys_ = self.os
         try:
-            with open(path, "rb") as f:
-                if offset:
-                    f.seek(offset)
-                return f.read()
+            fd = sys_.open(path, os.O_RDONLY)
         except FileNotFoundError:
             return None
         except OSError as e:
-            self.fail("read", path, e)
+            self.io_error("read", path, e)
+        try:
+            try:
+                if offset:
+                    sys_.lseek(fd, offset, os.SEEK_SET)
+                chunks = []
+                while chunk := sys_.read(fd, READ_CHUNK):
+                    chunks.append(chunk)
+            finally:
+                sys_.close(fd)
+        except OSError as e:
+            self.io_error("read", path, e)
+        return b"".join(chunks)
 
     def exists(self, path: str) -> bool:
-        return os.path.exists(path)
+        try:
+            self.os.stat(path)
+        except (OSError, ValueError):  # as os.path.exists
+            return False
+        return True
+
+    def _is_dir(self, path: str) -> bool:
+        try:
+            return _stat.S_ISDIR(self.os.stat(path).st_mode)
+        except (OSError, ValueError):  # as os.path.isdir
+            return False
 
     def size(self, path: str) -> int | None:
         try:
-            return os.stat(path).st_size
+            return self.os.stat(path).st_size
         except FileNotFoundError:
             return None
         except OSError as e:
-            self.fail("stat", path, e)
+            self.io_error("stat", path, e)
 
     # ---------------------------------------------------------------- writes
-    def make_dir(self, path: str) -> None:
-        """Create ``path`` (and its parents) if missing, durably; mode 0700 (files are 0600: a node's data is
-        for its own user)."""
+    def make_dir(self, path: str, mode: int = 0o700) -> None:
+        """Create ``path`` (and its parents) if missing, durably: each new directory's entry is synced in its
+        parent.  ``mode`` 0700 (files are 0600: a node's data is for its own user); missing parents get 0777
+        less the umask, as ``os.makedirs`` gives them."""
         path = os.path.abspath(path)
-        if os.path.isdir(path):
+        if self._is_dir(path):
             return
+        parent = os.path.dirname(path)
+        if parent != path:
+            self.make_dir(parent, 0o777)
         try:
-            os.makedirs(path, mode=0o700, exist_ok=True)
+            self.os.mkdir(path, mode)
+        except FileExistsError as e:
+            if self._is_dir(path):  # made meanwhile by another process
+                return
+            self.io_error("mkdir", path, e)
         except OSError as e:
-            self.fail("mkdir", path, e)
-        self.sync_dir(os.path.dirname(path))
+            self.io_error("mkdir", path, e)
+        self.sync_dir(parent)
 
     def write_file(self, path: str, data: bytes) -> None:
         """Replace ``path`` with ``data``: temp file, fsync, rename, fsync of the directory."""
+        sys_ = self.os
         tmp = path + ".tmp"
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            fd = sys_.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         except OSError as e:
-            self.fail("create", tmp, e)
+            self.io_error("create", tmp, e)
         f = AppendFile(self, tmp, fd, 0)
         try:
             f.write(data)
             try:
-                os.fsync(fd)
+                sys_.fsync(fd)
             except OSError as e:
-                self.fail("fsync", tmp, e)
+                self.io_error("fsync", tmp, e)
         finally:
             f.close()
         try:
-            os.replace(tmp, path)
+            sys_.replace(tmp, path)
         except OSError as e:
-            self.fail("rename", f"{tmp} -> {path}", e)
+            self.io_error("rename", f"{tmp} -> {path}", e)
         self.sync_dir(os.path.dirname(os.path.abspath(path)))
 
     def remove(self, path: str) -> None:
         """Unlink ``path`` (if it exists), durably."""
         try:
-            os.unlink(path)
+            self.os.unlink(path)
         except FileNotFoundError:
             return
         except OSError as e:
-            self.fail("unlink", path, e)
+            self.io_error("unlink", path, e)
         self.sync_dir(os.path.dirname(os.path.abspath(path)))
 
     def open_append(self, path: str, end: int | None = None) -> AppendFile:
         """An existing file, positioned at ``end`` (what was written of it; the bytes after it, zeros
         of a preallocation, are overwritten) or, by default, at its length."""
+        sys_ = self.os
         try:
-            fd = os.open(path, os.O_RDWR)
+            fd = sys_.open(path, os.O_RDWR)
         except OSError as e:
-            self.fail("open", path, e)
+            self.io_error("open", path, e)
         try:
-            length = os.lseek(fd, 0, os.SEEK_END)
+            length = sys_.lseek(fd, 0, os.SEEK_END)
             if end is not None and 0 <= end <= length:
-                os.lseek(fd, end, os.SEEK_SET)
+                sys_.lseek(fd, end, os.SEEK_SET)
         except OSError as e:
-            os.close(fd)
-            self.fail("seek", path, e)
+            sys_.close(fd)
+            self.io_error("seek", path, e)
         if end is not None and not 0 <= end <= length:
-            os.close(fd)
+            sys_.close(fd)
             raise ValueError(f"{path}: cannot append at offset {end}: the file has {length} bytes")
         return self.append_file_class(self, path, fd, length if end is None else end, length)
 
     def sync_dir(self, path: str) -> None:
+        sys_ = self.os
         try:
-            fd = os.open(path or ".", os.O_RDONLY | os.O_DIRECTORY)
+            fd = sys_.open(path or ".", os.O_RDONLY | os.O_DIRECTORY)
         except OSError as e:
-            self.fail("open directory", path, e)
+            self.io_error("open directory", path, e)
         try:
-            os.fsync(fd)
+            sys_.fsync(fd)
         except OSError as e:
-            self.fail("fsync directory", path, e)
+            self.io_error("fsync directory", path, e)
         finally:
-            os.close(fd)
+            sys_.close(fd)

@@ -188,6 +188,17 @@ def chaos_simulate(seeds, steps, nodes, jobs, trace, json_path, sim_workload, ou
             ["faults per wall minute", f"{rates['faults_per_wall_minute']:,}"],
             ["simulated hours per wall minute", rates["simulated_hours_per_wall_minute"]]])
         render.table("faults by kind", ["fault", "count"], sorted(result.faults_by_kind.items()))
+        live = result.liveness()
+        render.table("liveness (simulated seconds)", ["from", "to", "seeds or heals", "median", "p99", "max"], [
+            [what, to, f"{s['count']:,}"] + ["-" if s[k] is None else f"{s[k]:.3f}" for k in ("median", "p99", "max")]
+            for what, to, s in (
+                ("the last heal", "a leader a majority follows", live["leader_after_last_heal_s"]),
+                ("the last heal", "a client request committed", live["commit_after_last_heal_s"]),
+                ("a heal during the run, no such leader then", "a leader a majority follows",
+                 live["leader_after_mid_run_heal_s"]))])
+        render.line(f"heals during the run: {live['mid_run_heals']:,}, {live['mid_run_heals_with_a_leader']:,} with "
+                    f"a leader a majority follows at once, {live['mid_run_heals_open_when_faults_stopped']:,} "
+                    f"without one still when the faults stopped")
         for f in result.failures:
             render.error(f"seed {f.seed}, step {f.step}: {f.violation}")
             render.line(f"  replay: {f.replay}")

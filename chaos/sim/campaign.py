@@ -13,6 +13,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
+from .liveness import summary
 from .sim import SimConfig, SimResult, make_simulation
 
 
@@ -59,6 +60,22 @@ class CampaignResult:
     txn_aborted: int = 0
     txn_unknown: int = 0
     late_copies: int = 0      # requests served after their client had given up on them (SIGSTOP, delays)
+    # Liveness figures of every seed (chaos.sim.liveness), in simulated seconds: from the last heal to a leader
+    # that a majority follows and to a committed client request; from each heal during the run that found no
+    # such leader to one.  Summarized by ``liveness``; not in ``to_dict`` one by one.
+    leader_after_heal: list[float] = field(default_factory=list, repr=False)
+    commit_after_heal: list[float] = field(default_factory=list, repr=False)
+    leader_after_mid_run_heal: list[float] = field(default_factory=list, repr=False)
+    heals: int = 0
+    heals_with_leader: int = 0
+    heals_open_at_end: int = 0
+
+    def liveness(self) -> dict:
+        return {"leader_after_last_heal_s": summary(self.leader_after_heal),
+                "commit_after_last_heal_s": summary(self.commit_after_heal),
+                "leader_after_mid_run_heal_s": summary(self.leader_after_mid_run_heal),
+                "mid_run_heals": self.heals, "mid_run_heals_with_a_leader": self.heals_with_leader,
+                "mid_run_heals_open_when_faults_stopped": self.heals_open_at_end}
 
     def rates(self) -> dict:
         minutes = self.wall_seconds / 60 if self.wall_seconds else 0.0
@@ -70,7 +87,11 @@ class CampaignResult:
 
     def to_dict(self) -> dict:
         out = asdict(self)
+        for name in ("leader_after_heal", "commit_after_heal", "leader_after_mid_run_heal", "heals",
+                     "heals_with_leader", "heals_open_at_end"):
+            del out[name]
         out["faults_by_kind"] = dict(sorted(self.faults_by_kind.items()))
+        out["liveness"] = self.liveness()
         out["failed"] = len(self.failures)
         out.update(self.rates())
         return out
@@ -104,6 +125,15 @@ def run_campaign(seeds: list[int], steps: int, nodes: int, jobs: int | None = No
         out.txn_unknown += result.stats.get("txn_unknown", 0)
         txn = result.stats.get("txn", {})
         out.late_copies += txn.get("late_copies_ok", 0) + txn.get("late_copies_refused", 0)
+        live = result.stats.get("liveness", {})
+        if live.get("leader_after_heal") is not None:
+            out.leader_after_heal.append(live["leader_after_heal"])
+        if live.get("commit_after_heal") is not None:
+            out.commit_after_heal.append(live["commit_after_heal"])
+        out.leader_after_mid_run_heal.extend(live.get("leader_after_mid_run_heal", ()))
+        out.heals += live.get("heals", 0)
+        out.heals_with_leader += live.get("heals_with_leader", 0)
+        out.heals_open_at_end += live.get("heals_open_at_end", 0)
         if not result.ok:
             out.failures.append(Failure(result.seed, result.violation or "", result.failed_step, result.trace,
                                         replay_command(result.seed, steps, nodes, workload)))

@@ -49,6 +49,7 @@ from wire.errors import CoordinatorLoadInProgressError, PidQuorumError, RequestT
 from .checker import Checker, Ranges, Violation
 from .clock import SimClock, patched
 from .disk import LossPolicy, MachineStopped, NodeHalted, SimDisk
+from .liveness import COMMIT_BOUND, LEADER_BOUND, Watch, majority_leader
 from .net import NetFaults, SimNetwork
 from .node import SimLoop, SimulatedNode
 
@@ -149,6 +150,7 @@ class Simulation:
                           snapshot_chunk_bytes=random.Random(f"{config.seed}-chunks").choice([65536, 1024, 256]))
         self.raft_config = raft
         self.checker = Checker(self)
+        self.liveness = Watch(self)
         self.net = SimNetwork(self, self.plan.net, raft.connection_timeout, raft.reconnect_interval)
         reserve = self.rng.choice([0, 0, 8])
         addresses = [f"10.0.0.{i + 1}:9093" for i in range(config.nodes)]
@@ -234,7 +236,8 @@ class Simulation:
             self._digest.update(f"{index}:{term}:{crc};".encode())
         stats = dict(self.stats, messages=self.net.sent, delivered=self.net.delivered, dropped=self.net.dropped,
                      checks=self.checker.checks, committed=len(self.checker.ledger),
-                     faults_by_kind=dict(sorted(self.faults_seen.items())), plan=self.plan.describe())
+                     faults_by_kind=dict(sorted(self.faults_seen.items())), plan=self.plan.describe(),
+                     liveness=self.liveness.figures())
         return SimResult(self.config.seed, ok, self.step_no, self.clock.now, time.perf_counter() - t0, violation,
                          None if ok else self.step_no, list(self.trace), stats, self._digest.hexdigest()[:16])
 
@@ -266,6 +269,7 @@ class Simulation:
         fn(*args)
         self._notice_halts()
         self.checker.step()
+        self.liveness.after(kind, fn)
 
     def _maintain_net(self) -> None:
         self.net.maintain()
@@ -273,9 +277,11 @@ class Simulation:
 
     # ------------------------------------------------------------- the end
     def _converge(self) -> None:
-        """Stop the faults, heal everything, start every member; the cluster must agree and hold every
-        acknowledged block."""
+        """Stop the faults, heal everything, start every member; within the liveness bounds
+        (``chaos/sim/liveness.py``) a leader that a majority follows, and a client request committed; then the
+        cluster must agree and hold every acknowledged block."""
         self.note("converging: faults stop, partitions heal, every member starts")
+        self.liveness.faults_stop()
         self.net.blocked.clear()
         self.net.faults = NetFaults()
         self._events = [e for e in self._events if e[2] in ("deliver", "tick", "net", "membership", "broker")]
@@ -289,11 +295,14 @@ class Simulation:
             n.slow = 0.0
             if not n.running and not n.removed:
                 self._start(n)
+        healed = self.clock.now
+        self._probe(healed)
         deadline = self.clock.now + 60.0
         quiet_since = None
         converged = False
         while self._events and self.clock.now < deadline:
             self._step()
+            self._judge_liveness(healed)
             members = [n for n in self.nodes.values() if not n.removed]
             if any(not n.running for n in members):
                 for n in members:
@@ -304,7 +313,8 @@ class Simulation:
             if leader is None:
                 continue
             last = leader.raft.journal.entries[-1][1]
-            if all(n.raft.last_applied == last and not n.raft.restricted for n in members):
+            if self.liveness.commit_after_heal is not None and all(
+                    n.raft.last_applied == last and not n.raft.restricted for n in members):
                 quiet_since = quiet_since or self.clock.now
                 if self.clock.now - quiet_since > 0.5:
                     converged = True
@@ -323,6 +333,43 @@ class Simulation:
             with n.service.lock:
                 states[n.node_id] = n.service.state.producer_ids.next_producer_id
         self.checker.final(states, self.acked_blocks)
+
+    PROBE_BROKER = 900  # the broker id of the request sent after the last heal (no workload broker has it)
+
+    def _probe(self, healed: float) -> None:
+        """One client request after the last heal: a broker registration sent as the workload sends its
+        requests (to a node, retried elsewhere on NOT_CONTROLLER), sent again after an unknown outcome,
+        until one is answered; the answer's time is the seed's time to commit."""
+        watch = self.liveness
+        if watch.commit_after_heal is not None:
+            return
+
+        def ok(_epoch) -> None:
+            watch.commit_after_heal = round(self.clock.now - healed, 4)
+
+        def done() -> None:
+            if watch.commit_after_heal is None:
+                self.after(0.05, "client", self._probe, healed)
+        broker = self.PROBE_BROKER
+        _Op(self, p.registration_request(broker, uuid.UUID(self.new_id()), f"broker-{broker}:9092"),
+            f"broker {broker} registers (after the last heal)", on_ok=ok, on_done=done, deadline=COMMIT_BOUND)
+
+    def _judge_liveness(self, healed: float) -> None:
+        """The bounds after the last heal (``chaos.sim.liveness``): a miss is the seed's failure."""
+        watch, since = self.liveness, self.clock.now - healed
+        if watch.leader_after_heal is None:
+            if majority_leader(self) is not None:
+                watch.leader_after_heal = round(since, 4)
+                self.note(f"a leader that a majority follows, {since:.3f}s after the last heal")
+            elif since > LEADER_BOUND:
+                raise Violation(f"liveness: no leader that a majority follows {LEADER_BOUND:g} simulated seconds "
+                                f"after the last fault healed (the leader bound): "
+                                + "; ".join(self._describe(n) for n in self.nodes.values() if not n.removed))
+        if watch.commit_after_heal is None and since > COMMIT_BOUND:
+            raise Violation(f"liveness: no client request committed {COMMIT_BOUND:g} simulated seconds after the "
+                            f"last fault healed (the commit bound; a leader after "
+                            f"{'none' if watch.leader_after_heal is None else f'{watch.leader_after_heal:.3f}s'}): "
+                            + "; ".join(self._describe(n) for n in self.nodes.values() if not n.removed))
 
     @staticmethod
     def _describe(n: SimulatedNode) -> str:

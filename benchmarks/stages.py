@@ -75,10 +75,10 @@ def _install_probes(events: list) -> None:
     before(service.Proposer, "_run_batch", "batch")
     before(raft.RaftNode, "propose", "proposed")
     before(journal.DurableJournal, "add", "appended")
-    before(raft._Gate, "send", "sent", lambda self, node, message: kind(message) == "append_entries")
-    before(raft._Replicated, "_SyncObj__onMessageReceived", "acked",
+    before(raft.Gate, "send", "sent", lambda self, node, message: kind(message) == "append_entries")
+    before(raft.Replicated, "on_message", "acked",
            lambda self, node, message: kind(message) == "next_node_idx")
-    before(raft._Replicated, "_SyncObj__onMessageReceived", "received",
+    before(raft.Replicated, "on_message", "received",
            lambda self, node, message: kind(message) == "append_entries" and bool(message.get("entries")))
     before(journal.DurableJournal, "setRaftCommitIndex", "committed")
     before(service.Service, "_apply", "applied")

@@ -1,6 +1,6 @@
 """A simulated network between quorum nodes, and the pysyncobj transport that uses it.
 
-Connections behave like the TCP links a node opens (``quorum.raft._TcpTransport``
+Connections behave like the TCP links a node opens (``quorum.raft.TcpTransport``
 over pysyncobj's): a link between two nodes exists while both run and either
 lists the other (the other takes it even from outside its configuration), is
 set up when both directions pass,
@@ -22,17 +22,15 @@ import zlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pysyncobj.node import TCPNode
-from pysyncobj.transport import Transport
-
 from quorum.linkcrypto import MessagePickle
+from quorum.raft import MessageTransport, Node
 
 if TYPE_CHECKING:
     from .sim import Simulation
 
 
-class StableNode(TCPNode):
-    """pysyncobj's TCP node with a hash that does not depend on PYTHONHASHSEED, so the order in which
+class StableNode(Node):
+    """Raft's node (pysyncobj's TCP node) with a hash that does not depend on PYTHONHASHSEED, so the order in which
     pysyncobj walks its sets of nodes (and so sends messages) is the same in every process."""
 
     def __hash__(self):
@@ -159,8 +157,8 @@ class SimNetwork:
         t.deliver(src, MessagePickle.loads(data))
 
 
-class SimTransport(Transport):
-    """pysyncobj's transport interface over ``SimNetwork`` (the node's identity gate is mixed in by
+class SimTransport(MessageTransport):
+    """A node's transport (``quorum.raft.MessageTransport``) over ``SimNetwork`` (the node's identity gate is mixed in by
     ``RaftNode``).  ``network`` and ``node`` are set on a subclass made per node."""
 
     network: SimNetwork
@@ -185,20 +183,20 @@ class SimTransport(Transport):
         if node is None:
             node = self.outside[peer] = self._node_class(peer)
         self._connected.add(peer)
-        self.node.guard(self._onNodeConnected, node)
+        self.node.guard(self.node_connected, node)
 
     def disconnected(self, peer: str) -> None:
         node = self._node(peer)
         if node is not None and peer in self._connected:
             self._connected.discard(peer)
             self.outside.pop(peer, None)
-            self.node.guard(self._onNodeDisconnected, node)
+            self.node.guard(self.node_disconnected, node)
 
     def deliver(self, src: str, message) -> None:
         node = self._node(src)
         if node is None or src not in self._connected:
             return
-        self.node.guard(self._onMessageReceived, node, message)
+        self.node.guard(self.message_received, node, message)
         self.node.wake()
 
     # ---------------------------------------------------- pysyncobj's side

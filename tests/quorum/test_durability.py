@@ -354,7 +354,7 @@ def test_the_peers_that_vouch_set_the_whole_target_not_what_a_peer_saw_in_an_ear
 def test_a_follower_whose_leader_connection_closes_campaigns_within_half_the_minimum_election_timeout():
     """kill -9 of a leader closes its connections at once: its followers need not wait a whole election timeout
     (the bench's outage went from ~0.4 s to ~0.06 s).  Another peer's connection closing changes nothing."""
-    from quorum.raft import _clock
+    from quorum.raft import clock as _clock
 
     with SimCluster(start=False) as c:
         n = c.nodes[1]
@@ -368,11 +368,11 @@ def test_a_follower_whose_leader_connection_closes_campaigns_within_half_the_min
 
         def heartbeat_then_close(node):
             # In one tick: the deadline is fresh (the node may wait a tick between calls).
-            obj._SyncObj__onMessageReceived(leader, {"type": "append_entries", "term": 1, "commit_index": 1,
+            obj.on_message(leader, {"type": "append_entries", "term": 1, "commit_index": 1,
                                                      "prevLogIdx": 1, "prevLogTerm": 0, "entries": []})
-            got["before"], got["at"] = obj._SyncObj__raftElectionDeadline, _clock()
-            obj._SyncObj__onNodeDisconnected(node)
-            got["after"], got["wait"] = obj._SyncObj__raftElectionDeadline, n.raft.tick_wait()
+            got["before"], got["at"] = obj.election_deadline, _clock()
+            obj.on_node_disconnected(node)
+            got["after"], got["wait"] = obj.election_deadline, n.raft.tick_wait()
 
         _on_raft(n, lambda: heartbeat_then_close(other))
         assert got["after"] == got["before"] > got["at"] + n.cfg.raft.election_timeout_min / 2
@@ -382,8 +382,8 @@ def test_a_follower_whose_leader_connection_closes_campaigns_within_half_the_min
 
 
 def _fake_peer(c, node_id):
-    from pysyncobj.node import TCPNode
-    return TCPNode(c.nodes[node_id].cfg.raft_address)
+    from quorum.raft import Node
+    return Node(c.nodes[node_id].cfg.raft_address)
 
 
 def _on_raft(node, fn):
@@ -402,7 +402,7 @@ def _on_raft(node, fn):
 
 def _deliver(node, peer, message):
     """Hand ``message`` to the node's Raft layer on its own thread, as if ``peer`` sent it; wait for it."""
-    _on_raft(node, lambda: node.raft._obj._SyncObj__onMessageReceived(peer, message))
+    _on_raft(node, lambda: node.raft._obj.on_message(peer, message))
 
 
 def test_raft_port_binds_the_advertised_host_not_every_interface():
@@ -483,7 +483,7 @@ def test_every_crash_state_of_every_node_keeps_its_committed_entries():
                     # not acknowledged them; a majority holds them), which a power loss may take.
                     snap = raft.store.current
                     durable = max(raft.journal.durable_end()[1], snap.last_index if snap else 0)
-                    commit = min(raft._obj.raftCommitIndex, durable)
+                    commit = min(raft._obj.commit_index, durable)
                     # (index 1 term 0 is pysyncobj's implicit first no-op, re-created on an empty journal)
                     committed = {e[1]: e[2] for e in raft.journal.entries if e[1] <= commit and e[2] > 0}
                 instants.append((node.node_id, str(op), node.disk.clone(), committed))
@@ -545,9 +545,9 @@ def test_a_vote_delivered_twice_counts_once():
     delivered twice made a "majority" and two leaders in one term (simulation, five nodes, duplication)."""
     with SimCluster(size=5, start=False) as c:
         def become_candidate(n, obj):
-            obj._SyncObj__setCurrentTerm(5, n.cfg.raft_address)
-            obj._SyncObj__setState(1)
-            obj._SyncObj__votesCount = 1
+            obj.set_term(5, n.cfg.raft_address)
+            obj.set_state(1)
+            obj.votes_count = 1
         n, obj = _node_one_alone(c, become_candidate, "the candidate")
         for _ in range(2):
             _deliver(n, _fake_peer(c, 2), {"type": "response_vote", "term": 5})
@@ -562,15 +562,15 @@ def test_an_acknowledgement_from_another_term_is_ignored():
     majority did not hold.  Acknowledgements now carry their term; the leader ignores other terms'."""
     with SimCluster(start=False) as c:
         def become_leader(n, obj):
-            obj._SyncObj__setCurrentTerm(7, n.cfg.raft_address)
-            obj._SyncObj__onBecomeLeader()
+            obj.set_term(7, n.cfg.raft_address)
+            obj.become_leader()
         n, obj = _node_one_alone(c, become_leader, "the leader")
         peer = _fake_peer(c, 2)
         stale = {"type": "next_node_idx", "next_node_idx": 3, "reset": False, "success": True, "term": 5}
         _deliver(n, peer, stale)
-        assert obj._SyncObj__raftMatchIndex[peer] == 0
+        assert obj.match_index[peer] == 0
         _deliver(n, peer, dict(stale, term=7))
-        assert obj._SyncObj__raftMatchIndex[peer] == 2
+        assert obj.match_index[peer] == 2
 
 
 def test_a_candidate_from_an_earlier_term_is_told_the_term_and_follows_it():
@@ -581,25 +581,25 @@ def test_a_candidate_from_an_earlier_term_is_told_the_term_and_follows_it():
         sent = []
 
         def follower_in_term_9(n, obj):
-            obj._SyncObj__setCurrentTerm(9, None)
-            transport = obj._SyncObj__transport
+            obj.set_term(9, None)
+            transport = obj.transport
             original = transport.send
             transport.send = lambda node, message: (sent.append((node.address, message)), original(node, message))
         n, obj = _node_one_alone(c, follower_in_term_9, "the follower")
         candidate = _fake_peer(c, 2)
         _deliver(n, candidate, {"type": "request_vote", "term": 7, "last_log_index": 99, "last_log_term": 7})
         assert (candidate.address, {"type": "response_vote", "term": 9, "granted": False}) in sent
-        assert obj._SyncObj__raftCurrentTerm == 9 and obj._SyncObj__votedForNodeId is None
+        assert obj.term == 9 and obj.voted_for is None
 
         def candidate_in_term_10(n, obj):
-            obj._SyncObj__setCurrentTerm(10, n.cfg.raft_address)
-            obj._SyncObj__setState(1)
-            obj._SyncObj__votesCount = 1
+            obj.set_term(10, n.cfg.raft_address)
+            obj.set_state(1)
+            obj.votes_count = 1
         _on_raft(n, lambda: candidate_in_term_10(n, obj))
         _deliver(n, _fake_peer(c, 3), {"type": "response_vote", "term": 10, "granted": False})
-        assert obj._SyncObj__votesCount == 1 and obj._SyncObj__raftState == 1  # a denial is not a vote
+        assert obj.votes_count == 1 and obj.state == 1  # a denial is not a vote
         _deliver(n, _fake_peer(c, 3), {"type": "response_vote", "term": 12, "granted": False})
-        assert obj._SyncObj__raftCurrentTerm == 12 and obj._SyncObj__raftState == 0
+        assert obj.term == 12 and obj.state == 0
 
 
 def test_a_restarted_node_uses_the_membership_in_its_journal():

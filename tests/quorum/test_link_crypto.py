@@ -186,7 +186,7 @@ def test_an_entrys_command_is_pickled_with_protocol_4_and_an_earlier_versions_is
         index = leader.on_loop(lambda: leader.raft.journal.entries[-1][1])
         older = leader.on_loop(lambda: bytes(leader.raft.journal.entries[-1][0]))
         assert older[1:3] == b"\x80\x02" and pickle.loads(older[1:]) == (func_id, (payload,))
-        c.wait(lambda: all(n.on_loop(lambda n=n: n.raft._obj.raftLastApplied) >= index for n in c.running()),
+        c.wait(lambda: all(n.on_loop(lambda n=n: n.raft._obj.last_applied) >= index for n in c.running()),
                what="every node to apply the earlier version's command")
         c.allocate(1, c.register(1))
 

@@ -128,7 +128,7 @@ def test_a_leaders_proposal_on_its_loop_is_appended_sent_and_synced_at_once_with
         leader = c.leader()
         raft = leader.raft
         writes, sent, syncs = [], [], []
-        notifier = raft._obj._SyncObj__pipeNotifier
+        notifier = raft._obj.pipe_notifier
         original = notifier.notify
         notifier.notify = lambda: writes.append(1) or original()
         send, start_sync = raft._transport.send, raft.journal.start_sync
@@ -265,23 +265,23 @@ def test_the_leader_skips_the_tick_of_an_acknowledgement_that_commits_nothing():
 
         on_ready = raft._poller._on_ready
         transport = raft._transport
-        received = transport._onMessageReceivedCallback  # what the transport hands Raft's messages to
+        received = raft._obj.on_message  # what Raft does with each message the transport hands it
         kinds: list[str] = []
 
         def spy(handler, descr, event):
-            m, q, w, a = raft.messages_read, raft.quiet, wakes[0], raft._obj.raftLastApplied
+            m, q, w, a = raft.messages_read, raft.quiet, wakes[0], raft._obj.last_applied
             kinds.clear()
             on_ready(handler, descr, event)
             reads.append((raft.messages_read - m, raft.quiet - q, wakes[0] - w))
             ack_reads.append(wakes[0] - w if kinds and set(kinds) == {"next_node_idx"} else None)
-            if kinds and set(kinds) == {"next_node_idx"} and raft._obj.raftLastApplied > a:
-                applied_in_read.append(raft._obj.raftLastApplied)
+            if kinds and set(kinds) == {"next_node_idx"} and raft._obj.last_applied > a:
+                applied_in_read.append(raft._obj.last_applied)
 
         def install():
             raft.wake = counting_wake
             raft._loop_tick = counting_tick
             raft._poller._on_ready = spy
-            transport._onMessageReceivedCallback = lambda node, message: kinds.append(message.get("type")) or received(
+            raft._obj.on_message = lambda node, message: kinds.append(message.get("type")) or received(
                 node, message)
         ack_reads: list[int | None] = []
         leader.on_loop(install)
@@ -293,19 +293,19 @@ def test_the_leader_skips_the_tick_of_an_acknowledgement_that_commits_nothing():
 
         # Whether a second acknowledgement arrives before or after the first one's tick is the machine's
         # timing; so also one delivered here, the duplicate of an acknowledgement already counted.
-        follower = next(n for n in raft._obj.otherNodes)
+        follower = next(n for n in raft._obj.other_nodes)
 
         def deliver(message):
             def handler(descr, event):
-                transport._onMessageReceived(follower, message)
+                transport.message_received(follower, message)
             spy(handler, -1, 1)
             return reads[-1]
 
         def duplicate_ack():
             obj = raft._obj
-            match = obj._SyncObj__raftMatchIndex[follower]
+            match = obj.match_index[follower]
             return {"type": "next_node_idx", "next_node_idx": match + 1, "reset": False, "success": True,
-                    "term": obj._SyncObj__raftCurrentTerm}
+                    "term": obj.term}
 
         c.wait(lambda: leader.on_loop(raft._obj._commits_nothing), what="every entry committed and applied")
         assert leader.on_loop(lambda: deliver(duplicate_ack())) == (1, 1, 0)  # no tick for it
@@ -314,7 +314,7 @@ def test_the_leader_skips_the_tick_of_an_acknowledgement_that_commits_nothing():
         assert leader.on_loop(lambda: (spy(lambda d, e: None, -1, 1), reads[-1])[1]) == (0, 0, 1)  # no message: ticks
         leader.on_loop(lambda: (setattr(raft._poller, "_on_ready", on_ready), setattr(raft, "wake", wake),
                                 setattr(raft, "_loop_tick", loop_tick)))
-        transport._onMessageReceivedCallback = received
+        raft._obj.on_message = received
         quiet = [r for r in reads if r[0] and r[0] == r[1]]
         assert quiet and all(w == 0 for _, _, w in quiet)
         assert all(w >= 1 for m, q, w in reads if not (m and m == q))
@@ -349,8 +349,8 @@ def test_a_follower_takes_its_leaders_appendentries_without_a_tick_and_applies_t
         f.on_loop(install)
         for _ in range(25):  # 20 quiet reads asked for: a read can also hold a peer's ping (then it ticks)
             c._propose(leader, [], 2.0)
-        commit = leader.on_loop(lambda: leader.raft._obj.raftCommitIndex)
-        c.wait(lambda: f.on_loop(lambda: raft._obj.raftLastApplied) >= commit, what="the follower to apply every entry")
+        commit = leader.on_loop(lambda: leader.raft._obj.commit_index)
+        c.wait(lambda: f.on_loop(lambda: raft._obj.last_applied) >= commit, what="the follower to apply every entry")
 
         quiet = [r for r in reads if r[0] and r[0] == r[1]]
         assert len(quiet) >= 20 and all(w == 0 for _, _, w in quiet)  # each entry's AppendEntries: no tick
@@ -358,13 +358,13 @@ def test_a_follower_takes_its_leaders_appendentries_without_a_tick_and_applies_t
 
         # An AppendEntries that does not match the log (here: after an index the follower does not hold) is
         # not the steady state: the follower asks the leader to resume at its end, and that read ticks.
-        leader_node = f.on_loop(lambda: raft._obj._SyncObj__raftLeader)
+        leader_node = f.on_loop(lambda: raft._obj.leader)
 
         def deliver_unmatched():
             obj = raft._obj
-            m = {"type": "append_entries", "term": obj._SyncObj__raftCurrentTerm, "commit_index": 0,
-                 "prevLogIdx": len(raft.journal) + 1000, "prevLogTerm": obj._SyncObj__raftCurrentTerm, "entries": []}
-            spy(lambda d, e: raft._transport._onMessageReceived(leader_node, m), -1, 1)
+            m = {"type": "append_entries", "term": obj.term, "commit_index": 0,
+                 "prevLogIdx": len(raft.journal) + 1000, "prevLogTerm": obj.term, "entries": []}
+            spy(lambda d, e: raft._transport.message_received(leader_node, m), -1, 1)
             return reads[-1]
         assert f.on_loop(deliver_unmatched) == (1, 0, 1)
         f.on_loop(lambda: (setattr(raft, "wake", wake), setattr(raft._poller, "_on_ready", on_ready)))

@@ -1,4 +1,4 @@
-"""A link from a peer outside a node's configuration (``quorum.raft._TcpTransport``), over real TCP.
+"""A link from a peer outside a node's configuration (``quorum.raft.TcpTransport``), over real TCP.
 
 Only the greater address of a pair connects.  A node whose log lacks the entry that added a member with a
 greater address must still take that member's link: else it never gives its word for the member's start
@@ -11,10 +11,9 @@ import random
 import socket
 
 import pytest
-from pysyncobj.tcp_connection import CONNECTION_STATE
-from pysyncobj.transport import TCPTransport
-
 from quorum.raft import REVERSE_LINK
+from quorum.raft.upstream import TcpTransportCore
+from quorum.raftlink import CONNECTED
 from tests.support.inproc import SimCluster, SimNode
 
 
@@ -106,11 +105,11 @@ def test_a_reverse_link_to_a_node_that_lists_the_dialler_is_closed_and_its_own_l
         high, low = (max(c.nodes.values(), key=lambda n: n.cfg.raft_address),
                      min(c.nodes.values(), key=lambda n: n.cfg.raft_address))
         transport = high.raft._transport
-        receive = transport._onIncomingMessageReceived if version == "this" else \
-            lambda conn, message: TCPTransport._onIncomingMessageReceived(transport, conn, message)
+        receive = transport.incoming_message if version == "this" else \
+            lambda conn, message: TcpTransportCore.incoming_message(transport, conn, message)  # pysyncobj's own
 
         def low_link():
-            return transport._connections[transport._nodeAddrToNode[low.cfg.raft_address]]
+            return transport.connections[transport.address_nodes[low.cfg.raft_address]]
 
         own = high.on_loop(low_link)
         conn = _Conn()
@@ -122,7 +121,7 @@ def test_a_reverse_link_to_a_node_that_lists_the_dialler_is_closed_and_its_own_l
 class _LiveConn(_Conn):
     """A connection whose handshake is done and that takes what is sent on it."""
     encryptor = None
-    state = CONNECTION_STATE.CONNECTED
+    state = CONNECTED
 
     def __init__(self):
         super().__init__()

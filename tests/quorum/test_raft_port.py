@@ -1,4 +1,4 @@
-"""The Raft port against peers without the cluster secret (``quorum.raftlink``, ``quorum.raft._TcpTransport``).
+"""The Raft port against peers without the cluster secret (``quorum.raftlink``, ``quorum.raft.TcpTransport``).
 
 pysyncobj's connection buffered whatever a peer announced (0x7fffffff bytes streamed: a leader lost its
 leadership), never closed a connection that sent nothing, and accepted one connection per readiness from a
@@ -14,9 +14,9 @@ import time
 
 import pytest
 from cryptography.fernet import Fernet
-from pysyncobj.tcp_connection import TcpConnection
 
 from quorum.raft import RaftConfig
+from quorum.raft.upstream import UpstreamConnection as TcpConnection
 from quorum.raftlink import DISCONNECTED, READ, Link, LinkLimits
 from tests.support.inproc import SimCluster
 
@@ -266,7 +266,7 @@ def test_a_flood_of_connections_is_accepted_and_shed_while_the_members_links_sta
         transport = leader.raft._transport
         c.wait(lambda: leader.on_loop(lambda: transport.link_counters["refused_pending"]) >= 200 - 8,
                what="the connections over the per-host limit closed")
-        assert leader.on_loop(lambda: len(transport._unknownConnections)) <= QUICK.max_pending_per_host
+        assert leader.on_loop(lambda: len(transport.unknown_connections)) <= QUICK.max_pending_per_host
         c.allocate(1, epoch)
         assert leader.raft.current_term() == term
         for s in socks:

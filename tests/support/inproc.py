@@ -134,7 +134,7 @@ class SimNode:
             raft.halt()
             self.disk.stopped = True  # nothing more reaches the files
             try:
-                raft._obj._SyncObj__transport.destroy()
+                raft._obj.transport.destroy()
             except (MachineStopped, NodeHalted):
                 pass
 

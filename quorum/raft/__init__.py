@@ -1,0 +1,33 @@
+"""Raft for the quorum: pysyncobj (pinned) with pidquorum's rules where pysyncobj's are unsafe.
+
+==================  ==========================================================================
+module              what it holds
+==================  ==========================================================================
+``node``            ``RaftNode``, the facade the rest of the quorum uses: start-up, the loop
+                    that drives it, proposals, membership, status; the identity and recovery
+                    gates (who may vote, stand and count)
+``replication``     Raft's rules as they run (its docstring indexes them: votes, terms,
+                    AppendEntries, commit, snapshots, compaction, configurations)
+``files``           the node's Raft files at start: snapshot and journal made to agree
+``gate``            every message: durable before it leaves, identity before it is read, the
+                    link's encryption
+``transport``       the Raft port: links, limits, outside peers
+``config``          ``[raft]`` settings, proposal outcomes
+``upstream``        the only module that imports pysyncobj: its private state under plain names,
+                    the table of what is replaced and why, the pinned version's digests
+==================  ==========================================================================
+"""
+from .config import ProposalRejected, ProposalUnknown, RaftConfig
+from .files import NodeFiles, fmt_position, loss_evidence, open_node_files, reconcile
+from .gate import Gate
+from .node import FOLLOWER_APPLY_S, MAX_MEMBERS, RaftNode
+from .replication import COMMIT_NOTIFY_S, RECOVERED_VOTE, Replicated, configuration_before
+from .transport import REVERSE_LINK, TcpTransport
+from .upstream import MessageTransport, Node, clock, driven_by
+
+_Replicated = Replicated  # (the name test switches patched before the package split)
+
+__all__ = ["COMMIT_NOTIFY_S", "FOLLOWER_APPLY_S", "Gate", "MAX_MEMBERS", "MessageTransport", "Node", "NodeFiles",
+           "ProposalRejected", "ProposalUnknown", "RECOVERED_VOTE", "REVERSE_LINK", "RaftConfig", "RaftNode",
+           "Replicated", "TcpTransport", "clock", "configuration_before", "driven_by", "fmt_position",
+           "loss_evidence", "open_node_files", "reconcile"]

@@ -1,0 +1,531 @@
+"""Raft's rules as pidquorum runs them: what a node does with each message, when it campaigns, what
+it commits, applies and compacts.
+
+``Replicated`` is pysyncobj's Raft (``upstream.Core``) with each rule below in one method:
+
+===========================================  =====================================================
+rule                                         where
+===========================================  =====================================================
+who may send what (configuration, recovery)  ``on_message``
+RequestVote from a lower term: answered      ``_stale_term``
+with this node's term (a denial)
+a vote counted once per voter and term       ``_new_voter``
+a held-back node's vote                      ``_may_vote``, ``_withhold``
+acknowledgements carry their term; a         ``on_message`` (``next_node_idx``)
+higher one deposes the leader
+AppendEntries: term, leader, election timer  ``_append_entries``
+log matching, cut at the first conflict      ``_match_and_append``
+only, commit to what the message verified
+acknowledgement, durable first; a held-back  ``_reply``
+node's never counts
+snapshot install                             ``_snapshot_chunk``, ``load_snapshot``
+compaction                                   ``try_compaction``, ``members_at``
+configuration: the latest in the log,        ``adopt_log_configuration``, ``_rollback_membership``
+committed or not
+commands only on the node they were          ``check_commands``
+submitted to, while it leads
+a lost leader noticed at once                ``on_node_disconnected``
+a held-back node never campaigns             ``on_tick``
+===========================================  =====================================================
+"""
+from __future__ import annotations
+
+import logging
+import queue
+from typing import TYPE_CHECKING
+
+from snapshots.format import Snapshot, decode_snapshot
+from storage.disk import CorruptFileError
+
+from ..linkcrypto import MessagePickle
+from ..looppoller import LoopPoller
+from .upstream import (FOLLOWER, LEADER, NOT_LEADER, REQUEST_DENIED, UNKNOWN_OUTCOME, Core, Node, clock, jitter,
+                       replicated_method, unpickle)
+
+if TYPE_CHECKING:
+    from .node import RaftNode
+
+log = logging.getLogger(__name__)
+
+COMMIT_NOTIFY_S = 0.005  # a new commit index reaches the followers at most this late (see Replicated)
+RECOVERED_VOTE = "<recovered: no vote this term>"  # votedFor after catching up (a vote there may be lost)
+
+
+def configuration_before(members: list[str], changes: list[tuple[str, str]]) -> list[str]:
+    """``members`` with ``changes`` (oldest first: ("add" | "rem", address)) undone, newest first: the
+    configuration before them.  Undoing an add removes the address, undoing a removal puts it back."""
+    members = list(members)
+    for kind, address in reversed(changes):
+        if kind == "add":
+            members = [a for a in members if a != address]
+        elif kind == "rem" and address not in members:
+            members.append(address)
+    return members
+
+
+def is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+class Replicated(Core):
+    """pysyncobj's Raft with pidquorum's rules where pysyncobj's are unsafe (``upstream``'s table): what a
+    node does with each message, when it campaigns, what it commits and applies, how it compacts."""
+
+    def __init__(self, self_addr, partners, conf, transport_class, node: "RaftNode", node_class=Node,
+                 poller: LoopPoller | None = None):
+        self._pq = node
+        super().__init__(self_addr, partners, conf, transport_class, node_class, poller)
+
+    def apply_command(self, command, callback, command_type=None):
+        """pysyncobj's, without its pipe when called on the loop that drives this node (from another
+        thread, the pipe wakes the loop).  The command is queued; a leader then appends and sends it at
+        once (``RaftNode.propose_now``), any other node at its tick in the loop's next pass."""
+        if self._loop_poller is None or not self._pq.on_loop_thread():
+            return super().apply_command(command, callback, command_type)
+        if not self.queue_command(command, callback, command_type):
+            return
+        if self.state == LEADER and self.transport.ready:
+            self._pq.propose_now()
+        else:
+            self._pq.wake()
+
+    def propose_entry(self, payload: bytes, callback) -> None:
+        """``apply_entry(payload)`` replicated: the command pysyncobj's ``@replicated`` wrapper makes (the
+        method's number and its arguments, pickled), but pickled with protocol 4 (``MessagePickle``), where
+        the wrapper's protocol 2 sends the payload's bytes through ``_codecs.encode``.  Every version
+        unpickles either when it applies the entry (pysyncobj's ``pickle.loads``)."""
+        command = MessagePickle.dumps((self.method_id("apply_entry"), (payload,)))
+        self.apply_command(command, callback, self.REGULAR)
+
+    @replicated_method
+    def apply_entry(self, payload):
+        # pysyncobj increments raftLastApplied after this returns, so the index
+        # of the entry being applied is raftLastApplied + 1, on replay too.
+        return self._pq._apply(self.last_applied + 1, bytes(payload))
+
+    # ------------------------------------------------------------- the tick
+    def apply_log_entries(self):
+        """pysyncobj's apply, without its immediate AppendEntries after each commit.
+
+        pysyncobj answers "send AppendEntries now" whenever it applied something, so every committed
+        entry cost a second round of messages (an AppendEntries carrying only the new commit index to
+        each follower, and each follower's acknowledgement: half of the messages of an entry, each
+        pickled, compressed and encrypted).  The followers learn the commit index from the next
+        entry's AppendEntries instead, or at the latest ``COMMIT_NOTIFY_S`` later: the next heartbeat is
+        brought forward to then.  Only when followers apply changes (reads they serve: ACLs,
+        transactions to complete); what the leader commits, applies and answers does not.
+        """
+        applied = super().apply_log_entries()
+        if applied and self.state == LEADER:
+            self.next_append_time = min(self.next_append_time, clock() + COMMIT_NOTIFY_S)
+        return False
+
+    def on_node_disconnected(self, node):
+        """The leader's connection closed: campaign within half the minimum election timeout, not the whole.
+
+        A leader killed or crashed has its connections closed by its kernel at once; a live leader's
+        connection closes only after ``connection_timeout`` without a byte, beyond any election timeout, so
+        this adds no election where there would have been none.  The draw spreads the followers' campaigns
+        (both see the same close), as the election timeout's does; a node held back never campaigns
+        (``_onTick``).  Only when an election starts changes, never what a vote or a commit needs."""
+        super().on_node_disconnected(node)
+        if node == self.leader and self.state == FOLLOWER and not self.transfer_in_progress:
+            soon = clock() + self.configuration.raftMinTimeout / 2 * jitter()
+            self.election_deadline = min(self.election_deadline, soon)
+
+    def on_tick(self, time_to_wait: float) -> None:
+        if self._pq.restricted:
+            # A node that may have lost acknowledged entries never stands for election.
+            self.election_deadline = clock() + self.election_timeout()
+        super().on_tick(time_to_wait)
+
+    # ------------------------------------------------------ replaced: messages
+    def check_commands(self):
+        """pysyncobj's hand-over of submitted commands, without its forwarding to the leader.
+
+        pysyncobj sends a command submitted on a node that is not the leader (any more) to the leader, which
+        appends it.  Every command of pidquorum's is a batch of records a leader generated from its own
+        applied state; on a node that lost its leadership that state may be stale.  Seed 510431 of the
+        transaction simulation: a leader paused while it waited for its barrier entry resumed as a follower,
+        generated a batch on its old state and proposed it; pysyncobj forwarded it and the new leader
+        committed a second producer ID for a transactional id beside its open transaction (a snapshot
+        taken after it could not be loaded).  Here a command is appended only by the node it was submitted
+        to while that node leads; otherwise it is refused, a definite answer (it is in no log): the client
+        retries, and the batch is generated again on the leader's state."""
+        if self.state == LEADER:
+            return super().check_commands()
+        pending = self.commands_queue
+        while True:
+            try:
+                _, callback = pending.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(callback, tuple):  # a command another node forwarded (a node of an earlier version)
+                node, request_id = callback
+                self.transport.send(node, {"type": "apply_command_response", "request_id": request_id,
+                                           "error": NOT_LEADER})
+            elif callback is not None:
+                callback(None, NOT_LEADER)
+
+    def on_message(self, node, message):
+        kind = message.get("type") if isinstance(message, dict) else None
+        if kind == "apply_command":
+            # A command another node forwarded (only a node of an earlier version forwards): generated on
+            # that node's state, which may be stale; refused (see _checkCommandsToApply).
+            if "request_id" in message:
+                self.transport.send(node, {"type": "apply_command_response", "request_id": message["request_id"],
+                                           "error": REQUEST_DENIED})
+            return
+        if (kind != "append_entries" and node not in self.other_nodes
+                and not (kind == "request_vote" and self._pq.restricted and self._may_vote(message))):
+            # Outside this node's configuration: only a leader's AppendEntries are taken (see Gate.dropNode),
+            # and the vote a held-back node may give (_may_vote): a candidate that holds its target holds what
+            # it waits for, and may be the only one (a member added since, whose entry is not in this node's
+            # log yet, while the other members wait for its log too).  Raft servers vote for candidates outside
+            # their configuration (thesis 4.1); other nodes keep out a removed member's campaigns.
+            return
+        if kind == "append_entries":
+            self._append_entries(node, message)
+            return
+        if kind in ("request_vote", "response_vote") and self._stale_term(node, message):
+            return
+        if kind in ("request_vote", "timeout_now") and self._pq.restricted and not self._may_vote(message):
+            self._withhold(node, message)
+            return
+        if kind == "response_vote" and not self._new_voter(node, message):
+            return
+        if kind == "next_node_idx":
+            term = message.get("term", self.term)
+            if is_int(term) and term > self.term:
+                # Raft: a response with a higher term deposes this node (pysyncobj only looks at the terms of
+                # requests: a follower in a higher term that never campaigns, a recovering one, was never heard).
+                self.set_term(term, None)
+                self.step_down()
+                return
+            if term != self.term:
+                return  # an acknowledgement from another term (delayed): it says nothing about this leader's log
+        super().on_message(node, message)
+        if (kind == "next_node_idx" and message.get("success") and self.state == LEADER):
+            match = self.match_index.get(node)
+            entry = self._pq.journal.entry(match) if match else None
+            if entry is not None:
+                self._pq.identity.note_held(node.address, (entry[2], entry[1]))
+            if not message.get("reset") and self._commits_nothing():
+                self._pq.quiet += 1
+
+    def _commits_nothing(self) -> bool:
+        """No follower holds an entry beyond the commit index and every committed entry is applied: a tick
+        now would change nothing that the next timed tick would not (``RaftNode._on_ready``)."""
+        commit = self.commit_index
+        return (self.last_applied == commit
+                and all(m <= commit for m in self.match_index.values()))
+
+    def _stale_term(self, node, message) -> bool:
+        """Raft's terms on votes, which pysyncobj leaves out: a RequestVote from an earlier term is answered
+        with this node's term (pysyncobj dropped it in silence), and such an answer makes the candidate a
+        follower in that term.  Without it a candidate that missed a term (one that hears from nobody else
+        in it: a view of the membership without the others) campaigned below the others' term forever,
+        while they could elect nobody without it (found by the simulation, seed 102068).  A denial is a
+        ``response_vote`` with ``granted`` false: an older node counts votes of its own term only, so it
+        ignores one."""
+        term, current = message.get("term"), self.term
+        if not is_int(term):
+            return False
+        if message.get("type") == "request_vote":
+            if term >= current:
+                return False
+            self.transport.send(node, {"type": "response_vote", "term": current, "granted": False})
+            return True
+        if term > current:
+            self.set_term(term, None)
+            self.step_down()
+            return True
+        return message.get("granted") is False
+
+    def _new_voter(self, node, message) -> bool:
+        """pysyncobj counts vote messages, not voters: a vote delivered twice would count twice (two
+        leaders in one term).  Count each voter once per term."""
+        term = self.term
+        if getattr(self, "_voters_term", None) != term:
+            self._voters_term, self._voters = term, set()
+        if node.address in self._voters:
+            return False
+        if message.get("term") == term:
+            self._voters.add(node.address)
+        return True
+
+    def _may_vote(self, message) -> bool:
+        """A vouched node still catching up may vote for a candidate whose log reaches its recovery
+        target: that candidate holds every committed entry this node may have lost.  No leadership
+        transfer to it, and no vote at all before the peers vouched for it."""
+        pq = self._pq
+        if message.get("type") != "request_vote" or not pq.vouched or pq.recovery is None:
+            return False
+        last = (message.get("last_log_term"), message.get("last_log_index"))
+        return all(is_int(x) for x in last) and last >= pq.recovery
+
+    def _withhold(self, node, message) -> None:
+        """A recovering node keeps up with terms but grants no vote and takes no leadership."""
+        term = message.get("term")
+        if is_int(term) and term > self.term:
+            self.set_term(term, None)
+            self.set_state(FOLLOWER)
+            self.leader = None
+        self._pq.votes_withheld += 1
+
+    def _append_entries(self, node, m) -> None:
+        term, leader_commit = m.get("term"), m.get("commit_index")
+        if not (is_int(term) and is_int(leader_commit)):
+            log.warning("dropping a malformed AppendEntries from %s", node.address)
+            return
+        if term < self.term:
+            if self._pq.restricted:
+                # A node held back never campaigns, so nothing else would ever tell this leader of the higher
+                # term it holds (from a run before it stopped): answer with it, the leader steps down and the
+                # next election is in a term this node can follow (see next_node_idx above).
+                self.transport.send(node, {
+                    "type": "next_node_idx", "next_node_idx": self._pq.journal.durable_end()[1] + 1,
+                    "reset": False, "success": False, "term": self.term})
+            return  # a deposed leader
+        # This node's leader in its term, as before the message: nothing about who leads changes.
+        settled = (term == self.term and self.leader == node
+                   and self.state == FOLLOWER)
+        if term > self.term:
+            self.transfer_in_progress = False  # a new leader supersedes any pending transfer
+        if not self.transfer_in_progress:
+            self.election_deadline = clock() + self.election_timeout()
+        if self.leader != node:
+            self.leader_changed()
+        self.leader = node
+        if term > self.term:
+            self.set_term(term, None)  # durable before anything below is acknowledged
+        self.set_state(FOLLOWER)
+        self.leader_commit_index = leader_commit
+        if "prevLogIdx" in m:
+            entries = m.get("entries", [])
+            transmission = m.get("transmission")
+            if transmission is not None:  # one entry too large for a message, in pieces
+                if transmission == "start":
+                    self.recv_transmission = m["data"]
+                elif transmission == "process":
+                    self.recv_transmission += m["data"]
+                elif transmission == "finish":
+                    entries = [unpickle(self.recv_transmission + m["data"])]
+                    self.recv_transmission = ""
+                if transmission != "finish":
+                    self.send_next_node_idx(node, success=False, reset=False)
+                    return
+            steady = self._match_and_append(node, m.get("prevLogIdx"), m.get("prevLogTerm"), entries, leader_commit)
+            if steady and settled:
+                self._pq.quiet_append()
+        elif m.get("serialized") is not None:
+            self._snapshot_chunk(node, term, m["serialized"])
+        # A message without entries and without a snapshot chunk verifies nothing: the commit
+        # index does not move (pysyncobj advanced it here, over entries it never matched).
+
+    def _match_and_append(self, node, prev_idx, prev_term, entries, leader_commit) -> bool:
+        """Raft's AppendEntries on a follower.  True when it appended (or held) every entry, cut nothing,
+        changed no membership and acknowledged them as counted: the steady state."""
+        journal = self._pq.journal
+        if not (is_int(prev_idx) and is_int(prev_term) and isinstance(entries, (list, tuple))
+                and all(isinstance(e, (list, tuple)) and len(e) == 3 and is_int(e[1]) and is_int(e[2])
+                        and e[1] == prev_idx + 1 + i for i, e in enumerate(entries))):
+            log.warning("dropping a malformed AppendEntries from %s", node.address)
+            return False
+        last = journal.entries[-1][1]
+        prev = journal.entry(prev_idx)
+        if prev is None:  # beyond our log (or below its start): resume from our end
+            self._reply(node, last + 1, verified=False)
+            return False
+        if prev[2] != prev_term:
+            self._reply(node, prev_idx, verified=False)
+            return False
+        # Raft 5.3: skip what we hold; cut only at the first entry that conflicts.
+        new, steady = [], True
+        for i, e in enumerate(entries):
+            held = journal.entry(e[1])
+            if held is None:
+                new = entries[i:]
+                break
+            if held[2] != e[2]:
+                if e[1] <= self.commit_index:
+                    self._pq.diverged(e[1], e[2], held)
+                self._rollback_membership(e[1])
+                dropped = journal.truncate_from(e[1])
+                log.info("AppendEntries from %s conflicts at index %d (term %d here, %d from the leader): "
+                         "cut %d uncommitted entries", node.address, e[1], held[2], e[2], dropped)
+                new, steady = entries[i:], False
+                break
+        dynamic = self.configuration.dynamicMembershipChange
+        for command, idx, eterm in new:
+            command = bytes(command)
+            journal.add(command, idx, eterm)
+            if dynamic:
+                change = self.parse_membership(command)
+                if change is not None:
+                    self.change_membership(change)
+                    steady = False
+        verified = entries[-1][1] if entries else prev_idx
+        commit = min(leader_commit, verified)
+        if commit > self.commit_index:
+            self.commit_index = commit
+            journal.setRaftCommitIndex(commit)  # syncs first
+        return self._reply(node, verified + 1, verified=True) and steady
+
+    def _rollback_membership(self, from_index: int) -> None:
+        if not self.configuration.dynamicMembershipChange:
+            return
+        journal = self._pq.journal
+        for entry in reversed([e for e in journal.entries if e[1] >= from_index]):
+            change = self.parse_membership(entry[0])
+            if change is not None:
+                self.change_membership(change, reverse=True)
+
+    def _reply(self, node, next_index: int, verified: bool) -> bool:
+        """Acknowledge up to ``next_index - 1`` (durable first), or ask the leader to resume there.
+        A recovering node's acknowledgements are sent as the latter: they move the leader's send
+        position but never count toward a majority.  True when the acknowledgement counts."""
+        self._pq.journal.sync()
+        self._pq.check_recovery()
+        counted = verified and not self._pq.restricted
+        # pysyncobj's acknowledgement, plus the term it answers (the leader ignores any other term's).
+        self.transport.send(node, {"type": "next_node_idx", "next_node_idx": next_index, "reset": not counted,
+                                   "success": counted, "term": self.term})
+        return counted
+
+    def _snapshot_chunk(self, node, term: int, serialized) -> None:
+        pq = self._pq
+        try:
+            data, is_first, is_last = serialized
+        except (TypeError, ValueError):
+            log.warning("dropping a malformed snapshot chunk from %s", node.address)
+            return
+        whole = pq.store.receive((node.address, term), data, bool(is_first), bool(is_last))
+        if whole is None:
+            return
+        try:
+            snap = decode_snapshot(f"snapshot from {node.address}", whole)  # verified before anything is written
+        except CorruptFileError as e:
+            log.error("refusing a snapshot from %s: %s", node.address, e)
+            return
+        commit = self.commit_index
+        if snap.last_index <= commit:  # we hold everything it covers: resume after our commit index
+            self._reply(node, commit + 1, verified=False)
+            return
+        pq.install(snap, whole)
+        self.load_snapshot(snap)
+        self._reply(node, snap.last_index + 1, verified=True)
+
+    # --------------------------------------------------- replaced: snapshots
+    def load_snapshot(self, snap: Snapshot) -> None:
+        """Make ``snap`` the applied state (at start, and after an install)."""
+        last = snap.last_index
+        self._pq._restore_state(snap.records, last)
+        self.last_applied = last
+        if self.commit_index < last:
+            self.commit_index = last
+            self._pq.journal.setRaftCommitIndex(last)
+        waiting = self.waiting_commit
+        for idx in sorted(i for i in waiting if i <= last):
+            for _term, callback in waiting.pop(idx):
+                callback(None, UNKNOWN_OUTCOME)  # overtaken by the snapshot: outcome unknown
+        if self.configuration.dynamicMembershipChange:
+            me = self.self_node.address
+            node_class = self.node_class
+            self.set_configuration([node_class(a) for a in snap.cluster if a != me])
+        self.set_code_version(0)
+        self.need_load_dump = False
+
+    def adopt_log_configuration(self, after_index: int) -> int:
+        """At start: apply the membership changes in the journal after ``after_index`` (the snapshot).
+
+        Raft: a server uses the latest configuration in its log, committed or not, and pysyncobj does so
+        for entries it appends.  But on a restart it rebuilds membership from the snapshot and then only
+        from entries as they are committed, and the durable commit index is a hint written once a second:
+        a restarted node did not know members added just before it stopped, could not connect to them,
+        and so could not hear a leader or a verdict from them.  Applying a change twice is a no-op
+        (pysyncobj re-applies committed ones).  Returns how many changes were applied."""
+        if not self.configuration.dynamicMembershipChange:
+            return 0
+        applied = 0
+        for command, index, _term in list(self._pq.journal.entries):
+            if index <= after_index:
+                continue
+            change = self.parse_membership(command)
+            if change is not None and self.change_membership(change):
+                applied += 1
+        return applied
+
+    def try_compaction(self):
+        pq = self._pq
+        conf = self.configuration
+        now = clock()
+        if (not self.force_compaction and len(pq.journal) <= conf.logCompactionMinEntries
+                and now - pq.last_compaction <= conf.logCompactionMinTime):
+            return
+        self.force_compaction = False
+        pq.last_compaction = now
+        applied = self.last_applied
+        prev, last = pq.journal.entry(applied - 1), pq.journal.entry(applied)
+        current = pq.store.current
+        if prev is None or last is None or (current is not None and current.last_index >= applied):
+            return
+        pq.compact(prev, last, self.members_at(applied))
+
+    def members_at(self, index: int) -> list[str]:
+        """The configuration as of log entry ``index``: the current one (the latest in the log, as Raft and
+        pysyncobj use it) with the changes after ``index`` undone, newest first.
+
+        A snapshot at ``index`` must record this one, not the current one.  It recorded the current one:
+        with an uncommitted change after ``index`` (one removing the leader, say), a restart loaded a
+        configuration that never held.  When the leader then cut that change, only the change was undone,
+        not the snapshot's copy of it: the node knew no leader, could not hear it, and stayed behind for
+        good (simulation seed 400136).  A snapshot sent to a follower carried the same error to it."""
+        members = [self.self_node.address] + [n.address for n in self.other_nodes]
+        if not self.configuration.dynamicMembershipChange:
+            return members
+        later = []
+        for command, entry_index, _term in reversed(self._pq.journal.entries):
+            if entry_index <= index:
+                break
+            change = self.parse_membership(command)
+            if change is not None:
+                later.append((change[0], str(change[1])))  # (kind, the node's id: its address)
+        return configuration_before(members, later[::-1])
+
+    def config_index(self) -> int:
+        """The log index of this node's configuration: its latest membership entry, else the first index of
+        its journal (the configuration its snapshot recorded, or the one it was started with)."""
+        entries = self._pq.journal.entries
+        for command, entry_index, _term in reversed(entries):
+            if self.parse_membership(command) is not None:
+                return entry_index
+        return entries[0][1] if entries else 0
+
+    # ------------------------------------------------------------ recovery
+    def step_down(self) -> None:
+        if self.state != FOLLOWER:
+            self.set_state(FOLLOWER)
+            self.leader = None
+
+    def forget_match(self, node) -> None:
+        """``node`` restarted: what it acknowledged before may be gone; count only new acknowledgements."""
+        if node in self.match_index:
+            self.match_index[node] = 0
+
+    def no_vote_this_term(self) -> None:
+        if self.voted_for is None:
+            self.set_term(self.term, RECOVERED_VOTE)
+
+    def current_term(self) -> int:
+        return self.term
+
+    def vouched_term(self, term: int) -> None:
+        """The vouchers' highest term: this node may have voted in it (or below) in a run whose record
+        it lost, so it casts no vote up to that term (durable before anything else)."""
+        if term > self.term:
+            self.set_term(term, RECOVERED_VOTE)
+            self.step_down()
+        else:
+            self.no_vote_this_term()
+

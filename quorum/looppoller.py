@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 from typing import Callable
 
-# pysyncobj's ``POLL_EVENT_TYPE`` (``quorum.raft``, the one module that imports pysyncobj, checks they agree).
+# pysyncobj's ``POLL_EVENT_TYPE`` (``quorum.raft.upstream``, the one module that imports pysyncobj, checks they agree).
 READ, WRITE, ERROR = 1, 2, 4
 
 

@@ -31,9 +31,9 @@ kernel's queue.  What connections from peers without the secret can cost the nod
 every one is accepted, read at most twice within ``handshake_bytes`` and closed, and no more than
 ``accept_rate`` of them arrive a second, whatever the attacker's speed.  The links between members are open
 already and are not touched; a member reconnecting during such an attack waits its turn in the queue.  How many unauthenticated connections may wait at once (in all, and
-per peer host) is the transport's rule (``quorum.raft._TcpTransport``): it closes the oldest one over a limit.
+per peer host) is the transport's rule (``quorum.raft.TcpTransport``): it closes the oldest one over a limit.
 
-Nothing here imports pysyncobj: its connection states and poll events are plain ints, and ``quorum.raft``
+Nothing here imports pysyncobj: its connection states and poll events are plain ints, and ``quorum.raft.upstream``
 checks that they agree.  The message format is pysyncobj's, byte for byte (a 4-byte native-order length,
 then the sealed, deflated pickle), so a node of an earlier version reads these messages and is read.
 """

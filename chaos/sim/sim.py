@@ -295,6 +295,8 @@ class Simulation:
             n.slow = 0.0
             if not n.running and not n.removed:
                 self._start(n)
+        if self.config.faults and self.rng.random() < self.HELD_ABOVE_CANDIDATE:
+            self._candidate_below_held_back()
         healed = self.clock.now
         self._probe(healed)
         deadline = self.clock.now + 60.0
@@ -333,6 +335,55 @@ class Simulation:
             with n.service.lock:
                 states[n.node_id] = n.service.state.producer_ids.next_producer_id
         self.checker.final(states, self.acked_blocks)
+
+    HELD_ABOVE_CANDIDATE = 0.2  # of the seeds with faults end with ``_candidate_below_held_back``
+
+    def _candidate_below_held_back(self) -> None:
+        """The last fault, in the shape in which a candidate stays below the term of every node that could
+        vote for it (seeds 302145 and 102068 reached it by chance): the leader C is cut off with an entry
+        the others lack; a follower X is killed and restarts, and without C's word it is held back: it grants
+        no vote but follows terms; the third, H, campaigns with no vote to win and its term and X's climb
+        (a campaign every 0.25-0.5 s for 6-10 s).  C, cut off, steps down and stays in its term.  Then the
+        cut heals and H restarts: H and X wait to reach C's entry (their recovery target), so C alone may
+        lead, and only once it learns their term from a vote denial (``_stale_term``); without that it
+        climbs one term per election timeout, past the leader bound.  Three members only."""
+        members = [n for n in self.nodes.values() if not n.removed]
+        if len(members) != 3 or self._replacing:
+            return
+        until = self.clock.now + LEADER_BOUND
+        while self._events and self.clock.now < until and (
+                majority_leader(self) is None or any(n.raft.restricted for n in members)):
+            self._step()
+        old = majority_leader(self)
+        if old is None or any(not n.running or n.raft.restricted for n in members):
+            return
+        held, restarted = self.rng.sample([n for n in members if n is not old], 2)
+        self.fault("partition_leader_below_held_back")
+        cut = {(old.address, n.address) for n in members if n is not old}
+        cut |= {(b, a) for a, b in cut}
+        self.net.blocked |= cut
+        self.note(f"last fault: the leader, node {old.node_id}, is cut off; node {restarted.node_id} restarts "
+                  f"without its word, node {held.node_id} campaigns alone")
+        broker = self.PROBE_BROKER + 1
+        request = p.registration_request(broker, uuid.UUID(self.new_id()), f"broker-{broker}:9092")
+        task = old.loop.create_task(old.proposer.submit(RPCS.of_request(request), request, 1.0))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # outcome unknown to any client
+        old.wake(0.0)
+        restarted._committed_before = restarted.committed_and_durable()
+        restarted.crash("is killed (kill -9)")
+        self.after(self.rng.uniform(0.05, 0.3), "restart", self._restart, restarted)
+        until = self.clock.now + self.rng.uniform(6.0, 10.0)
+        while self._events and self.clock.now < until:
+            self._step()
+        self.net.blocked -= cut
+        if held.running:
+            held._committed_before = held.committed_and_durable()
+            held.crash("is killed (kill -9) as the cut heals")
+        for n in members:
+            if not n.running:
+                self._start(n)
+        self.note("partition healed; every member runs: "
+                  + "; ".join(self._describe(n) for n in members))
 
     PROBE_BROKER = 900  # the broker id of the request sent after the last heal (no workload broker has it)
 

@@ -181,6 +181,32 @@ def txn_step_names_no_transaction():
     return _patched((txn_coordinator._Known, "names", lambda self, op: -1))
 
 
+def vote_denial_term_ignored():
+    """Liveness: a candidate ignores a vote denial and the term it carries, as if the voter had said nothing
+    (pysyncobj sends no answer to a RequestVote from an earlier term).  A candidate below the others' term
+    then stays there while they, held back or with a shorter log, elect nobody without it.  Patches the two
+    places where a denial's higher term makes the candidate a follower in it: ``_Replicated._stale_term``
+    (a ``response_vote`` with ``granted`` false: dropped before it is read) and, where there is one,
+    ``_Replicated._on_pre_vote_response`` (a ``pq_pre_vote_response`` not granted: handed on without its
+    term, which drops it too)."""
+    replicated = raft_module._Replicated
+    original = replicated._stale_term
+
+    def stale_term(self, node, message):
+        if message.get("type") == "response_vote" and message.get("granted") is False:
+            return True
+        return original(self, node, message)
+    patches = [(replicated, "_stale_term", stale_term)]
+    pre_vote_response = getattr(replicated, "_on_pre_vote_response", None)
+    if pre_vote_response is not None:
+        def on_pre_vote_response(self, node, message):
+            if message.get("granted") is not True:
+                message = {k: v for k, v in message.items() if k != "term"}
+            return pre_vote_response(self, node, message)
+        patches.append((replicated, "_on_pre_vote_response", on_pre_vote_response))
+    return _patched(*patches)
+
+
 SWITCHES = {
     "journal-cleared-on-mismatch": journal_cleared_on_mismatch,
     "install-not-synced": install_not_synced,
@@ -191,4 +217,5 @@ SWITCHES = {
     "kafka-15552-seed-at-block-start": kafka_15552_seed_at_block_start,
     "kafka-20031-less-than-for-at-most": kafka_20031_less_than_for_at_most,
     "txn-step-names-no-transaction": txn_step_names_no_transaction,
+    "vote-denial-term-ignored": vote_denial_term_ignored,
 }

@@ -106,6 +106,7 @@ class RaftNode:
         self._verified: dict[str, bool | str] = {}  # peer raft address -> True, or why it was refused
         self._welcomed: dict[str, bool] = {}  # peer raft address -> its verdict on this node arrived
         self.peer_clients: dict[str, str] = {}  # peer raft address -> client address (from its hello)
+        self._pre_vote_peers: dict[str, bool] = {}  # peer raft address -> its last hello said it speaks pre-vote
         self._nudged: dict[str, float] = {}
         self._outside: dict[str, tuple] = {}  # raft address -> (node, hello) of an admitted peer outside the config
         self._refusal_logged: dict[str, float] = {}
@@ -558,7 +559,13 @@ class RaftNode:
         message = self.identity.hello.message(self.journal.durable_end())
         if self.link_master is not None and linkcrypto.OFFERED:
             message["codecs"] = list(linkcrypto.OFFERED)  # an earlier version ignores the field
+        message["pre_vote"] = True  # this node answers pq_pre_vote (an earlier version ignores the field)
         return message
+
+    def votes_without_pre_vote(self, address: str) -> bool:
+        """``address``'s hello came, without ``pre_vote``: a node of an earlier version, which never answers a
+        pre-vote and votes as it always did (``Replicated._election_due`` counts it as granted)."""
+        return self._pre_vote_peers.get(address) is False
 
     def _reset_peer_checks(self, node) -> None:
         """A connection to ``node`` was (re)established or lost: its checks start again."""
@@ -609,6 +616,7 @@ class RaftNode:
             self._welcomed[address] = True  # an older version sends no verdict
         if hello.client_address:
             self.peer_clients[address] = hello.client_address
+        self._pre_vote_peers[address] = message.get("pre_vote") is True
         if verdict.new_run:
             self._obj.forget_match(node)
         if verdict.recover is not None:

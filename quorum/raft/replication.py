@@ -39,8 +39,8 @@ from storage.disk import CorruptFileError
 
 from ..linkcrypto import MessagePickle
 from ..looppoller import LoopPoller
-from .upstream import (FOLLOWER, LEADER, NOT_LEADER, REQUEST_DENIED, UNKNOWN_OUTCOME, Core, Node, clock, jitter,
-                       replicated_method, unpickle)
+from .upstream import (CANDIDATE, FOLLOWER, LEADER, NOT_LEADER, REQUEST_DENIED, UNKNOWN_OUTCOME, Core, Node, clock,
+                       jitter, replicated_method, unpickle)
 
 if TYPE_CHECKING:
     from .node import RaftNode
@@ -67,6 +67,19 @@ def is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+VOTE_REQUESTS = ("request_vote", "pq_pre_vote")
+
+
+class PreVote:
+    """A pre-vote round (``Replicated._election_due``): the term it asks about (this node's next) and who
+    answered.  ``granted`` holds this node's own address from the start."""
+
+    def __init__(self, term: int, own: str):
+        self.term = term
+        self.granted = {own}
+        self.denied: set[str] = set()
+
+
 class Replicated(Core):
     """pysyncobj's Raft with pidquorum's rules where pysyncobj's are unsafe (``upstream``'s table): what a
     node does with each message, when it campaigns, what it commits and applies, how it compacts."""
@@ -74,6 +87,8 @@ class Replicated(Core):
     def __init__(self, self_addr, partners, conf, transport_class, node: "RaftNode", node_class=Node,
                  poller: LoopPoller | None = None):
         self._pq = node
+        self._leader_heard = float("-inf")  # when this node last took an AppendEntries from its leader
+        self._pre_vote: PreVote | None = None  # this node's pre-vote round under way
         super().__init__(self_addr, partners, conf, transport_class, node_class, poller)
 
     def apply_command(self, command, callback, command_type=None):
@@ -132,12 +147,124 @@ class Replicated(Core):
         if node == self.leader and self.state == FOLLOWER and not self.transfer_in_progress:
             soon = clock() + self.configuration.raftMinTimeout / 2 * jitter()
             self.election_deadline = min(self.election_deadline, soon)
+            # Nor does the leader's lease hold any more (``_in_lease``): every follower sees the close, and
+            # each grants the others' pre-votes and votes at once.
+            self._leader_heard = float("-inf")
 
     def on_tick(self, time_to_wait: float) -> None:
         if self._pq.restricted:
-            # A node that may have lost acknowledged entries never stands for election.
+            # A node that may have lost acknowledged entries never stands for election (nor asks for pre-votes).
             self.election_deadline = clock() + self.election_timeout()
+        elif (self.state != LEADER and self.election_deadline < clock() and self.transport.ready
+              and self.connected_to_anyone()):
+            self._election_due()
+        # pysyncobj's campaign in this tick never runs: the deadline is in the future now (see _campaign).
         super().on_tick(time_to_wait)
+
+    # ------------------------------------------------------------- elections
+    def _election_due(self) -> None:
+        """The election timer fired: a pre-vote round first (Raft thesis 9.6, etcd's PreVote), a campaign only
+        once a majority, this node included, said it would vote for it in its next term.
+
+        A node cut off from the others (a partition, a slow link) asks and hears no majority: its term stays,
+        and when it comes back it does not depose a leader the others still follow (which check-quorum's
+        lease refuses anyway, ``_in_lease``).  A leadership transfer campaigns at once, its vote requests
+        marked as such (the leader asked for it).
+
+        A peer of an earlier version ignores ``pq_pre_vote`` (an unknown type) and would never answer.  Its
+        hello says what it is (a node of this version sends ``pre_vote`` in its hello): a member whose hello
+        came without it is counted as granted at once, as it votes as it always did; the real vote is still
+        its own.  So a rolling upgrade never stalls an election, and a mixed cluster is as before the upgrade
+        for its older members (a member never heard from counts as nothing)."""
+        if self.transfer_in_progress:
+            self._campaign(transfer=True)
+            return
+        round_ = self._pre_vote = PreVote(self.term + 1, self.self_node.address)
+        self.election_deadline = clock() + self.election_timeout()
+        index, term = self.last_log()
+        ask = {"type": "pq_pre_vote", "term": self.term + 1, "last_log_index": index, "last_log_term": term}
+        for node in self.other_nodes:
+            if self._pq.votes_without_pre_vote(node.address):
+                round_.granted.add(node.address)
+            else:
+                self.transport.send(node, ask)
+        if len(round_.granted) > (len(self.other_nodes) + 1) / 2:
+            self._campaign(transfer=False)
+
+    def _campaign(self, transfer: bool) -> None:
+        """Raft's campaign (pysyncobj's, from its ``_onTick``): the next term, a vote for itself, durable
+        before its vote requests leave (the gate); a leadership transfer's requests say so (``_in_lease``)."""
+        self._pre_vote = None
+        self.election_deadline = clock() + self.election_timeout()
+        self.transfer_in_progress = False
+        self.leader = None
+        self.set_state(CANDIDATE)
+        self.set_term(self.term + 1, self.self_node.id)
+        self.votes_count = 1
+        index, term = self.last_log()
+        ask = {"type": "request_vote", "term": self.term, "last_log_index": index, "last_log_term": term}
+        if transfer:
+            ask["transfer"] = True  # an earlier version ignores the field
+        for node in self.other_nodes:
+            self.transport.send(node, ask)
+        self.leader_changed()
+        if self.votes_count > (len(self.other_nodes) + 1) / 2:
+            self.become_leader()
+
+    def _in_lease(self, message) -> bool:
+        """Check-quorum's other half (KIP-996, Raft thesis 9.6): a node that heard from a current leader within
+        the minimum election timeout, or leads itself, neither grants a vote nor takes a higher term from a
+        vote request, unless the leader asked for the campaign (a transfer).  A node that returns from a
+        partition with a higher term does not depose a leader the others follow; a leader that lost its
+        majority steps down by itself (pysyncobj's ``leaderFallbackTimeout``, ``leader_step_down_timeout``)."""
+        if message.get("type") == "request_vote" and message.get("transfer") is True:
+            return False
+        if self.state == LEADER:
+            return True
+        return (self.leader is not None
+                and clock() - self._leader_heard < self.configuration.raftMinTimeout)
+
+    def _deny(self, node, message) -> None:
+        """A vote or pre-vote request answered no, with this node's term: a candidate below it follows it."""
+        if message.get("type") == "pq_pre_vote":
+            self.transport.send(node, {"type": "pq_pre_vote_response", "term": self.term,
+                                       "pre_term": message.get("term"), "granted": False})
+        else:
+            self.transport.send(node, {"type": "response_vote", "term": self.term, "granted": False})
+
+    def _on_pre_vote(self, node, message) -> None:
+        """Would this node vote for the sender in the sender's next term?  Yes if that term is above this
+        node's, the sender's log is at least as up-to-date as this one's (Raft 5.4.1), this node is not held
+        back (but see ``_may_vote``) and hears no leader (``_in_lease``).  Nothing of this node changes."""
+        term = message.get("term")
+        last = (message.get("last_log_term"), message.get("last_log_index"))
+        if not (is_int(term) and all(is_int(x) for x in last)):
+            log.warning("dropping a malformed pre-vote from %s", node.address)
+            return
+        index, own_term = self.last_log()
+        granted = (term > self.term and last >= (own_term, index) and not self._in_lease(message)
+                   and (not self._pq.restricted or self._may_vote(message)))
+        self.transport.send(node, {"type": "pq_pre_vote_response", "term": self.term, "pre_term": term,
+                                   "granted": granted})
+
+    def _on_pre_vote_response(self, node, message) -> None:
+        """An answer to this node's pre-vote: a denial from a higher term makes this node a follower in it
+        (the answer carries the voter's term, as a vote's does); a majority of grants starts the campaign."""
+        term, granted = message.get("term"), message.get("granted") is True
+        if not is_int(term):
+            return
+        if term > self.term and not granted:
+            self._pre_vote = None
+            self.set_term(term, None)
+            self.step_down()
+            return
+        round_ = self._pre_vote
+        if (round_ is None or message.get("pre_term") != round_.term or round_.term != self.term + 1
+                or self.state == LEADER or self._pq.restricted):
+            return
+        (round_.granted if granted else round_.denied).add(node.address)
+        if len(round_.granted) > (len(self.other_nodes) + 1) / 2:
+            self._campaign(transfer=False)
 
     # ------------------------------------------------------ replaced: messages
     def check_commands(self):
@@ -177,17 +304,30 @@ class Replicated(Core):
                                            "error": REQUEST_DENIED})
             return
         if (kind != "append_entries" and node not in self.other_nodes
-                and not (kind == "request_vote" and self._pq.restricted and self._may_vote(message))):
+                and not (kind in VOTE_REQUESTS and self._pq.restricted and self._may_vote(message))):
             # Outside this node's configuration: only a leader's AppendEntries are taken (see Gate.dropNode),
             # and the vote a held-back node may give (_may_vote): a candidate that holds its target holds what
             # it waits for, and may be the only one (a member added since, whose entry is not in this node's
             # log yet, while the other members wait for its log too).  Raft servers vote for candidates outside
-            # their configuration (thesis 4.1); other nodes keep out a removed member's campaigns.
+            # their configuration (thesis 4.1); other nodes keep out a removed member's campaigns, but answer
+            # them with their term (a denial), as every vote request is answered.
+            if kind in VOTE_REQUESTS:
+                self._deny(node, message)
             return
         if kind == "append_entries":
             self._append_entries(node, message)
             return
+        if kind == "pq_pre_vote":
+            self._on_pre_vote(node, message)
+            return
+        if kind == "pq_pre_vote_response":
+            self._on_pre_vote_response(node, message)
+            return
         if kind in ("request_vote", "response_vote") and self._stale_term(node, message):
+            return
+        if kind == "request_vote" and is_int(message.get("term")) and message["term"] > self.term \
+                and self._in_lease(message):
+            self._deny(node, message)  # check-quorum: neither granted nor its term taken
             return
         if kind in ("request_vote", "timeout_now") and self._pq.restricted and not self._may_vote(message):
             self._withhold(node, message)
@@ -259,18 +399,21 @@ class Replicated(Core):
         target: that candidate holds every committed entry this node may have lost.  No leadership
         transfer to it, and no vote at all before the peers vouched for it."""
         pq = self._pq
-        if message.get("type") != "request_vote" or not pq.vouched or pq.recovery is None:
+        if message.get("type") not in VOTE_REQUESTS or not pq.vouched or pq.recovery is None:
             return False
         last = (message.get("last_log_term"), message.get("last_log_index"))
         return all(is_int(x) for x in last) and last >= pq.recovery
 
     def _withhold(self, node, message) -> None:
-        """A recovering node keeps up with terms but grants no vote and takes no leadership."""
+        """A recovering node keeps up with terms but grants no vote and takes no leadership; a vote request is
+        answered with a denial in the term it now holds (a candidate below it follows it)."""
         term = message.get("term")
         if is_int(term) and term > self.term:
             self.set_term(term, None)
             self.set_state(FOLLOWER)
             self.leader = None
+        if message.get("type") == "request_vote":
+            self._deny(node, message)
         self._pq.votes_withheld += 1
 
     def _append_entries(self, node, m) -> None:
@@ -279,14 +422,15 @@ class Replicated(Core):
             log.warning("dropping a malformed AppendEntries from %s", node.address)
             return
         if term < self.term:
-            if self._pq.restricted:
-                # A node held back never campaigns, so nothing else would ever tell this leader of the higher
-                # term it holds (from a run before it stopped): answer with it, the leader steps down and the
-                # next election is in a term this node can follow (see next_node_idx above).
-                self.transport.send(node, {
-                    "type": "next_node_idx", "next_node_idx": self._pq.journal.durable_end()[1] + 1,
-                    "reset": False, "success": False, "term": self.term})
-            return  # a deposed leader
+            # Answered with this node's term: the leader steps down (see next_node_idx above) and the next
+            # election is in a term this node can follow.  A node held back never campaigns, and check-quorum
+            # keeps a vote request from carrying a higher term to the others (_in_lease): nothing else would
+            # ever tell this leader of the higher term this node holds (from a run before it stopped, a
+            # transfer's campaign that failed).  A deposed leader learns it is one.
+            self.transport.send(node, {
+                "type": "next_node_idx", "next_node_idx": self._pq.journal.durable_end()[1] + 1,
+                "reset": False, "success": False, "term": self.term})
+            return
         # This node's leader in its term, as before the message: nothing about who leads changes.
         settled = (term == self.term and self.leader == node
                    and self.state == FOLLOWER)
@@ -294,6 +438,7 @@ class Replicated(Core):
             self.transfer_in_progress = False  # a new leader supersedes any pending transfer
         if not self.transfer_in_progress:
             self.election_deadline = clock() + self.election_timeout()
+        self._leader_heard = clock()
         if self.leader != node:
             self.leader_changed()
         self.leader = node

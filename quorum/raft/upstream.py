@@ -157,6 +157,9 @@ USED = {
     "SyncObj.__init__": (SyncObj.__init__, "09df12cd7fd7d727"),
     "SyncObj.getStatus": (SyncObj.getStatus, "0d3d668f66239ee0"),
     "SyncObj.__sendAppendEntries": (SyncObj._SyncObj__sendAppendEntries, "9cb9073128c392fa"),
+    "SyncObj.__connectedToAnyone": (SyncObj._SyncObj__connectedToAnyone, "acd40e9e3ac6c4cc"),
+    "SyncObj.__getCurrentLogIndex": (SyncObj._SyncObj__getCurrentLogIndex, "e5af22ca246686bd"),
+    "SyncObj.__getCurrentLogTerm": (SyncObj._SyncObj__getCurrentLogTerm, "1cb8867e6a13d397"),
     "TCPTransport.__init__": (TCPTransport.__init__, "4f0eef9cc5c06f5e"),
     "TCPTransport._shouldConnect": (TCPTransport._shouldConnect, "45eab7664e7caa39"),
     "TCPTransport._onOutgoingConnected": (TCPTransport._onOutgoingConnected, "b5d72590358c9987"),
@@ -330,6 +333,14 @@ class Core(SyncObj):
     def election_timeout(self) -> float:
         """A fresh randomized election timeout (from pysyncobj's generator)."""
         return self._SyncObj__generateRaftTimeout()
+
+    def connected_to_anyone(self) -> bool:
+        """pysyncobj's condition for a campaign: a link to another member is up, or there is none."""
+        return self._SyncObj__connectedToAnyone()
+
+    def last_log(self) -> tuple[int, int]:
+        """(index, term) of the last entry of this node's log (pysyncobj's __getCurrentLogIndex/Term)."""
+        return self._SyncObj__getCurrentLogIndex(), self._SyncObj__getCurrentLogTerm()
 
     def become_leader(self) -> None:
         self._SyncObj__onBecomeLeader()

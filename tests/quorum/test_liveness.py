@@ -1,0 +1,243 @@
+"""Liveness of the Raft package (issue 39): every vote request is answered with the voter's term, pre-vote,
+check-quorum, and a restart after a membership change that reaches a decision without an operator.
+
+Unit tests hand messages to one real node (``Replicated.on_message`` on its own loop, as
+tests/quorum/test_durability.py does); the others run in-process clusters (pysyncobj over loopback TCP,
+files on a ``SimDisk``) and wait on conditions with deadlines.
+"""
+from __future__ import annotations
+
+from quorum.raft import Node
+from tests.quorum.test_durability import _deliver, _fake_peer, _on_raft, _vouch
+from tests.support.inproc import SimCluster
+
+FOLLOWER, CANDIDATE, LEADER = 0, 1, 2
+
+
+def _recording(n):
+    """Every message node ``n``'s Raft layer sends from now on, as (address, message), in order."""
+    sent = []
+
+    def wrap():
+        transport = n.raft._obj.transport
+        original = transport.send
+
+        def send(node, message):
+            sent.append((node.address, message))
+            return original(node, message)
+        transport.send = send
+    _on_raft(n, wrap)
+    return sent
+
+
+def _alone(c, vouched: bool, term: int = 3):
+    """Node 1 started alone (its peers never run) in ``term``; vouched for by both peers if ``vouched``."""
+    n = c.nodes[1]
+    n.start()
+    if vouched:
+        _vouch(n, c, 2, log_end=[0, 1], held=None, term=0)
+        _vouch(n, c, 3, log_end=[0, 1], held=None, term=0)
+        assert not n.raft.restricted
+    obj = n.raft._obj
+    _on_raft(n, lambda: obj.set_term(term, None))
+    return n, obj, _recording(n)
+
+
+def _last(n) -> tuple[int, int]:
+    """(index, term) of the last entry of node ``n``'s log."""
+    entry = n.on_loop(lambda: n.raft.journal.entries[-1])
+    return entry[1], entry[2]
+
+
+def _heartbeat(c, n, leader_id: int, term: int):
+    """An AppendEntries from node ``leader_id`` as leader in ``term`` (matching node 1's log: it verifies it)."""
+    index, log_term = _last(n)
+    _deliver(n, _fake_peer(c, leader_id), {"type": "append_entries", "term": term, "commit_index": 0,
+                                           "prevLogIdx": index, "prevLogTerm": log_term, "entries": []})
+
+
+def _answers(sent, address, kind):
+    return [m for a, m in sent if a == address and m.get("type") == kind]
+
+
+# ------------------------------------------------------- 1. a vote answer carries the voter's term
+def test_a_held_back_node_answers_every_vote_request_with_its_term():
+    """Seeds 301932 / 302145: a candidate stayed below a held-back node's term because nothing answered it.
+    A node not vouched for yet takes a higher term from a vote request, grants nothing, and answers with the
+    term it holds now; a request from a lower term is answered alike."""
+    with SimCluster(start=False) as c:
+        n, obj, sent = _alone(c, vouched=False)
+        assert n.raft.restricted
+        peer = _fake_peer(c, 2).address
+        _deliver(n, _fake_peer(c, 2), {"type": "request_vote", "term": 7, "last_log_index": 99, "last_log_term": 7})
+        assert _answers(sent, peer, "response_vote") == [{"type": "response_vote", "term": 7, "granted": False}]
+        assert obj.term == 7 and obj.voted_for is None
+        _deliver(n, _fake_peer(c, 2), {"type": "request_vote", "term": 5, "last_log_index": 99, "last_log_term": 5})
+        assert _answers(sent, peer, "response_vote")[-1] == {"type": "response_vote", "term": 7, "granted": False}
+
+
+def test_a_vote_request_from_outside_the_configuration_is_answered_with_the_term_and_changes_nothing():
+    """A candidate outside this node's configuration (a member removed, or one whose entry this node lacks) is
+    refused, as before, but told the term: one below it follows it instead of campaigning there forever."""
+    with SimCluster(start=False) as c:
+        n, obj, sent = _alone(c, vouched=True, term=9)
+        outsider = Node("127.0.0.1:1")
+        for term in (4, 12):
+            _deliver(n, outsider, {"type": "request_vote", "term": term, "last_log_index": 99, "last_log_term": 9})
+        assert _answers(sent, outsider.address, "response_vote") == [
+            {"type": "response_vote", "term": 9, "granted": False}] * 2
+        assert obj.term == 9 and obj.voted_for is None
+
+
+# ----------------------------------------------------------------------------------- 2. pre-vote
+def test_a_pre_vote_is_granted_only_to_an_up_to_date_log_while_no_leader_is_heard_and_changes_nothing():
+    with SimCluster(start=False) as c:
+        n, obj, sent = _alone(c, vouched=True, term=3)
+        index, log_term = _last(n)
+        asker = _fake_peer(c, 2)
+
+        def ask(term, last_term, last_index):
+            _deliver(n, asker, {"type": "pq_pre_vote", "term": term, "last_log_term": last_term,
+                                "last_log_index": last_index})
+            return _answers(sent, asker.address, "pq_pre_vote_response")[-1]
+
+        assert ask(4, log_term, index) == {"type": "pq_pre_vote_response", "term": 3, "pre_term": 4, "granted": True}
+        assert ask(4, log_term, index - 1)["granted"] is False  # a shorter log
+        assert ask(3, log_term + 1, index)["granted"] is False  # its next term is not above this node's
+        assert (obj.term, obj.voted_for, obj.state) == (3, None, FOLLOWER)  # a pre-vote changes nothing here
+        _heartbeat(c, n, 3, term=3)
+        assert ask(4, log_term, index) == {"type": "pq_pre_vote_response", "term": 3, "pre_term": 4,
+                                           "granted": False}  # it hears a leader (check-quorum's lease)
+        assert (obj.term, obj.voted_for) == (3, None)
+
+
+def _cut_off(c, node_id: int):
+    for other in c.nodes:
+        if other != node_id:
+            c.cut(node_id, other)
+
+
+def test_a_node_campaigns_only_with_a_majority_of_pre_votes_each_voter_counted_once():
+    """Raft thesis 9.6: when its election timer fires a node asks first, in its next term, and keeps its own
+    term; only a majority of grants (itself included, each voter once) starts the election."""
+    with SimCluster(size=5) as c:
+        c.leader()
+        n = c.nodes[1]
+        _cut_off(c, 1)  # its links stay up, what it sends is lost
+        sent = _recording(n)
+        c.wait(lambda: any(m.get("type") == "pq_pre_vote" for _, m in sent), what="node 1's pre-vote")
+        term = n.raft.raft_term
+        asked = next(m for _, m in sent if m.get("type") == "pq_pre_vote")
+        assert asked["term"] == term + 1 and not any(m.get("type") == "request_vote" for _, m in sent)
+
+        def grant(peer_id):
+            # In one tick with the round's state read: the timer may start a new round between two deliveries.
+            def go():
+                obj = n.raft._obj
+                pre_term = obj._pre_vote.term
+                obj.on_message(_fake_peer(c, peer_id), {"type": "pq_pre_vote_response", "term": pre_term - 1,
+                                                        "pre_term": pre_term, "granted": True})
+            _on_raft(n, go)
+
+        for peer_id in (2, 2):
+            grant(peer_id)
+        assert n.raft.raft_term == term and not any(m.get("type") == "request_vote" for _, m in sent)
+        grant(3)
+        requests = [m for _, m in sent if m.get("type") == "request_vote"]
+        assert requests and requests[0]["term"] == term + 1 and n.raft.raft_term == term + 1
+        assert "transfer" not in requests[0]
+
+
+def test_a_pre_vote_denial_from_a_higher_term_makes_the_node_follow_that_term():
+    with SimCluster(start=False) as c:
+        n, obj, _sent = _alone(c, vouched=True, term=3)
+        _deliver(n, _fake_peer(c, 2), {"type": "pq_pre_vote_response", "term": 8, "pre_term": 4, "granted": False})
+        assert (obj.term, obj.voted_for, obj.state) == (8, None, FOLLOWER)
+
+
+def test_a_member_of_an_earlier_version_counts_as_a_pre_vote_so_a_rolling_upgrade_still_elects():
+    """A node of an earlier version never answers a pre-vote: its hello lacks ``pre_vote``.  It is counted as
+    granted (its real vote is its own), so node 1 with one such peer campaigns without any answer."""
+    with SimCluster() as c:
+        c.leader()
+        n = c.nodes[2] if c.leader() is not c.nodes[2] else c.nodes[3]
+        older = next(x for x in c.nodes.values() if x is not n and x is not c.leader())
+        assert n.on_loop(lambda: not n.raft.votes_without_pre_vote(older.cfg.raft_address))
+        n.on_loop(lambda: n.raft._pre_vote_peers.__setitem__(older.cfg.raft_address, False))
+        _cut_off(c, n.node_id)
+        sent = _recording(n)
+        c.wait(lambda: any(m.get("type") == "request_vote" for _, m in sent), what="a campaign")
+        assert not any(a == older.cfg.raft_address and m.get("type") == "pq_pre_vote" for a, m in sent)
+
+
+def test_the_hello_says_the_node_speaks_pre_vote():
+    with SimCluster() as c:
+        c.leader()
+        for n in c.nodes.values():
+            assert n.raft.hello_message()["pre_vote"] is True
+            assert not any(n.on_loop(lambda n=n, x=x: n.raft.votes_without_pre_vote(x.cfg.raft_address))
+                           for x in c.nodes.values() if x is not n)
+
+
+# ------------------------------------------------------------------------------ 3. check-quorum
+def test_a_follower_that_hears_its_leader_ignores_a_vote_request_of_a_higher_term_but_not_a_transfer():
+    with SimCluster(start=False) as c:
+        n, obj, sent = _alone(c, vouched=True, term=3)
+        index, log_term = _last(n)
+        _heartbeat(c, n, 2, term=3)
+        candidate = _fake_peer(c, 3)
+        request = {"type": "request_vote", "term": 5, "last_log_index": index, "last_log_term": log_term}
+        _deliver(n, candidate, request)
+        assert (obj.term, obj.voted_for) == (3, None)  # neither granted nor its term taken
+        assert _answers(sent, candidate.address, "response_vote") == [
+            {"type": "response_vote", "term": 3, "granted": False}]
+        _deliver(n, candidate, dict(request, transfer=True))  # the leader asked for this campaign
+        assert (obj.term, obj.voted_for) == (5, candidate.id)
+        assert _answers(sent, candidate.address, "response_vote")[-1] == {"type": "response_vote", "term": 5}
+
+
+def test_a_follower_back_from_a_partition_does_not_depose_the_leader():
+    """Pre-vote and check-quorum together (thesis 9.6, KIP-996): a follower cut off for several election
+    timeouts keeps its term, and once the partition heals it follows the same leader in the same term."""
+    with SimCluster() as c:
+        c.register(1)
+        leader = c.leader()
+        term = leader.raft.raft_term
+        follower = next(n for n in c.nodes.values() if n is not leader)
+        _cut_off(c, follower.node_id)
+        sent = _recording(follower)
+        c.wait(lambda: sum(m.get("type") in ("pq_pre_vote", "request_vote") for _, m in sent) >= 3 * 2,
+               what="three rounds of the cut-off follower's election timer")
+        assert follower.raft.raft_term == term
+        c.heal()
+        c.wait(lambda: follower.raft.role()[1:] == (leader.raft.self_addr, term), what="the follower to follow again")
+        c.register(2)
+        assert leader.raft.is_leader and leader.raft.raft_term == term
+
+
+def test_a_leader_cut_off_from_its_majority_steps_down_and_the_majority_elects_another():
+    """Check-quorum's first half: pysyncobj's leaderFallbackTimeout (``leader_step_down_timeout``) makes a
+    leader that heard from no majority for that long a follower."""
+    with SimCluster() as c:
+        c.register(1)
+        leader = c.leader()
+        term = leader.raft.raft_term
+        _cut_off(c, leader.node_id)
+        c.wait(lambda: not leader.raft.is_leader, timeout=leader.cfg.raft.leader_step_down_timeout + 2.0,
+               what="the cut-off leader to step down")
+        others = [n.node_id for n in c.nodes.values() if n is not leader]
+        assert c.leader(among=others).raft.raft_term > term
+
+
+def test_a_leadership_transfer_still_elects_its_target():
+    """The followers hear the leader (check-quorum's lease) when its target campaigns: its vote requests say it
+    is a transfer, so they vote."""
+    with SimCluster() as c:
+        c.register(1)
+        leader = c.leader()
+        target = next(n for n in c.nodes.values() if n is not leader)
+        c.wait(lambda: leader.on_loop(lambda: leader.raft._obj.match_index.get(_fake_peer(c, target.node_id), 0)
+                                       == leader.raft.journal.entries[-1][1]), what="the target to be caught up")
+        leader.raft.transfer_leadership(target.cfg.raft_address, timeout=5.0)
+        c.wait(lambda: c.leader() is target, what="the target to lead")
+        c.register(2)

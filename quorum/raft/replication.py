@@ -130,9 +130,28 @@ class Replicated(Core):
         brought forward to then.  Only when followers apply changes (reads they serve: ACLs,
         transactions to complete); what the leader commits, applies and answers does not.
         """
+        membership = self._commits_membership()
         applied = super().apply_log_entries()
+        if membership:
+            # The commit index that covers a membership entry durable now, not at the meta's next one-second
+            # write: this node's word to a restarted peer says the configuration is committed here
+            # (``RaftNode._config_word``), and that word is what lets the peer go without the word of a member
+            # removed (``RaftNode._configurations``).  Reported uncommitted after a restart within the second,
+            # it kept a copy from before a removal waiting for the removed member for good.
+            self._pq.journal.onOneSecondTimer()
         if applied and self.state == LEADER:
             self.next_append_time = min(self.next_append_time, clock() + COMMIT_NOTIFY_S)
+        return False
+
+    def _commits_membership(self) -> bool:
+        """A membership entry is among the committed entries about to be applied."""
+        if not self.configuration.dynamicMembershipChange:
+            return False
+        journal = self._pq.journal
+        for index in range(self.last_applied + 1, self.commit_index + 1):
+            entry = journal.entry(index)
+            if entry is not None and self.parse_membership(entry[0]) is not None:
+                return True
         return False
 
     def on_node_disconnected(self, node):

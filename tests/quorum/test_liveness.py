@@ -241,3 +241,29 @@ def test_a_leadership_transfer_still_elects_its_target():
         leader.raft.transfer_leadership(target.cfg.raft_address, timeout=5.0)
         c.wait(lambda: c.leader() is target, what="the target to lead")
         c.register(2)
+
+
+
+# ------------------------------------------------- 4. a restart after a membership change
+def test_a_copy_from_before_a_removal_is_vouched_for_by_the_peer_that_committed_it_even_after_its_restart():
+    """Seed 301932's stall: a node whose configuration still holds a member that is gone needs that member's
+    word, unless a peer reports a newer configuration whose entry it committed (its log holds every committed
+    entry before it: the gone member's word adds nothing).  The committed flag came from the peer's commit
+    index, which a restart takes from the journal's meta, written once a second: the leader that committed the
+    removal and restarted within the second reported it uncommitted, and B, restored from a copy from before
+    the removal, waited for C forever while A waited for B's vote.  A committed membership entry now makes
+    the commit index that covers it durable at once."""
+    with SimCluster() as c:
+        epoch = c.register(1)
+        a = c.leader()
+        b, gone = [n for n in c.nodes.values() if n is not a]
+        backup = b.disk.crash()  # B's copy: the configuration is (A, B, C)
+        gone.crash()
+        a.raft.remove_member(gone.cfg.raft_address, timeout=10.0)  # committed by A and B
+        a.restart(a.disk.crash())  # within the second
+        assert gone.cfg.raft_address not in a.raft.members()
+        b.restart(backup)
+        c.wait(lambda: b.raft.vouched and not b.raft.restricted, what="B to be vouched for and caught up")
+        c.allocate(1, epoch, timeout=15.0)
+        assert gone.cfg.raft_address not in b.raft.members()
+        c.assert_no_block_reissued()

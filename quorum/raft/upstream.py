@@ -27,7 +27,10 @@ AppendEntries                          entries match; commit index advanced over
                                        heartbeat); no answer to a vote request of    the message verified, terms on
                                        a lower term; votes counted per message;      votes and acknowledgements,
                                        acknowledgements without their term;          votes counted per voter,
-                                       requests from outside the configuration       the recovery gate
+                                       requests from outside the configuration;      the recovery gate, every
+                                       a higher term taken from any vote request     vote request answered with
+                                                                                     the term; check-quorum's
+                                                                                     lease (``_in_lease``)
 ``__applyLogEntries``                  an AppendEntries round after every commit     the commit index rides the
                                        (half of the messages of an entry)            next heartbeat (``COMMIT_NOTIFY_S``)
 ``_checkCommandsToApply``,             a command submitted on a follower is          refused there (NOT_LEADER): a
@@ -37,7 +40,9 @@ AppendEntries                          entries match; commit index advanced over
 ``__onNodeDisconnected``               a killed leader is noticed only at the        campaign within half the
                                        election timeout                              minimum election timeout
 ``_onTick``                            a node that may have lost acknowledged        never stands for election
-                                       entries stands for election                   while held back
+                                       entries stands for election; a node back      while held back; pre-vote
+                                       from a partition campaigns in a higher term   first, then the campaign
+                                       and deposes a healthy leader                  (``Replicated._campaign``)
 ``_poller``                            a thread and a ``select.poll`` of its own     the node's asyncio loop
                                                                                      (``quorum.looppoller``)
 ``TCPTransport``: links only nodes     a node never hears a member its log does      ``TcpTransport``: a link when

@@ -158,8 +158,8 @@ class AppendFile:
 
     def truncate(self, size: int) -> None:
         """Cut the file to ``size`` bytes, durably (synced before anything is written after it)."""
+        sys_ = self.disk.os
         try:
-            sys_ = self.disk.os
             sys_.ftruncate(self._fd, size)
             sys_.lseek(self._fd, size, os.SEEK_SET)
             sys_.fdatasync(self._fd)

@@ -7,7 +7,13 @@ Raft's safety properties (Raft paper, figure 3), checked on the nodes' real stat
   same command there and the same entries before it;
 * **leader completeness**: a leader holds every entry committed in an earlier term
   (in its journal, or below its snapshot);
-* **state-machine safety**: no two nodes apply different entries at one index.
+* **state-machine safety**: no two nodes apply different entries at one index;
+* **a log's terms never decrease** along its indexes (every entry was appended by the leader of
+  its term, after the entries before it);
+* **one vote per term**: a node never grants its vote to two candidates in one term, across
+  restarts (read from the votes it sends);
+* **a term never goes back**: a node starts again in a term at least as high as any it held while
+  it ran (term and vote are durable before anything leaves the node that depends on them).
 
 And pidquorum's own:
 
@@ -81,6 +87,11 @@ class Checker:
         self.txn_epochs: set[tuple[str, int, int]] = set()
         self.txn_pid: dict[str, int] = {}
         self.handed: dict[int, int] = {}  # producer ID -> the broker that handed it out
+        self.votes: dict[tuple[str, int], str] = {}       # (voter, term) -> the candidate it granted its vote to
+        self.terms: dict[int, int] = {}                   # node id -> highest term its journal held while it ran
+        self.installs = 0                                 # snapshots installed by followers
+        self.installs_on_conflict = 0                     # of them, on a log holding the snapshot's index in another term
+        self.installs_over_tail = 0                       # ... and entries after it (the tail the install must drop)
         self.checks = 0
 
     # ------------------------------------------------------------ applies
@@ -94,6 +105,42 @@ class Checker:
             return result
 
         raft._on_apply = on_apply
+
+    # ------------------------------------------------------ votes and terms
+    def vote(self, voter: str, term, candidate: str) -> None:
+        """``voter`` sent ``candidate`` a granted vote in ``term``: never another candidate in that term."""
+        if not isinstance(term, int):
+            return
+        other = self.votes.setdefault((voter, term), candidate)
+        if other != candidate:
+            raise Violation(f"one vote per term: {voter} voted for {other} and for {candidate} in term {term}")
+
+    def started(self, node: "SimulatedNode") -> None:
+        """``node`` started: its term is at least the highest it held while it ran before."""
+        term = node.raft.raft_term
+        held = self.terms.get(node.node_id, 0)
+        if term < held:
+            raise Violation(f"term went back: node {node.node_id} held term {held} before it stopped and starts "
+                            f"again in term {term} (start {node.starts})")
+        self.terms[node.node_id] = max(held, term)
+
+    def forget_term(self, node_id: int) -> None:
+        """The node's data directory was replaced by an older copy: its term may be older (the peers' word
+        raises it before it votes); what it holds from now on is checked again."""
+        self.terms.pop(node_id, None)
+
+    def installing(self, node: "SimulatedNode", last: tuple, tail: int, held) -> None:
+        """A follower installs a snapshot ending at ``last`` (command, index, term); ``held`` is its log's
+        entry at that index, ``tail`` how many entries it holds after it."""
+        self.installs += 1
+        if held is not None and held[2] != last[2]:
+            self.installs_on_conflict += 1
+            if tail:
+                self.installs_over_tail += 1
+
+    def figures(self) -> dict:
+        return {"installs": self.installs, "installs_on_conflict": self.installs_on_conflict,
+                "installs_over_tail": self.installs_over_tail}
 
     def _applied(self, node: "SimulatedNode", index: int, term: int, payload: bytes, result) -> None:
         entry = node.raft.journal.entry(index)  # what is compared is the log entry's command, as in the logs
@@ -151,9 +198,18 @@ class Checker:
                 if holder != n.address:
                     raise Violation(f"election safety: {n.address} and {holder} both lead term {term}")
             journal = raft.journal
+            # (what its journal holds as its term: durable before any message of that term leaves it)
+            self.terms[n.node_id] = max(self.terms.get(n.node_id, 0), journal.getCurrentTerm())
             snap = raft.store.current
             base = snap.last_index if snap else 1  # index 1: pysyncobj's implicit first no-op, on every node
-            entries = {e[1]: (e[2], _h(e[0])) for e in journal.entries}
+            entries = {}
+            previous = (0, 0)
+            for e in journal.entries:
+                if e[2] < previous[1]:
+                    raise Violation(f"log: node {n.node_id} holds term {e[2]} at index {e[1]} after term "
+                                    f"{previous[1]} at index {previous[0]} (a log's terms never decrease)")
+                previous = (e[1], e[2])
+                entries[e[1]] = (e[2], _h(e[0]))
             logs[n.address] = (entries, base)
             commit = raft.commit_index
             durable = journal.durable_end()[1]

@@ -67,6 +67,10 @@ class SimNetwork:
         self.blocked: set[tuple[str, str]] = set()
         self._epochs = 0
         self.sent = self.delivered = self.dropped = 0
+        # AppendEntries seen leaving a node (``_note_append``): all, those that a batch limit cut short of
+        # the sender's log end (or one piece of an entry too large for a message), and those whose commit
+        # index is beyond the last entry they carry (what a follower may commit is what the message verified)
+        self.appends = self.appends_split = self.appends_commit_beyond = 0
 
     # ----------------------------------------------------------- endpoints
     def attach(self, t: "SimTransport") -> None:
@@ -129,6 +133,12 @@ class SimNetwork:
         link = self.links.get(frozenset((src, dst)))
         if link is None:
             return False
+        if type(message) is dict:
+            kind = message.get("type")
+            if kind == "append_entries":
+                self._note_append(src, message)
+            elif kind == "response_vote" and message.get("granted") is not False:
+                self.sim.checker.vote(src, message.get("term"), dst)
         self.sent += 1
         f, rng = self.faults, self.sim.rng
         if not self.passable(src, dst) or rng.random() < f.drop:
@@ -146,6 +156,25 @@ class SimNetwork:
                 link.last_at[(src, dst)] = at
             self.sim.schedule(at, "deliver", self._deliver, link.epoch, src, dst, data)
         return True
+
+    def _note_append(self, src: str, m: dict) -> None:
+        self.appends += 1
+        if "prevLogIdx" not in m:
+            return  # a snapshot chunk, or a message without entries: it verifies nothing
+        if "transmission" in m:
+            self.appends_split += 1  # one piece of an entry larger than the batch limit
+            return
+        entries = m.get("entries") or ()
+        last = entries[-1][1] if entries else m["prevLogIdx"]
+        sender = self.sim.node_at(src)
+        if entries and sender is not None and sender.running and sender.raft.journal.entries[-1][1] > last:
+            self.appends_split += 1
+        if isinstance(m.get("commit_index"), int) and m["commit_index"] > last:
+            self.appends_commit_beyond += 1
+
+    def figures(self) -> dict:
+        return {"append_entries": self.appends, "append_entries_split": self.appends_split,
+                "append_entries_commit_beyond": self.appends_commit_beyond}
 
     def _deliver(self, epoch: int, src: str, dst: str, data: bytes) -> None:
         link = self.links.get(frozenset((src, dst)))

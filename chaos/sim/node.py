@@ -87,6 +87,9 @@ class SimulatedNode:
         # (messages, link changes, client requests) waits in ``deferred`` and runs, in order, on ``resume``.
         self.paused = False
         self.deferred: list = []
+        # The next start is with the operator's word that the data directory is the node's own (--trust-own-log:
+        # no peer's word needed before it votes and counts); the simulation sets it for a share of restarts.
+        self.trust_own_log = False
 
     @property
     def address(self) -> str:
@@ -124,7 +127,7 @@ class SimulatedNode:
         try:
             self.service = Service(self.cfg, disk=self.disk, clock=self.sim.clock, new_id=self.sim.new_id,
                                    failstop=self._failstop, transport_class=Transport,
-                                   node_class=StableNode)
+                                   node_class=StableNode, trust_own_log=self.trust_own_log)
         except (CorruptFileError, IdentityError) as e:
             self.refused = str(e)
             self.sim.note(f"node {self.node_id} refuses to start: {e}")
@@ -136,13 +139,34 @@ class SimulatedNode:
             self._teardown()
             return False
         self.sim.checker.watch(self)
+        self._watch_installs()
+        self.sim.checker.started(self)
         self.proposer = Proposer(self.service)
         self.proposer.linger_max_s = 0.0  # lingering only waits on real time patterns; keep batches plain
         self.loop.create_task(self.proposer.run())
         self.sim.note(f"node {self.node_id} started (start {self.starts}"
+                      f"{', trusting its own log' if self.trust_own_log else ''}"
                       f"{', recovering to ' + str(self.raft.recovery) if self.raft.recovery else ''})")
         self.wake(0.0)
         return True
+
+    def _watch_installs(self) -> None:
+        """Tell the checker what log each snapshot from the leader lands on (``RaftNode.install``)."""
+        raft = self.raft
+        original = raft.install
+
+        def install(snap, data, _raft=raft, _original=original):
+            journal = _raft.journal
+            last = tuple(snap.last_entry)
+            held = journal.entry(last[1])
+            tail = journal.entries[-1][1] - last[1] if journal.entries else 0
+            self.sim.checker.installing(self, last, max(tail, 0), held)
+            self.sim.note(f"node {self.node_id} installs a snapshot at {last[1]} (term {last[2]}) over its log "
+                          f"{journal.entries[0][1] if journal.entries else None}.."
+                          f"{journal.entries[-1][1] if journal.entries else None}"
+                          + (f", holding term {held[2]} there" if held is not None and held[2] != last[2] else ""))
+            return _original(snap, data)
+        raft.install = install
 
     def _teardown(self) -> None:
         """The process is gone: its sockets close, nothing more reaches its files."""

@@ -42,7 +42,7 @@ from client import api as p
 from quorum.config import NodeConfig, Peer
 from quorum.raft import RaftConfig
 from quorum.rpcs import RPCS
-from records import InitTransactionalProducerRequest, SeedProducerIdsRequest
+from records import InitTransactionalProducerRequest, SeedProducerIdsRequest, encode_batch
 from storage.disk import EXIT_STORAGE
 from wire.errors import CoordinatorLoadInProgressError, PidQuorumError, RequestTimedOutError
 
@@ -138,7 +138,7 @@ class Simulation:
         self.tick_period = 0.05
         self.step_no = 0
         self.stats: dict[str, int] = {"faults": 0, "ops": 0, "acked": 0, "unknown": 0, "refused": 0,
-                                      "restarts": 0, "crash_states": 0}
+                                      "restarts": 0, "crash_states": 0, "trust_own_log_restarts": 0}
         self.faults_seen: dict[str, int] = {}
         self.plan = FaultPlan.draw(self.rng) if config.faults else FaultPlan()
         compaction = self.rng.choice([8, 20, 60, 5000])
@@ -147,8 +147,23 @@ class Simulation:
                           # Snapshots here are a few kilobytes: small chunks make installs take several
                           # messages, with the follower's old log still in place between them.  (A stream of
                           # its own, so the draws above and the fault schedule stay as they were.)
-                          snapshot_chunk_bytes=random.Random(f"{config.seed}-chunks").choice([65536, 1024, 256]))
+                          snapshot_chunk_bytes=random.Random(f"{config.seed}-chunks").choice([65536, 1024, 256]),
+                          # Likewise the AppendEntries batch limit: at 2 KiB or 512 bytes a follower that lags is
+                          # caught up by several messages, each carrying the leader's commit index beyond its
+                          # last entry, and a record larger than the limit travels in pieces.
+                          append_entries_batch_bytes=random.Random(f"{config.seed}-batches").choice(
+                              [65536, 2048, 512]))
         self.raft_config = raft
+        # Records of a few KiB in some requests (long transactional ids and broker listeners), from a stream of
+        # its own: which requests are large moves no other draw.
+        self.records_rng = random.Random(f"{config.seed}-records")
+        # Each stays under the batch limit: an entry larger than it travels in pieces, a path that fails today
+        # (pysyncobj marks the last piece by the command's length, not the pickled entry's).
+        self.large_record_chars = min(self.records_rng.choice([0, 0, 1500, 5000]),
+                                      max(raft.append_entries_batch_bytes - 512, 0) // 3)
+        # A share of restarts of a node on its own data directory are started with --trust-own-log.
+        self.trust_rng = random.Random(f"{config.seed}-trust")
+        self.trust_share = self.trust_rng.choice([0.0, 0.3, 0.6])
         self.checker = Checker(self)
         self.liveness = Watch(self)
         self.net = SimNetwork(self, self.plan.net, raft.connection_timeout, raft.reconnect_interval)
@@ -198,6 +213,19 @@ class Simulation:
     def running(self) -> list[SimulatedNode]:
         return [n for n in self.nodes.values() if n.running]
 
+    def node_at(self, address: str) -> SimulatedNode | None:
+        for n in self.nodes.values():
+            if n.address == address:
+                return n
+        return None
+
+    def padding(self, share: float = 0.5) -> str:
+        """A few KiB of text for a request's free-form field (a listener's host, a transactional id) in
+        seeds that send large records, for ``share`` of the requests asked."""
+        if not self.large_record_chars or self.records_rng.random() >= share:
+            return ""
+        return "-" + "x" * self.records_rng.randint(self.large_record_chars // 2, self.large_record_chars)
+
     def leader(self) -> SimulatedNode | None:
         for n in self.running():
             if n.raft.is_leader:
@@ -234,12 +262,18 @@ class Simulation:
         for index in sorted(self.checker.ledger):  # the committed log itself, entry by entry
             term, crc = self.checker.ledger[index]
             self._digest.update(f"{index}:{term}:{crc};".encode())
-        stats = dict(self.stats, messages=self.net.sent, delivered=self.net.delivered, dropped=self.net.dropped,
+        stats = dict(self.stats, traffic=self._traffic(), messages=self.net.sent, delivered=self.net.delivered, dropped=self.net.dropped,
                      checks=self.checker.checks, committed=len(self.checker.ledger),
                      faults_by_kind=dict(sorted(self.faults_seen.items())), plan=self.plan.describe(),
                      liveness=self.liveness.figures())
         return SimResult(self.config.seed, ok, self.step_no, self.clock.now, time.perf_counter() - t0, violation,
                          None if ok else self.step_no, list(self.trace), stats, self._digest.hexdigest()[:16])
+
+    def _traffic(self) -> dict:
+        """What the seed's traffic reached: split AppendEntries, commit indexes beyond a message's entries,
+        installs on a conflicting log (``SimNetwork.figures``, ``Checker.figures``)."""
+        return dict(self.net.figures(), **self.checker.figures(), batch_bytes=self.raft_config.append_entries_batch_bytes,
+                    large_records=self.large_record_chars)
 
     def _run(self) -> None:
         for n in self.nodes.values():
@@ -456,6 +490,12 @@ class Simulation:
     def _start(self, node: SimulatedNode) -> bool:
         self.stats["restarts"] += 1
         before = getattr(node, "_committed_before", None)
+        # --trust-own-log is the operator's word that the data directory is the one the node last ran on: true
+        # of every restart here but those of a restored copy (a power loss keeps what was synced).
+        node.trust_own_log = (node.starts > 0 and node.node_id not in self.expected_loss
+                              and self.trust_rng.random() < self.trust_share)
+        if node.trust_own_log:
+            self.stats["trust_own_log_restarts"] += 1
         ok = node.start()
         if not ok:
             if node.cut:  # a crash-state exploration cut this start short; its restart is scheduled
@@ -629,8 +669,33 @@ class Simulation:
         self.net.blocked |= cut
         self.note(f"partition (the leader, node {old.node_id}, is cut off): {sorted(cut)}")
         self.after(self.rng.uniform(0.8, 2.0), "heal", self._compact_then_heal, old, cut)
+        self._to_cut_off_leader(old, cut)
+
+    def _to_cut_off_leader(self, old: SimulatedNode, cut: set) -> None:
+        """While the cut-off leader believes it leads, entries keep reaching its log: a writer of its own
+        proposes an empty batch every few milliseconds (a pipelining client of ``RaftNode.propose``; the
+        quorum's proposer keeps one entry in flight, so it alone would add one).  The cut-off leader so
+        appends entries of its term past the index the other side's leader compacts to: healed, it gets a
+        snapshot over a log that holds that index in another term, with a tail after it."""
+        if not cut <= self.net.blocked or not old.running or not old.raft.is_leader:
+            return
+        old.guard(old.raft.propose, encode_batch([]), lambda result, error: None)
+        old.wake(0.0)
+        self.after(self.rng.uniform(0.005, 0.03), "client", self._to_cut_off_leader, old, cut)
 
     def _compact_then_heal(self, old: SimulatedNode, cut: set) -> None:
+        """The other side's leader writes an entry of its own term (an empty batch) and, once it applied it,
+        compacts: the snapshot then ends at least two entries past the last one both sides share, so the
+        cut-off leader cannot be caught up by AppendEntries from that leader's log and gets the snapshot."""
+        leader = self.leader()
+        if leader is not None and leader is not old:
+            leader.guard(leader.raft.propose, encode_batch([]), lambda result, error: None)
+            leader.wake(0.0)
+            self.after(0.05, "heal", self._compact_and_heal, old, cut)
+            return
+        self.after(self.rng.uniform(0.05, 0.3), "heal", self._heal, cut)
+
+    def _compact_and_heal(self, old: SimulatedNode, cut: set) -> None:
         leader = self.leader()
         if leader is not None and leader is not old:
             leader.raft.force_snapshot()
@@ -744,6 +809,7 @@ class Simulation:
         n._committed_before = None
         n.disk = disk.crash()
         self.expected_loss.add(n.node_id)
+        self.checker.forget_term(n.node_id)
         self._restored = (n, None)
         delay = self.rng.uniform(0.05, 1.0)
         self.after(delay, "restart", self._restart, n)
@@ -1001,6 +1067,7 @@ class _Broker:
         self.epoch: int | None = None
         self.busy = False
         self.txn: dict[str, tuple[int, int]] = {}
+        self.tids: dict[int, str] = {}
 
     def act(self) -> None:
         sim = self.sim
@@ -1009,10 +1076,11 @@ class _Broker:
             roll = sim.rng.random()
             if self.epoch is None or roll < 0.03:
                 incarnation = sim.new_id()
-                _Op(sim, p.registration_request(self.broker_id, uuid.UUID(incarnation), f"broker-{self.broker_id}:9092"),
+                _Op(sim, p.registration_request(self.broker_id, uuid.UUID(incarnation),
+                                                f"broker-{self.broker_id}{sim.padding()}:9092"),
                     f"broker {self.broker_id} registers", on_ok=self._registered, on_done=self._idle)
             elif roll < 0.12:
-                tid = f"txn-{self.broker_id}-{sim.rng.randint(0, 2)}"
+                tid = self._tid(sim.rng.randint(0, 2))
                 pid, epoch = self.txn.get(tid, (-1, -1))
                 _Op(sim, InitTransactionalProducerRequest(
                         broker_id=self.broker_id, broker_epoch=self.epoch, transactional_id=tid,
@@ -1024,6 +1092,12 @@ class _Broker:
                 _Op(sim, p.allocate_request(self.broker_id, epoch),
                     f"broker {self.broker_id} allocates", on_ok=self._allocated, on_done=self._idle)
         sim.after(sim.rng.expovariate(8.0), "client", self.act)
+
+    def _tid(self, k: int) -> str:
+        """The broker's k-th transactional id (a few KiB long in some seeds: always the same for one k)."""
+        if k not in self.tids:
+            self.tids[k] = f"txn-{self.broker_id}-{k}{self.sim.padding(0.4)}"
+        return self.tids[k]
 
     def _idle(self) -> None:
         self.busy = False

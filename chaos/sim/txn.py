@@ -530,6 +530,7 @@ class TxnSimulation(Simulation):
         self.n_ids = rng.randint(2, 5)
         self.txn_brokers: list[_TxnBroker] = []
         self.instances: list[_Instance] = []
+        self._tids: dict[int, str] = {}
         self.txn_stopping = False
         self.txn_stats = {"calls": 0, "late_requests": 0, "duplicated_requests": 0, "answers_lost": 0,
                           "forwarded": 0, "served_after_pause": 0, "late_copies_ok": 0, "late_copies_refused": 0,
@@ -645,8 +646,14 @@ class TxnSimulation(Simulation):
     def _start_workload(self) -> None:
         self.txn_brokers = [_TxnBroker(self, 201 + i) for i in range(2)]
         for i in range(self.n_ids):
-            self._new_instance(f"tx-{i}")
+            self._new_instance(self._tid(i))
         self.after(1.0, "client", self._sample)
+
+    def _tid(self, i: int) -> str:
+        """The i-th transactional id: a few KiB long in some seeds (``Simulation.padding``), always the same."""
+        if i not in self._tids:
+            self._tids[i] = f"tx-{i}{self.padding(0.4)}"
+        return self._tids[i]
 
     def _new_instance(self, tid: str) -> None:
         self.txn_stats["instances"] += 1
@@ -686,7 +693,7 @@ class TxnSimulation(Simulation):
 
     def _fault_fence(self) -> None:
         self.fault("fence")
-        self._new_instance(f"tx-{self.rng.randrange(self.n_ids)}")
+        self._new_instance(self._tid(self.rng.randrange(self.n_ids)))
 
     def _fault_bad_answer(self) -> None:
         pass  # no managed broker here

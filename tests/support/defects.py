@@ -207,6 +207,57 @@ def vote_denial_term_ignored():
     return _patched(*patches)
 
 
+def commit_past_verified():
+    """Blind spot 1: a follower moves its commit index to the leader's, capped by the end of its own log
+    instead of by the last entry the AppendEntries verified (Raft, figure 2: min(leaderCommit, index of
+    last new entry)).  A follower holding a deposed leader's uncommitted tail beyond what a split batch
+    carried would then apply that tail.  The simulation does not find it today, and cannot: the leader walks
+    its next index back one entry per refusal (``quorum.raft.replication``), so the first AppendEntries a
+    follower matches starts at its first conflicting entry, which cuts the tail; a walk that jumps back
+    further (to the follower's commit index, say) makes it reachable by the split batches the seeds send."""
+    original = raft_module._Replicated._match_and_append
+
+    def match_and_append(self, node, prev_idx, prev_term, entries, leader_commit):
+        journal = self._pq.journal
+        prev = journal.entry(prev_idx) if isinstance(prev_idx, int) else None
+        matched = prev is not None and prev[2] == prev_term
+        result = original(self, node, prev_idx, prev_term, entries, leader_commit)
+        if matched and isinstance(leader_commit, int) and journal.entries:
+            commit = min(leader_commit, journal.entries[-1][1])
+            if commit > self.commit_index:
+                self.commit_index = commit
+                journal.setRaftCommitIndex(commit)
+        return result
+    return _patched((raft_module._Replicated, "_match_and_append", match_and_append))
+
+
+def install_keeps_conflicting_tail():
+    """Blind spot 2: a follower installing a snapshot keeps the entries after the snapshot's last index
+    even when its log holds that index in another term (Raft: keep what follows only when the entry
+    there matches; otherwise the whole log goes).  The journal is rebased with that tail."""
+    original = DurableJournal.rebase
+
+    def rebase(self, prev, last):
+        held = self.entry(last[1])
+        if held is not None and held[2] != last[2]:
+            tail = [e for e in self.entries if e[1] > last[1]]
+            self._write_whole([tuple(prev), tuple(last)] + tail)
+            return 0
+        return original(self, prev, last)
+    return _patched((DurableJournal, "rebase", rebase))
+
+
+def term_and_vote_written_lazily():
+    """Blind spot 3: the journal records a new term and vote in memory only, for its one-second timer (or
+    its next metadata write) to store, as it does the commit index: a vote or an acknowledgement in that
+    term leaves before the term is durable, and a restart forgets both."""
+    def set_current_term(self, term, voted_for):
+        self._meta["term"] = term
+        self._meta["voted_for"] = voted_for
+        self._meta_dirty = True
+    return _patched((DurableJournal, "setCurrentTerm", set_current_term))
+
+
 SWITCHES = {
     "journal-cleared-on-mismatch": journal_cleared_on_mismatch,
     "install-not-synced": install_not_synced,
@@ -218,4 +269,7 @@ SWITCHES = {
     "kafka-20031-less-than-for-at-most": kafka_20031_less_than_for_at_most,
     "txn-step-names-no-transaction": txn_step_names_no_transaction,
     "vote-denial-term-ignored": vote_denial_term_ignored,
+    "commit-past-verified": commit_past_verified,
+    "install-keeps-conflicting-tail": install_keeps_conflicting_tail,
+    "term-and-vote-written-lazily": term_and_vote_written_lazily,
 }

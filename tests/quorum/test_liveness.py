@@ -163,20 +163,27 @@ def test_a_member_of_an_earlier_version_counts_as_a_pre_vote_so_a_rolling_upgrad
         n = c.nodes[2] if c.leader() is not c.nodes[2] else c.nodes[3]
         older = next(x for x in c.nodes.values() if x is not n and x is not c.leader())
         assert n.on_loop(lambda: not n.raft.votes_without_pre_vote(older.cfg.raft_address))
-        n.on_loop(lambda: n.raft._pre_vote_peers.__setitem__(older.cfg.raft_address, False))
+        n.raft.votes_without_pre_vote = lambda address: address == older.cfg.raft_address  # what its hello says
         _cut_off(c, n.node_id)
         sent = _recording(n)
         c.wait(lambda: any(m.get("type") == "request_vote" for _, m in sent), what="a campaign")
         assert not any(a == older.cfg.raft_address and m.get("type") == "pq_pre_vote" for a, m in sent)
 
 
-def test_the_hello_says_the_node_speaks_pre_vote():
+def test_the_hello_says_whether_a_node_speaks_pre_vote():
     with SimCluster() as c:
         c.leader()
         for n in c.nodes.values():
             assert n.raft.hello_message()["pre_vote"] is True
             assert not any(n.on_loop(lambda n=n, x=x: n.raft.votes_without_pre_vote(x.cfg.raft_address))
                            for x in c.nodes.values() if x is not n)
+        n, peer = c.nodes[1], c.nodes[2]
+        hello = peer.on_loop(peer.raft.hello_message)
+        older = {k: v for k, v in hello.items() if k != "pre_vote"}  # an earlier version's hello
+        n.on_loop(lambda: n.raft._on_hello(_fake_peer(c, 2), older))
+        assert n.on_loop(lambda: n.raft.votes_without_pre_vote(peer.cfg.raft_address))
+        n.on_loop(lambda: n.raft._on_hello(_fake_peer(c, 2), hello))  # upgraded, reconnected
+        assert not n.on_loop(lambda: n.raft.votes_without_pre_vote(peer.cfg.raft_address))
 
 
 # ------------------------------------------------------------------------------ 3. check-quorum

@@ -41,11 +41,13 @@ def majority_leader(sim: "Simulation") -> "SimulatedNode | None":
     """The node that leads with a majority of its own configuration following it in its term (itself
     included), if there is one; a leader cut off from its followers, or one that a newer term deposed
     on the others, is not."""
-    by_address = {n.address: n for n in sim.nodes.values() if n.running and not n.paused}
-    for n in by_address.values():
+    up = [n for n in sim.nodes.values() if n.running and not n.paused]
+    leaders = [n for n in up if n.raft.is_leader]  # most calls end here: no leader
+    if not leaders:
+        return None
+    by_address = {n.address: n for n in up}
+    for n in leaders:
         raft = n.raft
-        if not raft.is_leader:
-            continue
         term = raft.raft_term
         members = raft.members()
         following = 1

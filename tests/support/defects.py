@@ -186,7 +186,7 @@ def vote_denial_term_ignored():
     (pysyncobj sends no answer to a RequestVote from an earlier term).  A candidate below the others' term
     then stays there while they, held back or with a shorter log, elect nobody without it.  Patches the two
     places where a denial's higher term makes the candidate a follower in it: ``_Replicated._stale_term``
-    (a ``response_vote`` with ``granted`` false: dropped before it is read) and, where there is one,
+    (a ``response_vote`` with ``granted`` false: dropped before it is read) and
     ``_Replicated._on_pre_vote_response`` (a ``pq_pre_vote_response`` not granted: handed on without its
     term, which drops it too)."""
     replicated = raft_module._Replicated
@@ -196,15 +196,14 @@ def vote_denial_term_ignored():
         if message.get("type") == "response_vote" and message.get("granted") is False:
             return True
         return original(self, node, message)
-    patches = [(replicated, "_stale_term", stale_term)]
-    pre_vote_response = getattr(replicated, "_on_pre_vote_response", None)
-    if pre_vote_response is not None:
-        def on_pre_vote_response(self, node, message):
-            if message.get("granted") is not True:
-                message = {k: v for k, v in message.items() if k != "term"}
-            return pre_vote_response(self, node, message)
-        patches.append((replicated, "_on_pre_vote_response", on_pre_vote_response))
-    return _patched(*patches)
+    pre_vote_response = replicated._on_pre_vote_response
+
+    def on_pre_vote_response(self, node, message):
+        if message.get("granted") is not True:
+            message = {k: v for k, v in message.items() if k != "term"}
+        return pre_vote_response(self, node, message)
+    return _patched((replicated, "_stale_term", stale_term),
+                    (replicated, "_on_pre_vote_response", on_pre_vote_response))
 
 
 def commit_past_verified():

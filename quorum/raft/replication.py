@@ -254,11 +254,17 @@ class Replicated(Core):
                 and clock() - self._leader_heard < self.configuration.raftMinTimeout)
 
     def _deny(self, node, message) -> None:
-        """A vote or pre-vote request answered no, with this node's term: a candidate below it follows it."""
+        """A vote or pre-vote request answered no, with this node's term: a candidate below it follows it.
+
+        A RequestVote is answered only from a lower term than this node's, where the answer tells the
+        candidate something.  A denial in the candidate's own term would count as a vote on a node of an
+        earlier version (pysyncobj counts every ``response_vote`` of its term); one from a lower term it
+        ignores.  A pre-vote (a type of this version) is always answered."""
+        term = message.get("term")
         if message.get("type") == "pq_pre_vote":
-            self.transport.send(node, {"type": "pq_pre_vote_response", "term": self.term,
-                                       "pre_term": message.get("term"), "granted": False})
-        else:
+            self.transport.send(node, {"type": "pq_pre_vote_response", "term": self.term, "pre_term": term,
+                                       "granted": False})
+        elif is_int(term) and term < self.term:
             self.transport.send(node, {"type": "response_vote", "term": self.term, "granted": False})
 
     def _on_pre_vote(self, node, message) -> None:
@@ -356,8 +362,7 @@ class Replicated(Core):
             return
         if kind == "request_vote" and is_int(message.get("term")) and message["term"] > self.term \
                 and self._in_lease(message):
-            self._deny(node, message)  # check-quorum: neither granted nor its term taken
-            return
+            return  # check-quorum: neither granted nor its term taken
         if kind in ("request_vote", "timeout_now") and self._pq.restricted and not self._may_vote(message):
             self._withhold(node, message)
             return
@@ -434,15 +439,13 @@ class Replicated(Core):
         return all(is_int(x) for x in last) and last >= pq.recovery
 
     def _withhold(self, node, message) -> None:
-        """A recovering node keeps up with terms but grants no vote and takes no leadership; a vote request is
-        answered with a denial in the term it now holds (a candidate below it follows it)."""
+        """A recovering node keeps up with terms but grants no vote and takes no leadership (a vote request
+        from a lower term is answered with its term: ``_stale_term``, ``_deny``)."""
         term = message.get("term")
         if is_int(term) and term > self.term:
             self.set_term(term, None)
             self.set_state(FOLLOWER)
             self.leader = None
-        if message.get("type") == "request_vote":
-            self._deny(node, message)
         self._pq.votes_withheld += 1
 
     def _append_entries(self, node, m) -> None:

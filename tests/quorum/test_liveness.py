@@ -61,31 +61,35 @@ def _answers(sent, address, kind):
 
 
 # ------------------------------------------------------- 1. a vote answer carries the voter's term
-def test_a_held_back_node_answers_every_vote_request_with_its_term():
-    """Seeds 301932 / 302145: a candidate stayed below a held-back node's term because nothing answered it.
-    A node not vouched for yet takes a higher term from a vote request, grants nothing, and answers with the
-    term it holds now; a request from a lower term is answered alike."""
+def test_a_held_back_node_takes_a_higher_term_from_a_vote_request_and_answers_a_lower_one_with_it():
+    """Seed 302145: a candidate stayed below a held-back node's term.  A node not vouched for yet takes a
+    higher term from a vote request and grants nothing; a request from a lower term is answered with its term
+    (``_stale_term``, before the held-back node's rule).  No denial is sent in the candidate's own term: a node
+    of an earlier version counts any ``response_vote`` of its term as a vote."""
     with SimCluster(start=False) as c:
         n, obj, sent = _alone(c, vouched=False)
         assert n.raft.restricted
         peer = _fake_peer(c, 2).address
         _deliver(n, _fake_peer(c, 2), {"type": "request_vote", "term": 7, "last_log_index": 99, "last_log_term": 7})
-        assert _answers(sent, peer, "response_vote") == [{"type": "response_vote", "term": 7, "granted": False}]
-        assert obj.term == 7 and obj.voted_for is None
+        assert obj.term == 7 and obj.voted_for is None and _answers(sent, peer, "response_vote") == []
         _deliver(n, _fake_peer(c, 2), {"type": "request_vote", "term": 5, "last_log_index": 99, "last_log_term": 5})
-        assert _answers(sent, peer, "response_vote")[-1] == {"type": "response_vote", "term": 7, "granted": False}
+        assert _answers(sent, peer, "response_vote") == [{"type": "response_vote", "term": 7, "granted": False}]
 
 
 def test_a_vote_request_from_outside_the_configuration_is_answered_with_the_term_and_changes_nothing():
     """A candidate outside this node's configuration (a member removed, or one whose entry this node lacks) is
-    refused, as before, but told the term: one below it follows it instead of campaigning there forever."""
+    refused, as before, but one below this node's term is told the term: it follows it instead of campaigning
+    there forever.  A pre-vote from outside is answered alike."""
     with SimCluster(start=False) as c:
         n, obj, sent = _alone(c, vouched=True, term=9)
         outsider = Node("127.0.0.1:1")
-        for term in (4, 12):
+        for term in (4, 9, 12):
             _deliver(n, outsider, {"type": "request_vote", "term": term, "last_log_index": 99, "last_log_term": 9})
         assert _answers(sent, outsider.address, "response_vote") == [
-            {"type": "response_vote", "term": 9, "granted": False}] * 2
+            {"type": "response_vote", "term": 9, "granted": False}]
+        _deliver(n, outsider, {"type": "pq_pre_vote", "term": 5, "last_log_index": 99, "last_log_term": 9})
+        assert _answers(sent, outsider.address, "pq_pre_vote_response") == [
+            {"type": "pq_pre_vote_response", "term": 9, "pre_term": 5, "granted": False}]
         assert obj.term == 9 and obj.voted_for is None
 
 
@@ -196,8 +200,7 @@ def test_a_follower_that_hears_its_leader_ignores_a_vote_request_of_a_higher_ter
         request = {"type": "request_vote", "term": 5, "last_log_index": index, "last_log_term": log_term}
         _deliver(n, candidate, request)
         assert (obj.term, obj.voted_for) == (3, None)  # neither granted nor its term taken
-        assert _answers(sent, candidate.address, "response_vote") == [
-            {"type": "response_vote", "term": 3, "granted": False}]
+        assert _answers(sent, candidate.address, "response_vote") == []
         _deliver(n, candidate, dict(request, transfer=True))  # the leader asked for this campaign
         assert (obj.term, obj.voted_for) == (5, candidate.id)
         assert _answers(sent, candidate.address, "response_vote")[-1] == {"type": "response_vote", "term": 5}

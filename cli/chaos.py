@@ -188,6 +188,7 @@ def chaos_simulate(seeds, steps, nodes, jobs, trace, json_path, sim_workload, ou
             ["faults per wall minute", f"{rates['faults_per_wall_minute']:,}"],
             ["simulated hours per wall minute", rates["simulated_hours_per_wall_minute"]]])
         render.table("faults by kind", ["fault", "count"], sorted(result.faults_by_kind.items()))
+        render.table("traffic", ["figure", "count"], [[k, f"{v:,}"] for k, v in sorted(result.traffic.items())])
         live = result.liveness()
         render.table("liveness (simulated seconds)", ["from", "to", "seeds or heals", "median", "p99", "max"], [
             [what, to, f"{s['count']:,}"] + ["-" if s[k] is None else f"{s[k]:.3f}" for k in ("median", "p99", "max")]

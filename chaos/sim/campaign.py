@@ -60,6 +60,9 @@ class CampaignResult:
     txn_aborted: int = 0
     txn_unknown: int = 0
     late_copies: int = 0      # requests served after their client had given up on them (SIGSTOP, delays)
+    # What the seeds' traffic reached, summed (Simulation._traffic): split AppendEntries, commit indexes beyond a
+    # message's entries, installs on a conflicting log, restarts with --trust-own-log.
+    traffic: Counter = field(default_factory=Counter)
     # Liveness figures of every seed (chaos.sim.liveness), in simulated seconds: from the last heal to a leader
     # that a majority follows and to a committed client request; from each heal during the run that found no
     # such leader to one.  Summarized by ``liveness``; not in ``to_dict`` one by one.
@@ -91,6 +94,7 @@ class CampaignResult:
                      "heals_with_leader", "heals_open_at_end"):
             del out[name]
         out["faults_by_kind"] = dict(sorted(self.faults_by_kind.items()))
+        out["traffic"] = dict(sorted(self.traffic.items()))
         out["liveness"] = self.liveness()
         out["failed"] = len(self.failures)
         out.update(self.rates())
@@ -125,6 +129,10 @@ def run_campaign(seeds: list[int], steps: int, nodes: int, jobs: int | None = No
         out.txn_unknown += result.stats.get("txn_unknown", 0)
         txn = result.stats.get("txn", {})
         out.late_copies += txn.get("late_copies_ok", 0) + txn.get("late_copies_refused", 0)
+        for k, v in result.stats.get("traffic", {}).items():
+            if k not in ("batch_bytes", "large_records"):  # the seed's settings, not counts
+                out.traffic[k] += v
+        out.traffic["trust_own_log_restarts"] += result.stats.get("trust_own_log_restarts", 0)
         live = result.stats.get("liveness", {})
         if live.get("leader_after_heal") is not None:
             out.leader_after_heal.append(live["leader_after_heal"])

@@ -193,6 +193,22 @@ def test_cli_simulate_reports_figures_and_exits_0_when_clean(tmp_path):
     figures = json.loads(out.read_text())
     assert figures["seeds"] == 2 and figures["failed"] == 0 and figures["steps"] >= 3000
     assert figures["simulated_hours_per_wall_minute"] > 0 and figures["faults"] >= 0
+    assert json.loads(result.output[result.output.index("{"):]) == figures
+    assert set(figures["traffic"]) == set(TRAFFIC)  # summed over the seeds; the seed's settings left out
+    assert figures["traffic"]["append_entries"] > 0
+
+
+TRAFFIC = ("append_entries", "append_entries_split", "append_entries_commit_beyond", "installs",
+           "installs_on_conflict", "installs_over_tail", "trust_own_log_restarts")
+
+
+def test_cli_simulate_shows_the_traffic_the_seeds_reached():
+    result = CliRunner().invoke(cli, ["chaos", "simulate", "--seeds", "3", "--steps", "1500", "--jobs", "1"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    table = lines[lines.index("traffic"):]
+    first_cells = {line.split("│")[1].strip() for line in table if line.count("│") == 3}
+    assert set(TRAFFIC) <= first_cells, result.output
 
 
 def test_cli_simulate_prints_the_replay_command_and_exits_5_on_a_violation():

@@ -25,8 +25,6 @@ from .replication import COMMIT_NOTIFY_S, RECOVERED_VOTE, Replicated, configurat
 from .transport import REVERSE_LINK, TcpTransport
 from .upstream import MessageTransport, Node, clock, driven_by
 
-_Replicated = Replicated  # (the name test switches patched before the package split)
-
 __all__ = ["COMMIT_NOTIFY_S", "FOLLOWER_APPLY_S", "Gate", "MAX_MEMBERS", "MessageTransport", "Node", "NodeFiles",
            "ProposalRejected", "ProposalUnknown", "RECOVERED_VOTE", "REVERSE_LINK", "RaftConfig", "RaftNode",
            "Replicated", "TcpTransport", "clock", "configuration_before", "driven_by", "fmt_position",

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import contextlib
 
-import quorum.raft as raft_module
+import quorum.raft.files as raft_files
+import quorum.raft.node as raft_node
 from broker import txn_coordinator
 from broker.pid_manager import ProducerIdManager
 from quorum.identity import NodeIdentity, Verdict
 from quorum.journal import DurableJournal
 from quorum.managers import ProducerIdsManager
+from quorum.raft.replication import Replicated
 from records import ProducerIdSeedRecord
 from snapshots.store import SnapshotStore
 
@@ -35,7 +37,7 @@ def _patched(*triples):
 def journal_cleared_on_mismatch():
     """Defect 1: a start that finds a journal not beginning with the snapshot's two entries clears it
     (pysyncobj's ``__loadDumpFile``) instead of finishing the interrupted compaction."""
-    original = raft_module.reconcile
+    original = raft_files.reconcile
 
     def reconcile(journal, snap, journal_path, snapshot_path):
         if snap is not None and journal.entries and not (
@@ -44,7 +46,7 @@ def journal_cleared_on_mismatch():
             journal._write_whole([tuple(snap.prev_entry), tuple(snap.last_entry)])
             return "cleared the journal (defect switch)"
         return original(journal, snap, journal_path, snapshot_path)
-    return _patched((raft_module, "reconcile", reconcile))
+    return _patched((raft_files, "reconcile", reconcile))
 
 
 class _WithoutSyncs:
@@ -107,41 +109,40 @@ def restored_backup_accepted():
 
     def check_vouched(self):
         self.vouched = True
-    return _patched((NodeIdentity, "admit", admit), (raft_module, "loss_evidence", lambda *a: []),
-                    (raft_module.RaftNode, "check_vouched", check_vouched))
+    return _patched((NodeIdentity, "admit", admit), (raft_node, "loss_evidence", lambda *a: []),
+                    (raft_node.RaftNode, "check_vouched", check_vouched))
 
 
 def commit_from_unverified_message():
     """Defect 5: an AppendEntries carrying a snapshot chunk (or ``serialized=None``) moves the follower's
     commit index to the leader's, over entries it never matched."""
-    original = raft_module._Replicated._append_entries
+    original = Replicated._append_entries
 
     def append_entries(self, node, m):
         original(self, node, m)
-        if "prevLogIdx" not in m and isinstance(m.get("commit_index"), int) and m.get("term", -1) >= \
-                self._SyncObj__raftCurrentTerm:
+        if "prevLogIdx" not in m and isinstance(m.get("commit_index"), int) and m.get("term", -1) >= self.term:
             commit = min(m["commit_index"], self._pq.journal.entries[-1][1])
-            if commit > self._SyncObj__raftCommitIndex:
-                self._SyncObj__raftCommitIndex = commit
+            if commit > self.commit_index:
+                self.commit_index = commit
                 self._pq.journal.setRaftCommitIndex(commit)
-    return _patched((raft_module._Replicated, "_append_entries", append_entries))
+    return _patched((Replicated, "_append_entries", append_entries))
 
 
 def truncate_after_prev_index():
     """Defect 6: the follower cuts its log after every AppendEntries' prevLogIdx whenever it holds entries
     after it, even where they match and even for a heartbeat without entries (pysyncobj; Raft 5.3: only
     at the first conflict), and clamps its commit index to what is left."""
-    original = raft_module._Replicated._match_and_append
+    original = Replicated._match_and_append
 
     def match_and_append(self, node, prev_idx, prev_term, entries, leader_commit):
         journal = self._pq.journal
         prev = journal.entry(prev_idx) if isinstance(prev_idx, int) else None
         if prev is not None and prev[2] == prev_term and journal.entries[-1][1] > prev_idx:
             journal.truncate_from(prev_idx + 1)
-            if self._SyncObj__raftCommitIndex > prev_idx:
-                self._SyncObj__raftCommitIndex = prev_idx
+            if self.commit_index > prev_idx:
+                self.commit_index = prev_idx
         original(self, node, prev_idx, prev_term, entries, leader_commit)
-    return _patched((raft_module._Replicated, "_match_and_append", match_and_append))
+    return _patched((Replicated, "_match_and_append", match_and_append))
 
 
 def kafka_15552_seed_at_block_start():
@@ -185,36 +186,35 @@ def vote_denial_term_ignored():
     """Liveness: a candidate ignores a vote denial and the term it carries, as if the voter had said nothing
     (pysyncobj sends no answer to a RequestVote from an earlier term).  A candidate below the others' term
     then stays there while they, held back or with a shorter log, elect nobody without it.  Patches the two
-    places where a denial's higher term makes the candidate a follower in it: ``_Replicated._stale_term``
+    places where a denial's higher term makes the candidate a follower in it: ``Replicated._stale_term``
     (a ``response_vote`` with ``granted`` false: dropped before it is read) and
-    ``_Replicated._on_pre_vote_response`` (a ``pq_pre_vote_response`` not granted: handed on without its
+    ``Replicated._on_pre_vote_response`` (a ``pq_pre_vote_response`` not granted: handed on without its
     term, which drops it too)."""
-    replicated = raft_module._Replicated
-    original = replicated._stale_term
+    original = Replicated._stale_term
 
     def stale_term(self, node, message):
         if message.get("type") == "response_vote" and message.get("granted") is False:
             return True
         return original(self, node, message)
-    pre_vote_response = replicated._on_pre_vote_response
+    pre_vote_response = Replicated._on_pre_vote_response
 
     def on_pre_vote_response(self, node, message):
         if message.get("granted") is not True:
             message = {k: v for k, v in message.items() if k != "term"}
         return pre_vote_response(self, node, message)
-    return _patched((replicated, "_stale_term", stale_term),
-                    (replicated, "_on_pre_vote_response", on_pre_vote_response))
+    return _patched((Replicated, "_stale_term", stale_term),
+                    (Replicated, "_on_pre_vote_response", on_pre_vote_response))
 
 
 def commit_past_verified():
     """Blind spot 1: a follower moves its commit index to the leader's, capped by the end of its own log
     instead of by the last entry the AppendEntries verified (Raft, figure 2: min(leaderCommit, index of
     last new entry)).  A follower holding a deposed leader's uncommitted tail beyond what a split batch
-    carried would then apply that tail.  The simulation does not find it today, and cannot: the leader walks
-    its next index back one entry per refusal (``quorum.raft.replication``), so the first AppendEntries a
-    follower matches starts at its first conflicting entry, which cuts the tail; a walk that jumps back
-    further (to the follower's commit index, say) makes it reachable by the split batches the seeds send."""
-    original = raft_module._Replicated._match_and_append
+    carried would then apply that tail.  With the leader walking back its next index one entry per refusal,
+    the defect is unreachable: the first AppendEntries a follower matches starts at its first conflicting
+    entry, which cuts the tail.  A walk that jumps back further (to the follower's commit index, say) makes it
+    reachable by the split batches the seeds send."""
+    original = Replicated._match_and_append
 
     def match_and_append(self, node, prev_idx, prev_term, entries, leader_commit):
         journal = self._pq.journal
@@ -227,7 +227,7 @@ def commit_past_verified():
                 self.commit_index = commit
                 journal.setRaftCommitIndex(commit)
         return result
-    return _patched((raft_module._Replicated, "_match_and_append", match_and_append))
+    return _patched((Replicated, "_match_and_append", match_and_append))
 
 
 def install_keeps_conflicting_tail():

@@ -277,3 +277,23 @@ def test_a_copy_from_before_a_removal_is_vouched_for_by_the_peer_that_committed_
         c.allocate(1, epoch, timeout=15.0)
         assert gone.cfg.raft_address not in b.raft.members()
         c.assert_no_block_reissued()
+
+
+# ------------------------------------------------------------------------- found by the campaign
+def test_an_entry_in_pieces_whose_last_two_pieces_both_say_finish_is_appended():
+    """pysyncobj's leader labels a piece "finish" by the length of the entry's command, not of the pickled
+    entry: when a piece boundary falls between the two, two pieces say "finish" and the first is a truncated
+    pickle, on which the follower's tick failed (simulation seeds 177 and 332, large records)."""
+    import pickle
+
+    with SimCluster(start=False) as c:
+        n, obj, _sent = _alone(c, vouched=True, term=3)
+        index, log_term = _last(n)
+        data = pickle.dumps((b"\x00" + b"x" * 2999, index + 1, 3), protocol=2)
+        pieces = [data[:1000], data[1000:len(data) - 4], data[len(data) - 4:]]
+        leader = _fake_peer(c, 2)
+        for label, piece in zip(("start", "finish", "finish"), pieces):
+            _deliver(n, leader, {"type": "append_entries", "transmission": label, "data": piece, "term": 3,
+                                 "commit_index": 0, "prevLogIdx": index, "prevLogTerm": log_term})
+        assert n.halted is None
+        assert _last(n) == (index + 1, 3)

@@ -87,7 +87,7 @@ def test_seed_513877_a_stale_completion_writes_no_marker_into_the_next_transacti
 
 
 # --------------------------------------------------------------- it can fail
-TXN_FOUND = 40  # seeds the simulation is given (seed 2 found it when measured: 5 of the first 30 seeds at 8,000 events)
+TXN_FOUND = 40  # seeds the simulation is given (seed 9 found it when measured: 4 of the first 24 seeds at 8,000 events)
 
 
 def test_the_transaction_simulation_finds_steps_applied_to_the_next_transaction(record_property):
@@ -202,8 +202,10 @@ def test_cli_simulate_runs_the_transaction_workload(tmp_path):
 
 
 def test_cli_prints_a_replay_command_with_the_workload():
+    # Seeds 1..12 are where the switch is found: seeds 9 and 12 fail with it (and 23, 24 of the first 24) at
+    # 8,000 events; a change to the schedule moves them (1..6 found it until the per-seed traffic moved them).
     with SWITCHES["txn-step-names-no-transaction"]():
-        result = CliRunner().invoke(cli, ["chaos", "simulate", "--seeds", "1..6", "--steps", str(STEPS), "--jobs", "1",
+        result = CliRunner().invoke(cli, ["chaos", "simulate", "--seeds", "1..12", "--steps", str(STEPS), "--jobs", "1",
                                           "--workload", "transactions"])
     assert result.exit_code == 5, result.output
     assert f"--steps {STEPS} --nodes 3 --workload transactions --trace" in result.output

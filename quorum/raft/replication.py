@@ -379,6 +379,7 @@ class Replicated(Core):
                 return
             if term != self.term:
                 return  # an acknowledgement from another term (delayed): it says nothing about this leader's log
+            message = self._refusal(node, message)
         super().on_message(node, message)
         if (kind == "next_node_idx" and message.get("success") and self.state == LEADER):
             match = self.match_index.get(node)
@@ -387,6 +388,21 @@ class Replicated(Core):
                 self._pq.identity.note_held(node.address, (entry[2], entry[1]))
             if not message.get("reset") and self._commits_nothing():
                 self._pq.quiet += 1
+
+    def _refusal(self, node, message) -> dict:
+        """A follower's refusal lowers the leader's next index for it, never raises it.  The leader sends every
+        batch from the next index to its log's end in one round and the follower refuses each of them that
+        does not match; pysyncobj took the last answer, so a later batch's ("beyond my log, resume at my
+        end") undid the first one's (resume lower, where the logs match) and the leader never reached the
+        follower's conflicting tail.  What moves the next index up is an acknowledgement (or the leader's
+        own sending)."""
+        if not (message.get("refused") is True and message.get("reset") and not message.get("success")
+                and self.state == LEADER):
+            return message
+        proposed, current = message.get("next_node_idx"), self.next_index.get(node)
+        if is_int(proposed) and is_int(current) and proposed > current:
+            return dict(message, next_node_idx=current)
+        return message
 
     def _commits_nothing(self) -> bool:
         """No follower holds an entry beyond the commit index and every committed entry is applied: a tick
@@ -527,10 +543,16 @@ class Replicated(Core):
         last = journal.entries[-1][1]
         prev = journal.entry(prev_idx)
         if prev is None:  # beyond our log (or below its start): resume from our end
-            self._reply(node, last + 1, verified=False)
+            self._reply(node, last + 1, verified=False, refused=True)
             return False
         if prev[2] != prev_term:
-            self._reply(node, prev_idx, verified=False)
+            # Resume after this node's commit index, not one entry lower: every entry up to it is on the leader's
+            # log too (Raft's leader completeness), so the next AppendEntries matches and cuts this node's
+            # conflicting tail at its first entry, however long the tail.  Walking back one entry per refusal
+            # cost a round trip per entry, and with the leader's several batches a round, a later batch's
+            # refusal ("beyond my log") put the leader's next index back up: the walk never got below the
+            # round's first batch (simulation seed 700; transactions 288, 500000).
+            self._reply(node, min(prev_idx, self.commit_index + 1), verified=False, refused=True)
             return False
         # Raft 5.3: skip what we hold; cut only at the first entry that conflicts.
         new, steady = [], True
@@ -573,16 +595,21 @@ class Replicated(Core):
             if change is not None:
                 self.change_membership(change, reverse=True)
 
-    def _reply(self, node, next_index: int, verified: bool) -> bool:
+    def _reply(self, node, next_index: int, verified: bool, refused: bool = False) -> bool:
         """Acknowledge up to ``next_index - 1`` (durable first), or ask the leader to resume there.
         A recovering node's acknowledgements are sent as the latter: they move the leader's send
-        position but never count toward a majority.  True when the acknowledgement counts."""
+        position but never count toward a majority.  ``refused``: the message did not match this node's
+        log, and the leader must send from no later than ``next_index`` (``_refusal``).  True when the
+        acknowledgement counts."""
         self._pq.journal.sync()
         self._pq.check_recovery()
         counted = verified and not self._pq.restricted
         # pysyncobj's acknowledgement, plus the term it answers (the leader ignores any other term's).
-        self.transport.send(node, {"type": "next_node_idx", "next_node_idx": next_index, "reset": not counted,
-                                   "success": counted, "term": self.term})
+        answer = {"type": "next_node_idx", "next_node_idx": next_index, "reset": not counted, "success": counted,
+                  "term": self.term}
+        if refused:
+            answer["refused"] = True  # an earlier version ignores the field
+        self.transport.send(node, answer)
         return counted
 
     def _snapshot_chunk(self, node, term: int, serialized) -> None:

@@ -293,6 +293,7 @@ class Core(SyncObj):
     last_applied = _field("raftLastApplied", "")
     leader_commit_index = _field("leaderCommitIndex", "the commit index the leader last announced")
     match_index = _field("raftMatchIndex", "the leader's view: node -> highest index it acknowledged")
+    next_index = _field("raftNextIndex", "the leader's view: node -> the index it sends that node next")
     election_deadline = _field("raftElectionDeadline", "when this node campaigns if it hears no leader")
     transfer_in_progress = _field("transferInProgress", "a leadership transfer is under way")
     next_append_time = _field("newAppendEntriesTime", "when the leader sends its next AppendEntries")

@@ -76,6 +76,16 @@ def test_seeds_the_first_transaction_campaign_failed_pass():
     assert not failures, "\n".join(failures)
 
 
+# Issue 39's campaign (1..300 with per-seed batch limits and large records): 288, a follower's conflicting tail
+# never reached (the members did not converge); 290, an entry sent in pieces reassembled without its start.
+ISSUE_39_SEEDS = [288, 290]
+
+
+def test_seeds_issue_39s_campaign_failed_pass():
+    failures = [f"seed {seed}: {r.violation}" for seed in ISSUE_39_SEEDS if not (r := _run(seed, 6000)).ok]
+    assert not failures, "\n".join(failures)
+
+
 def test_seed_510431_a_stale_leaders_batch_is_not_committed():
     result = _run(510431, 8000)
     assert result.ok, result.violation

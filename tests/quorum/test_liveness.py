@@ -297,3 +297,54 @@ def test_an_entry_in_pieces_whose_last_two_pieces_both_say_finish_is_appended():
                                  "commit_index": 0, "prevLogIdx": index, "prevLogTerm": log_term})
         assert n.halted is None
         assert _last(n) == (index + 1, 3)
+
+
+# ------------------------------------------------- 6. a conflicting tail is reached in one round trip
+def test_a_follower_refusing_a_conflict_sends_the_leader_back_to_after_its_commit_index():
+    """A follower whose entry at prevLogIdx is of another term answers "resume after my commit index" (every
+    entry up to it is on the leader's log), not prevLogIdx: the leader's next AppendEntries then matches and
+    cuts the conflicting tail at once, however long.  Found by the simulation (seed 700: one entry per
+    heartbeat, and never below the round's first batch)."""
+    with SimCluster(start=False) as c:
+        n, obj, sent = _alone(c, vouched=True, term=3)
+        peer = _fake_peer(c, 2)
+        index, log_term = _last(n)
+        entries = [[b"x", index + i, 3] for i in range(1, 6)]
+        _deliver(n, peer, {"type": "append_entries", "term": 3, "commit_index": index, "prevLogIdx": index,
+                           "prevLogTerm": log_term, "entries": entries})
+        commit = n.on_loop(lambda: obj.commit_index)
+        assert commit == index and _last(n) == (index + 5, 3)
+        sent.clear()
+        # The new leader (term 4) holds other entries after the commit index: its AppendEntries at the
+        # follower's end conflicts.
+        _deliver(n, peer, {"type": "append_entries", "term": 4, "commit_index": index, "prevLogIdx": index + 5,
+                           "prevLogTerm": 4, "entries": []})
+        answers = _answers(sent, peer.address, "next_node_idx")
+        assert answers[-1]["next_node_idx"] == commit + 1 and answers[-1]["refused"] is True
+        assert not answers[-1]["success"]
+
+
+def test_a_leader_takes_the_lowest_refusal_of_a_round_not_the_last():
+    """The leader sends every batch from a follower's next index to its log's end in one round; the follower
+    refuses each that does not match, the first with a low index (where the logs match), later ones with
+    "beyond my log, resume at my end".  The next index follows the lowest refusal; an acknowledgement or a
+    refusal of an earlier version (no "refused" field) sets it as pysyncobj does."""
+    with SimCluster() as c:
+        c.register(1)
+        leader = c.leader()
+        obj = leader.raft._obj
+        follower = next(iter(obj.other_nodes))
+
+        def refusals():
+            term = obj.term
+            obj.next_index[follower] = 50
+            obj.on_message(follower, {"type": "next_node_idx", "next_node_idx": 7, "reset": True,
+                                      "success": False, "term": term, "refused": True})
+            low = obj.next_index[follower]
+            obj.on_message(follower, {"type": "next_node_idx", "next_node_idx": 40, "reset": True,
+                                      "success": False, "term": term, "refused": True})
+            kept = obj.next_index[follower]
+            obj.on_message(follower, {"type": "next_node_idx", "next_node_idx": 40, "reset": True,
+                                      "success": False, "term": term})  # an earlier version's: taken as it is
+            return low, kept, obj.next_index[follower]
+        assert leader.on_loop(refusals) == (7, 7, 40)

@@ -190,13 +190,14 @@ def chaos_simulate(seeds, steps, nodes, jobs, trace, json_path, sim_workload, ou
         render.table("faults by kind", ["fault", "count"], sorted(result.faults_by_kind.items()))
         render.table("traffic", ["figure", "count"], [[k, f"{v:,}"] for k, v in sorted(result.traffic.items())])
         live = result.liveness()
-        render.table("liveness (simulated seconds)", ["from", "to", "seeds or heals", "median", "p99", "max"], [
-            [what, to, f"{s['count']:,}"] + ["-" if s[k] is None else f"{s[k]:.3f}" for k in ("median", "p99", "max")]
-            for what, to, s in (
-                ("the last heal", "a leader a majority follows", live["leader_after_last_heal_s"]),
-                ("the last heal", "a client request committed", live["commit_after_last_heal_s"]),
-                ("a heal during the run, no such leader then", "a leader a majority follows",
-                 live["leader_after_mid_run_heal_s"]))])
+        render.table("liveness (simulated seconds)", ["time to", "after", "count", "median", "p99", "max"], [
+            [to, after, f"{s['count']:,}"] + ["-" if s[k] is None else f"{s[k]:.3f}" for k in ("median", "p99", "max")]
+            for to, after, s in (
+                ("leader", "last heal", live["leader_after_last_heal_s"]),
+                ("commit", "last heal", live["commit_after_last_heal_s"]),
+                ("leader", "heal in run", live["leader_after_mid_run_heal_s"]))])
+        render.line("leader: one that a majority of its configuration follows; commit: a client request committed; "
+                    "heal in run: a heal during the run that found no such leader")
         render.line(f"heals during the run: {live['mid_run_heals']:,}, {live['mid_run_heals_with_a_leader']:,} with "
                     f"a leader a majority follows at once, {live['mid_run_heals_open_when_faults_stopped']:,} "
                     f"without one still when the faults stopped")

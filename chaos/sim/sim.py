@@ -48,7 +48,7 @@ from wire.errors import CoordinatorLoadInProgressError, PidQuorumError, RequestT
 
 from .checker import Checker, Ranges, Violation
 from .clock import SimClock, patched
-from .disk import LossPolicy, MachineStopped, NodeHalted, SimDisk
+from .disk import SYNCS, LossPolicy, MachineStopped, NodeHalted, SimDisk
 from .liveness import COMMIT_BOUND, LEADER_BOUND, Watch, majority_leader
 from .net import NetFaults, SimNetwork
 from .node import SimLoop, SimulatedNode
@@ -164,6 +164,9 @@ class Simulation:
         # A share of restarts of a node on its own data directory are started with --trust-own-log.
         self.trust_rng = random.Random(f"{config.seed}-trust")
         self.trust_share = self.trust_rng.choice([0.0, 0.3, 0.6])
+        # Whether the last fault is ``_deposed_tail_behind_commit``, and its every choice: a stream of its own,
+        # so that no other draw moves (the shape's steps draw from ``rng`` as every step does).
+        self.tail_rng = random.Random(f"{config.seed}-deposed-tail")
         self.checker = Checker(self)
         self.liveness = Watch(self)
         self.net = SimNetwork(self, self.plan.net, raft.connection_timeout, raft.reconnect_interval)
@@ -333,6 +336,9 @@ class Simulation:
         if self.config.faults and self.rng.random() < self.HELD_ABOVE_CANDIDATE and \
                 self._candidate_below_held_back(healed):
             healed = self.clock.now
+        elif self.config.faults and self.tail_rng.random() < self.DEPOSED_TAIL and \
+                self._deposed_tail_behind_commit(healed):
+            healed = self.clock.now
         self._probe(healed)
         deadline = self.clock.now + 60.0
         quiet_since = None
@@ -387,23 +393,7 @@ class Simulation:
         if len(members) != 3 or self._replacing:
             return False
 
-        def settled() -> SimulatedNode | None:
-            """A leader a majority follows, with all it holds committed and applied and nothing queued (so
-            the entry below, or its barrier, is appended at once), and no member held back."""
-            leader = majority_leader(self)
-            if leader is None or any(not n.running or n.raft.restricted for n in members):
-                return None
-            raft = leader.raft
-            if not (raft.last_applied == raft.commit_index == raft.journal.entries[-1][1]
-                    and leader.proposer.queue.empty()):
-                return None
-            return leader
-        while self._events and settled() is None:
-            self._step()
-            self._judge_liveness(healed)
-            if self.clock.now - healed > LEADER_BOUND:
-                return False
-        old = settled()
+        old = self._settled_leader(healed, members)
         if old is None:
             return False
         self.liveness.leader_after_heal = None  # the heal that counts is this fault's
@@ -437,6 +427,119 @@ class Simulation:
                 self._start(n)
         self.note("partition healed; every member runs: " + "; ".join(self._describe(n) for n in members))
         return True
+
+    def _settled(self, members: list[SimulatedNode]) -> SimulatedNode | None:
+        """A leader a majority follows, with all it holds committed and applied and nothing queued (so an
+        entry proposed now, or its barrier, is appended at once), and no member held back."""
+        leader = majority_leader(self)
+        if leader is None or any(not n.running or n.raft.restricted for n in members):
+            return None
+        raft = leader.raft
+        if not (raft.last_applied == raft.commit_index == raft.journal.entries[-1][1]
+                and leader.proposer.queue.empty()):
+            return None
+        return leader
+
+    def _settled_leader(self, healed: float, members: list[SimulatedNode]) -> SimulatedNode | None:
+        """Steps until there is a settled leader (``_settled``), judged from ``healed`` meanwhile; None if none
+        came within the leader bound."""
+        while self._events and self._settled(members) is None:
+            self._step()
+            self._judge_liveness(healed)
+            if self.clock.now - healed > LEADER_BOUND:
+                return None
+        return self._settled(members)
+
+    def _steps_until(self, until: float, done: Callable[[], bool] = lambda: False) -> None:
+        while self._events and self.clock.now < until and not done():
+            self._step()
+
+    DEPOSED_TAIL = 0.3  # of the seeds with faults not ending with the shape above end with the one below
+
+    def _deposed_tail_behind_commit(self, healed: float) -> bool:
+        """The last fault, in the shape in which a follower's commit index lags entries it holds that are
+        committed, and after them it holds a deposed leader's tail that no majority holds: the follower, F,
+        must commit only up to the last entry an AppendEntries verified (Raft, figure 2), not to its log's end.
+
+        The leader L writes quickly (a pipelining writer, as ``_to_cut_off_leader``).  Its followers' answers
+        stop reaching it: the entries it sends now reach both followers but are never acknowledged, so its
+        commit index (and the one it sends) stays where it was.  Then it stops reaching the third node N: what
+        it writes now reaches F only.  All of that within the step-down timeout (check-quorum).  F is cut off
+        and L loses power (its machine stops before its next sync if one comes first, such as the one-second
+        timer's meta write: what it sent F alone is never durable on L) and restarts (``--trust-own-log``: the
+        directory is its own; it needs no word from F); L or N leads in a new term, and commits the entries
+        both followers received (they hold them) and its own after them, where F holds L's tail.  Then F's cut
+        heals: the leader walks F back to after its commit index and sends from there in batches, the first of
+        which ends before F's tail (when more entries than a batch holds were sent unacknowledged, and the
+        leader did not compact past F's commit index: a snapshot goes instead) and carries a commit index beyond
+        it.  Three members only; False if no settled leader came within the leader bound or none led after L
+        lost power."""
+        members = [n for n in self.nodes.values() if not n.removed]
+        if len(members) != 3 or self._replacing:
+            return False
+        old = self._settled_leader(healed, members)
+        if old is None:
+            return False
+        rng = self.tail_rng
+        self.liveness.leader_after_heal = None  # the heal that counts is this fault's
+        follower, third = rng.sample([n for n in members if n is not old], 2)
+        self.fault("partition_deposed_tail_behind_commit")
+        # More entries unacknowledged than a batch holds (a 2 KiB batch holds about 80 empty ones), all within
+        # the step-down timeout (1 s).
+        together, unacknowledged, one_only = rng.uniform(0.05, 0.3), rng.uniform(0.3, 0.6), rng.uniform(0.05, 0.2)
+        self._write_while_leading(old, self.clock.now + together + unacknowledged + one_only,
+                                  rng.uniform(0.001, 0.004))
+        self.note(f"last fault: the leader, node {old.node_id}, writes quickly")
+        self._steps_until(self.clock.now + together)
+        deaf = {(third.address, old.address), (follower.address, old.address)}
+        self.net.blocked |= deaf
+        self.note(f"node {old.node_id} hears neither follower: {sorted(deaf)}")
+        self._steps_until(self.clock.now + unacknowledged)
+        self.net.blocked.add((old.address, third.address))
+        both = third.raft.journal.entries[-1][1] if third.running and third.raft.journal.entries else None
+        self.note(f"node {old.node_id} reaches node {follower.node_id} only (node {third.node_id} holds up to {both})")
+        # Its next sync (the one-second timer's meta write collects one) would make what it sent F alone
+        # durable: the machine stops before it, if it comes first.
+        old._committed_before = old.committed_and_durable()  # its commit index moves no more (nobody answers)
+        old.disk.stop = lambda op, when: when == "before" and op.kind in SYNCS
+        self._steps_until(self.clock.now + one_only, lambda: old.disk.stopped or not old.running)
+        old.disk.stop = None
+        alone = {(follower.address, n.address) for n in members if n is not follower}
+        alone |= {(b, a) for a, b in alone}
+        self.net.blocked -= deaf | {(old.address, third.address)}
+        self.net.blocked |= alone
+        if follower.running:
+            journal = follower.raft.journal
+            self.note(f"node {follower.node_id} is cut off holding {journal.entries[0][1]}..{journal.entries[-1][1]}"
+                      f", commit index {follower.raft.commit_index}")
+        if old.running or old.disk.stopped:
+            old.power_loss(LossPolicy("none"))
+            self.note(f"node {old.node_id} loses power (what it did not sync is gone)")
+        self._steps_until(self.clock.now + rng.uniform(0.05, 0.3))
+        if not old.running and not old.removed:
+            self._start(old, trust_own_log=True)
+        self._steps_until(self.clock.now + LEADER_BOUND, lambda: majority_leader(self) is not None)
+        new = majority_leader(self)
+        if new is not None:
+            # It writes on for a while: the commit index it sends F is then past the start of F's tail.
+            self._write_while_leading(new, self.clock.now + rng.uniform(0.1, 0.4), rng.uniform(0.002, 0.008))
+            self._steps_until(self.clock.now + rng.uniform(0.3, 0.6))
+        self.net.blocked -= alone
+        for n in members:
+            if not n.running and not n.removed:
+                self._start(n)
+        self.note(f"node {follower.node_id}'s cut healed; every member runs: "
+                  + "; ".join(self._describe(n) for n in members))
+        return new is not None
+
+    def _write_while_leading(self, node: SimulatedNode, until: float, every: float) -> None:
+        """A writer of the node's own: an empty batch proposed every ``every`` seconds until ``until``, while it
+        believes it leads (``_to_cut_off_leader``'s)."""
+        if self.clock.now >= until or not node.running or not node.raft.is_leader:
+            return
+        node.guard(node.raft.propose, encode_batch([]), lambda result, error: None)
+        node.wake(0.0)
+        self.after(every, "client", self._write_while_leading, node, until, every)
 
     PROBE_BROKER = 900  # the broker id of the request sent after the last heal (no workload broker has it)
 
@@ -487,13 +590,16 @@ class Simulation:
                 + f", members {[m.rsplit(':', 1)[0] for m in st['members']]}")
 
     # --------------------------------------------------------------- faults
-    def _start(self, node: SimulatedNode) -> bool:
+    def _start(self, node: SimulatedNode, trust_own_log: bool | None = None) -> bool:
+        """Start ``node``; with ``--trust-own-log`` when ``trust_own_log`` says so, else for a share of restarts."""
         self.stats["restarts"] += 1
         before = getattr(node, "_committed_before", None)
         # --trust-own-log is the operator's word that the data directory is the one the node last ran on: true
         # of every restart here but those of a restored copy (a power loss keeps what was synced).
-        node.trust_own_log = (node.starts > 0 and node.node_id not in self.expected_loss
-                              and self.trust_rng.random() < self.trust_share)
+        if trust_own_log is None:
+            trust_own_log = (node.starts > 0 and node.node_id not in self.expected_loss
+                             and self.trust_rng.random() < self.trust_share)
+        node.trust_own_log = trust_own_log
         if node.trust_own_log:
             self.stats["trust_own_log_restarts"] += 1
         ok = node.start()

@@ -435,7 +435,7 @@ def test_an_io_error_writing_a_binding_is_fail_stop_and_the_id_is_not_answered(t
         f = b.server.bindings._file
 
         def failing_sync():
-            f.disk.fail("fdatasync", f.path, OSError(errno.EIO, "Input/output error"))
+            f.disk.io_error("fdatasync", f.path, OSError(errno.EIO, "Input/output error"))
         f.sync = failing_sync
         try:
             for _ in range(2):  # and nothing is acknowledged after it

@@ -484,11 +484,13 @@ class Simulation:
         self.liveness.leader_after_heal = None  # the heal that counts is this fault's
         follower, third = rng.sample([n for n in members if n is not old], 2)
         self.fault("partition_deposed_tail_behind_commit")
-        # More entries unacknowledged than a batch holds (a 2 KiB batch holds about 80 empty ones), all within
-        # the step-down timeout (1 s).
+        # More entries unacknowledged than a batch holds (a 2 KiB batch holds about 80 empty ones: 1.5 to 3 times
+        # that; a 64 KiB one holds them all, and a few dozen do), all within the step-down timeout (1 s).
         together, unacknowledged, one_only = rng.uniform(0.05, 0.3), rng.uniform(0.3, 0.6), rng.uniform(0.05, 0.2)
+        batch = self.raft_config.append_entries_batch_bytes
+        entries = batch // 25 * rng.uniform(1.5, 3.0) if batch <= 2048 else rng.uniform(30, 80)
         self._write_while_leading(old, self.clock.now + together + unacknowledged + one_only,
-                                  rng.uniform(0.001, 0.004))
+                                  unacknowledged / entries)
         self.note(f"last fault: the leader, node {old.node_id}, writes quickly")
         self._steps_until(self.clock.now + together)
         deaf = {(third.address, old.address), (follower.address, old.address)}
@@ -522,8 +524,8 @@ class Simulation:
         new = majority_leader(self)
         if new is not None:
             # It writes on for a while: the commit index it sends F is then past the start of F's tail.
-            self._write_while_leading(new, self.clock.now + rng.uniform(0.1, 0.4), rng.uniform(0.002, 0.008))
-            self._steps_until(self.clock.now + rng.uniform(0.3, 0.6))
+            self._write_while_leading(new, self.clock.now + rng.uniform(0.05, 0.2), rng.uniform(0.005, 0.01))
+            self._steps_until(self.clock.now + rng.uniform(0.2, 0.4))
         self.net.blocked -= alone
         for n in members:
             if not n.running and not n.removed:

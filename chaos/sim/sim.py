@@ -428,7 +428,7 @@ class Simulation:
         self.note("partition healed; every member runs: " + "; ".join(self._describe(n) for n in members))
         return True
 
-    def _settled(self, members: list[SimulatedNode]) -> SimulatedNode | None:
+    def _quiet_leader(self, members: list[SimulatedNode]) -> SimulatedNode | None:
         """A leader a majority follows, with all it holds committed and applied and nothing queued (so an
         entry proposed now, or its barrier, is appended at once), and no member held back."""
         leader = majority_leader(self)
@@ -441,14 +441,14 @@ class Simulation:
         return leader
 
     def _settled_leader(self, healed: float, members: list[SimulatedNode]) -> SimulatedNode | None:
-        """Steps until there is a settled leader (``_settled``), judged from ``healed`` meanwhile; None if none
+        """Steps until there is a settled leader (``_quiet_leader``), judged from ``healed`` meanwhile; None if none
         came within the leader bound."""
-        while self._events and self._settled(members) is None:
+        while self._events and self._quiet_leader(members) is None:
             self._step()
             self._judge_liveness(healed)
             if self.clock.now - healed > LEADER_BOUND:
                 return None
-        return self._settled(members)
+        return self._quiet_leader(members)
 
     def _steps_until(self, until: float, done: Callable[[], bool] = lambda: False) -> None:
         while self._events and self.clock.now < until and not done():

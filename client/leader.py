@@ -14,9 +14,10 @@ the answers name none that can be trusted:
   candidate was deposed, and the new leader did not answer), mean no answer.
 
 A node in a later term that knows no leader does not count against it: a node
-cut off from the others campaigns over and over, its term running ahead, while
-the majority's leader goes on (pysyncobj has no pre-vote), and a node held back
-after a restore never campaigns.  Only an answer that names another leader
+of an earlier version cut off from the others campaigns over and over, its term
+running ahead, while the majority's leader goes on (this version asks for
+pre-votes first, and its term stays), and a node held back after a restore
+never campaigns.  Only an answer that names another leader
 contradicts.
 """
 from __future__ import annotations

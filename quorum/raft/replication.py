@@ -100,6 +100,7 @@ class Replicated(Core):
         self._pq = node
         self._leader_heard = float("-inf")  # when this node last took an AppendEntries from its leader
         self._pre_vote: PreVote | None = None  # this node's pre-vote round under way
+        self._pieces: tuple[tuple, bytearray] | None = None  # an entry in pieces: (leader, term, place), data
         super().__init__(self_addr, partners, conf, transport_class, node_class, poller)
 
     def apply_command(self, command, callback, command_type=None):
@@ -499,11 +500,7 @@ class Replicated(Core):
             entries = m.get("entries", [])
             transmission = m.get("transmission")
             if transmission is not None:  # one entry too large for a message, in pieces
-                if transmission == "start":
-                    self.recv_transmission = m["data"]
-                elif transmission in ("process", "finish"):
-                    self.recv_transmission += m["data"]
-                whole = self._transmitted_entry() if transmission == "finish" else None
+                whole = self._piece(node, term, m, transmission)
                 if whole is None:
                     self.send_next_node_idx(node, success=False, reset=False)
                     return
@@ -516,6 +513,28 @@ class Replicated(Core):
         # A message without entries and without a snapshot chunk verifies nothing: the commit
         # index does not move (pysyncobj advanced it here, over entries it never matched).
 
+    def _piece(self, node, term: int, m: dict, transmission):
+        """One piece of an entry sent in pieces; the entry once whole (``_transmitted_entry``), else None.
+
+        The pieces of one entry share the leader, its term and the entry's place (prevLogIdx): a piece of
+        another, or one without the start before it (lost, or a snapshot installed in between), starts
+        nothing and is dropped with what was gathered (pysyncobj appended it to whatever its buffer held,
+        a str at first: a TypeError that stopped the node; simulation seed 1491).  The leader sends the
+        entry again from its start when the follower's answer moves its next index."""
+        data, key = m.get("data"), (node.address, term, m.get("prevLogIdx"))
+        if not isinstance(data, (bytes, bytearray)):
+            log.warning("dropping a malformed piece of an entry from %s", node.address)
+            self._pieces = None
+            return None
+        if transmission == "start":
+            self._pieces = (key, bytearray(data))
+            return None
+        if transmission not in ("process", "finish") or self._pieces is None or self._pieces[0] != key:
+            self._pieces = None
+            return None
+        self._pieces[1].extend(data)
+        return self._transmitted_entry() if transmission == "finish" else None
+
     def _transmitted_entry(self):
         """The entry sent in pieces, if the pieces so far make it whole; else None (more pieces follow).
 
@@ -525,10 +544,10 @@ class Replicated(Core):
         and 332 with large records: the follower's tick failed unpickling it).  A truncated pickle never
         loads (it lacks its STOP opcode), so a "finish" that does not load is taken as one more piece."""
         try:
-            entry = unpickle(self.recv_transmission)
+            entry = unpickle(bytes(self._pieces[1]))
         except (EOFError, ValueError, IndexError, KeyError, TypeError, AttributeError, pickle.UnpicklingError):
             return None
-        self.recv_transmission = ""
+        self._pieces = None
         return entry
 
     def _match_and_append(self, node, prev_idx, prev_term, entries, leader_commit) -> bool:

@@ -297,7 +297,6 @@ class Core(SyncObj):
     election_deadline = _field("raftElectionDeadline", "when this node campaigns if it hears no leader")
     transfer_in_progress = _field("transferInProgress", "a leadership transfer is under way")
     next_append_time = _field("newAppendEntriesTime", "when the leader sends its next AppendEntries")
-    recv_transmission = _field("recvTransmission", "an entry too large for one message, received so far")
     force_compaction = _field("forceLogCompaction", "")
     need_load_dump = _field("needLoadDumpFile", "")
     commands_queue = _field("commandsQueue", "commands submitted, not yet appended")

@@ -85,7 +85,8 @@ CAMPAIGN_SEEDS = [100344, 101645, 101772, 101996, 102068, 102840, 103350, 103605
                   # pieces whose last two say "finish" (the follower unpickled a cut entry and stopped); 700, a
                   # follower's conflicting tail never reached (the leader's next index put back up by a later
                   # batch's refusal each round: the commit bound missed).
-                  332, 700, 931]
+                  332, 700, 931,
+                  1491]  # a piece of an entry without its start (appended to an empty str: the node stopped)
 
 
 @pytest.mark.parametrize("part", range(4))

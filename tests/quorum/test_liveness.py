@@ -299,6 +299,32 @@ def test_an_entry_in_pieces_whose_last_two_pieces_both_say_finish_is_appended():
         assert _last(n) == (index + 1, 3)
 
 
+def test_pieces_without_their_start_or_of_another_entry_are_dropped_and_the_node_keeps_running():
+    """A piece whose start was lost (or came for another place in the log, or before a snapshot install) starts
+    nothing: pysyncobj appended it to an empty str buffer, a TypeError that stopped the node (simulation seed
+    1491).  The whole entry, sent again from its start, is appended."""
+    import pickle
+
+    with SimCluster(start=False) as c:
+        n, obj, _sent = _alone(c, vouched=True, term=3)
+        index, log_term = _last(n)
+        data = pickle.dumps((b"\x00" + b"x" * 2999, index + 1, 3), protocol=2)
+        leader = _fake_peer(c, 2)
+
+        def piece(label, chunk, prev=index):
+            _deliver(n, leader, {"type": "append_entries", "transmission": label, "data": chunk, "term": 3,
+                                 "commit_index": 0, "prevLogIdx": prev, "prevLogTerm": log_term})
+        piece("process", data[1000:2000])  # its start was lost
+        piece("finish", data[2000:])
+        piece("start", data[:1000], prev=index - 1)  # another entry's start, then this one's rest
+        piece("finish", data[1000:])
+        assert n.halted is None and _last(n) == (index, log_term)
+        piece("start", data[:1000])
+        piece("process", data[1000:2000])
+        piece("finish", data[2000:])
+        assert n.halted is None and _last(n) == (index + 1, 3)
+
+
 # ------------------------------------------------- 6. a conflicting tail is reached in one round trip
 def test_a_follower_refusing_a_conflict_sends_the_leader_back_to_after_its_commit_index():
     """A follower whose entry at prevLogIdx is of another term answers "resume after my commit index" (every

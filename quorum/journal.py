@@ -31,6 +31,9 @@ compaction, install, start-up).
   each group commit only flushes data, not a new file size.  Zeros after the
   last entry are that room, not damage: the log ends there and nothing is cut.
   Anything else after the last entry is cut as above (the cut drops the room).
+* **What was read is synced before it counts.**  On open, the entries read may be
+  a killed process's unsynced writes, still in the page cache: the file is
+  fdatasync'd before they count as durable (``durable_end``).
 * **Cuts are durable before anything follows them.**  ``truncate_from`` syncs the
   new size before an entry is appended after it; ``rebase`` writes the new file
   whole (temp, fsync, rename, fsync dir).
@@ -271,7 +274,12 @@ class DurableJournal:
             log.warning("journal %s: %s", self.path, self.cut_on_open)
         self._file = self.disk.open_append(self.path, good_end)
         if problem is not None:
-            self._file.truncate(good_end)
+            self._file.truncate(good_end)  # synced
+        else:
+            # What was read may be a killed process's unsynced writes, still in the page cache: a power
+            # loss would take them (and they were never acknowledged).  They count as durable, and are
+            # reported as this node's log end, only once synced.
+            self._file.sync()
         self._durable = len(self.entries)
 
     def _parse_at(self, data: bytes, pos: int) -> tuple[Entry | None, int, str | None]:

@@ -189,6 +189,28 @@ def test_unsynced_entries_are_lost_on_power_loss_and_synced_ones_never():
         assert got[:3] == ENTRIES[:3] and got == ENTRIES[:len(got)]
 
 
+def test_entries_a_killed_process_left_unsynced_are_durable_once_the_journal_is_reopened():
+    """kill -9 leaves unsynced writes in the page cache: the next start reads them, but a power loss before
+    anything syncs the file takes them.  What the reopened journal reports as durable (its log end, sent to
+    the peers) must survive that power loss (simulation seed 2137: a restarted leader's unsynced entry,
+    reported held, lost at the next power loss, left a recovery target no node could reach)."""
+    disk = SimDisk()
+    disk.make_dir("/d")
+    j = DurableJournal("/d/raft.journal", disk)
+    fill(j, ENTRIES[:3])
+    j.sync()
+    fill(j, ENTRIES[3:])
+    j._file.write(j._pending)  # in the page cache, never synced
+    j._pending = bytearray()
+    crash(j)  # the process is killed: the same disk, its page cache kept
+    reopened = DurableJournal("/d/raft.journal", disk)
+    assert reopened.entries == ENTRIES
+    assert reopened.durable_end() == (ENTRIES[-1][2], ENTRIES[-1][1])
+    crash(reopened)
+    after = DurableJournal("/d/raft.journal", disk.power_loss()).entries  # nothing unsynced survives
+    assert after == ENTRIES
+
+
 def test_every_crash_state_of_a_journal_write_keeps_the_synced_entries():
     """Before every file operation of appends, a Raft conflict cut and a rebase, each state a power loss
     can leave must hold every synced entry the operation in progress keeps (a cut drops what follows it,

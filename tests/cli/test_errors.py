@@ -212,7 +212,9 @@ def test_an_interrupted_allocation_reports_what_it_allocated(cluster, output):
     epoch = int(runner.invoke(cli, ["--data-dir", cluster, "broker", "register", "--broker-id", "1"]).output)
     proc = subprocess.Popen([*PIDCTL, "--data-dir", cluster, "allocate", "--broker-id", "1", "--broker-epoch",
                              str(epoch), "--count", "1000000", "-o", output], cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            # A child inherits an ignored SIGINT (a test worker may ignore it): Ctrl-C as a shell's.
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         def allocated():
             r = runner.invoke(cli, ["--data-dir", cluster, "blocks", "latest", "-o", "json"])

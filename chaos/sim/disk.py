@@ -66,8 +66,13 @@ class SimDisk(Disk):
         return self._over(self.fs.clone())
 
     def crash(self) -> "SimDisk":
-        """The disk as a new process finds it after a process crash: every change kept."""
+        """The disk as a new process finds it after a process crash: every change kept, unsynced ones still
+        unsynced (``SimFS.crash``)."""
         return self._over(self.fs.crash())
+
+    def copy(self) -> "SimDisk":
+        """A backup of the disk: every file as a reader sees it now, all durable (``SimFS.copy``)."""
+        return self._over(self.fs.copy())
 
     def power_loss(self, policy: LossPolicy | None = None) -> "SimDisk":
         """The disk after a power loss (default: every unsynced change lost)."""

@@ -12,7 +12,9 @@ simulator runs the production write discipline instead of a copy of it.  It mode
   once, but only an fsync of the directory makes it durable; until then the change is pending.  A rename
   within one directory is one change (atomic).
 
-``crash()`` is a process crash (kill -9): every change stays (the page cache survives).  ``power_loss(...)``
+``crash()`` is a process crash (kill -9): every change stays (the page cache survives) and what was not
+synced is still not (a power loss after the restart can take it); ``copy()`` is a backup, every file as
+a reader sees it, all durable.  ``power_loss(...)``
 is the machine losing power: each directory keeps its durable entries plus some prefix of its pending
 changes, each inode its durable bytes plus some prefix of its pending writes, the last possibly torn
 (partly written, the rest zeros or garbage); ``LossPolicy`` picks the prefixes.  ``crash_states()``
@@ -459,7 +461,13 @@ class SimFS:
         return out
 
     def crash(self) -> "SimFS":
-        """The file system as a new process finds it after a process crash: every change kept."""
+        """The file system as a new process finds it after a process crash (kill -9): every change kept,
+        and what was unsynced still unsynced (the page cache survives the process, not a power loss)."""
+        return self.clone()
+
+    def copy(self) -> "SimFS":
+        """A copy of the files as a reader sees them now, all durable (a backup, written and synced by the
+        copying tool)."""
         return self.image(LossPolicy("all"))
 
     def power_loss(self, policy: LossPolicy | None = None) -> "SimFS":

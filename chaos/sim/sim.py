@@ -876,7 +876,7 @@ class Simulation:
             return
         n = self._pick()
         if n is not None:
-            self.backups[n.node_id] = (self.clock.now, n.disk.crash())
+            self.backups[n.node_id] = (self.clock.now, n.disk.copy())
             self.note(f"node {n.node_id}: its data directory is copied (a backup)")
 
     def _fault_restore_backup(self) -> None:
@@ -915,7 +915,7 @@ class Simulation:
         taken, disk = (self.backups if pool is None else pool).pop(n.node_id)
         n.crash(f"is stopped and its data directory replaced by the backup from {taken:.2f}s")
         n._committed_before = None
-        n.disk = disk.crash()
+        n.disk = disk.copy()
         self.expected_loss.add(n.node_id)
         self.checker.forget_term(n.node_id)
         self._restored = (n, None)
@@ -939,7 +939,7 @@ class Simulation:
         copy, laggard, holder = self.rng.sample(members, 3)
         if not self._may_restore(copy):
             return
-        self.backups[copy.node_id] = (self.clock.now, copy.disk.crash())
+        self.backups[copy.node_id] = (self.clock.now, copy.disk.copy())
         cut = {(laggard.address, m.address) for m in members if m is not laggard}
         cut |= {(b, a) for a, b in cut}
         self.net.blocked |= cut

@@ -108,6 +108,8 @@ def test_an_append_file_is_durable_only_up_to_its_last_fdatasync():
     assert disk.read("/d/raft.journal") != synced
     assert disk.power_loss().read("/d/raft.journal") == synced
     assert disk.crash().read("/d/raft.journal") == disk.read("/d/raft.journal")  # kill -9 keeps the page cache
+    assert disk.crash().power_loss().read("/d/raft.journal") == synced  # ... and it is still unsynced
+    assert disk.copy().power_loss().read("/d/raft.journal") == disk.read("/d/raft.journal")  # a backup is synced
 
 
 # ------------------------------------------------------------- the file system

@@ -218,7 +218,7 @@ def test_restored_backup_with_the_leader_down_and_a_lagging_follower_elects_nobo
             c.allocate(1, epoch)
         a = c.leader()
         b, lag = [n for n in c.nodes.values() if n is not a]
-        backup = b.disk.crash()  # the nightly backup, copied while B runs
+        backup = b.disk.copy()  # the nightly backup, copied while B runs
         c.cut(a.node_id, lag.node_id)  # the other follower lags: it hears B, not the leader
         for _ in range(4):
             c.allocate(1, epoch, among=[a.node_id, b.node_id])
@@ -239,7 +239,7 @@ def test_restored_backup_is_held_back_even_when_the_only_peer_up_never_saw_what_
         b, lag = [n for n in c.nodes.values() if n is not a]
         c.cut(a.node_id, lag.node_id)
         c.cut(b.node_id, lag.node_id)
-        backup = b.disk.crash()  # the nightly backup, copied while B runs
+        backup = b.disk.copy()  # the nightly backup, copied while B runs
         for _ in range(4):
             c.allocate(1, epoch, among=[a.node_id, b.node_id])
         _restore_and_expect_nobody_elected_until_the_leader_is_back(c, epoch, a, b, backup, restarts=3)
@@ -643,7 +643,7 @@ def test_a_backup_from_before_a_member_was_added_waits_for_the_word_of_the_new_c
         epoch = c.register(1)
         c.allocate(1, epoch)
         a, b = c.nodes[1], c.nodes[2]
-        backup = b.disk.crash()  # the nightly backup: the configuration is (A, B)
+        backup = b.disk.copy()  # the nightly backup: the configuration is (A, B)
         new = c.newcomer()
         new.start()
         c.leader().raft.add_member(new.cfg.raft_address, timeout=10.0)

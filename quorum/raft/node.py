@@ -502,10 +502,14 @@ class RaftNode:
 
     def check_vouched(self) -> None:
         """Vouched once enough peers of each configuration (``_configurations``, ``_needed``) sent their
-        verdict in this run: then the node reaches the highest log end and ``held`` they reported before it
-        counts, and casts no vote up to their highest term (a vote of a lost run may be missing from its
-        files)."""
-        if self.vouched:
+        verdict in this run: then the node reaches the highest log end they reported before it counts, and
+        casts no vote up to their highest term (a vote of a lost run may be missing from its files).
+
+        A start on the operator's word (``--trust-own-log``) is vouched from the start, but a recovery target
+        it adopts (a peer saw it hold more than its files have: the word was wrong) is settled by the same
+        words: lowered to the highest log end of enough peers, never kept above every log (a target on an
+        entry no node holds, never committed, that held this node back for good)."""
+        if self._peers_vouched or (self.vouched and self.recovery is None):
             return
         if any(v is True and not self._welcomed.get(a) for a, v in self._verified.items()):
             # A peer linked to this node has not given its word yet: it may report a configuration newer than
@@ -517,9 +521,10 @@ class RaftNode:
             return
         members = set().union(*configurations) - {self.self_addr}
         have = sorted(a for a in self._vouchers if a in members)
-        self.vouched = True
-        if have:
-            self._obj.vouched_term(max(self._vouchers[a][1] for a in have))
+        if not self.vouched:
+            self.vouched = True
+            if have:
+                self._obj.vouched_term(max(self._vouchers[a][1] for a in have))
         targets = [t for a in have if (t := self._vouchers[a][0]) is not None]
         top = max(targets) if targets else None
         log.info("vouched for by %s (log end %s, theirs up to %s)", ", ".join(have), fmt_position(self.journal.durable_end()),
@@ -660,7 +665,7 @@ class RaftNode:
         """A peer's verdict on this node: welcomed, perhaps with a position this node must reach first,
         and its word for this start (its log end, what it saw this node hold, its term)."""
         vouch = message.get("vouch")
-        if isinstance(vouch, dict) and not self.vouched:
+        if isinstance(vouch, dict) and not self._peers_vouched:
             ends = [vouch.get("log_end"), vouch.get("held")]
             term = vouch.get("term")
             if is_int(term) and term >= 0 and all(e is None or (isinstance(e, (list, tuple)) and len(e) == 2 and all(
@@ -680,7 +685,7 @@ class RaftNode:
                                 str(config)[:200])
             else:
                 log.warning("ignoring a malformed vouch from %s: %r", node.address, vouch)
-        elif vouch is None and not self.vouched:
+        elif vouch is None and not self._peers_vouched:
             self._vouchers[node.address] = (None, 0)  # an older version's verdict: its recover target below
             self._unknown_ends.add(node.address)
         target = message.get("recover")

@@ -351,6 +351,27 @@ def test_the_peers_that_vouch_set_the_whole_target_not_what_a_peer_saw_in_an_ear
         assert raft.current_term() == 3  # and no vote in the vouchers' term, either way
 
 
+def test_a_start_on_the_operators_word_lowers_a_peers_target_to_what_the_peers_hold():
+    """``--trust-own-log`` vouches for a start at once; a peer that saw the node hold more than its files
+    have proves the word wrong, and the node is held back to reach it.  When that position is an entry no
+    node holds (a leader's own, never committed, lost to a conflict cut and a power loss), the node waited
+    for it for good.  Once enough peers gave their word, their highest log end is the whole target."""
+    with SimCluster(start=False) as c:
+        n = c.nodes[1]
+        n.start(trust_own_log=True)
+        raft, journal = n.raft, n.raft.journal
+        assert raft.vouched and raft.recovery is None
+        _deliver(n, _fake_peer(c, 2), {"type": "append_entries", "term": 1, "commit_index": 1, "prevLogIdx": 1,
+                                       "prevLogTerm": 0, "entries": [(b"\x01", i, 1) for i in range(2, 6)]})
+        term = raft.current_term()
+        _vouch(n, c, 2, log_end=[1, 4], held=[3, 9], recover=[3, 9])
+        assert raft.recovery == (3, 9) and raft.restricted  # one peer's word of the two it needs
+        _vouch(n, c, 3, log_end=[1, 5], held=[1, 5])
+        assert raft.recovery is None and journal.recovery_target() is None  # it holds (1, 5) already
+        assert not raft.restricted
+        assert raft.current_term() == term  # the operator's word stands for its term and vote
+
+
 def test_a_follower_whose_leader_connection_closes_campaigns_within_half_the_minimum_election_timeout():
     """kill -9 of a leader closes its connections at once: its followers need not wait a whole election timeout
     (the bench's outage went from ~0.4 s to ~0.06 s).  Another peer's connection closing changes nothing."""

@@ -267,7 +267,7 @@ def test_a_copy_from_before_a_removal_is_vouched_for_by_the_peer_that_committed_
         epoch = c.register(1)
         a = c.leader()
         b, gone = [n for n in c.nodes.values() if n is not a]
-        backup = b.disk.crash()  # B's copy: the configuration is (A, B, C)
+        backup = b.disk.copy()  # B's copy: the configuration is (A, B, C)
         gone.crash()
         a.raft.remove_member(gone.cfg.raft_address, timeout=10.0)  # committed by A and B
         a.restart(a.disk.crash())  # within the second
@@ -277,6 +277,25 @@ def test_a_copy_from_before_a_removal_is_vouched_for_by_the_peer_that_committed_
         c.allocate(1, epoch, timeout=15.0)
         assert gone.cfg.raft_address not in b.raft.members()
         c.assert_no_block_reissued()
+
+
+def test_a_snapshot_records_the_configuration_at_its_index_not_a_later_one():
+    """Seed 400136: a snapshot at an index before a membership change recorded the configuration after it; a
+    restart on it (or a follower that installed it) knew a membership that never held at that index, and when
+    the change was cut it never knew the leader.  ``members_at`` undoes the changes after the index."""
+    with SimCluster() as c:
+        epoch = c.register(1)
+        c.allocate(1, epoch)
+        a = c.leader()
+        gone = next(n for n in c.nodes.values() if n is not a)
+        before = a.on_loop(lambda: a.raft.last_applied)
+        everyone = sorted(n.cfg.raft_address for n in c.nodes.values())
+        gone.crash()
+        a.raft.remove_member(gone.cfg.raft_address, timeout=10.0)
+        after = a.on_loop(lambda: a.raft.last_applied)
+        assert after > before
+        assert sorted(a.on_loop(lambda: a.raft._obj.members_at(before))) == everyone
+        assert sorted(a.on_loop(lambda: a.raft._obj.members_at(after))) == sorted(set(everyone) - {gone.cfg.raft_address})
 
 
 # ------------------------------------------------------------------------- found by the campaign

@@ -594,6 +594,20 @@ def test_an_acknowledgement_from_another_term_is_ignored():
         assert obj.match_index[peer] == 2
 
 
+def test_a_leader_answered_with_a_higher_term_steps_down_into_it():
+    """Raft: a response with a higher term deposes its receiver.  pysyncobj read the terms of requests only,
+    so a leader that a held-back follower answered from a higher term (a follower that never campaigns)
+    led on below it, and that follower refused its AppendEntries for good."""
+    with SimCluster(start=False) as c:
+        def become_leader(n, obj):
+            obj.set_term(7, n.cfg.raft_address)
+            obj.become_leader()
+        n, obj = _node_one_alone(c, become_leader, "the leader")
+        _deliver(n, _fake_peer(c, 2), {"type": "next_node_idx", "next_node_idx": 1, "reset": False,
+                                       "success": False, "term": 9})
+        assert obj.term == 9 and obj.voted_for is None and not n.raft.role()[0]
+
+
 def test_a_candidate_from_an_earlier_term_is_told_the_term_and_follows_it():
     """pysyncobj dropped a RequestVote from an earlier term in silence and never read a vote response's
     term: a candidate that missed a term (its view of the membership heard from nobody else) campaigned

@@ -76,6 +76,31 @@ def test_a_held_back_node_takes_a_higher_term_from_a_vote_request_and_answers_a_
         assert _answers(sent, peer, "response_vote") == [{"type": "response_vote", "term": 7, "granted": False}]
 
 
+def test_a_vote_request_in_the_voters_own_term_is_granted_once_and_counted_once():
+    """Raft's vote: a node that has not voted in its term grants a candidate of that term whose log is at least
+    as up to date (the denial of a lower term must not reach the request of the node's own term), and it
+    grants no second candidate in that term.  A candidate counts one voter once, and only its own term's
+    grant: a grant of an earlier term marks no voter of this one."""
+    with SimCluster(start=False) as c:
+        n, obj, sent = _alone(c, vouched=True, term=9)
+        first, second = _fake_peer(c, 2), _fake_peer(c, 3)
+        ask = {"type": "request_vote", "term": 9, "last_log_index": 99, "last_log_term": 9}
+        _deliver(n, first, ask)
+        assert obj.voted_for == first.address and obj.term == 9
+        _deliver(n, second, ask)
+        assert obj.voted_for == first.address
+        assert [m.get("granted", True) for m in _answers(sent, second.address, "response_vote")] in ([], [False])
+
+        def candidate_in_term_10():
+            obj.set_term(10, n.cfg.raft_address)
+            obj.set_state(CANDIDATE)
+            obj.votes_count = 1
+        _on_raft(n, candidate_in_term_10)
+        _deliver(n, first, {"type": "response_vote", "term": 9})  # a late grant of the last term
+        _deliver(n, first, {"type": "response_vote", "term": 10})
+        assert obj.state == LEADER  # its own vote and the first peer's: two of three
+
+
 def test_a_vote_request_from_outside_the_configuration_is_answered_with_the_term_and_changes_nothing():
     """A candidate outside this node's configuration (a member removed, or one whose entry this node lacks) is
     refused, as before, but one below this node's term is told the term: it follows it instead of campaigning

@@ -10,9 +10,9 @@ import os
 
 import pytest
 
-from chaos.sim.disk import LossPolicy
+from chaos.sim.disk import LossPolicy, NodeHalted
 from quorum.raft import ProposalUnknown
-from storage.disk import EXIT_STORAGE
+from storage.disk import EXIT_DIVERGED, EXIT_STORAGE
 from tests.support.inproc import DATA, SimCluster, stop_at
 
 
@@ -314,6 +314,28 @@ def test_appendentries_with_an_older_prev_index_keeps_matching_entries():
         _deliver(n, leader, {"type": "append_entries", "term": 3, "commit_index": 1, "prevLogIdx": 6,
                              "prevLogTerm": 2, "entries": [(b"\x01", 7, 3)]})
         assert [(e[1], e[2]) for e in journal.entries[-3:]] == [(5, 2), (6, 2), (7, 3)]
+
+
+def test_a_leader_sending_another_term_where_this_node_committed_stops_it():
+    """Log matching says it never happens: an entry this node committed conflicts with the leader's.  Then a
+    log diverged (a bug, or a copy of another cluster's files), and the node stops with EXIT_DIVERGED
+    naming the index, rather than cut a committed entry or acknowledge around it."""
+    with SimCluster(start=False) as c:
+        n = c.nodes[1]
+        n.start(trust_own_log=True)
+        leader = _fake_peer(c, 2)
+        _deliver(n, leader, {"type": "append_entries", "term": 1, "commit_index": 4, "prevLogIdx": 1,
+                             "prevLogTerm": 0, "entries": [(b"\x01", i, 1) for i in range(2, 6)]})
+        assert n.raft.commit_index == 4
+        journal = n.raft.journal
+        try:
+            _deliver(n, leader, {"type": "append_entries", "term": 2, "commit_index": 4, "prevLogIdx": 2,
+                                 "prevLogTerm": 1, "entries": [(b"\x02", 3, 2)]})
+        except NodeHalted:
+            pass
+        c.wait(lambda: n.halted is not None, what="the node to stop")
+        assert n.halted[0] == EXIT_DIVERGED and "entry 3" in n.halted[1]
+        assert journal.entry(3)[2] == 1 and journal.durable_end() == (1, 5)  # nothing cut
 
 
 def _vouch(n, c, peer_id, log_end, held, recover=None, term=3, older=False):

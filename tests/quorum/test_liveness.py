@@ -101,6 +101,20 @@ def test_a_vote_request_in_the_voters_own_term_is_granted_once_and_counted_once(
         assert obj.state == LEADER  # its own vote and the first peer's: two of three
 
 
+def test_an_append_entries_from_a_lower_term_is_answered_with_this_nodes_term_and_changes_nothing():
+    """A leader of an earlier term learns it was deposed from the answer (it then steps down:
+    ``test_a_leader_answered_with_a_higher_term_steps_down_into_it``); nothing else tells it of the term a
+    held-back node holds, which never campaigns."""
+    with SimCluster(start=False) as c:
+        n, obj, sent = _alone(c, vouched=False, term=9)
+        stale = _fake_peer(c, 2)
+        before = _last(n)
+        _heartbeat(c, n, 2, term=7)
+        answers = _answers(sent, stale.address, "next_node_idx")
+        assert answers and answers[-1]["term"] == 9 and answers[-1]["success"] is False
+        assert obj.term == 9 and obj.leader is None and _last(n) == before
+
+
 def test_a_vote_request_from_outside_the_configuration_is_answered_with_the_term_and_changes_nothing():
     """A candidate outside this node's configuration (a member removed, or one whose entry this node lacks) is
     refused, as before, but one below this node's term is told the term: it follows it instead of campaigning

@@ -55,17 +55,16 @@ import inspect
 import logging
 import os
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import failpoints
 from client.quorum import QuorumClient, RetryPolicy
 from security import acl as a
-from security.limits import BeforeAuthentication, ConnectionLimits, TrimAfterClose, read_gated_frame
-from security.sasl import SaslAuthenticator, api_versions_table, linger_close
+from security.limits import ConnectionLimits, TrimAfterClose
+from security.sasl import SaslAuthenticator, api_versions_table
 from security.tls import server_context
-from telemetry.logs import FirstOfEach, Throttled, end_request_context, request_context
+from telemetry.logs import FirstOfEach, Throttled
 from wire import kafka
 from wire.errors import (
     ClusterAuthorizationFailedError,
@@ -80,6 +79,7 @@ from wire.errors import (
 from . import kafkaio as kio_
 from .acl_cache import AclCache
 from .config import BrokerConfig
+from .network import AppendWaiters, ReadAhead, _DropConnection, serve_connection
 from .partition import Partition
 from .pid_binding import PRINCIPAL, TRANSACTIONAL_ID, ProducerBindings, batch_producers
 from .pid_manager import ProducerIdManager
@@ -103,97 +103,6 @@ READ_COMMITTED = 1
 GROUPS_NOT_SERVED = Errors.GROUP_AUTHORIZATION_FAILED
 LATEST_TIMESTAMP, EARLIEST_TIMESTAMP = -1, -2
 MAINTAIN_EVERY_S = 5.0
-
-
-class _DropConnection(Exception):
-    """Fault injection: close the connection instead of answering."""
-
-
-class ReadAhead:
-    """Frames read from one connection and not yet taken by its handler, bounded by bytes.
-
-    The reader calls ``room(size)`` once a frame's size is known, before its body is read: it
-    waits while the bytes held plus this frame would pass ``max_bytes``, unless nothing is held,
-    so one frame of any size the listener accepts (``max_frame_bytes``) always gets through and
-    what one connection holds unread is at most ``max(max_bytes, one frame)``.  While it waits
-    nothing is read from the socket: the client's sends stall on TCP flow control.  Kafka holds
-    one request per connection (it mutes the channel until the answer is sent); this reads a
-    few ahead so pipelined requests do not wait a round trip, in order (FIFO).  ``None`` is the
-    end of the stream."""
-
-    def __init__(self, max_bytes: int, on_pause: Callable[[], None] | None = None):
-        self.max_bytes = max_bytes
-        self.held = 0  # bytes of frames read or being read, not yet taken
-        self.pauses = 0  # times the reader waited for room
-        self._on_pause = on_pause
-        self._frames: deque[bytes | None] = deque()
-        self._changed = asyncio.Condition()
-
-    def _fits(self, size: int) -> bool:
-        return self.held == 0 or self.held + size <= self.max_bytes
-
-    async def room(self, size: int) -> None:
-        async with self._changed:
-            if not self._fits(size):
-                self.pauses += 1
-                if self._on_pause is not None:
-                    self._on_pause()
-                await self._changed.wait_for(lambda: self._fits(size))
-            self.held += size
-
-    async def put(self, frame: bytes | None) -> None:
-        """A frame whose room was taken (or None: the end)."""
-        async with self._changed:
-            self._frames.append(frame)
-            self._changed.notify_all()
-
-    async def get(self) -> bytes | None:
-        async with self._changed:
-            await self._changed.wait_for(lambda: bool(self._frames))
-            frame = self._frames.popleft()
-            if frame is not None:
-                self.held -= len(frame)
-                self._changed.notify_all()
-            return frame
-
-
-class AppendWaiters:
-    """Long-polling Fetches waiting for an append, by the partitions they read.
-
-    A Fetch ``watch``es the (topic, partition) keys of its request and gets a future; an
-    append to a partition resolves the futures of that partition only (``appended``), so a
-    produce wakes the Fetches that read what it appended and no other.  The Fetch ``forget``s
-    its future when it stops waiting.  Event-loop only."""
-
-    def __init__(self) -> None:
-        self._by_partition: dict[tuple[str, int], set[asyncio.Future]] = {}
-
-    def watch(self, keys: frozenset[tuple[str, int]]) -> asyncio.Future:
-        fut = asyncio.get_running_loop().create_future()
-        for key in keys:
-            self._by_partition.setdefault(key, set()).add(fut)
-        return fut
-
-    def forget(self, fut: asyncio.Future, keys: frozenset[tuple[str, int]]) -> None:
-        for key in keys:
-            waiting = self._by_partition.get(key)
-            if waiting is not None:
-                waiting.discard(fut)
-                if not waiting:
-                    del self._by_partition[key]
-
-    def appended(self, key: tuple[str, int]) -> int:
-        """Wake the Fetches waiting on ``key``; how many were woken."""
-        woken = 0
-        for fut in self._by_partition.pop(key, ()):
-            if not fut.done():
-                fut.set_result(key)
-                woken += 1
-        return woken
-
-    def __len__(self) -> int:
-        """Partitions with a Fetch waiting on them."""
-        return len(self._by_partition)
 
 
 class BrokerServer:
@@ -296,9 +205,9 @@ class BrokerServer:
             self.bindings.open()
             self.bindings.start()
         host, port = self.cfg.listen.rsplit(":", 1)
-        # TLS is started in _connection (start_tls), so the connection limits and the deadlines count from
+        # TLS is started in serve_connection (start_tls), so the connection limits and the deadlines count from
         # the accept, not from the end of a handshake a peer can drag out.
-        self._server = await asyncio.start_server(self._connection, host, int(port))
+        self._server = await asyncio.start_server(functools.partial(serve_connection, self), host, int(port))
         self.port = self._server.sockets[0].getsockname()[1]
         self.cfg.with_bound_port(self.port)
         adv_host, adv_port = self.cfg.advertised_address
@@ -355,140 +264,11 @@ class BrokerServer:
             if self.bindings is not None:
                 await self.bindings.maintain()  # on the loop (the table is the loop's), in chunks
 
-    # ------------------------------------------------------------ connections
-    # What a peer may cost the listener before it authenticates, as on the quorum's client port
-    # (quorum.server, security.limits): max_connections / max_connections_per_ip counted from the accept
-    # (before TLS); TLS started on the accepted socket with tls_handshake_timeout_ms; with SASL on,
-    # authentication_timeout_ms from the accept to the end of the SASL exchange, and frames of at most
-    # max_unauthenticated_frame_bytes until then (read one at a time: the next size is checked against
-    # what the exchange is after the frame before).
+    # ------------------------------------------------------------ connections (broker/network.py)
     def _count_read_pause(self) -> None:
         self.counters["read_pauses"] += 1
 
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peer = writer.get_extra_info("peername")
-        task = asyncio.current_task()
-        if task is None or not self.limits.admit(peer):
-            writer.transport.abort()  # nothing is read or answered: the client sees a reset
-            return
-        loop = asyncio.get_running_loop()
-        frames = ReadAhead(self.cfg.max_connection_buffer_bytes, self._count_read_pause)
-        self._connections[task] = frames
-        session = self.sasl.session(peer) if self.sasl is not None else None
-        gate = BeforeAuthentication(writer, session, peer, self.cfg.authentication_timeout_ms, self.counters,
-                                    self._peer_log)
-        handled = asyncio.Event()  # before authentication: the handler is done with the frame it was given
-        read_task: asyncio.Task | None = None
-        try:
-            if self.ssl is not None and not await gate.start_tls(self.ssl, self.cfg.tls_handshake_timeout_ms):
-                return
-            read_task = loop.create_task(self._read_frames(reader, frames, peer, session, lambda: gate.expired,
-                                                           handled))
-            while True:
-                handled.set()
-                item = await frames.get()
-                if item is None:
-                    break
-                if session is not None:
-                    verdict = await session.on_frame(item)
-                    if verdict.kind == "reply":
-                        writer.write(verdict.data)
-                        await writer.drain()
-                    if verdict.kind == "close" or verdict.close:
-                        log.warning("client %s: %s; closing", peer, verdict.reason)
-                        read_task.cancel()
-                        await asyncio.wait([read_task])  # one reader at a time
-                        await linger_close(reader, writer)
-                        break
-                    if verdict.kind == "reply":
-                        continue
-                data = await self._answer(item, peer, session.principal if session is not None else None)
-                if data is not None:
-                    writer.write(data)
-                    await writer.drain()
-        except kafka.FrameError:
-            pass  # counted and logged by _answer
-        except _DropConnection:
-            self.counters["dropped_by_fault_injection"] += 1
-            log.info("client %s: fault injection: dropping the connection before answering", peer)
-        except (ConnectionError, OSError) as e:
-            if not gate.expired:
-                log.info("client %s: %s", peer, e)
-        except asyncio.CancelledError:
-            pass
-        finally:
-            gate.cancel()
-            if read_task is not None:
-                read_task.cancel()
-            writer.close()
-            # The reader keeps the exception that ended the stream (a reset), and the exception keeps the
-            # frames it was raised through, which keep the reader: a cycle only the garbage collector would
-            # free, with the connection's buffers in it.  Cut, they are freed now.
-            error = reader.exception()
-            if error is not None:
-                error.__traceback__ = None
-            self._muted_until.pop(peer, None)
-            self._connections.pop(task, None)
-            self.limits.release(peer)
-            self._trim.soon()  # a second later the heap's free pages go back to the system (glibc)
-
-    async def _read_frames(self, reader: asyncio.StreamReader, frames: ReadAhead, peer: Any, session: Any,
-                           expired: Callable[[], bool], handled: asyncio.Event) -> None:
-        """Read ``reader``'s frames into ``frames`` until the stream ends or a bad frame closes it.  Before
-        SASL authentication a frame may be at most ``unauthenticated_frame_bytes`` and the next one is not
-        read until the handler is done with it (as Kafka's authenticator); ``expired``: whether the
-        authentication deadline closed the connection (what it was reading then is not a bad frame)."""
-        try:
-            while True:
-                authenticated = session is None or session.authenticated
-                frame = await read_gated_frame(reader, authenticated, self.cfg.max_frame_bytes,
-                                               self.unauthenticated_frame_bytes, frames.room, expired, self.counters,
-                                               log, self._peer_log, peer)
-                if frame is None:
-                    return
-                if not authenticated:
-                    handled.clear()
-                await frames.put(frame)
-                if not authenticated:
-                    await handled.wait()
-        except (ConnectionError, OSError) as e:
-            if not expired():
-                log.info("client %s: %s", peer, e)
-        finally:
-            await frames.put(None)
-
-    async def _answer(self, frame: bytes, peer: Any, principal: str | None = None) -> bytes | None:
-        muted_until = self._muted_until.pop(peer, None)
-        if muted_until is not None and muted_until > time.monotonic():
-            # The last response told the client to back off; as Kafka does (KIP-219), the
-            # connection's next request waits too, so a client that ignores it gains nothing.
-            await asyncio.sleep(muted_until - time.monotonic())
-        try:
-            req = self.api.parse(frame)
-        except kafka.FrameError as e:
-            self.counters[e.counter] += 1
-            if e.kind is None:
-                log.warning("client %s: %s; closing", peer, e)
-            else:
-                self._frame_log(e.kind, logging.WARNING, "client %s: %s; closing the connection", peer, e)
-            raise
-        except kafka.BadRequest as e:
-            self.counters["bad_requests"] += 1
-            if e.kind is None:
-                log.warning("client %s: %s (answered %s)", peer, e.message, e.code.name)
-            else:  # a newer ApiVersions: how every negotiating client starts (KIP-511), so once per version
-                self._frame_log(e.kind, logging.INFO, "client %s: %s (answered %s)", peer, e.message, e.code.name)
-            return self.api.error_response(e)
-        self.counters["requests"] += 1
-        if principal is not None:
-            req.principal = principal
-        req.host = a.peer_host(peer)
-        token = request_context(req.client_id, req.correlation_id)
-        try:
-            return await self._answer_request(req, peer)
-        finally:
-            end_request_context(token)
-
+    # ------------------------------------------------------------ answering a request
     async def _answer_request(self, req: kafka.Request, peer: Any) -> bytes | None:
         if req.trailing:
             self.counters["trailing_bytes"] += 1

@@ -1,0 +1,265 @@
+"""The Kafka listener's connection and frame layer: reading frames, read-ahead, answers in order, the
+security session before authentication.  It knows no API: each frame read is parsed by the server's
+``ApiTable`` and handed to ``BrokerServer._answer_request``.
+
+Requests on one connection are handled one at a time, in order, as Kafka
+does (it mutes a connection while its request is processed): a client with
+5 produce requests in flight sees them appended in the order it sent them.
+Frames are read ahead while a request is being handled, up to
+``max_connection_buffer_bytes`` per connection (``ReadAhead``): past that the
+socket is not read until the handler catches up, so a client that sends
+faster than it reads its answers fills its own TCP window, not the broker's
+memory.  ``max_connections`` / ``max_connections_per_ip`` bound how many
+connections are served; one over a limit is closed at once (counted; logged
+at most every 10 s).  Before a client authenticates it is bounded as on the
+quorum's client port (``security.limits``): TLS is started on the accepted
+socket with ``tls_handshake_timeout_ms``; with SASL on, a connection not
+authenticated ``authentication_timeout_ms`` after its accept is aborted however
+it trickles, and a frame over ``max_unauthenticated_frame_bytes`` (64 KiB)
+closes the connection before its body is read.  A long-polling Fetch waits for appends to the partitions
+it reads only (``AppendWaiters``), not for every append.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any, Callable
+
+from security import acl as a
+from security.limits import BeforeAuthentication, read_gated_frame
+from security.sasl import linger_close
+from telemetry.logs import end_request_context, request_context
+from wire import kafka
+
+if TYPE_CHECKING:
+    from .frontend import BrokerServer
+
+# The front end logs under one name, whichever of its modules writes the line (log settings name it).
+log = logging.getLogger("broker.frontend")
+
+
+class _DropConnection(Exception):
+    """Fault injection: close the connection instead of answering."""
+
+
+class ReadAhead:
+    """Frames read from one connection and not yet taken by its handler, bounded by bytes.
+
+    The reader calls ``room(size)`` once a frame's size is known, before its body is read: it
+    waits while the bytes held plus this frame would pass ``max_bytes``, unless nothing is held,
+    so one frame of any size the listener accepts (``max_frame_bytes``) always gets through and
+    what one connection holds unread is at most ``max(max_bytes, one frame)``.  While it waits
+    nothing is read from the socket: the client's sends stall on TCP flow control.  Kafka holds
+    one request per connection (it mutes the channel until the answer is sent); this reads a
+    few ahead so pipelined requests do not wait a round trip, in order (FIFO).  ``None`` is the
+    end of the stream."""
+
+    def __init__(self, max_bytes: int, on_pause: Callable[[], None] | None = None):
+        self.max_bytes = max_bytes
+        self.held = 0  # bytes of frames read or being read, not yet taken
+        self.pauses = 0  # times the reader waited for room
+        self._on_pause = on_pause
+        self._frames: deque[bytes | None] = deque()
+        self._changed = asyncio.Condition()
+
+    def _fits(self, size: int) -> bool:
+        return self.held == 0 or self.held + size <= self.max_bytes
+
+    async def room(self, size: int) -> None:
+        async with self._changed:
+            if not self._fits(size):
+                self.pauses += 1
+                if self._on_pause is not None:
+                    self._on_pause()
+                await self._changed.wait_for(lambda: self._fits(size))
+            self.held += size
+
+    async def put(self, frame: bytes | None) -> None:
+        """A frame whose room was taken (or None: the end)."""
+        async with self._changed:
+            self._frames.append(frame)
+            self._changed.notify_all()
+
+    async def get(self) -> bytes | None:
+        async with self._changed:
+            await self._changed.wait_for(lambda: bool(self._frames))
+            frame = self._frames.popleft()
+            if frame is not None:
+                self.held -= len(frame)
+                self._changed.notify_all()
+            return frame
+
+
+class AppendWaiters:
+    """Long-polling Fetches waiting for an append, by the partitions they read.
+
+    A Fetch ``watch``es the (topic, partition) keys of its request and gets a future; an
+    append to a partition resolves the futures of that partition only (``appended``), so a
+    produce wakes the Fetches that read what it appended and no other.  The Fetch ``forget``s
+    its future when it stops waiting.  Event-loop only."""
+
+    def __init__(self) -> None:
+        self._by_partition: dict[tuple[str, int], set[asyncio.Future]] = {}
+
+    def watch(self, keys: frozenset[tuple[str, int]]) -> asyncio.Future:
+        fut = asyncio.get_running_loop().create_future()
+        for key in keys:
+            self._by_partition.setdefault(key, set()).add(fut)
+        return fut
+
+    def forget(self, fut: asyncio.Future, keys: frozenset[tuple[str, int]]) -> None:
+        for key in keys:
+            waiting = self._by_partition.get(key)
+            if waiting is not None:
+                waiting.discard(fut)
+                if not waiting:
+                    del self._by_partition[key]
+
+    def appended(self, key: tuple[str, int]) -> int:
+        """Wake the Fetches waiting on ``key``; how many were woken."""
+        woken = 0
+        for fut in self._by_partition.pop(key, ()):
+            if not fut.done():
+                fut.set_result(key)
+                woken += 1
+        return woken
+
+    def __len__(self) -> int:
+        """Partitions with a Fetch waiting on them."""
+        return len(self._by_partition)
+
+
+# ------------------------------------------------------------ connections
+# What a peer may cost the listener before it authenticates, as on the quorum's client port
+# (quorum.server, security.limits): max_connections / max_connections_per_ip counted from the accept
+# (before TLS); TLS started on the accepted socket with tls_handshake_timeout_ms; with SASL on,
+# authentication_timeout_ms from the accept to the end of the SASL exchange, and frames of at most
+# max_unauthenticated_frame_bytes until then (read one at a time: the next size is checked against
+# what the exchange is after the frame before).
+async def serve_connection(server: BrokerServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    peer = writer.get_extra_info("peername")
+    task = asyncio.current_task()
+    if task is None or not server.limits.admit(peer):
+        writer.transport.abort()  # nothing is read or answered: the client sees a reset
+        return
+    loop = asyncio.get_running_loop()
+    frames = ReadAhead(server.cfg.max_connection_buffer_bytes, server._count_read_pause)
+    server._connections[task] = frames
+    session = server.sasl.session(peer) if server.sasl is not None else None
+    gate = BeforeAuthentication(writer, session, peer, server.cfg.authentication_timeout_ms, server.counters,
+                                server._peer_log)
+    handled = asyncio.Event()  # before authentication: the handler is done with the frame it was given
+    read_task: asyncio.Task | None = None
+    try:
+        if server.ssl is not None and not await gate.start_tls(server.ssl, server.cfg.tls_handshake_timeout_ms):
+            return
+        read_task = loop.create_task(read_frames(server, reader, frames, peer, session, lambda: gate.expired,
+                                                 handled))
+        while True:
+            handled.set()
+            item = await frames.get()
+            if item is None:
+                break
+            if session is not None:
+                verdict = await session.on_frame(item)
+                if verdict.kind == "reply":
+                    writer.write(verdict.data)
+                    await writer.drain()
+                if verdict.kind == "close" or verdict.close:
+                    log.warning("client %s: %s; closing", peer, verdict.reason)
+                    read_task.cancel()
+                    await asyncio.wait([read_task])  # one reader at a time
+                    await linger_close(reader, writer)
+                    break
+                if verdict.kind == "reply":
+                    continue
+            data = await answer_frame(server, item, peer, session.principal if session is not None else None)
+            if data is not None:
+                writer.write(data)
+                await writer.drain()
+    except kafka.FrameError:
+        pass  # counted and logged by answer_frame
+    except _DropConnection:
+        server.counters["dropped_by_fault_injection"] += 1
+        log.info("client %s: fault injection: dropping the connection before answering", peer)
+    except (ConnectionError, OSError) as e:
+        if not gate.expired:
+            log.info("client %s: %s", peer, e)
+    except asyncio.CancelledError:
+        pass
+    finally:
+        gate.cancel()
+        if read_task is not None:
+            read_task.cancel()
+        writer.close()
+        # The reader keeps the exception that ended the stream (a reset), and the exception keeps the
+        # frames it was raised through, which keep the reader: a cycle only the garbage collector would
+        # free, with the connection's buffers in it.  Cut, they are freed now.
+        error = reader.exception()
+        if error is not None:
+            error.__traceback__ = None
+        server._muted_until.pop(peer, None)
+        server._connections.pop(task, None)
+        server.limits.release(peer)
+        server._trim.soon()  # a second later the heap's free pages go back to the system (glibc)
+
+
+async def read_frames(server: BrokerServer, reader: asyncio.StreamReader, frames: ReadAhead, peer: Any,
+                      session: Any, expired: Callable[[], bool], handled: asyncio.Event) -> None:
+    """Read ``reader``'s frames into ``frames`` until the stream ends or a bad frame closes it.  Before
+    SASL authentication a frame may be at most ``unauthenticated_frame_bytes`` and the next one is not
+    read until the handler is done with it (as Kafka's authenticator); ``expired``: whether the
+    authentication deadline closed the connection (what it was reading then is not a bad frame)."""
+    try:
+        while True:
+            authenticated = session is None or session.authenticated
+            frame = await read_gated_frame(reader, authenticated, server.cfg.max_frame_bytes,
+                                           server.unauthenticated_frame_bytes, frames.room, expired, server.counters,
+                                           log, server._peer_log, peer)
+            if frame is None:
+                return
+            if not authenticated:
+                handled.clear()
+            await frames.put(frame)
+            if not authenticated:
+                await handled.wait()
+    except (ConnectionError, OSError) as e:
+        if not expired():
+            log.info("client %s: %s", peer, e)
+    finally:
+        await frames.put(None)
+
+
+async def answer_frame(server: BrokerServer, frame: bytes, peer: Any, principal: str | None = None) -> bytes | None:
+    muted_until = server._muted_until.pop(peer, None)
+    if muted_until is not None and muted_until > time.monotonic():
+        # The last response told the client to back off; as Kafka does (KIP-219), the
+        # connection's next request waits too, so a client that ignores it gains nothing.
+        await asyncio.sleep(muted_until - time.monotonic())
+    try:
+        req = server.api.parse(frame)
+    except kafka.FrameError as e:
+        server.counters[e.counter] += 1
+        if e.kind is None:
+            log.warning("client %s: %s; closing", peer, e)
+        else:
+            server._frame_log(e.kind, logging.WARNING, "client %s: %s; closing the connection", peer, e)
+        raise
+    except kafka.BadRequest as e:
+        server.counters["bad_requests"] += 1
+        if e.kind is None:
+            log.warning("client %s: %s (answered %s)", peer, e.message, e.code.name)
+        else:  # a newer ApiVersions: how every negotiating client starts (KIP-511), so once per version
+            server._frame_log(e.kind, logging.INFO, "client %s: %s (answered %s)", peer, e.message, e.code.name)
+        return server.api.error_response(e)
+    server.counters["requests"] += 1
+    if principal is not None:
+        req.principal = principal
+    req.host = a.peer_host(peer)
+    token = request_context(req.client_id, req.correlation_id)
+    try:
+        return await server._answer_request(req, peer)
+    finally:
+        end_request_context(token)

@@ -58,8 +58,8 @@ from audit.buckets import Buckets, plan_buckets
 from audit.inputs import FORMAT, Table
 from records.schema import LONG_MAX
 
-if TYPE_CHECKING:  # annotations only (audit.job imports this module when it runs the checks)
-    from audit.job import Options, Timer
+if TYPE_CHECKING:
+    from audit.options import Options, Timer
 
 ID_MAX = LONG_MAX - 1  # the last usable producer ID (2**63-2)
 CHART_BROKERS = 8

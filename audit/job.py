@@ -3,7 +3,7 @@
 Input: a directory written by ``pidctl audit export`` (``manifest.json``,
 ``records/<RecordName>/part-*.parquet``, ``chaos/allocate``, ``chaos/generate``).
 Run it with ``pidctl audit run --input DIR`` (local Spark in the process), or on a
-cluster with ``spark-submit audit/job.py --input DIR --out DIR`` (only the driver
+cluster with ``spark-submit cli/audit.py --input DIR --out DIR`` (only the driver
 needs pidquorum: the job is DataFrame operations and window functions, no Python
 runs on executors; DIR must be on a file system the driver and executors share).
 
@@ -12,7 +12,8 @@ Where things are: the input and its checks before Spark starts in
 ``audit.checks``, spread over cores by ``audit.buckets``; this module runs them
 (``run_audit``: validate, start or reuse Spark, check, write ``audit.json`` and
 the charts of ``audit.report``).  The command lines, ``pidctl audit run`` and
-this file's own under spark-submit, are in ``cli.audit``.
+the job's own under spark-submit (``spark-submit cli/audit.py``), are in ``cli.audit``; what a run is
+asked and how its phases are timed in ``audit.options``.
 
 ID spaces (``id_spaces``)
 ------------------------
@@ -44,78 +45,13 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
-from dataclasses import dataclass
 from typing import Callable
 
-if __name__ == "__main__" and __package__ in (None, ""):  # spark-submit audit/job.py: make the repo importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from audit.inputs import TABLES, AuditInputError, load_manifest, scan_table  # noqa: E402
-from audit.report import rates_png  # noqa: E402
-from audit.spark import spark_session, tune_for_rows  # noqa: E402
-
-EXAMPLES = 10
-WINDOW_MS = 60_000
-RESTART_REGISTRATIONS = 3   # registrations of one broker in one window that look like a restart loop
-RESTART_EPOCHS = 3          # distinct broker epochs in one window's allocations
-RATE_FACTOR = 10.0          # a window this many times the fleet's median rate...
-RATE_MIN_BLOCKS = 10        # ...and at least this many blocks
-
-
-@dataclass
-class Options:
-    examples: int = EXAMPLES
-    window_ms: int = WINDOW_MS
-    buckets: int | None = None            # force the number of ID-space buckets (tests)
-    restart_registrations: int = RESTART_REGISTRATIONS
-    restart_epochs: int = RESTART_EPOCHS
-    rate_factor: float = RATE_FACTOR
-    rate_min_blocks: int = RATE_MIN_BLOCKS
-    id_spaces: str = "cluster"            # "cluster": cluster and node sources share one; "source": one each
-
-
-# The phases of a run, in order, as the timer names them when they end (``Timer.lap``), with what a
-# person watching is told while each runs (``run_audit(progress=...)``).  Without blocks the three
-# block passes are skipped.
-PHASES = (
-    ("validate", "reading inputs (manifest, Parquet footers)"),
-    ("spark_start", "starting Spark"),
-    ("carry_pass", "Spark job: blocks per bucket"),
-    ("main_pass", "Spark job: ordered scan for overlaps"),
-    ("block_results", "checks: overlaps and gaps"),
-    ("boundary", "checks: migration boundary"),
-    ("duplicate_pids", "checks: duplicate PIDs"),
-    ("brokers", "checks: broker rates and restart loops"),
-    ("projection", "checks: ID-space projection"),
-    ("write", "writing the report and charts"),
-)
-
-
-class Timer:
-    """Seconds per phase of a run (the report's ``timing_s``).  ``progress``: called with the index in
-    ``PHASES`` and the description of the phase that starts, when a run starts and after each lap."""
-
-    def __init__(self, progress: Callable[[int, str], None] | None = None):
-        self.t0 = time.monotonic()
-        self.last = self.t0
-        self.phases: dict[str, float] = {}
-        self.progress = progress
-        self._announce(0)
-
-    def lap(self, name: str) -> None:
-        now = time.monotonic()
-        self.phases[name] = round(now - self.last, 3)
-        self.last = now
-        names = [n for n, _ in PHASES]
-        if name in names:
-            self._announce(names.index(name) + 1)
-
-    def _announce(self, index: int) -> None:
-        if self.progress is not None and index < len(PHASES):
-            self.progress(index, PHASES[index][1])
-
+from audit.inputs import TABLES, AuditInputError, load_manifest, scan_table
+from audit.options import EXAMPLES, PHASES, WINDOW_MS, Options, Timer  # noqa: F401 (the job's names)
+from audit.report import rates_png
+from audit.spark import spark_session, tune_for_rows
 
 CLUSTER_SPACE = "cluster"
 
@@ -210,9 +146,3 @@ def write_outputs(report: dict, out_dir: str, series: dict) -> None:
         json.dump(report, f, indent=2)
         f.write("\n")
     os.replace(tmp, os.path.join(out_dir, "audit.json"))
-
-
-if __name__ == "__main__":  # spark-submit audit/job.py: the command line is cli.audit's (a process entry point)
-    from cli.audit import submit_main
-
-    sys.exit(submit_main())

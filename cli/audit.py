@@ -1,6 +1,12 @@
 """``pidctl audit ...``: export to Parquet and the Spark audit job; and the job's own command line
-under spark-submit (``submit_main``: ``spark-submit audit/job.py --input DIR ...``)."""
+under spark-submit (``submit_main``: ``spark-submit cli/audit.py --input DIR ...``)."""
 from __future__ import annotations
+
+if __name__ == "__main__" and __package__ in (None, ""):  # spark-submit cli/audit.py: the repo importable,
+    import os as _os                                          # and this file's relative imports cli's (PEP 366)
+    import sys as _sys
+    _sys.path.insert(0, _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__))))
+    __package__ = "cli"
 
 import argparse
 import json
@@ -97,11 +103,11 @@ def audit_run(input_dir, master, out_dir, window_ms, examples, per_source, outpu
 
 
 def submit_main(argv: list[str] | None = None) -> int:
-    """``spark-submit audit/job.py --input DIR [--out DIR] [--json] ...`` (or ``python audit/job.py``): the
+    """``spark-submit cli/audit.py --input DIR [--out DIR] [--json] ...`` (or ``python cli/audit.py``): the
     audit as a Spark application, with plain argparse options (spark-submit passes them through).  The
     master is spark-submit's (run directly: ``--master``, default local[*]).  Returns the exit code: 0
     clean, 1 on bad input or no Spark, 5 on violations."""
-    p = argparse.ArgumentParser(prog="audit/job.py", description="The audit job on Spark: was any producer ID "
+    p = argparse.ArgumentParser(prog="cli/audit.py", description="The audit job on Spark: was any producer ID "
                                 "issued twice, over the whole exported history?")
     p.add_argument("--input", required=True, help="directory written by pidctl audit export")
     p.add_argument("--out", help="write audit.json and charts here")
@@ -124,3 +130,7 @@ def submit_main(argv: list[str] | None = None) -> int:
     else:
         render_summary(report)
     return EXIT_OK if report["valid"] else EXIT_ANOMALY
+
+
+if __name__ == "__main__":  # spark-submit cli/audit.py
+    sys.exit(submit_main())

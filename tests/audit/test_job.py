@@ -348,7 +348,7 @@ def _free_port() -> int:
 @pytest.mark.timeout(600)
 def test_spark_submit_on_a_standalone_cluster(tmp_path):
     """The job as an operator runs it on a cluster: a Spark standalone master and one worker (separate
-    JVMs, from the pyspark package), `spark-submit --master spark://... audit/job.py`; the report names
+    JVMs, from the pyspark package), `spark-submit --master spark://... cli/audit.py`; the report names
     the cluster's master and finds the injected problems; exit 5."""
     import signal
     import subprocess
@@ -385,7 +385,7 @@ def test_spark_submit_on_a_standalone_cluster(tmp_path):
         wait_for(lambda: logged(mlog, "Registering worker"), timeout=120, what="Spark worker registered")
         d = write_export(tmp_path / "in", dirty_sources())
         job = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                           "audit", "job.py")
+                           "cli", "audit.py")
         res = subprocess.run([os.path.join(home, "bin", "spark-submit"), "--master", url,
                               "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.ui.enabled=false",
                               "--executor-memory", "512m", "--driver-memory", "1g", job,

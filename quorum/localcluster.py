@@ -309,10 +309,15 @@ class LocalCluster:
             return None
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmdline = f.read().split(b"\0")
+                raw = f.read()
         except OSError:
             return None
-        return pid if self.config_path(node_id).encode() in cmdline else None
+        if pid in getattr(self, "_procs", {}):
+            # A child this object started and has not reaped: the pid is not recycled.  Until its exec it
+            # reads as this process's command line (on a loaded machine, for a while); it reads empty only
+            # while it dies.
+            return pid if raw else None
+        return pid if self.config_path(node_id).encode() in raw.split(b"\0") else None
 
     def signal(self, node_id: int, sig: int) -> None:
         pid = self._our_pid(node_id)

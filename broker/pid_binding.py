@@ -8,7 +8,7 @@ its owner:
 * an ID the quorum gave a transactional id (InitProducerId *with* one, or learnt from the quorum's
   KIP-890 verification of a transactional batch) belongs to that transactional id: the Produce must
   name it, and the principal must have WRITE on it (checked for every Produce naming a
-  transactional id, ``frontend._produce_acl``).
+  transactional id, ``api_table._produce_acl``).
 
 Producer IDs are handed out in order, so without this any authenticated principal could write with
 another's ID: ``Produce(producer_id=<victim's>, base_sequence=0)`` ahead of the victim makes the

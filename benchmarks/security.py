@@ -31,7 +31,7 @@ import time
 
 from client.quorum import QuorumClient, RetryPolicy
 from quorum.localcluster import LocalCluster
-from security import acl as a
+from security import acl
 from security import credentials
 from security.client import ClientSecurity
 from security.mechanisms import PlainServer, ScramClient, ScramServer
@@ -68,17 +68,17 @@ def phase_mechanisms(args, tmp: str) -> dict:
 def phase_authorize(args, tmp: str) -> dict:
     out = {}
     for n in (10, 100, 1000):
-        acls = [a.Acl(f"User:u{i}", a.TRANSACTIONAL_ID, f"tx-{i}-", a.PREFIXED, a.WRITE, a.ALLOW) for i in range(n)]
-        acls.append(a.Acl("User:alice", a.CLUSTER, a.CLUSTER_NAME, a.LITERAL, a.IDEMPOTENT_WRITE, a.ALLOW))
+        acls = [acl.Acl(f"User:u{i}", acl.TRANSACTIONAL_ID, f"tx-{i}-", acl.PREFIXED, acl.WRITE, acl.ALLOW) for i in range(n)]
+        acls.append(acl.Acl("User:alice", acl.CLUSTER, acl.CLUSTER_NAME, acl.LITERAL, acl.IDEMPOTENT_WRITE, acl.ALLOW))
         calls = args.calls
         t = time.perf_counter()
         for _ in range(calls):
-            a.authorize(acls, "User:alice", a.CLUSTER, a.CLUSTER_NAME, a.IDEMPOTENT_WRITE, (), "127.0.0.1")
+            acl.authorize(acls, "User:alice", acl.CLUSTER, acl.CLUSTER_NAME, acl.IDEMPOTENT_WRITE, (), "127.0.0.1")
         out[f"list_{n}_entries_us_per_call"] = round((time.perf_counter() - t) / calls * 1e6, 2)
-        index = a.AclIndex(acls)  # what the servers use: only the principal's and User:*'s entries are read
+        index = acl.AclIndex(acls)  # what the servers use: only the principal's and User:*'s entries are read
         t = time.perf_counter()
         for _ in range(calls):
-            index.authorize("User:alice", a.CLUSTER, a.CLUSTER_NAME, a.IDEMPOTENT_WRITE, (), "127.0.0.1")
+            index.authorize("User:alice", acl.CLUSTER, acl.CLUSTER_NAME, acl.IDEMPOTENT_WRITE, (), "127.0.0.1")
         out[f"index_{n}_entries_us_per_call"] = round((time.perf_counter() - t) / calls * 1e6, 2)
     return out
 

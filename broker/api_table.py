@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from security import acl as a
+from security import acl as acls
 from wire import kafka
 from wire.errors import Errors
 
@@ -35,17 +35,17 @@ if TYPE_CHECKING:
 
 # What Produce needs on each topic it writes to (``_topic_allowed``; TOPIC_AUTHORIZATION_FAILED for that topic's
 # partitions), as in Kafka.  Producer IDs are also bound to their principal (broker/pid_binding.py).
-PRODUCE_TOPIC_ACL: str | None = a.WRITE
+PRODUCE_TOPIC_ACL: str | None = acls.WRITE
 
 
 def _cluster_acl(operation: str) -> tuple[str, str, str]:
-    return a.CLUSTER, a.CLUSTER_NAME, operation
+    return acls.CLUSTER, acls.CLUSTER_NAME, operation
 
 
 def _init_acl(b: Any) -> tuple[str, str, str]:
     if b.transactional_id is None:
-        return _cluster_acl(a.IDEMPOTENT_WRITE)
-    return a.TRANSACTIONAL_ID, str(b.transactional_id), a.WRITE
+        return _cluster_acl(acls.IDEMPOTENT_WRITE)
+    return acls.TRANSACTIONAL_ID, str(b.transactional_id), acls.WRITE
 
 
 def _produce_acl(b: Any) -> tuple[str, str, str] | None:
@@ -53,7 +53,7 @@ def _produce_acl(b: Any) -> tuple[str, str, str] | None:
     checks it); TRANSACTIONAL_ID_AUTHORIZATION_FAILED for every partition otherwise."""
     if b.transactional_id is None:
         return None
-    return a.TRANSACTIONAL_ID, str(b.transactional_id), a.WRITE
+    return acls.TRANSACTIONAL_ID, str(b.transactional_id), acls.WRITE
 
 
 def _versions_error(cfg: BrokerConfig, version: int, code: Errors, body: Any) -> Any:
@@ -175,7 +175,7 @@ RPCS: dict[int, BrokerRpc] = {
     INIT_PRODUCER_ID: BrokerRpc("InitProducerId", (0, 4), producer_ids.init_producer_id, _init_producer_id_error,
                                 _init_acl),
     DESCRIBE_PRODUCERS: BrokerRpc("DescribeProducers", (0, 0), partitions.describe_producers,
-                                  _describe_producers_error, topic_acl=a.DESCRIBE),
+                                  _describe_producers_error, topic_acl=acls.DESCRIBE),
     # DESCRIBE on each transactional id, checked per id by the handlers (KIP-664).
     DESCRIBE_TRANSACTIONS: BrokerRpc("DescribeTransactions", (0, 0), transactions.describe_transactions,
                                      _describe_transactions_error),
@@ -183,11 +183,11 @@ RPCS: dict[int, BrokerRpc] = {
                                  _list_transactions_error),
     ADD_PARTITIONS_TO_TXN: BrokerRpc(
         "AddPartitionsToTxn", (0, 3), transactions.add_partitions_to_txn, _add_partitions_error,
-        lambda b: (a.TRANSACTIONAL_ID, str(b.v3_and_below_transactional_id), a.WRITE)),
+        lambda b: (acls.TRANSACTIONAL_ID, str(b.v3_and_below_transactional_id), acls.WRITE)),
     ADD_OFFSETS_TO_TXN: BrokerRpc("AddOffsetsToTxn", (0, 3), transactions.add_offsets_to_txn, _add_offsets_error,
-                                  lambda b: (a.TRANSACTIONAL_ID, str(b.transactional_id), a.WRITE)),
+                                  lambda b: (acls.TRANSACTIONAL_ID, str(b.transactional_id), acls.WRITE)),
     END_TXN: BrokerRpc("EndTxn", (0, 3), transactions.end_txn, _end_txn_error,
-                       lambda b: (a.TRANSACTIONAL_ID, str(b.transactional_id), a.WRITE)),
+                       lambda b: (acls.TRANSACTIONAL_ID, str(b.transactional_id), acls.WRITE)),
 }
 SUPPORTED: dict[int, tuple[int, int]] = {k: r.versions for k, r in RPCS.items()}
 NAMES: dict[int, str] = {k: r.name for k, r in RPCS.items()}

@@ -44,7 +44,7 @@ import time
 from typing import Any
 
 from client.quorum import QuorumClient, RetryPolicy
-from security import acl as a
+from security import acl as acls
 from security.limits import ConnectionLimits, TrimAfterClose
 from security.sasl import SaslAuthenticator, api_versions_table
 from security.tls import server_context
@@ -311,10 +311,10 @@ class BrokerServer:
         if need is None:
             return
         resource_type, name, operation = need
-        if self.acls.authorize(req.principal, resource_type, name, operation, a.peer_host(peer)):
+        if self.acls.authorize(req.principal, resource_type, name, operation, acls.peer_host(peer)):
             return
         self.counters["authorization_failures"] += 1
-        if resource_type == a.CLUSTER:
+        if resource_type == acls.CLUSTER:
             raise ClusterAuthorizationFailedError(f"{req.principal} is not allowed {operation} on the cluster")
         raise TransactionalIdAuthorizationFailedError(
             f"{req.principal} is not allowed {operation} on transactional id {name[:200]!r}")
@@ -325,7 +325,7 @@ class BrokerServer:
         operation = RPCS[req.api_key].topic_acl
         if self.acls is None or operation is None:
             return True
-        if self.acls.authorize(req.principal, a.TOPIC, topic, operation, req.host):
+        if self.acls.authorize(req.principal, acls.TOPIC, topic, operation, req.host):
             return True
         self.counters["authorization_failures"] += 1
         log.info("%s: %s is not allowed %s on topic %r (answered TOPIC_AUTHORIZATION_FAILED)",

@@ -27,7 +27,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable
 
-from security import acl as a
+from security import acl as acls
 from security.limits import BeforeAuthentication, read_gated_frame
 from security.sasl import linger_close
 from telemetry.logs import end_request_context, request_context
@@ -257,7 +257,7 @@ async def answer_frame(server: BrokerServer, frame: bytes, peer: Any, principal:
     server.counters["requests"] += 1
     if principal is not None:
         req.principal = principal
-    req.host = a.peer_host(peer)
+    req.host = acls.peer_host(peer)
     token = request_context(req.client_id, req.correlation_id)
     try:
         return await server._answer_request(req, peer)

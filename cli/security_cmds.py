@@ -10,7 +10,7 @@ import sys
 
 import click
 
-from security import acl as a
+from security import acl as acls
 from security import credentials
 
 from . import render
@@ -19,37 +19,37 @@ from . import render
 def _acl_options(fn):
     for option in reversed([
         click.option("--principal", required=True, help="User:<name>, or User:* for everyone."),
-        click.option("--operation", required=True, type=click.Choice(a.OPERATIONS, case_sensitive=False)),
-        click.option("--permission", type=click.Choice(a.PERMISSIONS, case_sensitive=False), default=a.ALLOW,
+        click.option("--operation", required=True, type=click.Choice(acls.OPERATIONS, case_sensitive=False)),
+        click.option("--permission", type=click.Choice(acls.PERMISSIONS, case_sensitive=False), default=acls.ALLOW,
                      show_default=True),
         click.option("--cluster", is_flag=True, help="The cluster resource (kafka-cluster)."),
         click.option("--transactional-id", help="A transactional id, a prefix (--prefixed), or '*'."),
         click.option("--topic", help="A topic, a prefix (--prefixed), or '*' (WRITE: Produce; DESCRIBE: DescribeProducers)."),
         click.option("--prefixed", is_flag=True, help="--transactional-id / --topic is a prefix."),
-        click.option("--host", default=a.WILDCARD, show_default=True, help="Client address, '*' for any."),
+        click.option("--host", default=acls.WILDCARD, show_default=True, help="Client address, '*' for any."),
     ]):
         fn = option(fn)
     return fn
 
 
-def _acl(principal, operation, permission, cluster, transactional_id, topic, prefixed, host) -> a.Acl:
+def _acl(principal, operation, permission, cluster, transactional_id, topic, prefixed, host) -> acls.Acl:
     if [cluster, transactional_id is not None, topic is not None].count(True) != 1:
         raise click.UsageError("give exactly one of --cluster, --transactional-id NAME or --topic NAME")
     if cluster:
         if prefixed:
             raise click.UsageError("--prefixed applies to --transactional-id and --topic only")
-        rtype, name, pattern = a.CLUSTER, a.CLUSTER_NAME, a.LITERAL
+        rtype, name, pattern = acls.CLUSTER, acls.CLUSTER_NAME, acls.LITERAL
     else:
-        rtype, name = (a.TRANSACTIONAL_ID, transactional_id) if topic is None else (a.TOPIC, topic)
-        pattern = a.PREFIXED if prefixed else a.LITERAL
+        rtype, name = (acls.TRANSACTIONAL_ID, transactional_id) if topic is None else (acls.TOPIC, topic)
+        pattern = acls.PREFIXED if prefixed else acls.LITERAL
     try:
-        return a.Acl(principal, rtype, name, pattern, operation.upper(), permission.upper(), host).validate()
-    except a.AclError as e:  # a malformed option (e.g. --principal foo): a usage error, before any request
+        return acls.Acl(principal, rtype, name, pattern, operation.upper(), permission.upper(), host).validate()
+    except acls.AclError as e:  # a malformed option (e.g. --principal foo): a usage error, before any request
         raise click.UsageError(str(e)) from None
 
 
-def _describe(e: a.Acl) -> str:
-    pattern = "" if e.pattern_type == a.LITERAL else f" ({e.pattern_type.lower()})"
+def _describe(e: acls.Acl) -> str:
+    pattern = "" if e.pattern_type == acls.LITERAL else f" ({e.pattern_type.lower()})"
     return (f"{e.permission} {e.principal} {e.operation} on {e.resource_type} {e.resource_name!r}{pattern}"
             f" from {e.host}")
 
@@ -112,7 +112,7 @@ def register(cli, *, handle_errors, output_option, run) -> None:
     def acl():
         """ACLs, stored in the quorum (enforced where SASL is on)."""
 
-    def alter(obj, action: str, entry: a.Acl, output: str) -> None:
+    def alter(obj, action: str, entry: acls.Acl, output: str) -> None:
         changed = asyncio.run(run(lambda c: c.alter_acl(action, entry))(obj.client()))
         if output == "json":
             render.emit_json({"action": action, "changed": changed, "acl": entry.to_dict()})

@@ -52,7 +52,7 @@ from wire.errors import (
     for_code,
 )
 
-from . import api as p
+from . import api
 from .leader import pick_leader, summary
 from .retry import LEADER_POLL, RetryPolicy, result_within
 
@@ -256,7 +256,7 @@ class Connection:
                 fut, api_key, version = entry
                 if not fut.done():
                     try:
-                        fut.set_result(p.QUORUM_API.parse_response(frame, api_key, version)[1])
+                        fut.set_result(api.QUORUM_API.parse_response(frame, api_key, version)[1])
                     except Exception as e:  # noqa: BLE001 - hand any decode failure to the caller
                         fut.set_exception(ConnectionFailed(f"{self.address}: bad response: {e}"))
         except asyncio.IncompleteReadError as e:
@@ -286,7 +286,7 @@ class Connection:
         assert self._writer is not None
         corr = next(self._ids) & 0x7FFFFFFF
         if not hasattr(body, "__api_key__"):  # a pidquorum msgpack API
-            frame, api_key, version = p.encode_admin_request(body, corr, self.client_id), p.msgpack_api_of(body), 0
+            frame, api_key, version = api.encode_admin_request(body, corr, self.client_id), api.msgpack_api_of(body), 0
         else:
             frame, api_key, version = kafka.encode_request(body, corr, self.client_id), body.__api_key__, body.__version__
         fut = asyncio.get_running_loop().create_future()
@@ -438,16 +438,16 @@ class QuorumClient:
 
     async def register_broker(self, broker_id: int, incarnation_id: uuid.UUID | None = None,
                               listener: str = "") -> int:
-        resp, _ = await self._call_any(p.registration_request(broker_id, incarnation_id or uuid.uuid4(), listener))
+        resp, _ = await self._call_any(api.registration_request(broker_id, incarnation_id or uuid.uuid4(), listener))
         return int(resp.broker_epoch)
 
     async def heartbeat(self, broker_id: int, broker_epoch: int, want_fence: bool = False,
                         want_shut_down: bool = False) -> dict:
-        resp, _ = await self._call_any(p.heartbeat_request(broker_id, broker_epoch, want_fence, want_shut_down))
+        resp, _ = await self._call_any(api.heartbeat_request(broker_id, broker_epoch, want_fence, want_shut_down))
         return {"is_fenced": resp.is_fenced, "should_shut_down": resp.should_shut_down}
 
     async def allocate(self, broker_id: int, broker_epoch: int) -> AllocatedBlock:
-        resp, node = await self._call_any(p.allocate_request(broker_id, broker_epoch))
+        resp, node = await self._call_any(api.allocate_request(broker_id, broker_epoch))
         return AllocatedBlock(int(resp.producer_id_start), int(resp.producer_id_len), _throttle_ms(resp), node)
 
     async def init_transactional(self, broker_id: int, broker_epoch: int, transactional_id: str,
@@ -600,7 +600,7 @@ class QuorumClient:
     async def describe_client_quotas(self) -> tuple[list[dict], str]:
         """Every user's quotas and the default ({"user": name | None, "values": {key: value}}), as the
         answering node has applied them, and that node's address (Kafka's DescribeClientQuotas)."""
-        body = kafka.request_entity(p.DESCRIBE_CLIENT_QUOTAS, 1, components=(), strict=False)
+        body = kafka.request_entity(api.DESCRIBE_CLIENT_QUOTAS, 1, components=(), strict=False)
         resp, node = await self._call_any(body)
         out = []
         for e in resp.entries or ():

@@ -37,7 +37,7 @@ from kio.schema.envelope.v0.request import EnvelopeRequest
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import f64, i32, i64
 
-from client import api as p
+from client import api as quorum_api
 from records import (
     AlterAclsRequest,
     AlterAclsResponse,
@@ -58,7 +58,7 @@ from records import (
     TransactionRequest,
     TransactionResponse,
 )
-from security import acl as a
+from security import acl as acl_rules
 from security.acl import Acl
 from storage.disk import CorruptFileError
 from wire import kafka
@@ -122,7 +122,7 @@ class Rpc:
 
     @property
     def name(self) -> str:
-        return self.record.SPEC.name if self.record is not None else p.API_NAMES.get(self.api_key,
+        return self.record.SPEC.name if self.record is not None else quorum_api.API_NAMES.get(self.api_key,
                                                                                      f"API {self.api_key}")
 
     def needs_leader(self, body: Any) -> bool:
@@ -166,7 +166,7 @@ def _record_error(response: type) -> Callable[[int, Errors, str, int], Any]:
 
 def _quota_entries(entries: list[dict], version: int) -> dict:
     """DescribeClientQuotas: one entry per user (entity_name None: the default), its quota values."""
-    module = __import__(kafka.load_response_schema(p.DESCRIBE_CLIENT_QUOTAS, version).__module__,
+    module = __import__(kafka.load_response_schema(quorum_api.DESCRIBE_CLIENT_QUOTAS, version).__module__,
                         fromlist=["EntryData"])
     return {"error_message": None, "entries": tuple(
         module.EntryData(entity=(module.EntityData(entity_type="user", entity_name=e["user"]),),
@@ -187,7 +187,7 @@ def _allocate(state: QuorumState, b: Any, ctx: Context) -> Result:
 def _register(state: QuorumState, b: Any, ctx: Context) -> Result:
     if b.incarnation_id is None:
         raise InvalidRequestError("incarnation id is required")
-    return state.registrations.generate_register(int(b.broker_id), str(b.incarnation_id), p.listener_address(b),
+    return state.registrations.generate_register(int(b.broker_id), str(b.incarnation_id), quorum_api.listener_address(b),
                                                  ctx.now_ms, ctx.session_timeout_ms)
 
 
@@ -399,7 +399,7 @@ async def _envelope(server: QuorumServer, req: kafka.Request) -> bytes:
 def forward_envelope(req: kafka.Request, peer: Any) -> EnvelopeRequest:
     """The Envelope a follower sends the leader for ``req``: its raw frame, principal and client address."""
     try:
-        address = ipaddress.ip_address(a.peer_host(peer) or "").packed
+        address = ipaddress.ip_address(acl_rules.peer_host(peer) or "").packed
     except ValueError:
         address = b""
     return EnvelopeRequest(request_data=req.raw, request_principal=req.principal.encode(),
@@ -414,70 +414,70 @@ def envelope_peer(address: bytes) -> tuple[str, int] | None:
 
 
 # ------------------------------------------------------------------ table
-_BROKERS = (a.CLUSTER_ACTION,)  # what brokers do
-_ADMIN = (a.ALTER,)
-_READ = (a.DESCRIBE, a.CLUSTER_ACTION)  # administrators and brokers (which poll) alike
+_BROKERS = (acl_rules.CLUSTER_ACTION,)  # what brokers do
+_ADMIN = (acl_rules.ALTER,)
+_READ = (acl_rules.DESCRIBE, acl_rules.CLUSTER_ACTION)  # administrators and brokers (which poll) alike
 MAX_BLOCK_PAGE = 10_000  # blocks in one BlockHistoryResponse at most (about 150 bytes of JSON each)
 
 
 def _rpcs() -> list[Rpc]:
     return [
-        Rpc(p.API_VERSIONS, acl=lambda b: (), serve=_api_versions, respond=lambda v, body: body,
-            error=lambda v, code, m, t: kafka.api_versions_body(v, code, p.SUPPORTED)),
-        Rpc(p.ALLOCATE_PRODUCER_IDS, acl=lambda b: _BROKERS, generate=_allocate, issues_ids=True, from_reserve=True,
+        Rpc(quorum_api.API_VERSIONS, acl=lambda b: (), serve=_api_versions, respond=lambda v, body: body,
+            error=lambda v, code, m, t: kafka.api_versions_body(v, code, quorum_api.SUPPORTED)),
+        Rpc(quorum_api.ALLOCATE_PRODUCER_IDS, acl=lambda b: _BROKERS, generate=_allocate, issues_ids=True, from_reserve=True,
             throttled=True, timed=True,
-            respond=_kafka_response(p.ALLOCATE_PRODUCER_IDS,
+            respond=_kafka_response(quorum_api.ALLOCATE_PRODUCER_IDS,
                                     lambda block: {"producer_id_start": i64(block[0]), "producer_id_len": i32(block[1])}),
-            error=_kafka_error(p.ALLOCATE_PRODUCER_IDS, producer_id_start=i64(-1), producer_id_len=i32(0))),
-        Rpc(p.BROKER_REGISTRATION, acl=lambda b: _BROKERS, generate=_register,
-            respond=_kafka_response(p.BROKER_REGISTRATION, lambda epoch: {"broker_epoch": i64(epoch)}),
-            error=_kafka_error(p.BROKER_REGISTRATION, broker_epoch=i64(-1))),
-        Rpc(p.BROKER_HEARTBEAT, acl=lambda b: _BROKERS, generate=_heartbeat,
-            respond=_kafka_response(p.BROKER_HEARTBEAT, lambda r: {
+            error=_kafka_error(quorum_api.ALLOCATE_PRODUCER_IDS, producer_id_start=i64(-1), producer_id_len=i32(0))),
+        Rpc(quorum_api.BROKER_REGISTRATION, acl=lambda b: _BROKERS, generate=_register,
+            respond=_kafka_response(quorum_api.BROKER_REGISTRATION, lambda epoch: {"broker_epoch": i64(epoch)}),
+            error=_kafka_error(quorum_api.BROKER_REGISTRATION, broker_epoch=i64(-1))),
+        Rpc(quorum_api.BROKER_HEARTBEAT, acl=lambda b: _BROKERS, generate=_heartbeat,
+            respond=_kafka_response(quorum_api.BROKER_HEARTBEAT, lambda r: {
                 "is_caught_up": True, "is_fenced": r["is_fenced"], "should_shut_down": r["should_shut_down"]}),
-            error=_kafka_error(p.BROKER_HEARTBEAT, is_caught_up=False, is_fenced=True, should_shut_down=False)),
-        Rpc(p.DESCRIBE_CLIENT_QUOTAS, acl=lambda b: _READ, serve=_describe_client_quotas, leader_read=True,
-            respond=lambda v, entries: kafka.load_response_schema(p.DESCRIBE_CLIENT_QUOTAS, v)(
+            error=_kafka_error(quorum_api.BROKER_HEARTBEAT, is_caught_up=False, is_fenced=True, should_shut_down=False)),
+        Rpc(quorum_api.DESCRIBE_CLIENT_QUOTAS, acl=lambda b: _READ, serve=_describe_client_quotas, leader_read=True,
+            respond=lambda v, entries: kafka.load_response_schema(quorum_api.DESCRIBE_CLIENT_QUOTAS, v)(
                 throttle_time=kafka.ms(0), error_code=ErrorCode.none, **_quota_entries(entries, v)),
-            error=_kafka_error(p.DESCRIBE_CLIENT_QUOTAS, error_message=lambda code: code.name, entries=None)),
-        Rpc(p.ADMIN_API_KEY, acl=lambda b: _ADMIN if b.get("action") is not None else _READ,
+            error=_kafka_error(quorum_api.DESCRIBE_CLIENT_QUOTAS, error_message=lambda code: code.name, entries=None)),
+        Rpc(quorum_api.ADMIN_API_KEY, acl=lambda b: _ADMIN if b.get("action") is not None else _READ,
             serve=_describe_state, respond=lambda v, state: {"error_code": 0, **state},
             error=_describe_state_error),
-        Rpc(p.ENVELOPE, acl=lambda b: (), serve=_envelope,  # nodes only (super users)
-            respond=lambda v, data: kafka.load_response_schema(p.ENVELOPE, 0)(
+        Rpc(quorum_api.ENVELOPE, acl=lambda b: (), serve=_envelope,  # nodes only (super users)
+            respond=lambda v, data: kafka.load_response_schema(quorum_api.ENVELOPE, 0)(
                 response_data=data, error_code=ErrorCode.none),
-            error=lambda v, code, m, t: kafka.load_response_schema(p.ENVELOPE, 0)(
+            error=lambda v, code, m, t: kafka.load_response_schema(quorum_api.ENVELOPE, 0)(
                 response_data=None, error_code=ErrorCode(int(code)))),
         # The record RPCs (RECORD_API_KEY): request and response are records (records/schema.py).
-        Rpc(p.RECORD_API_KEY, record=InitTransactionalProducerRequest, acl=lambda b: _BROKERS, generate=_init_txn,
+        Rpc(quorum_api.RECORD_API_KEY, record=InitTransactionalProducerRequest, acl=lambda b: _BROKERS, generate=_init_txn,
             issues_ids=True,
             respond=lambda v, r: _init_response(r),
             error=_record_error(InitTransactionalProducerResponse)),
-        Rpc(p.RECORD_API_KEY, record=DescribeTransactionalIdRequest, acl=lambda b: _BROKERS, generate=_read_txn,
+        Rpc(quorum_api.RECORD_API_KEY, record=DescribeTransactionalIdRequest, acl=lambda b: _BROKERS, generate=_read_txn,
             respond=lambda v, cur: DescribeTransactionalIdResponse(error_code=0) if cur is None else
             DescribeTransactionalIdResponse(error_code=0, producer_id=cur.producer_id,
                                             producer_epoch=cur.producer_epoch, state=cur.state),
             error=_record_error(DescribeTransactionalIdResponse)),
-        Rpc(p.RECORD_API_KEY, record=TransactionRequest, acl=lambda b: _BROKERS, generate=_txn,
+        Rpc(quorum_api.RECORD_API_KEY, record=TransactionRequest, acl=lambda b: _BROKERS, generate=_txn,
             on_leader=lambda b: b.op != PENDING, leader_read=lambda b: b.op == LIST, serve=_read_txns,
             respond=lambda v, r: TransactionResponse(error_code=0, transactions=json.dumps(r)) if isinstance(r, list)
             else TransactionResponse(error_code=0, transaction=json.dumps(r)),
             error=_record_error(TransactionResponse)),
-        Rpc(p.RECORD_API_KEY, record=SeedProducerIdsRequest, acl=lambda b: _ADMIN, generate=_seed, issues_ids=True,
+        Rpc(quorum_api.RECORD_API_KEY, record=SeedProducerIdsRequest, acl=lambda b: _ADMIN, generate=_seed, issues_ids=True,
             respond=lambda v, r: SeedProducerIdsResponse(error_code=0, changed=r[0], next_producer_id=r[1]),
             error=_record_error(SeedProducerIdsResponse)),
-        Rpc(p.RECORD_API_KEY, record=MigrationCommandRequest, acl=lambda b: _ADMIN, generate=_migrate,
+        Rpc(quorum_api.RECORD_API_KEY, record=MigrationCommandRequest, acl=lambda b: _ADMIN, generate=_migrate,
             after=_after_migrate, respond=lambda v, r: MigrationCommandResponse(error_code=0, **r),
             error=_record_error(MigrationCommandResponse)),
-        Rpc(p.RECORD_API_KEY, record=AlterAclsRequest, acl=lambda b: _ADMIN, generate=_alter_acl,
+        Rpc(quorum_api.RECORD_API_KEY, record=AlterAclsRequest, acl=lambda b: _ADMIN, generate=_alter_acl,
             respond=lambda v, changed: AlterAclsResponse(error_code=0, changed=changed),
             error=_record_error(AlterAclsResponse)),
-        Rpc(p.RECORD_API_KEY, record=DescribeAclsRequest, acl=lambda b: _READ, serve=_describe_acls, leader_read=True,
+        Rpc(quorum_api.RECORD_API_KEY, record=DescribeAclsRequest, acl=lambda b: _READ, serve=_describe_acls, leader_read=True,
             respond=lambda v, r: DescribeAclsResponse(error_code=0, acls=json.dumps(r[0]), applied_index=r[1]),
             error=_record_error(DescribeAclsResponse)),
-        Rpc(p.RECORD_API_KEY, record=BlockHistoryRequest, acl=lambda b: _READ, serve=_block_history,
+        Rpc(quorum_api.RECORD_API_KEY, record=BlockHistoryRequest, acl=lambda b: _READ, serve=_block_history,
             respond=_block_history_response, error=_record_error(BlockHistoryResponse)),
-        Rpc(p.RECORD_API_KEY, record=AlterClientQuotaRequest, acl=lambda b: _ADMIN, generate=_alter_quota,
+        Rpc(quorum_api.RECORD_API_KEY, record=AlterClientQuotaRequest, acl=lambda b: _ADMIN, generate=_alter_quota,
             on_leader=lambda b: not b.validate_only, serve=_validate_quota,
             respond=lambda v, changed: AlterClientQuotaResponse(error_code=0, changed=changed),
             error=_record_error(AlterClientQuotaResponse)),
@@ -491,20 +491,20 @@ class RpcTable:
 
     def of(self, api_key: int, body: Any) -> Rpc:
         """The RPC a parsed request asks for (its record's, on the record RPC key)."""
-        rpc = self.by_record.get(type(body)) if api_key == p.RECORD_API_KEY else self.by_key.get(api_key)
+        rpc = self.by_record.get(type(body)) if api_key == quorum_api.RECORD_API_KEY else self.by_key.get(api_key)
         if rpc is None:  # pragma: no cover - the server's ApiTable parses nothing else
             raise InvalidRequestError(f"API {api_key} has no handler")
         return rpc
 
     def of_request(self, body: Any) -> Rpc:
         """The RPC of a request as a client builds it (a Kafka request entity or a request record)."""
-        return self.of(getattr(body, "__api_key__", p.RECORD_API_KEY), body)
+        return self.of(getattr(body, "__api_key__", quorum_api.RECORD_API_KEY), body)
 
     def error_body(self, api_key: int, version: int, code: Errors, message: str = "", throttle_ms: int = 0,
                    body: Any = None) -> Any:
         """The body of an error answer to any request of the table; on the record RPC key, in the
         request record's response (a request that could not be read: InitTransactionalProducer's)."""
-        if api_key == p.RECORD_API_KEY:
+        if api_key == quorum_api.RECORD_API_KEY:
             rpc = self.by_record.get(type(body), self.by_record[InitTransactionalProducerRequest])
         else:
             rpc = self.by_key[api_key]
@@ -516,11 +516,11 @@ RPCS = RpcTable(_rpcs())
 # What the port parses: the advertised APIs, the msgpack ones, and Envelope (from other nodes only; not
 # advertised in ApiVersions, as it is nothing a client sends).
 SERVER_API = kafka.ApiTable(
-    versions={**p.SUPPORTED, p.ENVELOPE: (0, 0)}, names=p.API_NAMES, internal=frozenset({p.ENVELOPE}),
+    versions={**quorum_api.SUPPORTED, quorum_api.ENVELOPE: (0, 0)}, names=quorum_api.API_NAMES, internal=frozenset({quorum_api.ENVELOPE}),
     error_body=lambda key, version, code, message, throttle_ms: RPCS.error_body(key, version, code, message,
                                                                                 throttle_ms),
     msgpack={key: api.with_error_body(lambda code, message, _k=key: RPCS.error_body(_k, 0, code, message))
-             for key, api in p.QUORUM_API.msgpack.items()})
+             for key, api in quorum_api.QUORUM_API.msgpack.items()})
 
 
 __all__ = ["Context", "RPCS", "Rpc", "RpcTable", "SERVER_API", "envelope_peer", "forward_envelope"]

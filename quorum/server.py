@@ -47,10 +47,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-from client import api as p
+from client import api
 from client.quorum import Connection, ConnectionFailed
 from client.retry import FORWARD_POLICY
-from security import acl as a
+from security import acl as acls
 from security.client import ClientSecurity
 from security.credentials import NODE_USER, node_credential, node_password
 from security.limits import BeforeAuthentication, ByteBudget, ConnectionLimits, TrimAfterClose, read_gated_frame
@@ -233,7 +233,7 @@ class QuorumServer:
             self.super_users = frozenset(cfg.super_users) | {f"User:{NODE_USER}"}
         self.ssl = (server_context(cfg.tls_certfile, cfg.tls_keyfile, cfg.tls_cafile, cfg.tls_client_auth)
                     if cfg.tls_certfile else None)
-        self.api_table = api_versions_table(p.SUPPORTED, self.sasl)
+        self.api_table = api_versions_table(api.SUPPORTED, self.sasl)
         self.unauthenticated_frame_bytes = min(cfg.max_unauthenticated_frame_bytes, cfg.max_frame_bytes)
         protocol = ("SASL_" if self.sasl else "") + ("SSL" if self.ssl else "PLAINTEXT")
         self.forward_security = None if protocol == "PLAINTEXT" else ClientSecurity(
@@ -451,7 +451,7 @@ class QuorumServer:
             raise InvalidRequestError(f"forwarded request: {e}") from None
         except kafka.BadRequest as e:
             return SERVER_API.error_response(e)[4:]
-        if req.api_key == p.ENVELOPE:
+        if req.api_key == api.ENVELOPE:
             raise InvalidRequestError("an Envelope inside an Envelope")
         req.forwarded = True
         if envelope.request_principal:
@@ -465,14 +465,14 @@ class QuorumServer:
         """ACLs on the cluster resource (SASL on): any one of the RPC's operations (``quorum.rpcs``)
         allows it, else CLUSTER_AUTHORIZATION_FAILED.  Super users (the nodes among them) may do
         anything; an RPC that names no operation is theirs alone (Envelope), except ApiVersions."""
-        if req.api_key == p.API_VERSIONS or req.principal in self.super_users:
+        if req.api_key == api.API_VERSIONS or req.principal in self.super_users:
             return
         ops = rpc.acl(req.body)
         if ops:
             with self.service.lock:
                 index = self.service.state.acls.index()  # immutable once built: safe to use after the lock
-            host = a.peer_host(peer)
-            if any(index.authorize(req.principal, a.CLUSTER, a.CLUSTER_NAME, op, (), host) for op in ops):
+            host = acls.peer_host(peer)
+            if any(index.authorize(req.principal, acls.CLUSTER, acls.CLUSTER_NAME, op, (), host) for op in ops):
                 return
         raise ClusterAuthorizationFailedError(
             f"{req.principal} is not allowed {' or '.join(ops) or 'to forward requests'} on the cluster "

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 import failpoints
-from client import api as p
+from client import api
 from client.retry import result_within
 from records import AllocateProducerIdsRecord, BridgeReservationRecord, Record, RecordError, decode_batch, encode_batch
 from storage.disk import Disk
@@ -86,7 +86,7 @@ class Service:
         self.identity = NodeIdentity.open(cfg.data_dir, cfg.secret, cfg.cluster_id, cfg.client_address,
                                           disk=self.disk, **({"new_id": new_id} if new_id else {}))
         self.audit = AuditWriter(os.path.join(cfg.data_dir, "audit.log"), self.disk)
-        self.raft = RaftNode(cfg.raft_address, [p.raft_address for p in cfg.peers], cfg.data_dir, cfg.secret,
+        self.raft = RaftNode(cfg.raft_address, [peer.raft_address for peer in cfg.peers], cfg.data_dir, cfg.secret,
                              cfg.raft, on_apply=self._apply, snapshot_state=self._snapshot_state,
                              restore_state=self._restore_state, bind_addr=cfg.raft_bind, identity=self.identity,
                              disk=self.disk, clock=clock, **raft_options)
@@ -233,8 +233,8 @@ class Proposer:
 
     def _propose_reserve(self, broker_id: int, epoch: int, count: int) -> asyncio.Future:
         """Several blocks for one broker, one after the other, in one entry: [(start, length), ...]."""
-        allocate = RPCS.of(p.ALLOCATE_PRODUCER_IDS, None)
-        request = p.allocate_request(broker_id, epoch)
+        allocate = RPCS.of(api.ALLOCATE_PRODUCER_IDS, None)
+        request = api.allocate_request(broker_id, epoch)
 
         def generate(state: QuorumState, ctx: Context) -> Result:
             tmp, records, blocks = state.fork(), [], []

@@ -8,7 +8,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import failpoints
-from security import acl as a
+from security import acl as acls
 from wire import kafka
 from wire.errors import Errors, PidQuorumError, UnknownTopicOrPartitionError
 
@@ -177,7 +177,7 @@ async def _verify_transactional(server: BrokerServer, req: kafka.Request, topic:
     tid = req.body.transactional_id
     if tid is None:
         return None, Errors.INVALID_TXN_STATE, "a transactional batch needs the request's transactional id"
-    if server.acls is not None and not server.acls.authorize(req.principal, a.TRANSACTIONAL_ID, str(tid), a.WRITE,
+    if server.acls is not None and not server.acls.authorize(req.principal, acls.TRANSACTIONAL_ID, str(tid), acls.WRITE,
                                                          req.host):
         server.counters["authorization_failures"] += 1
         return None, Errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, \

@@ -7,7 +7,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from security import acl as a
+from security import acl as acls
 from wire import kafka
 from wire.errors import CoordinatorLoadInProgressError, Errors, PidQuorumError
 
@@ -109,7 +109,7 @@ def add_offsets_to_txn(server: BrokerServer, req: kafka.Request) -> Any:
 # ------------------------------------------------------------ KIP-664: ListTransactions, DescribeTransactions
 def _may_describe(server: BrokerServer, req: kafka.Request, tid: str) -> bool:
     """DESCRIBE on the transactional id (or an operation that implies it); always with SASL off."""
-    if server.acls is None or server.acls.authorize(req.principal, a.TRANSACTIONAL_ID, tid, a.DESCRIBE, req.host):
+    if server.acls is None or server.acls.authorize(req.principal, acls.TRANSACTIONAL_ID, tid, acls.DESCRIBE, req.host):
         return True
     server.counters["authorization_failures"] += 1
     return False

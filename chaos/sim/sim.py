@@ -33,7 +33,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from client import api as p
+from client import api
 from quorum.config import NodeConfig, Peer
 from quorum.raft import RaftConfig
 from quorum.rpcs import RPCS
@@ -352,7 +352,7 @@ class Simulation(Faults, Workload):
         self.net.blocked |= cut
         self.note(f"last fault: the leader, node {old.node_id}, is cut off with an entry the others lack")
         broker = self.PROBE_BROKER + 1
-        request = p.registration_request(broker, uuid.UUID(self.new_id()), f"broker-{broker}:9092")
+        request = api.registration_request(broker, uuid.UUID(self.new_id()), f"broker-{broker}:9092")
         task = old.loop.create_task(old.proposer.submit(RPCS.of_request(request), request, 1.0))
         task.add_done_callback(lambda t: t.cancelled() or t.exception())  # outcome unknown to any client
         old.wake(0.0)
@@ -508,7 +508,7 @@ class Simulation(Faults, Workload):
             if watch.commit_after_heal is None:
                 self.after(0.05, "client", self._probe, healed)
         broker = self.PROBE_BROKER
-        _Op(self, p.registration_request(broker, uuid.UUID(self.new_id()), f"broker-{broker}:9092"),
+        _Op(self, api.registration_request(broker, uuid.UUID(self.new_id()), f"broker-{broker}:9092"),
             f"broker {broker} registers (after the last heal)", on_ok=ok, on_done=done, deadline=COMMIT_BOUND)
 
     def _judge_liveness(self, healed: float) -> None:

@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 import failpoints
 from broker.txn_coordinator import TxnCoordinator
-from client import api as p
+from client import api
 from quorum.rpcs import RPCS
 from records import InitTransactionalProducerRequest, TransactionRequest
 from wire.errors import (
@@ -257,7 +257,7 @@ class _TxnQuorum:
         return fut
 
     async def register(self, broker_id: int) -> int:
-        request = p.registration_request(broker_id, uuid.UUID(self.sim.new_id()), f"txn-broker-{broker_id}:9092")
+        request = api.registration_request(broker_id, uuid.UUID(self.sim.new_id()), f"txn-broker-{broker_id}:9092")
         return await self._call(request, f"broker {broker_id} registers", lambda epoch: epoch)
 
     async def txn(self, broker_id, broker_epoch, op, transactional_id="", producer_id=-1, producer_epoch=-1,
@@ -732,7 +732,7 @@ class TxnSimulation(Simulation):
                 if t.state not in ("CompleteCommit", "CompleteAbort")]
             raise Violation(f"liveness: transactions not completed 60 simulated seconds after the faults stopped: "
                              f"{open_txns[:10]}; partitions with open transactions: "
-                             f"{[p.name for b in self.txn_brokers for p in b.storage.all() if p.ongoing][:10]}")
+                             f"{[part.name for b in self.txn_brokers for part in b.storage.all() if part.ongoing][:10]}")
         self.txn_checker.final()
 
     def _settled(self) -> bool:
@@ -744,7 +744,7 @@ class TxnSimulation(Simulation):
             busy = any(t.state not in ("CompleteCommit", "CompleteAbort") for t in txns.values())
         if busy:
             return False
-        return not any(p.ongoing for b in self.txn_brokers for p in b.storage.all())
+        return not any(part.ongoing for b in self.txn_brokers for part in b.storage.all())
 
     def _result(self, ok, violation, t0):
         result = super()._result(ok, violation, t0)

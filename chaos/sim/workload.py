@@ -12,7 +12,7 @@ import uuid
 from typing import TYPE_CHECKING, Any, Callable
 
 from broker.pid_manager import PidManagerConfig, ProducerIdManager
-from client import api as p
+from client import api
 from quorum.rpcs import RPCS
 from records import InitTransactionalProducerRequest, SeedProducerIdsRequest
 from wire.errors import CoordinatorLoadInProgressError, PidQuorumError, RequestTimedOutError
@@ -140,7 +140,7 @@ class _Broker:
             roll = sim.rng.random()
             if self.epoch is None or roll < 0.03:
                 incarnation = sim.new_id()
-                _Op(sim, p.registration_request(self.broker_id, uuid.UUID(incarnation),
+                _Op(sim, api.registration_request(self.broker_id, uuid.UUID(incarnation),
                                                 f"broker-{self.broker_id}{sim.padding()}:9092"),
                     f"broker {self.broker_id} registers", on_ok=self._registered, on_done=self._idle)
             elif roll < 0.12:
@@ -153,7 +153,7 @@ class _Broker:
                     on_ok=lambda r, _t=tid: self._txn(_t, r), on_done=self._idle)
             else:
                 epoch = self.epoch
-                _Op(sim, p.allocate_request(self.broker_id, epoch),
+                _Op(sim, api.allocate_request(self.broker_id, epoch),
                     f"broker {self.broker_id} allocates", on_ok=self._allocated, on_done=self._idle)
         sim.after(sim.rng.expovariate(8.0), "client", self.act)
 
@@ -209,7 +209,7 @@ class _SimQuorum:
         return fut
 
     async def register_broker(self, broker_id, incarnation_id=None, listener=""):
-        request = p.registration_request(broker_id, uuid.UUID(self.sim.new_id()), f"managed-{broker_id}:9092")
+        request = api.registration_request(broker_id, uuid.UUID(self.sim.new_id()), f"managed-{broker_id}:9092")
         return await self._call(request, f"managed broker {broker_id} registers", lambda epoch: epoch)
 
     async def allocate(self, broker_id, broker_epoch):
@@ -224,7 +224,7 @@ class _SimQuorum:
                               f"[{last - 1}, +{length}) (bad answer)")
                 return _Block(last - 1, length)
             return _Block(start, length)
-        return await self._call(p.allocate_request(broker_id, broker_epoch), f"managed broker {broker_id} allocates", shape)
+        return await self._call(api.allocate_request(broker_id, broker_epoch), f"managed broker {broker_id} allocates", shape)
 
 
 class _ManagedBroker:

@@ -173,7 +173,8 @@ def test_pysyncobj_cuts_are_refused(path):
 
 
 # ------------------------------------------------------------ power loss (SimDisk)
-def test_unsynced_entries_are_lost_on_power_loss_and_synced_ones_never():
+def _three_synced_the_rest_in_the_page_cache():
+    """A journal on a SimDisk holding ENTRIES: the first three synced, the rest written and never synced."""
     disk = SimDisk()
     disk.make_dir("/d")
     j = DurableJournal("/d/raft.journal", disk)
@@ -182,6 +183,11 @@ def test_unsynced_entries_are_lost_on_power_loss_and_synced_ones_never():
     fill(j, ENTRIES[3:])
     j._file.write(j._pending)  # in the page cache, never synced
     j._pending = bytearray()
+    return disk, j
+
+
+def test_unsynced_entries_are_lost_on_power_loss_and_synced_ones_never():
+    disk, j = _three_synced_the_rest_in_the_page_cache()
     assert DurableJournal("/d/raft.journal", disk.power_loss()).entries == ENTRIES[:3]
     assert DurableJournal("/d/raft.journal", disk.crash()).entries == ENTRIES  # a process crash keeps them
     for seed in range(20):  # any prefix of the unsynced writes, the last torn: never less than the synced
@@ -194,14 +200,7 @@ def test_entries_a_killed_process_left_unsynced_are_durable_once_the_journal_is_
     anything syncs the file takes them.  What the reopened journal reports as durable (its log end, sent to
     the peers) must survive that power loss (simulation seed 2137: a restarted leader's unsynced entry,
     reported held, lost at the next power loss, left a recovery target no node could reach)."""
-    disk = SimDisk()
-    disk.make_dir("/d")
-    j = DurableJournal("/d/raft.journal", disk)
-    fill(j, ENTRIES[:3])
-    j.sync()
-    fill(j, ENTRIES[3:])
-    j._file.write(j._pending)  # in the page cache, never synced
-    j._pending = bytearray()
+    disk, j = _three_synced_the_rest_in_the_page_cache()
     crash(j)  # the process is killed: the same disk, its page cache kept
     reopened = DurableJournal("/d/raft.journal", disk)
     assert reopened.entries == ENTRIES

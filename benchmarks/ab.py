@@ -28,7 +28,7 @@ import statistics
 import sys
 import time
 
-from client.quorum import QuorumClient, RetryPolicy
+from quorum.client.quorum import QuorumClient, RetryPolicy
 
 from .common import environment_info, log, percentile, table, temp_cluster, utc_now, write_report
 from .processes import cpu_seconds

@@ -1,4 +1,4 @@
-"""Benchmark of the Spark audit job (audit/job.py) against a single-process pyarrow/numpy check.
+"""Benchmark of the Spark audit job (chaos/audit/job.py) against a single-process pyarrow/numpy check.
 
 Run it (any Python with pidquorum installed)::
 
@@ -40,11 +40,12 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from audit.job import run_audit
-from audit.spark import spark_session
+from chaos.audit.job import run_audit
+from chaos.audit.spark import JRE_PACKAGE, SparkSetupError, find_java_home, spark_session
 from records.schema import ALLOCATE_PRODUCER_IDS
 
 from .common import environment_info, log, table, utc_now
+from .provision import ensure_installed
 
 BROKERS = 50
 BLOCK = 1000
@@ -52,6 +53,21 @@ GAP_P = 1e-4
 TS0 = 1_700_000_000_000
 TS_STEP_MS = 60
 
+
+
+def ensure_java(say=None) -> str:
+    """JAVA_HOME for Spark, installing Debian's JRE first when there is none (the suite's and this benchmark's
+    set-up: the audit itself installs nothing)."""
+    try:
+        return find_java_home()
+    except SparkSetupError:
+        def present() -> bool:
+            try:
+                return bool(find_java_home())
+            except SparkSetupError:
+                return False
+        ensure_installed(JRE_PACKAGE, present, timeout=1800, say=say)
+        return find_java_home()
 
 def generate(path: str, n: int, parts: int, inject: int, seed: int = 1) -> dict:
     """Write the export; returns what was injected (the expected findings)."""
@@ -142,6 +158,7 @@ def run(a) -> dict:
         res["numpy"] = numpy_check(tmp)
         log(f"numpy: {res['numpy']['total_s']:.2f} s")
 
+        ensure_java(say=log)
         log(f"starting Spark on {a.master}")
         t = time.perf_counter()
         spark = spark_session(a.master, driver_memory=a.driver_memory)

@@ -51,7 +51,7 @@ percentiles are nearest-rank over sorted samples.
       ``init_transactions()`` nothing polls, so for 1a/1b the log lines arrive
       in one burst after the call and only their rtt text is used.
 
-   Over the wire (``client.quorum.Connection``, one connection, sequential):
+   Over the wire (``quorum.client.quorum.Connection``, one connection, sequential):
    ``--wire-idem`` (2,000; 1,000 quick) idempotent InitProducerId v4
    requests, ``--wire-tx`` (500; 200 quick) with new transactional ids, and
    as many epoch bumps of one transactional id, after 50 unrecorded requests.
@@ -132,11 +132,11 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from broker.frontend import BrokerConfig, BrokerServer
 from broker.pid_manager import PidManagerConfig
-from client.quorum import Connection, ConnectionFailed
+from quorum.client.quorum import Connection, ConnectionFailed
 from quorum.localcluster import LocalCluster, free_ports
 from quorum.trail import iter_blocks
-from wire import kafka
-from wire.errors import Errors, RequestTimedOutError
+from records.wire import kafka
+from records.wire.errors import Errors, RequestTimedOutError
 
 from .common import (
     HOST,

@@ -25,9 +25,9 @@ import time
 import traceback
 from typing import Callable, Iterable
 
-from client.quorum import QuorumClient, RetryPolicy
+from quorum.client.quorum import QuorumClient, RetryPolicy
 from quorum.localcluster import LocalCluster
-from wire.errors import NotControllerError
+from records.wire.errors import NotControllerError
 
 HOST = "127.0.0.1"
 GOLDEN = 0.6180339887498949

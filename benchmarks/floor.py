@@ -5,7 +5,7 @@ each request to its file, sends it to two followers and fdatasyncs its own copy 
 meanwhile; each follower writes it, fdatasyncs and acknowledges; the leader answers once its own
 sync and one follower's acknowledgement are in (a majority of three).  Nothing else: no Raft state,
 no encryption, no pickling, no state machine, no audit trail, 256-byte messages over asyncio streams.
-The files are written as the Raft journal is (``storage.disk.AppendFile``, preallocated), so their
+The files are written as the Raft journal is (``snapshots.storage.disk.AppendFile``, preallocated), so their
 fdatasyncs cost what the journal's do.
 
 So the figure is the cost of the physical path (four loopback hops, two fdatasyncs in parallel,
@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 
-from storage.disk import PREALLOCATE, AppendFile, Disk
+from snapshots.storage.disk import PREALLOCATE, AppendFile, Disk
 
 from .common import percentile
 
@@ -191,7 +191,7 @@ def measure(directory: str, duration: float = 5.0, warmup: float = 0.5) -> dict:
 
 def sync_writer(path: str, preallocate: int, count: int) -> dict:
     """``count`` 256-byte writes, each fdatasync'd, to a new file grown as it goes (``preallocate`` 0) or
-    preallocated ahead (``storage.disk``'s way); the write + fdatasync latencies."""
+    preallocated ahead (``snapshots.storage.disk``'s way); the write + fdatasync latencies."""
     disk = Disk(preallocate=preallocate)
     disk.write_file(path, b"")
     file = disk.open_append(path)

@@ -1,4 +1,4 @@
-"""Benchmark of the observability paths (quorum/metrics.py, quorum/stats.py, telemetry/logs.py).
+"""Benchmark of the observability paths (quorum/metrics.py, quorum/stats.py, quorum/telemetry/logs.py).
 
 Run it (any Python with pidquorum installed)::
 
@@ -29,9 +29,9 @@ import threading
 import time
 import urllib.request
 
-from client.quorum import QuorumClient, RetryPolicy
+from quorum.client.quorum import QuorumClient, RetryPolicy
 from quorum.stats import Histogram
-from telemetry import logs
+from quorum.telemetry import logs
 
 from .common import (
     environment_info,

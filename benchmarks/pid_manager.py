@@ -61,10 +61,10 @@ import sys
 import time
 
 from broker.pid_manager import PidManagerConfig, ProducerIdManager
-from client.quorum import AllocatedBlock, QuorumClient, RetryPolicy
+from quorum.client.quorum import AllocatedBlock, QuorumClient, RetryPolicy
 from quorum.localcluster import LocalCluster
 from quorum.trail import iter_blocks
-from wire.errors import CoordinatorLoadInProgressError, PidQuorumError
+from records.wire.errors import CoordinatorLoadInProgressError, PidQuorumError
 
 from .common import HOST, LeaderKill, check_inside, environment_info
 from .common import fmt_num as f

@@ -22,7 +22,7 @@ import time
 from collections import Counter
 
 from quorum.localcluster import free_ports
-from settings import toml_value
+from quorum.settings import toml_value
 
 HOST = "127.0.0.1"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checkout (or site-packages) holding us

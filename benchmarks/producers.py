@@ -31,7 +31,7 @@ sequence 0, and nothing since; its state keeps that last batch):
 
 2. ``wire``: a real three-node quorum (``LocalCluster``) and, per N, a fresh broker process
    (``BrokerProcess``, ``--partitions 1``), all on free ports of 127.0.0.1.  Raw Produce v9 requests
-   (kio entities over ``client.quorum.Connection``), acks=1, topic ``producers``:
+   (kio entities over ``quorum.client.quorum.Connection``), acks=1, topic ``producers``:
 
    * baseline: ``--active-producers`` (10) active producers for ``--active-seconds``, each with its own
      producer ID and connection, one request in flight, sequences 0, 1, 2 ...: latency p50/p99 and
@@ -75,9 +75,9 @@ from kio.index import load_request_schema
 from broker.partition import EXPIRY_CHUNK_ROWS, Partition
 from broker.producer_state import ProducerStateManager
 from broker.recordbatch import encode_batch
-from client.quorum import Connection, ConnectionFailed
-from wire import kafka
-from wire.errors import Errors, RequestTimedOutError
+from quorum.client.quorum import Connection, ConnectionFailed
+from records.wire import kafka
+from records.wire.errors import Errors, RequestTimedOutError
 
 from .common import environment_info, log, percentile, print_footer, report, run_phases, table, temp_cluster, utc_now
 from .processes import REPO, BrokerProcess, child_env, cpu_seconds

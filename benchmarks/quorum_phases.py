@@ -12,7 +12,7 @@ Every phase starts a fresh three-node ``LocalCluster`` in its own
 ``tempfile.mkdtemp()`` directory, all servers on 127.0.0.1, with the per-broker
 allocation rate limit disabled (``allocate_rate_per_broker=0``).  All requests
 go through the Kafka wire protocol on the nodes' client ports
-(``client.quorum.QuorumClient``); latencies are measured with
+(``quorum.client.quorum.QuorumClient``); latencies are measured with
 ``time.perf_counter`` around each call and summarised from sorted lists
 (nearest-rank percentiles).
 
@@ -63,7 +63,7 @@ import time
 from collections import Counter
 from importlib.metadata import version
 
-from client.quorum import QuorumClient, RetryPolicy
+from quorum.client.quorum import QuorumClient, RetryPolicy
 from quorum.journal import written_length
 from quorum.localcluster import LocalCluster
 from quorum.raft import RaftConfig

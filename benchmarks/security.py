@@ -29,12 +29,12 @@ import sys
 import tempfile
 import time
 
-from client.quorum import QuorumClient, RetryPolicy
+from quorum.client.quorum import QuorumClient, RetryPolicy
 from quorum.localcluster import LocalCluster
-from security import acl
-from security import credentials
-from security.client import ClientSecurity
-from security.mechanisms import PlainServer, ScramClient, ScramServer
+from quorum.security import acl
+from quorum.security import credentials
+from quorum.security.client import ClientSecurity
+from quorum.security.mechanisms import PlainServer, ScramClient, ScramServer
 
 from .common import environment_info, log, percentile, utc_now
 from .pki import make_pki

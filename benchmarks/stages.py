@@ -52,7 +52,7 @@ NODE_COMMAND = ["-m", "benchmarks.stages", "node"]
 def _install_probes(events: list) -> None:
     """Wrap the node's functions that begin or end a stage; each appends (stage, perf_counter_ns)."""
     from quorum import journal, raft, raftlink, server, service
-    from storage import disk
+    from snapshots.storage import disk
 
     now = time.perf_counter_ns
 
@@ -163,7 +163,7 @@ def analyse(directory: str) -> dict:
 
 # --------------------------------------------------------------------------- the run
 async def _allocate(addresses: list[str], seconds: float, warmup: int) -> dict:
-    from client.quorum import QuorumClient, RetryPolicy
+    from quorum.client.quorum import QuorumClient, RetryPolicy
 
     client = QuorumClient(addresses, RetryPolicy(timeout=10, attempt_timeout=5), prefer_leader=True)
     try:

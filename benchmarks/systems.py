@@ -32,7 +32,7 @@ import tempfile
 import time
 from importlib.metadata import version
 
-from provision.apt import AptUnavailable, ensure_installed
+from benchmarks.provision import AptUnavailable, ensure_installed
 from quorum.config import NodeConfig
 from quorum.localcluster import LocalCluster, free_ports
 from quorum.raft import RaftConfig
@@ -73,7 +73,7 @@ def missing_reason(system: str) -> str | None:
 
 
 def install_packages(systems, say=print) -> dict[str, str]:
-    """apt-get install the Debian packages of the missing ``systems`` (``provision.apt``: root or
+    """apt-get install the Debian packages of the missing ``systems`` (``benchmarks.provision``: root or
     passwordless sudo).  Returns {system: problem} for those that could not be installed."""
     problems: dict[str, str] = {}
     for s in systems:
@@ -332,7 +332,7 @@ class ZooKeeperSystem(_PeerSystem):
 
     def settings(self) -> dict:
         return {**self.TIMING, "forceSync": "yes (default)", "jvm_heap": self.HEAP, "admin_server": False,
-                "client": "kazoo, migration.zk.LegacyAllocator (Kafka's conditional setData loop)"}
+                "client": "kazoo, quorum.migration.zk.LegacyAllocator (Kafka's conditional setData loop)"}
 
 
 class EtcdSystem(_PeerSystem):

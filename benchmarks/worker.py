@@ -9,9 +9,9 @@ issued and returned, the block, and the compare-and-set retries it took.
 
 Allocators (each allocates one block of 1,000 IDs per call, each ``broker_id`` distinct):
 
-* ``pidquorum``: AllocateProducerIds through ``client.quorum.QuorumClient`` (all three nodes known;
+* ``pidquorum``: AllocateProducerIds through ``quorum.client.quorum.QuorumClient`` (all three nodes known;
   1 s per attempt).  A single serialized controller: no compare-and-set, retries are always 0.
-* ``zookeeper``: ``migration.zk.LegacyAllocator`` on kazoo -- Kafka's ZooKeeper-mode loop: read
+* ``zookeeper``: ``quorum.migration.zk.LegacyAllocator`` on kazoo -- Kafka's ZooKeeper-mode loop: read
   ``/latest_producer_id_block`` and its version, write the next block with a conditional setData,
   start over on BadVersion.  Unknown outcomes are resolved by re-reading.
 * ``etcd``: the same loop through etcd's v3 JSON gateway: read the key and its mod_revision, then a
@@ -37,8 +37,8 @@ import sys
 import time
 
 from broker.pid_manager import ProducerIdManager
-from client.quorum import QuorumClient, RetryPolicy
-from wire.errors import CoordinatorLoadInProgressError
+from quorum.client.quorum import QuorumClient, RetryPolicy
+from records.wire.errors import CoordinatorLoadInProgressError
 
 from .common import paced
 
@@ -88,7 +88,7 @@ def wait_until(t: float) -> None:
 # ------------------------------------------------------------------ ZooKeeper
 class ZkAllocator:
     def __init__(self, endpoints: str, broker_id: int):
-        from migration.zk import LegacyAllocator, connect  # heavy (kazoo): imported when used
+        from quorum.migration.zk import LegacyAllocator, connect  # heavy (kazoo): imported when used
         self.zk = connect(endpoints, timeout=10.0)
         self.alloc = LegacyAllocator(self.zk, broker_id, BLOCK, timeout=60.0, op_timeout=ATTEMPT_TIMEOUT_S)
 

@@ -9,7 +9,7 @@ error.  Set-up traps avoided: the admin server is off (it binds 0.0.0.0:8080),
 ``clientPortAddress=127.0.0.1``, the ``srvr``/``mntr``/``ruok`` four-letter words are whitelisted, and
 log4j 1.2's slf4j binding is on the class path (zookeeper.jar's manifest names none: no log without it).
 
-``installed()`` / ``ensure_installed()``: the package and a ``java`` (installed with ``provision.apt``).
+``installed()`` / ``ensure_installed()``: the package and a ``java`` (installed with ``benchmarks.provision``).
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import subprocess
 import time
 from typing import Callable, Sequence
 
-from provision.apt import ensure_installed as apt_ensure_installed
+from benchmarks.provision import ensure_installed as apt_ensure_installed
 
 from .processes import HOST, log_tail, spawn, stop_process, wait_port
 
@@ -45,7 +45,7 @@ def installed() -> bool:
 
 def ensure_installed(say: Callable[[str], None] | None = None) -> float:
     """Install Debian's zookeeper package when it (or java) is missing; the seconds it took (0 if present).
-    Raises ``provision.apt.AptUnavailable`` when it cannot be installed."""
+    Raises ``benchmarks.provision.AptUnavailable`` when it cannot be installed."""
     return apt_ensure_installed(PACKAGE, installed, say=say)
 
 

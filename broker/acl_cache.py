@@ -18,9 +18,9 @@ import logging
 import time
 from typing import Any
 
-from client.quorum import ConnectionFailed
-from security.acl import Acl, AclIndex
-from wire.errors import PidQuorumError
+from quorum.client.quorum import ConnectionFailed
+from quorum.security.acl import Acl, AclIndex
+from records.wire.errors import PidQuorumError
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The Kafka API keys the broker serves, and protocol values its handlers share."""
 from __future__ import annotations
 
-from wire.errors import Errors
+from records.wire.errors import Errors
 
 PRODUCE, FETCH, LIST_OFFSETS, METADATA, FIND_COORDINATOR, INIT_PRODUCER_ID = 0, 1, 2, 3, 10, 22
 DESCRIBE_PRODUCERS = 61

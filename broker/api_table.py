@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from security import acl as acls
-from wire import kafka
-from wire.errors import Errors
+from quorum.security import acl as acls
+from records.wire import kafka
+from records.wire.errors import Errors
 
 from . import kafkaio as kio_
 from .api_keys import (

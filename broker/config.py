@@ -31,11 +31,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-import settings
-from client.quorum import SettingNames
-from security.client import ClientSecurity
-from settings import PATH, BindAddress, HostPort, Table, UserPrincipal
-from settings.flags import Flag
+from quorum import settings
+from quorum.client.quorum import SettingNames
+from quorum.security.client import ClientSecurity
+from quorum.settings import PATH, BindAddress, HostPort, Table, UserPrincipal
+from quorum.settings.flags import Flag
 
 from .pid_manager import DEFAULT_BROKER_HEARTBEAT_INTERVAL_MS, QUORUM_BROKER_SESSION_TIMEOUT_MS, PidManagerConfig
 from .quota import QuotaWindow
@@ -198,7 +198,7 @@ class BrokerConfig:
     """Require client certificates (mutual TLS)."""
     quorum_security: Annotated[Any, Table(QuorumSecurity, QuorumSecurity.client_security),
                                Flag(prefix="quorum-")] = None
-    """How to reach the quorum: a ``security.client.ClientSecurity``, None for PLAINTEXT; in a file, the
+    """How to reach the quorum: a ``quorum.security.client.ClientSecurity``, None for PLAINTEXT; in a file, the
     ``[quorum_security]`` table."""
 
     @model_validator(mode="after")
@@ -233,7 +233,7 @@ class BrokerConfig:
 
 def load(path: str | None = None, flags: dict | None = None, quorum: Any = None) -> BrokerConfig:
     """The settings of the TOML file at ``path`` (if any; relative paths in it are relative to its
-    directory), with ``flags`` (``settings.flags.given``) in place of the file's, and the defaults for
+    directory), with ``flags`` (``quorum.settings.flags.given``) in place of the file's, and the defaults for
     the rest; ``quorum()``: the quorum's addresses if neither gives them.  A bad file or setting raises
     ``ConfigError`` naming the file, the key and the problem."""
     raw = {}

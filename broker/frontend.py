@@ -43,14 +43,14 @@ import os
 import time
 from typing import Any
 
-from client.quorum import QuorumClient, RetryPolicy
-from security import acl as acls
-from security.limits import ConnectionLimits, TrimAfterClose
-from security.sasl import SaslAuthenticator, api_versions_table
-from security.tls import server_context
-from telemetry.logs import FirstOfEach, Throttled
-from wire import kafka
-from wire.errors import ClusterAuthorizationFailedError, Errors, PidQuorumError, TransactionalIdAuthorizationFailedError
+from quorum.client.quorum import QuorumClient, RetryPolicy
+from quorum.security import acl as acls
+from quorum.security.limits import ConnectionLimits, TrimAfterClose
+from quorum.security.sasl import SaslAuthenticator, api_versions_table
+from quorum.security.tls import server_context
+from quorum.telemetry.logs import FirstOfEach, Throttled
+from records.wire import kafka
+from records.wire.errors import ClusterAuthorizationFailedError, Errors, PidQuorumError, TransactionalIdAuthorizationFailedError
 
 from . import kafkaio as kio_
 from .acl_cache import AclCache

@@ -18,7 +18,7 @@ from typing import Any
 from kio.index import load_response_schema
 from kio.schema.errors import ErrorCode
 
-from wire.bounds import unwrap_optional
+from records.wire.bounds import unwrap_optional
 
 
 @functools.cache

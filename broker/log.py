@@ -34,7 +34,7 @@ that rolled past it), for every segment on a clean ``close``, and at open for a
 sealed segment that had to be read whole.  Layout: magic, base offset, the
 segment size it covers, the end offset, the batch count, the segment's largest
 timestamp, the three arrays as little-endian int64, and a CRC-32C of all that;
-always replaced whole through ``storage.files.atomic_write``.  Segments smaller
+always replaced whole through ``snapshots.storage.files.atomic_write``.  Segments smaller
 than ``index_min_bytes`` get none (reading them costs less than writing one).
 On open, a segment whose index is valid loads the arrays and reads only the
 bytes after the covered size, with every rule above (a torn tail there is cut;
@@ -95,9 +95,9 @@ from collections.abc import Iterator
 
 from crc32c import crc32c
 
-from storage.disk import CorruptFileError
-from storage.files import atomic_write, fsync_dir
-from wire.errors import Errors, for_code
+from snapshots.storage.disk import CorruptFileError
+from snapshots.storage.files import atomic_write, fsync_dir
+from records.wire.errors import Errors, for_code
 
 from .recordbatch import (
     CURRENT_MAGIC,

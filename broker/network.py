@@ -12,7 +12,7 @@ faster than it reads its answers fills its own TCP window, not the broker's
 memory.  ``max_connections`` / ``max_connections_per_ip`` bound how many
 connections are served; one over a limit is closed at once (counted; logged
 at most every 10 s).  Before a client authenticates it is bounded as on the
-quorum's client port (``security.limits``): TLS is started on the accepted
+quorum's client port (``quorum.security.limits``): TLS is started on the accepted
 socket with ``tls_handshake_timeout_ms``; with SASL on, a connection not
 authenticated ``authentication_timeout_ms`` after its accept is aborted however
 it trickles, and a frame over ``max_unauthenticated_frame_bytes`` (64 KiB)
@@ -27,11 +27,11 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable
 
-from security import acl as acls
-from security.limits import BeforeAuthentication, read_gated_frame
-from security.sasl import linger_close
-from telemetry.logs import end_request_context, request_context
-from wire import kafka
+from quorum.security import acl as acls
+from quorum.security.limits import BeforeAuthentication, read_gated_frame
+from quorum.security.sasl import linger_close
+from quorum.telemetry.logs import end_request_context, request_context
+from records.wire import kafka
 
 if TYPE_CHECKING:
     from .frontend import BrokerServer
@@ -133,7 +133,7 @@ class AppendWaiters:
 
 # ------------------------------------------------------------ connections
 # What a peer may cost the listener before it authenticates, as on the quorum's client port
-# (quorum.server, security.limits): max_connections / max_connections_per_ip counted from the accept
+# (quorum.server, quorum.security.limits): max_connections / max_connections_per_ip counted from the accept
 # (before TLS); TLS started on the accepted socket with tls_handshake_timeout_ms; with SASL on,
 # authentication_timeout_ms from the accept to the end of the SASL exchange, and frames of at most
 # max_unauthenticated_frame_bytes until then (read one at a time: the next size is checked against

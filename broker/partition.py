@@ -75,7 +75,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from wire.errors import Errors
+from records.wire.errors import Errors
 
 from .log import DEFAULT_SEGMENT_BYTES, PartitionLog, SegmentFiles
 from .producer_state import (

@@ -63,7 +63,7 @@ bindings in memory when it holds more than twice as many entries (plus 10,000), 
 older than it was), and on close.  At open a frame cut by a crash at the end of the file (short, or
 failing its checksum with nothing after it) is cut off (it was never acknowledged); a damaged frame
 with bytes after it refuses the start (``CorruptFileError``, exit 66).  Every I/O error is fail-stop
-(``storage.disk``: exit 74 naming the file).  A broker upgraded from a version without the file
+(``snapshots.storage.disk``: exit 74 naming the file).  A broker upgraded from a version without the file
 starts with no bindings: the idempotent producers connected across the upgrade get the
 authorization error once and must be re-created.
 
@@ -82,8 +82,8 @@ from typing import Any, Callable
 
 import msgpack
 
-from storage.disk import CorruptFileError, Disk, process_failstop
-from wire.errors import Errors
+from snapshots.storage.disk import CorruptFileError, Disk, process_failstop
+from records.wire.errors import Errors
 
 log = logging.getLogger(__name__)
 

@@ -38,7 +38,7 @@ Errors: STALE_BROKER_EPOCH / BROKER_ID_NOT_REGISTERED re-register the broker
 (KIP-730): refilling stops and, once the blocks in hand are spent,
 ``generate_producer_id()`` raises that error instead of load-in-progress.
 Everything else is retried with exponential backoff and jitter
-(``client.retry``: one ``Backoff`` for the manager's lifetime, no deadline);
+(``quorum.client.retry``: one ``Backoff`` for the manager's lifetime, no deadline);
 the backoff is reset only when a block is *accepted* -- not by a successful
 re-registration, not by a block that was refused (KAFKA-20058 / KAFKA-20114).
 
@@ -77,10 +77,10 @@ from typing import Annotated, Any, Awaitable, Callable, Protocol
 
 from pydantic import Field, model_validator
 
-import settings
-from client.retry import RetryPolicy
-from telemetry.logs import Throttled
-from wire.errors import (
+from quorum import settings
+from quorum.client.retry import RetryPolicy
+from quorum.telemetry.logs import Throttled
+from records.wire.errors import (
     BrokerIdNotRegisteredError,
     CoordinatorLoadInProgressError,
     PidQuorumError,
@@ -102,7 +102,7 @@ _NEVER = LONG_MAX + 1  # an ID no block can reach: "do not wake the refill task 
 
 
 class PidQuorum(Protocol):
-    """What the manager needs from the quorum (``client.quorum.QuorumClient`` has it)."""
+    """What the manager needs from the quorum (``quorum.client.quorum.QuorumClient`` has it)."""
 
     async def register_broker(self, broker_id: int, incarnation_id: uuid.UUID | None = None,
                               listener: str = "") -> int: ...

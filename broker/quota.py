@@ -55,8 +55,8 @@ from typing import Any, Iterable
 
 from rbloom import Bloom
 
-from client.quorum import ConnectionFailed
-from wire.errors import PidQuorumError
+from quorum.client.quorum import ConnectionFailed
+from records.wire.errors import PidQuorumError
 
 log = logging.getLogger(__name__)
 

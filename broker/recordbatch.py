@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from crc32c import crc32c
 
-from wire.errors import Errors, PidQuorumError
+from records.wire.errors import Errors, PidQuorumError
 
 HEADER = struct.Struct(">qiibIhiqqqhii")
 HEADER_SIZE = HEADER.size  # 61

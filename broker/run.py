@@ -8,15 +8,15 @@ import logging
 import os
 import signal
 
-from client.quorum import HandshakeFailed, QuorumClient, RetryPolicy, unreachable
-from security.credentials import CredentialsError
-from security.tls import TlsConfigError
-from storage.disk import CorruptFileError
-from storage.lock import DirectoryLockedError, lock_directory
-from telemetry import logs
-from telemetry.metrics import serve_metrics
-from wire.errors import PidQuorumError
-from wire.listen import bind_error
+from quorum.client.quorum import HandshakeFailed, QuorumClient, RetryPolicy, unreachable
+from quorum.security.credentials import CredentialsError
+from quorum.security.tls import TlsConfigError
+from snapshots.storage.disk import CorruptFileError
+from snapshots.storage.lock import DirectoryLockedError, lock_directory
+from quorum.telemetry import logs
+from quorum.telemetry.metrics import serve_metrics
+from records.wire.errors import PidQuorumError
+from records.wire.listen import bind_error
 
 from .config import QUORUM_SETTING_NAMES
 from .frontend import BrokerConfig, BrokerServer
@@ -104,7 +104,7 @@ def fixed_mmap_threshold() -> bool:
 def run_broker(cfg: BrokerConfig, ready_file: str | None = None) -> int:
     """Serve until stopped.  Returns a process exit code.
 
-    Holds the data directory's lock (``storage.lock``) from before anything in it is read: a second broker
+    Holds the data directory's lock (``snapshots.storage.lock``) from before anything in it is read: a second broker
     on the same directory stops at once (EXIT_OS), naming the directory and the pid that holds it.  Refuses
     to start (EXIT_CONFIG) when no quorum node can be reached with ``[quorum_security]`` (``check_quorum``).
 

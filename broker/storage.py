@@ -70,9 +70,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from storage.disk import CorruptFileError
-from storage.files import atomic_write, fsync_dir, seal, unseal
-from wire.errors import Errors, for_code
+from snapshots.storage.disk import CorruptFileError
+from snapshots.storage.files import atomic_write, fsync_dir, seal, unseal
+from records.wire.errors import Errors, for_code
 
 from .log import SegmentFiles
 from .partition import Partition
@@ -84,7 +84,7 @@ TOPIC_MAGIC = b"PQTOPC\x00\x01"
 TOPIC_FORMAT = 1
 MAX_TOPIC_NAME = 249
 MAX_ENTRY_NAME = 255  # bytes of one directory entry (ext4, xfs, btrfs, tmpfs)
-TMP_SUFFIX = ".tmp"  # storage.disk.Disk.write_file writes <path>.tmp, then renames it
+TMP_SUFFIX = ".tmp"  # snapshots.storage.disk.Disk.write_file writes <path>.tmp, then renames it
 SHORT_STEM_PREFIX = 200  # characters of a long name kept in its stem, before "+<hash>"
 _LEGAL = re.compile(r"^[a-zA-Z0-9._-]+$")
 _PARTITION_DIR = re.compile(r"^(.+)-(\d+)$")

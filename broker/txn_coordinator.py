@@ -61,9 +61,9 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import failpoints
-from client.quorum import QuorumClient
-from wire.errors import (
+from quorum import failpoints
+from quorum.client.quorum import QuorumClient
+from records.wire.errors import (
     ConcurrentTransactionsError,
     CoordinatorLoadInProgressError,
     Errors,

@@ -23,10 +23,10 @@ import random
 import sys
 import time
 
-from migration.bridge import ZooKeeperBridge
+from quorum.migration.bridge import ZooKeeperBridge
 from quorum.config import ConfigError, load
 from quorum.node import run_node, setup_logging
-from storage.disk import AppendFile, Disk
+from snapshots.storage.disk import AppendFile, Disk
 
 from .faults import add_option, arm_or_explain
 

@@ -20,7 +20,7 @@ import os
 import sys
 from typing import Any, Callable
 
-import failpoints
+from quorum import failpoints
 
 log = logging.getLogger(__name__)
 

@@ -68,11 +68,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from client.leader import pick_leader
-from client.quorum import QuorumClient, RetryPolicy
+from quorum.client.leader import pick_leader
+from quorum.client.quorum import QuorumClient, RetryPolicy
 from quorum import config as quorum_config
 from quorum.localcluster import LocalCluster
-from wire.errors import NotControllerError
+from records.wire.errors import NotControllerError
 
 from .faultnode import FAULT_SYNC_DELAY_FILE
 
@@ -338,7 +338,7 @@ class NemesisContext:
         return {n.node_id: answers[n.client_address] for n in nodes if isinstance(answers[n.client_address], dict)}
 
     async def leader(self) -> int | None:
-        """The node that leads (``client.leader.pick_leader`` over ``statuses()``), or None."""
+        """The node that leads (``quorum.client.leader.pick_leader`` over ``statuses()``), or None."""
         return pick_leader(await self.statuses())
 
     async def wait_leader(self, timeout: float | None = None, exclude: int | None = None) -> int:

@@ -1,7 +1,7 @@
 """Reading a topic of the transactions workload: what the checker is given.
 
 * ``RawBroker``: a plain Kafka-protocol connection (a blocking socket, kio's codecs through
-  ``wire.kafka``) for two requests no client library exposes as raw as the checker needs them:
+  ``records.wire.kafka``) for two requests no client library exposes as raw as the checker needs them:
   ListOffsets latest with a chosen isolation level (read_committed: the last stable offset,
   LSO; read_uncommitted: the high watermark, HW), and a read_uncommitted Fetch that returns
   every batch as stored, control batches (commit and abort markers) included, each with its
@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 from broker.recordbatch import BatchError, check_framing, control_record_type, iter_records
-from wire import kafka
+from records.wire import kafka
 
 FETCH, LIST_OFFSETS, METADATA = 1, 2, 3
 FETCH_VERSION, LIST_OFFSETS_VERSION = 4, 2   # the first versions with an isolation level

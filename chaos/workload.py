@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.pid_manager import PidManagerConfig, ProducerIdManager
-from client.quorum import AllocatedBlock, ConnectionFailed, QuorumClient, RetryPolicy
-from wire.errors import Errors, PidQuorumError
+from quorum.client.quorum import AllocatedBlock, ConnectionFailed, QuorumClient, RetryPolicy
+from records.wire.errors import Errors, PidQuorumError
 
 from .history import HistoryWriter, Op, now_ns
 

@@ -16,10 +16,10 @@ import time
 
 import click
 
-from audit.inputs import AuditInputError
-from audit.job import EXAMPLES, PHASES, WINDOW_MS, run_audit
-from audit.report import render_summary
-from audit.spark import SparkSetupError
+from chaos.audit.inputs import AuditInputError
+from chaos.audit.job import EXAMPLES, PHASES, WINDOW_MS, run_audit
+from chaos.audit.report import render_summary
+from chaos.audit.spark import SparkSetupError
 
 from . import render
 from .common import EXIT_ANOMALY, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, handle_errors, output_option
@@ -42,7 +42,7 @@ def audit():
 def audit_export(src, dest, force, output):
     """Convert audit trails (msgpack) and chaos histories to typed Parquet for `pidctl audit run`."""
 
-    from audit.export import export  # heavy (pyarrow): imported when used
+    from chaos.audit.export import export  # heavy (pyarrow): imported when used
 
     t0 = time.monotonic()
     manifest = export(src, dest, force=force)

@@ -10,9 +10,6 @@ import tempfile
 
 import click
 
-from benchmarks.run import BenchOptions, render_table, run_bench
-from benchmarks.systems import SYSTEMS
-
 from . import render
 from .common import EXIT_ERROR, handle_errors, output_option
 
@@ -43,6 +40,30 @@ BENCHMARKS = {
 }
 
 
+def _checkout() -> str | None:
+    """The source checkout this pidctl runs from (an editable install), if it holds the benchmarks."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return root if os.path.isfile(os.path.join(root, "benchmarks", "__init__.py")) else None
+
+
+def _load(name: str, module: str):
+    """A module of the benchmarks.  They need the test extras and live beside the package in a source
+    checkout, not in the wheel; their children (``python -m benchmarks.X``) find them through PYTHONPATH."""
+    try:
+        return importlib.import_module(f"benchmarks.{module}")
+    except ModuleNotFoundError as e:
+        if e.name not in ("benchmarks", f"benchmarks.{module}"):  # an optional package (confluent-kafka ...)
+            raise click.ClickException(f"{f'pidctl bench {name}'.rstrip()} needs the Python package {e.name!r}: "
+                                       f"{e}") from None
+    root = _checkout()
+    if root is None:
+        raise click.ClickException("pidctl bench runs from a source checkout of pidquorum (pip install -e '.[test]' "
+                                   "there): this installation carries no benchmarks")
+    sys.path.insert(0, root)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    return _load(name, module)
+
+
 class BenchGroup(click.Group):
     def format_usage(self, ctx, formatter):
         formatter.write_usage(ctx.command_path, "[OPTIONS] | NAME [NAME'S OPTIONS]")
@@ -57,10 +78,7 @@ def _benchmark_command(name: str, module: str, summary: str) -> click.Command:
     @click.pass_context
     @handle_errors
     def command(ctx, args):
-        try:
-            main = importlib.import_module(f"benchmarks.{module}").main
-        except ModuleNotFoundError as e:  # an optional package (confluent-kafka ...) is missing
-            raise click.ClickException(f"pidctl bench {name} needs the Python package {e.name!r}: {e}") from None
+        main = _load(name, module).main
         args, output = _take_output(list(args))
         if output == "table":
             sys.exit(main(args, prog=ctx.command_path))
@@ -153,24 +171,26 @@ def bench(ctx, systems, duration, out_dir, kills, history, fill_cap, workloads, 
             raise click.UsageError(f"{', '.join(given)}: options of the comparison; `pidctl bench "
                                    f"{ctx.invoked_subcommand}` takes its own after its name")
         return
+    known = _load("", "systems").SYSTEMS
     names = [x.strip() for x in systems.split(",") if x.strip()]
-    unknown = [x for x in names if x not in SYSTEMS]
+    unknown = [x for x in names if x not in known]
     if unknown or not names:
-        raise click.UsageError(f"--systems: unknown {', '.join(unknown) or '(none given)'}; known: {', '.join(SYSTEMS)}")
+        raise click.UsageError(f"--systems: unknown {', '.join(unknown) or '(none given)'}; known: {', '.join(known)}")
     try:
         wl = sorted({int(x) for x in workloads.split(",") if x.strip()})
     except ValueError:
         wl = []
     if not wl or any(not 1 <= x <= 5 for x in wl):
         raise click.UsageError(f"--workloads: expected numbers 1-5, got {workloads!r}")
-    opts = BenchOptions(systems=names, duration=duration, out_dir=out_dir, kills=kills, history=history,
+    run = _load("", "run")
+    opts = run.BenchOptions(systems=names, duration=duration, out_dir=out_dir, kills=kills, history=history,
                         fill_cap=fill_cap, workloads=wl, manager_rate=manager_rate, install_peers=install_peers,
                         keep=keep, reserve_blocks=reserve_blocks)
-    res = run_bench(opts)  # progress on stderr
+    res = run.run_bench(opts)  # progress on stderr
     if output == "json":
         render.emit_json(res)
     else:
-        click.echo(render_table(res))
+        click.echo(run.render_table(res))
     if res["errors"]:
         sys.exit(EXIT_ERROR)
 

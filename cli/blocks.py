@@ -7,12 +7,12 @@ import os
 
 import click
 
-from client.leader import pick_leader
-from client.quorum import unreachable
+from quorum.client.leader import pick_leader
+from quorum.client.quorum import unreachable
 from quorum.localcluster import ClusterError
 from quorum.trail import iter_blocks, merge_histories, parse_audit
-from storage.disk import CorruptFileError
-from wire.errors import PidQuorumError, RequestTimedOutError
+from snapshots.storage.disk import CorruptFileError
+from records.wire.errors import PidQuorumError, RequestTimedOutError
 
 from . import render
 from .common import INT32_MAX, Ctx, gather_status, handle_errors, output_option, run

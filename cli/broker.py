@@ -9,7 +9,7 @@ import uuid
 
 import click
 
-import settings.flags as settings_flags
+import quorum.settings.flags as settings_flags
 from broker.config import BrokerConfig
 from broker.config import load as load_broker_config
 from broker.run import run_broker
@@ -19,9 +19,9 @@ from quorum.managers import (
     duplicate_registration_message,
 )
 from quorum.node import setup_logging
-from settings import ConfigError
-from telemetry.metrics import MetricsUnavailable, read_metrics
-from wire.errors import PidQuorumError
+from quorum.settings import ConfigError
+from quorum.telemetry.metrics import MetricsUnavailable, read_metrics
+from records.wire.errors import PidQuorumError
 
 from . import render
 from .common import (

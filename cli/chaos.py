@@ -11,7 +11,7 @@ from chaos.report import render_summary
 from chaos.sim.campaign import parse_seeds, run_campaign
 from chaos.sim.explore import explore
 from chaos.workload import WorkloadConfig
-from storage.files import atomic_write
+from snapshots.storage.files import atomic_write
 
 from . import render
 from .common import EXIT_ANOMALY, handle_errors, output_option

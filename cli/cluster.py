@@ -9,7 +9,7 @@ from click.core import ParameterSource
 
 from quorum.identity import new_cluster_id
 from quorum.localcluster import UNAUTHENTICATED_NOTICE, ClusterError
-from wire.errors import NotControllerError
+from records.wire.errors import NotControllerError
 
 from . import render
 from .common import EXIT_ERROR, EXIT_OK, Ctx, gather_status, handle_errors, output_option, quorum_health, run

@@ -7,16 +7,16 @@ import sys
 
 import click
 
-from client.quorum import ConnectionFailed, QuorumClient, RetryPolicy, unreachable
+from quorum.client.quorum import ConnectionFailed, QuorumClient, RetryPolicy, unreachable
 from quorum.localcluster import ClusterError, LocalCluster
-from security.client import ClientSecurity
-from security.acl import AclError
-from security.credentials import CredentialsError
-from security.tls import TlsConfigError
-from settings import ConfigError
-from settings.flags import secret_parameters
-from storage.disk import CorruptFileError
-from wire.errors import Errors, PidQuorumError
+from quorum.security.client import ClientSecurity
+from quorum.security.acl import AclError
+from quorum.security.credentials import CredentialsError
+from quorum.security.tls import TlsConfigError
+from quorum.settings import ConfigError
+from quorum.settings.flags import secret_parameters
+from snapshots.storage.disk import CorruptFileError
+from records.wire.errors import Errors, PidQuorumError
 
 from . import render
 
@@ -181,7 +181,7 @@ class Ctx:
         self.data_dir = data_dir
         self.quorum = quorum
         self.timeout = timeout
-        self.security = security  # security.client.ClientSecurity, None: PLAINTEXT
+        self.security = security  # quorum.security.client.ClientSecurity, None: PLAINTEXT
         self.security_options = dict(security_options or {})  # client_security's arguments that made it
 
     def override(self, **given) -> None:
@@ -189,7 +189,7 @@ class Ctx:
         for name in ("data_dir", "quorum", "timeout"):
             if name in given:
                 setattr(self, name, given.pop(name))
-        if "sasl_password_file" in given:  # the file's text (settings.flags.secret_parameters)
+        if "sasl_password_file" in given:  # the file's text (quorum.settings.flags.secret_parameters)
             given["sasl_password"] = given.pop("sasl_password_file")
         if given:
             self.security_options.update(given)
@@ -219,7 +219,7 @@ def _chaos_errors() -> tuple[type[Exception], ...]:
     except ImportError:  # pragma: no cover - chaos not installed
         pass
     try:
-        from migration.zk import ZkMigrationError  # heavy (kazoo): imported when used
+        from quorum.migration.zk import ZkMigrationError  # heavy (kazoo): imported when used
         out.append(ZkMigrationError)
     except ImportError:  # pragma: no cover
         pass
@@ -230,7 +230,7 @@ def _audit_errors() -> tuple[type[Exception], ...]:
     """The audit pipeline's user-facing errors (imported lazily: pyarrow is heavy)."""
     out: list[type[Exception]] = []
     try:
-        from audit.export import ExportError  # heavy (pyarrow): imported when used
+        from chaos.audit.export import ExportError  # heavy (pyarrow): imported when used
         out.append(ExportError)
     except ImportError:  # pragma: no cover - audit not installed
         pass

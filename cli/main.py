@@ -37,7 +37,7 @@ def cli(ctx, data_dir, quorum, timeout, security_protocol, sasl_mechanism, sasl_
 
     The options below may also follow the command (pidctl quorum status --quorum HOST:PORT); exit codes and
     environment variables: docs/cli.md."""
-    if sasl_password_file is not None:  # the file's text (settings.flags.secret_parameters)
+    if sasl_password_file is not None:  # the file's text (quorum.settings.flags.secret_parameters)
         sasl_password = sasl_password_file
     options = {"security_protocol": security_protocol, "sasl_mechanism": sasl_mechanism,
                "sasl_username": sasl_username, "sasl_password": sasl_password, "tls_cafile": tls_cafile}

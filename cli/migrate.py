@@ -8,9 +8,9 @@ import sys
 
 import click
 
-from client.quorum import unreachable
-from storage.files import atomic_write
-from wire.errors import RequestTimedOutError
+from quorum.client.quorum import unreachable
+from snapshots.storage.files import atomic_write
+from records.wire.errors import RequestTimedOutError
 
 from . import render
 from .common import Addresses, Ctx, handle_errors, output_option, run
@@ -55,7 +55,7 @@ def migrate_from_zk(obj: Ctx, export_file, zk_hosts, dry_run, allow_empty, outpu
     fresh quorum may be seeded: one that issued producer IDs in ZooKeeper's
     range (0..block_end) before any seed is refused (exit 4), dry run or not.
     """
-    from migration.seed import read_zk_block, seed_from_block  # heavy (kazoo): imported when used
+    from quorum.migration.seed import read_zk_block, seed_from_block  # heavy (kazoo): imported when used
 
     if (export_file is None) == (zk_hosts is None):
         raise click.UsageError("give exactly one of --export FILE or --zk HOST:PORT[/chroot]")
@@ -156,9 +156,9 @@ def _quiet_kazoo() -> None:
 
 
 def _zk_call(zk_hosts: str, fn, *args):
-    """Run a ``migration.zk`` function on ``zk_hosts`` with kazoo's own log lines dropped; a connect
+    """Run a ``quorum.migration.zk`` function on ``zk_hosts`` with kazoo's own log lines dropped; a connect
     string kazoo cannot parse is a bad --zk."""
-    from migration.zk import ZkMigrationError  # heavy (kazoo): imported when used
+    from quorum.migration.zk import ZkMigrationError  # heavy (kazoo): imported when used
 
     _quiet_kazoo()
     try:
@@ -192,7 +192,7 @@ def migrate_export(obj: Ctx, zk_hosts, out_file, output):
     instead: the parsed block (numbers as numbers), the znode's version, its
     data as ZooKeeper holds it, and the file written (null without --out).
     """
-    from migration.zk import ZK_BLOCK_PATH, export_block  # heavy (kazoo): imported when used
+    from quorum.migration.zk import ZK_BLOCK_PATH, export_block  # heavy (kazoo): imported when used
 
     data, block, version = _zk_call(zk_hosts, export_block, obj.timeout)
     if out_file is not None:
@@ -229,7 +229,7 @@ def migrate_zk_allocate(obj: Ctx, zk_hosts, broker_id, count, output):
     migration, in bridge mode, and after a rollback; NEVER after
     `migrate finalize` (the quorum no longer reserves in the znode).
     """
-    from migration.zk import allocate_legacy  # heavy (kazoo): imported when used
+    from quorum.migration.zk import allocate_legacy  # heavy (kazoo): imported when used
 
     got: list[tuple[int, int]] = []
     try:

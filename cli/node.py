@@ -27,7 +27,7 @@ def node():
 @handle_errors
 def node_start(config_path, log_level, log_format, trust_own_log):
     """Run a node in the foreground until SIGTERM."""
-    from migration.bridge import ZooKeeperBridge  # heavy (kazoo): imported when used
+    from quorum.migration.bridge import ZooKeeperBridge  # heavy (kazoo): imported when used
 
     setup_logging(log_level, log_format or "human")
     cfg = load(config_path)

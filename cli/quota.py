@@ -8,7 +8,7 @@ import click
 
 from broker.quota import read_stats
 from quorum.client_quotas import PRODUCER_IDS_RATE, check_value, entity_name, parse_user
-from wire.errors import PidQuorumError
+from records.wire.errors import PidQuorumError
 
 from . import render
 from .common import EXIT_ERROR, Ctx, handle_errors, output_option, run

@@ -141,7 +141,7 @@ def _link(link: dict) -> str:
 
 
 def metrics_status(output: str, address: str, figures: dict) -> None:
-    """Figures read from a metrics endpoint (``telemetry.metrics.read_metrics``)."""
+    """Figures read from a metrics endpoint (``quorum.telemetry.metrics.read_metrics``)."""
     if output == "json":
         emit_json({"endpoint": address, "metrics": figures})
         return

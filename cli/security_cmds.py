@@ -10,8 +10,8 @@ import sys
 
 import click
 
-from security import acl as acls
-from security import credentials
+from quorum.security import acl as acls
+from quorum.security import credentials
 
 from . import render
 

@@ -1,7 +1,7 @@
 """``pidctl txn ...``: an operator's transaction tools, as Kafka's kafka-transactions.sh (KIP-664).
 
 Each command asks one broker (``--broker HOST:PORT``, reached with pidctl's global security options) through
-``client.broker_admin``.  Exit codes: 0 done, 2 usage, 3 the broker (or its quorum) unreachable, 4 the broker
+``quorum.client.broker_admin``.  Exit codes: 0 done, 2 usage, 3 the broker (or its quorum) unreachable, 4 the broker
 refused (the line says why: not authorized, unknown id, nothing to abort, the transaction moved on).
 """
 from __future__ import annotations
@@ -13,14 +13,14 @@ import time
 
 import click
 
-from client.broker_admin import (
+from quorum.client.broker_admin import (
     BrokerAdmin,
     BrokerRefused,
     BrokerUnavailable,
     abort_transaction,
     find_hanging,
 )
-from wire.errors import Errors
+from records.wire.errors import Errors
 
 from . import render
 from .common import EXIT_REFUSED, EXIT_UNAVAILABLE, Ctx, handle_errors, output_option

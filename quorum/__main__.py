@@ -2,7 +2,7 @@
 import argparse
 import sys
 
-from migration.bridge import ZooKeeperBridge  # the entry point composes the node: migration's hook
+from quorum.migration.bridge import ZooKeeperBridge  # the entry point composes the node: migration's hook
 
 from .config import ConfigError, load
 from .node import run_node, setup_logging

@@ -18,7 +18,7 @@ import re
 from typing import Any
 
 from records import ClientQuotaRecord, Record
-from wire.errors import InvalidRequestError, InvariantViolation
+from records.wire.errors import InvalidRequestError, InvariantViolation
 
 PRODUCER_IDS_RATE = "producer_ids_rate"
 QUOTA_KEYS: dict[str, str] = {

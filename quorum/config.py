@@ -53,8 +53,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-import settings
-from settings import PATH, ConfigError, HostPort, Table, UserPrincipal
+from quorum import settings
+from quorum.settings import PATH, ConfigError, HostPort, Table, UserPrincipal
 
 from .managers import DEFAULT_BROKER_SESSION_TIMEOUT_MS
 from .raft import RaftConfig

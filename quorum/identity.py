@@ -9,7 +9,7 @@ entries, and the quorum would then issue those producer IDs a second time.
 Whether it lost anything is decided by **log position**, never by how often it
 started: restarts cannot wear the check down.
 
-Two small files in the data directory (written whole, ``storage.disk``):
+Two small files in the data directory (written whole, ``snapshots.storage.disk``):
 
 ``identity``
     ``cluster_id`` (fixed when the cluster was bootstrapped), ``node_uuid``
@@ -50,12 +50,12 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from storage.disk import (  # noqa: F401 - EXIT_IDENTITY_REFUSED is part of this API
+from snapshots.storage.disk import (  # noqa: F401 - EXIT_IDENTITY_REFUSED is part of this API
     EXIT_IDENTITY_REFUSED,
     CorruptFileError,
     Disk,
 )
-from storage.files import seal, unseal
+from snapshots.storage.files import seal, unseal
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The Raft log on disk: a durable, checksummed journal in pysyncobj's journal interface.
 
 pysyncobj's own journal is an mmap that is never fsync'd, with no checksums.
-This one is written through ``storage.disk.Disk`` (one write discipline; every
+This one is written through ``snapshots.storage.disk.Disk`` (one write discipline; every
 I/O error is fail-stop) and keeps the part of pysyncobj's journal interface the
 adapter still lets pysyncobj use (``add``, indexing, term / vote / commit
 index); what cuts the log is the adapter's, not pysyncobj's (see
@@ -57,7 +57,7 @@ from typing import Callable, Optional
 
 import msgpack
 
-from storage.disk import CorruptFileError, Disk
+from snapshots.storage.disk import CorruptFileError, Disk
 
 from .stats import SYNC_BUCKETS, Histogram
 

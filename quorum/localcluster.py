@@ -27,7 +27,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from storage.disk import EXIT_UNAVAILABLE
+from snapshots.storage.disk import EXIT_UNAVAILABLE
 
 from .config import NodeConfig, Peer
 from .config import load as load_config

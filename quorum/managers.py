@@ -45,8 +45,8 @@ from records import (
     UnregisterBrokerRecord,
 )
 from records.schema import INT_RANGES, LONG_MAX
-from security.acl import Acl, AclError, AclIndex
-from wire.errors import (
+from quorum.security.acl import Acl, AclError, AclIndex
+from records.wire.errors import (
     ConcurrentTransactionsError,
     DuplicateBrokerRegistrationError,
     InvalidProducerIdMappingError,
@@ -990,7 +990,7 @@ class MigrationManager:
 
 
 # --------------------------------------------------------------------------
-# Access-control entries (security/acl.py decides; this slice stores them)
+# Access-control entries (quorum/security/acl.py decides; this slice stores them)
 # --------------------------------------------------------------------------
 
 

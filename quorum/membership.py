@@ -33,7 +33,7 @@ import asyncio
 import time
 from typing import Any
 
-from wire.errors import InvalidRequestError, NotControllerError, RequestTimedOutError
+from records.wire.errors import InvalidRequestError, NotControllerError, RequestTimedOutError
 
 from .raft import ProposalRejected, ProposalUnknown
 

@@ -1,5 +1,5 @@
 """The Prometheus metric families of a quorum node, read from ``QuorumServer.status()``
-(the endpoint itself is ``telemetry.metrics``).  Metric names: ``QUORUM_METRICS``.
+(the endpoint itself is ``quorum.telemetry.metrics``).  Metric names: ``QUORUM_METRICS``.
 """
 from __future__ import annotations
 

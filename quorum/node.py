@@ -7,13 +7,13 @@ import os
 import signal
 import sys
 
-from security.credentials import CredentialsError
-from security.tls import TlsConfigError
-from storage.disk import EXIT_CORRUPT, EXIT_IDENTITY_REFUSED, EXIT_UNAVAILABLE, CorruptFileError, Disk
-from storage.lock import DirectoryLockedError, lock_directory
-from telemetry import logs
-from telemetry.metrics import serve_metrics
-from wire.listen import bind_error
+from quorum.security.credentials import CredentialsError
+from quorum.security.tls import TlsConfigError
+from snapshots.storage.disk import EXIT_CORRUPT, EXIT_IDENTITY_REFUSED, EXIT_UNAVAILABLE, CorruptFileError, Disk
+from snapshots.storage.lock import DirectoryLockedError, lock_directory
+from quorum.telemetry import logs
+from quorum.telemetry.metrics import serve_metrics
+from records.wire.listen import bind_error
 
 from .config import NodeConfig
 from .identity import IdentityError
@@ -62,17 +62,17 @@ async def _serve(cfg: NodeConfig, ready_file: str | None, disk: Disk | None, tru
 
 def run_node(cfg: NodeConfig, ready_file: str | None = None, disk: Disk | None = None,
              trust_own_log: bool = False, zookeeper: ZooKeeperHook | None = None) -> int:
-    """Serve until stopped.  Returns a process exit code (``storage.disk``: an I/O error on the durable
+    """Serve until stopped.  Returns a process exit code (``snapshots.storage.disk``: an I/O error on the durable
     path, a diverged log or a refused identity stop the process at once, with their own codes).
 
     ``trust_own_log``: the operator's word that this data directory is the one the node last ran on (not
     a restored copy), so the node counts without waiting for its peers to vouch (docs/operations.md).
-    ``zookeeper``: the hook bridge mode and rollback use (entry points pass ``migration.bridge``'s).
+    ``zookeeper``: the hook bridge mode and rollback use (entry points pass ``quorum.migration.bridge``'s).
 
     Sets the process umask to 077 first: every file and directory the node creates (data, snapshots,
     audit trail, ready file) is its own user's alone (0600 / 0700).
 
-    Holds the data directory's lock (``storage.lock``) from before anything in it is read: two nodes on
+    Holds the data directory's lock (``snapshots.storage.lock``) from before anything in it is read: two nodes on
     one directory would append to one journal and each count the other's acknowledgements as its own, so
     a second one stops at once (exit 69), naming the directory and the pid that holds it."""
     os.umask(0o077)

@@ -37,7 +37,7 @@ from kio.schema.envelope.v0.request import EnvelopeRequest
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import f64, i32, i64
 
-from client import api as quorum_api
+from quorum.client import api as quorum_api
 from records import (
     AlterAclsRequest,
     AlterAclsResponse,
@@ -58,11 +58,11 @@ from records import (
     TransactionRequest,
     TransactionResponse,
 )
-from security import acl as acl_rules
-from security.acl import Acl
-from storage.disk import CorruptFileError
-from wire import kafka
-from wire.errors import Errors, InvalidRequestError, RequestTimedOutError, UnknownServerError, for_code
+from quorum.security import acl as acl_rules
+from quorum.security.acl import Acl
+from snapshots.storage.disk import CorruptFileError
+from records.wire import kafka
+from records.wire.errors import Errors, InvalidRequestError, RequestTimedOutError, UnknownServerError, for_code
 
 from . import membership
 from .client_quotas import ClientQuotaManager, parse_user

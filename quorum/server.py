@@ -9,7 +9,7 @@ unknown API key closes that connection (with a log line); a readable header
 with a bad body is answered with INVALID_REQUEST, an unsupported version with
 UNSUPPORTED_VERSION.
 
-What a peer may cost the port is bounded (``security.limits``), before and after it authenticates:
+What a peer may cost the port is bounded (``quorum.security.limits``), before and after it authenticates:
 
 * ``max_connections`` / ``max_connections_per_ip``, counted from the accept (before any TLS
   handshake): one over a limit is aborted at once, counted (``connections_refused``) and logged
@@ -47,18 +47,18 @@ import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-from client import api
-from client.quorum import Connection, ConnectionFailed
-from client.retry import FORWARD_POLICY
-from security import acl as acls
-from security.client import ClientSecurity
-from security.credentials import NODE_USER, node_credential, node_password
-from security.limits import BeforeAuthentication, ByteBudget, ConnectionLimits, TrimAfterClose, read_gated_frame
-from security.sasl import SaslAuthenticator, api_versions_table, linger_close
-from security.tls import server_context
-from telemetry.logs import FirstOfEach, Throttled, request_context
-from wire import kafka
-from wire.errors import (
+from quorum.client import api
+from quorum.client.quorum import Connection, ConnectionFailed
+from quorum.client.retry import FORWARD_POLICY
+from quorum.security import acl as acls
+from quorum.security.client import ClientSecurity
+from quorum.security.credentials import NODE_USER, node_credential, node_password
+from quorum.security.limits import BeforeAuthentication, ByteBudget, ConnectionLimits, TrimAfterClose, read_gated_frame
+from quorum.security.sasl import SaslAuthenticator, api_versions_table, linger_close
+from quorum.security.tls import server_context
+from quorum.telemetry.logs import FirstOfEach, Throttled, request_context
+from records.wire import kafka
+from records.wire.errors import (
     ClusterAuthorizationFailedError,
     Errors,
     InvalidRequestError,

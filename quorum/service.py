@@ -27,12 +27,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-import failpoints
-from client import api
-from client.retry import result_within
+from quorum import failpoints
+from quorum.client import api
+from quorum.client.retry import result_within
 from records import AllocateProducerIdsRecord, BridgeReservationRecord, Record, RecordError, decode_batch, encode_batch
-from storage.disk import Disk
-from wire.errors import (
+from snapshots.storage.disk import Disk
+from records.wire.errors import (
     NotControllerError,
     PidQuorumError,
     RequestTimedOutError,
@@ -57,7 +57,7 @@ LINGER_HISTORY_BATCHES = 8
 
 
 class ZooKeeperHook(Protocol):
-    """What bridge mode and rollback need of ZooKeeper (``migration.bridge.ZooKeeperBridge``); blocking."""
+    """What bridge mode and rollback need of ZooKeeper (``quorum.migration.bridge.ZooKeeperBridge``); blocking."""
 
     def reserve(self, hosts: str, min_start: int, length: int, broker_id: int) -> tuple[int, int]: ...
 
@@ -67,10 +67,10 @@ class ZooKeeperHook(Protocol):
 
 
 class Service:
-    """``disk`` is where every durable file goes (``storage.disk``), ``clock`` what tells the time (the
+    """``disk`` is where every durable file goes (``snapshots.storage.disk``), ``clock`` what tells the time (the
     ``time`` module), ``new_id`` what draws identity ids (uuid4); tests, fault runs and the simulator
     pass their own.  ``zookeeper``: the hook bridge mode and rollback use (the process entry point
-    installs ``migration.bridge.ZooKeeperBridge``); without one, both are refused."""
+    installs ``quorum.migration.bridge.ZooKeeperBridge``); without one, both are refused."""
 
     def __init__(self, cfg: NodeConfig, disk: Disk | None = None, clock=time, new_id=None,
                  zookeeper: ZooKeeperHook | None = None, **raft_options):

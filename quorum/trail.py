@@ -33,7 +33,7 @@ import msgpack
 from records import AuditEntry, AuditGap, Record, RecordError
 from records.codec import from_obj, to_obj
 from records.schema import RECORDS
-from storage.disk import CorruptFileError, Disk
+from snapshots.storage.disk import CorruptFileError, Disk
 
 log = logging.getLogger(__name__)
 _FRAME = struct.Struct("<II")

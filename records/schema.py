@@ -307,7 +307,7 @@ ACL = RecordSpec(
     doc=(
         "An access-control entry was added (pidctl acl add).  Entries are identified by all "
         "their fields but the timestamp; the quorum and the brokers authorize requests with them "
-        "(security/acl.py).  Also the snapshot form of every live entry."
+        "(quorum/security/acl.py).  Also the snapshot form of every live entry."
     ),
     fields=(
         FieldSpec("principal", "string", "User:<name>, or User:* for every principal."),

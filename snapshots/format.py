@@ -8,7 +8,7 @@ after the snapshot: the last two applied entries and the cluster members.
 
 Layout: ``MAGIC | u32 body length | body (msgpack) | u32 crc32(body)``.
 The file is always replaced whole (temp file, fsync, rename, fsync of the
-directory: ``storage.disk.Disk.write_file``); ``snapshots.store`` keeps the
+directory: ``snapshots.storage.disk.Disk.write_file``); ``snapshots.store`` keeps the
 node's copy and is the only writer of ``raft.snapshot``.
 """
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any
 
 from records import Record, RecordError
 from records.codec import from_obj, to_obj
-from storage.disk import CorruptFileError, Disk
-from storage.files import atomic_write, seal, unseal
+from snapshots.storage.disk import CorruptFileError, Disk
+from snapshots.storage.files import atomic_write, seal, unseal
 
 MAGIC = b"PQSNAP\x00\x01"
 FORMAT = 1

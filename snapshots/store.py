@@ -1,7 +1,7 @@
 """A node's ``raft.snapshot``: the one writer and reader of the file, and its transfer between nodes.
 
 * ``load`` reads and verifies the file once at start (a damaged file is refused).
-* ``write`` replaces it whole and durably (``storage.disk.Disk.write_file``):
+* ``write`` replaces it whole and durably (``snapshots.storage.disk.Disk.write_file``):
   after a power loss the node has the old snapshot or the new one, never a
   mixture, a zero-length file or none where there was one.
 * The leader sends its snapshot to a follower that is too far behind in chunks
@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from typing import Hashable
 
-from storage.disk import CorruptFileError, Disk
+from snapshots.storage.disk import CorruptFileError, Disk
 
 from .format import Snapshot, decode_snapshot, encode_snapshot
 

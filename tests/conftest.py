@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from client.quorum import QuorumClient, RetryPolicy
+from quorum.client.quorum import QuorumClient, RetryPolicy
 from quorum.localcluster import LocalCluster
-from wire.errors import NotControllerError
+from records.wire.errors import NotControllerError
 
 # hypothesis' storage goes to a temp dir, never into the repo or a test's working directory: kio imports
 # hypothesis when it is installed, so every pidctl or node process a test starts would otherwise create

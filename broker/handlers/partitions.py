@@ -7,10 +7,10 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-import failpoints
-from security import acl as acls
-from wire import kafka
-from wire.errors import Errors, PidQuorumError, UnknownTopicOrPartitionError
+from quorum import failpoints
+from quorum.security import acl as acls
+from records.wire import kafka
+from records.wire.errors import Errors, PidQuorumError, UnknownTopicOrPartitionError
 
 from .. import kafkaio as kio_
 from ..api_keys import DESCRIBE_PRODUCERS, FETCH, LIST_OFFSETS, PRODUCE

@@ -4,8 +4,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from wire import kafka
-from wire.errors import CoordinatorLoadInProgressError, Errors, InvalidRequestError, PidQuorumError
+from records.wire import kafka
+from records.wire.errors import CoordinatorLoadInProgressError, Errors, InvalidRequestError, PidQuorumError
 
 from .. import kafkaio as kio_
 from ..api_keys import INIT_PRODUCER_ID

@@ -7,9 +7,9 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from security import acl as acls
-from wire import kafka
-from wire.errors import CoordinatorLoadInProgressError, Errors, PidQuorumError
+from quorum.security import acl as acls
+from records.wire import kafka
+from records.wire.errors import CoordinatorLoadInProgressError, Errors, PidQuorumError
 
 from .. import kafkaio as kio_
 from ..api_keys import (

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from storage.disk import CorruptFileError
+from snapshots.storage.disk import CorruptFileError
 
 from ..recordbatch import (
     CONTROL_ABORT,

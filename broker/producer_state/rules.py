@@ -8,7 +8,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from wire.errors import Errors
+from records.wire.errors import Errors
 
 from ..recordbatch import NO_SEQUENCE, TRANSACTIONAL_BIT, BatchHeader, increment_sequence
 from .table import INT64_MAX, _OLDER, _evicted_key

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from storage.disk import CorruptFileError
-from storage.files import atomic_write, fsync_dir, seal, unseal
+from snapshots.storage.disk import CorruptFileError
+from snapshots.storage.files import atomic_write, fsync_dir, seal, unseal
 
 from ..recordbatch import INT32_MAX
 from .rules import MAX_CACHED_BATCHES

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from rbloom import Bloom
 
-from storage.disk import CorruptFileError
+from snapshots.storage.disk import CorruptFileError
 
 # The package's name, as before it was split into modules: log configuration and readers see one
 # logger.

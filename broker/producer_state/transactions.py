@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from wire.errors import Errors
+from records.wire.errors import Errors
 
 from ..recordbatch import NO_SEQUENCE, TRANSACTIONAL_BIT, BatchHeader
 from .rules import APPEND, Action, Decision, _error

@@ -1,4 +1,4 @@
-"""``SimDisk``: the production ``storage.disk.Disk`` over a simulated file system (``chaos.sim.fs.SimFS``).
+"""``SimDisk``: the production ``snapshots.storage.disk.Disk`` over a simulated file system (``chaos.sim.fs.SimFS``).
 
 The simulator and the crash-state explorer run a node's real write discipline (temp file, fsync, rename,
 directory fsync; append files, preallocation, fail-stop on I/O errors); only the system calls under it are
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from storage.disk import Disk, FailStop
+from snapshots.storage.disk import Disk, FailStop
 
 from .fs import SYNCS, LossPolicy, MachineStopped, Op, SimFS
 

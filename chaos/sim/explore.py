@@ -11,7 +11,7 @@ step (Raft's safety properties, no committed entry lost from the node's durable 
 producer ID issued twice) and at the end every acknowledged block must be in the final state.
 A child that finds a violation reports it with the operation and the state.
 
-The node's files are written by the production ``storage.disk.Disk`` over the simulated file
+The node's files are written by the production ``snapshots.storage.disk.Disk`` over the simulated file
 system (``chaos/sim/fs.py``), so the operations cut at are the system calls a real node makes.
 The simulation is deterministic and single-threaded, so a fork is an exact copy of the run at
 that instant: nothing is replayed, and each child only runs what follows the crash.

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from quorum.config import NodeConfig, Peer
 from records import encode_batch
-from storage.disk import EXIT_STORAGE
+from snapshots.storage.disk import EXIT_STORAGE
 
 from .checker import Violation
 from .disk import LossPolicy, SimDisk

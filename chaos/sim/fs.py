@@ -1,4 +1,4 @@
-"""A simulated file system at the level of the system calls ``storage.disk.Disk`` makes, with the crash
+"""A simulated file system at the level of the system calls ``snapshots.storage.disk.Disk`` makes, with the crash
 semantics POSIX allows: what a node's files look like after a process crash or a power loss at any instant.
 
 ``SimFS`` offers the calls of the ``os`` module that ``Disk`` uses (``open read write pwrite lseek fsync

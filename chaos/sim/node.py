@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from quorum.config import NodeConfig
 from quorum.identity import IdentityError
 from quorum.service import Proposer, Service
-from storage.disk import CorruptFileError
+from snapshots.storage.disk import CorruptFileError
 
 from .disk import LossPolicy, MachineStopped, NodeHalted, SimDisk
 from .net import SimTransport, StableNode

@@ -33,7 +33,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from client import api
+from quorum.client import api
 from quorum.config import NodeConfig, Peer
 from quorum.raft import RaftConfig
 from quorum.rpcs import RPCS

@@ -29,12 +29,12 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import failpoints
+from quorum import failpoints
 from broker.txn_coordinator import TxnCoordinator
-from client import api
+from quorum.client import api
 from quorum.rpcs import RPCS
 from records import InitTransactionalProducerRequest, TransactionRequest
-from wire.errors import (
+from records.wire.errors import (
     ConcurrentTransactionsError,
     Errors,
     NotControllerError,

@@ -12,10 +12,10 @@ import uuid
 from typing import TYPE_CHECKING, Any, Callable
 
 from broker.pid_manager import PidManagerConfig, ProducerIdManager
-from client import api
+from quorum.client import api
 from quorum.rpcs import RPCS
 from records import InitTransactionalProducerRequest, SeedProducerIdsRequest
-from wire.errors import CoordinatorLoadInProgressError, PidQuorumError, RequestTimedOutError
+from records.wire.errors import CoordinatorLoadInProgressError, PidQuorumError, RequestTimedOutError
 
 from .checker import Ranges
 from .node import SimLoop

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pydantic import model_validator
 
-import settings
+from quorum import settings
 from ..raftlink import LinkLimits
 
 

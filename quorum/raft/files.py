@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from snapshots.format import Snapshot
 from snapshots.store import SnapshotStore
-from storage.disk import CorruptFileError, Disk
+from snapshots.storage.disk import CorruptFileError, Disk
 
 from ..journal import UNKNOWN_INDEX, DurableJournal, Position
 

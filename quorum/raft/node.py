@@ -23,7 +23,7 @@ import time
 from typing import Any, Callable
 
 from snapshots.format import Snapshot
-from storage.disk import (
+from snapshots.storage.disk import (
     EXIT_DIVERGED,
     EXIT_IDENTITY_REFUSED,
     EXIT_SOFTWARE,

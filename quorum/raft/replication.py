@@ -46,7 +46,7 @@ import queue
 from typing import TYPE_CHECKING
 
 from snapshots.format import Snapshot, decode_snapshot
-from storage.disk import CorruptFileError
+from snapshots.storage.disk import CorruptFileError
 
 from ..linkcrypto import MessagePickle
 from ..looppoller import LoopPoller

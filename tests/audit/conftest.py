@@ -1,7 +1,8 @@
 """One SparkSession per test process (local[2]), started on first use and stopped at the end.
 
 Every Spark test lives in tests/audit/test_job.py, so under pytest-xdist at most
-the worker that runs them starts a JVM.
+the worker that runs them starts a JVM.  The suite installs the Java runtime Spark
+needs (the package itself never installs a system package).
 """
 from __future__ import annotations
 
@@ -9,8 +10,15 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def spark():
-    from audit.spark import spark_session
+def java_home():
+    from benchmarks.audit import ensure_java
+
+    return ensure_java()
+
+
+@pytest.fixture(scope="session")
+def spark(java_home):
+    from chaos.audit.spark import spark_session
 
     session = spark_session("local[2]", driver_memory="1g")
     yield session

@@ -11,7 +11,7 @@ import threading
 import pytest
 from click.testing import CliRunner
 
-from audit.job import PHASES, run_audit
+from chaos.audit.job import PHASES, run_audit
 from cli.common import EXIT_OK
 from cli.main import cli
 from tests.audit.test_job import clean_sources, write_export

@@ -1,4 +1,4 @@
-"""audit.export / `pidctl audit export`: audit trails and chaos histories as Parquet.
+"""chaos.audit.export / `pidctl audit export`: audit trails and chaos histories as Parquet.
 
 Sources: a real local cluster (register, allocate, fence, transactional id, seed),
 node directories written with quorum.trail.AuditWriter (every record type, refused
@@ -22,8 +22,8 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from audit import export as ex
-from audit.export import (
+from chaos.audit import export as ex
+from chaos.audit.export import (
     AUDIT_COLUMNS,
     CHAOS_ALLOCATE_SCHEMA,
     CHAOS_GENERATE_SCHEMA,
@@ -43,12 +43,12 @@ from quorum.trail import AuditWriter, read_audit
 from records import AuditEntry, AuditGap
 from records.codec import CLASSES
 from records.schema import AUDIT_ENTRY, AUDIT_GAP, PAYLOADS, RECORDS
-from storage.disk import CorruptFileError
+from snapshots.storage.disk import CorruptFileError
 from tests.conftest import ClusterHarness, wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# Written out independently of audit.export, so a wrong mapping there fails here.
+# Written out independently of chaos.audit.export, so a wrong mapping there fails here.
 EXPECTED_ARROW = {"int8": pa.int8(), "int16": pa.int16(), "int32": pa.int32(), "int64": pa.int64(),
                   "bool": pa.bool_(), "string": pa.string(), "nullable_string": pa.string(),
                   "float64": pa.float64()}

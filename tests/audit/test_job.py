@@ -1,8 +1,8 @@
-"""audit.job / `pidctl audit run`: the Spark audit finds exactly what was injected, and refuses bad input.
+"""chaos.audit.job / `pidctl audit run`: the Spark audit finds exactly what was injected, and refuses bad input.
 
 Every Spark test is in this file and shares one local[2] session (tests/audit/conftest.py).
 Inputs are written here with pyarrow in the exporter's layout and schemas
-(``audit.export.arrow_schema`` and the chaos schemas), and once through the real
+(``chaos.audit.export.arrow_schema`` and the chaos schemas), and once through the real
 exporter from audit trails and a chaos history.
 """
 from __future__ import annotations
@@ -16,10 +16,10 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from audit.buckets import Buckets, plan_buckets
-from audit.export import CHAOS_ALLOCATE_SCHEMA, CHAOS_GENERATE_SCHEMA, arrow_schema, export
-from audit.inputs import AuditInputError
-from audit.job import run_audit
+from chaos.audit.buckets import Buckets, plan_buckets
+from chaos.audit.export import CHAOS_ALLOCATE_SCHEMA, CHAOS_GENERATE_SCHEMA, arrow_schema, export
+from chaos.audit.inputs import AuditInputError
+from chaos.audit.job import run_audit
 from cli.common import EXIT_ANOMALY, EXIT_ERROR, EXIT_OK
 from cli.main import cli
 from records.schema import BY_NAME, LONG_MAX
@@ -246,7 +246,7 @@ def test_buckets_are_monotonic_and_balance_a_skewed_id_space():
 
 def test_end_to_end_through_the_exporter(spark, tmp_path):
     """Audit trails of a 3-node cluster and a chaos run (history + its cluster), exported by
-    `audit.export`, then audited: the chaos run's double acknowledgement is the only overlap."""
+    `chaos.audit.export`, then audited: the chaos run's double acknowledgement is the only overlap."""
     from chaos.history import HistoryWriter, Op
     from quorum.managers import ApplyOutcome
     from quorum.trail import AuditWriter
@@ -346,7 +346,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.timeout(600)
-def test_spark_submit_on_a_standalone_cluster(tmp_path):
+def test_spark_submit_on_a_standalone_cluster(tmp_path, java_home):
     """The job as an operator runs it on a cluster: a Spark standalone master and one worker (separate
     JVMs, from the pyspark package), `spark-submit --master spark://... cli/audit.py`; the report names
     the cluster's master and finds the injected problems; exit 5."""
@@ -356,11 +356,10 @@ def test_spark_submit_on_a_standalone_cluster(tmp_path):
 
     import pyspark
 
-    from audit.spark import find_java_home
     from tests.conftest import wait_for
 
     home = os.path.dirname(pyspark.__file__)
-    env = dict(os.environ, JAVA_HOME=find_java_home(), SPARK_HOME=home, SPARK_LOCAL_IP="127.0.0.1",
+    env = dict(os.environ, JAVA_HOME=java_home, SPARK_HOME=home, SPARK_LOCAL_IP="127.0.0.1",
                PYSPARK_PYTHON=sys.executable, SPARK_LOG_DIR=str(tmp_path / "logs"),
                SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false")
     port = _free_port()

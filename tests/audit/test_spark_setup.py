@@ -1,27 +1,29 @@
-"""audit.spark's JRE install goes through provision.apt, and says what to do when it cannot."""
+"""chaos.audit.spark finds a Java runtime and, when there is none, says what to install instead of installing it."""
 from __future__ import annotations
+
+import os
 
 import pytest
 
-from audit import spark
-from provision.apt import AptUnavailable
+from chaos.audit import spark
 
 
-def test_no_jre_install_when_turned_off(monkeypatch):
-    monkeypatch.setenv("PIDQUORUM_NO_JRE_INSTALL", "1")
-    monkeypatch.setattr(spark, "ensure_installed", lambda *a, **k: pytest.fail("installed anyway"))
-    with pytest.raises(spark.SparkSetupError, match="PIDQUORUM_NO_JRE_INSTALL.*default-jre-headless"):
-        spark._install_jre()
+def test_no_java_is_a_clear_error_and_nothing_is_installed(monkeypatch, tmp_path):
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no java, and no apt-get to run either
+    monkeypatch.setattr(spark, "_glob_jvms", lambda: [])
+    with pytest.raises(spark.SparkSetupError, match="no Java found.*apt-get install default-jre-headless.*JAVA_HOME"):
+        spark.find_java_home()
 
 
-def test_jre_install_asks_provision_and_explains_a_refusal(monkeypatch):
-    monkeypatch.delenv("PIDQUORUM_NO_JRE_INSTALL", raising=False)
-    asked = []
-
-    def refuse(package, present, **kwargs):
-        asked.append((package, present, kwargs.get("timeout")))
-        raise AptUnavailable(f"{package} is not installed, and installing it needs root")
-    monkeypatch.setattr(spark, "ensure_installed", refuse)
-    with pytest.raises(spark.SparkSetupError, match="no Java found.*default-jre-headless.*needs root.*JAVA_HOME"):
-        spark._install_jre()
-    assert asked == [("default-jre-headless", "java", 1800)]
+def test_java_home_from_the_environment_then_path(monkeypatch, tmp_path):
+    home = tmp_path / "jdk"
+    (home / "bin").mkdir(parents=True)
+    java = home / "bin" / "java"
+    java.write_text("#!/bin/sh\n")
+    java.chmod(0o755)
+    monkeypatch.setenv("JAVA_HOME", str(home))
+    assert spark.find_java_home() == str(home)
+    monkeypatch.delenv("JAVA_HOME")
+    monkeypatch.setenv("PATH", str(home / "bin"))
+    assert spark.find_java_home() == os.path.realpath(home)

@@ -1,10 +1,10 @@
-"""The two charts: bench.png (benchmarks.run) has no empty panel, broker_rates.png (audit.report) has a
+"""The two charts: bench.png (benchmarks.run) has no empty panel, broker_rates.png (chaos.audit.report) has a
 time axis in the unit its span needs.  Checked on the matplotlib objects, not on pixels."""
 from __future__ import annotations
 
 import os
 
-from audit.report import rates_figure, rates_png, time_unit
+from chaos.audit.report import rates_figure, rates_png, time_unit
 from benchmarks.run import chart_figure, draw_chart
 
 RES = {"started_at": "2026-01-01T00:00:00+00:00", "environment": {"loadavg_start": [0.5, 0.5, 0.5]}}

@@ -5,7 +5,7 @@ import pytest
 
 from benchmarks.processes import BrokerProcess
 from quorum.localcluster import LocalCluster, free_ports
-from telemetry.metrics import read_metrics
+from quorum.telemetry.metrics import read_metrics
 from tests.conftest import wait_for
 
 

@@ -6,12 +6,12 @@ import os
 
 import pytest
 
-import settings
+from quorum import settings
 from broker.config import BrokerConfig, QuorumSecurity
 from broker.config import load as load_broker
 from broker.pid_manager import PidManagerConfig
-from security.client import ClientSecurity
-from settings import ConfigError
+from quorum.security.client import ClientSecurity
+from quorum.settings import ConfigError
 
 
 def test_a_password_is_not_repeated_in_a_message():

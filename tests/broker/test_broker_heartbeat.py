@@ -19,10 +19,10 @@ import broker.pid_manager as pid_manager
 from benchmarks.processes import BrokerProcess
 from broker.config import BrokerConfig
 from broker.pid_manager import PidManagerConfig, ProducerIdManager
-from client.quorum import QuorumClient, RetryPolicy
-from settings import ConfigError, build
+from quorum.client.quorum import QuorumClient, RetryPolicy
+from quorum.settings import ConfigError, build
 from tests.conftest import cluster_harness, run, wait_for
-from wire.errors import (
+from records.wire.errors import (
     BrokerIdNotRegisteredError,
     CoordinatorLoadInProgressError,
     DuplicateBrokerRegistrationError,

@@ -1,4 +1,4 @@
-"""What an unauthenticated peer can cost a SASL broker's Kafka listener (broker.frontend, security.limits),
+"""What an unauthenticated peer can cost a SASL broker's Kafka listener (broker.frontend, quorum.security.limits),
 as on the quorum's client port (tests/quorum/test_client_port_limits.py): the frame cap before
 authentication, the authentication and TLS handshake deadlines, and the broker's memory under
 connections parking partial frames; authenticated confluent-kafka producers served throughout.
@@ -18,7 +18,7 @@ from confluent_kafka import Producer
 
 from benchmarks.processes import BrokerProcess
 from quorum.localcluster import free_ports
-from security.tls import client_context
+from quorum.security.tls import client_context
 from tests.broker.conftest import MeteredBroker
 from tests.conftest import wait_for
 from tests.quorum.test_client_port_limits import (
@@ -34,7 +34,7 @@ from tests.quorum.test_client_port_limits import (
 )
 from tests.security.conftest import secure_quorum  # noqa: F401 - the fixture, shared with the security suite
 from tests.security.test_broker_auth import ACLS, confluent_config
-from wire import kafka
+from records.wire import kafka
 
 KiB, MiB = 1024, 1024 * 1024
 PARKED_FRAME = 2 * MiB  # far under max_frame_bytes (16 MiB), which was the only bound before authentication

@@ -7,7 +7,7 @@ import os
 from confluent_kafka import Producer
 
 from quorum.localcluster import free_ports
-from telemetry.metrics import read_metrics
+from quorum.telemetry.metrics import read_metrics
 
 
 def produce_and_describe(bootstrap: str, topic: str):

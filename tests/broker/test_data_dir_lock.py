@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from benchmarks.processes import BrokerProcess
-from storage.lock import LOCK_FILE, DirectoryLockedError, lock_directory
+from snapshots.storage.lock import LOCK_FILE, DirectoryLockedError, lock_directory
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXIT_OS = 71

@@ -29,8 +29,8 @@ from kio.serial import entity_reader
 from tests.broker.conftest import MeteredBroker, start_metered
 from tests.conftest import wait_for
 from tests.quorum.test_bad_input import framed, header_v2, raw_conn
-from wire import kafka
-from wire.errors import Errors
+from records.wire import kafka
+from records.wire.errors import Errors
 
 FIND_COORDINATOR = 10
 GROUP, TRANSACTION, SHARE = 0, 1, 2

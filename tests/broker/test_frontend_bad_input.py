@@ -13,12 +13,12 @@ from kio.index import load_request_schema
 
 from benchmarks.processes import BrokerProcess
 from broker.recordbatch import encode_batch
-from client import api as p
-from client.quorum import Connection
+from quorum.client import api as p
+from quorum.client.quorum import Connection
 from quorum.localcluster import LocalCluster
 from tests.quorum.test_bad_input import framed, header_v1, header_v2, raw_conn, read_until_closed
-from wire import kafka
-from wire.errors import Errors
+from records.wire import kafka
+from records.wire.errors import Errors
 
 PRODUCE, FETCH, LIST_OFFSETS, METADATA, INIT_PRODUCER_ID = 0, 1, 2, 3, 22
 

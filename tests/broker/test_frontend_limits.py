@@ -15,15 +15,15 @@ import threading
 import pytest
 
 from broker.frontend import AppendWaiters, ReadAhead
-from client.quorum import Connection
-from telemetry.logs import Throttled
+from quorum.client.quorum import Connection
+from quorum.telemetry.logs import Throttled
 from tests.broker.conftest import MeteredBroker, start_metered
 from tests.broker.test_frontend_bad_input import batch, call, entity, init_pid, produce
 from tests.broker.test_pid_manager import settle
 from tests.conftest import wait_for
 from tests.quorum.test_bad_input import corr_of, framed, header_v1, read_frame, read_until_closed
-from wire import kafka
-from wire.errors import Errors
+from records.wire import kafka
+from records.wire.errors import Errors
 
 PRODUCE, FETCH, METADATA, API_VERSIONS, DESCRIBE_PRODUCERS = 0, 1, 3, 18, 61
 MiB = 1024 * 1024

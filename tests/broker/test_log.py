@@ -11,8 +11,8 @@ import pytest
 from broker import log as logmod
 from broker.log import LOG_START_FILE, OffsetOutOfRangeError, PartitionLog, SegmentFiles, index_name, segment_name
 from broker.recordbatch import decode_all, encode_batch, parse_header
-from storage.disk import CorruptFileError
-from wire.errors import Errors
+from snapshots.storage.disk import CorruptFileError
+from records.wire.errors import Errors
 
 TS = 1_700_000_000_000
 

@@ -17,15 +17,15 @@ from broker.metrics import BROKER_METRICS, broker_families, quota_families
 from broker.pid_manager import PidManagerConfig, ProducerIdManager
 from broker.recordbatch import encode_batch
 from cli.main import cli
-from client import api as p
-from client.quorum import Connection
+from quorum.client import api as p
+from quorum.client.quorum import Connection
 from quorum.localcluster import LocalCluster, free_ports
 from quorum.server import TokenBucket
-from telemetry.metrics import make_registry, read_metrics
+from quorum.telemetry.metrics import make_registry, read_metrics
 from tests.broker.test_pid_manager import FakeQuorum, settle
 from tests.conftest import wait_for
-from wire import kafka
-from wire.errors import CoordinatorLoadInProgressError, Errors
+from records.wire import kafka
+from records.wire.errors import CoordinatorLoadInProgressError, Errors
 
 INIT_PRODUCER_ID, PRODUCE = 22, 0
 

@@ -13,8 +13,8 @@ from broker.partition import EXPIRY_CHECK_MS, AppendResult, Partition
 from broker.producer_state import list_snapshots
 from broker.recordbatch import decode_all, encode_batch
 from broker.storage import InvalidTopicError, Storage, UnknownTopicOrPartitionError, validate_topic_name
-from storage.disk import CorruptFileError
-from wire.errors import Errors
+from snapshots.storage.disk import CorruptFileError
+from records.wire.errors import Errors
 
 TS = 1_700_000_000_000
 DAY = 24 * 3600 * 1000

@@ -34,10 +34,10 @@ from broker.recordbatch import (
     parse_header,
     split_batches,
 )
-from storage.disk import CorruptFileError
+from snapshots.storage.disk import CorruptFileError
 from tests.broker.test_partition import DAY, TS, Clock, InlineExecutor, idem, plain
 from tests.broker.test_producer_state import _forge
-from wire.errors import Errors
+from records.wire.errors import Errors
 
 
 def txn(pid: int, epoch: int, seq: int, n: int = 1, tag: str = "t") -> bytes:

@@ -22,12 +22,12 @@ from broker.pid_binding import (
     encode_frames,
 )
 from broker.recordbatch import decode_all, encode_batch
-from security import acl as a
-from security.acl import AclIndex
-from storage.disk import CorruptFileError, Disk
+from quorum.security import acl as a
+from quorum.security.acl import AclIndex
+from snapshots.storage.disk import CorruptFileError, Disk
 from tests.broker.test_frontend_bad_input import entity
-from wire import kafka
-from wire.errors import Errors, PidQuorumError, ProducerFencedError
+from records.wire import kafka
+from records.wire.errors import Errors, PidQuorumError, ProducerFencedError
 
 ALICE, MALLORY = "User:alice", "User:mallory"
 ACLS = [a.Acl(ALICE, a.CLUSTER, a.CLUSTER_NAME, a.LITERAL, a.IDEMPOTENT_WRITE, a.ALLOW),
@@ -75,7 +75,7 @@ class FakeTxn:
 
     async def verify(self, tid, pid, epoch, topic, partition):
         if self.ids.get(tid, (None, None))[0] != pid:
-            from wire.errors import InvalidProducerIdMappingError
+            from records.wire.errors import InvalidProducerIdMappingError
             raise InvalidProducerIdMappingError(f"transactional id {tid!r} has no producer {pid}")
         if self.ids[tid][1] != epoch:
             raise ProducerFencedError("fenced")

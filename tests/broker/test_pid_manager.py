@@ -18,9 +18,9 @@ import time
 import pytest
 
 from broker.pid_manager import LONG_MAX, PidManagerConfig, ProducerIdManager
-from client.quorum import AllocatedBlock
+from quorum.client.quorum import AllocatedBlock
 from quorum.trail import iter_blocks
-from wire.errors import (
+from records.wire.errors import (
     BrokerIdNotRegisteredError,
     ClusterAuthorizationFailedError,
     CoordinatorLoadInProgressError,

@@ -19,7 +19,7 @@ from kafka.errors import KafkaError
 
 from tests.broker.test_frontend_bad_input import batch, produce
 from tests.broker.test_real_clients import consume_all, describe_producers
-from wire.errors import Errors
+from records.wire.errors import Errors
 
 CAP = 20
 

@@ -24,8 +24,8 @@ from broker.producer_state import (
     snapshot_path,
 )
 from broker.recordbatch import INT32_MAX, BatchHeader, encode_batch, increment_sequence, parse_header
-from storage.disk import CorruptFileError
-from wire.errors import Errors
+from snapshots.storage.disk import CorruptFileError
+from records.wire.errors import Errors
 
 NOW = 1_700_000_000_000
 DAY = 24 * 3600 * 1000

@@ -26,14 +26,14 @@ import pytest
 from benchmarks.processes import child_env
 from broker.config import BrokerConfig
 from broker.frontend import BrokerServer
-from client import api as p
+from quorum.client import api as p
 from tests.broker.conftest import MeteredBroker, start_metered
 from tests.broker.test_frontend_bad_input import call
 from tests.broker.test_real_clients import consume_all, produce_confluent, produce_kafka_python
 from tests.conftest import wait_for
 from tests.quorum.test_bad_input import framed, header_v1, raw_conn, read_frame, read_until_closed
-from wire import kafka
-from wire.errors import Errors
+from records.wire import kafka
+from records.wire.errors import Errors
 
 PRODUCE, FETCH, LIST_OFFSETS, METADATA, FIND_COORDINATOR = 0, 1, 2, 3, 10
 ADD_PARTITIONS_TO_TXN, DESCRIBE_PRODUCERS = 24, 61

@@ -18,7 +18,7 @@ from broker.quota import (
     QuotaWindow,
     read_stats,
 )
-from wire.errors import RequestTimedOutError
+from records.wire.errors import RequestTimedOutError
 
 ROGUE, GOOD, FREE = "User:rogue", "User:good", "User:free"
 

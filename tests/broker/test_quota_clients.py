@@ -25,11 +25,11 @@ from kio.index import load_request_schema
 
 from broker.quota import read_stats
 from cli.main import cli
-from client import api as p
-from client.quorum import Connection
+from quorum.client import api as p
+from quorum.client.quorum import Connection
 from tests.conftest import wait_for
-from wire import kafka
-from wire.errors import Errors
+from records.wire import kafka
+from records.wire.errors import Errors
 
 PRODUCE, INIT_PRODUCER_ID, LIST_OFFSETS = 0, 22, 2
 QUOTA_ARGS = ("--producer-id-quota-window-num", "2", "--producer-id-quota-window-size-s", "1",
@@ -280,8 +280,8 @@ def test_anonymous_rogue_is_throttled_a_producer_reusing_its_pid_is_not(cluster,
 
 
 def test_two_principals_rogue_is_throttled_well_behaved_is_not(cluster, brokers, tmp_path):
-    """With SASL (security/ package): per-principal quotas, same rate for both users."""
-    credentials = pytest.importorskip("security.credentials")
+    """With SASL (quorum/security/ package): per-principal quotas, same rate for both users."""
+    credentials = pytest.importorskip("quorum.security.credentials")
     creds = str(tmp_path / "users")
     credentials.add_user(creds, "rogue", "rogue-secret")
     credentials.add_user(creds, "good", "good-secret")

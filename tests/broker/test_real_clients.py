@@ -22,7 +22,7 @@ from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KTopicPartition
 from kio.index import load_request_schema
 
-from client.quorum import Connection
+from quorum.client.quorum import Connection
 from quorum.trail import iter_blocks
 from tests.conftest import wait_for
 

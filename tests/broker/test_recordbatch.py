@@ -21,7 +21,7 @@ from broker.recordbatch import (
     split_batches,
     with_base_offset,
 )
-from wire.errors import Errors
+from records.wire.errors import Errors
 
 TS = 1_700_000_000_123
 

@@ -12,8 +12,8 @@ import pytest
 import broker.storage as storage_module
 from broker.recordbatch import decode_all, encode_batch
 from broker.storage import MAX_ENTRY_NAME, Storage, UnknownTopicOrPartitionError, topic_stem
-from storage.disk import CorruptFileError, StorageFailure
-from wire.errors import Errors
+from snapshots.storage.disk import CorruptFileError, StorageFailure
+from records.wire.errors import Errors
 
 TS = 1_700_000_000_000
 

@@ -1,5 +1,5 @@
 """ListTransactions (66) and DescribeTransactions (65), KIP-664, against a real broker process and quorum:
-on the wire (``client.broker_admin``, kio's schemas) and through another tool, kafka-python's admin client
+on the wire (``quorum.client.broker_admin``, kio's schemas) and through another tool, kafka-python's admin client
 (``list_transactions`` / ``describe_transactions``, as kafka-transactions.sh sends them)."""
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from kafka.admin import KafkaAdminClient
 from broker.config import BrokerConfig
 from broker.frontend import DESCRIBE_TRANSACTIONS, LIST_TRANSACTIONS, BrokerServer
 from broker.txn_coordinator import TxnCoordinator
-from client.broker_admin import BrokerAdmin
-from security import acl as a
+from quorum.client.broker_admin import BrokerAdmin
+from quorum.security import acl as a
 from tests.broker.test_pid_binding import AclIndexCache
 from tests.conftest import wait_for
-from wire import kafka
-from wire.errors import Errors, InvalidTxnStateError, RequestTimedOutError
+from records.wire import kafka
+from records.wire.errors import Errors, InvalidTxnStateError, RequestTimedOutError
 
 PARTITIONS = 2
 

@@ -10,7 +10,7 @@ import pytest
 from broker.txn_coordinator import TxnCoordinator
 from quorum.managers import QuorumState, txn_json
 from records import TransactionRequest
-from wire.errors import ConcurrentTransactionsError, InvalidTxnStateError
+from records.wire.errors import ConcurrentTransactionsError, InvalidTxnStateError
 
 NOW = 1_700_000_000_000
 

@@ -13,8 +13,8 @@ import asyncio
 
 import pytest
 
-from client.quorum import QuorumClient
-from wire.errors import InvalidTxnStateError
+from quorum.client.quorum import QuorumClient
+from records.wire.errors import InvalidTxnStateError
 
 from .test_transactions import PARTITIONS, end_offsets, read, send, txn_producer, values
 

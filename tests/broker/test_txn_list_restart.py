@@ -12,7 +12,7 @@ from kafka.admin import KafkaAdminClient
 from broker import txn_coordinator
 from cli.common import EXIT_OK
 from cli.main import cli
-from client.quorum import QuorumClient
+from quorum.client.quorum import QuorumClient
 from tests.conftest import wait_for
 
 from .test_txn_admin import admin_call, send, txn_producer

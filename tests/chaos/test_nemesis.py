@@ -28,12 +28,12 @@ from chaos.nemesis import (
     RollingRestart,
     SlowDisk,
 )
-from client.quorum import QuorumClient, RetryPolicy
+from quorum.client.quorum import QuorumClient, RetryPolicy
 from quorum.journal import DurableJournal
 from quorum.localcluster import LocalCluster
 from tests.conftest import run, wait_for
 from tests.quorum.test_cluster import assert_disjoint
-from wire.errors import PidQuorumError
+from records.wire.errors import PidQuorumError
 
 
 @pytest.fixture

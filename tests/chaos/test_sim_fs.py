@@ -1,4 +1,4 @@
-"""The simulated file system (chaos/sim/fs.py) and the production ``storage.disk.Disk`` over it (``SimDisk``):
+"""The simulated file system (chaos/sim/fs.py) and the production ``snapshots.storage.disk.Disk`` over it (``SimDisk``):
 the system calls of Disk's write discipline in order, every crash state at each of them, the POSIX crash
 semantics the simulator relies on, and the simulation and the crash-state explorer finding a Disk that drops
 the directory fsync after its rename (tests/support/disk_defects.py), and nothing without it."""
@@ -18,7 +18,7 @@ from chaos.sim.fs import SimFS
 from cli.main import cli
 from quorum.journal import DurableJournal
 from snapshots.store import SnapshotStore
-from storage.disk import StorageFailure
+from snapshots.storage.disk import StorageFailure
 from tests.support.disk_defects import dir_fsync_dropped_after_rename
 
 

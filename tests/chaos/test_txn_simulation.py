@@ -21,7 +21,7 @@ from chaos.sim.txn_checker import TxnChecker
 from chaos.sim.txn_log import ModelPartition
 from cli.main import cli
 from tests.support.defects import SWITCHES
-from wire.errors import Errors
+from records.wire.errors import Errors
 
 STEPS = 8000
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -16,10 +16,10 @@ from click.testing import CliRunner
 
 from cli.common import EXIT_OK, EXIT_REFUSED
 from cli.main import cli
-from client.quorum import QuorumClient, RetryPolicy
+from quorum.client.quorum import QuorumClient, RetryPolicy
 from quorum.localcluster import LocalCluster
 from quorum.trail import iter_blocks
-from security import acl as a
+from quorum.security import acl as a
 from tests.conftest import wait_for
 from tests.security.conftest import secure_quorum  # noqa: F401 - the SASL_SSL quorum fixture
 

@@ -9,7 +9,7 @@ import click
 import cli.common as common
 import cli.main as main
 from broker import run as broker_run
-from storage import disk
+from snapshots.storage import disk
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -21,14 +21,14 @@ from kafka import TopicPartition as KTopicPartition
 from benchmarks.processes import BrokerProcess
 from broker.recordbatch import encode_batch
 from chaos.txn_read import RawBroker
-from client.broker_admin import BrokerAdmin, BrokerRefused
+from quorum.client.broker_admin import BrokerAdmin, BrokerRefused
 from cli.common import EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE
 from cli.main import cli
 from quorum.localcluster import free_ports
 from tests.broker.test_frontend_bad_input import entity
 from tests.conftest import wait_for
-from wire import kafka
-from wire.errors import Errors
+from records.wire import kafka
+from records.wire.errors import Errors
 
 PARTITIONS = 3
 PRODUCE, END_TXN = 0, 26

@@ -1,4 +1,4 @@
-"""client.leader.pick_leader (which DescribeState answers name a leader) and QuorumClient.find_leader
+"""quorum.client.leader.pick_leader (which DescribeState answers name a leader) and QuorumClient.find_leader
 (asking every node, again until a deadline), against scripted answers."""
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from client.leader import pick_leader
-from client.quorum import ConnectionFailed, QuorumClient, RetryPolicy
-from wire.errors import NotControllerError
+from quorum.client.leader import pick_leader
+from quorum.client.quorum import ConnectionFailed, QuorumClient, RetryPolicy
+from records.wire.errors import NotControllerError
 
 
 def node(self: str, state: str, term: int, leader: str | None = None) -> dict:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from client.quorum import QuorumClient
-from client.retry import RetryPolicy
+from quorum.client.quorum import QuorumClient
+from quorum.client.retry import RetryPolicy
 from tests.conftest import run
 
 

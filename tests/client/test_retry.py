@@ -1,4 +1,4 @@
-"""client.retry: the one retry policy (delays, cap, jitter, deadline, tries, determinism) and the
+"""quorum.client.retry: the one retry policy (delays, cap, jitter, deadline, tries, determinism) and the
 QuorumClient's use of it."""
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from client.quorum import QuorumClient
-from client.quorum import RetryPolicy as ReExported
-from client.retry import FORWARD_POLICY, Backoff, RetryPolicy, result_within
-from wire.errors import RequestTimedOutError
+from quorum.client.quorum import QuorumClient
+from quorum.client.quorum import RetryPolicy as ReExported
+from quorum.client.retry import FORWARD_POLICY, Backoff, RetryPolicy, result_within
+from records.wire.errors import RequestTimedOutError
 
 
 class FakeClock:

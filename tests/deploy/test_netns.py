@@ -2,7 +2,7 @@
 network namespaces on one machine, each with its own address on a bridge, one node in each.
 
 Needs root (namespaces, veth pairs) and iproute2's ``ip`` (installed with apt-get when
-missing, by ``provision.apt``); skipped with the reason otherwise.  Only the namespaces and links this test made are removed afterwards.
+missing, by ``benchmarks.provision``); skipped with the reason otherwise.  Only the namespaces and links this test made are removed afterwards.
 """
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from client.quorum import QuorumClient, RetryPolicy
-from provision.apt import AptUnavailable, ensure_installed
+from quorum.client.quorum import QuorumClient, RetryPolicy
+from benchmarks.provision import AptUnavailable, ensure_installed
 from quorum.config import load
 from tests.conftest import run, wait_for
 

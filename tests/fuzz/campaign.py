@@ -48,11 +48,11 @@ from collections import Counter, defaultdict
 
 from benchmarks.common import log
 from benchmarks.processes import BrokerProcess
-from client.quorum import Connection, QuorumClient, RetryPolicy
+from quorum.client.quorum import Connection, QuorumClient, RetryPolicy
 from quorum.localcluster import LocalCluster
 from tests.fuzz import inputs as F
 from tests.fuzz import servers as S
-from wire import kafka
+from records.wire import kafka
 
 BATCH = 200
 TARGETS = ("quorum-requests", "broker-requests", "msgpack-requests", "records", "record-bytes") + tuple(

@@ -3,12 +3,12 @@
 Everything is derived from the servers' own tables, so an API, version or
 record type added later is fuzzed without touching this file:
 
-* Kafka requests: every (API key, version) in ``client.api.SUPPORTED`` and
+* Kafka requests: every (API key, version) in ``quorum.client.api.SUPPORTED`` and
   ``broker.frontend.SUPPORTED``, built from kio's request schemas (field types
   from kio's ``kafka_type`` metadata; nested entities, arrays, nullables and
   tagged fields included).
 * msgpack APIs: DescribeState maps and every record RPC request class in
-  ``client.api.RPC_RESPONSES``.
+  ``quorum.client.api.RPC_RESPONSES``.
 * Records: every spec in ``records.schema.RECORDS + PAYLOADS``.
 
 Values are drawn from a *source*: ``RandomSource`` (a seeded ``random.Random``,
@@ -38,13 +38,13 @@ from kio.index import load_request_schema
 from kio.serial import entity_writer
 from kio.static.primitive import i16, i32
 
-from client import api as p
+from quorum.client import api as p
 from quorum.rpcs import RPCS, SERVER_API
 from records import schema as rschema
 from records.codec import CLASSES, Record, RecordError, decode, decode_batch, from_json_dict, from_obj, to_obj
-from wire import kafka
-from wire.bounds import unwrap_optional
-from wire.errors import Errors
+from records.wire import kafka
+from records.wire.bounds import unwrap_optional
+from records.wire.errors import Errors
 
 # ------------------------------------------------------- hypothesis settings
 
@@ -247,7 +247,7 @@ def header_size(api_key: int, version: int, frame: bytes) -> int:
         cls = load_request_schema(api_key, version)
     except Exception:  # noqa: BLE001 - not a kio API (msgpack APIs, bogus keys)
         return min(len(frame), 8)
-    from wire.bounds import FrameBoundsError, _Cursor, _tagged
+    from records.wire.bounds import FrameBoundsError, _Cursor, _tagged
 
     cur = _Cursor(frame, 8)
     try:
@@ -841,7 +841,7 @@ def check_file_decoder(kind: str, data: bytes, original: bytes | None, workdir: 
     import os
 
     from chaos.history import HistoryError
-    from storage.disk import CorruptFileError
+    from snapshots.storage.disk import CorruptFileError
 
     path = os.path.join(workdir, {"journal": "raft.journal", "meta": "raft.journal.meta",
                                   "checkpoint": "audit.log.checkpoint", "audit": "audit.log"}.get(kind, kind))
@@ -913,7 +913,7 @@ def _read_file(kind: str, path: str, workdir: str) -> Any:
         return (snap.records, snap.last_entry, snap.prev_entry, snap.cluster, snap.meta)
     if kind in ("journal", "meta"):
         from quorum.journal import DurableJournal
-        from storage.disk import Disk
+        from snapshots.storage.disk import Disk
 
         j = DurableJournal(os.path.join(workdir, "raft.journal"), Disk())
         try:

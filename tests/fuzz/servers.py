@@ -22,9 +22,9 @@ from collections import Counter
 from typing import Any
 
 from broker.kafkaio import ms as kafka_ms
-from client import api as p
+from quorum.client import api as p
 from tests.fuzz import inputs as F
-from wire import kafka
+from records.wire import kafka
 
 IO_TIMEOUT = 10.0
 

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from quorum.trail import AuditWriter, _frame, read_audit, read_checkpoint
 from records import AllocateProducerIdsRecord, AuditEntry, AuditGap
 from records.codec import to_obj
-from storage.disk import CorruptFileError
+from snapshots.storage.disk import CorruptFileError
 from tests.fuzz import inputs as F
 
 pytestmark = pytest.mark.usefixtures("memory_bound")

@@ -20,11 +20,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client import api as p
+from quorum.client import api as p
 from quorum.rpcs import SERVER_API
 from tests.fuzz import inputs as F
-from wire import kafka
-from wire.errors import Errors
+from records.wire import kafka
+from records.wire.errors import Errors
 
 pytestmark = pytest.mark.usefixtures("memory_bound")
 SERVERS = ("quorum", "broker")

@@ -13,13 +13,13 @@ import asyncio
 import random
 import struct
 
-from client import api as p
-from client.quorum import Connection, QuorumClient, RetryPolicy
+from quorum.client import api as p
+from quorum.client.quorum import Connection, QuorumClient, RetryPolicy
 from tests.conftest import run, wait_for
 from tests.fuzz import inputs as F
 from tests.fuzz import servers as S
-from wire import kafka
-from wire.errors import Errors
+from records.wire import kafka
+from records.wire.errors import Errors
 
 CONTROL_BROKER = 4242
 

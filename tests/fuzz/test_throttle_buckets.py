@@ -7,7 +7,7 @@ import types
 
 from quorum.config import NodeConfig
 from quorum.server import BUCKET_PRUNE_AT, QuorumServer
-from wire.errors import ThrottlingQuotaExceededError
+from records.wire.errors import ThrottlingQuotaExceededError
 
 
 def _server(rate: float = 1000.0, burst: int = 2000) -> QuorumServer:

@@ -21,7 +21,7 @@ first time a test asks for it)
 
 Installing: right after collection (outside test timeouts) when a collected
 test needs ``zookeeper``, Debian's zookeeper package is installed if it or java
-is missing (``benchmarks.zookeeper.ensure_installed``, i.e. ``provision.apt``:
+is missing (``benchmarks.zookeeper.ensure_installed``, i.e. ``benchmarks.provision``:
 apt-get, serialized with flock so that the other xdist workers wait and find
 it installed). If ZooKeeper can't be installed (no root and no passwordless
 sudo, no package index reachable) the tests are skipped with the reason, or
@@ -42,7 +42,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from benchmarks import zookeeper as zk
-from provision.apt import AptUnavailable
+from benchmarks.provision import AptUnavailable
 from quorum.localcluster import free_ports
 
 START_TIMEOUT = 60.0

@@ -13,14 +13,14 @@ import time
 
 import pytest
 
-from client.quorum import QuorumClient, RetryPolicy
-from migration.zk import LegacyAllocator, connect, read_block
+from quorum.client.quorum import QuorumClient, RetryPolicy
+from quorum.migration.zk import LegacyAllocator, connect, read_block
 from quorum.localcluster import LocalCluster
 from quorum.managers import BRIDGE, FINALIZED, ROLLED_BACK, QuorumState
 from quorum.trail import iter_blocks
 from records import AllocateProducerIdsRecord, BridgeReservationRecord, MigrationStateRecord
 from tests.conftest import run
-from wire.errors import PidQuorumError
+from records.wire.errors import PidQuorumError
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NOW = 1_700_000_000_000

@@ -23,7 +23,7 @@ import click
 import pytest
 
 from cli.main import cli
-from migration.zk import LegacyAllocator, ZkBlock, parse_block, read_block
+from quorum.migration.zk import LegacyAllocator, ZkBlock, parse_block, read_block
 from quorum.localcluster import LocalCluster
 from quorum.trail import iter_blocks
 from tests.conftest import ClusterHarness, wait_for

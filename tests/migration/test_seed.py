@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from client.quorum import QuorumClient, RetryPolicy
+from quorum.client.quorum import QuorumClient, RetryPolicy
 from quorum.localcluster import LocalCluster
 from quorum.trail import read_audit
 from tests.conftest import run
@@ -133,7 +133,7 @@ def test_a_seed_below_what_the_quorum_issued_before_it_is_refused(fresh_quorum, 
 
 def test_the_leader_refuses_an_overlapping_seed_without_the_cli_preflight(fresh_quorum):
     # An older pidctl (or another client) sends the seed straight away: the leader's state decides.
-    from wire.errors import InvalidRequestError
+    from records.wire.errors import InvalidRequestError
 
     first_block(fresh_quorum)
 

@@ -1,4 +1,4 @@
-"""migration.zk against a real ZooKeeper (see conftest.py): parsing, reading, Kafka's
+"""quorum.migration.zk against a real ZooKeeper (see conftest.py): parsing, reading, Kafka's
 ZooKeeper-mode allocation loop with unknown outcomes, rollback placeholders, bridge reservations."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from kazoo.client import KazooClient
 
 from quorum.localcluster import free_ports
 
-from migration.zk import (
+from quorum.migration.zk import (
     LONG_MAX,
     ZK_BLOCK_PATH,
     LegacyAllocator,

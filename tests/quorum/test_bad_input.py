@@ -23,12 +23,12 @@ import msgpack
 import pytest
 from kio.schema.envelope.v0.request import EnvelopeRequest
 
-from client import api as p
-from client.quorum import Connection, QuorumClient, RetryPolicy
+from quorum.client import api as p
+from quorum.client.quorum import Connection, QuorumClient, RetryPolicy
 from quorum.localcluster import LocalCluster
 from tests.conftest import ClusterHarness, run, wait_for
-from wire import kafka
-from wire.errors import Errors, InvalidRequestError, StaleBrokerEpochError
+from records.wire import kafka
+from records.wire.errors import Errors, InvalidRequestError, StaleBrokerEpochError
 
 MAX_FRAME = 1024 * 1024  # NodeConfig.max_frame_bytes default; LocalCluster does not change it
 IO_TIMEOUT = 5.0
@@ -699,7 +699,7 @@ def test_unknown_tagged_field_is_answered(qcluster, where):
 #
 # kio's native reader sizes an array from its wire length before reading any
 # element; a 40-byte frame claiming 2**32 - 2 listeners made it allocate
-# 32 GiB and abort the node.  wire/bounds.py bounds every length first.
+# 32 GiB and abort the node.  records/wire/bounds.py bounds every length first.
 
 
 @pytest.mark.parametrize("version", [0, 4])

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from quorum.trail import AuditWriter, iter_blocks, merge_histories, read_block_page
-from storage.disk import CorruptFileError
+from snapshots.storage.disk import CorruptFileError
 
 from .test_trail import alloc, flip, frame_offsets, ok, reg, refused
 

@@ -16,8 +16,8 @@ from click.testing import CliRunner
 from broker.pid_manager import PidManagerConfig, ProducerIdManager
 from cli.common import EXIT_REFUSED
 from cli.main import cli
-from client import api as p
-from client.quorum import QuorumClient, RetryPolicy
+from quorum.client import api as p
+from quorum.client.quorum import QuorumClient, RetryPolicy
 from quorum.managers import (
     DEFAULT_BROKER_SESSION_TIMEOUT_MS,
     DuplicateBrokerRegistrationError,
@@ -27,7 +27,7 @@ from quorum.managers import (
 from quorum.rpcs import RPCS, Context
 from records import RegisterBrokerRecord, UnfenceBrokerRecord
 from tests.conftest import cluster_harness, run, wait_for
-from wire.errors import PidQuorumError, StaleBrokerEpochError
+from records.wire.errors import PidQuorumError, StaleBrokerEpochError
 
 T = 1_700_000_000_000  # ms: the leader's clock when broker 1 registers
 TIMEOUT = DEFAULT_BROKER_SESSION_TIMEOUT_MS

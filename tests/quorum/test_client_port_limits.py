@@ -1,4 +1,4 @@
-"""What an unauthenticated peer can cost a SASL_SSL quorum's client port (quorum.server, security.limits):
+"""What an unauthenticated peer can cost a SASL_SSL quorum's client port (quorum.server, quorum.security.limits):
 connection caps, the TLS handshake and authentication deadlines, the frame cap before authentication,
 and the node's memory under connections parking partial frames; authenticated clients served throughout.
 
@@ -21,15 +21,15 @@ import time
 import pytest
 
 from benchmarks.pki import make_pki
-from client.quorum import QuorumClient, RetryPolicy
+from quorum.client.quorum import QuorumClient, RetryPolicy
 from quorum.localcluster import LocalCluster
-from security import credentials
-from security.client import ClientSecurity
-from security.tls import client_context
-from telemetry.metrics import read_metrics
+from quorum.security import credentials
+from quorum.security.client import ClientSecurity
+from quorum.security.tls import client_context
+from quorum.telemetry.metrics import read_metrics
 from tests.conftest import wait_for
 from tests.security.conftest import PASSWORDS
-from wire import kafka
+from records.wire import kafka
 
 KiB, MiB = 1024, 1024 * 1024
 PREAUTH_FRAME = 64 * KiB  # max_unauthenticated_frame_bytes (the default) in every node below
@@ -399,7 +399,7 @@ def test_connections_parking_partial_frames_cost_at_most_the_unauthenticated_cap
 
 # ------------------------------------------------------------------------------------ ByteBudget
 def test_the_byte_budget_holds_the_reader_while_unanswered_requests_fill_it():
-    from security.limits import ByteBudget
+    from quorum.security.limits import ByteBudget
 
     async def go():
         pauses = []

@@ -10,7 +10,7 @@ from quorum.client_quotas import PRODUCER_IDS_RATE, parse_user
 from quorum.managers import QuorumState
 from records import ClientQuotaRecord, decode_batch, encode_batch
 from tests.conftest import run, wait_for
-from wire.errors import InvalidRequestError, InvariantViolation
+from records.wire.errors import InvalidRequestError, InvariantViolation
 
 NOW = 1_700_000_000_000
 RATE = PRODUCER_IDS_RATE
@@ -165,7 +165,7 @@ def test_alter_and_describe_through_the_quorum_survive_a_snapshot_and_restart(cl
 def test_a_read_through_a_follower_sees_the_change_answered_just_before(cluster):
     """A follower learns a commit a few milliseconds after the leader answered it: quota and ACL reads are the
     leader's (a follower forwards them), so a client that changed something reads its change anywhere."""
-    from client.quorum import QuorumClient, RetryPolicy
+    from quorum.client.quorum import QuorumClient, RetryPolicy
 
     leader = cluster.leader()
     follower = next(n.client_address for n in cluster.lc.nodes() if n.node_id != leader)

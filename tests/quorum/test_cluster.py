@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from client.quorum import QuorumClient, RetryPolicy
+from quorum.client.quorum import QuorumClient, RetryPolicy
 from quorum import localcluster
 from quorum.localcluster import ClusterError, LocalCluster
 from tests.conftest import run, wait_for

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from quorum.localcluster import LocalCluster
-from storage.disk import EXIT_UNAVAILABLE
+from snapshots.storage.disk import EXIT_UNAVAILABLE
 
 
 def test_a_second_node_on_a_held_data_directory_is_refused(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 
 from chaos.sim.disk import LossPolicy, NodeHalted
 from quorum.raft import ProposalUnknown
-from storage.disk import EXIT_DIVERGED, EXIT_STORAGE
+from snapshots.storage.disk import EXIT_DIVERGED, EXIT_STORAGE
 from tests.support.inproc import DATA, SimCluster, stop_at
 
 
@@ -143,7 +143,7 @@ def test_short_writes_are_continued_and_a_failed_write_never_repeats_bytes(tmp_p
     """Defect 3: a partial os.write was followed by writing the whole buffer again (duplicate bytes).
     ``AppendFile.write`` continues where a short write stopped; an error is fail-stop."""
     from quorum.journal import DurableJournal
-    from storage.disk import Disk, StorageFailure
+    from snapshots.storage.disk import Disk, StorageFailure
 
     calls = []
     real_write = os.write
@@ -175,7 +175,7 @@ def test_short_writes_are_continued_and_a_failed_write_never_repeats_bytes(tmp_p
 
 def test_failed_fdatasync_is_fail_stop_and_the_entries_do_not_count_as_durable(tmp_path, monkeypatch):
     from quorum.journal import DurableJournal
-    from storage.disk import Disk, StorageFailure
+    from snapshots.storage.disk import Disk, StorageFailure
 
     stops = []
     j = DurableJournal(str(tmp_path / "raft.journal"), Disk(failstop=lambda code, msg: stops.append(code)))

@@ -6,7 +6,7 @@ import logging
 import pytest
 
 from quorum.identity import IDENTITY_FILE, Hello, IdentityError, NodeIdentity, Verdict, derived_cluster_id
-from storage.disk import CorruptFileError
+from snapshots.storage.disk import CorruptFileError
 
 ADDR = "10.0.0.3:9093"
 

@@ -24,7 +24,7 @@ from quorum.journal import (
     written_length,
 )
 from quorum.raft import loss_evidence
-from storage.disk import CorruptFileError, Disk, StorageFailure
+from snapshots.storage.disk import CorruptFileError, Disk, StorageFailure
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""telemetry.logs: JSON and human lines with identity, term and request correlation ids."""
+"""quorum.telemetry.logs: JSON and human lines with identity, term and request correlation ids."""
 from __future__ import annotations
 
 import asyncio
@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from telemetry import logs
+from quorum.telemetry import logs
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import threading
 from quorum.looppoller import ERROR, READ, WRITE, LoopPoller
 from quorum.raft import FOLLOWER_APPLY_S
 from records import encode_batch
-from storage.disk import EXIT_SOFTWARE
+from snapshots.storage.disk import EXIT_SOFTWARE
 from tests.support.inproc import STEADY, SimCluster
 from tests.support.loop import passes
 
@@ -182,7 +182,7 @@ def test_a_leaders_proposal_on_its_loop_is_appended_sent_and_synced_at_once_with
 def test_the_proposer_answers_its_requests_inside_the_tick_that_applies_their_entry():
     """A request's future is settled where its entry is applied, not a pass of the loop later by the
     proposer's coroutine: the waiting handler resumes in the next pass."""
-    from client import api as p
+    from quorum.client import api as p
     from quorum.rpcs import RPCS
     from quorum.service import Proposal, Proposer
 
@@ -375,7 +375,7 @@ def serve_five_allocations(leader, on_answer_written) -> list:
     """Serve the client port on ``leader``'s loop (the real ``QuorumServer``) while a client registers a broker
     and allocates five blocks; ``on_answer_written()`` runs whenever an answer leaves for the client's socket
     (``InOrder._flush`` wrote one).  Returns the blocks."""
-    from client.quorum import QuorumClient, RetryPolicy
+    from quorum.client.quorum import QuorumClient, RetryPolicy
     from quorum.server import InOrder, QuorumServer
 
     original_flush = InOrder._flush

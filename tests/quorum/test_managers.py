@@ -27,7 +27,7 @@ from records import (
     UnregisterBrokerRecord,
 )
 from records.schema import LONG_MAX
-from wire.errors import (
+from records.wire.errors import (
     Errors,
     InvalidRequestError,
     InvariantViolation,

@@ -9,8 +9,8 @@ import shutil
 from click.testing import CliRunner
 
 from cli.main import cli
-from client.leader import pick_leader
-from client.quorum import QuorumClient, RetryPolicy
+from quorum.client.leader import pick_leader
+from quorum.client.quorum import QuorumClient, RetryPolicy
 from quorum.identity import EXIT_IDENTITY_REFUSED
 from tests.conftest import run, wait_for
 
@@ -158,7 +158,7 @@ def test_identities_survive_a_graceful_restart_of_every_node(cluster):
     """A clean stop is not a membership change: every node keeps what it learnt of its peers, so a node
     wiped while the whole cluster was down is still refused when they all come back."""
     from quorum.identity import PEERS_FILE, NodeIdentity
-    from storage.disk import Disk
+    from snapshots.storage.disk import Disk
 
     lc = cluster.lc
     allocate(lc.client_addresses(), 3)

@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from quorum.localcluster import free_ports
 from quorum.metrics import QUORUM_METRICS, quorum_families
 from quorum.stats import OTHER_BROKERS, AllocationCounts, Histogram
-from telemetry.metrics import MetricsEndpoint, MetricsUnavailable, make_registry, on_loop, read_metrics, serve_metrics
+from quorum.telemetry.metrics import MetricsEndpoint, MetricsUnavailable, make_registry, on_loop, read_metrics, serve_metrics
 
 
 def test_histogram_counts_cumulative_buckets_and_quantiles():

@@ -5,7 +5,7 @@ import pytest
 
 from quorum.managers import QuorumState
 from records import LONG_MAX, ProducerIdCursorRecord, ProducerIdSeedRecord
-from wire.errors import InvalidRequestError, InvariantViolation
+from records.wire.errors import InvalidRequestError, InvariantViolation
 
 NOW = 1_700_000_000_000
 

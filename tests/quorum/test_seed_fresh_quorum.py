@@ -14,7 +14,7 @@ from records import (
     decode_batch,
     encode_batch,
 )
-from wire.errors import InvalidRequestError, InvariantViolation
+from records.wire.errors import InvalidRequestError, InvariantViolation
 
 NOW = 1_700_000_000_000
 

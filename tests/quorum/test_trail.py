@@ -18,7 +18,7 @@ from records import (
     RegisterBrokerRecord,
 )
 from records.codec import to_obj
-from storage.disk import CorruptFileError
+from snapshots.storage.disk import CorruptFileError
 
 TS = 1_700_000_000_000
 

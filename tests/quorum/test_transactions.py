@@ -5,7 +5,7 @@ import pytest
 
 from quorum.managers import EPOCH_EXHAUSTED, QuorumState, TxnSettings
 from records import AllocateProducerIdsRecord, RemoveTransactionalIdRecord, TransactionalIdRecord
-from wire.errors import (
+from records.wire.errors import (
     InvalidRequestError,
     InvalidTransactionTimeoutError,
     InvariantViolation,

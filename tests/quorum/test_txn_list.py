@@ -8,12 +8,12 @@ import time
 
 import pytest
 
-from client import api as p
+from quorum.client import api as p
 from quorum.managers import LIST_PAGE_CHARS, QuorumState
 from quorum.rpcs import RPCS
 from records import RemoveTransactionalIdRecord, TransactionRequest, TransactionResponse
-from wire import kafka
-from wire.errors import InvalidRequestError
+from records.wire import kafka
+from records.wire.errors import InvalidRequestError
 
 from .test_transactions import NOW, init
 from .test_txn_state import begin, step

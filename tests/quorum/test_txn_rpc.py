@@ -12,10 +12,10 @@ import struct
 import msgpack
 import pytest
 
-from client import api as p
-from client.quorum import QuorumClient, RetryPolicy
+from quorum.client import api as p
+from quorum.client.quorum import QuorumClient, RetryPolicy
 from tests.conftest import run
-from wire.errors import (
+from records.wire.errors import (
     Errors,
     InvalidRequestError,
     InvalidTransactionTimeoutError,

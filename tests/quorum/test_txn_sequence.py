@@ -13,7 +13,7 @@ import pytest
 
 from quorum.managers import QuorumState
 from records import RemoveTransactionalIdRecord
-from wire.errors import ConcurrentTransactionsError, InvalidRequestError, InvalidTxnStateError, ProducerFencedError
+from records.wire.errors import ConcurrentTransactionsError, InvalidRequestError, InvalidTxnStateError, ProducerFencedError
 
 from .test_transactions import DAY, NOW, init
 

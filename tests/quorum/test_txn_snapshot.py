@@ -6,7 +6,7 @@ import pytest
 
 from quorum.managers import QuorumState
 from records import TransactionalIdRecord, TransactionStateRecord
-from wire.errors import InvariantViolation
+from records.wire.errors import InvariantViolation
 
 NOW = 1_700_000_000_000
 

@@ -8,7 +8,7 @@ import pytest
 
 from quorum.managers import QuorumState, TxnSettings
 from records import TransactionalIdRecord, TransactionStateRecord
-from wire.errors import (
+from records.wire.errors import (
     ConcurrentTransactionsError,
     InvalidProducerIdMappingError,
     InvalidRequestError,

@@ -7,10 +7,10 @@ import os
 import pytest
 
 from benchmarks.pki import make_pki
-from client.quorum import QuorumClient, RetryPolicy
+from quorum.client.quorum import QuorumClient, RetryPolicy
 from quorum.localcluster import LocalCluster
-from security import credentials
-from security.client import ClientSecurity
+from quorum.security import credentials
+from quorum.security.client import ClientSecurity
 
 PASSWORDS = {"admin": "admin-pw", "broker": "broker-pw", "alice": "alice-pw", "bob": "bob-pw"}
 

@@ -5,7 +5,7 @@ import pytest
 
 from quorum.managers import AclManager, QuorumState
 from records import AclRecord, RemoveAclRecord
-from security.acl import (
+from quorum.security.acl import (
     ALL,
     ALLOW,
     ALTER,
@@ -23,7 +23,7 @@ from security.acl import (
     AclError,
     authorize,
 )
-from wire.errors import InvalidRequestError
+from records.wire.errors import InvalidRequestError
 
 ALICE, BOB = "User:alice", "User:bob"
 
@@ -148,7 +148,7 @@ def test_index_gives_the_same_answers_as_the_list():
     acls = [tx(ALICE, "orders"), tx(ALICE, "pay-", pattern=PREFIXED), tx("User:*", "shared"),
             tx("User:*", "secret-", perm=DENY, pattern=PREFIXED), tx(BOB, "*"), cl(ALICE, IDEMPOTENT_WRITE),
             cl("User:*", CLUSTER_ACTION, DENY), cl(BOB, ALL)]
-    from security.acl import AclIndex
+    from quorum.security.acl import AclIndex
     index = AclIndex(acls)
     for principal, (rtype, name), op in itertools.product(
             [ALICE, BOB, "User:carol", "User:*"],
@@ -170,7 +170,7 @@ def test_manager_index_follows_replay():
 
 
 def test_topic_entries_and_implied_describe():
-    from security.acl import READ, TOPIC
+    from quorum.security.acl import READ, TOPIC
     acls = [Acl(ALICE, TOPIC, "orders-", PREFIXED, WRITE, ALLOW), Acl(BOB, TOPIC, "*", LITERAL, READ, ALLOW),
             Acl(BOB, TOPIC, "secret", LITERAL, DESCRIBE, DENY)]
     for acl in acls:

@@ -17,8 +17,8 @@ from kafka import KafkaProducer
 from kafka import errors as kerrors
 
 from benchmarks.processes import BrokerProcess, BrokerStartError
-from client import api as p
-from security.acl import (
+from quorum.client import api as p
+from quorum.security.acl import (
     ALLOW,
     CLUSTER,
     CLUSTER_ACTION,
@@ -33,7 +33,7 @@ from security.acl import (
 )
 from tests.conftest import wait_for
 from tests.security.conftest import PASSWORDS, read_partition
-from wire import kafka
+from records.wire import kafka
 
 ACLS = [Acl("User:broker", CLUSTER, CLUSTER_NAME, LITERAL, CLUSTER_ACTION, ALLOW),
         Acl("User:alice", CLUSTER, CLUSTER_NAME, LITERAL, IDEMPOTENT_WRITE, ALLOW),

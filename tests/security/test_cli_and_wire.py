@@ -9,11 +9,11 @@ from click.testing import CliRunner
 from kio.index import load_request_schema
 
 from cli.main import cli
-from client import api as p
-from security import credentials
-from security.sasl import SASL_API, SASL_NAMES, SASL_SUPPORTED
-from wire import kafka
-from wire.bounds import FrameBoundsError, check_request
+from quorum.client import api as p
+from quorum.security import credentials
+from quorum.security.sasl import SASL_API, SASL_NAMES, SASL_SUPPORTED
+from records.wire import kafka
+from records.wire.bounds import FrameBoundsError, check_request
 
 
 def invoke(*args, input=None):

@@ -7,8 +7,8 @@ import stat
 
 import pytest
 
-from security import credentials as c
-from security.mechanisms import AuthenticationFailed, PlainServer, ScramClient, ScramServer
+from quorum.security import credentials as c
+from quorum.security.mechanisms import AuthenticationFailed, PlainServer, ScramClient, ScramServer
 
 
 @pytest.fixture

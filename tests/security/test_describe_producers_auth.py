@@ -14,8 +14,8 @@ import json
 import pytest
 
 from benchmarks.processes import BrokerProcess
-from client.quorum import Connection
-from security.acl import (
+from quorum.client.quorum import Connection
+from quorum.security.acl import (
     ALLOW,
     CLUSTER,
     CLUSTER_ACTION,
@@ -28,13 +28,13 @@ from security.acl import (
     WRITE,
     Acl,
 )
-from security.client import ClientSecurity
+from quorum.security.client import ClientSecurity
 from tests.broker.test_frontend_bad_input import batch, entity
 from tests.conftest import wait_for
 from tests.security.conftest import PASSWORDS
 from tests.security.test_quorum_auth import pidctl
-from wire import kafka
-from wire.errors import Errors
+from records.wire import kafka
+from records.wire.errors import Errors
 
 PRODUCE, INIT_PRODUCER_ID, DESCRIBE_PRODUCERS = 0, 22, 61
 ACLS = [Acl("User:broker", CLUSTER, CLUSTER_NAME, LITERAL, CLUSTER_ACTION, ALLOW),

@@ -18,8 +18,8 @@ from confluent_kafka import KafkaError, Producer
 
 from benchmarks.processes import BrokerProcess
 from broker.recordbatch import encode_batch
-from client.quorum import Connection
-from security.acl import (
+from quorum.client.quorum import Connection
+from quorum.security.acl import (
     ALLOW,
     CLUSTER,
     CLUSTER_ACTION,
@@ -32,12 +32,12 @@ from security.acl import (
     WRITE,
     Acl,
 )
-from security.client import ClientSecurity
+from quorum.security.client import ClientSecurity
 from tests.broker.test_frontend_bad_input import entity
 from tests.conftest import wait_for
 from tests.security.conftest import PASSWORDS, read_partition
-from wire import kafka
-from wire.errors import Errors
+from records.wire import kafka
+from records.wire.errors import Errors
 
 PRODUCE, INIT_PRODUCER_ID = 0, 22
 ACLS = [Acl("User:broker", CLUSTER, CLUSTER_NAME, LITERAL, CLUSTER_ACTION, ALLOW),

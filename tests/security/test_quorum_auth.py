@@ -12,12 +12,12 @@ from click.testing import CliRunner
 from kio.schema.envelope.v0.request import EnvelopeRequest
 
 from cli.main import cli
-from client import api as p
-from client.quorum import Connection, ConnectionFailed
+from quorum.client import api as p
+from quorum.client.quorum import Connection, ConnectionFailed
 from records import DescribeAclsRequest
 from tests.conftest import wait_for
-from wire import kafka
-from wire.errors import ClusterAuthorizationFailedError, Errors, SaslAuthenticationFailedError
+from records.wire import kafka
+from records.wire.errors import ClusterAuthorizationFailedError, Errors, SaslAuthenticationFailedError
 
 
 def run(coro):
@@ -59,7 +59,7 @@ def test_refused_without_or_with_wrong_credentials(secure_quorum):
     with pytest.raises(SaslAuthenticationFailedError, match="Invalid username or password"):  # as a known user's
         run(_call(sq.client("mallory", "x", mechanism="SCRAM-SHA-256"), lambda c: c.register_broker(1)))
     # a client that does not trust the CA cannot even connect (TLS verification)
-    from security.client import ClientSecurity
+    from quorum.security.client import ClientSecurity
     untrusting = ClientSecurity("SASL_SSL", "PLAIN", "admin", "admin-pw")
     with pytest.raises(ConnectionFailed, match="TLS certificate verify failed"):
         run(Connection(sq.addresses[0], "x", untrusting).call(body, 5.0))
@@ -298,10 +298,10 @@ def test_acls_survive_a_snapshot_and_a_restart(secure_quorum):
 
 def test_tls_only_quorum_forwards_over_tls_and_refuses_plaintext(tmp_path):
     from benchmarks.pki import make_pki
-    from client.quorum import QuorumClient, RetryPolicy
+    from quorum.client.quorum import QuorumClient, RetryPolicy
     from quorum.localcluster import LocalCluster
-    from security.client import ClientSecurity
-    from wire.errors import RequestTimedOutError
+    from quorum.security.client import ClientSecurity
+    from records.wire.errors import RequestTimedOutError
 
     pki = make_pki(str(tmp_path / "pki"))
     lc = LocalCluster(str(tmp_path / "c"))

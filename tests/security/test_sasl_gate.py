@@ -7,10 +7,10 @@ import struct
 
 import pytest
 
-from client import api as p
-from security import credentials
-from security.sasl import SaslAuthenticator
-from wire import kafka
+from quorum.client import api as p
+from quorum.security import credentials
+from quorum.security.sasl import SaslAuthenticator
+from records.wire import kafka
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Unit tests for the settings layer (settings/): settings classes, files, flags; no processes."""
+"""Unit tests for the settings layer (quorum/settings/): settings classes, files, flags; no processes."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,9 +10,9 @@ import pytest
 from click.testing import CliRunner
 from pydantic import Field, ValidationError, model_validator
 
-import settings
-from settings import PATH, ConfigError, HostPort, Table
-from settings.flags import Flag, given, options
+from quorum import settings
+from quorum.settings import PATH, ConfigError, HostPort, Table
+from quorum.settings.flags import Flag, given, options
 
 
 @settings.model

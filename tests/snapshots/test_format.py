@@ -23,8 +23,8 @@ from records.codec import to_obj
 from records.schema import LONG_MAX
 from snapshots import Snapshot, inspect_snapshot, read_snapshot, write_snapshot
 from snapshots.format import FORMAT, MAGIC, decode_snapshot, encode_snapshot
-from storage.disk import CorruptFileError
-from wire.errors import InvalidRequestError
+from snapshots.storage.disk import CorruptFileError
+from records.wire.errors import InvalidRequestError
 
 TS = 1_700_000_000_000
 

@@ -1,4 +1,4 @@
-"""``storage.disk.Disk`` over the real ``os``: the system calls it makes, in order (through a recording
+"""``snapshots.storage.disk.Disk`` over the real ``os``: the system calls it makes, in order (through a recording
 ``os``-like object, the seam the simulator uses), and what they leave on disk.  The same discipline over a
 simulated file system, with crash states, is in tests/chaos/test_sim_fs.py."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from storage.disk import Disk, StorageFailure
+from snapshots.storage.disk import Disk, StorageFailure
 from tests.support.disk_defects import dir_fsync_dropped_after_rename
 
 CALLS = ("open", "read", "write", "pwrite", "lseek", "fsync", "fdatasync", "ftruncate", "close", "replace",

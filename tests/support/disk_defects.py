@@ -1,6 +1,6 @@
-"""Switches that put back defects of the production storage layer (``storage.disk``), for tests only.
+"""Switches that put back defects of the production storage layer (``snapshots.storage.disk``), for tests only.
 
-Like tests/support/defects.py: each is a context manager that patches ``storage.disk`` from the outside
+Like tests/support/defects.py: each is a context manager that patches ``snapshots.storage.disk`` from the outside
 for the length of the block (worker processes forked inside it inherit the patch); nothing in a production
 module reads a switch.  With a switch on, the simulation or the crash-state explorer, which now run the
 production ``Disk`` over a simulated file system, must find a violation (tests/chaos/test_sim_fs.py).
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 
-from storage.disk import Disk
+from snapshots.storage.disk import Disk
 
 
 def _skip_sync_dir(path: str) -> None:

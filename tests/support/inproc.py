@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from chaos.sim.disk import LossPolicy, MachineStopped, NodeHalted, SimDisk
-from client.leader import pick_leader
+from quorum.client.leader import pick_leader
 from quorum.config import NodeConfig, Peer
 from quorum.localcluster import free_ports
 from quorum.raft import ProposalRejected, ProposalUnknown, RaftConfig
@@ -222,7 +222,7 @@ class SimCluster:
         return [n for n in self.nodes.values() if n.running]
 
     def leader(self, timeout: float = 15.0, among: list[int] | None = None) -> SimNode:
-        """The running node (of ``among``) that leads, by ``client.leader.pick_leader`` over the nodes' roles."""
+        """The running node (of ``among``) that leads, by ``quorum.client.leader.pick_leader`` over the nodes' roles."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             answers = {}

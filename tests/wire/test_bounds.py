@@ -17,10 +17,10 @@ from kio.serial import entity_reader, entity_writer
 from kio.serial.errors import SerialError
 from kio.static.primitive import i16, i32, i64, u16
 
-from client import api as p
-from wire import kafka
-from wire.bounds import FrameBoundsError, check_request
-from wire.errors import Errors
+from quorum.client import api as p
+from records.wire import kafka
+from records.wire.bounds import FrameBoundsError, check_request
+from records.wire.errors import Errors
 
 _UUIDS = random.Random(62)
 

@@ -1,4 +1,4 @@
-"""The fixed-layout path (wire.fixed) gives kio's bytes and kio's values, and leaves kio every frame it
+"""The fixed-layout path (records.wire.fixed) gives kio's bytes and kio's values, and leaves kio every frame it
 does not read whole: random values, every prefix, every one-byte change and tagged fields."""
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
 
 from quorum.rpcs import SERVER_API
-from wire import fixed
-from wire.kafka import SIZE, encode_request, load_request_schema, load_response_schema
+from records.wire import fixed
+from records.wire.kafka import SIZE, encode_request, load_request_schema, load_response_schema
 
 RANGES = {"int8": 7, "int16": 15, "int32": 31, "int64": 63}
 

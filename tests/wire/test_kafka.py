@@ -1,4 +1,4 @@
-"""wire.kafka.ApiTable.parse on hand-built frames, no server: what closes the connection (FrameError)
+"""records.wire.kafka.ApiTable.parse on hand-built frames, no server: what closes the connection (FrameError)
 and what is answered (BadRequest), as Kafka decides it."""
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import struct
 import msgpack
 import pytest
 
-from client import api as p
-from telemetry.logs import FirstOfEach
-from wire import kafka
-from wire.errors import Errors
+from quorum.client import api as p
+from quorum.telemetry.logs import FirstOfEach
+from records.wire import kafka
+from records.wire.errors import Errors
 
 PRODUCE, METADATA = 0, 3
 TABLE = kafka.ApiTable(versions={kafka.API_VERSIONS: (0, 3), PRODUCE: (3, 10), METADATA: (0, 12)},

@@ -1,2 +1,0 @@
-"""Talking to a quorum on the Kafka wire: ``client.quorum`` (QuorumClient, its retry policy and connections),
-used by brokers, the CLI, migration, chaos runs and benchmarks, and by followers forwarding to the leader."""

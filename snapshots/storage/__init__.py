@@ -1,0 +1,1 @@
+"""Durable files under one write discipline (``snapshots.storage.disk``), for the quorum, snapshots and the broker."""

@@ -1,1 +1,0 @@
-"""Durable files under one write discipline (``storage.disk``), for the quorum, snapshots and the broker."""

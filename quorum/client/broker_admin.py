@@ -19,10 +19,11 @@ from kio.serial import entity_reader
 from kio.static.constants import EntityType
 from kio.static.primitive import i16, i32, i32Timedelta, i64
 
-from quorum.client.quorum import _os_reason as os_reason  # the same few words for an OSError as the quorum client
 from quorum.security.client import authenticate
 from records.wire import kafka
 from records.wire.errors import Errors, PidQuorumError
+
+from .connection import os_reason  # the same few words for an OSError as the quorum client
 
 API_VERSIONS, METADATA, INIT_PRODUCER_ID, DESCRIBE_PRODUCERS = 18, 3, 22, 61
 DESCRIBE_TRANSACTIONS, LIST_TRANSACTIONS = 65, 66

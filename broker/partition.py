@@ -77,7 +77,7 @@ from dataclasses import dataclass
 
 from records.wire.errors import Errors
 
-from .log import DEFAULT_SEGMENT_BYTES, PartitionLog, SegmentFiles
+from .log import DEFAULT_SEGMENT_BYTES, PartitionLog
 from .producer_state import (
     APPEND,
     DEFAULT_PRODUCER_ID_EXPIRATION_MS,
@@ -89,6 +89,7 @@ from .producer_state import (
     install_snapshot,
 )
 from .recordbatch import LOG_OVERHEAD, TRANSACTIONAL_BIT, BatchError, encode_control_batch, split_batches
+from .segment_files import SegmentFiles
 
 log = logging.getLogger(__name__)
 

@@ -185,6 +185,20 @@ def check_framing(data: bytes | bytearray | memoryview, pos: int = 0) -> BatchHe
     return h
 
 
+def valid_batch_after(data: bytes, start: int) -> bool:
+    """Does any checksum-valid v2 batch start at or after ``start``?  (Slow-ish; only on a damaged file.)"""
+    magic = bytes([CURRENT_MAGIC])
+    idx = data.find(magic, start + MAGIC_OFFSET)
+    while idx != -1:
+        try:
+            check_framing(data, idx - MAGIC_OFFSET)
+            return True
+        except BatchError:
+            pass
+        idx = data.find(magic, idx + 1)
+    return False
+
+
 def validate_client_batch(h: BatchHeader, pos: int = 0) -> None:
     """Checks a Produce request's batch must pass beyond framing; raises ``BatchError``."""
     where = f"batch at byte {pos}"

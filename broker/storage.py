@@ -51,7 +51,7 @@ topic-level error other than UNKNOWN_TOPIC_* makes librdkafka fail the
 messages at once with an unrelated text; POLICY_VIOLATION is not in the
 project's error enum.
 
-Every partition's segment files are opened through one ``broker.log.SegmentFiles``
+Every partition's segment files are opened through one ``broker.segment_files.SegmentFiles``
 of ``max_open_segments`` descriptors (least recently used closed first), so the
 number of topics does not decide the number of open files.
 
@@ -74,7 +74,7 @@ from snapshots.storage.disk import CorruptFileError
 from snapshots.storage.files import atomic_write, fsync_dir, seal, unseal
 from records.wire.errors import Errors, for_code
 
-from .log import SegmentFiles
+from .segment_files import SegmentFiles
 from .partition import Partition
 
 log = logging.getLogger(__name__)

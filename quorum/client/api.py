@@ -17,41 +17,22 @@ from typing import Any
 from kio.schema.broker_registration.v0.request import Listener
 from kio.static.primitive import i16, i32, i64, u16
 
-from records import (
-    AlterAclsRequest,
-    AlterAclsResponse,
-    AlterClientQuotaRequest,
-    AlterClientQuotaResponse,
-    BlockHistoryRequest,
-    BlockHistoryResponse,
-    DescribeAclsRequest,
-    DescribeAclsResponse,
-    DescribeTransactionalIdRequest,
-    DescribeTransactionalIdResponse,
-    InitTransactionalProducerRequest,
-    InitTransactionalProducerResponse,
-    MigrationCommandRequest,
-    MigrationCommandResponse,
-    RecordError,
-    SeedProducerIdsRequest,
-    SeedProducerIdsResponse,
-    TransactionRequest,
-    TransactionResponse,
-)
+import records
+from records import RecordError
 from records.codec import from_obj, to_obj
 from records.wire.kafka import API_VERSIONS, ApiTable, MsgpackApi, encode_msgpack_request, request_entity
 
 # The record RPCs: request record -> response record.
 RPC_RESPONSES: dict[type, type] = {
-    InitTransactionalProducerRequest: InitTransactionalProducerResponse,
-    DescribeTransactionalIdRequest: DescribeTransactionalIdResponse,
-    SeedProducerIdsRequest: SeedProducerIdsResponse,
-    MigrationCommandRequest: MigrationCommandResponse,
-    AlterAclsRequest: AlterAclsResponse,
-    DescribeAclsRequest: DescribeAclsResponse,
-    AlterClientQuotaRequest: AlterClientQuotaResponse,
-    TransactionRequest: TransactionResponse,
-    BlockHistoryRequest: BlockHistoryResponse,
+    records.InitTransactionalProducerRequest: records.InitTransactionalProducerResponse,
+    records.DescribeTransactionalIdRequest: records.DescribeTransactionalIdResponse,
+    records.SeedProducerIdsRequest: records.SeedProducerIdsResponse,
+    records.MigrationCommandRequest: records.MigrationCommandResponse,
+    records.AlterAclsRequest: records.AlterAclsResponse,
+    records.DescribeAclsRequest: records.DescribeAclsResponse,
+    records.AlterClientQuotaRequest: records.AlterClientQuotaResponse,
+    records.TransactionRequest: records.TransactionResponse,
+    records.BlockHistoryRequest: records.BlockHistoryResponse,
 }
 
 BROKER_REGISTRATION = 62

@@ -1,25 +1,4 @@
-"""Which node leads, from the nodes' DescribeState answers (``QuorumClient.find_leader`` polls them).
-
-``pick_leader`` is pure: it takes the answers of the nodes that answered (by any
-key: client address, node id) and returns the key of the leader, or None when
-the answers name none that can be trusted:
-
-* only a node that says it leads is a candidate, and of several the one with
-  the highest term (an old leader that has not noticed yet that it was deposed,
-  e.g. one that was paused, still says "leader" in its old term);
-* two nodes that say they lead in that same term: no answer (Raft never
-  elects two in one term; the answers are not to be guessed between);
-* the answers must not contradict it: a node in the same term that follows
-  another leader, or a node in a later term that follows another leader (the
-  candidate was deposed, and the new leader did not answer), mean no answer.
-
-A node in a later term that knows no leader does not count against it: a node
-of an earlier version cut off from the others campaigns over and over, its term
-running ahead, while the majority's leader goes on (this version asks for
-pre-votes first, and its term stays), and a node held back after a restore
-never campaigns.  Only an answer that names another leader
-contradicts.
-"""
+"""Which node leads, from the nodes' DescribeState answers (``QuorumClient.find_leader`` polls them)."""
 from __future__ import annotations
 
 from typing import Any, Hashable, Mapping, TypeVar
@@ -28,7 +7,19 @@ K = TypeVar("K", bound=Hashable)
 
 
 def pick_leader(answers: Mapping[K, Mapping[str, Any] | None]) -> K | None:
-    """The key of the leader among DescribeState ``answers`` (None values: no answer), or None."""
+    """The key of the leader among DescribeState ``answers`` (by any key: client address, node id; None
+    values: no answer), or None when the answers name none that can be trusted:
+
+    * only a node that says it leads is a candidate, and of several the one with the highest term (a
+      deposed leader that has not noticed, e.g. one that was paused, still says "leader" in its old term);
+    * two that say they lead in that term: no answer (Raft never elects two in one term);
+    * an answer that names another leader in the same term or a later one contradicts it: no answer (the
+      candidate was deposed and the new leader did not answer).
+
+    A node in a later term that knows no leader does not count against it: a node of an earlier version cut
+    off from the others campaigns over and over, its term running ahead while the majority's leader goes on,
+    and a node held back after a restore never campaigns.
+    """
     raft = {k: d["raft"] for k, d in answers.items() if d is not None and d.get("raft") is not None}
     claims = [(r["term"], k) for k, r in raft.items() if r["state"] == "leader"]
     if not claims:

@@ -1,34 +1,10 @@
 """Retry and backoff: the one policy every retry loop uses.
 
-``RetryPolicy`` says how a call is retried: its deadline (``timeout``), the
-bound on one attempt (``attempt_timeout``), the delays between tries
-(``backoff_initial`` growing by ``backoff_factor`` up to ``backoff_max``, with
-``jitter``) and optionally a cap on the number of delays (``max_tries``), as
-kazoo's ``KazooRetry`` does.  A policy holds no state and may be shared.
-
-Each call takes its own ``Backoff`` from ``policy.start()``: the attempt
-counter and the deadline of that call.  ``next_delay()`` gives the delay
-before the next try (already cut to what is left of the deadline), or None
-when the call must give up; ``sleep()`` waits it out and says whether to try
-again; ``reset()`` puts the delay back to ``backoff_initial`` (the deadline
-stays).  Who resets when is the caller's decision: ``QuorumClient`` uses one
-``Backoff`` per call, the broker's producer-ID manager keeps one for its
-lifetime (no deadline) and resets it only when a block is accepted.
-
-The jitter rule, the same everywhere: the n-th delay (n from 0) is
-``min(backoff_max, backoff_initial * backoff_factor**n)`` times a factor drawn
-uniformly from ``[1 - jitter, 1 + jitter]``, and never more than
-``backoff_max``.  The random source is the policy's ``rng`` (or the one given
-to ``start``), so a test with a seeded ``random.Random`` sees fixed delays.
-
-A loop that retries until a deadline, e.g. forwarding to the leader::
-
-    backoff = FORWARD_POLICY.start(timeout)
-    while True:
-        if backoff.expired:
-            raise RequestTimedOutError(...)
-        ... try once, bounded by backoff.remaining() ...
-        await backoff.sleep()
+``RetryPolicy`` says how a call is retried (deadline, bound on one attempt, growing jittered delays,
+optionally a cap on their number, as kazoo's ``KazooRetry``); it holds no state and may be shared.  Each
+call takes its own ``Backoff`` from ``policy.start()``; when to ``reset()`` it is the caller's decision
+(``QuorumClient`` uses one per call, the broker's producer-ID manager one for its lifetime, reset when a
+block is accepted).
 """
 from __future__ import annotations
 
@@ -44,7 +20,7 @@ _POLICY_TIMEOUT: Any = object()  # start(): "the policy's own timeout"
 
 @dataclass
 class RetryPolicy:
-    """How a call is retried (see the module doc).  Times in seconds."""
+    """How a call is retried.  Times in seconds."""
 
     timeout: float = 10.0
     """Overall deadline of one call."""
@@ -88,7 +64,10 @@ class RetryPolicy:
         return min(self.backoff_max, grown)
 
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:
-        """The delay after ``attempt`` earlier delays, with jitter (the one rule; see the module doc)."""
+        """The delay after ``attempt`` earlier delays, with jitter, the one rule everywhere: ``base_delay``
+        times a factor drawn uniformly from ``[1 - jitter, 1 + jitter]``, never more than ``backoff_max``.
+        The random source is ``rng``, else the policy's, so a test with a seeded ``random.Random`` sees
+        fixed delays."""
         r = (rng or self.rng or random).random()
         return min(self.backoff_max, self.base_delay(attempt) * (1 + self.jitter * (2 * r - 1)))
 
@@ -104,7 +83,16 @@ class RetryPolicy:
 
 
 class Backoff:
-    """One call's retry state: how many delays were handed out, and the deadline."""
+    """One call's retry state: how many delays were handed out, and the deadline.  A loop that retries
+    until a deadline, e.g. forwarding to the leader::
+
+        backoff = FORWARD_POLICY.start(timeout)
+        while True:
+            if backoff.expired:
+                raise RequestTimedOutError(...)
+            ... try once, bounded by backoff.remaining() ...
+            await backoff.sleep()
+    """
 
     def __init__(self, policy: RetryPolicy, timeout: float | None = None, *,
                  clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None):

@@ -51,13 +51,17 @@ class BrokerRefused(BrokerAdminError):
 # (This module has no ``from __future__ import annotations``: kio reads these classes' field types.)
 # DescribeTransactionsResponse v0 as kio has it, but with the start time read as the int64 it is on the wire:
 # Kafka sends -1 for a transaction not begun (state Empty), which kio's timestamp reader refuses.
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class _TransactionState:
-    __type__: ClassVar = EntityType.nested
+class _DescribeTransactionsV0:
+    """What kio reads of an entity of DescribeTransactions v0 besides its fields."""
     __version__: ClassVar[i16] = i16(0)
     __flexible__: ClassVar[bool] = True
-    __api_key__: ClassVar[i16] = i16(65)
+    __api_key__: ClassVar[i16] = i16(DESCRIBE_TRANSACTIONS)
     __header_schema__: ClassVar[type] = describe_txn.ResponseHeader
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class _TransactionState(_DescribeTransactionsV0):
+    __type__: ClassVar = EntityType.nested
     error_code: ErrorCode = dataclasses.field(metadata={"kafka_type": "error_code"})
     transactional_id: str = dataclasses.field(metadata={"kafka_type": "string"})
     transaction_state: str = dataclasses.field(metadata={"kafka_type": "string"})
@@ -69,12 +73,8 @@ class _TransactionState:
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class _DescribeTransactionsResponse:
+class _DescribeTransactionsResponse(_DescribeTransactionsV0):
     __type__: ClassVar = EntityType.response
-    __version__: ClassVar[i16] = i16(0)
-    __flexible__: ClassVar[bool] = True
-    __api_key__: ClassVar[i16] = i16(65)
-    __header_schema__: ClassVar[type] = describe_txn.ResponseHeader
     throttle_time: i32Timedelta = dataclasses.field(metadata={"kafka_type": "timedelta_i32"})
     transaction_states: tuple[_TransactionState, ...]
 

@@ -4,7 +4,7 @@ ACLs, with the error bodies (a response carrying only an error code, shaped like
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from quorum.security import acl as acls
 from records.wire import kafka
@@ -27,11 +27,9 @@ from .api_keys import (
 )
 from .config import BrokerConfig
 from .handlers import metadata, partitions, producer_ids, transactions
+from .handlers.context import BrokerContext
 from .handlers.metadata import BATCHED_COORDINATOR_VERSION, NO_COORDINATOR, _coordinator_entries
 from .handlers.transactions import _ms_time
-
-if TYPE_CHECKING:
-    from .frontend import BrokerServer
 
 # What Produce needs on each topic it writes to (``_topic_allowed``; TOPIC_AUTHORIZATION_FAILED for that topic's
 # partitions), as in Kafka.  Producer IDs are also bound to their principal (broker/pid_binding.py).
@@ -155,11 +153,11 @@ class BrokerRpc:
     operation on each of its topics)."""
     name: str
     versions: tuple[int, int]
-    handle: Callable[[BrokerServer, kafka.Request], Any]
+    handle: Callable[[BrokerContext, kafka.Request], Any]
     error: Callable[[BrokerConfig, int, Errors, Any], Any]
     acl: Callable[[Any], tuple[str, str, str] | None] = lambda body: None
     # The operation each topic named in the request needs.  The answer is per partition, so the handler
-    # checks it per topic (BrokerServer._topic_allowed) and answers a refused one TOPIC_AUTHORIZATION_FAILED.
+    # checks it per topic (BrokerContext._topic_allowed) and answers a refused one TOPIC_AUTHORIZATION_FAILED.
     topic_acl: str | None = None
 
 

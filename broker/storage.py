@@ -74,8 +74,8 @@ from snapshots.storage.disk import CorruptFileError
 from snapshots.storage.files import atomic_write, fsync_dir, seal, unseal
 from records.wire.errors import Errors, for_code
 
-from .segment_files import SegmentFiles
 from .partition import Partition
+from .segment_files import SegmentFiles
 
 log = logging.getLogger(__name__)
 

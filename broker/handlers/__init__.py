@@ -1,5 +1,6 @@
 """The broker's Kafka API handlers, grouped by concern.  Each is a function ``(server, request) -> body``
-reaching the broker's state through the ``BrokerServer`` it is given; ``broker.api_table`` names them.
+reaching the broker's state through the server it is given (``context.BrokerContext``: what they use of
+``broker.frontend.BrokerServer``); ``broker.api_table`` names them.
 
 ================  ==========================================================================
 module            APIs

@@ -2,16 +2,14 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from records.wire import kafka
 from records.wire.errors import Errors, PidQuorumError
 
 from .. import kafkaio as kio_
 from ..api_keys import FIND_COORDINATOR, GROUPS_NOT_SERVED, METADATA
-
-if TYPE_CHECKING:
-    from ..frontend import BrokerServer
+from .context import BrokerContext
 
 # The front end logs under one name, whichever of its modules writes the line (log settings name it).
 log = logging.getLogger("broker.frontend")
@@ -32,12 +30,12 @@ def _coordinator_entries(version: int, keys: Any, code: Errors, why: str) -> Any
         for key in keys[:MAX_COORDINATOR_KEYS]]})
 
 
-def api_versions(server: BrokerServer, req: kafka.Request) -> Any:
+def api_versions(server: BrokerContext, req: kafka.Request) -> Any:
     return kafka.api_versions_body(req.api_version, Errors.NONE, server.api_table)
 
 
 # ------------------------------------------------------------ Metadata
-def _topic_metadata(server: BrokerServer, name: str | None, create: bool) -> dict:
+def _topic_metadata(server: BrokerContext, name: str | None, create: bool) -> dict:
     try:
         topic = server.storage.ensure_topic(name) if create else server.storage.topic(name)
     except PidQuorumError as e:
@@ -58,7 +56,7 @@ def _topic_metadata(server: BrokerServer, name: str | None, create: bool) -> dic
             "topic_authorized_operations": -2147483648}
 
 
-def metadata(server: BrokerServer, req: kafka.Request) -> Any:
+def metadata(server: BrokerContext, req: kafka.Request) -> Any:
     b, v = req.body, req.api_version
     if b.topics is None or (v == 0 and not b.topics):
         names, create = [t.name for t in server.storage.topics()], False
@@ -77,7 +75,7 @@ def metadata(server: BrokerServer, req: kafka.Request) -> Any:
 
 
 # ------------------------------------------------------------ FindCoordinator
-def find_coordinator(server: BrokerServer, req: kafka.Request) -> Any:
+def find_coordinator(server: BrokerContext, req: kafka.Request) -> Any:
     """Transactional ids (key type 1): this broker.  Consumer groups (key type 0): refused with
     GROUP_AUTHORIZATION_FAILED and, from v1, an error message saying why.  Share-group state (key
     type 2, v6, KIP-932): INVALID_REQUEST, as Kafka answers a broker without a share coordinator (and
@@ -163,7 +161,7 @@ def find_coordinator(server: BrokerServer, req: kafka.Request) -> Any:
     return kio_.response(FIND_COORDINATOR, v, {"throttle_time": 0, "coordinators": coordinators})
 
 
-def _coordinator_of(server: BrokerServer, version: int, key_type: int, key: str) -> tuple[Errors, str | None]:
+def _coordinator_of(server: BrokerContext, version: int, key_type: int, key: str) -> tuple[Errors, str | None]:
     """(NONE, None) when this broker coordinates ``key`` (of ``key_type``), else (error, why)."""
     if key_type not in (COORDINATOR_GROUP, COORDINATOR_TRANSACTION, COORDINATOR_SHARE):
         return Errors.INVALID_REQUEST, (f"unknown coordinator key type {key_type} "

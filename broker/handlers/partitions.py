@@ -5,7 +5,7 @@ import asyncio
 import functools
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from quorum import failpoints
 from quorum.security import acl as acls
@@ -19,10 +19,8 @@ from ..partition import Partition
 from ..pid_binding import batch_producers
 from ..quota import batch_producer_ids
 from ..recordbatch import TRANSACTIONAL_BIT, parse_header
+from .context import BrokerContext
 from .transactions import coordinator
-
-if TYPE_CHECKING:
-    from ..frontend import BrokerServer
 
 # The front end logs under one name, whichever of its modules writes the line (log settings name it).
 log = logging.getLogger("broker.frontend")
@@ -32,14 +30,14 @@ LATEST_TIMESTAMP, EARLIEST_TIMESTAMP = -1, -2
 
 
 # ------------------------------------------------------------ Produce
-def _partition(server: BrokerServer, topic: str, index: int, create: bool) -> Partition:
+def _partition(server: BrokerContext, topic: str, index: int, create: bool) -> Partition:
     """The partition; INVALID_TOPIC_EXCEPTION / UNKNOWN_TOPIC_OR_PARTITION errors carry their code."""
     if not create and server.storage.topic(topic) is None:
         raise UnknownTopicOrPartitionError(f"unknown topic {topic!r}")
     return server.storage.partition(topic, index)
 
 
-async def produce(server: BrokerServer, req: kafka.Request) -> Any:
+async def produce(server: BrokerContext, req: kafka.Request) -> Any:
     b, v = req.body, req.api_version
     acks = int(b.acks)
     server._produce_requests += 1
@@ -121,7 +119,7 @@ async def produce(server: BrokerServer, req: kafka.Request) -> Any:
     return kio_.response(PRODUCE, v, {"responses": responses, "throttle_time": throttle_ms})
 
 
-def _binding_refusal(server: BrokerServer, req: kafka.Request, records: Any, now_ms: int,
+def _binding_refusal(server: BrokerContext, req: kafka.Request, records: Any, now_ms: int,
                      checked: dict[tuple[int, bool], tuple[Errors, str] | None]) -> tuple[Errors, str] | None:
     """SASL on: None when every producer ID of the partition's batches is the principal's to use
     (``ProducerBindings.check``: handed to it, or its transactional id named), else the answer for
@@ -143,7 +141,7 @@ def _binding_refusal(server: BrokerServer, req: kafka.Request, records: Any, now
     return None
 
 
-def _check_producer_id_quota(server: BrokerServer, req: kafka.Request) -> dict[int, int]:
+def _check_producer_id_quota(server: BrokerContext, req: kafka.Request) -> dict[int, int]:
     """KIP-936: {producer id: throttle ms} for the new producer IDs of this request over the
     principal's quota (empty: everything may go ahead).  Each producer ID is checked once."""
     pids: set[int] = set()
@@ -163,7 +161,7 @@ def _check_producer_id_quota(server: BrokerServer, req: kafka.Request) -> dict[i
     return out
 
 
-async def _verify_transactional(server: BrokerServer, req: kafka.Request, topic: str, index: int, part: Partition,
+async def _verify_transactional(server: BrokerContext, req: kafka.Request, topic: str, index: int, part: Partition,
                                 records: bytes) -> tuple[int | None, Errors, str]:
     """KIP-890 part 1 for one partition's records: (token for ``Partition.append``, NONE, "") when they
     are not transactional or their partition is in the producer's ongoing transaction, else
@@ -200,7 +198,7 @@ async def _verify_transactional(server: BrokerServer, req: kafka.Request, topic:
 
 
 # ------------------------------------------------------------ Fetch
-async def fetch(server: BrokerServer, req: kafka.Request) -> Any:
+async def fetch(server: BrokerContext, req: kafka.Request) -> Any:
     """Answered once min_bytes are there, at max_wait (at most 30 s), or at once with an error.
     While it waits, only an append to one of its partitions wakes it (``AppendWaiters``): it
     watches them before each read, so an append during the read is not missed."""
@@ -229,7 +227,7 @@ def _fetch_has_error(responses: list[dict]) -> bool:
     return any(pt["error_code"] for t in responses for pt in t["partitions"])
 
 
-async def _fetch_once(server: BrokerServer, b: Any) -> tuple[list[dict], int]:
+async def _fetch_once(server: BrokerContext, b: Any) -> tuple[list[dict], int]:
     loop = asyncio.get_running_loop()
     budget = int(b.max_bytes) if getattr(b, "max_bytes", None) is not None else 2**31 - 1
     committed = int(getattr(b, "isolation_level", 0)) == READ_COMMITTED
@@ -274,7 +272,7 @@ async def _fetch_once(server: BrokerServer, b: Any) -> tuple[list[dict], int]:
 
 
 # ------------------------------------------------------------ ListOffsets
-async def list_offsets(server: BrokerServer, req: kafka.Request) -> Any:
+async def list_offsets(server: BrokerContext, req: kafka.Request) -> Any:
     b, v = req.body, req.api_version
     topics = []
     for t in b.topics:
@@ -306,7 +304,7 @@ async def list_offsets(server: BrokerServer, req: kafka.Request) -> Any:
 
 
 # ------------------------------------------------------------ DescribeProducers
-async def describe_producers(server: BrokerServer, req: kafka.Request) -> Any:
+async def describe_producers(server: BrokerContext, req: kafka.Request) -> Any:
     """Kafka's DescribeProducers (KIP-664): the idempotence state of each partition's producers.
 
     Authorized per topic, as Kafka does: with SASL on, DESCRIBE on the topic (or an operation that

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from records.wire import kafka
 from records.wire.errors import CoordinatorLoadInProgressError, Errors, InvalidRequestError, PidQuorumError
@@ -10,16 +10,14 @@ from records.wire.errors import CoordinatorLoadInProgressError, Errors, InvalidR
 from .. import kafkaio as kio_
 from ..api_keys import INIT_PRODUCER_ID
 from ..pid_binding import PRINCIPAL, TRANSACTIONAL_ID
-
-if TYPE_CHECKING:
-    from ..frontend import BrokerServer
+from .context import BrokerContext
 
 # The front end logs under one name, whichever of its modules writes the line (log settings name it).
 log = logging.getLogger("broker.frontend")
 
 
 # ------------------------------------------------------------ InitProducerId
-async def init_producer_id(server: BrokerServer, req: kafka.Request) -> Any:
+async def init_producer_id(server: BrokerContext, req: kafka.Request) -> Any:
     b, v = req.body, req.api_version
     server.counters["init_producer_id"] += 1
     expected_pid = int(getattr(b, "producer_id", -1))
@@ -58,7 +56,7 @@ async def init_producer_id(server: BrokerServer, req: kafka.Request) -> Any:
     return _init_response(v, pid, epoch)
 
 
-async def _init_transactional(server: BrokerServer, tid: str, timeout_ms: int, pid: int, epoch: int) -> tuple[int, int]:
+async def _init_transactional(server: BrokerContext, tid: str, timeout_ms: int, pid: int, epoch: int) -> tuple[int, int]:
     """The quorum's epoch rules; an open transaction of the id is aborted (and a prepared one completed)
     first, by the coordinator (``TxnCoordinator.init_producer_id``)."""
     return await server.txn.init_producer_id(tid, timeout_ms, pid, epoch)

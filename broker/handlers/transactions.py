@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from quorum.security import acl as acls
 from records.wire import kafka
@@ -21,9 +21,7 @@ from ..api_keys import (
     LIST_TRANSACTIONS,
 )
 from ..txn_coordinator import TxnCoordinator
-
-if TYPE_CHECKING:
-    from ..frontend import BrokerServer
+from .context import BrokerContext
 
 # The front end logs under one name, whichever of its modules writes the line (log settings name it).
 log = logging.getLogger("broker.frontend")
@@ -48,13 +46,13 @@ def _coordinator_code(e: PidQuorumError) -> Errors:
 
 
 # ------------------------------------------------------------ transactions
-def coordinator(server: BrokerServer) -> TxnCoordinator:
+def coordinator(server: BrokerContext) -> TxnCoordinator:
     if server.txn is None:
         raise CoordinatorLoadInProgressError("the broker is starting")
     return server.txn
 
 
-async def add_partitions_to_txn(server: BrokerServer, req: kafka.Request) -> Any:
+async def add_partitions_to_txn(server: BrokerContext, req: kafka.Request) -> Any:
     """AddPartitionsToTxn v0-3: the partitions join the producer's transaction (one begins if none is
     open), decided by the quorum (``TxnCoordinator``).  A partition this broker does not have gets
     UNKNOWN_TOPIC_OR_PARTITION and the others OPERATION_NOT_ATTEMPTED, as Kafka answers; a fenced
@@ -88,7 +86,7 @@ def _add_partitions_answer(version: int, body: Any, code_of: Callable[[tuple[str
                                                           "results_by_topic_v3_and_below": topics})
 
 
-async def end_txn(server: BrokerServer, req: kafka.Request) -> Any:
+async def end_txn(server: BrokerContext, req: kafka.Request) -> Any:
     """EndTxn v0-3: commit or abort, decided in the quorum; answered once the markers are written (or,
     if they cannot be now, once the outcome is decided: the sweeper completes it)."""
     b = req.body
@@ -97,7 +95,7 @@ async def end_txn(server: BrokerServer, req: kafka.Request) -> Any:
     return kio_.response(END_TXN, req.api_version, {"throttle_time": 0, "error_code": 0})
 
 
-def add_offsets_to_txn(server: BrokerServer, req: kafka.Request) -> Any:
+def add_offsets_to_txn(server: BrokerContext, req: kafka.Request) -> Any:
     """AddOffsetsToTxn v0-3 (sendOffsetsToTransaction) needs a group coordinator, which this broker is
     not: answered with the error a group's FindCoordinator gets, and why."""
     log.info("AddOffsetsToTxn %r for group %r: consumer groups are not served (answered %s)",
@@ -107,7 +105,7 @@ def add_offsets_to_txn(server: BrokerServer, req: kafka.Request) -> Any:
 
 
 # ------------------------------------------------------------ KIP-664: ListTransactions, DescribeTransactions
-def _may_describe(server: BrokerServer, req: kafka.Request, tid: str) -> bool:
+def _may_describe(server: BrokerContext, req: kafka.Request, tid: str) -> bool:
     """DESCRIBE on the transactional id (or an operation that implies it); always with SASL off."""
     if server.acls is None or server.acls.authorize(req.principal, acls.TRANSACTIONAL_ID, tid, acls.DESCRIBE, req.host):
         return True
@@ -115,7 +113,7 @@ def _may_describe(server: BrokerServer, req: kafka.Request, tid: str) -> bool:
     return False
 
 
-async def list_transactions(server: BrokerServer, req: kafka.Request) -> Any:
+async def list_transactions(server: BrokerContext, req: kafka.Request) -> Any:
     """ListTransactions v0-1 (KIP-664): the transactions this broker coordinates (``TxnCoordinator
     .list_transactions``: every transactional id the quorum knows, read a page at a time from the quorum
     leader), as
@@ -142,7 +140,7 @@ async def list_transactions(server: BrokerServer, req: kafka.Request) -> Any:
         "throttle_time": 0, "error_code": 0, "unknown_state_filters": unknown, "transaction_states": rows})
 
 
-async def describe_transactions(server: BrokerServer, req: kafka.Request) -> Any:
+async def describe_transactions(server: BrokerContext, req: kafka.Request) -> Any:
     """DescribeTransactions v0 (KIP-664): each id's transaction as the quorum leader has it (any id,
     not only those this broker has served: every broker coordinates every id).  Per id, as Kafka
     answers: TRANSACTIONAL_ID_AUTHORIZATION_FAILED without DESCRIBE on it, TRANSACTIONAL_ID_NOT_FOUND

@@ -37,7 +37,7 @@ from quorum.security.client import ClientSecurity
 from quorum.settings import PATH, BindAddress, HostPort, Table, UserPrincipal
 from quorum.settings.flags import Flag
 
-from .pid_manager import DEFAULT_BROKER_HEARTBEAT_INTERVAL_MS, QUORUM_BROKER_SESSION_TIMEOUT_MS, PidManagerConfig
+from .pid_manager_config import DEFAULT_BROKER_HEARTBEAT_INTERVAL_MS, QUORUM_BROKER_SESSION_TIMEOUT_MS, PidManagerConfig
 from .quota import QuotaWindow
 
 Mechanism = Literal["PLAIN", "SCRAM-SHA-256"]

@@ -1,67 +1,9 @@
-"""The broker side of KIP-730: hand producer IDs out of quorum-allocated blocks.
+"""The broker side of KIP-730: hand producer IDs out of quorum-allocated blocks without ever blocking a request,
+with a reserve of prefetched blocks sized from the demand, every block validated, and the broker's registration
+kept alive by heartbeats.  Why and how: docs/brokers.md, "Producer-ID blocks, registration and heartbeats".
 
-``ProducerIdManager.generate_producer_id()`` is what InitProducerId calls.  It
-is synchronous and O(1): it claims the next ID of the current block, moves to
-the next prefetched block when the current one is spent, and when none is
-there it raises ``CoordinatorLoadInProgressError`` at once (clients retry
-that), exactly like Kafka's broker.  It never awaits and never blocks a
-request (the old blocking design starved Kafka's request threads:
-KAFKA-14694).
-
-A background task (the *refill task*) keeps a deque of prefetched blocks.
-Kafka asks for the next block when 90 % of the current one is used and holds
-at most one block in reserve; with a 1,000-ID block, 1,000 IDs/s of demand
-and a quorum leader failover of ~1 s, that reserve (100 IDs, 0.1 s) runs dry
-and callers see COORDINATOR_LOAD_IN_PROGRESS.  Here the reserve is sized from
-the demand instead::
-
-    target_reserve = max(10 % of a block,
-                         rate * (failover_budget_s + allocate_latency))
-
-where ``rate`` is the larger of an EWMA of IDs/s over short windows (0.25 s;
-a surge of more than twice the estimate closes a window after a tenth of
-that) and the peak window of the last 10 s, ``allocate_latency`` is an EWMA of
-successful AllocateProducerIds round trips, and ``failover_budget_s`` is the
-configured budget, raised to 1.5 x the longest recent wait for a block (first
-attempt -> block accepted, which includes failovers that the QuorumClient hid
-behind its own retries).  The reserve is capped at ``max_prefetch_blocks``
-queued blocks.  Blocks are fetched one at a time, so they arrive in order.
-
-Every returned block is validated before use (Kafka shipped ``<`` for ``<=``
-and handed an ID out twice: KAFKA-20031): it is refused if its start is at or
-below the last ID of the newest block this manager ever accepted, if the
-start is negative, the length is not positive, or the block would pass
-``2**63 - 1``.  A refused block is logged, counted and never used.
-
-Errors: STALE_BROKER_EPOCH / BROKER_ID_NOT_REGISTERED re-register the broker
-(same incarnation id, new epoch) and retry; an authorization failure is fatal
-(KIP-730): refilling stops and, once the blocks in hand are spent,
-``generate_producer_id()`` raises that error instead of load-in-progress.
-Everything else is retried with exponential backoff and jitter
-(``quorum.client.retry``: one ``Backoff`` for the manager's lifetime, no deadline);
-the backoff is reset only when a block is *accepted* -- not by a successful
-re-registration, not by a block that was refused (KAFKA-20058 / KAFKA-20114).
-
-Heartbeats (Kafka's BrokerLifecycleManager): a second background task sends
-BrokerHeartbeat every ``heartbeat_interval_ms`` (2000, Kafka's
-``broker.heartbeat.interval.ms``; the broker's ``broker_heartbeat_interval_ms``)
-for the current epoch, the first one right after each registration, so the
-registration has a live session in the quorum from the start: while it lasts
-(the quorum's ``broker_session_timeout_ms``, 9 s) a BrokerRegistration of this
-broker id by another incarnation is refused (DUPLICATE_BROKER_REGISTRATION)
-instead of fencing this broker.  Nothing a client request does waits for it.
-A heartbeat refused with STALE_BROKER_EPOCH / BROKER_ID_NOT_REGISTERED drops the
-epoch and wakes the refill task, which registers again exactly as after a refused
-AllocateProducerIds.  Any other failure (the quorum unavailable) is retried at the
-interval, logged at most every 10 s.  ``close()`` stops it and, if the broker is
-registered, sends one last heartbeat with ``want_shut_down`` (Kafka's controlled
-shutdown): the quorum removes the registration, so a restarted broker registers at
-once instead of waiting for the session to lapse.  A quorum object without
-``heartbeat`` (a test double of the allocation path) is not heartbeated.
-
-Threading: everything here runs on one asyncio event loop;
-``generate_producer_id()`` must be called from that loop's thread (it shares
-state with the refill task without locks, which is safe only there).
+Threading: everything here runs on one asyncio event loop; ``generate_producer_id()`` must be called from that
+loop's thread (it shares state with the refill task without locks, which is safe only there).
 """
 from __future__ import annotations
 
@@ -72,14 +14,9 @@ import math
 import random
 import time
 import uuid
-from dataclasses import replace
-from typing import Annotated, Any, Awaitable, Callable, Protocol
+from typing import Any, Awaitable, Callable, Protocol
 
-from pydantic import Field, model_validator
-
-from quorum import settings
 from quorum.client.retry import RetryPolicy
-from quorum.telemetry.logs import Throttled
 from records.wire.errors import (
     BrokerIdNotRegisteredError,
     CoordinatorLoadInProgressError,
@@ -88,14 +25,16 @@ from records.wire.errors import (
     StaleBrokerEpochError,
 )
 
+from .heartbeat import BrokerHeartbeat
+from .pid_manager_config import (  # noqa: F401 - re-exported: importers name them from here
+    DEFAULT_BROKER_HEARTBEAT_INTERVAL_MS,
+    QUORUM_BROKER_SESSION_TIMEOUT_MS,
+    PidManagerConfig,
+)
+
 log = logging.getLogger(__name__)
 
 LONG_MAX = 2 ** 63 - 1
-# Kafka's broker.heartbeat.interval.ms.
-DEFAULT_BROKER_HEARTBEAT_INTERVAL_MS = 2000
-# The quorum's default broker_session_timeout_ms (quorum.managers.DEFAULT_BROKER_SESSION_TIMEOUT_MS; the broker
-# does not import the quorum): heartbeats must come more often than this.
-QUORUM_BROKER_SESSION_TIMEOUT_MS = 9000
 # How long close() waits for the heartbeat that removes the registration (then the broker stops anyway).
 SHUTDOWN_HEARTBEAT_TIMEOUT_S = 5.0
 _NEVER = LONG_MAX + 1  # an ID no block can reach: "do not wake the refill task from the fast path"
@@ -112,55 +51,7 @@ class PidQuorum(Protocol):
 
     async def heartbeat(self, broker_id: int, broker_epoch: int, want_fence: bool = False,
                         want_shut_down: bool = False) -> dict:
-        """BrokerHeartbeat: ``{"is_fenced": ..., "should_shut_down": ...}`` (optional: see the module doc)."""
-
-
-@settings.model
-class PidManagerConfig:
-    """Tuning of ``ProducerIdManager``.  Times in seconds.  (The ``[pid_manager]`` table of a broker's file.)"""
-
-    prefetch_threshold: Annotated[float, Field(ge=0, lt=1)] = 0.9
-    """Fraction of a block used before the next one is asked for (Kafka: 0.9); the reserve
-    never falls below ``1 - prefetch_threshold`` of a block."""
-    adaptive: bool = True
-    """Size the reserve from the measured demand; False = Kafka's fixed threshold only."""
-    failover_budget_s: Annotated[float, Field(ge=0)] = 2.0
-    """How long the quorum may give no block (worst observed leader failover plus margin)."""
-    learn_failover_budget: bool = True
-    """Raise the budget to ``outage_margin`` x the longest recent wait for a block."""
-    outage_margin: Annotated[float, Field(ge=0)] = 1.5
-    """The learned budget is this many times the longest recent wait for a block."""
-    outage_memory_s: Annotated[float, Field(ge=0)] = 600.0
-    """A long wait counts towards the learned budget for this long."""
-    max_prefetch_blocks: Annotated[int, Field(ge=1)] = 64
-    """Cap on the blocks queued behind the current one."""
-    backoff_initial_s: Annotated[float, Field(gt=0)] = 0.05
-    """First delay before asking the quorum again after a failed request."""
-    backoff_max_s: float = 5.0
-    """Longest delay between two requests to the quorum."""
-    backoff_jitter: Annotated[float, Field(ge=0, lt=1)] = 0.2
-    """Each delay is multiplied by a random factor in [1 - jitter, 1 + jitter]."""
-    start_timeout_s: Annotated[float, Field(gt=0)] = 30.0
-    """How long starting may wait for the broker's registration and first block."""
-    rate_window_s: Annotated[float, Field(gt=0)] = 0.25
-    """Length of one demand-measurement window."""
-    rate_ewma_alpha: Annotated[float, Field(gt=0, le=1)] = 0.3
-    """Weight of the newest window in the demand estimate."""
-    rate_peak_windows: Annotated[int, Field(ge=1)] = 40
-    """The peak of this many recent windows also bounds the rate estimate from below."""
-    latency_ewma_alpha: Annotated[float, Field(gt=0, le=1)] = 0.2
-    """Weight of the newest block request in the latency estimate."""
-    @model_validator(mode="after")
-    def _check(self) -> "PidManagerConfig":
-        if self.backoff_initial_s > self.backoff_max_s:
-            raise ValueError("need 0 < backoff_initial_s <= backoff_max_s")
-        return self
-
-    @classmethod
-    def kafka_fixed_threshold(cls, **overrides) -> "PidManagerConfig":
-        """Kafka's behaviour: one block in reserve, asked for at 90 % use, no demand sizing."""
-        return replace(cls(adaptive=False, failover_budget_s=0.0, learn_failover_budget=False,
-                           max_prefetch_blocks=1, prefetch_threshold=0.9), **overrides)
+        """BrokerHeartbeat: ``{"is_fenced": ..., "should_shut_down": ...}`` (optional: without it, no heartbeats)."""
 
 
 def is_authorization_error(err: BaseException) -> bool:
@@ -169,12 +60,12 @@ def is_authorization_error(err: BaseException) -> bool:
 
 
 class ProducerIdManager:
-    """Hands producer IDs out of quorum-allocated blocks without ever blocking (see the module doc).
+    """Hands producer IDs out of quorum-allocated blocks without ever blocking (docs/brokers.md).
 
     ``quorum`` is a ``QuorumClient`` or anything with the same async ``register_broker``
     and ``allocate`` (and ``heartbeat``: without it, no heartbeats); the manager does not
     close it.  ``heartbeat_interval_ms``: the broker's ``broker_heartbeat_interval_ms``
-(default ``DEFAULT_BROKER_HEARTBEAT_INTERVAL_MS``).
+    (default ``DEFAULT_BROKER_HEARTBEAT_INTERVAL_MS``).
     ``clock`` (monotonic seconds) and ``sleep`` (an ``asyncio.sleep``-like coroutine used
     for backoff and throttle waits) can be injected by tests.
     """
@@ -252,14 +143,8 @@ class ProducerIdManager:
         self._early_windows = 0
 
         # Heartbeat task (BrokerHeartbeat every heartbeat_interval_s for the current epoch).
+        self._heartbeat = BrokerHeartbeat(self, self.heartbeat_interval_s)
         self._hb_task: asyncio.Task | None = None
-        self._hb_kick: asyncio.Event | None = None  # set by a registration: heartbeat now
-        self._heartbeats = 0  # heartbeats answered without an error
-        self._heartbeat_errors: collections.Counter[str] = collections.Counter()
-        self._heartbeat_re_registrations = 0
-        self._last_heartbeat_ok: float | None = None  # time.monotonic()
-        self._heartbeat_failing_since: float | None = None
-        self._heartbeat_log = Throttled(log, 10.0)
         self._shut_down_sent = False
         self._register_after_backoff = False  # the refill task backs off before registering again
         self.backoff_delays: collections.deque[float] = collections.deque(maxlen=1000)  # for tests and stats
@@ -316,9 +201,9 @@ class ProducerIdManager:
         loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self._ready = asyncio.Event()
-        self._hb_kick = asyncio.Event()
+        self._heartbeat.arm()
         if self.heartbeats_enabled:
-            self._hb_task = loop.create_task(self._heartbeat_loop(), name=f"broker-heartbeat-{self.broker_id}")
+            self._hb_task = loop.create_task(self._heartbeat.run(), name=f"broker-heartbeat-{self.broker_id}")
         self._task = loop.create_task(self._run(), name=f"pid-refill-{self.broker_id}")
         ready = loop.create_task(self._ready.wait())
         try:
@@ -386,6 +271,18 @@ class ProducerIdManager:
         return callable(getattr(self.quorum, "heartbeat", None))
 
     @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def heartbeat_refused_epoch(self) -> None:
+        """The heartbeat task found the epoch stale: the refill task backs off and registers again."""
+        self._re_registrations += 1
+        self.broker_epoch = None
+        self._register_after_backoff = True
+        if self._wake is not None:
+            self._wake.set()
+
+    @property
     def fatal_error(self) -> PidQuorumError | None:
         """The error that stopped refilling for good (an authorization failure), if any."""
         return self._fatal
@@ -444,19 +341,13 @@ class ProducerIdManager:
             self.broker_epoch = await self.quorum.register_broker(self.broker_id, self.incarnation_id,
                                                                   self.listener)
             self._registrations += 1
-            if self._hb_kick is not None:
-                self._hb_kick.set()  # the session starts now: heartbeat at once
+            self._heartbeat.registered()  # the session starts now: heartbeat at once
             log.info("broker %d registered (incarnation %s): epoch %d", self.broker_id, self.incarnation_id,
                      self.broker_epoch)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - everything but authorization is retried
-            self._note_failure()
-            if self._check_fatal(e, "BrokerRegistration"):
-                return
-            self._register_errors[type(e).__name__] += 1
-            log.warning("broker %d: registration failed: %s: %s", self.broker_id, type(e).__name__, e)
-            await self._back_off()
+            await self._failed(e, "BrokerRegistration", "registration", self._register_errors)
 
     async def _fetch_one(self) -> None:
         if self._cycle_start is None:
@@ -477,12 +368,7 @@ class ProducerIdManager:
             await self._back_off()  # not reset: a fresh epoch is not a block (KAFKA-20058)
             return
         except Exception as e:  # noqa: BLE001
-            self._note_failure()
-            if self._check_fatal(e, "AllocateProducerIds"):
-                return
-            self._fetch_errors[type(e).__name__] += 1
-            log.warning("broker %d: AllocateProducerIds failed: %s: %s", self.broker_id, type(e).__name__, e)
-            await self._back_off()
+            await self._failed(e, "AllocateProducerIds", "AllocateProducerIds", self._fetch_errors)
             return
         now = self._clock()
         start, length = block.start, block.length
@@ -500,70 +386,6 @@ class ProducerIdManager:
         if throttle_ms > 0:
             self._throttle_waits += 1
             await self._sleep(throttle_ms / 1000.0)
-
-    # ------------------------------------------------------------ heartbeat task
-    async def _heartbeat_loop(self) -> None:
-        """BrokerHeartbeat for the current epoch every ``heartbeat_interval_s`` (from the start of the last
-        one), at once after a registration; see the module doc."""
-        loop = asyncio.get_running_loop()
-        next_at = loop.time()
-        try:
-            while not self._closed:
-                wait = next_at - loop.time()
-                if self.broker_epoch is None or wait > 0:
-                    # Until the next beat is due; a registration (a new epoch) cuts the wait short.
-                    try:
-                        await asyncio.wait_for(self._hb_kick.wait(), None if self.broker_epoch is None else wait)
-                    except asyncio.TimeoutError:
-                        pass
-                    if self._hb_kick.is_set():
-                        self._hb_kick.clear()
-                        next_at = loop.time()
-                    continue
-                next_at = loop.time() + self.heartbeat_interval_s
-                await self._heartbeat_once(self.broker_epoch)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("broker %d: heartbeat task failed", self.broker_id)
-            raise
-
-    async def _heartbeat_once(self, epoch: int) -> None:
-        try:
-            answer = await self.quorum.heartbeat(self.broker_id, epoch)
-        except asyncio.CancelledError:
-            raise
-        except (StaleBrokerEpochError, BrokerIdNotRegisteredError) as e:
-            # The registration is gone or replaced: register again (the refill task's path, as after a
-            # refused AllocateProducerIds: backed off, then registered); the new registration heartbeats at once.
-            self._heartbeat_errors[type(e).__name__] += 1
-            if self.broker_epoch == epoch:
-                self._heartbeat_re_registrations += 1
-                self._re_registrations += 1
-                log.warning("broker %d: heartbeat of epoch %s refused (%s); registering again", self.broker_id,
-                            epoch, e.code.name)
-                self.broker_epoch = None
-                self._register_after_backoff = True
-                if self._wake is not None:
-                    self._wake.set()
-            return
-        except Exception as e:  # noqa: BLE001 - the quorum unavailable, ...: next beat at the interval
-            self._heartbeat_errors[type(e).__name__] += 1
-            now = time.monotonic()
-            if self._heartbeat_failing_since is None:
-                self._heartbeat_failing_since = now
-            self._heartbeat_log(logging.WARNING, "broker %d: heartbeat (epoch %s) failed for %.1f s: %s: %s",
-                                self.broker_id, epoch, now - self._heartbeat_failing_since, type(e).__name__, e)
-            return
-        self._heartbeats += 1
-        self._last_heartbeat_ok = time.monotonic()
-        if self._heartbeat_failing_since is not None:
-            log.info("broker %d: heartbeats answered again after %.1f s", self.broker_id,
-                     self._last_heartbeat_ok - self._heartbeat_failing_since)
-            self._heartbeat_failing_since = None
-        if isinstance(answer, dict) and (answer.get("is_fenced") or answer.get("should_shut_down")):
-            self._heartbeat_log(logging.WARNING, "broker %d: heartbeat (epoch %s) answered %s", self.broker_id,
-                                epoch, answer)
 
     def _validate(self, start: int, length: int) -> str | None:
         if not isinstance(start, int) or not isinstance(length, int):
@@ -610,6 +432,15 @@ class ProducerIdManager:
         self._peak_reserve = max(self._peak_reserve, self.reserve_ids)
         if self._ready is not None:
             self._ready.set()
+
+    async def _failed(self, err: Exception, rpc: str, what: str, errors: collections.Counter[str]) -> None:
+        """A request to the quorum failed: fatal if not authorized, else counted in ``errors``, logged, backed off."""
+        self._note_failure()
+        if self._check_fatal(err, rpc):
+            return
+        errors[type(err).__name__] += 1
+        log.warning("broker %d: %s failed: %s: %s", self.broker_id, what, type(err).__name__, err)
+        await self._back_off()
 
     def _note_failure(self) -> None:
         if self._cycle_start is None:
@@ -744,13 +575,13 @@ class ProducerIdManager:
                 "backoffs": self._backoffs,
                 "throttle_waits": self._throttle_waits,
                 "surge_windows": self._early_windows,
-                "heartbeats": self._heartbeats,
-                "heartbeat_errors": dict(self._heartbeat_errors),
-                "heartbeat_re_registrations": self._heartbeat_re_registrations,
+                "heartbeats": self._heartbeat.answered,
+                "heartbeat_errors": dict(self._heartbeat.errors),
+                "heartbeat_re_registrations": self._heartbeat.re_registrations,
             },
             "heartbeat_interval_s": self.heartbeat_interval_s if self.heartbeats_enabled else None,
-            "last_heartbeat_age_s": (None if self._last_heartbeat_ok is None
-                                     else time.monotonic() - self._last_heartbeat_ok),
+            "last_heartbeat_age_s": (None if self._heartbeat.last_ok is None
+                                     else time.monotonic() - self._heartbeat.last_ok),
             "shut_down_heartbeat_sent": self._shut_down_sent,
         }
 

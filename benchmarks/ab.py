@@ -30,8 +30,10 @@ import time
 
 from quorum.client.quorum import QuorumClient, RetryPolicy
 
-from .common import environment_info, log, percentile, table, temp_cluster, utc_now, write_report
+from .common import percentile, temp_cluster
+from .harness import environment_info, log, utc_now
 from .processes import cpu_seconds
+from .report import table, write_report
 
 WARMUP = 300  # allocations per client before a run is measured (connections, the leader found, caches)
 FIGURES = ("rate", "p50_ms", "p99_ms", "cpu_ms")

@@ -44,8 +44,9 @@ from chaos.audit.job import run_audit
 from chaos.audit.spark import JRE_PACKAGE, SparkSetupError, find_java_home, spark_session
 from records.schema import ALLOCATE_PRODUCER_IDS
 
-from .common import environment_info, log, table, utc_now
+from .harness import environment_info, log, utc_now
 from .provision import ensure_installed
+from .report import table
 
 BROKERS = 50
 BLOCK = 1000

@@ -1,42 +1,28 @@
-"""Helpers shared by the benchmarks of this package (``pidctl bench`` and ``pidctl bench NAME``).
-
-Not a benchmark itself.  What is here: stderr progress lines, nearest-rank percentiles, the check that
-IDs lie inside the quorum's blocks, a throw-away three-node ``LocalCluster``,
-DescribeState polling (``describe_all`` / ``find_leader``), the staggered
-leader-kill schedule, the results skeleton (environment, phases run one after
-the other, JSON written whatever happens) and the plain-text tables.
-"""
+"""Helpers of the benchmarks that run a quorum: nearest-rank percentiles and a pacer, the check that
+IDs lie inside the quorum's blocks, a throw-away three-node ``LocalCluster``, DescribeState polling
+(``describe_all`` / ``find_leader``) and the staggered leader-kill schedule."""
 from __future__ import annotations
 
 import asyncio
 import bisect
 import contextlib
 import dataclasses
-import datetime
-import inspect
-import json
 import math
 import os
-import platform
 import shutil
-import sys
 import tempfile
 import time
-import traceback
-from typing import Callable, Iterable
+from typing import Callable
 
 from quorum.client.quorum import QuorumClient, RetryPolicy
 from quorum.localcluster import LocalCluster
 from records.wire.errors import NotControllerError
 
+from .harness import log
+
 HOST = "127.0.0.1"
 GOLDEN = 0.6180339887498949
 DESCRIBE_POLICY = RetryPolicy(timeout=1.0, attempt_timeout=0.5)
-
-
-def log(msg: str) -> None:
-    """A progress line on stderr, with the time of day."""
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------- stats
@@ -189,101 +175,3 @@ async def kill_leaders(lc: LocalCluster, t_start: float, t_stop: float, every: f
         await asyncio.to_thread(lc.wait_ready, [leader], 60.0)
         k.restart_ready_s = time.perf_counter() - t_restart
         on_round(k)
-
-
-# ------------------------------------------------------------------------ results
-def loadavg() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
-
-
-def utc_now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
-def environment_info(**extra) -> dict:
-    """The machine and Python of the run, then ``extra``, then the load average at the start."""
-    return {"cpu_count": os.cpu_count(), "python": platform.python_version(),
-            "python_executable": sys.executable, "platform": platform.platform(), **extra,
-            "loadavg_start": loadavg()}
-
-
-def run_phases(res: dict, phases: Iterable[tuple[str, Callable]], arg, json_path: str,
-               checks: Callable[[dict], list[str]] | None = None, phase_seconds: bool = False) -> None:
-    """Run each (name, fn) as ``fn(arg)`` (through ``asyncio.run`` if that gives a coroutine) into
-    ``res["phases"][name]``; a phase that raises is printed and recorded in ``res["errors"]``, and the
-    next one runs.  Then ``res["failed_checks"] = checks(res)`` if given.  Whatever happens, total_s,
-    loadavg_end and finished_at are set and ``res`` is written as JSON to ``json_path``.
-    ``phase_seconds`` adds each phase's own time as its "phase_s"."""
-    t0 = time.perf_counter()
-    try:
-        for name, fn in phases:
-            t = time.perf_counter()
-            try:
-                out = fn(arg)
-                if inspect.iscoroutine(out):
-                    out = asyncio.run(out)
-                res["phases"][name] = out
-                if phase_seconds:
-                    out["phase_s"] = time.perf_counter() - t
-            except Exception as e:  # noqa: BLE001 - record it, go on with the next phase
-                traceback.print_exc()
-                res["errors"].append({"phase": name, "error": f"{type(e).__name__}: {e}"})
-        if checks is not None:
-            res["failed_checks"] = checks(res)
-    finally:
-        res["total_s"] = time.perf_counter() - t0
-        res["environment"]["loadavg_end"] = loadavg()
-        res["finished_at"] = utc_now()
-        os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
-        with open(json_path, "w") as fh:
-            json.dump(res, fh, indent=2, default=str)
-
-
-def report(res: dict, output: str, print_results: Callable[[dict], None]) -> int:
-    """Print ``res`` as JSON (``output == "json"``) or through ``print_results``; the exit status: 1 if a
-    phase failed or a check did not hold."""
-    if output == "json":
-        print(json.dumps(res, indent=2, default=str))
-    else:
-        print_results(res)
-    return 1 if res["errors"] or res["failed_checks"] else 0
-
-
-# ----------------------------------------------------------------------- printing
-def write_report(res: dict, json_path: str, text: str) -> None:
-    """Write ``res`` as JSON to ``json_path`` (its directory made if need be), print ``text`` and where the
-    JSON went."""
-    os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
-    with open(json_path, "w") as fh:
-        json.dump(res, fh, indent=2, default=str)
-    print(text)
-    print(f"JSON: {json_path}")
-
-
-def table(title: str, headers: list[str], rows: list[list]) -> str:
-    """Right-aligned columns under a title; None prints as "-"."""
-    cells = [[("-" if v is None else str(v)) for v in row] for row in rows]
-    widths = [max(len(h), *(len(row[i]) for row in cells)) if cells else len(h) for i, h in enumerate(headers)]
-    out = [title, "  ".join(h.rjust(w) for h, w in zip(headers, widths)), "  ".join("-" * w for w in widths)]
-    out += ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells]
-    return "\n".join(out)
-
-
-def fmt_num(v, fmt=".2f", unit=""):
-    """``v`` formatted with ``fmt`` plus ``unit``, or "-" for None."""
-    return "-" if v is None else f"{v:{fmt}}{unit}"
-
-
-def print_footer(res: dict) -> None:
-    """Phase errors, failed checks (or "all checks passed"), total time and where the JSON went."""
-    if res["errors"]:
-        print("PHASE ERRORS:")
-        for e in res["errors"]:
-            print(f"  {e['phase']}: {e['error']}")
-    if res["failed_checks"]:
-        print("FAILED CHECKS:")
-        for c in res["failed_checks"]:
-            print(f"  {c}")
-    if not res["errors"] and not res["failed_checks"]:
-        print("all checks passed")
-    print(f"total {res['total_s']:.0f} s; JSON: {res['params']['json']}")

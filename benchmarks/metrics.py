@@ -1,26 +1,11 @@
-"""Benchmark of the observability paths (quorum/metrics.py, quorum/stats.py, quorum/telemetry/logs.py).
-
-Run it (any Python with pidquorum installed)::
+"""Benchmark of the observability paths (quorum/metrics.py, quorum/stats.py, quorum/telemetry/logs.py):
+the cost of a histogram observation and of a log line, /metrics scrapes of a local three-node cluster,
+and what a scraper hitting the leader costs AllocateProducerIds (docs/benchmarks.md).
 
     pidctl bench metrics [--quick] [--json bench-results/metrics.json] [--scrapes 300] [--blocks 500]
-
-(``python -m benchmarks.metrics`` takes the same options.)
-
-1. In process: the cost of one ``Histogram.observe`` (what every journal sync
-   and every answered AllocateProducerIds pays), and of formatting one log
-   line as JSON and as human text with the context filter (identity, a term
-   source, a request context), in nanoseconds per call (mean of 200,000
-   calls; 50,000 with ``--quick``).
-2. A REAL local three-node cluster with metrics on: ``--scrapes`` GETs of
-   each node's /metrics (sequential, one connection each), p50 / p99 / max
-   milliseconds and the payload size; then ``--blocks`` AllocateProducerIds
-   (sequential, one client) with and without a concurrent scraper hitting the
-   leader's endpoint as fast as it answers, to show what a scrape costs the
-   allocation path (blocks/s, p50 / p99 ms of the round trip).
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import io
 import logging
@@ -33,18 +18,9 @@ from quorum.client.quorum import QuorumClient, RetryPolicy
 from quorum.stats import Histogram
 from quorum.telemetry import logs
 
-from .common import (
-    environment_info,
-    find_leader,
-    fmt_num,
-    log,
-    percentile,
-    print_footer,
-    run_phases,
-    table,
-    temp_cluster,
-    utc_now,
-)
+from .common import find_leader, percentile, temp_cluster
+from .harness import environment_info, exit_status, log, new_results, parser, run_phases
+from .report import fmt_num, print_footer, table
 
 
 def in_process(args) -> dict:
@@ -134,7 +110,7 @@ def cluster_phase(args) -> dict:
 
 
 def main(argv=None, prog: str | None = None) -> int:
-    ap = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(prog, __doc__)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", default="bench-results/metrics.json")
     ap.add_argument("--scrapes", type=int, default=None)
@@ -143,8 +119,7 @@ def main(argv=None, prog: str | None = None) -> int:
     args.calls = 50_000 if args.quick else 200_000
     args.scrapes = args.scrapes or (100 if args.quick else 300)
     args.blocks = args.blocks or (200 if args.quick else 500)
-    res = {"benchmark": "metrics", "params": vars(args), "started_at": utc_now(), "environment": environment_info(quick=args.quick),
-           "phases": {}, "errors": [], "failed_checks": []}
+    res = new_results(vars(args), environment_info(quick=args.quick), benchmark="metrics")
     run_phases(res, [("in_process", in_process), ("cluster", cluster_phase)], args, args.json)
     p = res["phases"]
     if "in_process" in p:
@@ -162,7 +137,7 @@ def main(argv=None, prog: str | None = None) -> int:
                       fmt_num(c[k]["p99_ms"]), c[k].get("scrapes_meanwhile")]
                      for name, k in (("quiet", "allocate_quiet"), ("leader scraped", "allocate_scraped"))]))
     print_footer(res)
-    return 1 if res["errors"] else 0
+    return exit_status(res)
 
 
 if __name__ == "__main__":

@@ -66,9 +66,9 @@ from quorum.localcluster import LocalCluster
 from quorum.trail import iter_blocks
 from records.wire.errors import CoordinatorLoadInProgressError, PidQuorumError
 
-from .common import HOST, LeaderKill, check_inside, environment_info
-from .common import fmt_num as f
-from .common import kill_leaders, log, paced, percentile, print_footer, run_phases, table, temp_cluster, utc_now
+from .common import HOST, LeaderKill, check_inside, kill_leaders, paced, percentile, temp_cluster
+from .harness import environment_info, log, run_phases, utc_now
+from .report import fmt_num as f, print_footer, table
 
 BLOCK = 1000
 TICK_S = 0.01

@@ -79,8 +79,10 @@ from quorum.client.quorum import Connection, ConnectionFailed
 from records.wire import kafka
 from records.wire.errors import Errors, RequestTimedOutError
 
-from .common import environment_info, log, percentile, print_footer, report, run_phases, table, temp_cluster, utc_now
+from .common import percentile, temp_cluster
+from .harness import environment_info, log, run_phases, utc_now
 from .processes import REPO, BrokerProcess, child_env, cpu_seconds
+from .report import print_footer, report, table
 
 PRODUCE = 0
 PRODUCE_VERSION = 9

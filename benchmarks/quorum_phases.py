@@ -70,8 +70,9 @@ from quorum.raft import RaftConfig
 from chaos.faultnode import FAULT_NODE_COMMAND
 from snapshots.format import read_snapshot
 
-from .common import (HOST, describe_all, environment_info, find_leader, log, percentile, print_footer, run_phases,
-                     table, temp_cluster, utc_now)
+from .common import HOST, describe_all, find_leader, percentile, temp_cluster
+from .harness import environment_info, log, run_phases, utc_now
+from .report import print_footer, table
 
 NO_FSYNC = {"node_command": [*FAULT_NODE_COMMAND, "--no-fsync"]}  # benchmark-only: what durability costs
 CLUSTER_OPTIONS = {"allocate_rate_per_broker": 0}  # rate limit off in every phase

@@ -1,53 +1,12 @@
-"""Benchmark of the KIP-936 producer-ID quota (broker/quota.py), in process, on a simulated clock.
-
-Run it::
+"""Benchmark of the KIP-936 producer-ID quota (broker/quota.py), in process, on a simulated clock: filter
+memory and false positives with every layer full, check() cost, and the broker memory one principal can
+make the broker hold (its phases: docs/benchmarks.md).
 
     pidctl bench quota [--rate 10] [--window-num 11] [--window-size-s 3600] [--fpp 0.001] [--burst-s 60]
                        [--fp-rates 1,10,100,1000] [--json bench-results/quota.json] [--quick]
-
-(``python -m benchmarks.quota`` takes the same options.)
-
-Phases (one principal, ``User:bench``, with ``producer_ids_rate = --rate``):
-
-1. ``steady``: a rogue offers new PIDs at twice the rate for two full spans
-   (``window_num * window_size_s`` each) of simulated time, so the bucket is
-   always spent and the filter is as full as the quota lets it be.  Reports the
-   filter's bytes (rbloom bit arrays) and layers at the end and at the peak,
-   bytes per remembered PID, and the bound ``max_layers * layer bytes``.
-2. ``false_positives``: on that full filter, 1,000,000 PIDs never offered are
-   looked up: the fraction that look seen is the measured false-positive rate
-   (such a PID would pass for free).  Also the rate seen through ``check()``
-   in phase 3 (distinct PIDs reported as seen).
-3. ``million``: 1,000,000 distinct PIDs from one principal, offered at 100 x
-   the rate: filter bytes and layers at the end and peak, process RSS before
-   and after, and, for scale, the RSS a Python ``set`` of the same PIDs takes.
-4. ``check_cost``: nanoseconds per ``check()`` (median of 5 runs of
-   ``--calls`` calls): a PID already seen, a new PID admitted, a new PID
-   refused (bucket empty), a principal without a quota.
-5. ``sizing``: bytes per principal for several rates with these window
-   settings, from real layers (steady state: window_num + 1 layers; bound:
-   3 * window_num + 2).
-6. ``fp_by_rate``: for each of ``--fp-rates``, in a fresh process (so that its
-   RSS is the filter's): a filter whose every layer is full (``layer_items``
-   consecutive PIDs each, as the quorum hands PIDs out in blocks), first with
-   window_num + 1 layers (where the target applies), then with max_layers
-   (the hard cap, the worst case); ``--fp-lookups`` never-seen consecutive
-   PIDs and as many random 63-bit ones are looked up.  Reports the measured
-   rates, the rate Bloom-filter theory gives for the layers as filled
-   (``LayeredBloomFilter.false_positive_rate()``) and how many standard
-   deviations the measurement is from it, the target, bit-array bytes and the
-   child's RSS growth.
-7. ``budget``: the broker memory one principal can make the broker hold: the
-   bytes of one producer's state on one partition (``ProducerStateManager``,
-   measured with 1 and with 5 cached batches) times the live producers the
-   quota allows: ``burst + rate * producer_id_expiration + remembered``, where
-   ``remembered`` (max_layers * layer_items) bounds the PIDs admitted earlier
-   that the filter keeps passing for free; and what the bucket lets appear at
-   once, against the KIP's ``rate * window_num * window_size_s`` bucket.
 """
 from __future__ import annotations
 
-import argparse
 import gc
 import math
 import multiprocessing
@@ -59,10 +18,12 @@ import time
 import tracemalloc
 from concurrent.futures import ProcessPoolExecutor
 
-from broker.producer_state import DEFAULT_RETRY_WINDOW_MS
+from broker.producer_state import DEFAULT_RETRY_WINDOW_MS, ProducerStateManager
 from broker.quota import LayeredBloomFilter, ProducerIdQuotaManager, QuotaWindow
+from broker.recordbatch import BatchHeader
 
-from .common import environment_info, fmt_num, print_footer, run_phases, table, utc_now
+from .harness import exit_status, new_results, parser, run_phases
+from .report import fmt_num, print_footer, table
 
 PRINCIPAL = "User:bench"
 
@@ -295,9 +256,6 @@ RETRY_WINDOW_S = DEFAULT_RETRY_WINDOW_MS / 1000
 
 def producer_state_bytes(batches: int, n: int = 20_000) -> float:
     """tracemalloc bytes per producer in one partition's ProducerStateManager, ``batches`` batches each."""
-    from broker.producer_state import ProducerStateManager  # the broker's, as it is
-    from broker.recordbatch import BatchHeader
-
     def header(pid: int, seq: int) -> BatchHeader:
         return BatchHeader(base_offset=0, batch_length=100, partition_leader_epoch=0, magic=2, crc=0, attributes=0,
                            last_offset_delta=0, base_timestamp=1_700_000_000_000,
@@ -447,8 +405,7 @@ def print_results(res: dict) -> None:
 
 
 def parse_args(argv=None, prog: str | None = None):
-    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(prog, __doc__)
     ap.add_argument("--rate", type=float, default=10.0, help="producer_ids_rate of the principal (PIDs/s)")
     ap.add_argument("--window-num", type=int, default=11, help="producer.id.quota.window.num")
     ap.add_argument("--window-size-s", type=float, default=3600.0, help="producer.id.quota.window.size.seconds")
@@ -474,19 +431,17 @@ def parse_args(argv=None, prog: str | None = None):
 
 def main(argv=None, prog: str | None = None) -> int:
     a = parse_args(argv, prog)
-    res = {"params": {"rate": a.rate, "window_num": a.window_num, "window_size_s": a.window_size_s, "fpp": a.fpp,
-                      "burst_s": a.burst_s, "fp_rates": a.fp_rates, "expiration_s": a.expiration_s,
-                      "million": a.million, "fp_lookups": a.fp_lookups, "calls": a.calls, "quick": a.quick,
-                      "json": a.json,
-                      "argv": sys.argv, "clock": "simulated (check(now=...)); memory = rbloom bit arrays"},
-           "environment": environment_info(), "started_at": utc_now(), "phases": {}, "errors": [],
-           "failed_checks": []}
+    res = new_results({"rate": a.rate, "window_num": a.window_num, "window_size_s": a.window_size_s, "fpp": a.fpp,
+                       "burst_s": a.burst_s, "fp_rates": a.fp_rates, "expiration_s": a.expiration_s,
+                       "million": a.million, "fp_lookups": a.fp_lookups, "calls": a.calls, "quick": a.quick,
+                       "json": a.json,
+                       "argv": sys.argv, "clock": "simulated (check(now=...)); memory = rbloom bit arrays"})
     fns = {"steady": phase_steady, "false_positives": phase_false_positives, "million": phase_million,
            "check_cost": phase_check_cost, "overhead": phase_overhead, "sizing": phase_sizing,
            "fp_by_rate": phase_fp_by_rate, "budget": phase_budget}
     run_phases(res, [(n, fns[n]) for n in a.phases], a, a.json, checks=checks, phase_seconds=True)
     print_results(res)
-    return 1 if res["errors"] or res["failed_checks"] else 0
+    return exit_status(res)
 
 
 if __name__ == "__main__":

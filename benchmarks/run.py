@@ -43,10 +43,12 @@ import traceback
 from dataclasses import asdict, dataclass, field
 
 from . import floor
-from .common import environment_info, loadavg, log, percentile, table, utc_now
+from .common import percentile
+from .harness import environment_info, loadavg, log, utc_now
 from .processes import child_env, cpu_seconds
 from .quorum_phases import Bench as QBench
 from .quorum_phases import history_row
+from .report import table
 from .systems import (
     RESERVE_BLOCKS,
     SYSTEMS,

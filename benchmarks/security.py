@@ -36,7 +36,8 @@ from quorum.security import credentials
 from quorum.security.client import ClientSecurity
 from quorum.security.mechanisms import PlainServer, ScramClient, ScramServer
 
-from .common import environment_info, log, percentile, utc_now
+from .common import percentile
+from .harness import environment_info, log, utc_now
 from .pki import make_pki
 
 

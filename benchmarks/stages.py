@@ -40,7 +40,9 @@ import sys
 import tempfile
 import time
 
-from .common import HOST, log, percentile, table, write_report
+from .common import HOST, percentile
+from .harness import log
+from .report import table, write_report
 
 LEADER_STAGES = ("parsed", "batch", "proposed", "appended", "sent", "acked", "committed", "applied", "answered")
 FOLLOWER_STAGES = ("received", "appended", "syncing", "synced", "acked")

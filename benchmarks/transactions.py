@@ -79,21 +79,10 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from kafka import KafkaConsumer
 from kafka import TopicPartition as KTopicPartition
 
-from .common import (
-    LeaderKill,
-    environment_info,
-    fmt_num,
-    kill_leaders,
-    log,
-    percentile,
-    print_footer,
-    report,
-    run_phases,
-    table,
-    temp_cluster,
-    utc_now,
-)
+from .common import LeaderKill, kill_leaders, percentile, temp_cluster
+from .harness import environment_info, log, run_phases, utc_now
 from .processes import REPO, BrokerProcess, child_env
+from .report import fmt_num, print_footer, report, table
 
 PARTITIONS = 3
 MESSAGES = 10                 # per transaction (per unit)

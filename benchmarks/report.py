@@ -1,0 +1,73 @@
+"""The printing every benchmark shares: plain-text tables, numbers or "-", latency summaries and their
+cells, error counts, and the closing lines (phase errors, failed checks, total time, where the JSON went)."""
+from __future__ import annotations
+
+import json
+from typing import Callable
+
+from .common import percentile
+from .harness import exit_status, write_json
+
+
+def table(title: str, headers: list[str], rows: list[list]) -> str:
+    """Right-aligned columns under a title; None prints as "-"."""
+    cells = [[("-" if v is None else str(v)) for v in row] for row in rows]
+    widths = [max(len(h), *(len(row[i]) for row in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    out = [title, "  ".join(h.rjust(w) for h, w in zip(headers, widths)), "  ".join("-" * w for w in widths)]
+    out += ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells]
+    return "\n".join(out)
+
+
+def fmt_num(v, fmt=".2f", unit=""):
+    """``v`` formatted with ``fmt`` plus ``unit``, or "-" for None."""
+    return "-" if v is None else f"{v:{fmt}}{unit}"
+
+
+def summarize_ms(values, scale: float = 1000.0) -> dict:
+    """n, min, p50, p99, max, mean (ms) of values given in seconds (``scale`` 1 if already ms)."""
+    s = sorted(v * scale for v in values)
+    if not s:
+        return {"n": 0, "p50_ms": None, "p99_ms": None, "max_ms": None, "mean_ms": None, "min_ms": None}
+    return {"n": len(s), "min_ms": s[0], "p50_ms": percentile(s, 50), "p99_ms": percentile(s, 99),
+            "max_ms": s[-1], "mean_ms": sum(s) / len(s)}
+
+
+def lat_cells(s: dict, fmt: str = ".2f") -> list:
+    """n, p50, p99, max of a ``summarize_ms`` summary, as table cells."""
+    return [s["n"], fmt_num(s["p50_ms"], fmt), fmt_num(s["p99_ms"], fmt), fmt_num(s["max_ms"], fmt)]
+
+
+def counts(d: dict) -> str:
+    """``{name: count}`` as "name count, ..." sorted by name, or "0"."""
+    return ", ".join(f"{k} {v}" for k, v in sorted(d.items())) or "0"
+
+
+def print_footer(res: dict) -> None:
+    """Phase errors, failed checks (or "all checks passed"), total time and where the JSON went."""
+    if res["errors"]:
+        print("PHASE ERRORS:")
+        for e in res["errors"]:
+            print(f"  {e['phase']}: {e['error']}")
+    if res["failed_checks"]:
+        print("FAILED CHECKS:")
+        for c in res["failed_checks"]:
+            print(f"  {c}")
+    if not res["errors"] and not res["failed_checks"]:
+        print("all checks passed")
+    print(f"total {res['total_s']:.0f} s; JSON: {res['params']['json']}")
+
+
+def write_report(res: dict, json_path: str, text: str) -> None:
+    """Write ``res`` as JSON to ``json_path``, print ``text`` and where the JSON went."""
+    write_json(res, json_path)
+    print(text)
+    print(f"JSON: {json_path}")
+
+
+def report(res: dict, output: str, print_results: Callable[[dict], None]) -> int:
+    """Print ``res`` as JSON (``output == "json"``) or through ``print_results``; the exit status."""
+    if output == "json":
+        print(json.dumps(res, indent=2, default=str))
+    else:
+        print_results(res)
+    return exit_status(res)

@@ -19,7 +19,8 @@ from .config import NodeConfig
 from .identity import IdentityError
 from .metrics import quorum_families
 from .server import QuorumServer
-from .service import Service, ZooKeeperHook
+from .producer_ids import ZooKeeperHook
+from .service import Service
 
 log = logging.getLogger("pidquorum.node")
 

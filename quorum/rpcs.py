@@ -13,7 +13,10 @@ Two kinds of handler:
   records it returns are proposed, and once they are committed and applied the
   caller gets ``Result.response``, a domain value.  A follower never runs it: it
   forwards the client's raw frame to the leader and relays the raw answer.
-* ``serve(server, request) -> value``: answered by the node itself from what it
+* ``submit(node, request, timeout, on_value) -> value``: the leader-side path of an RPC a controller
+  owns (AllocateProducerIds and MigrationCommand: ``quorum.producer_ids.ProducerIdController``),
+  in place of proposing ``generate`` as it is.
+* ``serve(node, request) -> value``: answered by the node itself from what it
   has applied (ApiVersions, DescribeState, a validate-only AlterClientQuota,
   TransactionRequest's pending), by the leader from what it has applied
   (``Rpc.leader_read``: DescribeAcls, DescribeClientQuotas, TransactionRequest's
@@ -31,7 +34,7 @@ import functools
 import ipaddress
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Protocol
 
 from kio.schema.envelope.v0.request import EnvelopeRequest
 from kio.schema.errors import ErrorCode
@@ -62,39 +65,32 @@ from quorum.security import acl as acl_rules
 from quorum.security.acl import Acl
 from snapshots.storage.disk import CorruptFileError
 from records.wire import kafka
-from records.wire.errors import Errors, InvalidRequestError, RequestTimedOutError, UnknownServerError, for_code
+from records.wire.errors import Errors, InvalidRequestError, for_code
 
 from . import membership
 from .client_quotas import ClientQuotaManager, parse_user
-from .managers import (
-    DEFAULT_BROKER_SESSION_TIMEOUT_MS,
-    LIST,
-    PENDING,
-    ROLLED_BACK,
-    QuorumState,
-    Result,
-    TxnSettings,
-    txn_json,
-)
+from .config import NodeConfig
+from .managers import LIST, PENDING, Context, QuorumState, Result, txn_json
+from .producer_ids import ProducerIdController, check_issuing, generate_allocate, generate_migrate, generate_seed
+from .service import Service
 from .trail import BlockPage, read_block_page
 
-if TYPE_CHECKING:  # the server hands itself to ``serve`` handlers; it imports this module
-    from .server import QuorumServer
 
-Generate = Callable[[QuorumState, Any, "Context"], Result]
-Serve = Callable[["QuorumServer", kafka.Request], Awaitable[Any]]
+class Node(Protocol):
+    """What a handler may use of the node that serves it (``quorum.server.QuorumServer``)."""
+    service: Service
+    cfg: NodeConfig
+    api_table: Any
+    producer_ids: ProducerIdController
+
+    def status(self) -> dict[str, Any]: ...
+
+    async def answer_forwarded(self, envelope: Any) -> bytes: ...
 
 
-@dataclass(frozen=True)
-class Context:
-    """What a ``generate`` handler may read besides the state and the request: the node's settings and
-    the batch's clock (one timestamp for every record of a batch)."""
-    block_size: int
-    now_ms: int
-    txn: TxnSettings
-    # Kafka's broker.session.timeout.ms: how long after its last heartbeat a registration holds its broker
-    # id against a new incarnation (BrokerRegistration answers DUPLICATE_BROKER_REGISTRATION meanwhile).
-    session_timeout_ms: int = DEFAULT_BROKER_SESSION_TIMEOUT_MS
+Generate = Callable[[QuorumState, Any, Context], Result]
+Serve = Callable[[Node, kafka.Request], Awaitable[Any]]
+Submit = Callable[[Node, Any, float, Callable[[Any], None] | None], Awaitable[Any]]
 
 
 @dataclass(frozen=True)
@@ -106,14 +102,9 @@ class Rpc:
     record: type | None = None  # the request record of a record RPC (RECORD_API_KEY)
     generate: Generate | None = None
     serve: Serve | None = None
+    submit: Submit | None = None
     # Whether this request needs the leader (a generate handler's default: always).
     on_leader: Callable[[Any], bool] | None = None
-    # Follow-up on the leader once the entry is applied (rollback writes ZooKeeper's placeholder).
-    after: Callable[["QuorumServer", Any, Any], Awaitable[Any]] | None = None
-    issues_ids: bool = False  # refused once the migration is rolled back (ZooKeeper allocates again)
-    from_reserve: bool = False  # AllocateProducerIds: the leader's block reserve may answer it
-    throttled: bool = False  # per-broker rate limit (AllocateProducerIds)
-    timed: bool = False  # its latency is reported (AllocateProducerIds: the allocation latency metric)
     # A read served from the leader's applied state (a follower forwards it): it sees every write whose
     # answer came before it.  A follower learns a new commit index with the next AppendEntries, a few
     # milliseconds after the leader answered the write.  A callable: which requests of the RPC are (the
@@ -133,14 +124,6 @@ class Rpc:
     def reads_on_leader(self, body: Any) -> bool:
         """Whether the leader answers ``body`` with ``serve``, from its applied state (nothing proposed)."""
         return self.leader_read(body) if callable(self.leader_read) else self.leader_read
-
-    def run(self, state: QuorumState, body: Any, ctx: Context) -> Result:
-        """``generate``, behind the one rule every ID-issuing RPC shares."""
-        if self.issues_ids and state.migration.mode == ROLLED_BACK:
-            raise UnknownServerError("producer IDs are allocated by ZooKeeper again (the migration was rolled "
-                                     "back); run `pidctl migrate bridge` to come back")
-        assert self.generate is not None
-        return self.generate(state, body, ctx)
 
 
 # ---------------------------------------------------------------- answers
@@ -179,11 +162,6 @@ def _describe_state_error(version: int, code: Errors, message: str, throttle_ms:
 
 
 # --------------------------------------------------------------- handlers
-def _allocate(state: QuorumState, b: Any, ctx: Context) -> Result:
-    return state.producer_ids.generate_allocate(int(b.broker_id), int(b.broker_epoch), state.registrations,
-                                                ctx.block_size, ctx.now_ms)
-
-
 def _register(state: QuorumState, b: Any, ctx: Context) -> Result:
     if b.incarnation_id is None:
         raise InvalidRequestError("incarnation id is required")
@@ -197,6 +175,7 @@ def _heartbeat(state: QuorumState, b: Any, ctx: Context) -> Result:
 
 
 def _init_txn(state: QuorumState, b: InitTransactionalProducerRequest, ctx: Context) -> Result:
+    check_issuing(state)
     res = state.transactions.generate_init(
         b.broker_id, b.broker_epoch, b.transactional_id, b.transaction_timeout_ms, b.producer_id, b.producer_epoch,
         registrations=state.registrations, producer_ids=state.producer_ids, now_ms=ctx.now_ms, settings=ctx.txn,
@@ -218,7 +197,7 @@ def _txn(state: QuorumState, b: TransactionRequest, ctx: Context) -> Result:
     return Result(res.records, txn_json(res.response, state.transactions.get(b.transactional_id)))
 
 
-async def _read_txns(server: QuorumServer, req: kafka.Request) -> list[dict]:
+async def _read_txns(server: Node, req: kafka.Request) -> list[dict]:
     """``pending``, from this node's applied state (a follower's may lag: every step on them is decided
     again by the leader), the transactions some coordinator must drive; ``list``, from the leader's
     (``Rpc.leader_read``: it sees every step answered before it, as ``describe`` does), a page of every
@@ -249,15 +228,6 @@ def _read_txn(state: QuorumState, b: DescribeTransactionalIdRequest, ctx: Contex
     return Result([], state.transactions.get(b.transactional_id))
 
 
-def _seed(state: QuorumState, b: SeedProducerIdsRequest, ctx: Context) -> Result:
-    return state.producer_ids.generate_seed(b.next_producer_id, b.origin, b.zk_broker, b.zk_block_start,
-                                            b.zk_block_end, ctx.now_ms)
-
-
-def _migrate(state: QuorumState, b: MigrationCommandRequest, ctx: Context) -> Result:
-    return state.migration.generate_command(b.action, b.zk, state.producer_ids.next_producer_id, ctx.now_ms)
-
-
 def _alter_acl(state: QuorumState, b: AlterAclsRequest, ctx: Context) -> Result:
     acl = Acl(principal=b.principal, resource_type=b.resource_type, resource_name=b.resource_name,
               pattern_type=b.pattern_type, operation=b.operation, permission=b.permission, host=b.host)
@@ -269,7 +239,7 @@ def _alter_quota(state: QuorumState, b: AlterClientQuotaRequest, ctx: Context) -
     return Result(records, changed)
 
 
-async def _validate_quota(server: QuorumServer, req: kafka.Request) -> bool:
+async def _validate_quota(server: Node, req: kafka.Request) -> bool:
     """A validate-only AlterClientQuota: checked against this node's applied quotas, nothing proposed."""
     b = req.body
     with server.service.lock:
@@ -278,40 +248,11 @@ async def _validate_quota(server: QuorumServer, req: kafka.Request) -> bool:
     return scratch.generate_alter(b.user, b.key, b.value, b.remove, 0)[1]
 
 
-async def _after_migrate(server: QuorumServer, b: MigrationCommandRequest, value: tuple[bool, str]) -> dict:
-    changed, mode = value
-    service = server.service
-    with service.lock:
-        next_id = service.state.producer_ids.next_producer_id
-        zk = service.state.migration.zk
-    message = f"migration mode {mode}" + ("" if changed else " (unchanged)")
-    if b.action == "rollback":
-        # Committed first (the quorum now issues nothing), so the cursor is final: the placeholder at it
-        # puts ZooKeeper-mode allocation above every ID the quorum ever issued.
-        message = await asyncio.get_running_loop().run_in_executor(
-            None, _write_rollback_placeholder, service, zk, next_id, server.cfg.block_size)
-    return {"mode": mode, "changed": changed, "next_producer_id": next_id, "message": message}
-
-
-def _write_rollback_placeholder(service: Any, zk_hosts: str, start: int, length: int) -> str:
-    """Rollback: the placeholder block (broker -1) at the quorum's next ID; raises a retriable error if
-    ZooKeeper cannot be written (the mode is already rolled back: run the rollback again)."""
-    if service.zookeeper is None:
-        raise RequestTimedOutError("rolled back, but this node was started without a ZooKeeper hook to write "
-                                   "the placeholder; run the rollback again on a node started with pidctl node "
-                                   "start")
-    try:
-        return service.zookeeper.write_placeholder(zk_hosts, start, length)
-    except Exception as e:  # noqa: BLE001 - report, the operator reruns the (idempotent) rollback
-        raise RequestTimedOutError(f"rolled back, but writing the placeholder to ZooKeeper ({zk_hosts}) "
-                                   f"failed: {type(e).__name__}: {e}; run the rollback again") from None
-
-
-async def _api_versions(server: QuorumServer, req: kafka.Request) -> Any:
+async def _api_versions(server: Node, req: kafka.Request) -> Any:
     return kafka.api_versions_body(req.api_version, Errors.NONE, server.api_table)
 
 
-async def _describe_state(server: QuorumServer, req: kafka.Request) -> dict:
+async def _describe_state(server: Node, req: kafka.Request) -> dict:
     action = req.body.get("action")
     if action in membership.ACTIONS:
         return await membership.handle(server.service, action, req.body)
@@ -322,7 +263,7 @@ async def _describe_state(server: QuorumServer, req: kafka.Request) -> dict:
     return server.status()
 
 
-async def _describe_acls(server: QuorumServer, req: kafka.Request) -> tuple[list, int]:
+async def _describe_acls(server: Node, req: kafka.Request) -> tuple[list, int]:
     # The leader's applied entries (a follower forwards the request: Rpc.leader_read).
     b = req.body
     with server.service.lock:
@@ -331,7 +272,7 @@ async def _describe_acls(server: QuorumServer, req: kafka.Request) -> tuple[list
     return [x.to_dict() for x in acls if not b.principal or x.principal == b.principal], applied
 
 
-async def _describe_client_quotas(server: QuorumServer, req: kafka.Request) -> list[dict]:
+async def _describe_client_quotas(server: Node, req: kafka.Request) -> list[dict]:
     """DescribeClientQuotas from the leader's applied state (no log entry: brokers poll it; a follower
     forwards it, ``Rpc.leader_read``), so a read sees every change answered before it.
 
@@ -360,7 +301,7 @@ async def _describe_client_quotas(server: QuorumServer, req: kafka.Request) -> l
     return [e for e in entries if keep(e["user"])]
 
 
-async def _block_history(server: QuorumServer, req: kafka.Request) -> tuple[int, int, int, BlockPage]:
+async def _block_history(server: Node, req: kafka.Request) -> tuple[int, int, int, BlockPage]:
     """A page of this node's audit trail (``quorum.trail.read_block_page``, in an I/O thread: it reads the
     file), with the node's id and applied index: (node id, applied index, trail index, page)."""
     b = req.body
@@ -389,7 +330,7 @@ def _block_history_response(version: int, r: tuple[int, int, int, BlockPage]) ->
                                 next_offset=page.cursor[2], more=page.more)
 
 
-async def _envelope(server: QuorumServer, req: kafka.Request) -> bytes:
+async def _envelope(server: Node, req: kafka.Request) -> bytes:
     """A request a follower forwarded (Kafka's Envelope, KIP-590): the client's frame as it arrived, its
     principal and address.  Answered with the raw answer frame the follower relays; a node that is not
     the leader (any more) says so in the envelope, and the follower retries the new leader."""
@@ -424,8 +365,8 @@ def _rpcs() -> list[Rpc]:
     return [
         Rpc(quorum_api.API_VERSIONS, acl=lambda b: (), serve=_api_versions, respond=lambda v, body: body,
             error=lambda v, code, m, t: kafka.api_versions_body(v, code, quorum_api.SUPPORTED)),
-        Rpc(quorum_api.ALLOCATE_PRODUCER_IDS, acl=lambda b: _BROKERS, generate=_allocate, issues_ids=True, from_reserve=True,
-            throttled=True, timed=True,
+        Rpc(quorum_api.ALLOCATE_PRODUCER_IDS, acl=lambda b: _BROKERS, generate=generate_allocate,
+            submit=lambda node, body, timeout, on_value: node.producer_ids.allocate(body, timeout, on_value),
             respond=_kafka_response(quorum_api.ALLOCATE_PRODUCER_IDS,
                                     lambda block: {"producer_id_start": i64(block[0]), "producer_id_len": i32(block[1])}),
             error=_kafka_error(quorum_api.ALLOCATE_PRODUCER_IDS, producer_id_start=i64(-1), producer_id_len=i32(0))),
@@ -450,7 +391,6 @@ def _rpcs() -> list[Rpc]:
                 response_data=None, error_code=ErrorCode(int(code)))),
         # The record RPCs (RECORD_API_KEY): request and response are records (records/schema.py).
         Rpc(quorum_api.RECORD_API_KEY, record=InitTransactionalProducerRequest, acl=lambda b: _BROKERS, generate=_init_txn,
-            issues_ids=True,
             respond=lambda v, r: _init_response(r),
             error=_record_error(InitTransactionalProducerResponse)),
         Rpc(quorum_api.RECORD_API_KEY, record=DescribeTransactionalIdRequest, acl=lambda b: _BROKERS, generate=_read_txn,
@@ -463,11 +403,12 @@ def _rpcs() -> list[Rpc]:
             respond=lambda v, r: TransactionResponse(error_code=0, transactions=json.dumps(r)) if isinstance(r, list)
             else TransactionResponse(error_code=0, transaction=json.dumps(r)),
             error=_record_error(TransactionResponse)),
-        Rpc(quorum_api.RECORD_API_KEY, record=SeedProducerIdsRequest, acl=lambda b: _ADMIN, generate=_seed, issues_ids=True,
+        Rpc(quorum_api.RECORD_API_KEY, record=SeedProducerIdsRequest, acl=lambda b: _ADMIN, generate=generate_seed,
             respond=lambda v, r: SeedProducerIdsResponse(error_code=0, changed=r[0], next_producer_id=r[1]),
             error=_record_error(SeedProducerIdsResponse)),
-        Rpc(quorum_api.RECORD_API_KEY, record=MigrationCommandRequest, acl=lambda b: _ADMIN, generate=_migrate,
-            after=_after_migrate, respond=lambda v, r: MigrationCommandResponse(error_code=0, **r),
+        Rpc(quorum_api.RECORD_API_KEY, record=MigrationCommandRequest, acl=lambda b: _ADMIN, generate=generate_migrate,
+            submit=lambda node, body, timeout, on_value: node.producer_ids.migrate(body, timeout),
+            respond=lambda v, r: MigrationCommandResponse(error_code=0, **r),
             error=_record_error(MigrationCommandResponse)),
         Rpc(quorum_api.RECORD_API_KEY, record=AlterAclsRequest, acl=lambda b: _ADMIN, generate=_alter_acl,
             respond=lambda v, changed: AlterAclsResponse(error_code=0, changed=changed),
@@ -523,4 +464,4 @@ SERVER_API = kafka.ApiTable(
              for key, api in quorum_api.QUORUM_API.msgpack.items()})
 
 
-__all__ = ["Context", "RPCS", "Rpc", "RpcTable", "SERVER_API", "envelope_peer", "forward_envelope"]
+__all__ = ["Context", "Node", "RPCS", "Rpc", "RpcTable", "SERVER_API", "envelope_peer", "forward_envelope"]

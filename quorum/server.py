@@ -65,39 +65,22 @@ from records.wire.errors import (
     NotControllerError,
     PidQuorumError,
     RequestTimedOutError,
-    ThrottlingQuotaExceededError,
     UnsupportedVersionError,
     for_code,
 )
 
 from .rpcs import RPCS, SERVER_API, Rpc, envelope_peer, forward_envelope
-from .service import Proposer, Service
+from .producer_ids import ProducerIdController
+from .proposer import Proposer
+from .service import Service
 from .stats import REQUEST_BUCKETS, Histogram
 
 log = logging.getLogger(__name__)
 FORWARD_CLIENT_ID = "pidquorum-forward"  # the client id of the connection a node forwards on
-BUCKET_PRUNE_AT = 1024  # throttle buckets kept before idle ones are pruned
 
 
 class _Refused(Exception):
     """The SASL gate closed the connection (its reason logged): answers written, then a lingering close."""
-
-
-class TokenBucket:
-    def __init__(self, rate: float, burst: int):
-        self.rate, self.burst = rate, burst
-        self.tokens = float(burst)
-        self.stamp = time.monotonic()
-
-    def take(self) -> int:
-        """0 if a token was taken, else the milliseconds until one is available."""
-        now = time.monotonic()
-        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
-        self.stamp = now
-        if self.tokens >= 1:
-            self.tokens -= 1
-            return 0
-        return max(1, int((1 - self.tokens) / self.rate * 1000 + 0.999))
 
 
 @dataclass(frozen=True)
@@ -185,7 +168,7 @@ class InOrder:
 
 
 class EarlyAnswer:
-    """How a proposed request is answered from the tick that applied its entry (``Proposer.submit``):
+    """How a proposed request is answered from the tick that applied its entry (``Proposer.enqueue``):
     ``prepare(value)`` encodes the answer while the entry is on its way to the followers (the leader waits
     for them then), and the call, at apply, writes it.  A value other than the prepared one is encoded
     then."""
@@ -204,20 +187,21 @@ class QuorumServer:
         self.service = service
         self.cfg = service.cfg
         self.proposer = Proposer(service)
-        self._buckets: dict[int, TokenBucket] = {}
-        self._bucket_limit = BUCKET_PRUNE_AT
+        self.producer_ids = ProducerIdController(service, self.proposer)
         self._forward_conns: dict[str, Connection] = {}
         self._server: asyncio.AbstractServer | None = None
         self._tasks: list[asyncio.Task] = []
-        self.counters = {"requests": 0, "forwarded": 0, "throttled": 0, "bad_frames": 0, "bad_requests": 0,
+        self.counters = {"requests": 0, "forwarded": 0, "bad_frames": 0, "bad_requests": 0,
                          "unsupported_versions": 0, "connections_refused": 0, "connections_refused_per_ip": 0,
                          "authentication_timeouts": 0, "tls_handshake_failures": 0, "read_pauses": 0}
         self.limits = ConnectionLimits(self.cfg.max_connections, self.cfg.max_connections_per_ip, self.counters, log)
         self._peer_log = Throttled(log, 10.0)  # what unauthenticated peers cause: at most a line every 10 s
         self._trim = TrimAfterClose(log)  # else 100 connections that each parked 1 MiB leave the node at its peak RSS
         self._frame_log = FirstOfEach(log)  # unknown API keys, unsupported versions: once each
-        # AllocateProducerIds answered OK by this node (the RPCs marked timed), their latency
-        self.allocate_latency = Histogram(REQUEST_BUCKETS)
+        # Per RPC, the latency of the requests this node answered OK (AllocateProducerIds': the allocation
+        # latency metric)
+        self.latency: collections.defaultdict[str, Histogram] = collections.defaultdict(
+            lambda: Histogram(REQUEST_BUCKETS))
         self._setup_security()
 
     def _setup_security(self) -> None:
@@ -243,10 +227,12 @@ class QuorumServer:
 
     def status(self) -> dict[str, Any]:
         """Everything DescribeState answers; the metrics endpoint reads the same dict."""
-        return {**self.service.describe(), "server": {**self.counters, "connections": self.limits.open},
+        return {**self.service.describe(),
+                "server": {**self.counters, "throttled": self.producer_ids.rate_limit.throttled,
+                           "connections": self.limits.open},
                 "proposer": {"batches": self.proposer.batches, "records": self.proposer.proposed_records,
-                             "reserve_served": self.proposer.reserve.served},
-                "allocate_latency": self.allocate_latency.snapshot()}
+                             "reserve_served": self.producer_ids.reserve.served},
+                "allocate_latency": self.latency[RPCS.of(api.ALLOCATE_PRODUCER_IDS, None).name].snapshot()}
 
     async def start(self) -> None:
         host, port = (self.cfg.client_bind or self.cfg.client_address).rsplit(":", 1)
@@ -396,8 +382,7 @@ class QuorumServer:
 
         def frame(value: Any) -> bytes:
             data = prepared[1] if prepared and prepared[0] is value else encode(value)
-            if rpc.timed:
-                self.allocate_latency.observe(time.monotonic() - t0)
+            self.latency[rpc.name].observe(time.monotonic() - t0)
             return data
 
         def prepare(value: Any) -> None:
@@ -424,8 +409,8 @@ class QuorumServer:
             if answered:
                 return answered[0]
             if isinstance(result, Relayed):
-                if rpc.timed and result.ok(req):
-                    self.allocate_latency.observe(time.monotonic() - t0)
+                if result.ok(req):
+                    self.latency[rpc.name].observe(time.monotonic() - t0)
                 return result.frame
             return frame(result)
         except PidQuorumError as e:
@@ -482,7 +467,7 @@ class QuorumServer:
     async def _run(self, rpc: Rpc, req: kafka.Request, peer: Any,
                    on_value: Callable[[Any], None] | None = None) -> Any:
         """The RPC's domain value: served here, or proposed on the leader (``on_value``: see
-        ``Proposer.submit``); or the leader's answer to the forwarded frame (``Relayed``)."""
+        ``Proposer.enqueue``); or the leader's answer to the forwarded frame (``Relayed``)."""
         if not rpc.needs_leader(req.body):
             assert rpc.serve is not None
             return await rpc.serve(self, req)
@@ -512,12 +497,9 @@ class QuorumServer:
 
     async def _propose(self, rpc: Rpc, req: kafka.Request, timeout: float,
                        on_value: Callable[[Any], None] | None = None) -> Any:
-        if rpc.throttled:
-            self._throttle(int(req.body.broker_id))
-        value = await self.proposer.submit(rpc, req.body, timeout, on_value if rpc.after is None else None)
-        if rpc.after is not None:
-            value = await rpc.after(self, req.body, value)
-        return value
+        if rpc.submit is not None:  # a controller's path (quorum.producer_ids)
+            return await rpc.submit(self, req.body, timeout, on_value)
+        return await self.proposer.submit(rpc, req.body, timeout, on_value)
 
     async def _forward(self, address: str, req: kafka.Request, peer: Any, timeout: float) -> "Relayed":
         """Send ``req``'s frame, as it arrived, to the leader; its answer frame, as it is."""
@@ -531,25 +513,3 @@ class QuorumServer:
             raise for_code(code, f"{address}: {code.name} (forwarded {RPCS.of(req.api_key, req.body).name})")
         data = bytes(resp.response_data or b"")
         return Relayed(kafka.SIZE.pack(len(data)) + data)
-
-    def _prune_buckets(self) -> None:
-        """Forget buckets that have refilled to their burst (a new bucket is the same), so requests
-        naming ever new broker ids (garbage) cannot grow the table without bound."""
-        now = time.monotonic()
-        self._buckets = {b: t for b, t in self._buckets.items() if t.tokens + (now - t.stamp) * t.rate < t.burst}
-        self._bucket_limit = max(BUCKET_PRUNE_AT, 2 * len(self._buckets))
-
-    def _throttle(self, broker_id: int) -> None:
-        rate = self.cfg.allocate_rate_per_broker
-        if rate <= 0:
-            return
-        bucket = self._buckets.get(broker_id)
-        if bucket is None:
-            if len(self._buckets) >= self._bucket_limit:
-                self._prune_buckets()
-            bucket = self._buckets[broker_id] = TokenBucket(rate, self.cfg.allocate_burst)
-        wait_ms = bucket.take()
-        if wait_ms:
-            self.counters["throttled"] += 1
-            raise ThrottlingQuotaExceededError(
-                f"broker {broker_id} is over {rate:g} AllocateProducerIds/s; retry in {wait_ms} ms", wait_ms)

@@ -18,16 +18,12 @@ from cli.common import EXIT_REFUSED
 from cli.main import cli
 from quorum.client import api as p
 from quorum.client.quorum import QuorumClient, RetryPolicy
-from quorum.managers import (
-    DEFAULT_BROKER_SESSION_TIMEOUT_MS,
-    DuplicateBrokerRegistrationError,
-    QuorumState,
-    _utc,
-)
-from quorum.rpcs import RPCS, Context
+from quorum.managers import DEFAULT_BROKER_SESSION_TIMEOUT_MS, Context, QuorumState
+from quorum.managers.registrations import _utc
+from quorum.rpcs import RPCS
 from records import RegisterBrokerRecord, UnfenceBrokerRecord
+from records.wire.errors import DuplicateBrokerRegistrationError, PidQuorumError, StaleBrokerEpochError
 from tests.conftest import cluster_harness, run, wait_for
-from records.wire.errors import PidQuorumError, StaleBrokerEpochError
 
 T = 1_700_000_000_000  # ms: the leader's clock when broker 1 registers
 TIMEOUT = DEFAULT_BROKER_SESSION_TIMEOUT_MS
@@ -140,9 +136,9 @@ def test_the_rpc_uses_the_batch_clock_and_the_session_timeout_of_its_context(log
     ctx = Context(block_size=10, now_ms=T + 5000, txn=None)
     assert ctx.session_timeout_ms == DEFAULT_BROKER_SESSION_TIMEOUT_MS
     with pytest.raises(DuplicateBrokerRegistrationError):
-        register.run(log.state, body, ctx)
+        register.generate(log.state, body, ctx)
     short = Context(block_size=10, now_ms=T + 5000, txn=None, session_timeout_ms=3000)
-    res = register.run(log.state, body, short)  # that session lapsed at T + 4 s
+    res = register.generate(log.state, body, short)  # that session lapsed at T + 4 s
     assert res.response == 2 and res.records[0].timestamp_ms == T + 5000  # the decision's time is logged
     # The answer on the wire: Kafka's code 101.
     answer_body = register.error(0, DuplicateBrokerRegistrationError.code, "m", 0)

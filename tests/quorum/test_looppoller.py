@@ -184,7 +184,7 @@ def test_the_proposer_answers_its_requests_inside_the_tick_that_applies_their_en
     proposer's coroutine: the waiting handler resumes in the next pass."""
     from quorum.client import api as p
     from quorum.rpcs import RPCS
-    from quorum.service import Proposal, Proposer
+    from quorum.proposer import Proposal, Proposer
 
     with SimCluster() as c:
         epoch = c.register(1)

@@ -175,3 +175,18 @@ async def kill_leaders(lc: LocalCluster, t_start: float, t_stop: float, every: f
         await asyncio.to_thread(lc.wait_ready, [leader], 60.0)
         k.restart_ready_s = time.perf_counter() - t_restart
         on_round(k)
+
+
+def leader_kill_checks(k: dict, group: str, unit: str,
+                       more: Callable[[str, dict], list[str]] | None = None) -> list[str]:
+    """The failed checks of a leader-kill phase ``k``: IDs handed out twice, and, for each member of
+    ``k[group]`` (label -> figures), IDs outside the broker's audit-trail blocks, then ``more(label,
+    figures)``."""
+    out = [f"leader kill: {k['duplicates']} duplicate {unit}"] if k["duplicates"] else []
+    for label, m in k[group].items():
+        if m["inside_quorum_blocks"]["outside"]:
+            out.append(f"leader kill: {label}: {m['inside_quorum_blocks']['outside']} {unit} outside the broker's "
+                       f"audit-trail blocks")
+        if more is not None:
+            out += more(label, m)
+    return out

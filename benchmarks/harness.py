@@ -18,7 +18,7 @@ import time
 import traceback
 from typing import Callable, Iterable
 
-from .processes import cpu_seconds
+from .processes import child_env, cpu_seconds
 
 
 def log(msg: str) -> None:
@@ -50,6 +50,12 @@ def phase_list(ap: argparse.ArgumentParser, spec: str, known: Iterable[str], req
     if unknown or (require and not chosen):
         ap.error(f"--phases: unknown {', '.join(unknown) or '(none given)'}; known: {', '.join(known)}")
     return chosen
+
+
+def export_checkout() -> None:
+    """This checkout first on our own PYTHONPATH: the processes started with our environment (the quorum
+    nodes of a ``LocalCluster``) then run the code benchmarked here too."""
+    os.environ.update({"PYTHONPATH": child_env()["PYTHONPATH"]})
 
 
 # -------------------------------------------------------------------- results

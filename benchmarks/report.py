@@ -23,13 +23,15 @@ def fmt_num(v, fmt=".2f", unit=""):
     return "-" if v is None else f"{v:{fmt}}{unit}"
 
 
-def summarize_ms(values, scale: float = 1000.0) -> dict:
-    """n, min, p50, p99, max, mean (ms) of values given in seconds (``scale`` 1 if already ms)."""
+def summarize_ms(values, scale: float = 1000.0, with_min: bool = True) -> dict:
+    """n, min (if ``with_min``), p50, p99, max, mean (ms) of values given in seconds (``scale`` 1 if
+    already ms)."""
     s = sorted(v * scale for v in values)
     if not s:
-        return {"n": 0, "p50_ms": None, "p99_ms": None, "max_ms": None, "mean_ms": None, "min_ms": None}
-    return {"n": len(s), "min_ms": s[0], "p50_ms": percentile(s, 50), "p99_ms": percentile(s, 99),
-            "max_ms": s[-1], "mean_ms": sum(s) / len(s)}
+        out = {"n": 0, "p50_ms": None, "p99_ms": None, "max_ms": None, "mean_ms": None}
+        return out | {"min_ms": None} if with_min else out
+    return {"n": len(s), **({"min_ms": s[0]} if with_min else {}), "p50_ms": percentile(s, 50),
+            "p99_ms": percentile(s, 99), "max_ms": s[-1], "mean_ms": sum(s) / len(s)}
 
 
 def lat_cells(s: dict, fmt: str = ".2f") -> list:
@@ -71,3 +73,10 @@ def report(res: dict, output: str, print_results: Callable[[dict], None]) -> int
     else:
         print_results(res)
     return exit_status(res)
+
+
+def print_new_leaders(rounds: list[dict]) -> None:
+    """When another node was seen as leader after each kill of a leader-kill phase (none: nothing)."""
+    if rounds:
+        print("  new leader seen after kill (DescribeState polling): "
+              + ", ".join(f"{r['new_leader_seen_after_s'] * 1000:.0f}" for r in rounds) + " ms")

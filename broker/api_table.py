@@ -10,21 +10,8 @@ from quorum.security import acl as acls
 from records.wire import kafka
 from records.wire.errors import Errors
 
+from . import api_keys
 from . import kafkaio as kio_
-from .api_keys import (
-    ADD_OFFSETS_TO_TXN,
-    ADD_PARTITIONS_TO_TXN,
-    DESCRIBE_PRODUCERS,
-    DESCRIBE_TRANSACTIONS,
-    END_TXN,
-    FETCH,
-    FIND_COORDINATOR,
-    INIT_PRODUCER_ID,
-    LIST_OFFSETS,
-    LIST_TRANSACTIONS,
-    METADATA,
-    PRODUCE,
-)
 from .config import BrokerConfig
 from .handlers import metadata, partitions, producer_ids, transactions
 from .handlers.context import BrokerContext
@@ -59,8 +46,8 @@ def _versions_error(cfg: BrokerConfig, version: int, code: Errors, body: Any) ->
 
 
 def _init_producer_id_error(cfg: BrokerConfig, version: int, code: Errors, body: Any) -> Any:
-    return kio_.response(INIT_PRODUCER_ID, version, {"throttle_time": 0, "error_code": int(code), "producer_id": -1,
-                                                     "producer_epoch": -1})
+    return kio_.response(api_keys.INIT_PRODUCER_ID, version, {"throttle_time": 0, "error_code": int(code),
+                                                              "producer_id": -1, "producer_epoch": -1})
 
 
 def _coordinator_error(cfg: BrokerConfig, version: int, code: Errors, body: Any) -> Any:
@@ -69,15 +56,15 @@ def _coordinator_error(cfg: BrokerConfig, version: int, code: Errors, body: Any)
     if version >= BATCHED_COORDINATOR_VERSION:
         keys = getattr(body, "coordinator_keys", None) or ("",)
         return _coordinator_entries(version, keys, code, code.name)
-    return kio_.response(FIND_COORDINATOR, version, {"throttle_time": 0, "error_code": int(code),
-                                                     "error_message": code.name, **NO_COORDINATOR})
+    return kio_.response(api_keys.FIND_COORDINATOR, version, {"throttle_time": 0, "error_code": int(code),
+                                                              "error_message": code.name, **NO_COORDINATOR})
 
 
 def _metadata_error(cfg: BrokerConfig, version: int, code: Errors, body: Any) -> Any:
     topics = [] if body is None or body.topics is None else [
         {"error_code": int(code), "name": t.name or "", "topic_id": None, "partitions": []} for t in body.topics]
-    return kio_.response(METADATA, version, {"throttle_time": 0, "brokers": [], "topics": topics,
-                                             "cluster_id": cfg.cluster_id, "controller_id": -1})
+    return kio_.response(api_keys.METADATA, version, {"throttle_time": 0, "brokers": [], "topics": topics,
+                                                      "cluster_id": cfg.cluster_id, "controller_id": -1})
 
 
 def _produce_error(cfg: BrokerConfig, version: int, code: Errors, body: Any) -> Any:
@@ -86,7 +73,7 @@ def _produce_error(cfg: BrokerConfig, version: int, code: Errors, body: Any) -> 
             {"index": pd.index, "error_code": int(code), "base_offset": -1, "log_append_time": None,
              "log_start_offset": -1, "record_errors": [], "error_message": code.name}
             for pd in t.partition_data]} for t in body.topic_data]
-    return kio_.response(PRODUCE, version, {"responses": topics, "throttle_time": 0})
+    return kio_.response(api_keys.PRODUCE, version, {"responses": topics, "throttle_time": 0})
 
 
 def _fetch_error(cfg: BrokerConfig, version: int, code: Errors, body: Any) -> Any:
@@ -95,8 +82,8 @@ def _fetch_error(cfg: BrokerConfig, version: int, code: Errors, body: Any) -> An
             {"partition_index": pt.partition, "error_code": int(code), "high_watermark": -1,
              "last_stable_offset": -1, "log_start_offset": -1, "aborted_transactions": None,
              "records": None} for pt in t.partitions]} for t in body.topics]
-    return kio_.response(FETCH, version, {"throttle_time": 0, "error_code": int(code), "session_id": 0,
-                                          "responses": topics})
+    return kio_.response(api_keys.FETCH, version, {"throttle_time": 0, "error_code": int(code), "session_id": 0,
+                                                   "responses": topics})
 
 
 def _add_partitions_error(cfg: BrokerConfig, version: int, code: Errors, body: Any) -> Any:
@@ -104,16 +91,16 @@ def _add_partitions_error(cfg: BrokerConfig, version: int, code: Errors, body: A
         {"name": t.name, "results_by_partition": [
             {"partition_index": i, "partition_error_code": int(code)} for i in t.partitions]}
         for t in body.v3_and_below_topics]
-    return kio_.response(ADD_PARTITIONS_TO_TXN, version, {"throttle_time": 0,
-                                                          "results_by_topic_v3_and_below": topics})
+    return kio_.response(api_keys.ADD_PARTITIONS_TO_TXN, version, {"throttle_time": 0,
+                                                                   "results_by_topic_v3_and_below": topics})
 
 
 def _end_txn_error(cfg: BrokerConfig, version: int, code: Errors, body: Any) -> Any:
-    return kio_.response(END_TXN, version, {"throttle_time": 0, "error_code": int(code)})
+    return kio_.response(api_keys.END_TXN, version, {"throttle_time": 0, "error_code": int(code)})
 
 
 def _add_offsets_error(cfg: BrokerConfig, version: int, code: Errors, body: Any) -> Any:
-    return kio_.response(ADD_OFFSETS_TO_TXN, version, {"throttle_time": 0, "error_code": int(code)})
+    return kio_.response(api_keys.ADD_OFFSETS_TO_TXN, version, {"throttle_time": 0, "error_code": int(code)})
 
 
 def _describe_producers_error(cfg: BrokerConfig, version: int, code: Errors, body: Any) -> Any:
@@ -121,12 +108,12 @@ def _describe_producers_error(cfg: BrokerConfig, version: int, code: Errors, bod
         {"name": t.name, "partitions": [
             {"partition_index": i, "error_code": int(code), "error_message": code.name, "active_producers": []}
             for i in t.partition_indexes]} for t in body.topics]
-    return kio_.response(DESCRIBE_PRODUCERS, version, {"throttle_time": 0, "topics": topics})
+    return kio_.response(api_keys.DESCRIBE_PRODUCERS, version, {"throttle_time": 0, "topics": topics})
 
 
 def _list_transactions_error(cfg: BrokerConfig, version: int, code: Errors, body: Any) -> Any:
-    return kio_.response(LIST_TRANSACTIONS, version, {"throttle_time": 0, "error_code": int(code),
-                                                      "unknown_state_filters": [], "transaction_states": []})
+    return kio_.response(api_keys.LIST_TRANSACTIONS, version, {"throttle_time": 0, "error_code": int(code),
+                                                               "unknown_state_filters": [], "transaction_states": []})
 
 
 def _describe_transactions_error(cfg: BrokerConfig, version: int, code: Errors, body: Any) -> Any:
@@ -134,7 +121,7 @@ def _describe_transactions_error(cfg: BrokerConfig, version: int, code: Errors, 
         {"error_code": int(code), "transactional_id": str(t), "transaction_state": "", "transaction_timeout": 0,
          "transaction_start_time": _ms_time(-1), "producer_id": -1, "producer_epoch": -1, "topics": []}
         for t in body.transactional_ids]
-    return kio_.response(DESCRIBE_TRANSACTIONS, version, {"throttle_time": 0, "transaction_states": rows})
+    return kio_.response(api_keys.DESCRIBE_TRANSACTIONS, version, {"throttle_time": 0, "transaction_states": rows})
 
 
 def _list_offsets_error(cfg: BrokerConfig, version: int, code: Errors, body: Any) -> Any:
@@ -142,7 +129,7 @@ def _list_offsets_error(cfg: BrokerConfig, version: int, code: Errors, body: Any
         {"name": t.name, "partitions": [
             {"partition_index": pt.partition_index, "error_code": int(code), "timestamp": -1, "offset": -1}
             for pt in t.partitions]} for t in body.topics]
-    return kio_.response(LIST_OFFSETS, version, {"throttle_time": 0, "topics": topics})
+    return kio_.response(api_keys.LIST_OFFSETS, version, {"throttle_time": 0, "topics": topics})
 
 
 @dataclass(frozen=True)
@@ -163,29 +150,30 @@ class BrokerRpc:
 
 RPCS: dict[int, BrokerRpc] = {
     # topic_acl: PRODUCE_TOPIC_ACL (see there).
-    PRODUCE: BrokerRpc("Produce", (3, 10), partitions.produce, _produce_error, _produce_acl,
-                       topic_acl=PRODUCE_TOPIC_ACL),
-    FETCH: BrokerRpc("Fetch", (4, 12), partitions.fetch, _fetch_error),
-    LIST_OFFSETS: BrokerRpc("ListOffsets", (1, 7), partitions.list_offsets, _list_offsets_error),
-    METADATA: BrokerRpc("Metadata", (0, 12), metadata.metadata, _metadata_error),
-    FIND_COORDINATOR: BrokerRpc("FindCoordinator", (0, 6), metadata.find_coordinator, _coordinator_error),
+    api_keys.PRODUCE: BrokerRpc("Produce", (3, 10), partitions.produce, _produce_error, _produce_acl,
+                                topic_acl=PRODUCE_TOPIC_ACL),
+    api_keys.FETCH: BrokerRpc("Fetch", (4, 12), partitions.fetch, _fetch_error),
+    api_keys.LIST_OFFSETS: BrokerRpc("ListOffsets", (1, 7), partitions.list_offsets, _list_offsets_error),
+    api_keys.METADATA: BrokerRpc("Metadata", (0, 12), metadata.metadata, _metadata_error),
+    api_keys.FIND_COORDINATOR: BrokerRpc("FindCoordinator", (0, 6), metadata.find_coordinator, _coordinator_error),
     kafka.API_VERSIONS: BrokerRpc("ApiVersions", (0, 3), metadata.api_versions, _versions_error),
-    INIT_PRODUCER_ID: BrokerRpc("InitProducerId", (0, 4), producer_ids.init_producer_id, _init_producer_id_error,
-                                _init_acl),
-    DESCRIBE_PRODUCERS: BrokerRpc("DescribeProducers", (0, 0), partitions.describe_producers,
-                                  _describe_producers_error, topic_acl=acls.DESCRIBE),
+    api_keys.INIT_PRODUCER_ID: BrokerRpc("InitProducerId", (0, 4), producer_ids.init_producer_id,
+                                         _init_producer_id_error, _init_acl),
+    api_keys.DESCRIBE_PRODUCERS: BrokerRpc("DescribeProducers", (0, 0), partitions.describe_producers,
+                                           _describe_producers_error, topic_acl=acls.DESCRIBE),
     # DESCRIBE on each transactional id, checked per id by the handlers (KIP-664).
-    DESCRIBE_TRANSACTIONS: BrokerRpc("DescribeTransactions", (0, 0), transactions.describe_transactions,
-                                     _describe_transactions_error),
-    LIST_TRANSACTIONS: BrokerRpc("ListTransactions", (0, 1), transactions.list_transactions,
-                                 _list_transactions_error),
-    ADD_PARTITIONS_TO_TXN: BrokerRpc(
+    api_keys.DESCRIBE_TRANSACTIONS: BrokerRpc("DescribeTransactions", (0, 0), transactions.describe_transactions,
+                                              _describe_transactions_error),
+    api_keys.LIST_TRANSACTIONS: BrokerRpc("ListTransactions", (0, 1), transactions.list_transactions,
+                                          _list_transactions_error),
+    api_keys.ADD_PARTITIONS_TO_TXN: BrokerRpc(
         "AddPartitionsToTxn", (0, 3), transactions.add_partitions_to_txn, _add_partitions_error,
         lambda b: (acls.TRANSACTIONAL_ID, str(b.v3_and_below_transactional_id), acls.WRITE)),
-    ADD_OFFSETS_TO_TXN: BrokerRpc("AddOffsetsToTxn", (0, 3), transactions.add_offsets_to_txn, _add_offsets_error,
-                                  lambda b: (acls.TRANSACTIONAL_ID, str(b.transactional_id), acls.WRITE)),
-    END_TXN: BrokerRpc("EndTxn", (0, 3), transactions.end_txn, _end_txn_error,
-                       lambda b: (acls.TRANSACTIONAL_ID, str(b.transactional_id), acls.WRITE)),
+    api_keys.ADD_OFFSETS_TO_TXN: BrokerRpc(
+        "AddOffsetsToTxn", (0, 3), transactions.add_offsets_to_txn, _add_offsets_error,
+        lambda b: (acls.TRANSACTIONAL_ID, str(b.transactional_id), acls.WRITE)),
+    api_keys.END_TXN: BrokerRpc("EndTxn", (0, 3), transactions.end_txn, _end_txn_error,
+                                lambda b: (acls.TRANSACTIONAL_ID, str(b.transactional_id), acls.WRITE)),
 }
 SUPPORTED: dict[int, tuple[int, int]] = {k: r.versions for k, r in RPCS.items()}
 NAMES: dict[int, str] = {k: r.name for k, r in RPCS.items()}

@@ -37,6 +37,18 @@ def _partition(server: BrokerContext, topic: str, index: int, create: bool) -> P
     return server.storage.partition(topic, index)
 
 
+def _answerable_partition(server: BrokerContext, topic: str, index: int, r: dict, *, create: bool = False,
+                          with_message: bool = False) -> Partition | None:
+    """The partition, or None with its error code (and message, if ``with_message``) put in its answer ``r``."""
+    try:
+        return _partition(server, topic, index, create)
+    except PidQuorumError as e:
+        r["error_code"] = int(e.code)
+        if with_message:
+            r["error_message"] = e.message
+        return None
+
+
 async def produce(server: BrokerContext, req: kafka.Request) -> Any:
     b, v = req.body, req.api_version
     acks = int(b.acks)
@@ -62,10 +74,9 @@ async def produce(server: BrokerContext, req: kafka.Request) -> Any:
                 r["error_code"] = int(Errors.TOPIC_AUTHORIZATION_FAILED)
                 r["error_message"] = f"{req.principal} is not allowed {server._topic_acl(req)} on this topic"
                 continue
-            try:
-                part = _partition(server, t.name, int(pd.index), create=server.cfg.auto_create_topics)
-            except PidQuorumError as e:
-                r["error_code"], r["error_message"] = int(e.code), e.message
+            part = _answerable_partition(server, t.name, int(pd.index), r, create=server.cfg.auto_create_topics,
+                                         with_message=True)
+            if part is None:
                 continue
             if pd.records is None:
                 r["error_code"], r["error_message"] = int(Errors.INVALID_RECORD), "no records"
@@ -240,10 +251,8 @@ async def _fetch_once(server: BrokerContext, b: Any) -> tuple[list[dict], int]:
                  "last_stable_offset": -1, "log_start_offset": -1, "aborted_transactions": None,
                  "records": None}
             parts.append(r)
-            try:
-                part = _partition(server, t.topic, int(pt.partition), create=False)
-            except PidQuorumError as e:
-                r["error_code"] = int(e.code)
+            part = _answerable_partition(server, t.topic, int(pt.partition), r)
+            if part is None:
                 continue
             r["high_watermark"] = part.high_watermark
             r["last_stable_offset"] = lso = part.last_stable_offset
@@ -281,10 +290,8 @@ async def list_offsets(server: BrokerContext, req: kafka.Request) -> Any:
             r = {"partition_index": pt.partition_index, "error_code": 0, "timestamp": -1, "offset": -1,
                  "leader_epoch": 0}
             parts.append(r)
-            try:
-                part = _partition(server, t.name, int(pt.partition_index), create=False)
-            except PidQuorumError as e:
-                r["error_code"] = int(e.code)
+            part = _answerable_partition(server, t.name, int(pt.partition_index), r)
+            if part is None:
                 continue
             ts = int(pt.timestamp)
             if ts == LATEST_TIMESTAMP:
@@ -331,10 +338,8 @@ async def describe_producers(server: BrokerContext, req: kafka.Request) -> Any:
                 r["error_code"] = int(Errors.TOPIC_AUTHORIZATION_FAILED)
                 r["error_message"] = f"{req.principal} is not allowed {server._topic_acl(req)} on this topic"
                 continue
-            try:
-                part = _partition(server, t.name, int(index), create=False)
-            except PidQuorumError as e:
-                r["error_code"], r["error_message"] = int(e.code), e.message
+            part = _answerable_partition(server, t.name, int(index), r, with_message=True)
+            if part is None:
                 continue
             rows, total = await loop.run_in_executor(server._io, part.describe_producers, limit)
             r["active_producers"] = [

@@ -268,6 +268,18 @@ def _read_format1(path: str, obj: dict, offset: int) -> tuple[np.ndarray, list, 
 _Txns = tuple[list[tuple[int, int, int]], np.ndarray] | None  # ongoing [(pid, epoch, first)], aborted
 
 
+def _array(path: str, obj: dict, key: str, dtype: np.dtype, what: str) -> np.ndarray:
+    """The array a snapshot holds under ``key`` (its bytes; the count and the layout beside them, under
+    "count" and "row" for the rows, "<key>_count" and "<key>_row" otherwise), checked against ``dtype``."""
+    count_key, layout_key = ("count", "row") if key == "rows" else (f"{key}_count", f"{key}_row")
+    raw, count = obj.get(key), obj.get(count_key)
+    if obj.get(layout_key) != repr(dtype.descr):
+        raise CorruptFileError(path, f"{what} of an unknown layout {obj.get(layout_key)!r}")
+    if not (isinstance(raw, bytes) and _int(count) and count >= 0 and len(raw) == count * dtype.itemsize):
+        raise CorruptFileError(path, f"{what} do not match the count {count!r}")
+    return np.frombuffer(raw, dtype)
+
+
 def _check_txns(path: str, obj: dict, end: int) -> _Txns:
     """The transactions of a format-3 snapshot, checked: every offset below ``end`` (the log end the
     copy finished at, which recovery checks against the log), as the rows are."""
@@ -289,12 +301,7 @@ def _check_txns(path: str, obj: dict, end: int) -> _Txns:
         seen.add(pid)
         prev = first
         ongoing.append((pid, epoch, first))
-    raw, count = obj.get("aborted"), obj.get("aborted_count")
-    if obj.get("aborted_row") != repr(ABORTED.descr):
-        raise CorruptFileError(path, f"aborted transactions of an unknown layout {obj.get('aborted_row')!r}")
-    if not (isinstance(raw, bytes) and _int(count) and count >= 0 and len(raw) == count * ABORTED.itemsize):
-        raise CorruptFileError(path, f"aborted transactions do not match the count {count!r}")
-    aborted = np.frombuffer(raw, ABORTED)
+    aborted = _array(path, obj, "aborted", ABORTED, "aborted transactions")
     if len(aborted):
         last, first = aborted["last"], aborted["first"]
         wrong = ((aborted["pid"] < 0) | (first < 0) | (first >= last) | (last >= end) | (aborted["lso"] < 0)
@@ -333,12 +340,7 @@ def _decode(path: str, data: bytes) -> tuple[int, int, np.ndarray, list, _Evicte
     if fmt == 1:
         rows, older, evicted = _read_format1(path, obj, offset)
     else:
-        raw, count = obj.get("rows"), obj.get("count")
-        if obj.get("row") != repr(ROW.descr):
-            raise CorruptFileError(path, f"rows of an unknown layout {obj.get('row')!r}")
-        if not (isinstance(raw, bytes) and _int(count) and count >= 0 and len(raw) == count * ROW.itemsize):
-            raise CorruptFileError(path, f"rows do not match the count {count!r}")
-        rows = np.frombuffer(raw, ROW)
+        rows = _array(path, obj, "rows", ROW, "rows")
         older = obj.get("older")
         if not isinstance(older, list):
             raise CorruptFileError(path, "older batches are not a list")

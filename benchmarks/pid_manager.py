@@ -1,58 +1,14 @@
-"""Benchmark of the broker-side ProducerIdManager (broker/pid_manager.py).
-
-Run it (any Python with pidquorum installed)::
+"""Benchmark of the broker-side ProducerIdManager (broker/pid_manager.py): generate_producer_id() latency
+against a fake quorum, then two managers (adaptive and Kafka-like reserve) at a steady demand while the
+leader of a real local three-node cluster is killed.  What each phase does and checks:
+docs/benchmarks.md.
 
     pidctl bench pid-manager [--quick] [--json bench-results/pid_manager.json]
                              [--calls 1000000] [--duration 60] [--kill-every 5]
                              [--restart-after 1] [--rate 1000]
-
-(``python -m benchmarks.pid_manager`` takes the same options.)
-
-1. Generate latency, in process, against a FAKE quorum (no Raft, no network:
-   ``allocate`` yields to the event loop once and returns the next 1,000-ID
-   block).  ``--calls`` calls of ``generate_producer_id()`` (1,000,000; 200,000
-   with ``--quick``), each timed with ``time.perf_counter_ns()``; the loop
-   yields to the event loop after every ``--batch`` (100) calls so that the
-   refill task keeps up, and the yields are not timed.  A ``--warmup`` (0.5 s)
-   of the same loop comes first, unrecorded, so the rate estimate has settled.  Reports p50 / p99 /
-   p99.9 / max in microseconds (nearest rank), the cost of the empty timing
-   pair, and how many calls were refused (expected 0).  Target: p99 < 10 us.
-2. Leader kill, against a REAL local three-node cluster
-   (``quorum.LocalCluster``, free ports on 127.0.0.1, default node options):
-   two managers run side by side in this one process and event loop, each
-   with its own QuorumClient, for ``--duration`` s (60; 20 with ``--quick``):
-
-   * broker 1, ``adaptive``: the default ``PidManagerConfig`` (reserve sized
-     from the demand, failover budget 2 s learned upwards, up to 64 blocks);
-   * broker 2, ``kafka-like``: ``PidManagerConfig.kafka_fixed_threshold()``
-     (one block in reserve, asked for at 90 % use, budget 0).
-
-   Each sees a steady ``--rate`` IDs/s demand (1,000): every 10 ms a pacer
-   asks for the IDs owed since the start (10 per tick; a late tick catches
-   up).  A refused call (COORDINATOR_LOAD_IN_PROGRESS) is counted and its IDs
-   stay owed, so they are retried on the next tick, as a client would.
-   Meanwhile, every ``--kill-every`` s (5) the current leader (highest term
-   among live nodes, by DescribeState) is killed with SIGKILL and restarted
-   ``--restart-after`` s (1) later.  Kill i happens at i x 5 s plus a staggered
-   offset frac(i x 0.618) x (block size / rate) = 0..1 s: with exactly 5 s
-   and 1,000 IDs/s every kill would land at the same point of the block
-   cycle (just after a block switch, where a one-block reserve is full);
-   the offsets spread the kills over the cycle (``--no-stagger`` turns them off).  Per manager: refusals, IDs, duplicates
-   (all IDs of both managers must be distinct), the longest time callers
-   went without an ID, the longest wait for a block, peak reserve, blocks,
-   errors.  After the run the nodes are stopped and every ID is checked to
-   lie inside a block that the quorum's audit trails record for that broker.
-
-Figures print as tables on stdout (progress on stderr); every figure, with the
-parameters, CPU count and Python version, is written as JSON to ``--json``.
-Exit status 1 if a check failed: any duplicate, any ID outside its broker's
-blocks, any refusal for the adaptive manager, or p99 >= 10 us.  Two cores
-shared by three nodes and this process: the figures are noisy; compare
-figures from the same run.
 """
 from __future__ import annotations
 
-import argparse
 import array
 import asyncio
 import dataclasses
@@ -66,9 +22,9 @@ from quorum.localcluster import LocalCluster
 from quorum.trail import iter_blocks
 from records.wire.errors import CoordinatorLoadInProgressError, PidQuorumError
 
-from .common import HOST, LeaderKill, check_inside, kill_leaders, paced, percentile, temp_cluster
-from .harness import environment_info, log, run_phases, utc_now
-from .report import fmt_num as f, print_footer, table
+from .common import HOST, LeaderKill, check_inside, kill_leaders, leader_kill_checks, paced, percentile, temp_cluster
+from .harness import exit_status, log, new_results, parser, phase_list, quick_defaults, run_phases
+from .report import fmt_num as f, print_footer, print_new_leaders, table
 
 BLOCK = 1000
 TICK_S = 0.01
@@ -332,10 +288,7 @@ def print_results(res: dict) -> None:
                      "budget"], rows))
         print(f"  all IDs of both managers: {k['total_ids']:,}, duplicates {k['duplicates']}; "
               f"audit-trail blocks {k['audit_blocks']}")
-        nl = [r["new_leader_seen_after_s"] * 1000 for r in k["rounds"]]
-        if nl:
-            print("  new leader seen after kill (DescribeState polling): "
-                  + ", ".join(f"{v:.0f}" for v in nl) + " ms")
+        print_new_leaders(k["rounds"])
         print()
     print_footer(res)
 
@@ -351,21 +304,18 @@ def checks(res: dict) -> list[str]:
             out.append("latency: IDs not strictly increasing")
     k = res["phases"].get("leader_kill")
     if k:
-        if k["duplicates"]:
-            out.append(f"leader kill: {k['duplicates']} duplicate IDs")
-        for label, m in k["managers"].items():
-            if m["inside_quorum_blocks"]["outside"]:
-                out.append(f"leader kill: {label}: {m['inside_quorum_blocks']['outside']} IDs outside the "
-                           f"broker's audit-trail blocks")
+        out += leader_kill_checks(k, "managers", "IDs")
         if k["managers"]["adaptive"]["load_in_progress"]:
             out.append(f"leader kill: adaptive manager refused {k['managers']['adaptive']['load_in_progress']} "
                        f"calls (expected 0)")
     return out
 
 
+PHASES = {"latency": phase_latency, "leader_kill": phase_kills}
+
+
 def parse_args(argv=None, prog: str | None = None):
-    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(prog, __doc__)
     ap.add_argument("--quick", action="store_true", help="200,000 calls and a 20 s leader-kill run")
     ap.add_argument("--json", default="bench-results/pid_manager.json", help="where to write the results")
     ap.add_argument("--calls", type=int, default=None, help="phase 1 calls (default 1,000,000)")
@@ -379,30 +329,21 @@ def parse_args(argv=None, prog: str | None = None):
     ap.add_argument("--warmup", type=float, default=0.5, help="phase 1: unrecorded warm-up seconds")
     ap.add_argument("--keep", action="store_true", help="keep the cluster directory")
     a = ap.parse_args(argv)
-    if a.calls is None:
-        a.calls = 200_000 if a.quick else 1_000_000
-    if a.duration is None:
-        a.duration = 20.0 if a.quick else 60.0
-    a.phases = [x.strip() for x in a.phases.split(",") if x.strip()]
-    bad = [x for x in a.phases if x not in ("latency", "leader_kill")]
-    if bad:
-        ap.error(f"--phases: unknown {bad}")
+    quick_defaults(a, {"calls": (1_000_000, 200_000), "duration": (60.0, 20.0)})
+    a.phases = phase_list(ap, a.phases, PHASES)
     return a
 
 
 def main(argv=None, prog: str | None = None) -> int:
     a = parse_args(argv, prog)
-    res = {"params": {"quick": a.quick, "json": a.json, "calls": a.calls, "batch": a.batch, "duration_s": a.duration,
-                      "rate": a.rate, "kill_every_s": a.kill_every, "restart_after_s": a.restart_after,
-                      "stagger": not a.no_stagger, "warmup_s": a.warmup,
-                      "phases": a.phases, "host": HOST, "block_size": BLOCK, "argv": sys.argv,
-                      "percentiles": "nearest rank over sorted samples"},
-           "environment": environment_info(), "started_at": utc_now(),
-           "phases": {}, "errors": [], "failed_checks": []}
-    fns = {"latency": phase_latency, "leader_kill": phase_kills}
-    run_phases(res, [(name, fns[name]) for name in a.phases], a, a.json, checks=checks)
+    res = new_results({"quick": a.quick, "json": a.json, "calls": a.calls, "batch": a.batch, "duration_s": a.duration,
+                       "rate": a.rate, "kill_every_s": a.kill_every, "restart_after_s": a.restart_after,
+                       "stagger": not a.no_stagger, "warmup_s": a.warmup,
+                       "phases": a.phases, "host": HOST, "block_size": BLOCK, "argv": sys.argv,
+                       "percentiles": "nearest rank over sorted samples"})
+    run_phases(res, [(name, PHASES[name]) for name in a.phases], a, a.json, checks=checks)
     print_results(res)
-    return 1 if res["errors"] or res["failed_checks"] else 0
+    return exit_status(res)
 
 
 if __name__ == "__main__":

@@ -1,18 +1,10 @@
 """Seeding the quorum from ZooKeeper's ``/latest_producer_id_block``.
 
-The next block the quorum issues must start at ZooKeeper's ``block_end + 1``
-(block_end is inclusive): Kafka's first migration seeded the block's *start*
-and issued a whole block twice (KAFKA-15552).  The seed is a replicated
-``ProducerIdSeedRecord``, so it is in every node's audit trail with its origin,
-survives snapshots as the cursor, and never moves the cursor back: seeding
-twice, or after the quorum has issued beyond the seed, commits nothing and
-says so.
-
-Only a fresh quorum may be seeded: ZooKeeper issued every ID from 0 to its
-block_end, so a quorum that issued IDs before its first seed (``pidctl demo``,
-a test run) may have issued some of them too.  Such a seed is refused (exit 4,
-one line naming both ranges): here from DescribeState before anything is sent,
-and by the leader and by replay whoever sends it (``quorum.managers.seed_overlap``).
+The quorum's next block starts at ZooKeeper's ``block_end + 1`` (inclusive end; seeding the block's start
+issued a block twice in Kafka, KAFKA-15552).  The seed is a replicated ``ProducerIdSeedRecord`` that never
+moves the cursor back.  Only a fresh quorum may be seeded (one that issued IDs before any seed may have
+issued some of ZooKeeper's 0..block_end): refused here from DescribeState before anything is sent, and by
+the leader and replay (``quorum.managers.seed_overlap``).
 """
 from __future__ import annotations
 

@@ -1,45 +1,8 @@
 """Kafka's ZooKeeper-mode producer-ID blocks: parse, read, allocate, reserve, roll back.
 
-Kafka (ZooKeeper mode) keeps the last allocated block in the znode
-``/latest_producer_id_block``::
-
-    {"version":1,"broker":35,"block_start":"4000","block_end":"4999"}
-
-``version`` and ``broker`` are JSON numbers; ``block_start``/``block_end`` are
-JSON strings of decimal integers, and ``block_end`` is INCLUSIVE. A broker
-allocates by reading the data and the znode version, computing the next block
-``[block_end + 1, block_end + 1000]`` (``[0, 999]`` when the node is absent or
-empty) and writing it with a conditional setData on the version it read;
-BadVersion means someone else won, so it starts over. Blocks are exhausted
-when ``block_end > Long.MAX - 1000``.
-
-What this module adds over Kafka's loop:
-
-* strict parsing (:func:`parse_block`), shared with JSON exports of the znode:
-  every refusal is a :class:`ZkBlockError` naming the field;
-* a write whose outcome is unknown (connection loss, session expiry, timeout)
-  is never assumed to have failed or succeeded: the znode is re-read once the
-  client is connected again. If it holds exactly the bytes we tried to write
-  at exactly the version our write would have produced, the write was ours;
-  otherwise we start over from the new contents. See :class:`LegacyAllocator`.
-
-Parsing decisions (:func:`parse_block`):
-
-* ``b""`` (or ``None``) is "no block yet", as Kafka treats a node without data.
-* The document must be a JSON object (duplicate keys, NaN/Infinity refused);
-  fields other than the four known ones are ignored.
-* ``version`` must be the JSON integer 1 (``true``/``1.0`` are not integers;
-  any other integer is an unknown version).
-* ``broker`` must be a JSON integer, -1 (Kafka's placeholder broker for
-  dual-written blocks) or a 32-bit non-negative broker id.
-* ``block_start``/``block_end`` must be JSON strings in canonical decimal
-  form, exactly ``0`` or ``[1-9][0-9]*`` in ASCII: no sign (a leading ``-`` is
-  reported as negative), no ``+``, no whitespace, no fractions or exponents,
-  and NO LEADING ZEROS. Kafka writes ``Long.toString`` and never produces
-  ``"04000"``; such a value means the data was written or edited by something
-  else (and ``0777`` reads as octal to some tools), so it is refused rather
-  than guessed at. Values above Long.MAX (2**63 - 1) are refused, and
-  ``block_end`` must be >= ``block_start``.
+The znode's format, Kafka's allocation loop, and what this module does differently (strict parsing, a write
+of unknown outcome read back rather than assumed) are in docs/migration.md, "Appendix: the znode and how
+pidquorum reads it".
 """
 from __future__ import annotations
 
@@ -193,7 +156,7 @@ def parse_block(data: bytes | None, origin: str) -> ZkBlock | None:
 
     Returns None for empty data (a node Kafka created without a block yet).
     Raises :class:`ZkBlockError` naming the field for anything else that is
-    not a well-formed version-1 block (see the module docstring).
+    not a well-formed version-1 block (the rules: docs/migration.md, the appendix).
     """
     if data is None or data == b"":
         return None

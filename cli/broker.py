@@ -13,15 +13,11 @@ import quorum.settings.flags as settings_flags
 from broker.config import BrokerConfig
 from broker.config import load as load_broker_config
 from broker.run import run_broker
-from quorum.managers import (
-    DEFAULT_BROKER_SESSION_TIMEOUT_MS,
-    DuplicateBrokerRegistrationError,
-    duplicate_registration_message,
-)
+from quorum.managers import DEFAULT_BROKER_SESSION_TIMEOUT_MS, duplicate_registration_message
 from quorum.node import setup_logging
 from quorum.settings import ConfigError
 from quorum.telemetry.metrics import MetricsUnavailable, read_metrics
-from records.wire.errors import PidQuorumError
+from records.wire.errors import DuplicateBrokerRegistrationError, PidQuorumError
 
 from . import render
 from .common import (

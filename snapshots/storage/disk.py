@@ -1,49 +1,12 @@
 """Every durable file operation of a quorum node, in one place, under one write discipline.
 
-A node relies on these files (``docs/durability.md`` draws the crash states of each):
+Whole files are replaced (temp file, fsync, rename, fsync the directory); append files count as durable
+only once synced, and the Raft journal's are preallocated; every I/O error is fail-stop.  The files and
+the crash states of each: docs/durability.md, "One write discipline".
 
-====================  =========================================================  ==================
-file                  holds                                                      written as
-====================  =========================================================  ==================
-raft.journal          the Raft log after the snapshot, checksummed entries       append file
-raft.journal.meta     term, vote, commit index, durable log end, recovery target  whole file
-raft.snapshot         the state as records, and the two log entries it ends at   whole file
-identity              cluster id, node uuid                                      whole file
-peers                 each peer's uuid, last run, highest log position it held   whole file
-audit.log             every applied record                                       append file
-audit.log.checkpoint  the synced length of audit.log                             whole file
-====================  =========================================================  ==================
-
-The discipline:
-
-* **Whole files** are replaced, never edited: write ``<path>.tmp`` (every byte,
-  short writes continued), fsync it, rename it over ``<path>``, fsync the
-  directory.  After a power loss at any instant the path holds the old content
-  or the new one, whole; a leftover ``.tmp`` is ignored and overwritten.
-* **Append files** grow at the end; nothing in them counts as durable before
-  ``AppendFile.sync`` (fdatasync) returned.  A cut (``truncate``) is synced before
-  anything is written after it, so a crash can never leave old bytes behind new
-  ones.  New files are created whole (header written to a temp file and renamed).
-* **Preallocation** (``AppendFile.reserve``, the Raft journal's): before an append
-  would pass the file's length, zeros are written past the end (``Disk.preallocate``
-  bytes at a time) and fdatasync'd.  The appends then overwrite those zeros: their
-  fdatasync changes no file size, so on ext4 and the like it flushes the data
-  without a file-system journal commit (ZooKeeper's log and etcd's WAL do the
-  same).  A crash leaves zeros, or nothing, after the last entry; the reader stops
-  at them.  A cut still shrinks the file.
-* **Every I/O error is fail-stop.**  After a failed fsync the kernel may have
-  dropped the dirty pages and the next fsync may succeed with the data gone (the
-  PostgreSQL fsync lesson), so nothing may be acknowledged afterwards: the node
-  calls its ``failstop`` with ``EXIT_STORAGE``, which in a node process logs the
-  reason and exits at once, from whichever thread hit the error.
-
-``Disk`` is the only place that touches these files, and it makes every system call
-through ``self.os`` (the ``os`` module unless given another object with the same
-calls: ``open read write pwrite lseek fsync fdatasync ftruncate close replace unlink
-mkdir stat fstat``).  The simulator and the crash-state explorer hand it a simulated
-file system at that level (``chaos/sim/fs.py``), so they run this discipline, not a
-copy of it; tests also give their own ``failstop``.  Production code never looks for
-a switch.
+``Disk`` makes every system call through ``self.os`` (the ``os`` module unless given another object with
+the same calls), so the simulator and the crash-state explorer run this discipline on a simulated file
+system (``chaos/sim/fs.py``) rather than a copy of it; production code never looks for a switch.
 """
 from __future__ import annotations
 

@@ -1,25 +1,7 @@
-"""What one peer may cost a listener before and after it authenticates: pieces a server's front end
-puts around its connections (the quorum's client port, ``quorum.server``).
-
-* ``ConnectionLimits``: Kafka's max.connections and max.connections.per.ip.  A connection over
-  either is refused at once (the caller aborts it, nothing read or answered), counted
-  (``connections_refused``, and ``connections_refused_per_ip`` for the second) and logged at most
-  every 10 s, so a connection flood is a log line every 10 s, not one per connection.
-* ``ByteBudget``: the bytes of requests one connection has sent that are not answered yet.  The
-  reader asks ``room(size)`` once a frame's size is known, before its body is read, and waits while
-  the bytes held plus this frame would pass the bound (one frame always passes), so a client that
-  pipelines faster than it is answered stalls on TCP flow control, not in the server's memory.
-* ``release_freed_memory``: glibc's ``malloc_trim(0)``, so the heap that connection buffers freed
-  goes back to the system (glibc keeps freed heap pages mapped otherwise: the process's RSS stays at
-  its peak after the connections are gone).  A no-op where there is no glibc.
-
-* ``TrimAfterClose``: calls ``release_freed_memory`` a second after connections end, at most once
-  a second, so a server calls it on every close without paying for a trim per connection.
-
-The broker (``broker.frontend``) uses ``ConnectionLimits`` and ``TrimAfterClose``; its read-ahead
-bound is its own ``ReadAhead`` (a FIFO of frames read ahead of one handler, released when the handler
-takes a frame, where ``ByteBudget`` is released when a concurrent request is answered).
-"""
+"""What one peer may cost a listener before and after it authenticates: connection limits, a byte budget of
+unanswered requests, the authentication deadline, and giving freed heap back to the system after
+connections end.  The quorum's client port (``quorum.server``) uses them all; the broker
+(``broker.frontend``) uses ``ConnectionLimits`` and ``TrimAfterClose`` and bounds its read-ahead itself."""
 from __future__ import annotations
 
 import asyncio
@@ -39,7 +21,10 @@ REFUSAL_LOG_INTERVAL_S = 10.0
 
 
 class ConnectionLimits:
-    """Open connections of one listener, in total and by client address."""
+    """Open connections of one listener, in total and by client address (Kafka's max.connections and
+    max.connections.per.ip).  A connection over either is refused at once (the caller aborts it, nothing
+    read or answered), counted, and logged at most every ``log_interval_s``: a connection flood is a log
+    line every 10 s, not one per connection."""
 
     def __init__(self, max_connections: int, max_connections_per_ip: int, counters: dict, logger: logging.Logger,
                  log_interval_s: float = REFUSAL_LOG_INTERVAL_S):
@@ -90,7 +75,8 @@ class ByteBudget:
     ``room(size)`` waits while the bytes held plus ``size`` would pass ``max_bytes``, unless nothing is
     held (so one frame of any size the listener accepts gets through), then holds ``size``;
     ``release(size)`` gives it back once the frame is answered.  What one connection holds is then at
-    most ``max(max_bytes, one frame)``.  Not thread-safe: the loop's thread only."""
+    most ``max(max_bytes, one frame)``, and a client that pipelines faster than it is answered stalls on
+    TCP flow control, not in the server's memory.  Not thread-safe: the loop's thread only."""
 
     __slots__ = ("max_bytes", "held", "pauses", "_on_pause", "_waiter")
 
@@ -141,7 +127,8 @@ _TRIM = _malloc_trim()
 
 
 def release_freed_memory() -> bool:
-    """Return the heap's free pages to the system (glibc ``malloc_trim(0)``); False where it cannot.
+    """Return the heap's free pages to the system (glibc ``malloc_trim(0)``: glibc keeps freed heap mapped
+    otherwise, so the process's RSS stays at its peak after the connections are gone); False where it cannot.
     Measured on a quorum node: 0.1-0.2 ms when there is little to give back, 70 ms to give back the
     170 MB that 100 connections parking 1 MiB each had taken.  Call it once many connections may have
     ended (the quorum: at most once a second), not per connection."""

@@ -1,32 +1,6 @@
-"""The SASL gate in front of a server's request handling (quorum client port and broker).
-
-One ``SaslSession`` per connection sees every frame first (``on_frame``) and
-answers with a ``Verdict``:
-
-* ``pass``: handle the frame as usual, as ``session.principal``;
-* ``reply``: send ``data`` (a whole response frame), then close if ``close``;
-* ``close``: close the connection without an answer (``reason`` is logged).
-
-What it does, matching Kafka's SaslServerAuthenticator:
-
-* before authentication only ApiVersions, SaslHandshake (v0-v1) and
-  SaslAuthenticate (v0-v2) are served; any other request closes the
-  connection ("Unexpected Kafka request of type ... during SASL handshake");
-* a handshake for a mechanism that is not enabled is answered
-  UNSUPPORTED_SASL_MECHANISM with the enabled list, then the connection closes;
-* SaslAuthenticate before a handshake, or a second handshake, closes it
-  (illegal SASL state);
-* failed authentication (wrong password, unknown user, malformed token) is
-  answered SASL_AUTHENTICATION_FAILED with a message, then the connection
-  closes;
-* after authentication, SaslHandshake / SaslAuthenticate are answered
-  ILLEGAL_SASL_STATE and the connection stays open (KafkaApis does the same);
-* a v0 handshake makes the following frames raw SASL tokens (no Kafka header),
-  answered with raw tokens, as Kafka does for old clients.
-
-Each connection has its own session; nothing here is shared between
-connections but the credentials, so one client's bad bytes never affect another.
-"""
+"""The SASL gate in front of a server's request handling (quorum client port and broker), matching Kafka's
+SaslServerAuthenticator.  Each connection has its own ``SaslSession``; only the credentials are shared, so
+one client's bad bytes never affect another."""
 from __future__ import annotations
 
 import asyncio
@@ -96,6 +70,21 @@ class SaslAuthenticator:
 
 
 class SaslSession:
+    """One connection's SASL state.  It sees every frame first (``on_frame``) and answers with a ``Verdict``:
+    ``pass`` (handle the frame as ``principal``), ``reply`` (send ``data``, then close if ``close``) or
+    ``close`` (no answer; ``reason`` is logged).  As Kafka:
+
+    * before authentication only ApiVersions, SaslHandshake (v0-v1) and SaslAuthenticate (v0-v2) are
+      served; any other request closes the connection;
+    * a handshake for a mechanism not enabled is answered UNSUPPORTED_SASL_MECHANISM with the enabled
+      list, then the connection closes; SaslAuthenticate before a handshake, or a second handshake, closes it;
+    * failed authentication (wrong password, unknown user, malformed token) is answered
+      SASL_AUTHENTICATION_FAILED with a message, then the connection closes;
+    * after authentication, SaslHandshake / SaslAuthenticate are answered ILLEGAL_SASL_STATE and the
+      connection stays open;
+    * a v0 handshake makes the following frames raw SASL tokens (no Kafka header), answered with raw tokens.
+    """
+
     def __init__(self, auth: SaslAuthenticator, peer: Any):
         self.auth = auth
         self.peer = peer

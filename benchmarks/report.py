@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Callable
 
+from records.wire.errors import Errors
+
 from .common import percentile
 from .harness import exit_status, write_json
 
@@ -80,3 +82,11 @@ def print_new_leaders(rounds: list[dict]) -> None:
     if rounds:
         print("  new leader seen after kill (DescribeState polling): "
               + ", ".join(f"{r['new_leader_seen_after_s'] * 1000:.0f}" for r in rounds) + " ms")
+
+
+def code_name(code: int) -> str:
+    """A Kafka error code's name (ERROR_CODE_<n> if unknown), as the counts of error answers show it."""
+    try:
+        return Errors(code).name
+    except ValueError:
+        return f"ERROR_CODE_{code}"

@@ -1,489 +1,46 @@
-"""Benchmark of Kafka transactions (KIP-98) through the broker with librdkafka (confluent-kafka), and
-an exactly-once check across quorum leader kills.
-
-Run it (a Python with pidquorum, confluent-kafka and kafka-python)::
+"""Benchmark of Kafka transactions (KIP-98) through the broker with librdkafka (confluent-kafka):
+transactions/s and commit_transaction() latency against an idempotent producer's flush(), then
+exactly-once across quorum leader kills, read back with kafka-python.  What each phase does and
+checks: docs/benchmarks.md ("Transactions with librdkafka").
 
     pidctl bench transactions [--quick] [--duration 20] [--kill-every 5] [--restart-after 1]
                               [--out bench-results] [--json PATH] [-o table|json]
                               [--phases steady,leader_kill] [--keep]
-
-(``python -m benchmarks.transactions`` takes the same options.)
-
-One three-node ``LocalCluster`` and one broker process (``BrokerProcess``, ``--partitions 3``), on
-free ports of 127.0.0.1, serve the whole run.  A "unit" is 10 messages of ~10 bytes, message i to
-partition i % 3 of a 3-partition topic, from one producer, one unit at a time:
-
-1. ``steady`` (no faults), ``--duration`` s (20; 5 quick) for each producer, in alternating rounds
-   (transactional, idempotent, idempotent, transactional; each half the duration) so that a change
-   in the machine's load falls on both alike:
-
-   * transactional: ``Producer`` with ``transactional.id``; ``begin_transaction()``, 10
-     ``produce()``, ``commit_transaction()``.  Transactions per second, and the latency of
-     ``commit_transaction()`` (it flushes the 10 messages, then EndTxn: the quorum decides, the
-     markers are written, the quorum records the completion) and of the whole unit;
-   * idempotent: ``enable.idempotence=True``, the same 10 ``produce()`` then ``flush()``, the closest
-     non-transactional equivalent of a commit.  Units per second, ``flush()`` latency.
-
-   The ratio transactional / idempotent is printed.  Both topics are read back: every committed
-   transaction (every flushed unit) exactly once.
-
-2. ``leader_kill``: the transactional loop again, ``--duration`` s, while the quorum leader (found by
-   DescribeState, ``benchmarks.common.kill_leaders``) is SIGKILLed every ``--kill-every`` s (5) and
-   restarted ``--restart-after`` s (1) later, so the quorum is back to three nodes before the next
-   kill.  A failed step is handled as librdkafka documents: a retriable ``commit_transaction()``
-   error is retried; an abortable one is followed by ``abort_transaction()``; a fatal one (or an
-   abort that fails) replaces the producer with a new one of the same ``transactional.id``
-   (``init_transactions()`` fences the old one and completes or aborts its transaction).  Every
-   transaction's outcome as the client saw it is recorded:
-
-   * ``committed``: ``commit_transaction()`` returned;
-   * ``aborted``: ``commit_transaction()`` (or an earlier step) raised and ``abort_transaction()``
-     returned;
-   * ``abandoned``: a step before ``commit_transaction()`` failed fatally (no commit was asked for:
-     the new producer's ``init_transactions()`` aborts it);
-   * ``unknown``: ``commit_transaction()`` raised and the transaction could not be aborted (its
-     outcome is the quorum's; like Jepsen's ``info``, neither a success nor a failure).
-
-   Then the exactly-once CHECK: every message carries "transaction:index"; once the last stable
-   offset of every partition has reached its high watermark (no transaction left open), the topic is
-   read back with kafka-python (``KafkaConsumer(isolation_level="read_committed")``, ``assign`` +
-   ``seek_to_beginning``, no group) and must show every ``committed`` transaction exactly once and
-   whole (``lost``: one of its 10 messages missing; ``duplicated``: a message seen more than once),
-   nothing of an ``aborted`` or ``abandoned`` one (``aborted_visible``), and an ``unknown`` one
-   either whole or not at all (``partial``).  Any of these non-zero prints a FAIL line, keeps the
-   broker's and the nodes' logs under ``--out`` and makes the exit status 1.
-
-Figures print as tables on stdout (progress on stderr); every figure, the parameters, the machine
-(CPUs, load average) and the versions (librdkafka, confluent-kafka, kafka-python) go to ``--json``
-(``OUT/transactions.json``); ``-o json`` prints the same JSON instead of the tables.  Exit status 1
-if a phase failed or a check did not pass.  Latency percentiles are nearest-rank over sorted
-samples.  The quorum nodes, the broker and this process share the machine's cores: compare figures
-of the same run.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
-import logging
 import os
-import re
 import shutil
 import sys
 import time
-from collections import Counter
 
-import confluent_kafka
 import kafka
-from confluent_kafka import KafkaError, KafkaException, Producer
-from kafka import KafkaConsumer
-from kafka import TopicPartition as KTopicPartition
 
-from .common import LeaderKill, kill_leaders, percentile, temp_cluster
-from .harness import environment_info, log, run_phases, utc_now
-from .processes import REPO, BrokerProcess, child_env
+from .common import LeaderKill, kill_leaders, temp_cluster
+from .harness import environment_info, export_checkout, log, new_results, parser, phase_list, run_phases
+from .processes import REPO, BrokerProcess
+from .rdkafka_probes import client_versions
 from .report import fmt_num, print_footer, report, table
+from .txn_producers import (
+    COMMIT_TIMEOUT_S,
+    FLUSH_TIMEOUT_S,
+    MESSAGES,
+    PARTITIONS,
+    WARMUP_UNITS,
+    IdempotentLoop,
+    TxnLoop,
+)
+from .txn_producers import value  # noqa: F401 - tests/benchmarks read it here
+from .txn_readback import SETTLE_TIMEOUT_S, check_topic
+from .txn_readback import exactly_once  # noqa: F401 - tests/benchmarks read it here
 
-PARTITIONS = 3
-MESSAGES = 10                 # per transaction (per unit)
 ROUNDS = "TIIT"               # steady phase: the order of the transactional and idempotent rounds
-WARMUP_UNITS = 5              # per producer, not measured (topic creation, metadata, connections)
-INIT_TIMEOUT_S = 30.0
-COMMIT_TIMEOUT_S = 30.0       # per commit_transaction() / abort_transaction() call
-STEP_DEADLINE_S = 120.0       # retries of one commit or abort, and of a producer's init_transactions()
-FLUSH_TIMEOUT_S = 30.0
 PRODUCER_CONF: dict = {}        # librdkafka's defaults (linger.ms 5, acks all, transaction.timeout.ms 60000)
-SETTLE_TIMEOUT_S = 90.0       # until the last stable offsets reach the high watermarks (> transaction.timeout.ms)
-READ_TIMEOUT_S = 60.0
 KEPT_LINES = 300              # librdkafka log lines kept in the JSON
-VALUE_RE = re.compile(rb"^(\d+):(\d+)$")
 
-EXPECT_ABSENT = ("aborted", "abandoned")
 VIOLATIONS = ("lost", "duplicated", "aborted_visible", "partial", "foreign")
-
-
-# ------------------------------------------------------------------ helpers
-def summarize_ms(seconds: list[float]) -> dict:
-    """n, p50, p99, max, mean (ms) of values in seconds (nearest rank)."""
-    s = sorted(x * 1000.0 for x in seconds)
-    if not s:
-        return {"n": 0, "p50_ms": None, "p99_ms": None, "max_ms": None, "mean_ms": None}
-    return {"n": len(s), "p50_ms": percentile(s, 50), "p99_ms": percentile(s, 99), "max_ms": s[-1],
-            "mean_ms": sum(s) / len(s)}
-
-
-def error_name(e: BaseException) -> str:
-    err = e.args[0] if isinstance(e, KafkaException) and e.args and isinstance(e.args[0], KafkaError) else None
-    if err is None:
-        return f"{type(e).__name__}: {e}"
-    kind = "fatal" if err.fatal() else "abortable" if err.txn_requires_abort() else \
-        "retriable" if err.retriable() else "error"
-    return f"{err.name()} ({kind}): {err.str()}"
-
-
-def kafka_error(e: KafkaException) -> KafkaError | None:
-    return e.args[0] if e.args and isinstance(e.args[0], KafkaError) else None
-
-
-def value(txn: int, index: int) -> bytes:
-    return f"{txn}:{index}".encode()
-
-
-class _Lines(logging.Handler):
-    """librdkafka's log lines (handed over on poll()), with the time from the phase's start."""
-
-    def __init__(self, t0: float):
-        super().__init__(logging.DEBUG)
-        self.t0 = t0
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(f"{time.perf_counter() - self.t0:8.3f}s {record.levelname} {record.getMessage()}")
-
-
-# ------------------------------------------------------------------ the producers
-class _UnitLoop:
-    """A producer loop run unit by unit (``run_one``): warm-up units, then measured ones until a deadline."""
-    measured_wall_s: float
-
-    def run_one(self, measured: bool) -> None:  # pragma: no cover - each loop has its own
-        raise NotImplementedError
-
-    def warm_up(self) -> None:
-        for _ in range(WARMUP_UNITS):
-            self.run_one(measured=False)
-
-    def run_until(self, t_stop: float) -> None:
-        t = time.perf_counter()
-        while time.perf_counter() < t_stop:
-            self.run_one(measured=True)
-        self.measured_wall_s += time.perf_counter() - t
-
-
-class TxnLoop(_UnitLoop):
-    """One transactional producer (replaced by a new one of the same transactional.id after a fatal
-    error), one transaction of MESSAGES messages at a time; every transaction's outcome recorded."""
-
-    def __init__(self, bootstrap: str, tid: str, topic: str, conf: dict, t0: float | None = None):
-        self.bootstrap, self.tid, self.topic, self.conf = bootstrap, tid, topic, conf
-        self.t0 = time.perf_counter() if t0 is None else t0
-        self.lines = _Lines(self.t0)
-        self.logger = logging.Logger(f"rdkafka-{tid}")  # not registered: goes with this loop
-        self.logger.addHandler(self.lines)
-        self.producer: Producer | None = None
-        self.next_txn = 0
-        self.instances = 0
-        self.init_s: list[float] = []
-        self.outcomes: dict[int, dict] = {}  # transaction number -> {"outcome", "at_s", ...}
-        self.commit_s: list[float] = []      # measured transactions only
-        self.unit_s: list[float] = []
-        self.abort_s: list[float] = []
-        self.commit_times: list[float] = []  # perf_counter() of each commit that returned (measured)
-        self.measured_wall_s = 0.0
-        self.errors: Counter = Counter()
-        self.commit_retries = 0
-        self.delivery_errors: Counter = Counter()
-
-    # -------------------------------------------------------- producer life
-    def _on_delivery(self, err, msg) -> None:
-        if err is not None:
-            self.delivery_errors[err.name()] += 1
-
-    def new_producer(self) -> None:
-        """A producer with the transactional id, init_transactions() retried until STEP_DEADLINE_S."""
-        self.producer = None  # the old one, if any, is destroyed (it is fenced by the new one's init)
-        deadline = time.monotonic() + STEP_DEADLINE_S
-        while True:
-            self.instances += 1
-            p = Producer({"bootstrap.servers": self.bootstrap, "transactional.id": self.tid,
-                          "logger": self.logger, **self.conf})
-            t = time.perf_counter()
-            while True:
-                try:
-                    p.init_transactions(INIT_TIMEOUT_S)
-                    self.init_s.append(time.perf_counter() - t)
-                    self.producer = p
-                    return
-                except KafkaException as e:
-                    err = kafka_error(e)
-                    self.errors[f"init_transactions: {error_name(e)}"] += 1
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"init_transactions() of {self.tid!r} failing for "
-                                           f"{STEP_DEADLINE_S:.0f} s: {error_name(e)}") from None
-                    if err is not None and err.retriable() and not err.fatal():
-                        time.sleep(0.1)
-                        continue
-                    break  # fatal: a new producer
-            time.sleep(0.1)
-
-    # -------------------------------------------------------- one transaction
-    def run_one(self, measured: bool) -> str:
-        """One transaction; its outcome ("committed", "aborted", "abandoned", "unknown")."""
-        if self.producer is None:
-            self.new_producer()
-        p = self.producer
-        n = self.next_txn
-        self.next_txn += 1
-        rec: dict = {"at_s": time.perf_counter() - self.t0, "instance": self.instances}
-        self.outcomes[n] = rec
-        t_unit = time.perf_counter()
-        stage = "begin_transaction"
-        try:
-            p.begin_transaction()
-            stage = "produce"
-            for i in range(MESSAGES):
-                p.produce(self.topic, value=value(n, i), partition=i % PARTITIONS, on_delivery=self._on_delivery)
-            stage = "commit_transaction"
-            t_commit = time.perf_counter()
-            self._commit(p, rec)
-            now = time.perf_counter()
-            rec["outcome"] = "committed"
-            if measured:
-                self.commit_s.append(now - t_commit)
-                self.unit_s.append(now - t_unit)
-                self.commit_times.append(now)
-        except KafkaException as e:
-            rec.update(stage=stage, error=error_name(e))
-            self.errors[f"{stage}: {error_name(e)}"] += 1
-            rec["outcome"] = self._after_failure(p, e, stage, rec)
-        finally:
-            p.poll(0)  # delivery reports and log lines
-        return rec["outcome"]
-
-    def _commit(self, p: Producer, rec: dict) -> None:
-        """commit_transaction(), retried while its error is retriable (librdkafka: the outcome is not known
-        yet; the call may be repeated), until STEP_DEADLINE_S."""
-        deadline = time.monotonic() + STEP_DEADLINE_S
-        while True:
-            try:
-                p.commit_transaction(COMMIT_TIMEOUT_S)
-                return
-            except KafkaException as e:
-                err = kafka_error(e)
-                if (err is None or not err.retriable() or err.fatal() or err.txn_requires_abort()
-                        or time.monotonic() > deadline):
-                    raise
-                self.commit_retries += 1
-                rec.setdefault("commit_retries", []).append(error_name(e))
-
-    def _after_failure(self, p: Producer, e: KafkaException, stage: str, rec: dict) -> str:
-        err = kafka_error(e)
-        if err is not None and not err.fatal():
-            # Abortable (or a plain error outside the commit): abort_transaction(), retried while retriable.
-            deadline = time.monotonic() + STEP_DEADLINE_S
-            t = time.perf_counter()
-            while True:
-                try:
-                    p.abort_transaction(COMMIT_TIMEOUT_S)
-                    self.abort_s.append(time.perf_counter() - t)
-                    return "aborted"
-                except KafkaException as e2:
-                    err2 = kafka_error(e2)
-                    rec.setdefault("abort_errors", []).append(error_name(e2))
-                    self.errors[f"abort_transaction: {error_name(e2)}"] += 1
-                    if err2 is not None and err2.retriable() and not err2.fatal() and time.monotonic() < deadline:
-                        continue
-                    break
-        # Fatal, or the abort failed: a new producer of the same id (its init_transactions() fences this one
-        # and completes or aborts what it left).
-        self.producer = None
-        rec["replaced_producer"] = True
-        return "unknown" if stage == "commit_transaction" else "abandoned"
-
-    # -------------------------------------------------------- loops
-    def warm_up(self) -> None:
-        if self.producer is None:
-            self.new_producer()
-        super().warm_up()
-
-    def close(self) -> None:
-        if self.producer is not None:
-            self.producer.flush(FLUSH_TIMEOUT_S)
-            self.producer.poll(0)
-        self.producer = None
-
-    def result(self) -> dict:
-        by = Counter(r["outcome"] for r in self.outcomes.values())
-        committed = len(self.commit_s)
-        gaps = [b - a for a, b in zip(self.commit_times, self.commit_times[1:])]
-        return {"transactional_id": self.tid, "topic": self.topic, "transactions": len(self.outcomes),
-                "outcomes": dict(by), "measured_committed": committed, "measured_wall_s": self.measured_wall_s,
-                "transactions_per_s": committed / self.measured_wall_s if self.measured_wall_s else None,
-                "messages_per_s": committed * MESSAGES / self.measured_wall_s if self.measured_wall_s else None,
-                "commit": summarize_ms(self.commit_s), "unit": summarize_ms(self.unit_s),
-                "abort": summarize_ms(self.abort_s), "init_transactions": summarize_ms(self.init_s),
-                "longest_gap_between_commits_ms": max(gaps) * 1000 if gaps else None,
-                "producer_instances": self.instances, "commit_retries": self.commit_retries,
-                "errors": dict(self.errors), "delivery_errors": dict(self.delivery_errors)}
-
-    def failed_transactions(self) -> dict[int, dict]:
-        return {n: r for n, r in self.outcomes.items() if r["outcome"] != "committed"}
-
-
-class IdempotentLoop(_UnitLoop):
-    """One idempotent producer: MESSAGES produce() then flush(), one unit at a time."""
-
-    def __init__(self, bootstrap: str, topic: str, conf: dict):
-        self.topic = topic
-        self.producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, **conf})
-        self.next_unit = 0
-        self.flush_s: list[float] = []
-        self.unit_s: list[float] = []
-        self.measured_wall_s = 0.0
-        self.measured_units = 0
-        self.flushed_units: set[int] = set()
-        self.errors: Counter = Counter()
-
-    def _on_delivery(self, err, msg) -> None:
-        if err is not None:
-            self.errors[f"delivery: {err.name()}"] += 1
-
-    def run_one(self, measured: bool) -> None:
-        n = self.next_unit
-        self.next_unit += 1
-        t_unit = time.perf_counter()
-        for i in range(MESSAGES):
-            self.producer.produce(self.topic, value=value(n, i), partition=i % PARTITIONS,
-                                  on_delivery=self._on_delivery)
-        t = time.perf_counter()
-        left = self.producer.flush(FLUSH_TIMEOUT_S)
-        now = time.perf_counter()
-        if left:
-            self.errors["flush: messages left after the timeout"] += left
-            return
-        self.flushed_units.add(n)
-        if measured:
-            self.flush_s.append(now - t)
-            self.unit_s.append(now - t_unit)
-            self.measured_units += 1
-
-    def result(self) -> dict:
-        w = self.measured_wall_s
-        return {"topic": self.topic, "units": self.next_unit, "measured_units": self.measured_units,
-                "measured_wall_s": w, "units_per_s": self.measured_units / w if w else None,
-                "messages_per_s": self.measured_units * MESSAGES / w if w else None,
-                "flush": summarize_ms(self.flush_s), "unit": summarize_ms(self.unit_s), "errors": dict(self.errors)}
-
-
-# ------------------------------------------------------------------ reading back
-def _consumer(bootstrap: str, committed: bool) -> KafkaConsumer:
-    return KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
-                         auto_offset_reset="earliest",
-                         isolation_level="read_committed" if committed else "read_uncommitted")
-
-
-def end_offsets(bootstrap: str, topic: str, committed: bool) -> dict[int, int]:
-    """ListOffsets latest: the high watermarks, or the last stable offsets for read_committed."""
-    c = _consumer(bootstrap, committed)
-    try:
-        ends = c.end_offsets([KTopicPartition(topic, i) for i in range(PARTITIONS)])
-        return {tp.partition: off for tp, off in ends.items()}
-    finally:
-        c.close()
-
-
-def settle(bootstrap: str, topic: str, timeout: float) -> dict:
-    """Wait until every partition's last stable offset equals its high watermark (no transaction left open)."""
-    t0 = time.perf_counter()
-    deadline = time.monotonic() + timeout
-    while True:
-        hw, lso = end_offsets(bootstrap, topic, False), end_offsets(bootstrap, topic, True)
-        if hw == lso or time.monotonic() > deadline:
-            return {"settled": hw == lso, "seconds": time.perf_counter() - t0, "high_watermarks": hw,
-                    "last_stable_offsets": lso}
-        time.sleep(0.2)
-
-
-def read_back(bootstrap: str, topic: str, committed: bool, timeout: float = READ_TIMEOUT_S) -> dict:
-    """Every data record a consumer of that isolation level sees, up to the end offsets taken at the start
-    (the last stable offsets for read_committed): ``records`` [(partition, offset, value bytes)]."""
-    c = _consumer(bootstrap, committed)
-    tps = [KTopicPartition(topic, i) for i in range(PARTITIONS)]
-    records: list[tuple[int, int, bytes]] = []
-    try:
-        c.assign(tps)
-        c.seek_to_beginning()
-        ends = c.end_offsets(tps)
-        deadline = time.monotonic() + timeout
-        while any(c.position(tp) < ends[tp] for tp in tps):
-            if time.monotonic() > deadline:
-                break
-            for batch in c.poll(timeout_ms=500).values():
-                records.extend((m.partition, m.offset, m.value) for m in batch)
-        positions = {tp.partition: c.position(tp) for tp in tps}
-    finally:
-        c.close()
-    ends_by = {tp.partition: off for tp, off in ends.items()}
-    return {"records": records, "end_offsets": ends_by, "positions": positions,
-            "complete": all(positions[p] >= e for p, e in ends_by.items())}
-
-
-def exactly_once(records: list[tuple[int, int, bytes]], outcomes: dict[int, str]) -> dict:
-    """What a read_committed consumer saw against what the producer was told (transaction -> outcome).
-
-    ``lost``: committed transactions not seen whole; ``duplicated``: (transaction, index) pairs seen more
-    than once; ``aborted_visible``: aborted or abandoned transactions with any message seen; ``partial``:
-    transactions of unknown outcome seen in part; ``foreign``: records that are no message of ours."""
-    seen: dict[int, Counter] = {}
-    where: dict[int, list] = {}
-    foreign = []
-    for part, off, v in records:
-        m = VALUE_RE.match(v or b"")
-        if not m:
-            foreign.append((part, off, (v or b"")[:40].decode(errors="replace")))
-            continue
-        txn, i = int(m.group(1)), int(m.group(2))
-        seen.setdefault(txn, Counter())[i] += 1
-        where.setdefault(txn, []).append((part, off, i))
-    lost, aborted_visible, partial, dups = [], [], [], []
-    unknown_committed, unknown_absent = [], []
-    for txn, outcome in sorted(outcomes.items()):
-        got = seen.get(txn, Counter())
-        whole = all(got[i] >= 1 for i in range(MESSAGES))
-        if outcome == "committed" and not whole:
-            lost.append(txn)
-        elif outcome in EXPECT_ABSENT and got:
-            aborted_visible.append(txn)
-        elif outcome == "unknown":
-            if whole:
-                unknown_committed.append(txn)
-            elif got:
-                partial.append(txn)
-            else:
-                unknown_absent.append(txn)
-    for txn, got in seen.items():
-        for i, k in got.items():
-            if k > 1:
-                dups.append((txn, i, k))
-        if txn not in outcomes:
-            foreign.append(("txn", txn, "transaction number never sent"))
-    return {"records": len(records), "transactions_seen": len(seen),
-            "committed": sum(1 for o in outcomes.values() if o == "committed"),
-            "lost": len(lost), "duplicated": sum(k - 1 for _, _, k in dups), "aborted_visible": len(aborted_visible),
-            "partial": len(partial), "foreign": len(foreign),
-            "unknown_seen_committed": len(unknown_committed), "unknown_absent": len(unknown_absent),
-            "examples": {"lost": [{"txn": t, "seen": sorted(where.get(t, []))} for t in lost[:20]],
-                         "duplicated": [{"txn": t, "index": i, "times": k, "seen": sorted(where[t])}
-                                        for t, i, k in dups[:20]],
-                         "aborted_visible": [{"txn": t, "outcome": outcomes[t], "seen": sorted(where[t])}
-                                             for t in aborted_visible[:20]],
-                         "partial": [{"txn": t, "seen": sorted(where[t])} for t in partial[:20]],
-                         "foreign": foreign[:20]}}
-
-
-def check_topic(bootstrap: str, topic: str, outcomes: dict[int, str]) -> dict:
-    """Settle, then read back read_committed (and read_uncommitted, for the aborted data kept in the log)."""
-    s = settle(bootstrap, topic, SETTLE_TIMEOUT_S)
-    t = time.perf_counter()
-    committed = read_back(bootstrap, topic, True)
-    out = exactly_once(committed["records"], outcomes)
-    out["read_s"] = time.perf_counter() - t
-    out["read_complete"] = committed["complete"]
-    out["settle"] = s
-    uncommitted = read_back(bootstrap, topic, False)
-    out["read_uncommitted_records"] = len(uncommitted["records"])
-    out["read_uncommitted_complete"] = uncommitted["complete"]
-    return out
 
 
 # ------------------------------------------------------------------ the run
@@ -744,8 +301,7 @@ def print_results(res: dict) -> None:
 
 # ------------------------------------------------------------------ options
 def parse_args(argv=None, prog: str | None = None):
-    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(prog, __doc__)
     ap.add_argument("--duration", type=float, default=None,
                     help="seconds of each producer in the steady phase, and of the leader-kill run (20; quick 5)")
     ap.add_argument("--kill-every", type=float, default=5.0, help="seconds between leader kills")
@@ -763,10 +319,7 @@ def parse_args(argv=None, prog: str | None = None):
         a.duration = 5.0 if a.quick else 20.0
     if a.json is None:
         a.json = os.path.join(a.out, "transactions.json")
-    a.phases = [x.strip() for x in a.phases.split(",") if x.strip()]
-    unknown = [x for x in a.phases if x not in PHASES]
-    if unknown or not a.phases:
-        ap.error(f"--phases: unknown {', '.join(unknown) or '(none given)'}; known: {', '.join(PHASES)}")
+    a.phases = phase_list(ap, a.phases, PHASES, require=True)
     if a.duration <= 0 or a.kill_every <= 0 or a.restart_after < 0:
         ap.error("--duration and --kill-every must be > 0, --restart-after >= 0")
     return a
@@ -777,15 +330,11 @@ PHASES = {"steady": phase_steady, "leader_kill": phase_leader_kill}
 
 def main(argv=None, prog: str | None = None) -> int:
     a = parse_args(argv, prog)
-    os.environ.update({"PYTHONPATH": child_env()["PYTHONPATH"]})  # the quorum nodes inherit os.environ
-    res = {"params": {**{k: v for k, v in vars(a).items()}, "argv": sys.argv, "messages_per_unit": MESSAGES,
-                      "partitions": PARTITIONS, "warmup_units": WARMUP_UNITS, "commit_timeout_s": COMMIT_TIMEOUT_S,
-                      "percentiles": "nearest rank over sorted samples"},
-           "environment": environment_info(
-               confluent_kafka=getattr(confluent_kafka, "__version__", None) or confluent_kafka.version()[0],
-               librdkafka=confluent_kafka.libversion()[0],
-               kafka_python=kafka.__version__, repo=REPO),
-           "started_at": utc_now(), "phases": {}, "errors": [], "failed_checks": []}
+    export_checkout()
+    res = new_results(vars(a) | {"argv": sys.argv, "messages_per_unit": MESSAGES, "partitions": PARTITIONS,
+                                 "warmup_units": WARMUP_UNITS, "commit_timeout_s": COMMIT_TIMEOUT_S,
+                                 "percentiles": "nearest rank over sorted samples"},
+                      environment_info(**client_versions(), kafka_python=kafka.__version__, repo=REPO))
     rig = Rig()
 
     def all_checks(r: dict) -> list[str]:

@@ -11,10 +11,10 @@ from collections import Counter
 
 from quorum.client.quorum import Connection, ConnectionFailed
 from records.wire import kafka
-from records.wire.errors import Errors, RequestTimedOutError
+from records.wire.errors import RequestTimedOutError
 
 from .common import paced
-from .report import summarize_ms
+from .report import code_name, summarize_ms
 
 TICK_S = 0.01
 
@@ -32,13 +32,6 @@ TX_CLIENT_TIMEOUT_S = 30.0
 
 
 STALL_MS = 50.0        # a pacer tick this late counts as a stall of the load generator
-
-
-def code_name(code: int) -> str:
-    try:
-        return Errors(code).name
-    except ValueError:
-        return f"ERROR_CODE_{code}"
 
 
 def init_body(tid: str | None, pid: int = -1, epoch: int = -1):

@@ -1,68 +1,9 @@
 """One partition: its log plus its idempotent-producer state, behind one lock.
 
-``append`` is what a Produce handler calls with one partition's records:
-
-1. ``split_batches`` validates the blob (framing, CRC, header rules); a bad
-   batch refuses the whole blob with its Kafka code.
-2. Unless ``dedup=False``, ``ProducerStateManager.check_all`` decides for every
-   batch (each seeing the earlier ones of the request).
-3. All or nothing: if any batch is an error, nothing is appended and that error
-   (the first one) is the answer.  Duplicates are appended nowhere; the other
-   batches go to the log in one group-committed ``PartitionLog.append``, then
-   the producer state records them.
-4. The answer's ``base_offset`` is the offset of the request's *first* batch:
-   the original offset when it is a duplicate (so a retry gets the answer the
-   lost response carried), the new one otherwise.
-
-``dedup=False`` skips the duplicate and sequence checks entirely (every batch
-is appended), to show what idempotence buys; the state is still tracked, so the
-checks are right if the partition is reopened with ``dedup=True``.
-
-**Transactions** (KIP-98; the coordinator and the front end decide, this
-applies).  ``append(..., transactional_ok=True)`` is how the front end says the
-coordinator verified the partition is in the producer's ongoing transaction
-(KIP-890 part 1); without it a transactional batch is INVALID_TXN_STATE.  The
-first transactional batch of a producer starts its transaction here; a
-non-transactional batch from it meanwhile is INVALID_TXN_STATE (the transaction
-checks are made whatever ``dedup`` says).  ``write_marker`` appends the COMMIT
-or ABORT control batch (see there for the epoch and retry rules).
-``last_stable_offset`` is the first offset of the oldest ongoing transaction
-(else the high watermark); ``read(..., max_offset=lso)`` serves read_committed
-consumers, and ``aborted_transactions(start, end)`` the aborted transactions
-their Fetch answer lists.  A non-transactional append costs one more check
-(is any transaction ongoing here?).
-
-**Producer-state snapshots** are taken when the log rolls a segment, after
-``snapshot_every`` appended batches, on close, and before any segment is
-deleted, so the state survives both restarts and the loss of the batches it
-came from; reopening replays only the log after the newest snapshot.  A
-snapshot thread (``snapshot_executor``, one shared by every partition by
-default) copies the state ``SNAPSHOT_CHUNK_ROWS`` rows per acquisition of the
-partition's lock (a few milliseconds each; appends go on in between, see
-``ProducerStateManager.snapshot_begin``), then encodes, writes and fsyncs it
-without the lock, as Kafka moved its snapshot fsync out of the log lock
-(KAFKA-15046).
-Retention deletes segments only below the newest *durable* snapshot: when it
-wants more, it asks for a snapshot and deletes once that is on disk.
-``wait_snapshots`` waits for the pending one.
-
-**Expiry.**  Producers idle for ``producer_id_expiration_ms`` are dropped.
-Whether any is due costs one comparison (checked at most once a minute, on
-append and in ``maintain``); a pass then goes through the state
-``EXPIRY_CHUNK_ROWS`` rows at a time, one chunk per append or per lock
-acquisition in ``maintain``, so no append waits behind more than one chunk
-(about 3 ms).  ``max_producers`` caps the producers of the partition (see
-``broker.producer_state``: the least recently used are evicted, and told so
-if they come back).
-
-Threads: every public method takes the partition's lock, so a front end may
-call from any thread; calls on one partition run one at a time (a long read
-delays an append).  There is no asyncio here: an asyncio front end should call
-through ``loop.run_in_executor`` because appends fsync.
-
-I/O errors while appending are answered as UNKNOWN_SERVER_ERROR (Kafka would
-say KAFKA_STORAGE_ERROR, 56, which the project's error enum does not have);
-the log undoes the partial append, so the state stays consistent.
+``append`` validates a Produce's records for one partition, decides every batch against the producer state and
+appends all of them or none; ``write_marker`` ends a transaction; snapshots and expiry run in chunks so that no
+append waits long.  Every public method takes the lock; appends fsync, so an asyncio caller goes through an
+executor.  The rules and why: docs/producer-state.md.
 """
 from __future__ import annotations
 
@@ -194,7 +135,7 @@ class Partition:
         return cur == (h.producer_epoch, transactional_ok) or h.producer_id in self.state.ongoing_ids()
 
     def append(self, records: bytes, *, transactional_ok: bool | int | None = False) -> AppendResult:
-        """Validate, deduplicate and append one partition's records blob (see the module doc).
+        """Validate, deduplicate and append one partition's records blob (docs/producer-state.md, "One partition").
 
         ``transactional_ok``: the front end says the coordinator verified that this partition is in
         the producer's ongoing transaction (KIP-890 part 1): the token ``expect_transaction`` gave

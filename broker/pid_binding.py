@@ -1,73 +1,7 @@
-"""Producer IDs bound to whom they were handed to (SASL brokers).
-
-**The rule.**  A Produce batch with a producer ID (idempotent or transactional) is accepted only from
-its owner:
-
-* an ID this broker handed out by InitProducerId *without* a transactional id belongs to the
-  principal that sent that InitProducerId;
-* an ID the quorum gave a transactional id (InitProducerId *with* one, or learnt from the quorum's
-  KIP-890 verification of a transactional batch) belongs to that transactional id: the Produce must
-  name it, and the principal must have WRITE on it (checked for every Produce naming a
-  transactional id, ``api_table._produce_acl``).
-
-Producer IDs are handed out in order, so without this any authenticated principal could write with
-another's ID: ``Produce(producer_id=<victim's>, base_sequence=0)`` ahead of the victim makes the
-victim's own first batch a "duplicate" (answered, never written), a higher epoch fences it.  The epoch
-is not part of the binding: an idempotent producer bumps its own epoch (KIP-360; librdkafka and the
-Java client do so on UNKNOWN_PRODUCER_ID, OUT_OF_ORDER_SEQUENCE_NUMBER, timeouts) and keeps its ID.
-
-**Answers** (per partition; nothing is written to the log nor to the producer state):
-
-=========================================  =======================================================
-case                                       answer
-=========================================  =======================================================
-ID bound to another principal              CLUSTER_AUTHORIZATION_FAILED ("producer id N was not
-                                           handed to User:x")
-ID of a transactional id the request       TRANSACTIONAL_ID_AUTHORIZATION_FAILED ("producer id N
-does not name                              belongs to a transactional id this request does not
-                                           name ...")
-ID bound to nobody: never handed out       CLUSTER_AUTHORIZATION_FAILED ("... is bound to no
-here, or its binding was forgotten         principal on this broker ...").  A transactional batch
-(unused for ``lifetime_ms``, or evicted)   naming a transactional id goes on to the quorum's check
-                                           instead, and its ID is bound to that id once it passes
-=========================================  =======================================================
-
-Why these codes: CLUSTER_AUTHORIZATION_FAILED is what Kafka answered an idempotent Produce from a
-principal without IDEMPOTENT_WRITE (before KIP-679), so clients already treat it as an authorization
-failure, not something to retry: librdkafka fails the message with it (a permanent delivery error, not
-retried; tried with confluent-kafka 2.x), kafka-python fails the batch with
-ClusterAuthorizationFailedError.  TRANSACTIONAL_ID_AUTHORIZATION_FAILED is Kafka's
-answer to a Produce whose transactional id the principal may not write (fatal in librdkafka too).
-An owner whose binding was forgotten gets the same answer as anyone else (the broker can no longer
-tell who it is): each of its messages fails, and it must re-init by creating a new producer (a new
-InitProducerId, a new ID).
-UNKNOWN_PRODUCER_ID was tried for that and is wrong: librdkafka answers it by bumping its epoch
-locally and re-sending under the *same* ID, so it would retry until delivery.timeout.ms, for every
-message, for ever.
-
-**Lifetime.**  A binding lives while its ID is used: each accepted batch refreshes it.  Unused for
-``lifetime_ms`` (the broker sets 7 x ``producer_id_expiration_ms``: 7 days by default, Kafka's
-``transactional.id.expiration.ms``; the partitions forget the producer's state after 1 x, and then
-accept its next batch at any sequence, as Kafka does, since the binding still says whose it is), or
-evicted because more than ``max_bindings`` (``max_producers_per_partition``) are held (the least
-recently used 1 % go at once, like the producer-state cap), it is forgotten.
-
-**The durable record** (``producer-ids.bindings`` in the broker's data directory): a header, then
-frames ``u32 length | u32 crc32(payload) | payload``, each payload a msgpack list of entries
-``[producer_id, kind, name, last_used_ms]`` (kind 0: a principal, 1: a transactional id); a later
-entry for an ID replaces an earlier one.  InitProducerId is answered only after its binding's frame
-was written and fdatasync'd; bindings waiting meanwhile go in one frame and one fdatasync (group
-commit).  The file is rewritten whole (temp file, fsync, rename, fsync of the directory) with the
-bindings in memory when it holds more than twice as many entries (plus 10,000), every
-``lifetime_ms / 7`` (to carry the refreshed use times: after a crash a binding is at most that much
-older than it was), and on close.  At open a frame cut by a crash at the end of the file (short, or
-failing its checksum with nothing after it) is cut off (it was never acknowledged); a damaged frame
-with bytes after it refuses the start (``CorruptFileError``, exit 66).  Every I/O error is fail-stop
-(``snapshots.storage.disk``: exit 74 naming the file).  A broker upgraded from a version without the file
-starts with no bindings: the idempotent producers connected across the upgrade get the
-authorization error once and must be re-created.
-
-Not thread-safe: every method runs on the broker's event loop; file I/O goes to ``run_io``.
+"""Producer IDs bound to whom they were handed to (SASL brokers): a Produce batch with a producer ID is
+accepted only from the principal that got the ID, or naming the transactional id it belongs to.  The bindings
+are kept in a group-committed file in the data directory.  The rule, the answers and why, the file:
+docs/producer-state.md, "Whose producer ID it is".  Event-loop only; file I/O goes to ``run_io``.
 """
 from __future__ import annotations
 
@@ -359,7 +293,7 @@ class ProducerBindings:
     # ------------------------------------------------------------ maintenance
     async def maintain(self) -> None:
         """Forget bindings unused for ``lifetime_ms`` when any may be due (in chunks, the loop free in
-        between); then have the writer rewrite the file if that is due (see the module doc)."""
+        between); then have the writer rewrite the file if that is due (docs/producer-state.md)."""
         now = self.now_ms()
         if now - self._oldest_ms >= self.lifetime_ms:
             oldest, gone = now, 0

@@ -1,43 +1,7 @@
-"""KIP-936: limit the new producer IDs each principal starts producing with.
-
-``ProducerIdQuotaManager.check(principal, producer_id, now)`` is called on
-Produce for every producer ID in the request.  It returns 0 (go ahead) or the
-milliseconds the client should wait (the batch is refused with
-THROTTLING_QUOTA_EXCEEDED and the response carries that throttle time).
-
-Per principal (``User:<name>``) with a ``producer_ids_rate`` quota (its own, or
-the user default; none: not limited, nothing is tracked):
-
-* a **token bucket**, as Kafka's controller-mutation quota (KIP-599): tokens
-  refill at ``rate`` per second up to ``rate * burst_s`` (at least 1, at most
-  ``rate * window_num * window_size_s``); a PID not seen before takes one
-  token, and with none left it is refused with the time until the next token.
-  The bucket's size is not KIP-936's window: the window is how long a seen
-  PID is remembered; a bucket that large (11 h of the rate) would let one
-  principal start hours' worth of producers at once (docs/quota.md);
-* a **time-layered Bloom filter** of the PIDs admitted (rbloom layers): a new
-  layer every ``window_size_s`` or when the current one holds
-  ``ceil(rate * window_size_s)`` PIDs; a layer is dropped once nothing was
-  added to it for ``window_num * window_size_s``.  A PID found in any layer
-  was seen: it passes and never costs a token.  A seen PID found only in a
-  layer older than half the window is added to the newest layer again, so a
-  producer that keeps producing is never forgotten.  False positives only ever
-  let a new PID through for free; a seen PID is never refused.  PIDs are mixed
-  (``filter_key``) before they reach rbloom: rbloom derives its bit positions
-  from ``hash(pid)``, which for an int is the int itself, through an LCG, and
-  the consecutive PIDs the quorum hands out in blocks then land on correlated
-  positions (measured: up to 1.3 times the target false-positive rate).
-
-Memory is bounded by the quota, not by how many PIDs arrive: only admitted
-PIDs are added, and admissions are bounded by the bucket (at most
-``burst + rate * t`` in any ``t`` seconds), so a layer is sized from
-``rate * window_size_s`` and at most ``3 * window_num + 2`` layers exist
-(a hard cap: past it the oldest layer goes; only re-adding many long-lived PIDs
-can reach it, and then the oldest of them may cost a token once more).
-Refused PIDs add nothing.
-
-Threading: ``check`` runs on the broker's event loop; ``stats()`` may be
-called from any thread (a metrics exporter), so both take one lock.
+"""KIP-936: limit the new producer IDs each principal starts producing with.  ``ProducerIdQuotaManager.check``
+(on Produce, for each producer ID) answers 0 or the milliseconds to wait; per principal a token bucket pays for
+IDs not seen before and a time-layered Bloom filter remembers the ones admitted.  The sizes, the memory bound
+and why: docs/quota.md.  ``check`` runs on the event loop, ``stats()`` on any thread: both take one lock.
 """
 from __future__ import annotations
 
@@ -71,7 +35,8 @@ _M64 = (1 << 64) - 1
 
 def filter_key(pid: int) -> int:
     """What the filter stores for ``pid``: SplitMix64's finaliser, a bijection on 64 bits that spreads
-    consecutive PIDs over the whole range (see the module doc for why rbloom needs it)."""
+    consecutive PIDs over the whole range.  rbloom derives its bit positions from ``hash(pid)``, the int itself,
+    through an LCG: the consecutive PIDs of a block would land on correlated positions (docs/quota.md)."""
     x = pid & _M64
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64

@@ -1,62 +1,6 @@
-"""All partitions of a broker under one data directory, with topics created on first use.
-
-Layout::
-
-    <data_dir>/<stem>.topic            checksummed topic metadata: name, topic ID (UUID), partition count
-    <data_dir>/<stem>-<partition>/     one ``broker.partition.Partition`` directory each
-
-The stem (``topic_stem``) is the topic's name when the longest entry it makes,
-``<name>.topic.tmp`` (the metadata file's temporary name while it is written),
-fits in a directory entry (255 bytes): every name of up to 245 characters, so
-every data directory written before long names were served keeps its layout.
-A longer name (246 to 249 characters, which Kafka allows) has the stem
-``<first 200 characters>+<32 hex digits of its SHA-256>``: 233 characters, so
-``<stem>.topic.tmp`` and ``<stem>-<any int32 partition>`` fit.  '+' is not
-allowed in a topic name, so a shortened stem is never another topic's name;
-the real name is in the metadata file.  (A plain stem fits every partition
-number below 10**9.)
-
-A topic's partition directories are created before its metadata file is
-written (atomically): the metadata file is what makes the topic exist.  If
-the creation fails (the disk refuses a directory or the file), the
-directories it made and the temporary file are removed again, so nothing is
-left behind; a crash during creation leaves at most empty directories
-without metadata, which are reported when the storage opens and reused by the
-next creation of that topic.  On open every topic with a metadata file is
-reopened (each partition recovers its log and producer state); a missing
-partition directory is a ``CorruptFileError``, never a silently empty
-partition.
-
-Topic names follow Kafka's rules: 1 to 249 characters from ``[a-zA-Z0-9._-]``,
-neither "." nor "..".  A bad name raises ``InvalidTopicError``
-(INVALID_TOPIC_EXCEPTION); an unknown topic (with ``auto_create=False``) or a
-partition outside the topic raises ``UnknownTopicOrPartitionError``
-(UNKNOWN_TOPIC_OR_PARTITION).  Partition counts never change once created.
-
-**Limits.**  Any client may name a topic and so create it (``auto_create``),
-so creation is bounded: at most ``max_topics`` topics and ``max_partitions``
-partitions in all (None: no limit).  Topics already on disk are always opened,
-whatever the limits; only new ones are refused, with
-``UnknownTopicOrPartitionError`` and a message naming the limit.  Why that code
-and not POLICY_VIOLATION or INVALID_REQUEST: it is what Kafka itself answers
-when a topic does not exist and is not auto-created, so every client has a
-tested path for it - librdkafka marks the topic non-existent (its comment:
-"UNKNOWN_TOPIC_* may indicate that auto.create.topics failed") and fails the
-queued messages with "Unknown topic or partition" after
-topic.metadata.propagation.max.ms; the Java producer waits up to max.block.ms
-for the topic and then reports it absent; Produce v8+ carries the message.  It
-is retriable, which is right: raising the limit (or removing topics) makes the
-same request succeed.  INVALID_REQUEST would read as a malformed request, and a
-topic-level error other than UNKNOWN_TOPIC_* makes librdkafka fail the
-messages at once with an unrelated text; POLICY_VIOLATION is not in the
-project's error enum.
-
-Every partition's segment files are opened through one ``broker.segment_files.SegmentFiles``
-of ``max_open_segments`` descriptors (least recently used closed first), so the
-number of topics does not decide the number of open files.
-
-Thread-safe: topic creation and look-ups take the storage lock; each
-partition has its own.
+"""All partitions of a broker under one data directory, with topics created on first use (bounded by
+``max_topics`` / ``max_partitions``).  Layout, long topic names, crash-safe creation and the limits' error
+code: docs/brokers.md, "A broker's data directory".  Thread-safe: the storage lock, then each partition's own.
 """
 from __future__ import annotations
 

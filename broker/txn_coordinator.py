@@ -1,55 +1,6 @@
-"""The transaction coordinator (KIP-98) of one broker: the quorum decides, this broker writes the markers.
-
-**Where the state lives, and why.**  A transaction's state (Ongoing, PrepareCommit / PrepareAbort,
-CompleteCommit / CompleteAbort, its partitions, its start time) is a ``TransactionStateRecord`` in the
-quorum, beside the transactional id's producer ID and epoch, not in a log of the broker's as Kafka's
-``__transaction_state``.  The broker's logs have one replica: a transaction state there would die with
-the broker's disk, and a broker taking an id over would have nothing to complete.  The quorum is already
-a replicated, fsync'd log that every broker reads and that decides InitProducerId; each step of a
-transaction is one committed entry there (``TransactionRequest``), decided against the current epoch on
-the leader, so two brokers, a retried request or a restarted coordinator can never complete a
-transaction both ways or resurrect a fenced producer.  The cost is a quorum round trip per step (three
-per transaction: AddPartitionsToTxn, EndTxn's prepare, the completion), which Kafka pays too
-(acks=all on ``__transaction_state``).
-
-**A transaction's end.**  EndTxn commits PrepareCommit (or PrepareAbort) in the quorum: from then on the
-outcome is decided.  Then the coordinator writes a marker to each partition (``Partition.write_marker``,
-fsync'd like any append) and commits CompleteCommit (CompleteAbort).  EndTxn is answered once the
-transaction is complete, or, if that fails (a disk error, the quorum unreachable), as soon as the outcome
-is decided: the sweeper (``run``, every ``check_interval_s``) finds prepared transactions in the quorum
-and completes them, on this broker after a crash and restart too.  Markers are idempotent (a partition
-with no open transaction of the producer writes nothing), so completing twice is harmless.
-
-**Which broker writes the markers.**  Each partition of a transaction is recorded with the broker that
-holds it, and only that broker writes its markers and completes the transaction (all of a transaction's
-partitions are on the broker its client produced to: each broker leads the partitions it holds).  A
-transaction's completion is serialized on the broker by a per-id lock, and the state it completes is the
-leader's answer given under that lock (EndTxn's prepare, or a re-read by the sweeper and InitProducerId),
-so a stale view never writes a marker to a transaction that already ended.
-
-**Each step names its transaction.**  The quorum numbers an id's transactions (``sequence``); this broker
-learns the numbers from the answers (``_Known``) and every step it sends names one, so a copy that
-reaches the quorum late (a retry on another node, a request a paused node forwards when it resumes) is
-refused or answered as it was, never applied to the producer's next transaction.  When the quorum's
-transaction is another one than this broker named, the broker re-reads it and the client is told to
-retry (``_client_step``).  docs/transactions.md has the table of every request and its late copy.
-
-**Timeouts.**  The sweeper also finds open transactions past their ``transaction.timeout.ms`` and asks
-the quorum to abort them (``timeout``: PrepareAbort with the epoch bumped, so the abort markers fence the
-producer's late batches); the producer's next step gets INVALID_PRODUCER_EPOCH (abortable), its abort
-succeeds, and its InitProducerId with its old (producer ID, epoch) gets the bumped epoch (KIP-360).
-
-**KIP-890 part 1.**  A transactional batch is appended only to a partition added to its producer's
-ongoing transaction: the first batch of a transaction to a partition is checked against the quorum
-(``verify``) unless this broker added the partition itself (``_ongoing``, dropped before any marker of
-the transaction is written), and the check is tied to the partition (``Partition.expect_transaction``)
-so a marker written while it is under way voids it.
-
-**Operators' reads** (KIP-664: ListTransactions, DescribeTransactions).  ``describe`` reads an id's
-transaction through the quorum leader, as any step does.  ``list_transactions`` lists every transactional
-id the quorum knows (every broker coordinates every id), page after page (``TransactionRequest`` list),
-as the answering quorum node has applied them: nothing of it is kept on the broker, so a restarted broker
-lists an idle id as well.
+"""The transaction coordinator (KIP-98) of one broker: the quorum decides each step of a transaction, this
+broker writes the markers and completes what was decided (also after a crash: the sweeper).  Where the state
+lives and why, each step and its late copy, timeouts, KIP-890: docs/transactions.md.
 """
 from __future__ import annotations
 

@@ -1,19 +1,5 @@
-"""Idempotent-producer state of one partition (the design: ``docs/producer-state.md``).
-
-================  ========================================================================
-module            what it holds
-================  ========================================================================
-``rules``         the idempotence rules: ``check``, ``check_all``, ``update``, ``replay``;
-                  ``Decision``, ``ProducerEntry``
-``table``         the row table: rows, hash, older batches, expiry, eviction, Bloom filters
-``transactions``  ongoing transactions, ``AbortedIndex``, ``check_txn``, ``check_marker``,
-                  ``end_transaction``
-``snapshot``      ``ProducerSnapshot``, the snapshot files (formats 1-3), loading one
-``manager``       ``ProducerStateManager`` (the above as one class), ``recover``
-================  ========================================================================
-
-Modules import only those listed above them in this order: table, rules, transactions, snapshot,
-manager.
+"""Idempotent-producer state of one partition.  Its modules (table, rules, transactions, snapshot, manager;
+each imports only those before it) and the design: docs/producer-state.md.
 """
 from .manager import ProducerStateManager, read_snapshot
 from .rules import APPEND, MAX_CACHED_BATCHES, Action, BatchMetadata, Decision, ProducerEntry

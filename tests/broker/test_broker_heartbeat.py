@@ -9,6 +9,8 @@ unavailable quorum, the shut-down heartbeat, nothing a client waits for); then a
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
 import time
 import uuid
@@ -22,6 +24,7 @@ from broker.pid_manager import PidManagerConfig, ProducerIdManager
 from quorum.client.quorum import QuorumClient, RetryPolicy
 from quorum.settings import ConfigError, build
 from tests.conftest import cluster_harness, run, wait_for
+from tests.support.loop import until
 from records.wire.errors import (
     BrokerIdNotRegisteredError,
     CoordinatorLoadInProgressError,
@@ -81,12 +84,20 @@ class FakeQuorum:
         return [b for b in self.heartbeats if b[2] == shut_down]
 
 
-async def _until(predicate, timeout: float = 5.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.005)
+_until = functools.partial(until, interval=0.005)
+
+
+@contextlib.asynccontextmanager
+async def heartbeating(interval_ms: int):
+    """(quorum, manager): broker 1's started manager on a FakeQuorum, heartbeating every ``interval_ms``;
+    closed without the shut-down heartbeat."""
+    q = FakeQuorum()
+    m = ProducerIdManager(1, q, config=FAST, heartbeat_interval_ms=interval_ms)
+    await m.start()
+    try:
+        yield q, m
+    finally:
+        await m.close(shut_down=False)
 
 
 # ------------------------------------------------------------------ the heartbeat task
@@ -94,13 +105,8 @@ async def _until(predicate, timeout: float = 5.0, what: str = "condition"):
 
 def test_the_first_heartbeat_follows_the_registration_then_one_every_interval():
     async def go():
-        q = FakeQuorum()
-        m = ProducerIdManager(1, q, config=FAST, heartbeat_interval_ms=100)
-        await m.start()
-        try:
+        async with heartbeating(100) as (q, m):
             await _until(lambda: len(q.beats()) >= 6, what="6 heartbeats")
-        finally:
-            await m.close(shut_down=False)
         return q, m
     q, m = run(go())
     times = [t for t, _, _ in q.beats()]
@@ -114,10 +120,7 @@ def test_the_first_heartbeat_follows_the_registration_then_one_every_interval():
 @pytest.mark.parametrize("refusal", [StaleBrokerEpochError, BrokerIdNotRegisteredError])
 def test_a_heartbeat_refused_for_its_epoch_registers_again_and_heartbeats_the_new_epoch(refusal):
     async def go():
-        q = FakeQuorum()
-        m = ProducerIdManager(1, q, config=FAST, heartbeat_interval_ms=100)
-        await m.start()
-        try:
+        async with heartbeating(100) as (q, m):
             await _until(lambda: q.beats(), what="the first heartbeat")
             # The quorum dropped this registration (another incarnation took the id once the session lapsed,
             # or a fence): the next heartbeat is refused.
@@ -130,8 +133,6 @@ def test_a_heartbeat_refused_for_its_epoch_registers_again_and_heartbeats_the_ne
             epoch = m.broker_epoch
             first_new = min(t for t, e, _ in q.beats() if e == epoch)
             return q, refused_at, first_new, epoch, m.stats(), m.generate_producer_id()
-        finally:
-            await m.close(shut_down=False)
     q, refused_at, first_new, epoch, stats, pid = run(go())
     assert epoch == len(q.registrations) >= 2 and pid >= 0
     assert q.registrations[1] - refused_at < 1.0  # within about one interval, not a session
@@ -144,10 +145,7 @@ def test_a_heartbeat_refused_for_its_epoch_registers_again_and_heartbeats_the_ne
 
 def test_an_unavailable_quorum_is_asked_again_at_the_interval_and_logged_at_most_every_10_s(caplog):
     async def go():
-        q = FakeQuorum()
-        m = ProducerIdManager(1, q, config=FAST, heartbeat_interval_ms=50)
-        await m.start()
-        try:
+        async with heartbeating(50) as (q, m):
             await _until(lambda: q.beats(), what="the first heartbeat")
             q.fail_heartbeats = RequestTimedOutError("no node answered")
             n = len(q.beats())
@@ -156,8 +154,6 @@ def test_an_unavailable_quorum_is_asked_again_at_the_interval_and_logged_at_most
             n = len(q.beats())
             await _until(lambda: len(q.beats()) >= n + 2, what="heartbeats answered again")
             return q, m.stats(), len(q.registrations)
-        finally:
-            await m.close(shut_down=False)
     with caplog.at_level(logging.INFO, logger=pid_manager.log.name):
         q, stats, registrations = run(go())
     assert registrations == 1  # an unavailable quorum is not a refused epoch: no re-registration
@@ -209,10 +205,8 @@ def test_a_clean_close_sends_a_heartbeat_asking_to_shut_down():
     assert q.registered is None and m.broker_epoch is None and m.stats()["shut_down_heartbeat_sent"]
 
     async def without():
-        q = FakeQuorum()
-        m = ProducerIdManager(1, q, config=FAST, heartbeat_interval_ms=100)
-        await m.start()
-        await m.close(shut_down=False)
+        async with heartbeating(100) as (q, _):
+            pass  # started, then closed at once
         return q
     assert run(without()).beats(shut_down=True) == []
 

@@ -20,6 +20,7 @@ import pytest
 from broker.pid_manager import LONG_MAX, PidManagerConfig, ProducerIdManager
 from quorum.client.quorum import AllocatedBlock
 from quorum.trail import iter_blocks
+from tests.support.loop import until
 from records.wire.errors import (
     BrokerIdNotRegisteredError,
     ClusterAuthorizationFailedError,
@@ -106,17 +107,6 @@ class SleepRecorder:
     async def __call__(self, delay: float) -> None:
         self.delays.append(delay)
         await asyncio.sleep(0)
-
-
-async def until(predicate, timeout: float = 5.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.001)
 
 
 async def settle(rounds: int = 50) -> None:

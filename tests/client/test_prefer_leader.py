@@ -3,19 +3,16 @@ when it changes; a follower would answer by forwarding, a second hop on every ca
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 
 from quorum.client.quorum import QuorumClient
 from quorum.client.retry import RetryPolicy
 from tests.conftest import run
+from tests.support.loop import until
 
 
-async def _until(cond, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.05)
+_until = functools.partial(until, interval=0.05)
 
 
 def _leader_last(cluster) -> tuple[list[str], str]:

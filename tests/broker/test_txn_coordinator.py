@@ -86,10 +86,25 @@ def run(coro):
     return asyncio.run(coro)
 
 
-def test_each_step_names_the_transaction_it_is_for():
-    q = StateQuorum()
-    c = coordinator(q)
+async def open_transaction(c: TxnCoordinator, timeout_ms: int = 60_000) -> tuple[int, int]:
+    """A producer of transactional id "tx" with a transaction open on t-0: (producer id, epoch)."""
+    pid, epoch = await c.init_producer_id("tx", timeout_ms, -1, -1)
+    await c.add_partitions("tx", pid, epoch, [("t", 0)])
+    return pid, epoch
 
+
+@pytest.fixture
+def q() -> StateQuorum:
+    return StateQuorum()
+
+
+@pytest.fixture
+def c(q) -> TxnCoordinator:
+    """Broker 1's coordinator on ``q``."""
+    return coordinator(q)
+
+
+def test_each_step_names_the_transaction_it_is_for(q, c):
     async def go():
         pid, epoch = await c.init_producer_id("tx", 60_000, -1, -1)
         for _ in range(3):
@@ -103,13 +118,9 @@ def test_each_step_names_the_transaction_it_is_for():
         ("add", 2), ("add", 2), ("commit", 2), ("complete", 2)]
 
 
-def test_late_copies_of_every_step_change_nothing_in_the_next_transaction():
-    q = StateQuorum()
-    c = coordinator(q)
-
+def test_late_copies_of_every_step_change_nothing_in_the_next_transaction(q, c):
     async def go():
-        pid, epoch = await c.init_producer_id("tx", 60_000, -1, -1)
-        await c.add_partitions("tx", pid, epoch, [("t", 0)])
+        pid, epoch = await open_transaction(c)
         await c.end("tx", pid, epoch, commit=False)
         first = list(q.sent)
         await c.add_partitions("tx", pid, epoch, [("t", 1)])
@@ -130,8 +141,7 @@ def test_a_coordinator_behind_the_quorum_learns_and_the_client_retries():
     one, two = coordinator(q, 1), coordinator(q, 2)
 
     async def go():
-        pid, epoch = await one.init_producer_id("tx", 60_000, -1, -1)
-        await one.add_partitions("tx", pid, epoch, [("t", 0)])
+        pid, epoch = await open_transaction(one)
         await one.end("tx", pid, epoch, commit=True)  # transaction 0, through broker 1
         await two.add_partitions("tx", pid, epoch, [("u", 0)])  # transaction 1 began through broker 2
         with pytest.raises(ConcurrentTransactionsError, match="retry"):
@@ -145,13 +155,9 @@ def test_a_coordinator_behind_the_quorum_learns_and_the_client_retries():
     assert (t.sequence, t.state) == (1, "CompleteAbort")
 
 
-def test_a_step_the_current_transaction_refuses_is_not_turned_into_a_retry():
-    q = StateQuorum()
-    c = coordinator(q)
-
+def test_a_step_the_current_transaction_refuses_is_not_turned_into_a_retry(q, c):
     async def go():
-        pid, epoch = await c.init_producer_id("tx", 60_000, -1, -1)
-        await c.add_partitions("tx", pid, epoch, [("t", 0)])
+        pid, epoch = await open_transaction(c)
         await c.end("tx", pid, epoch, commit=False)
         await c.end("tx", pid, epoch, commit=False)  # a retry: answered as it ended
         for _ in range(2):
@@ -161,13 +167,9 @@ def test_a_step_the_current_transaction_refuses_is_not_turned_into_a_retry():
     assert q.state.transactions.txn("tx").state == "CompleteAbort"
 
 
-def test_the_sweeper_names_what_it_times_out_and_completes():
-    q = StateQuorum()
-    c = coordinator(q)
-
+def test_the_sweeper_names_what_it_times_out_and_completes(q, c):
     async def go():
-        pid, epoch = await c.init_producer_id("tx", 1_000, -1, -1)
-        await c.add_partitions("tx", pid, epoch, [("t", 0)])
+        await open_transaction(c, 1_000)
         q.now += 5_000
         assert await c.sweep() == 1
     run(go())
@@ -175,13 +177,9 @@ def test_the_sweeper_names_what_it_times_out_and_completes():
     assert q.state.transactions.txn("tx").state == "CompleteAbort"
 
 
-def test_each_init_producer_id_has_its_own_request_id():
-    q = StateQuorum()
-    c = coordinator(q)
-
+def test_each_init_producer_id_has_its_own_request_id(q, c):
     async def go():
-        pid, epoch = await c.init_producer_id("tx", 60_000, -1, -1)
-        await c.add_partitions("tx", pid, epoch, [("t", 0)])
+        await open_transaction(c)
         await c.init_producer_id("tx", 60_000, -1, -1)  # a new instance: aborts first, then asks again
     run(go())
     e = q.epoch(1)
@@ -195,8 +193,7 @@ def test_a_coordinator_that_knows_nothing_reads_the_transaction_before_naming_on
     before = coordinator(q)
 
     async def go():
-        pid, epoch = await before.init_producer_id("tx", 60_000, -1, -1)
-        await before.add_partitions("tx", pid, epoch, [("t", 0)])
+        pid, epoch = await open_transaction(before)
         after = coordinator(q)  # the broker restarted: the client retries its EndTxn there
         q.sent.clear()
         await after.end("tx", pid, epoch, commit=True)
@@ -211,10 +208,7 @@ def test_a_coordinator_that_knows_nothing_reads_the_transaction_before_naming_on
     assert all(r.sequence != -1 for r in q.sent if r.op not in ("describe", "verify"))
 
 
-def test_end_txn_with_no_transaction_sends_nothing():
-    q = StateQuorum()
-    c = coordinator(q)
-
+def test_end_txn_with_no_transaction_sends_nothing(q, c):
     async def go():
         pid, epoch = await c.init_producer_id("tx", 60_000, -1, -1)
         for commit in (True, False):
@@ -224,12 +218,10 @@ def test_end_txn_with_no_transaction_sends_nothing():
     assert q.sent == []
 
 
-def test_an_answer_that_arrives_after_a_newer_one_teaches_nothing():
+def test_an_answer_that_arrives_after_a_newer_one_teaches_nothing(c):
     """Seed 500818 of the transaction simulation: an add's answer (transaction 5 open, epoch 2) arrived after
     the coordinator had completed that transaction's abort with the epoch bumped to 3; taking it let a batch
     of epoch 2 pass the KIP-890 check without a round trip, into a transaction nobody would end."""
-    q = StateQuorum()
-    c = coordinator(q)
     base = {"transactional_id": "tx", "producer_id": 4, "partitions": [[1, "t", 0]]}
     c._ended({**base, "producer_epoch": 3, "sequence": 5, "state": "CompleteAbort"})
     c._remember(4, {**base, "producer_epoch": 2, "sequence": 5, "state": "Ongoing"})

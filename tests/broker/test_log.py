@@ -25,6 +25,15 @@ def values(blob: bytes) -> list[tuple[int, bytes]]:
     return [(off, val) for off, _, _, val in decode_all(blob)]
 
 
+def two_to_a_segment(d: str, batches: int) -> int:
+    """Write a log in ``d`` of ``batches`` one-record batches, two to a segment (segments 0, 2, 4, ...);
+    the size of one batch."""
+    one = len(b(1))
+    with PartitionLog(d, segment_bytes=2 * one) as lg:
+        lg.append([b(1) for _ in range(batches)])
+    return one
+
+
 @pytest.fixture
 def d(tmp_path) -> str:
     return str(tmp_path / "t-0")
@@ -234,9 +243,7 @@ def test_zeroed_hole_with_valid_data_after_is_refused(d):
 
 
 def test_damage_in_an_older_segment_is_refused_even_at_its_end(d):
-    one = len(b(1))
-    with PartitionLog(d, segment_bytes=2 * one) as lg:
-        lg.append([b(1) for _ in range(5)])
+    one = two_to_a_segment(d, 5)
     older = os.path.join(d, segment_name(2))
     with open(older, "r+b") as f:
         f.truncate(2 * one - 5)
@@ -246,9 +253,7 @@ def test_damage_in_an_older_segment_is_refused_even_at_its_end(d):
 
 
 def test_missing_middle_segment_is_refused(d):
-    one = len(b(1))
-    with PartitionLog(d, segment_bytes=2 * one) as lg:
-        lg.append([b(1) for _ in range(6)])
+    two_to_a_segment(d, 6)
     os.unlink(os.path.join(d, segment_name(2)))
     with pytest.raises(CorruptFileError) as ei:
         PartitionLog(d)
@@ -267,9 +272,7 @@ def test_missing_first_segment_is_refused_once_a_start_offset_was_stored(d):
 
 
 def test_segment_whose_first_batch_has_the_wrong_offset_is_refused(d):
-    one = len(b(1))
-    with PartitionLog(d, segment_bytes=2 * one) as lg:
-        lg.append([b(1) for _ in range(4)])
+    two_to_a_segment(d, 4)
     os.rename(os.path.join(d, segment_name(0)), os.path.join(d, segment_name(1)))
     with pytest.raises(CorruptFileError):
         PartitionLog(d)

@@ -55,40 +55,37 @@ from tests.fuzz import servers as S
 from records.wire import kafka
 
 BATCH = 200
-TARGETS = ("quorum-requests", "broker-requests", "msgpack-requests", "records", "record-bytes") + tuple(
-    f"file:{k}" for k in F.FILE_KINDS)
-
-
 # ------------------------------------------------------------------ phase 1: in-process
+
+def _draw_record_bytes(src):
+    obj, how = F.record_obj(src)
+    data = F.msgpack.packb(obj, use_bin_type=True) if F._packable(obj) else src.binary(40)
+    return F.mutate_bytes(data, src) if src.boolean(0.6) else data, how
+
+
+# target: (draw one input from a RandomSource, check the decoder on it); then the file decoders, by kind
+DECODERS = {
+    "quorum-requests": (lambda src: F.fuzz_frame("quorum", src), lambda v: F.check_request_decoder("quorum", v)),
+    "broker-requests": (lambda src: F.fuzz_frame("broker", src), lambda v: F.check_request_decoder("broker", v)),
+    "msgpack-requests": (lambda src: F.msgpack_request(src), lambda v: F.check_request_decoder("quorum", v)),
+    "records": (lambda src: F.record_obj(src), lambda v: F.check_record_obj(v)),
+    "record-bytes": (_draw_record_bytes, lambda v: F.check_record_decoder(v)),
+}
+TARGETS = tuple(DECODERS) + tuple(f"file:{k}" for k in F.FILE_KINDS)
+
 
 def draw(target: str, src):
     """One input for ``target``: (what is checked, description)."""
-    if target == "quorum-requests":
-        return F.fuzz_frame("quorum", src)
-    if target == "broker-requests":
-        return F.fuzz_frame("broker", src)
-    if target == "msgpack-requests":
-        return F.msgpack_request(src)
-    if target == "records":
-        return F.record_obj(src)
-    if target == "record-bytes":
-        obj, how = F.record_obj(src)
-        data = F.msgpack.packb(obj, use_bin_type=True) if F._packable(obj) else src.binary(40)
-        return F.mutate_bytes(data, src) if src.boolean(0.6) else data, how
+    if target in DECODERS:
+        return DECODERS[target][0](src)
     kind = target.split(":", 1)[1]
     data, original, how = F.file_input(kind, src)
     return (data, original), how
 
 
 def check(target: str, value, workdir: str) -> str:
-    if target in ("quorum-requests", "msgpack-requests"):
-        return F.check_request_decoder("quorum", value)
-    if target == "broker-requests":
-        return F.check_request_decoder("broker", value)
-    if target == "records":
-        return F.check_record_obj(value)
-    if target == "record-bytes":
-        return F.check_record_decoder(value)
+    if target in DECODERS:
+        return DECODERS[target][1](value)
     data, original = value
     return F.check_file_decoder(target.split(":", 1)[1], data, original, workdir)
 

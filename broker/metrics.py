@@ -88,16 +88,16 @@ _COUNTERS = {  # BrokerServer.counters key -> metric
     "describe_producers_truncated": "pidquorum_broker_describe_producers_truncated",
     "evicted_producers_refused": "pidquorum_broker_evicted_producers_refused",
 }
-_PRODUCER_STATE = (  # Storage.producer_stats() key -> metric, family
-    ("producers", "pidquorum_broker_producers", GaugeMetricFamily),
-    ("producers_with_older_batches", "pidquorum_broker_producers_with_older_batches", GaugeMetricFamily),
-    ("evictions", "pidquorum_broker_producer_evictions", CounterMetricFamily),
-    ("array_bytes", "pidquorum_broker_producer_state_bytes", GaugeMetricFamily),
-    ("snapshot_errors", "pidquorum_broker_producer_snapshot_errors", CounterMetricFamily),
-)
-# ProducerIdManager.stats() key ("counters.<key>": one of its counters) -> metric, family; the demand figures
-# come before the allocate latency, the block counts after it.
-_PID_DEMAND = (
+_PRODUCER_STATE = {  # Storage.producer_stats() key -> metric, family
+    "producers": ("pidquorum_broker_producers", GaugeMetricFamily),
+    "producers_with_older_batches": ("pidquorum_broker_producers_with_older_batches", GaugeMetricFamily),
+    "evictions": ("pidquorum_broker_producer_evictions", CounterMetricFamily),
+    "array_bytes": ("pidquorum_broker_producer_state_bytes", GaugeMetricFamily),
+    "snapshot_errors": ("pidquorum_broker_producer_snapshot_errors", CounterMetricFamily),
+}
+# ProducerIdManager.stats() key ("counters.<key>": one of its counters) -> metric, family.  A figure that is
+# None (no allocate latency measured yet) gives the family without a sample.
+_PID_MANAGER = (
     ("counters.generated", "pidquorum_broker_pids_issued", CounterMetricFamily),
     ("counters.prefetch_hits", "pidquorum_broker_prefetch_hits", CounterMetricFamily),
     ("counters.prefetch_misses", "pidquorum_broker_prefetch_misses", CounterMetricFamily),
@@ -105,17 +105,10 @@ _PID_DEMAND = (
     ("target_reserve_ids", "pidquorum_broker_pid_target_reserve_ids", GaugeMetricFamily),
     ("queued_block_count", "pidquorum_broker_pid_queued_blocks", GaugeMetricFamily),
     ("rate_estimate_per_s", "pidquorum_broker_pid_demand_ids_per_second", GaugeMetricFamily),
-)
-_PID_BLOCKS = (
+    ("allocate_latency_ewma_s", "pidquorum_broker_pid_allocate_latency_seconds", GaugeMetricFamily),
     ("counters.blocks_fetched", "pidquorum_broker_pid_blocks_fetched", CounterMetricFamily),
     ("counters.blocks_rejected", "pidquorum_broker_pid_blocks_rejected", CounterMetricFamily),
 )
-
-
-def _pid_figures(pm: dict, table: tuple) -> Iterable[Any]:
-    for key, name, family in table:
-        section, _, field = key.rpartition(".")
-        yield family(name, BROKER_METRICS[name], value=(pm[section] if section else pm)[field])
 
 
 def _counter(name: str, value: float) -> CounterMetricFamily:
@@ -135,19 +128,15 @@ def broker_families(st: dict) -> Iterable[Any]:
     yield _gauge("pidquorum_broker_connections", st.get("connections", 0))
     yield _gauge("pidquorum_broker_read_ahead_bytes", st.get("read_ahead_bytes", 0))
     ps = st.get("producer_state") or {}
-    for key, name, family in _PRODUCER_STATE:
+    for key, (name, family) in _PRODUCER_STATE.items():
         yield family(name, BROKER_METRICS[name], value=ps.get(key, 0))
     pm = st.get("pid_manager")
     if pm is not None:
         c = pm["counters"]
         yield _gauge("pidquorum_broker_epoch", pm["broker_epoch"] if pm["broker_epoch"] is not None else -1)
-        yield from _pid_figures(pm, _PID_DEMAND)
-        latency = GaugeMetricFamily("pidquorum_broker_pid_allocate_latency_seconds",
-                                    BROKER_METRICS["pidquorum_broker_pid_allocate_latency_seconds"])
-        if pm["allocate_latency_ewma_s"] is not None:
-            latency.add_metric([], pm["allocate_latency_ewma_s"])
-        yield latency
-        yield from _pid_figures(pm, _PID_BLOCKS)
+        for key, name, family in _PID_MANAGER:
+            section, _, field = key.rpartition(".")
+            yield family(name, BROKER_METRICS[name], value=(pm[section] if section else pm)[field])
         errors = CounterMetricFamily("pidquorum_broker_pid_fetch_errors",
                                      BROKER_METRICS["pidquorum_broker_pid_fetch_errors"], labels=["error"])
         for err, n in sorted(c["fetch_errors"].items()):

@@ -9,8 +9,6 @@ import time
 
 import pytest
 from click.testing import CliRunner
-from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.processes import BrokerProcess
 from broker.metrics import BROKER_METRICS, broker_families, quota_families
@@ -20,10 +18,11 @@ from cli.main import cli
 from quorum.client import api as p
 from quorum.client.quorum import Connection
 from quorum.localcluster import LocalCluster, free_ports
-from quorum.server import TokenBucket
+from quorum.producer_ids import TokenBucket
 from quorum.telemetry.metrics import make_registry, read_metrics
 from tests.broker.test_pid_manager import FakeQuorum, settle
 from tests.conftest import wait_for
+from tests.support.metrics import samples
 from records.wire import kafka
 from records.wire.errors import CoordinatorLoadInProgressError, Errors
 
@@ -52,14 +51,6 @@ class PrincipalQuotas:
                      "throttled_requests": self.throttled.get(pr, 0)} for pr, b in self.buckets.items()}
 
 
-def _samples(registry) -> dict:
-    out = {}
-    for fam in text_string_to_metric_families(generate_latest(registry).decode()):
-        for s in fam.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
-
 def test_quota_figures_per_principal_come_from_the_provider():
     quotas = PrincipalQuotas(rate=0.001, burst=2)  # no refill within the test: 2 tokens, then throttled
     for _ in range(5):
@@ -67,7 +58,7 @@ def test_quota_figures_per_principal_come_from_the_provider():
     quotas.take("User:bob")
     status = {"broker_id": 1, "listen": "127.0.0.1:9", "counters": {}, "pid_manager": None,
               "quota": quotas.stats()}
-    m = _samples(make_registry(lambda: status, broker_families))
+    m = samples(make_registry(lambda: status, broker_families))
     alice, bob = (("principal", "User:alice"),), (("principal", "User:bob"),)
     assert m[("pidquorum_broker_quota_throttled_requests_total", alice)] == 3
     assert m[("pidquorum_broker_quota_throttled_requests_total", bob)] == 0

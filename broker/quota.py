@@ -1,16 +1,14 @@
 """KIP-936: limit the new producer IDs each principal starts producing with.  ``ProducerIdQuotaManager.check``
 (on Produce, for each producer ID) answers 0 or the milliseconds to wait; per principal a token bucket pays for
 IDs not seen before and a time-layered Bloom filter remembers the ones admitted.  The sizes, the memory bound
-and why: docs/quota.md.  ``check`` runs on the event loop, ``stats()`` on any thread: both take one lock.
+and why: docs/quota.md.  ``check`` runs on the event loop, ``stats()`` on any thread: both take one lock.  The
+quotas come from the quorum through ``broker.quota_poller``.
 """
 from __future__ import annotations
 
-import asyncio
 import collections
-import json
 import logging
 import math
-import os
 import struct
 import threading
 import time
@@ -19,8 +17,7 @@ from typing import Any, Iterable
 
 from rbloom import Bloom
 
-from quorum.client.quorum import ConnectionFailed
-from records.wire.errors import PidQuorumError
+from .quota_poller import STATS_FILE, QuotaConfigPoller, read_stats  # noqa: F401 - re-exported
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +25,6 @@ PRODUCER_IDS_RATE = "producer_ids_rate"
 USER_PREFIX = "User:"
 MIN_LAYER_ITEMS = 16
 MAX_LAYER_ITEMS = 1 << 20  # a layer of 1M PIDs is ~2.4 MB at the default false-positive rate
-STATS_FILE = "quota-stats.json"
 DEFAULT_BURST_S = 60.0
 _M64 = (1 << 64) - 1
 
@@ -369,86 +365,5 @@ class ProducerIdQuotaManager:
                     "false_positive_rate": self.window.false_positive_rate, "burst_s": self.window.burst_s}
 
 
-class QuotaConfigPoller:
-    """Keeps a broker's ProducerIdQuotaManager in step with the quorum's client quotas.
-
-    Every ``interval_s`` it reads DescribeClientQuotas from a quorum node that follows
-    a leader (no log entry), so a change reaches the broker within ``interval_s`` plus
-    the node's replication lag.  When the quorum cannot be read the last configuration
-    stays in force (and the stats say how old it is).  Each round also forgets idle
-    principals and writes the stats to ``stats_path`` (for ``pidctl quota status``).
-    """
-
-    def __init__(self, manager: ProducerIdQuotaManager, quorum: Any, interval_s: float = 1.0,
-                 stats_path: str | None = None):
-        self.manager = manager
-        self.quorum = quorum
-        self.interval_s = interval_s
-        self.stats_path = stats_path
-        self.last_ok: float | None = None  # monotonic time of the last successful read
-        self.last_ok_wall: float | None = None
-        self.source = ""
-        self.last_error: str | None = None
-        self.polls = 0
-
-    async def refresh(self) -> bool:
-        try:
-            entries, node = await self.quorum.describe_client_quotas()
-        except (PidQuorumError, ConnectionFailed, OSError) as e:
-            error = f"{type(e).__name__}: {e}"
-            if error != self.last_error:
-                log.warning("reading client quotas from the quorum failed (%s); the last ones stay in force", error)
-            self.last_error = error
-            return False
-        self.manager.configure(entries)
-        self.polls += 1
-        if self.last_error is not None:
-            log.info("client quotas read from %s again", node)
-        self.last_ok, self.last_ok_wall, self.source, self.last_error = time.monotonic(), time.time(), node, None
-        return True
-
-    def freshness(self) -> dict[str, Any]:
-        return {"read_from": self.source or None, "age_s": None if self.last_ok is None
-                else round(time.monotonic() - self.last_ok, 3), "read_at": self.last_ok_wall,
-                "interval_s": self.interval_s, "last_error": self.last_error}
-
-    def snapshot(self) -> dict[str, Any]:
-        return {"config": self.manager.config(), "freshness": self.freshness(),
-                "unlimited_checks": self.manager.unlimited_checks, "principals": self.manager.stats()}
-
-    def write_stats(self) -> None:
-        if not self.stats_path:
-            return
-        tmp = f"{self.stats_path}.tmp"
-        try:
-            with open(tmp, "w") as f:
-                json.dump({"written_at": time.time(), **self.snapshot()}, f, indent=1, sort_keys=True)
-            os.replace(tmp, self.stats_path)
-        except OSError as e:
-            log.warning("cannot write %s: %s", self.stats_path, e)
-
-    async def run(self) -> None:
-        while True:
-            await self.refresh()
-            self.manager.sweep()
-            self.write_stats()
-            await asyncio.sleep(self.interval_s)
-
-
-def read_stats(broker_dir: str) -> dict[str, Any]:
-    """The stats a broker with data dir ``broker_dir`` last wrote (``pidctl quota status``)."""
-    path = os.path.join(broker_dir, STATS_FILE)
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: no quota stats (is a broker running with data dir {broker_dir}?)") from None
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{path}: unreadable quota stats: {e}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("principals"), dict):
-        raise ValueError(f"{path}: not a quota stats file")
-    data["file_age_s"] = round(time.time() - float(data.get("written_at", 0)), 3)
-    return data
-
-
-__all__ = ["batch_producer_ids", "filter_key", "LayeredBloomFilter", "ProducerIdQuotaManager", "QuotaConfigPoller", "QuotaWindow", "read_stats"]
+__all__ = ["STATS_FILE", "LayeredBloomFilter", "ProducerIdQuotaManager", "QuotaConfigPoller", "QuotaWindow",
+           "batch_producer_ids", "filter_key", "read_stats"]

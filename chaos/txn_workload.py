@@ -1,52 +1,8 @@
 """The transactions workload of ``pidctl chaos run --workload transactions``: real Kafka clients
-against a real broker, every operation in the history (``chaos.history``).
-
-Processes (Jepsen's: one outstanding operation of each kind at a time), each a thread:
-
-* ``txn-cf-N`` / ``txn-kp-N``: a transactional producer, confluent-kafka (librdkafka) or kafka-python,
-  transactional id ``chaos-txn-cf-N``.  One transaction at a time, each writing a few values to a few
-  partitions of the topic.  A value is ``"<process>:<transaction number>:<index>"`` (unique); a
-  transaction is ``"<process>:<number>"``.
-* ``idem-cf-N`` / ``idem-kp-N``: an idempotent producer (``enable.idempotence``), batches of values
-  sent and flushed; a value is ``"<process>:<batch number>:<index>"``.
-* ``reader-rc``: a kafka-python ``KafkaConsumer`` in read_committed that polls every partition from
-  the beginning during the whole run: what was visible, and when (the poll's return).
-* ``reader-lso``: ListOffsets latest with read_committed (the last stable offset), then with
-  read_uncommitted (the high watermark), sampled every ``sample_interval_s``.
-
-The ops (``f``), their values, and what the outcome types mean, described once:
-
-``txn``      invoke ``{"txn", "lib", "instance", "values": [[value, partition], ...]}``; completion
-             ``ok`` = committed (``commit_transaction()`` returned), ``fail`` = aborted
-             (``abort_transaction()`` returned; outcome ``"aborted"``) or abandoned (no commit was
-             ever asked, and the producer instance was replaced: outcome ``"abandoned"``), ``info`` =
-             unknown (a commit was asked, and neither it nor an abort returned).  The completion's value
-             repeats the invoke's and adds ``outcome``, ``offsets`` (value -> [partition, offset] from
-             the delivery reports), ``delivery_errors``, ``errors`` and the times
-             ``commit_asked_ns`` / ``ended_ns``.
-``commit``   one ``commit_transaction()`` call (``{"txn", "instance"}``): ``ok`` it returned, ``info`` it
-             raised (its error).  The first one's invoke time is when the transaction's commit was asked.
-``abort``    one ``abort_transaction()`` call, likewise.
-``init``     a producer instance created and ``init_transactions()`` called (``{"instance"}``).
-``write``    an idempotent batch: invoke ``{"batch", "lib", "instance", "values"}``; ``ok`` every value
-             acknowledged, ``info`` some not (their fate unknown); value ``{"acked": [[value, partition,
-             offset]], "unacked": [[value, partition, error]]}``.
-``poll``     ``reader-rc``'s poll: ``ok`` ``{"records": [[partition, offset, value], ...]}``.
-``lso``      ``reader-lso``'s sample: ``ok`` ``{"lso": {partition: offset}, "hw": {partition: offset}}``
-             (the HW asked after the LSO's answer came), ``fail`` if the broker did not answer.
-
-Errors are handled as each client documents it: a retriable error is retried (librdkafka's
-``commit_transaction()`` and ``abort_transaction()`` may be called again; ``init_transactions()``
-too), an abortable one is followed by ``abort_transaction()``, a fatal one (or an abort that fails)
-replaces the producer instance by a new one with the same transactional id, whose
-``init_transactions()`` fences the old one and ends what it left.  kafka-python's
-``commit_transaction()`` and ``abort_transaction()`` take no timeout: each runs in a helper thread
-waited for ``step_deadline_s``; one still running then is given up like a fatal error.
-
-Fencing (the ``fence`` fault): ``TxnWorker.fence()`` creates another instance with the worker's
-transactional id and calls ``init_transactions()`` on it, while the worker goes on with its own;
-the worker's instance must then be fenced (its next step fails fatally), and the worker adopts the
-new instance.  The fault is recorded with the new instance's number and when its init returned.
+against a real broker, every operation in the history (``chaos.history``).  Transactional and idempotent
+producers of both client libraries (``chaos.txn_drivers``), a read_committed poller and an LSO sampler,
+each a thread with one outstanding operation at a time; docs/simulation.md ("The transactions workload
+of chaos runs") lists the processes, the ops and what each outcome means.
 """
 from __future__ import annotations
 
@@ -55,14 +11,14 @@ import random
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from .history import FAIL, INFO, INVOKE, OK, HistoryWriter, Op, now_ns
+from .txn_drivers import DRIVERS, LIBS, Acks, Driver, SendsFailed, error_text
 from .txn_read import RawBroker, ReadError
 
 log = logging.getLogger(__name__)
 
-LIBS = {"cf": "confluent-kafka", "kp": "kafka-python"}
 TXN, COMMIT, ABORT, INIT, WRITE, POLL, LSO = "txn", "commit", "abort", "init", "write", "poll", "lso"
 COMMITTED, ABORTED, ABANDONED, UNKNOWN = "committed", "aborted", "abandoned", "unknown"
 READER_RC, READER_LSO = "reader-rc", "reader-lso"
@@ -88,241 +44,6 @@ class TxnWorkloadConfig:
 
 class WorkerGaveUp(Exception):
     """A producer could not be (re)created within the step deadline."""
-
-
-def error_text(e: BaseException) -> str:
-    """A short description of a client exception, with librdkafka's error name and class."""
-    err = _kafka_error(e)
-    if err is not None:
-        kind = ("fatal" if err.fatal() else "abortable" if err.txn_requires_abort() else
-                "retriable" if err.retriable() else "error")
-        return f"{err.name()} ({kind}): {err.str()}"[:300]
-    return f"{type(e).__name__}: {e}"[:300]
-
-
-def _kafka_error(e: BaseException):
-    try:
-        from confluent_kafka import KafkaError, KafkaException
-    except ImportError:  # pragma: no cover
-        return None
-    if isinstance(e, KafkaException) and e.args and isinstance(e.args[0], KafkaError):
-        return e.args[0]
-    return None
-
-
-class SendsFailed(Exception):
-    """Sends of the transaction failed before its commit (delivery errors after the flush): abortable.
-
-    The Java client's ``commitTransaction()`` fails when a send of the transaction failed, and librdkafka's
-    too.  kafka-python 3.0 does not: a batch that expired (``delivery_timeout_ms``) fails its futures
-    with KafkaTimeoutError without moving the transaction to an error state, and the commit then
-    succeeds without those records (a lost write, found by a chaos run after a broker restart).  So the
-    worker checks the delivery reports of a kafka-python transaction after its flush and aborts it
-    if one failed (``TxnWorkloadConfig.check_sends``; off shows the library's own behaviour)."""
-
-
-class StepTimeout(Exception):
-    """A blocking kafka-python call did not return within its deadline (it may still complete)."""
-
-
-def _bounded(fn: Callable[[], Any], timeout: float, what: str) -> Any:
-    """``fn()`` in a daemon thread, waited for ``timeout`` s; StepTimeout if it is still running."""
-    box: dict[str, Any] = {}
-
-    def go():
-        try:
-            box["result"] = fn()
-        except BaseException as e:  # noqa: BLE001 - handed to the caller
-            box["error"] = e
-    t = threading.Thread(target=go, name=f"bounded-{what}", daemon=True)
-    t.start()
-    t.join(timeout)
-    if t.is_alive():
-        raise StepTimeout(f"{what} still running after {timeout:.0f} s")
-    if "error" in box:
-        raise box["error"]
-    return box.get("result")
-
-
-# --------------------------------------------------------------------------
-# The two client libraries behind one interface
-# --------------------------------------------------------------------------
-
-class Acks:
-    """Delivery reports of one transaction or batch: value -> (partition, offset) or error name."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.offsets: dict[str, tuple[int, int]] = {}
-        self.errors: dict[str, str] = {}
-
-    def ok(self, value: str, partition: int, offset: int) -> None:
-        with self.lock:
-            self.offsets[value] = (partition, offset)
-            self.errors.pop(value, None)
-
-    def error(self, value: str, err: str) -> None:
-        with self.lock:
-            if value not in self.offsets:
-                self.errors[value] = err
-
-
-class Driver:
-    """What a worker needs of a client library.  ``classify`` says how to handle an exception:
-    ``retriable`` (call again), ``abortable`` (abort the transaction), ``fatal`` (new instance)."""
-
-    lib = ""
-
-    def __init__(self, bootstrap: str, tid: str | None, cfg: TxnWorkloadConfig, logger: logging.Logger):
-        self.bootstrap, self.tid, self.cfg, self.logger = bootstrap, tid, cfg, logger
-
-    def create(self) -> Any: ...
-    def init(self, h: Any, timeout: float) -> None: ...
-    def begin(self, h: Any) -> None: ...
-    def send(self, h: Any, topic: str, value: str, partition: int, acks: Acks) -> None: ...
-    def flush(self, h: Any, timeout: float) -> None: ...
-    def commit(self, h: Any, timeout: float) -> None: ...
-    def abort(self, h: Any, timeout: float) -> None: ...
-    def classify(self, e: BaseException) -> str: ...
-    def is_fatal(self, h: Any) -> bool: return False
-    def close(self, h: Any) -> None: ...
-
-
-class ConfluentDriver(Driver):
-    lib = LIBS["cf"]
-
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        self.fatal_seen: set[int] = set()
-
-    def create(self):
-        from confluent_kafka import Producer  # heavy: imported when used
-        conf = {"bootstrap.servers": self.bootstrap, "linger.ms": 2, "logger": self.logger}
-        if self.tid is not None:  # message.timeout.ms follows transaction.timeout.ms
-            conf.update({"transactional.id": self.tid, "transaction.timeout.ms": self.cfg.transaction_timeout_ms})
-        else:
-            conf.update({"enable.idempotence": True, "message.timeout.ms": int(self.cfg.step_deadline_s * 1000)})
-        holder: dict[str, Any] = {}
-
-        def on_error(err):
-            if err.fatal() and "p" in holder:
-                self.fatal_seen.add(id(holder["p"]))
-        conf["error_cb"] = on_error
-        p = Producer(conf)
-        holder["p"] = p
-        return p
-
-    def init(self, h, timeout):
-        h.init_transactions(timeout)
-
-    def begin(self, h):
-        h.begin_transaction()
-
-    def send(self, h, topic, value, partition, acks):
-        def cb(err, msg, v=value):
-            if err is None:
-                acks.ok(v, msg.partition(), msg.offset())
-            else:
-                acks.error(v, err.name())
-        h.produce(topic, value=value.encode(), partition=partition, on_delivery=cb)
-        h.poll(0)
-
-    def flush(self, h, timeout):
-        left = h.flush(timeout)
-        if left:
-            raise StepTimeout(f"flush: {left} message(s) still queued after {timeout:.0f} s")
-
-    def commit(self, h, timeout):
-        h.commit_transaction(timeout)
-
-    def abort(self, h, timeout):
-        h.abort_transaction(timeout)
-
-    def classify(self, e):
-        err = _kafka_error(e)
-        if err is None:
-            return "retriable" if isinstance(e, (StepTimeout, BufferError)) else "fatal"
-        if err.fatal():
-            return "fatal"
-        if err.txn_requires_abort():
-            return "abortable"
-        if err.retriable():
-            return "retriable"
-        return "abortable"
-
-    def is_fatal(self, h):
-        return id(h) in self.fatal_seen
-
-    def close(self, h):
-        try:
-            h.poll(0)
-        except Exception:  # noqa: BLE001 - a fenced or fatal instance: dropped all the same
-            pass
-
-
-class KafkaPythonDriver(Driver):
-    lib = LIBS["kp"]
-
-    def create(self):
-        from kafka import KafkaProducer  # heavy: imported when used
-        conf: dict[str, Any] = dict(bootstrap_servers=self.bootstrap, acks="all", linger_ms=2,
-                                    max_block_ms=int(self.cfg.commit_timeout_s * 1000), request_timeout_ms=10_000,
-                                    delivery_timeout_ms=int(self.cfg.step_deadline_s * 1000),
-                                    enable_idempotence=True, client_id=self.tid or "chaos-idem-kp")
-        if self.tid is not None:
-            conf.update(transactional_id=self.tid, transaction_timeout_ms=self.cfg.transaction_timeout_ms)
-        return KafkaProducer(**conf)
-
-    def init(self, h, timeout):
-        h.init_transactions()  # bounded by max_block_ms (KafkaTimeoutError: retriable)
-
-    def begin(self, h):
-        h.begin_transaction()
-
-    def send(self, h, topic, value, partition, acks):
-        fut = h.send(topic, value=value.encode(), partition=partition)
-        fut.add_callback(lambda md, v=value: acks.ok(v, md.partition, md.offset))
-        fut.add_errback(lambda exc, v=value: acks.error(v, type(exc).__name__))
-
-    def flush(self, h, timeout):
-        h.flush(timeout)
-
-    def commit(self, h, timeout):
-        _bounded(h.commit_transaction, self.cfg.step_deadline_s, "commit_transaction")
-
-    def abort(self, h, timeout):
-        _bounded(h.abort_transaction, self.cfg.step_deadline_s, "abort_transaction")
-
-    def classify(self, e):
-        from kafka import errors as E  # heavy: imported when used
-        if isinstance(e, SendsFailed):
-            return "abortable"
-        fatal = (E.ProducerFencedError, E.InvalidProducerEpochError, E.OutOfOrderSequenceNumberError,
-                 E.AuthorizationError, E.UnsupportedVersionError, E.InvalidTxnStateError,
-                 E.TransactionCoordinatorFencedError, E.IllegalStateError, StepTimeout)
-        if isinstance(e, fatal):
-            return "fatal"
-        if isinstance(e, (E.RetriableError, E.KafkaConnectionError)):
-            return "retriable"
-        return "abortable"
-
-    def is_fatal(self, h):
-        tm = getattr(h, "_transaction_manager", None)
-        try:
-            return bool(tm is not None and tm.has_fatal_error())
-        except Exception:  # noqa: BLE001 - an internal of kafka-python that moved: not known fatal
-            return False
-
-    def close(self, h):
-        def go():
-            try:
-                h.close(timeout=0)
-            except Exception:  # noqa: BLE001 - closing a fenced or failed instance
-                pass
-        threading.Thread(target=go, name="close-kafka-python", daemon=True).start()
-
-
-DRIVERS = {"cf": ConfluentDriver, "kp": KafkaPythonDriver}
 
 
 # --------------------------------------------------------------------------
@@ -632,12 +353,23 @@ class IdempotentWorker(_Worker):
 # Readers during the run
 # --------------------------------------------------------------------------
 
-class PollReader(threading.Thread):
-    """``reader-rc``: a read_committed KafkaConsumer over every partition from the beginning."""
+class _Reader(threading.Thread):
+    """A reader of the topic during the run (a daemon thread named after its process), until ``stop``."""
+
+    process = ""
 
     def __init__(self, bootstrap: str, cfg: TxnWorkloadConfig, history: HistoryWriter, stop: threading.Event):
-        super().__init__(name=READER_RC, daemon=True)
+        super().__init__(name=self.process, daemon=True)
         self.bootstrap, self.cfg, self.history, self.stop_event = bootstrap, cfg, history, stop
+
+
+class PollReader(_Reader):
+    """``reader-rc``: a read_committed KafkaConsumer over every partition from the beginning."""
+
+    process = READER_RC
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
         self.polls = 0
         self.records = 0
         self.error: str | None = None
@@ -673,12 +405,13 @@ class PollReader(threading.Thread):
                 c.close()
 
 
-class LsoSampler(threading.Thread):
+class LsoSampler(_Reader):
     """``reader-lso``: ListOffsets read_committed (LSO), then read_uncommitted (HW), every interval."""
 
-    def __init__(self, bootstrap: str, cfg: TxnWorkloadConfig, history: HistoryWriter, stop: threading.Event):
-        super().__init__(name=READER_LSO, daemon=True)
-        self.bootstrap, self.cfg, self.history, self.stop_event = bootstrap, cfg, history, stop
+    process = READER_LSO
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
         self.samples = 0
         self.failed = 0
 

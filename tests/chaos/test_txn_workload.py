@@ -10,15 +10,8 @@ from confluent_kafka import KafkaError, KafkaException
 from kafka import errors as E
 
 from chaos.history import HistoryWriter
-from chaos.txn_workload import (
-    ConfluentDriver,
-    KafkaPythonDriver,
-    StepTimeout,
-    TxnWorker,
-    TxnWorkloadConfig,
-    _bounded,
-    error_text,
-)
+from chaos.txn_drivers import ConfluentDriver, KafkaPythonDriver, StepTimeout, _bounded, error_text
+from chaos.txn_workload import TxnWorker, TxnWorkloadConfig
 
 CFG = TxnWorkloadConfig()
 LOG = logging.Logger("test")

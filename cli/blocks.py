@@ -15,7 +15,7 @@ from snapshots.storage.disk import CorruptFileError
 from records.wire.errors import PidQuorumError, RequestTimedOutError
 
 from . import render
-from .common import INT32_MAX, Ctx, gather_status, handle_errors, output_option, run
+from .common import INT32_MAX, Ctx, gather_status, pidctl_command, run
 
 _PROBE = 1 << 16  # bytes read to recognise an audit trail (lines are far shorter)
 
@@ -26,9 +26,7 @@ def blocks():
 
 
 @blocks.command("latest")
-@output_option
-@click.pass_obj
-@handle_errors
+@pidctl_command
 def blocks_latest(obj: Ctx, output):
     """The latest block and the next ID, as the leader sees them."""
     nodes = asyncio.run(gather_status(obj))
@@ -52,9 +50,7 @@ def blocks_latest(obj: Ctx, output):
               help="Audit file(s) to read (default: ask the nodes of --quorum, or read every node's audit.log "
                    "in --data-dir).")
 @click.option("--broker-id", type=click.IntRange(0, INT32_MAX), help="Only this broker's blocks.")
-@output_option
-@click.pass_obj
-@handle_errors
+@pidctl_command
 def blocks_history(obj: Ctx, audit_files, broker_id, output):
     """Every block ever issued, from the nodes' audit trails (kept across log compaction).
 

@@ -31,6 +31,7 @@ from .common import (
     broker_id_option,
     handle_errors,
     output_option,
+    pidctl_command,
     run,
 )
 from .progress import Bar
@@ -101,9 +102,7 @@ def broker_status(obj: Ctx, address, output):
 @broker_id_option
 @click.option("--incarnation", type=click.UUID, help="Incarnation id (default: a new one).")
 @click.option("--listener", type=Addresses(one=True), help="host:port the broker serves on.")
-@output_option
-@click.pass_obj
-@handle_errors
+@pidctl_command
 def broker_register(obj: Ctx, broker_id, incarnation, listener, output):
     """Register a broker id and print its new epoch (alone on the line: EPOCH=$(pidctl broker register ...))."""
     incarnation = incarnation or uuid.uuid4()
@@ -146,9 +145,7 @@ async def _live_holder(client, broker_id: int, incarnation: str) -> str | None:
 @click.option("--broker-epoch", type=click.IntRange(0, INT64_MAX), required=True,
               help="The epoch its registration returned (pidctl broker register).")
 @click.option("--count", type=click.IntRange(1, 1_000_000), default=1, show_default=True, help="Blocks to allocate.")
-@output_option
-@click.pass_obj
-@handle_errors
+@pidctl_command
 def allocate(obj: Ctx, broker_id, broker_epoch, count, output):
     """Allocate producer-ID blocks for a broker (AllocateProducerIds).  A progress bar on a terminal; Ctrl-C
     reports the blocks allocated so far (exit 130)."""

@@ -12,7 +12,17 @@ from quorum.localcluster import UNAUTHENTICATED_NOTICE, ClusterError
 from records.wire.errors import NotControllerError
 
 from . import render
-from .common import EXIT_ERROR, EXIT_OK, Ctx, gather_status, handle_errors, output_option, quorum_health, run
+from .common import (
+    EXIT_ERROR,
+    EXIT_OK,
+    Ctx,
+    gather_status,
+    handle_errors,
+    output_option,
+    pidctl_command,
+    quorum_health,
+    run,
+)
 from .quorum import show_status
 
 
@@ -131,9 +141,7 @@ def cluster_reset(obj: Ctx, yes):
 
 
 @cluster.command("status")
-@output_option
-@click.pass_obj
-@handle_errors
+@pidctl_command
 def cluster_status(obj: Ctx, output):
     """Each node's process (running or stopped, its pid) and Raft status; exits as ``pidctl quorum status``
     does (0 healthy, 6 degraded, 3 unavailable), the health line last."""
@@ -154,9 +162,7 @@ def cluster_status(obj: Ctx, output):
 @click.command("demo")
 @click.option("--blocks", "count", type=click.IntRange(1, 1000), default=3, show_default=True,
               help="Blocks per broker.")
-@output_option
-@click.pass_obj
-@handle_errors
+@pidctl_command
 def demo(obj: Ctx, count, output):
     """Start the local cluster, register two brokers, allocate blocks, show the quorum.
 

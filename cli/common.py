@@ -266,6 +266,12 @@ def handle_errors(fn):
     return wrapper
 
 
+def pidctl_command(fn):
+    """The wrapping most commands share, in this order: ``-o/--output``, the context (``Ctx``) as the first
+    argument, and ``handle_errors``."""
+    return output_option(click.pass_obj(handle_errors(fn)))
+
+
 def run(coro_fn):
     """Run an async function taking a QuorumClient, closing the client afterwards."""
     async def go(client):

@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from . import audit, bench, blocks, broker, chaos, cluster, migrate, node, quorum, quota, snapshot, txn
+from . import audit, bench, blocks, broker, chaos, cluster, migrate, node, quorum, quota, security_cmds, snapshot, txn
 from .common import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
@@ -20,11 +20,7 @@ from .common import (
     accept_global_options,
     client_security,
     global_options,
-    handle_errors,
-    output_option,
-    run,
 )
-from .security_cmds import register as _register_security_commands
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -46,9 +42,8 @@ def cli(ctx, data_dir, quorum, timeout, security_protocol, sasl_mechanism, sasl_
 
 for _command in (cluster.cluster, cluster.demo, node.node, broker.broker, broker.allocate, blocks.blocks,
                  quorum.quorum, snapshot.snapshot, migrate.migrate, quota.quota, chaos.chaos, audit.audit,
-                 bench.bench, txn.txn):
+                 bench.bench, txn.txn, security_cmds.user, security_cmds.acl):
     cli.add_command(_command)
-_register_security_commands(cli, handle_errors=handle_errors, output_option=output_option, run=run)
 accept_global_options(cli)  # last: every command registered above
 
 

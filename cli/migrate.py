@@ -13,8 +13,7 @@ from snapshots.storage.files import atomic_write
 from records.wire.errors import RequestTimedOutError
 
 from . import render
-from .common import Addresses, Ctx, handle_errors, output_option, run
-
+from .common import Addresses, Ctx, pidctl_command, run
 
 
 class ZkHosts(click.ParamType):
@@ -33,6 +32,7 @@ class ZkHosts(click.ParamType):
 
 ZK_HOSTS = ZkHosts()
 
+
 @click.group()
 def migrate():
     """Move producer-ID allocation from ZooKeeper to the quorum."""
@@ -45,9 +45,7 @@ def migrate():
 @click.option("--dry-run", is_flag=True, help="Say what would be seeded; commit nothing.")
 @click.option("--allow-empty", is_flag=True,
               help="A missing znode (or an empty one) is not an error: there is nothing to seed.")
-@output_option
-@click.pass_obj
-@handle_errors
+@pidctl_command
 def migrate_from_zk(obj: Ctx, export_file, zk_hosts, dry_run, allow_empty, output):
     """Seed the quorum so its next block starts at ZooKeeper's block_end + 1.
 
@@ -79,36 +77,28 @@ def _migration_command(obj: Ctx, action: str, zk: str, output: str) -> None:
 
 @migrate.command("bridge")
 @click.option("--zk", "zk_hosts", required=True, type=ZK_HOSTS, help="ZooKeeper of the legacy brokers: HOST:PORT[,...][/chroot].")
-@output_option
-@click.pass_obj
-@handle_errors
+@pidctl_command
 def migrate_bridge(obj: Ctx, zk_hosts, output):
     """Mixed fleet: reserve every quorum allocation in the znode before committing it."""
     _migration_command(obj, "bridge", zk_hosts, output)
 
 
 @migrate.command("finalize")
-@output_option
-@click.pass_obj
-@handle_errors
+@pidctl_command
 def migrate_finalize(obj: Ctx, output):
     """End bridge mode once every broker allocates through the quorum (the znode is no longer written)."""
     _migration_command(obj, "finalize", "", output)
 
 
 @migrate.command("rollback")
-@output_option
-@click.pass_obj
-@handle_errors
+@pidctl_command
 def migrate_rollback(obj: Ctx, output):
     """Back to ZooKeeper: the quorum stops issuing and a placeholder block at its next ID goes to the znode."""
     _migration_command(obj, "rollback", "", output)
 
 
 @migrate.command("status")
-@output_option
-@click.pass_obj
-@handle_errors
+@pidctl_command
 def migrate_status(obj: Ctx, output):
     """The migration mode, the znode, and the quorum's next producer ID (from any node)."""
     async def go(client):
@@ -142,8 +132,6 @@ def _issued(issued: dict | None) -> str:
         return (f"; issued producer IDs from {issued['lowest']} before any seed (not fresh: a seed from a "
                 f"ZooKeeper block ending at {issued['lowest']} or above is refused)")
     return f"; issued producer IDs from {issued['lowest']}, all after its seed"
-
-
 
 
 def _quiet_kazoo() -> None:
@@ -180,9 +168,7 @@ def _remove_quietly(path: str) -> None:
 @click.option("--zk", "zk_hosts", required=True, type=ZK_HOSTS, help="ZooKeeper: HOST:PORT[,HOST:PORT...][/chroot].")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False),
               help="Write the data to this file (atomically: temp file, fsync, rename). Default: stdout.")
-@output_option
-@click.pass_obj
-@handle_errors
+@pidctl_command
 def migrate_export(obj: Ctx, zk_hosts, out_file, output):
     """Export /latest_producer_id_block: the znode's data exactly as ZooKeeper holds it.
 
@@ -218,9 +204,7 @@ def migrate_export(obj: Ctx, zk_hosts, out_file, output):
 @click.option("--broker-id", type=click.IntRange(0, 2**31 - 1), required=True,
               help="Written into the znode; use an id no running broker uses.")
 @click.option("--count", type=click.IntRange(1, 10_000), default=1, show_default=True, help="Blocks to allocate.")
-@output_option
-@click.pass_obj
-@handle_errors
+@pidctl_command
 def migrate_zk_allocate(obj: Ctx, zk_hosts, broker_id, count, output):
     """Allocate blocks the ZooKeeper way, as a broker that has not moved to the quorum does.
 

@@ -9,17 +9,7 @@ import click
 from quorum import membership
 
 from . import render
-from .common import (
-    EXIT_OK,
-    EXIT_UNAVAILABLE,
-    Addresses,
-    Ctx,
-    gather_status,
-    handle_errors,
-    output_option,
-    quorum_health,
-    run,
-)
+from .common import EXIT_OK, EXIT_UNAVAILABLE, Addresses, Ctx, gather_status, pidctl_command, quorum_health, run
 
 
 @click.group()
@@ -28,9 +18,7 @@ def quorum():
 
 
 @quorum.command("status")
-@output_option
-@click.pass_obj
-@handle_errors
+@pidctl_command
 def quorum_status(obj: Ctx, output):
     """Leader, term, commit index and per-node lag.  Exit 0 healthy, 6 degraded (serving, but a node is down,
     recovering or follows no leader), 3 unavailable (no majority answers or no leader)."""
@@ -49,9 +37,7 @@ def show_status(obj: Ctx, output: str) -> int:
 
 @quorum.command("remove-node")
 @click.argument("raft_address", type=Addresses(one=True))
-@output_option
-@click.pass_obj
-@handle_errors
+@pidctl_command
 def quorum_remove_node(obj: Ctx, raft_address, output):
     """Remove a member (by Raft address) from the cluster; one change at a time."""
     resp = asyncio.run(run(lambda c: membership.remove_node(c, obj.addresses(), raft_address, obj.timeout))(
@@ -65,9 +51,7 @@ def quorum_remove_node(obj: Ctx, raft_address, output):
               help="The new node's client address host:port (must be running).")
 @click.option("--catch-up-timeout", type=click.FloatRange(0.1, 3600), default=60.0, show_default=True,
               help="Seconds to wait for the new node to hold the log.")
-@output_option
-@click.pass_obj
-@handle_errors
+@pidctl_command
 def quorum_add_node(obj: Ctx, raft_address, client_address, catch_up_timeout, output):
     """Add a fresh, running node (empty data dir) as a member; waits until it has caught up."""
     resp = asyncio.run(run(lambda c: membership.add_node(c, obj.addresses(), raft_address, client_address,
@@ -81,9 +65,7 @@ def quorum_add_node(obj: Ctx, raft_address, client_address, catch_up_timeout, ou
 
 @quorum.command("transfer-leadership")
 @click.argument("raft_address", required=False, type=Addresses(one=True))
-@output_option
-@click.pass_obj
-@handle_errors
+@pidctl_command
 def quorum_transfer_leadership(obj: Ctx, raft_address, output):
     """Hand leadership to RAFT_ADDRESS (default: the most caught-up follower), e.g. before maintenance."""
     resp = asyncio.run(run(lambda c: membership.transfer_leadership(c, obj.addresses(), raft_address,

@@ -11,7 +11,7 @@ from quorum.client_quotas import PRODUCER_IDS_RATE, check_value, entity_name, pa
 from records.wire.errors import PidQuorumError
 
 from . import render
-from .common import EXIT_ERROR, Ctx, handle_errors, output_option, run
+from .common import EXIT_ERROR, Ctx, handle_errors, output_option, pidctl_command, run
 
 
 @click.group()
@@ -36,9 +36,7 @@ def _quota_entity(user: str | None, default: bool) -> str | None:
 @click.option("--producer-ids-rate", "rate", type=float, required=True,
               help="New producer IDs per second (averaged over the brokers' quota window).")
 @click.option("--dry-run", is_flag=True, help="Let the quorum check it, commit nothing.")
-@output_option
-@click.pass_obj
-@handle_errors
+@pidctl_command
 def quota_set(obj: Ctx, user, default, rate, dry_run, output):
     """Set producer_ids_rate for a user or the default (like kafka-configs --entity-type users)."""
 
@@ -61,9 +59,7 @@ def quota_set(obj: Ctx, user, default, rate, dry_run, output):
 @quota.command("delete")
 @click.option("--user", help="The user.")
 @click.option("--default", "default", is_flag=True, help="The user default.")
-@output_option
-@click.pass_obj
-@handle_errors
+@pidctl_command
 def quota_delete(obj: Ctx, user, default, output):
     """Remove producer_ids_rate from a user (the default applies again) or from the default."""
 
@@ -77,9 +73,7 @@ def quota_delete(obj: Ctx, user, default, output):
 
 
 @quota.command("list")
-@output_option
-@click.pass_obj
-@handle_errors
+@pidctl_command
 def quota_list(obj: Ctx, output):
     """The quotas as the quorum has committed them (read from any node that follows a leader)."""
 

@@ -8,7 +8,7 @@ import click
 from snapshots import inspect_snapshot
 
 from . import render
-from .common import Ctx, handle_errors, output_option, run
+from .common import Ctx, handle_errors, output_option, pidctl_command, run
 
 
 @click.group()
@@ -17,9 +17,7 @@ def snapshot():
 
 
 @snapshot.command("take")
-@output_option
-@click.pass_obj
-@handle_errors
+@pidctl_command
 def snapshot_take(obj: Ctx, output):
     """Ask every node to write a snapshot now (log compaction) and wait for the files.  -o json: one object
     per node, its client_address and the node's answer (path, bytes, ...)."""

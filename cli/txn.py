@@ -23,7 +23,7 @@ from quorum.client.broker_admin import (
 from records.wire.errors import Errors
 
 from . import render
-from .common import EXIT_REFUSED, EXIT_UNAVAILABLE, Ctx, handle_errors, output_option
+from .common import EXIT_REFUSED, EXIT_UNAVAILABLE, Ctx, pidctl_command
 
 STATES = ("Empty", "Ongoing", "PrepareCommit", "PrepareAbort", "CompleteCommit", "CompleteAbort", "Dead",
           "PrepareEpochFence")
@@ -66,9 +66,7 @@ def _command(name: str):
     def wrap(fn):
         @txn.command(name)
         @broker_option
-        @output_option
-        @click.pass_obj
-        @handle_errors
+        @pidctl_command
         @functools.wraps(fn)
         def command(*args, **kwargs):
             return fn(*args, **kwargs)

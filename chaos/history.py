@@ -1,54 +1,8 @@
-"""The history of a chaos run: every operation, as JSON lines, in the order it happened.
-
-Each line is one ``Op`` (fields described once, in ``OP_FIELDS``)::
-
-    {"index":0,"time_ns":1200,"process":"pidmgr-1","type":"invoke","f":"allocate","value":null,"error":null}
-    {"index":1,"time_ns":3400,"process":"pidmgr-1","type":"ok","f":"allocate",
-     "value":{"broker_id":1,"broker_epoch":7,"start":0,"length":1000},"error":null}
-
-As in Jepsen, an operation is an ``invoke`` followed by one completion:
-``ok`` (it happened), ``fail`` (it certainly did not happen) or ``info``
-(outcome unknown -- a timeout; the checker never counts it as a success, but
-allows its effects).  An invoke without a completion at the end of the file
-is treated like ``info``.
-
-Process names may be ``owner/role`` (``pidmgr-1/alloc`` for a manager's
-refill task, ``pidmgr-1/client-3`` for a client calling it): ``owner()`` is
-the part before the first "/", and the checker takes a PID to be legitimate
-if a block acknowledged to any process of the same owner holds it.
-
-Times: ``now_ns()`` is the run's clock, monotonic nanoseconds since this
-module was imported (``TIME_BASE_NS``); every component of a run stamps its
-ops with it (``HistoryWriter.now_ns`` is the same clock).
-
-Pairing: a completion closes the outstanding invoke of the same process
-*and operation*; a process has at most one outstanding op per operation.
-(Jepsen keys on the process alone.  The key ``(process, f)`` pairs every
-such history identically, and also accepts a component recorded under one
-name that runs one call of each kind at a time -- a ProducerIdManager whose
-refill task fetches a block while its generate calls are being served.)  A
-completion with no such invoke, a second invoke while one is outstanding, or
-a completion earlier than its invoke is an error.
-
-Files: ``HistoryWriter`` appends one line per op and flushes it, so a crash
-of the runner loses at most the line being written.  ``read_history``
-validates every line and the pairing and raises ``HistoryError(path,
-line_no, problem)`` for every kind of bad file: missing, a directory,
-unreadable, empty, not UTF-8, not JSON, a foreign JSON-lines file, a bad
-field, an index out of sequence, a broken pairing, and a torn last line.
-
-Torn last line policy: a last line with no newline that does not parse is
-what a crash mid-write leaves.  By default it is refused (a truncated file
-is also what a copy of a running or disk-full run looks like, and checking
-a silent prefix would be wrong).  With ``allow_torn_tail=True`` it is
-dropped, logged and listed in ``History.warnings``, which ``check`` copies
-into the verdict.  Dropping it is sound: the lost line was the last event,
-so at worst an op's outcome becomes unknown, never a success invented.
-A bad line anywhere else, or a bad last line that does end in a newline, is
-always an error.
-
-``read_final``/``write_final`` handle the runner's final-state file with the
-same exception.
+"""The history of a chaos run: every operation, as JSON lines, in the order it happened (``Op``, its
+fields described once in ``OP_FIELDS``): Jepsen's invoke and completion (ok, fail, info), paired by
+process and operation.  ``HistoryWriter`` writes it, ``read_history`` validates every line and the
+pairing (``HistoryError``); ``read_final``/``write_final`` handle the runner's final-state file.
+docs/simulation.md ("The history of a chaos run") gives the format and the torn-last-line policy.
 """
 from __future__ import annotations
 
@@ -481,11 +435,14 @@ def _parse_line(raw: bytes) -> Op:
     line = raw.rstrip(b"\n")
     if not line.strip():
         raise HistoryError(None, None, "blank line")
+    return Op.from_json(_text(line, None))
+
+
+def _text(raw: bytes, path: str | None, hint: str = "") -> str:
     try:
-        text = line.decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise HistoryError(None, None, f"not UTF-8 text (byte {e.start})") from None
-    return Op.from_json(text)
+        raise HistoryError(path, None, f"not UTF-8 text (byte {e.start}{hint})") from None
 
 
 # --------------------------------------------------------------------------
@@ -554,10 +511,7 @@ def read_final(path: str | os.PathLike) -> dict:
             raise HistoryError(path, None, f"read error: {e.strerror or e}") from None
     if not raw.strip():
         raise HistoryError(path, None, "empty file: no final state recorded")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise HistoryError(path, None, f"not UTF-8 text (byte {e.start}; is this a chaos final-state file?)") from None
+    text = _text(raw, path, "; is this a chaos final-state file?")
     try:
         final = json.loads(text, parse_constant=_no_constant)
     except json.JSONDecodeError as e:

@@ -48,6 +48,15 @@ def percentile(sorted_values, q: float):
     return sorted_values[min(n, max(1, math.ceil(q / 100.0 * n))) - 1]
 
 
+def median(values):
+    """The middle of ``values`` (the mean of the two middle ones for an even count); None if empty."""
+    s = sorted(values)
+    if not s:
+        return None
+    m = len(s) // 2
+    return s[m] if len(s) % 2 else (s[m - 1] + s[m]) / 2
+
+
 def check_inside(ids, blocks: list[tuple[int, int]]) -> dict:
     """Every ID inside one of ``blocks`` ([start, end) pairs)."""
     blocks = sorted(blocks)

@@ -1,221 +1,45 @@
-"""End-to-end benchmark of a local three-node pidquorum.
-
-Run it (any Python with pidquorum installed; ``pidctl bench``'s comparison reuses
-its history phase)::
+"""End-to-end benchmark of a local three-node pidquorum: sequential allocations with and without fsync,
+concurrent allocations, leader kills under load, and a whole-cluster restart after a large history
+(the comparison, ``pidctl bench``, reuses that last phase: ``benchmarks.quorum_history``).  What each
+phase does and checks: docs/benchmarks.md.
 
     pidctl bench quorum [--quick] [--json bench-results/quorum.json]
                         [--duration 5] [--kills 12] [--history 1000000]
-
-(``python -m benchmarks.quorum_phases`` takes the same options.)
-
-Every phase starts a fresh three-node ``LocalCluster`` in its own
-``tempfile.mkdtemp()`` directory, all servers on 127.0.0.1, with the per-broker
-allocation rate limit disabled (``allocate_rate_per_broker=0``).  All requests
-go through the Kafka wire protocol on the nodes' client ports
-(``quorum.client.quorum.QuorumClient``); latencies are measured with
-``time.perf_counter`` around each call and summarised from sorted lists
-(nearest-rank percentiles).
-
-1. Sequential: one broker, one outstanding AllocateProducerIds at a time, for
-   ``--duration`` seconds (after a short warm-up): blocks/s, latency
-   p50/p99/max.  Run twice, once durable (journal fdatasync, the default) and
-   once with nodes started by ``chaos.faultnode --no-fsync`` (benchmark-only), and report
-   the ratio between the two.  The two clusters are up side by side and are
-   measured in alternating ``--slice`` second slices, so that the noise of a
-   shared machine falls on both peers alike.
-2. Concurrent: three brokers (three asyncio tasks, each with its own
-   QuorumClient), same figures, and a check that every block returned is
-   disjoint from every other; then the same with 32 concurrent clients to show
-   the leader's batching (records per Raft entry, from the leader's counters).
-3. Leader kill: ``--kills`` times: find the leader (DescribeState on every live
-   node), ``kill -9`` it, time until the next allocate() through a QuorumClient
-   that knows every address returns (the outage); restart the node and time
-   until every node reports the same commit/applied indexes (catch-up).  Every
-   block of the phase must be disjoint and increasing.
-4. History: for 10 and ``--history`` allocations (default 1,000,000; 50,000
-   with ``--quick``), fill a cluster as fast as possible (``--fill-clients``
-   concurrent tasks, each its own broker and client; the fill stops at
-   ``--fill-cap`` seconds and the output says so), stop the whole cluster,
-   record each node's raft.snapshot / raft.journal / audit.log sizes (and what
-   the snapshot holds; with the default ``compaction_min_entries`` = 5000 a
-   short history has no snapshot yet), then time
-   ``LocalCluster.up()`` and the first allocation after it, and check that the
-   new block starts at or above the end of every block handed out before.
-
-Figures print as tables on stdout (progress goes to stderr) and every figure,
-with the run parameters, the CPU count and the Python version, is written as
-JSON to ``--json``.  The exit status is 1 if any phase failed or any check
-(disjointness, monotonicity, catch-up) did not pass.
-
-Two cores shared by three nodes and the client process means the figures are
-CPU-bound and noisy; compare figures from the same run, not across machines.
 """
 from __future__ import annotations
 
-import argparse
 import array
 import asyncio
 import contextlib
 import dataclasses
-import os
 import sys
 import time
 from collections import Counter
 from importlib.metadata import version
 
-from quorum.client.quorum import QuorumClient, RetryPolicy
-from quorum.journal import written_length
+from quorum.client.quorum import QuorumClient
 from quorum.localcluster import LocalCluster
 from quorum.raft import RaftConfig
-from chaos.faultnode import FAULT_NODE_COMMAND
-from snapshots.format import read_snapshot
 
-from .common import HOST, describe_all, find_leader, percentile, temp_cluster
-from .harness import environment_info, log, run_phases, utc_now
+from .common import HOST, describe_all, median, percentile
+from .harness import exit_status, log, new_results, parser, quick_defaults, run_phases
+from .quorum_cluster import (
+    CLUSTER_OPTIONS,
+    DESCRIBE_POLICY,
+    FAILOVER_POLICY,
+    NO_FSYNC,
+    THROUGHPUT_POLICY,
+    Bench,
+    check_disjoint,
+    check_increasing,
+    find_leader_address,
+    leader_first,
+    r,
+    summarize_ms,
+    wait_converged,
+)
+from .quorum_history import phase_history
 from .report import print_footer, table
-
-NO_FSYNC = {"node_command": [*FAULT_NODE_COMMAND, "--no-fsync"]}  # benchmark-only: what durability costs
-CLUSTER_OPTIONS = {"allocate_rate_per_broker": 0}  # rate limit off in every phase
-THROUGHPUT_POLICY = RetryPolicy(timeout=10.0, attempt_timeout=3.0)
-FAILOVER_POLICY = RetryPolicy(timeout=30.0, attempt_timeout=1.0)
-RESTART_POLICY = RetryPolicy(timeout=120.0, attempt_timeout=2.0)
-DESCRIBE_POLICY = RetryPolicy(timeout=2.0, attempt_timeout=1.0)
-
-
-# --------------------------------------------------------------------------- stats
-def median(sorted_values: list[float]) -> float | None:
-    n = len(sorted_values)
-    if n == 0:
-        return None
-    mid = n // 2
-    return sorted_values[mid] if n % 2 else (sorted_values[mid - 1] + sorted_values[mid]) / 2
-
-
-def summarize_ms(seconds: list[float]) -> dict:
-    s = sorted(x * 1000.0 for x in seconds)
-    if not s:
-        return {"n": 0, "min_ms": None, "p50_ms": None, "p90_ms": None, "p99_ms": None, "max_ms": None,
-                "mean_ms": None}
-    return {"n": len(s), "min_ms": s[0], "p50_ms": median(s), "p90_ms": percentile(s, 90),
-            "p99_ms": percentile(s, 99), "max_ms": s[-1], "mean_ms": sum(s) / len(s)}
-
-
-def check_disjoint(starts, lengths) -> dict:
-    """Sort blocks by start; each must start at or after the previous one's end."""
-    n = len(starts)
-    order = sorted(range(n), key=starts.__getitem__)
-    overlaps = 0
-    first = None
-    prev_end = None
-    for i in order:
-        if prev_end is not None and starts[i] < prev_end:
-            overlaps += 1
-            if first is None:
-                first = {"start": starts[i], "length": lengths[i], "previous_end": prev_end}
-        end = starts[i] + lengths[i]
-        prev_end = end if prev_end is None else max(prev_end, end)
-    return {"blocks": n, "disjoint": overlaps == 0, "overlaps": overlaps, "first_overlap": first,
-            "max_end": prev_end}
-
-
-def check_increasing(blocks: list[tuple[int, int]]) -> dict:
-    """In the order they were handed out, each block starts at or after the previous one's end."""
-    bad = [i for i in range(1, len(blocks)) if blocks[i][0] < blocks[i - 1][0] + blocks[i - 1][1]]
-    return {"blocks": len(blocks), "increasing": not bad, "violations": len(bad),
-            "first_violation": ({"index": bad[0], "block": list(blocks[bad[0]]),
-                                 "previous": list(blocks[bad[0] - 1])} if bad else None)}
-
-
-def r(x, nd=1):
-    return None if x is None else round(x, nd)
-
-
-# ------------------------------------------------------------------ cluster help
-class Bench:
-    def __init__(self, args):
-        self.args = args
-        self.failures: list[str] = []
-
-    @contextlib.contextmanager
-    def cluster(self, label: str, env: dict | None = None, **options):
-        with temp_cluster(f"pidquorum-bench-{label}-", self.args.keep, label, env=env, **{**CLUSTER_OPTIONS,
-                                                                                         **options}) as (lc, _):
-            yield lc
-
-
-async def find_leader_address(lc: LocalCluster) -> tuple[int, str]:
-    """(node id, client address) of the leader with the highest term among live nodes."""
-    nid, _, address = await find_leader(lc, 20.0, policy=DESCRIBE_POLICY)
-    return nid, address
-
-
-def convergence_key(d: dict) -> tuple:
-    return (d["raft"]["commit_index"], d["raft"]["last_applied"], d["applied_index"],
-            d["state"]["next_producer_id"])
-
-
-async def wait_converged(lc: LocalCluster, timeout: float) -> dict:
-    """Poll until every node answers and all report the same commit index, applied indexes and cursor."""
-    t0 = time.perf_counter()
-    deadline = t0 + timeout
-    n_nodes = len(lc.nodes())
-    last: dict[int, dict] = {}
-    while True:
-        last = await describe_all(lc, DESCRIBE_POLICY)
-        keys = {convergence_key(d) for d in last.values()}
-        if len(last) == n_nodes and len(keys) == 1:
-            commit, raft_applied, applied, next_id = keys.pop()
-            if raft_applied == commit:
-                return {"ok": True, "seconds": time.perf_counter() - t0, "commit_index": commit,
-                        "applied_index": applied, "next_producer_id": next_id}
-        if time.perf_counter() > deadline:
-            return {"ok": False, "seconds": time.perf_counter() - t0,
-                    "nodes": {nid: dict(zip(("commit_index", "raft_last_applied", "applied_index",
-                                             "next_producer_id"), convergence_key(d)))
-                              for nid, d in last.items()}}
-        await asyncio.sleep(0.01)
-
-
-def leader_first(lc: LocalCluster, leader_address: str) -> list[str]:
-    addrs = lc.client_addresses()
-    return [leader_address] + [a for a in addrs if a != leader_address]
-
-
-def count_snapshot_lines(log_path: str) -> int:
-    """Snapshots a node wrote, from its log ("snapshot at index ..." lines of quorum.raft)."""
-    try:
-        with open(log_path, errors="replace") as f:
-            return sum(1 for line in f if "snapshot at index" in line)
-    except FileNotFoundError:
-        return 0
-
-
-def snapshot_contents(path: str) -> dict | None:
-    """What a raft.snapshot holds: record count by type, and the bytes of the two log entries it embeds."""
-    if not os.path.exists(path):
-        return None
-    try:
-        snap = read_snapshot(path)
-    except Exception as e:  # noqa: BLE001 - report, do not fail the benchmark
-        return {"error": f"{type(e).__name__}: {e}"}
-    return {"records": len(snap.records), "record_types": dict(Counter(type(x).__name__ for x in snap.records)),
-            "last_index": snap.last_index, "embedded_entry_bytes": len(snap.last_entry[0]) + len(snap.prev_entry[0])}
-
-
-def file_size(path: str) -> int | None:
-    try:
-        return os.path.getsize(path)
-    except FileNotFoundError:
-        return None
-
-
-def journal_size(path: str) -> int | None:
-    """The bytes a journal's entries take (``quorum.journal.written_length``), not its preallocated length."""
-    try:
-        with open(path, "rb") as f:
-            return written_length(f.read())
-    except FileNotFoundError:
-        return None
 
 
 # ------------------------------------------------------------- throughput runs
@@ -448,160 +272,6 @@ async def phase_kills(bench: Bench) -> dict:
                                        "last_applied, applied_index and next_producer_id"}}
 
 
-# -------------------------------------------------------------------- history
-async def fill(lc: LocalCluster, target: int, n_tasks: int, cap_s: float) -> dict:
-    leader_id, leader_addr = await find_leader_address(lc)
-    addrs = leader_first(lc, leader_addr)
-    # Every history registers the same brokers (a snapshot holds the live registrations: sizes then
-    # compare like with like); at most ``target`` of them allocate.
-    n_brokers = max(1, n_tasks)
-    n_tasks = max(1, min(n_tasks, target))
-    clients = [QuorumClient(list(addrs), THROUGHPUT_POLICY, client_id=f"bench-fill-{i}") for i in range(n_brokers)]
-    starts: array.array = array.array("q")
-    lengths: array.array = array.array("q")
-    errors = Counter()
-    claimed = 0
-    try:
-        epochs = await asyncio.gather(*(c.register_broker(i + 1) for i, c in enumerate(clients)))
-        t0 = time.perf_counter()
-        deadline = t0 + cap_s
-        stop = False
-
-        async def worker(i: int) -> None:
-            nonlocal claimed
-            c, epoch = clients[i], epochs[i]
-            while not stop and claimed < target and time.perf_counter() < deadline:
-                claimed += 1
-                try:
-                    b = await c.allocate(i + 1, epoch)
-                except Exception as e:  # noqa: BLE001
-                    claimed -= 1
-                    errors[type(e).__name__] += 1
-                    continue
-                starts.append(b.start)
-                lengths.append(b.length)
-
-        async def progress() -> None:
-            last_n, last_t = 0, t0
-            while True:
-                await asyncio.sleep(10)
-                now = time.perf_counter()
-                n = len(starts)
-                log(f"  fill: {n:,}/{target:,} in {now - t0:.0f}s ({(n - last_n) / (now - last_t):,.0f}/s now)")
-                last_n, last_t = n, now
-
-        prog = asyncio.get_running_loop().create_task(progress())
-        try:
-            await asyncio.gather(*(worker(i) for i in range(n_tasks)))
-        finally:
-            stop = True
-            prog.cancel()
-        elapsed = time.perf_counter() - t0
-    finally:
-        for c in clients:
-            await c.close()
-    reached = len(starts)
-    return {"target": target, "reached": reached, "complete": reached >= target, "fill_s": elapsed,
-            "fill_rate_per_s": reached / elapsed if elapsed > 0 else None, "fill_clients": n_tasks,
-            "registered_brokers": n_brokers,
-            "cap_s": cap_s, "errors": dict(errors), "leader_node_id": leader_id, "epoch_broker_1": epochs[0],
-            "_starts": starts, "_lengths": lengths,
-            "projected_full_fill_s": (target / (reached / elapsed)) if reached and elapsed > 0 else None}
-
-
-async def snapshot_all(lc: LocalCluster, timeout: float = 60.0) -> dict:
-    """Ask every node to write a snapshot now (DescribeState action "snapshot") and wait until each has."""
-    c = QuorumClient(lc.client_addresses(), DESCRIBE_POLICY, client_id="bench-snapshot")
-    try:
-        before = {n.node_id: (await c.describe(n.client_address))["snapshot"]["mtime_ns"] for n in lc.nodes()}
-        for n in lc.nodes():
-            await c.describe(n.client_address, action="snapshot")
-        t0 = time.perf_counter()
-        pending = set(before)
-        while pending:
-            for n in lc.nodes():
-                if n.node_id in pending and (await c.describe(n.client_address))["snapshot"]["mtime_ns"] != before[n.node_id]:
-                    pending.discard(n.node_id)
-            if pending and time.perf_counter() - t0 > timeout:
-                return {"ok": False, "missing": sorted(pending)}
-            await asyncio.sleep(0.05)
-        return {"ok": True, "seconds": time.perf_counter() - t0}
-    finally:
-        await c.close()
-
-
-async def history_row(bench: Bench, target: int, snapshot_before_stop: bool = False) -> dict:
-    """Fill a fresh cluster with ``target`` allocations, stop it, measure files, restart it.
-
-    ``snapshot_before_stop``: every node writes a snapshot first, so that snapshot sizes compare
-    like with like (without it a short history has no snapshot yet, and the journal tail left to
-    replay is wherever the last automatic compaction happened to leave it, 0 to
-    ``compaction_min_entries`` entries)."""
-    a = bench.args
-    log(f"phase 4: history {target:,} allocations ({a.fill_clients} tasks, cap {a.fill_cap:.0f}s)")
-    with bench.cluster(f"hist-{target}") as lc:
-        f = await fill(lc, target, a.fill_clients, a.fill_cap)
-        starts, lengths = f.pop("_starts"), f.pop("_lengths")
-        dis = check_disjoint(starts, lengths)
-        max_end = dis["max_end"]
-        del starts, lengths
-        conv = await wait_converged(lc, max(a.catchup_timeout, 60))
-        forced = await snapshot_all(lc) if snapshot_before_stop else None
-        if forced is not None and not forced["ok"]:
-            bench.failures.append(f"history {target}: nodes {forced['missing']} wrote no snapshot when asked")
-        before = await describe_all(lc, DESCRIBE_POLICY)
-        lc.down(timeout=30)
-        files = {}
-        snaps = {str(n.node_id): count_snapshot_lines(lc.log_path(n.node_id)) for n in lc.nodes()}
-        for n in lc.nodes():
-            dd = lc.data_dir(n.node_id)
-            files[n.node_id] = {"raft.snapshot": file_size(os.path.join(dd, "raft.snapshot")),
-                                "raft.journal": journal_size(os.path.join(dd, "raft.journal")),
-                                "raft.journal.meta": file_size(os.path.join(dd, "raft.journal.meta")),
-                                "audit.log": file_size(os.path.join(dd, "audit.log")),
-                                "snapshot_contents": snapshot_contents(os.path.join(dd, "raft.snapshot"))}
-        t0 = time.perf_counter()
-        lc.up(3, timeout=600)
-        t_up = time.perf_counter()
-        c = QuorumClient(lc.client_addresses(), RESTART_POLICY, client_id="bench-restart")
-        try:
-            b = await c.allocate(1, f["epoch_broker_1"])
-        finally:
-            await c.close()
-        t_first = time.perf_counter()
-        after = await describe_all(lc, DESCRIBE_POLICY)
-    next_before = max((d["state"]["next_producer_id"] for d in before.values()), default=None)
-    above_all = max_end is None or b.start >= max_end
-    above_cursor = next_before is None or b.start >= next_before
-    if not (above_all and above_cursor):
-        bench.failures.append(f"history {target}: block after restart {b.start} is below an earlier block")
-    if not dis["disjoint"]:
-        bench.failures.append(f"history {target}: fill blocks overlap")
-    if not conv["ok"]:
-        bench.failures.append(f"history {target}: nodes had not converged before the stop")
-    sizes = lambda key: [files[nid][key] for nid in sorted(files)]  # noqa: E731
-    return {"history_target": target, **f, "fill_disjoint_check": dis, "converged_before_stop": conv["ok"],
-            "snapshot_before_stop": forced,
-            "files_bytes": {str(k): v for k, v in files.items()}, "snapshots_written": snaps,
-            "compaction_min_entries": RaftConfig().compaction_min_entries,
-            "snapshot_bytes_max": max((x or 0) for x in sizes("raft.snapshot")),
-            "journal_bytes_max": max((x or 0) for x in sizes("raft.journal")),
-            "audit_bytes_max": max((x or 0) for x in sizes("audit.log")),
-            "journal_entries_before_stop": {str(k): d["journal_entries"] for k, d in before.items()},
-            "journal_entries_after_restart": {str(k): d["journal_entries"] for k, d in after.items()},
-            "up_s": t_up - t0, "restart_to_first_allocation_s": t_first - t0,
-            "first_block_after_restart": {"start": b.start, "length": b.length, "node": b.node},
-            "max_end_before": max_end, "next_producer_id_before_stop": next_before,
-            "after_restart_above_every_earlier_block": above_all and above_cursor}
-
-
-async def phase_history(bench: Bench) -> dict:
-    rows = []
-    for target in (10, bench.args.history):
-        rows.append(await history_row(bench, target))
-    return {"rows": rows}
-
-
 # ------------------------------------------------------------------- printing
 def snap_desc(row: dict) -> str:
     sc = [f["snapshot_contents"] for f in row["files_bytes"].values() if f.get("snapshot_contents")]
@@ -709,8 +379,7 @@ def print_results(results: dict) -> None:
 
 # ----------------------------------------------------------------------- main
 def parse_args(argv=None, prog: str | None = None):
-    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(prog, __doc__)
     ap.add_argument("--quick", action="store_true",
                     help="short run: 1.5 s windows, 3 kills, history 50,000 (explicit options still win)")
     ap.add_argument("--json", default="bench-results/quorum.json", help="where to write the results")
@@ -730,10 +399,7 @@ def parse_args(argv=None, prog: str | None = None):
                          "(sequential, concurrent, leader_kill, history)")
     ap.add_argument("--keep", action="store_true", help="keep the cluster directories")
     a = ap.parse_args(argv)
-    defaults = {"duration": (5.0, 1.5), "warmup": (0.5, 0.3), "kills": (12, 3), "history": (1_000_000, 50_000)}
-    for name, (full, quick) in defaults.items():
-        if getattr(a, name) is None:
-            setattr(a, name, quick if a.quick else full)
+    quick_defaults(a, {"duration": (5.0, 1.5), "warmup": (0.5, 0.3), "kills": (12, 3), "history": (1_000_000, 50_000)})
     names = {"sequential": 1, "concurrent": 2, "leader_kill": 3, "history": 4}
     chosen = set()
     for x in (x.strip() for x in a.phases.split(",")):
@@ -750,20 +416,17 @@ def parse_args(argv=None, prog: str | None = None):
 def main(argv=None, prog: str | None = None) -> int:
     a = parse_args(argv, prog)
     bench = Bench(a)
-    results = {
-        "params": {"quick": a.quick, "json": a.json, "duration_s": a.duration, "warmup_s": a.warmup, "slice_s": a.slice,
-                   "kills": a.kills, "history_sizes": [10, a.history], "fill_clients": a.fill_clients,
-                   "fill_cap_s": a.fill_cap, "many_clients": a.many_clients, "catchup_timeout_s": a.catchup_timeout,
-                   "phases": a.phases, "nodes": 3, "host": HOST, "cluster_options": CLUSTER_OPTIONS,
-                   "block_size": 1000, "raft": dataclasses.asdict(RaftConfig()),
-                   "throughput_policy": dataclasses.asdict(THROUGHPUT_POLICY),
-                   "failover_policy": dataclasses.asdict(FAILOVER_POLICY),
-                   "percentiles": "nearest rank over sorted samples; median = middle (mean of two)",
-                   "argv": sys.argv},
-        "environment": environment_info(),
-        "started_at": utc_now(),
-        "phases": {}, "errors": [], "failed_checks": bench.failures,
-    }
+    results = new_results({
+        "quick": a.quick, "json": a.json, "duration_s": a.duration, "warmup_s": a.warmup, "slice_s": a.slice,
+        "kills": a.kills, "history_sizes": [10, a.history], "fill_clients": a.fill_clients,
+        "fill_cap_s": a.fill_cap, "many_clients": a.many_clients, "catchup_timeout_s": a.catchup_timeout,
+        "phases": a.phases, "nodes": 3, "host": HOST, "cluster_options": CLUSTER_OPTIONS,
+        "block_size": 1000, "raft": dataclasses.asdict(RaftConfig()),
+        "throughput_policy": dataclasses.asdict(THROUGHPUT_POLICY),
+        "failover_policy": dataclasses.asdict(FAILOVER_POLICY),
+        "percentiles": "nearest rank over sorted samples; median = middle (mean of two)",
+        "argv": sys.argv})
+    results["failed_checks"] = bench.failures  # the phases add to it as they go
     try:
         results["environment"]["pysyncobj"] = version("pysyncobj")
     except Exception:  # noqa: BLE001
@@ -772,7 +435,7 @@ def main(argv=None, prog: str | None = None) -> int:
               3: ("leader_kill", phase_kills), 4: ("history", phase_history)}
     run_phases(results, [phases[number] for number in a.phases], bench, a.json)
     print_results(results)
-    return 1 if results["errors"] or results["failed_checks"] else 0
+    return exit_status(results)
 
 
 if __name__ == "__main__":

@@ -25,15 +25,17 @@ def fmt_num(v, fmt=".2f", unit=""):
     return "-" if v is None else f"{v:{fmt}}{unit}"
 
 
-def summarize_ms(values, scale: float = 1000.0, with_min: bool = True) -> dict:
-    """n, min (if ``with_min``), p50, p99, max, mean (ms) of values given in seconds (``scale`` 1 if
-    already ms)."""
+def summarize_ms(values, scale: float = 1000.0, with_min: bool = True, with_mean: bool = True) -> dict:
+    """n, min (if ``with_min``), p50, p99, max, mean (if ``with_mean``), in ms, of values given in
+    seconds (``scale`` 1 if already ms); None for each figure of no values."""
     s = sorted(v * scale for v in values)
-    if not s:
-        out = {"n": 0, "p50_ms": None, "p99_ms": None, "max_ms": None, "mean_ms": None}
-        return out | {"min_ms": None} if with_min else out
-    return {"n": len(s), **({"min_ms": s[0]} if with_min else {}), "p50_ms": percentile(s, 50),
-            "p99_ms": percentile(s, 99), "max_ms": s[-1], "mean_ms": sum(s) / len(s)}
+    out = {"n": len(s), "min_ms": s[0] if s else None, "p50_ms": percentile(s, 50), "p99_ms": percentile(s, 99),
+           "max_ms": s[-1] if s else None, "mean_ms": sum(s) / len(s) if s else None}
+    if not with_min:
+        del out["min_ms"]
+    if not with_mean:
+        del out["mean_ms"]
+    return out
 
 
 def lat_cells(s: dict, fmt: str = ".2f") -> list:

@@ -190,7 +190,7 @@ def bench(ctx, systems, duration, out_dir, kills, history, fill_cap, workloads, 
     if output == "json":
         render.emit_json(res)
     else:
-        click.echo(run.render_table(res))
+        click.echo(_load("", "run_report").render_table(res))
     if res["errors"]:
         sys.exit(EXIT_ERROR)
 

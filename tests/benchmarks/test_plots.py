@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from chaos.audit.report import rates_figure, rates_png, time_unit
-from benchmarks.run import chart_figure, draw_chart
+from benchmarks.run_report import chart_figure, draw_chart
 
 RES = {"started_at": "2026-01-01T00:00:00+00:00", "environment": {"loadavg_start": [0.5, 0.5, 0.5]}}
 

@@ -1,100 +1,53 @@
-"""Benchmark of the broker's idempotent-producer state at scale: N idle producers in ONE partition.
-
-Run it::
+"""Benchmark of the broker's idempotent-producer state at scale: N idle producers in ONE partition.  In
+process: bytes per idle producer, expiry, snapshot write/load, close and reopen; over the wire (a broker
+process on a real quorum): bytes per idle producer, active producers' p99 beside a 0-idle run, restart
+to serving.  Kafka's figures are printed beside ours.  What each phase does and checks:
+docs/benchmarks.md.
 
     pidctl bench producers [--sizes 10000,100000,1000000] [--active-seconds 10]
                            [--json bench-results/producers.json] [-o table|json] [--phases in_process,wire]
-
-(``python -m benchmarks.producers`` takes the same options.)
-
-For every N of ``--sizes`` ("idle producer": a producer ID that appended one small batch, epoch 0,
-sequence 0, and nothing since; its state keeps that last batch):
-
-1. ``in_process`` (a fresh Python child process per measurement, so memory freed by an earlier one
-   cannot hide growth): a ``broker.partition.Partition`` in a temporary directory; N producers each
-   append one batch through ``Partition.append`` (``--batches-per-request`` batches per call, as a
-   Produce request carries them).  Figures:
-
-   * bytes per idle producer: the process's VmRSS (/proc/self/status) after minus before, over N
-     (everything the partition keeps per producer: its producer state and the log's in-memory
-     batch index);
-   * the same measured with ``tracemalloc`` (Python allocations still alive, whatever the allocator
-     keeps), at min(N, ``--tracemalloc-max``): tracing makes appends ~6x slower;
-   * bytes per producer with 5 batches kept (each producer appends 5 batches, sequences 0..4), RSS,
-     at min(N, ``--five-batches-max``), to set beside Kafka's figure for 5 batches;
-   * ``ProducerStateManager.expire(now_ms, expiration_ms)``: when none expires (median of 5) and when
-     all do (one call, it empties the state);
-   * ``Partition.close()`` (a snapshot at the log end) and opening ``Partition(dir)`` again (the log's
-     recovery scan and the snapshot loaded): what a broker restart costs this partition;
-   * ``write_snapshot(path, offset)`` and ``load_snapshot(path)`` (into a new manager): time and file
-     size.
-
-2. ``wire``: a real three-node quorum (``LocalCluster``) and, per N, a fresh broker process
-   (``BrokerProcess``, ``--partitions 1``), all on free ports of 127.0.0.1.  Raw Produce v9 requests
-   (kio entities over ``quorum.client.quorum.Connection``), acks=1, topic ``producers``:
-
-   * baseline: ``--active-producers`` (10) active producers for ``--active-seconds``, each with its own
-     producer ID and connection, one request in flight, sequences 0, 1, 2 ...: latency p50/p99 and
-     the longest stall (the largest gap between two answers to one producer);
-   * broker VmRSS (/proc/<pid>/status) before and after N idle producers are created with requests of
-     ``--batches-per-request`` batches, each batch a distinct producer ID: bytes per idle producer;
-   * the active run again, with the N idle producers present: p99 over the baseline's p99;
-   * restart: SIGTERM (``BrokerProcess.stop``; the time until it exits), start again, and the time
-     until its ready file appears and until a Produce is answered (probed every 10 ms from the start);
-     then a retry of an idle producer's batch must be answered as a duplicate at its original offset
-     (the state survived the restart).
-
-Kafka's reference figures (``KAFKA``) are printed beside ours, with their sources; ``TARGETS`` are
-this project's.  Every figure, the parameters and the machine go to ``--json``; ``-o json`` prints
-the same JSON instead of the table.  Exit status 1 if a phase failed or a sanity check did not pass
-(FAILED CHECKS: every batch accepted, the state holding N producers, the snapshot loading N, the
-state surviving the restart); a missed target is reported, not a failure.  Two shared cores run the
-quorum, the broker and this process: compare figures of the same run.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import gc
 import inspect
 import json
-import math
 import os
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import tracemalloc
 
-from kio.index import load_request_schema
-
 from broker.partition import EXPIRY_CHUNK_ROWS, Partition
 from broker.producer_state import ProducerStateManager
-from broker.recordbatch import encode_batch
-from quorum.client.quorum import Connection, ConnectionFailed
-from records.wire import kafka
-from records.wire.errors import Errors, RequestTimedOutError
 
-from .common import percentile, temp_cluster
-from .harness import environment_info, log, run_phases, utc_now
+from .common import temp_cluster
+from .harness import log, new_results, parser, phase_list, run_phases
 from .processes import REPO, BrokerProcess, child_env, cpu_seconds
+from .producer_wire import (
+    ACTIVE_FIRST_PID,
+    BASELINE_ACTIVE_OFFSET,
+    IN_PROCESS_FIRST_PID,
+    LOADED_ACTIVE_OFFSET,
+    PRODUCE_VERSION,
+    TOPIC,
+    active_run,
+    blobs,
+    create_idle,
+    duplicate_check,
+    restart,
+)
+from .producer_wire import longest_gap, stall_episodes  # noqa: F401 - tests/benchmarks read them here
 from .report import print_footer, report, table
 
-PRODUCE = 0
-PRODUCE_VERSION = 9
-TOPIC = "producers"
 DEFAULT_SIZES = (10_000, 100_000, 1_000_000)
 DAY_MS = 24 * 60 * 60 * 1000
 
-# Producer IDs (any non-negative int64 will do: the broker does not check where an ID came from).
-IN_PROCESS_FIRST_PID = 1_000_000_000
-IDLE_FIRST_PID = 10**12
-ACTIVE_FIRST_PID = 2**62
-BASELINE_ACTIVE_OFFSET, LOADED_ACTIVE_OFFSET, PROBE_OFFSET = 0, 1_000, 1_000_000
 
 # ------------------------------------------------------------------ Kafka's figures, with sources
 KAFKA = {
@@ -137,43 +90,6 @@ def rss_bytes(pid: int | str = "self") -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     raise RuntimeError(f"no VmRSS in /proc/{pid}/status")
-
-
-def idle_batch(pid: int, seq: int = 0) -> bytes:
-    """One small batch of producer ``pid``, epoch 0: what an idle producer last sent."""
-    return encode_batch([(None, b"idle")], producer_id=pid, producer_epoch=0, base_sequence=seq,
-                        timestamp_ms=1_700_000_000_000)
-
-
-def blobs(first_pid: int, n: int, per: int, seq: int = 0):
-    """(first producer ID, records blob) of ``per`` batches each, one batch per producer ID."""
-    for start in range(0, n, per):
-        k = min(per, n - start)
-        yield first_pid + start, b"".join(idle_batch(first_pid + start + i, seq) for i in range(k))
-
-
-def summarize_ms(seconds: list[float]) -> dict:
-    s = sorted(x * 1000.0 for x in seconds)
-    if not s:
-        return {"n": 0, "p50_ms": None, "p99_ms": None, "max_ms": None}
-    return {"n": len(s), "p50_ms": percentile(s, 50), "p99_ms": percentile(s, 99), "max_ms": s[-1]}
-
-
-def longest_gap(times: list[float]) -> float | None:
-    """The largest gap between consecutive times (None with fewer than two)."""
-    return max((b - a for a, b in zip(times, times[1:])), default=None)
-
-
-def stall_episodes(gaps: list[tuple[float, float]], threshold_s: float) -> list[tuple[float, float]]:
-    """The (start, end) gaps longer than ``threshold_s``, overlapping ones merged (a broker stall holds up
-    every producer at once: one episode, not one per producer), by start."""
-    out: list[list[float]] = []
-    for a, b in sorted(g for g in gaps if g[1] - g[0] > threshold_s):
-        if out and a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
-    return [(a, b) for a, b in out]
 
 
 def partition_options(**wanted) -> dict:
@@ -319,153 +235,6 @@ def phase_in_process(a) -> dict:
 
 
 # ------------------------------------------------------------------ 2. over the wire
-_PRODUCE_MODULE = __import__(load_request_schema(PRODUCE, PRODUCE_VERSION).__module__, fromlist=["TopicProduceData"])
-
-
-def produce_body(records: bytes, acks: int = 1):
-    pd = _PRODUCE_MODULE.PartitionProduceData(index=0, records=records)
-    td = _PRODUCE_MODULE.TopicProduceData(name=TOPIC, partition_data=(pd,))
-    return kafka.request_entity(PRODUCE, PRODUCE_VERSION, transactional_id=None, acks=acks,
-                                timeout=datetime.timedelta(seconds=30), topic_data=(td,))
-
-
-async def produce(conn: Connection, records: bytes, timeout: float = 60.0) -> tuple[int, int, str | None]:
-    """(error code, base offset, error message) of one partition's answer."""
-    resp = await conn.call(produce_body(records), timeout)
-    r = resp.responses[0].partition_responses[0]
-    return int(r.error_code), int(r.base_offset), r.error_message
-
-
-def code_name(code: int) -> str:
-    try:
-        return Errors(code).name
-    except ValueError:
-        return f"ERROR_CODE_{code}"
-
-
-async def create_idle(address: str, n: int, per: int, inflight: int = 4) -> dict:
-    """n idle producers (IDs IDLE_FIRST_PID..): requests of ``per`` batches, ``inflight`` at a time on one
-    connection.  Returns timing, error counts and the base offset of each request's first producer."""
-    conn = Connection(address, "bench-producers-idle")
-    it = iter(blobs(IDLE_FIRST_PID, n, per))
-    errors: dict[str, int] = {}
-    offsets: dict[int, int] = {}
-
-    async def worker():
-        for first, blob in it:
-            code, base, msg = await produce(conn, blob)
-            if code:
-                errors[code_name(code)] = errors.get(code_name(code), 0) + 1
-            else:
-                offsets[first] = base
-
-    t0 = time.perf_counter()
-    try:
-        await asyncio.gather(*(worker() for _ in range(inflight)))
-    finally:
-        conn.close()
-    elapsed = time.perf_counter() - t0
-    return {"producers": n, "requests": math.ceil(n / per), "batches_per_request": per, "seconds": elapsed,
-            "producers_per_s": n / elapsed, "errors": errors, "first_offsets": offsets}
-
-
-async def active_run(address: str, first_pid: int, producers: int, seconds: float) -> dict:
-    """``producers`` active producers, one connection and one request in flight each, for ``seconds``."""
-    lat: list[float] = []
-    gaps: list[float] = []
-    intervals: list[tuple[float, float]] = []  # between two answers to one producer
-    errors: dict[str, int] = {}
-    start = time.perf_counter()
-    stop = start + seconds
-
-    async def one(k: int) -> None:
-        conn = Connection(address, f"bench-producers-active-{k}")
-        answers: list[float] = []
-        seq = 0
-        try:
-            while time.perf_counter() < stop:
-                t0 = time.perf_counter()
-                try:
-                    code, _, _ = await produce(conn, idle_batch(first_pid + k, seq), timeout=30.0)
-                except (RequestTimedOutError, ConnectionFailed) as e:
-                    errors[type(e).__name__] = errors.get(type(e).__name__, 0) + 1
-                    continue
-                t1 = time.perf_counter()
-                lat.append(t1 - t0)
-                answers.append(t1)
-                if code:
-                    errors[code_name(code)] = errors.get(code_name(code), 0) + 1
-                else:
-                    seq += 1
-        finally:
-            conn.close()
-        g = longest_gap(answers)
-        if g is not None:
-            gaps.append(g)
-        intervals.extend(zip(answers, answers[1:]))
-
-    await asyncio.gather(*(one(k) for k in range(producers)))
-    s = summarize_ms(lat)
-    episodes = stall_episodes(intervals, TARGETS["stall_ms"] / 1000)
-    return {**s, "producers": producers, "seconds": seconds, "requests_per_s": len(lat) / seconds,
-            "longest_stall_ms": max(gaps) * 1000 if gaps else None, "errors": errors,
-            "stall_episodes_over_target": len(episodes),
-            "stall_episodes": [{"at_s": a - start, "ms": (b - a) * 1000} for a, b in episodes[:50]]}
-
-
-async def probe_until_answered(address: str, deadline: float, gave_up=lambda: False) -> float | None:
-    """Keep trying one Produce (a new producer ID) every 10 ms until answered (perf_counter time of the
-    answer), the deadline passes or ``gave_up()`` (None)."""
-    while time.perf_counter() < deadline and not gave_up():
-        conn = Connection(address, "bench-producers-probe")
-        try:
-            code, _, _ = await produce(conn, idle_batch(ACTIVE_FIRST_PID + PROBE_OFFSET), timeout=30.0)
-            if code == 0:
-                return time.perf_counter()
-        except (ConnectionFailed, RequestTimedOutError):
-            pass
-        finally:
-            conn.close()
-        await asyncio.sleep(0.01)
-    return None
-
-
-async def restart(broker: BrokerProcess, timeout: float) -> dict:
-    """SIGTERM, then start again: the stop, the ready file, the first Produce answered (all from the start)."""
-    t = time.perf_counter()
-    broker.stop(timeout)
-    stop_s = time.perf_counter() - t
-    exit_code = broker.proc.returncode
-    t0 = time.perf_counter()
-    ready: dict = {}
-
-    def start():
-        try:
-            broker.start(timeout)
-            ready["t"] = time.perf_counter()
-        except Exception as e:  # noqa: BLE001 - reported by the caller
-            ready["error"] = e
-
-    th = threading.Thread(target=start, daemon=True)
-    th.start()
-    answered = await probe_until_answered(broker.bootstrap, t0 + timeout, lambda: "error" in ready)
-    await asyncio.to_thread(th.join, timeout + 15)
-    if "error" in ready:
-        raise ready["error"]
-    return {"stop_s": stop_s, "stop_exit_code": exit_code, "ready_file_s": ready["t"] - t0 if "t" in ready else None,
-            "first_produce_answered_s": None if answered is None else answered - t0}
-
-
-async def duplicate_check(address: str, first_offsets: dict[int, int]) -> dict:
-    """A retry of the first idle producer's batch: a duplicate answered at its original offset."""
-    pid, offset = min(first_offsets.items())
-    conn = Connection(address, "bench-producers-dup")
-    try:
-        code, base, msg = await produce(conn, idle_batch(pid))
-    finally:
-        conn.close()
-    return {"producer_id": pid, "original_offset": offset, "error": code_name(code), "base_offset": base,
-            "message": msg, "state_survived": code == 0 and base == offset}
 
 
 def wire_size(a, lc, directory: str, broker_id: int, n: int) -> dict:
@@ -477,10 +246,11 @@ def wire_size(a, lc, directory: str, broker_id: int, n: int) -> dict:
         out["first_start_s"] = time.perf_counter() - t
         pid = broker.proc.pid
         address = broker.bootstrap
-        asyncio.run(active_run(address, ACTIVE_FIRST_PID - 100, 1, 0.3))  # creates the topic, warms up
+        stall_s = TARGETS["stall_ms"] / 1000
+        asyncio.run(active_run(address, ACTIVE_FIRST_PID - 100, 1, 0.3, stall_s))  # creates the topic, warms up
         log(f"  baseline: {a.active_producers} active producers, 0 idle, {a.active_seconds:.0f}s")
         out["baseline"] = asyncio.run(active_run(address, ACTIVE_FIRST_PID + BASELINE_ACTIVE_OFFSET,
-                                                 a.active_producers, a.active_seconds))
+                                                 a.active_producers, a.active_seconds, stall_s))
         out["rss_before"] = rss_bytes(pid)
         cpu0 = cpu_seconds(pid)
         log(f"  creating {n:,} idle producers ({a.batches_per_request} batches per request)")
@@ -493,7 +263,7 @@ def wire_size(a, lc, directory: str, broker_id: int, n: int) -> dict:
         out["fill"] = fill
         log(f"  {a.active_producers} active producers with {n:,} idle, {a.active_seconds:.0f}s")
         out["loaded"] = asyncio.run(active_run(address, ACTIVE_FIRST_PID + LOADED_ACTIVE_OFFSET,
-                                               a.active_producers, a.active_seconds))
+                                               a.active_producers, a.active_seconds, stall_s))
         b99, l99 = out["baseline"]["p99_ms"], out["loaded"]["p99_ms"]
         out["p99_over_baseline"] = l99 / b99 if b99 and l99 is not None else None
         out["rss_after_active"] = rss_bytes(pid)
@@ -706,8 +476,7 @@ def sizes_arg(text: str) -> list[int]:
 
 
 def parse_args(argv=None, prog: str | None = None):
-    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(prog, __doc__)
     ap.add_argument("--sizes", type=sizes_arg, default=list(DEFAULT_SIZES),
                     help="idle producers per run, comma-separated (default 10000,100000,1000000)")
     ap.add_argument("--active-seconds", type=float, default=10.0, help="length of each active run (s)")
@@ -732,10 +501,7 @@ def parse_args(argv=None, prog: str | None = None):
     a = ap.parse_args(argv)
     if a.quick:
         a.sizes, a.active_seconds = [2000, 20_000], 2.0
-    a.phases = [x.strip() for x in a.phases.split(",") if x.strip()]
-    unknown = [x for x in a.phases if x not in PHASES]
-    if unknown:
-        ap.error(f"--phases: unknown {', '.join(unknown)}; known: {', '.join(PHASES)}")
+    a.phases = phase_list(ap, a.phases, PHASES)
     if a.batches_per_request < 1 or a.active_producers < 1 or a.active_seconds <= 0:
         ap.error("--batches-per-request and --active-producers must be >= 1, --active-seconds > 0")
     return a
@@ -751,14 +517,13 @@ def main(argv=None, prog: str | None = None) -> int:
         with open(a.child_out, "w") as f:
             json.dump(out, f)
         return 0
-    res = {"params": {"sizes": a.sizes, "active_seconds": a.active_seconds, "active_producers": a.active_producers,
-                      "batches_per_request": a.batches_per_request, "tracemalloc_max": a.tracemalloc_max,
-                      "five_batches_max": a.five_batches_max, "phases": a.phases, "json": a.json, "argv": sys.argv,
-                      "produce": f"Produce v{PRODUCE_VERSION}, acks=1, topic {TOPIC!r}, 1 partition"},
-           "references": {k: {**v, "by_size": {str(s): x for s, x in v.get("by_size", {}).items()}}
-                          for k, v in KAFKA.items()},
-           "target_values": TARGETS, "environment": environment_info(), "started_at": utc_now(), "phases": {},
-           "errors": [], "failed_checks": [], "targets": []}
+    res = new_results({"sizes": a.sizes, "active_seconds": a.active_seconds, "active_producers": a.active_producers,
+                       "batches_per_request": a.batches_per_request, "tracemalloc_max": a.tracemalloc_max,
+                       "five_batches_max": a.five_batches_max, "phases": a.phases, "json": a.json, "argv": sys.argv,
+                       "produce": f"Produce v{PRODUCE_VERSION}, acks=1, topic {TOPIC!r}, 1 partition"},
+                      references={k: {**v, "by_size": {str(s): x for s, x in v.get("by_size", {}).items()}}
+                                  for k, v in KAFKA.items()},
+                      target_values=TARGETS, targets=[])
 
     def all_checks(r: dict) -> list[str]:
         r["targets"] = evaluate_targets(r)

@@ -237,9 +237,23 @@ class PidquorumSystem(System):
 
 
 class _PeerSystem(System):
-    """A peer run as three server processes (``_spawn(i)``, ``_wait_serving``) on ``client_ports``."""
+    """A peer run as three server processes (``_spawn(i)``, ``_wait_serving``) on ``client_ports``, its
+    leader the live node for which ``_is_leader(i)`` holds."""
+    title = ""  # as messages name the system
     start_timeout = 60.0
     client_ports: list[int]
+
+    def _peer_init(self, keep: bool, n_ports: int) -> list[int]:
+        """``System.__init__``, then SystemUnavailable if the peer is not installed; ``n_ports`` free
+        ports, the first three the client ports."""
+        super().__init__(keep)
+        reason = missing_reason(self.name)
+        if reason:
+            raise SystemUnavailable(reason)
+        ports = free_ports(n_ports)
+        self.client_ports = ports[0:3]
+        self.procs = _Processes()
+        return ports
 
     def _spawn(self, i: int) -> None:
         raise NotImplementedError
@@ -255,6 +269,29 @@ class _PeerSystem(System):
     def endpoints(self) -> str:
         return ",".join(f"{HOST}:{p}" for p in self.client_ports)
 
+    def _is_leader(self, i: int) -> bool:
+        raise NotImplementedError
+
+    def leader(self, timeout: float = 30.0) -> int:
+        deadline = time.monotonic() + timeout
+        while True:
+            for i in range(self.nodes):
+                if self.procs.alive(i) and self._is_leader(i):
+                    return i
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no {self.title} leader within {timeout:.0f}s")
+            time.sleep(0.02)
+
+    def kill(self, i: int) -> None:
+        self.procs.kill(i)
+
+    def restart(self, i: int, timeout: float = 60.0) -> None:
+        self._spawn(i)
+        self._wait_serving([i], timeout)
+
+    def stop(self) -> None:
+        self.procs.stop_all()
+
     def node_pids(self) -> list[int]:
         return [p.pid for p in self.procs.procs.values() if p.poll() is None]
 
@@ -263,21 +300,16 @@ class ZooKeeperSystem(_PeerSystem):
     """A three-server ZooKeeper ensemble (QuorumPeerMain) from Debian's package."""
 
     name = "zookeeper"
+    title = "ZooKeeper"
     start_timeout = 90.0
     # Debian's /etc/zookeeper/conf/zoo.cfg as shipped; fsync (forceSync) left at its default: on.
     TIMING = {"tickTime": 2000, "initLimit": 10, "syncLimit": 5}
     HEAP = "-Xmx512m"
 
     def __init__(self, keep: bool = False):
-        super().__init__(keep)
-        reason = missing_reason("zookeeper")
-        if reason:
-            raise SystemUnavailable(reason)
-        ports = free_ports(9)
-        self.client_ports = ports[0:3]
+        ports = self._peer_init(keep, 9)
         self.quorum_ports = ports[3:6]
         self.election_ports = ports[6:9]
-        self.procs = _Processes()
         peers = list(zip(self.quorum_ports, self.election_ports))
         self.servers = [zookeeper.ZooKeeperServer(self._node_dir(i), self.client_ports[i], settings=self.TIMING,
                                                   peers=peers, myid=i + 1, heap=self.HEAP,
@@ -310,25 +342,8 @@ class ZooKeeperSystem(_PeerSystem):
                                        + self.servers[i].log_tail(20))
                 time.sleep(0.05)
 
-    def leader(self, timeout: float = 30.0) -> int:
-        deadline = time.monotonic() + timeout
-        while True:
-            for i in range(3):
-                if self.procs.alive(i) and self._mode(i) == "leader":
-                    return i
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"no ZooKeeper leader within {timeout:.0f}s")
-            time.sleep(0.02)
-
-    def kill(self, i: int) -> None:
-        self.procs.kill(i)
-
-    def restart(self, i: int, timeout: float = 60.0) -> None:
-        self._spawn(i)
-        self._wait_serving([i], timeout)
-
-    def stop(self) -> None:
-        self.procs.stop_all()
+    def _is_leader(self, i: int) -> bool:
+        return self._mode(i) == "leader"
 
     def settings(self) -> dict:
         return {**self.TIMING, "forceSync": "yes (default)", "jvm_heap": self.HEAP, "admin_server": False,
@@ -339,16 +354,10 @@ class EtcdSystem(_PeerSystem):
     """A three-member etcd cluster from Debian's etcd-server package."""
 
     name = "etcd"
+    title = "etcd"
 
     def __init__(self, keep: bool = False):
-        super().__init__(keep)
-        reason = missing_reason("etcd")
-        if reason:
-            raise SystemUnavailable(reason)
-        ports = free_ports(6)
-        self.client_ports = ports[0:3]
-        self.peer_ports = ports[3:6]
-        self.procs = _Processes()
+        self.peer_ports = self._peer_init(keep, 6)[3:6]
         self.token = f"pidctl-bench-{os.getpid()}-{int(time.time())}"
 
     def _node_dir(self, i: int) -> str:
@@ -393,28 +402,9 @@ class EtcdSystem(_PeerSystem):
                                        + log_tail(os.path.join(self._node_dir(i), "etcd.log")))
                 time.sleep(0.05)
 
-    def leader(self, timeout: float = 30.0) -> int:
-        deadline = time.monotonic() + timeout
-        while True:
-            for i in range(3):
-                if not self.procs.alive(i):
-                    continue
-                st = self.status(i)
-                if st and st.get("header", {}).get("member_id") == st.get("leader"):
-                    return i
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"no etcd leader within {timeout:.0f}s")
-            time.sleep(0.02)
-
-    def kill(self, i: int) -> None:
-        self.procs.kill(i)
-
-    def restart(self, i: int, timeout: float = 60.0) -> None:
-        self._spawn(i)
-        self._wait_serving([i], timeout)
-
-    def stop(self) -> None:
-        self.procs.stop_all()
+    def _is_leader(self, i: int) -> bool:
+        st = self.status(i)
+        return bool(st) and st.get("header", {}).get("member_id") == st.get("leader")
 
     def settings(self) -> dict:
         return {"heartbeat_ms": 100, "election_ms": 1000, "fsync": "on (default)",

@@ -1,29 +1,7 @@
-"""One benchmark broker, in a process of its own: ``python -m benchmarks.worker --system S ...``.
-
-Started by ``benchmarks.run`` (``pidctl bench``), one per broker.  It connects to the system
-under test, warms up (``--warmup`` allocations, not recorded), prints ``READY`` on stdout and waits for
-a line ``GO <start> <stop>`` on stdin (``time.monotonic()`` values, which are the same clock in every
-process on Linux: CLOCK_MONOTONIC).  It then allocates blocks back to back from ``start`` until
-``stop`` and writes its record to ``--out`` as JSON: for every allocation the monotonic times it was
-issued and returned, the block, and the compare-and-set retries it took.
-
-Allocators (each allocates one block of 1,000 IDs per call, each ``broker_id`` distinct):
-
-* ``pidquorum``: AllocateProducerIds through ``quorum.client.quorum.QuorumClient`` (all three nodes known;
-  1 s per attempt).  A single serialized controller: no compare-and-set, retries are always 0.
-* ``zookeeper``: ``quorum.migration.zk.LegacyAllocator`` on kazoo -- Kafka's ZooKeeper-mode loop: read
-  ``/latest_producer_id_block`` and its version, write the next block with a conditional setData,
-  start over on BadVersion.  Unknown outcomes are resolved by re-reading.
-* ``etcd``: the same loop through etcd's v3 JSON gateway: read the key and its mod_revision, then a
-  Txn ``compare mod_revision == read, put`` whose failure branch returns the key again (so a lost race
-  costs one round trip).  1 s per HTTP attempt; a failed or timed-out attempt moves to the next
-  member, and a Txn whose answer was lost is resolved by re-reading (our bytes, which hold our broker
-  id, mean it was applied).
-
-``--mode manager`` (pidquorum only) runs a broker's ``ProducerIdManager`` instead and calls
-``generate_producer_id()`` at a paced ``--rate`` (IDs/s, in 10 ms ticks), timing every call: the
-latency at the broker and the client-visible waits (COORDINATOR_LOAD_IN_PROGRESS refusals, the
-longest time without an ID).
+"""One benchmark broker of ``pidctl bench`` (``benchmarks.run``), in a process of its own: it connects to
+the system under test, warms up, prints READY, waits for ``GO <start> <stop>`` on stdin, allocates
+blocks back to back (or, ``--mode manager``, runs a ProducerIdManager at a paced rate) and writes its
+record to ``--out`` as JSON.  The allocators and the protocol: docs/benchmarks.md.
 """
 from __future__ import annotations
 
@@ -190,24 +168,36 @@ class EtcdAllocator:
             self.conn.close()
 
 
-def run_sync(alloc, warmup: int) -> Record:
-    rec = Record()
-    for _ in range(warmup):
-        alloc.allocate()
-    start, stop = handshake()
-    wait_until(start)
+async def timed_loop(allocate, stop: float, rec: Record) -> None:
+    """``await allocate()`` back to back until ``stop`` (``time.monotonic``): each call's start and end,
+    block and retries into ``rec``; a call that raises is counted and the loop goes on."""
     mono = time.monotonic
     while True:
         t0 = mono()
         if t0 >= stop:
             break
         try:
-            s, n, r = alloc.allocate()
+            s, n, r = await allocate()
         except Exception as e:  # noqa: BLE001 - counted, the run goes on
             rec.error(e)
             continue
         rec.add(t0, mono(), s, n, r)
-    return rec
+
+
+def run_sync(alloc, warmup: int) -> Record:
+    """A blocking allocator (ZooKeeper, etcd) through ``timed_loop``, in an event loop of its own."""
+    async def allocate():
+        return alloc.allocate()
+
+    async def run() -> Record:
+        rec = Record()
+        for _ in range(warmup):
+            alloc.allocate()
+        start, stop = handshake()
+        wait_until(start)
+        await timed_loop(allocate, stop, rec)
+        return rec
+    return asyncio.run(run())
 
 
 # ------------------------------------------------------------------ pidquorum
@@ -224,17 +214,11 @@ async def run_pidquorum(endpoints: str, broker_id: int, warmup: int) -> Record:
             await c.allocate(broker_id, epoch)
         start, stop = await asyncio.to_thread(handshake)
         await asyncio.sleep(max(0.0, start - time.monotonic()))
-        mono = time.monotonic
-        while True:
-            t0 = mono()
-            if t0 >= stop:
-                break
-            try:
-                b = await c.allocate(broker_id, epoch)
-            except Exception as e:  # noqa: BLE001
-                rec.error(e)
-                continue
-            rec.add(t0, mono(), b.start, b.length, 0)
+
+        async def allocate():
+            b = await c.allocate(broker_id, epoch)
+            return b.start, b.length, 0
+        await timed_loop(allocate, stop, rec)
     finally:
         await c.close()
     return rec

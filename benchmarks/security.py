@@ -22,6 +22,7 @@ import asyncio
 import json
 import multiprocessing
 import os
+import selectors
 import socket
 import statistics
 import struct
@@ -161,7 +162,6 @@ def _sink(host: str, ready, seconds: float) -> None:
     """The control: a listener that takes what the attackers send and closes each connection after its first
     read (about what the node does with them), in a process of its own, so that the allocations measured beside
     it pay the attackers' share of the machine but none of the node's work for them."""
-    import selectors
     srv = socket.create_server((host, 0), backlog=1024)
     srv.setblocking(False)
     ready.put(srv.getsockname()[1])

@@ -1,44 +1,27 @@
-"""Where one commit's time goes: the stages of workload 1 on the leader and a follower, timed in the nodes.
+"""Where one commit's time goes: workload 1 on a three-node cluster whose nodes run under this module
+(``node``: the node's entry point with timing probes around the functions that begin each stage); per
+stage of the leader and the followers, the median and mean time since the stage before (the stages:
+docs/benchmarks.md).
 
-``pidctl bench stages [--seconds S] [--quick] [--json FILE] [--keep]`` (``python -m benchmarks.stages``) starts a
-three-node ``LocalCluster`` whose nodes run under this module (``node``: the node's own entry point with
-timing probes wrapped around some of its functions), has one broker allocate back to back for
-``--seconds``, stops the nodes (each writes what its probes recorded), and prints, per stage, the
-median and mean time since the stage before it:
-
-leader (per request):
-  ``parsed``      the request's frame was read and is parsed (``SERVER_API.parse`` is called)
-  ``batch``       the proposer starts the batch (the request task ran, the proposer woke)
-  ``proposed``    the batch's records were generated, checked by replay and encoded; handed to Raft
-  ``appended``    the entry was added to the journal
-  ``sent``        the first AppendEntries carrying it is sent (a follower's clock starts)
-  ``acked``       the first acknowledgement is read (the follower's stages below, and two hops)
-  ``committed``   the new commit index is recorded (``setRaftCommitIndex``: after the leader's own sync)
-  ``applied``     the entry is applied
-  ``answered``    the answer is written to the client's socket
-
-follower (per AppendEntries with an entry):
-  ``received``    the AppendEntries was read (unsealed, unpickled)
-  ``appended``    the entry was added to the journal
-  ``syncing``     the entry is written and fdatasync begins
-  ``synced``      fdatasync returned
-  ``acked``       the acknowledgement was sent
-
-The probes cost a few microseconds per stage, so the client's figure is a little above workload 1's;
-what the table is for is the split.  The probes reach into ``quorum.raft``, ``quorum.journal``,
-``quorum.service``, ``quorum.server`` and ``quorum.raftlink`` by name: a rename there fails the probe
-installation with the missing name, at the node's start.
+    pidctl bench stages [--seconds S] [--quick] [--json FILE] [--keep]
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import glob
 import os
 import shutil
 import sys
 import tempfile
 import time
+
+from quorum import journal, raft, raftlink, server, service
+from quorum.__main__ import main as quorum_main
+from quorum.client.quorum import QuorumClient, RetryPolicy
+from quorum.localcluster import LocalCluster
+from snapshots.storage import disk
 
 from .common import HOST, percentile
 from .harness import log
@@ -53,9 +36,6 @@ NODE_COMMAND = ["-m", "benchmarks.stages", "node"]
 # --------------------------------------------------------------------------- in the node
 def _install_probes(events: list) -> None:
     """Wrap the node's functions that begin or end a stage; each appends (stage, perf_counter_ns)."""
-    from quorum import journal, raft, raftlink, server, service
-    from snapshots.storage import disk
-
     now = time.perf_counter_ns
 
     def before(owner, name: str, stage: str, when=None) -> None:
@@ -105,8 +85,6 @@ def _install_probes(events: list) -> None:
 
 def node_main(argv: list[str]) -> int:
     """Run a node (``python -m quorum``'s arguments) with the probes; write the events when it stops."""
-    import atexit
-
     events: list[tuple[str, int]] = []
     _install_probes(events)
 
@@ -114,7 +92,6 @@ def node_main(argv: list[str]) -> int:
         with open(EVENTS.format(pid=os.getpid()), "w") as f:
             f.writelines(f"{stage} {t}\n" for stage, t in events)
     atexit.register(write)
-    from quorum.__main__ import main as quorum_main
     sys.argv = ["python -m quorum", *argv]
     return quorum_main()
 
@@ -165,7 +142,6 @@ def analyse(directory: str) -> dict:
 
 # --------------------------------------------------------------------------- the run
 async def _allocate(addresses: list[str], seconds: float, warmup: int) -> dict:
-    from quorum.client.quorum import QuorumClient, RetryPolicy
 
     client = QuorumClient(addresses, RetryPolicy(timeout=10, attempt_timeout=5), prefer_leader=True)
     try:
@@ -186,7 +162,6 @@ async def _allocate(addresses: list[str], seconds: float, warmup: int) -> dict:
 
 
 def run(seconds: float, directory: str, warmup: int = 200) -> dict:
-    from quorum.localcluster import LocalCluster
 
     lc = LocalCluster(os.path.join(directory, "cluster"))
     lc.up(3, host=HOST, node_command=NODE_COMMAND, allocate_rate_per_broker=0)

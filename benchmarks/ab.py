@@ -1,22 +1,9 @@
-"""Two versions of the node, side by side: ``pidctl bench ab BASE CHANGE`` (``python -m benchmarks.ab``).
-
-BASE and CHANGE are source trees of pidquorum (a checkout, or ``git worktree add DIR REV``); each node
-runs from one of them (``PYTHONPATH``).  The measurement is ``pidctl bench``'s workload 1 (or 2 with
-``--clients 3``): prefer-leader clients (``QuorumClient``) in this process allocating back to back,
-rate limit off, durability on.  The client is this process's own pidquorum for both sides, so a change
-to the client is not what this measures.
-
-Why pairs of fresh clusters: on a shared 2-CPU machine one run's figures swing by more than a change
-moves them, and two clusters kept up for a whole run differ from each other (which follower gets the
-AppendEntries first, where their files lie) by as much, in every pair of the run.  So every pair starts
-both clusters afresh, runs them one after the other (the order alternates), and the verdict is the
-median of the pairs' ratios (CHANGE over BASE) with how many pairs went each way.
+"""Two versions of the node, side by side: workload 1 (or 2 with ``--clients 3``) against a cluster of
+BASE's nodes and one of CHANGE's (source trees), in pairs of fresh clusters, judged by the median of the
+pairs' ratios (why pairs: docs/benchmarks.md).
 
     pidctl bench ab BASE CHANGE [--pairs 10] [--seconds 5] [--clients 1] [--warmup 300] [--quick]
                                 [--json PATH] [--keep]
-
-Per run: allocations/s, latency p50 and p99 (``time.perf_counter`` around each call), node CPU per
-allocation (user + system of the three node processes, from ``/proc``, all three added).
 """
 from __future__ import annotations
 

@@ -1,29 +1,9 @@
-"""Benchmark of the Spark audit job (chaos/audit/job.py) against a single-process pyarrow/numpy check.
-
-Run it (any Python with pidquorum installed)::
+"""Benchmark of the Spark audit job (chaos/audit/job.py) against a single-process pyarrow/numpy check of the
+same generated audit export (with known overlaps injected): both times, their ratio, and whether both
+found the same overlaps, gaps and wasted IDs.  The steps: docs/benchmarks.md.
 
     pidctl bench audit [--quick] [--blocks 10000000] [--master local[2]]
                        [--json bench-results/audit.json] [--repeat 2] [--keep DIR]
-
-(``python -m benchmarks.audit`` takes the same options.)
-
-1. Generate ``--blocks`` AllocateProducerIdsRecords (10,000,000; 1,000,000 with
-   ``--quick``) as an audit export (``manifest.json`` + ``records/
-   AllocateProducerIdsRecord/part-*.parquet``, ``--parts`` files, one node's
-   trail): 50 brokers, 1,000-ID blocks one after the other, a gap before about
-   one block in 10,000, one block every 60 ms of wall clock, and a known
-   number of injected overlaps (blocks nested inside an earlier block, and
-   identical copies of one under a new Raft index).
-2. Spark: start a session on ``--master`` (local[2]) and run the whole audit
-   job (``run_audit``: validation, every check, broker rates, projection),
-   ``--repeat`` times in the same session (the first run pays the JVM's JIT
-   warm-up; the later ones show a long-running cluster's cost).
-3. numpy, in this process: read the same files with pyarrow, keep accepted
-   rows, drop node copies by (raft_index, position), sort by (start, end),
-   running maximum of the ends (``np.maximum.accumulate``): overlaps, gaps and
-   wasted IDs -- the same logic, nothing else.
-4. Check both found the same overlaps, gaps and wasted IDs (and the injected
-   number), print both times and the ratio, write everything to ``--json``.
 """
 from __future__ import annotations
 

@@ -1,17 +1,6 @@
-"""The floor of a replicated, fsync'd commit on this machine, in Python: what workload 1 could reach.
-
-Four processes on 127.0.0.1, as in workload 1: a client asks one request at a time; a leader writes
-each request to its file, sends it to two followers and fdatasyncs its own copy on a thread
-meanwhile; each follower writes it, fdatasyncs and acknowledges; the leader answers once its own
-sync and one follower's acknowledgement are in (a majority of three).  Nothing else: no Raft state,
-no encryption, no pickling, no state machine, no audit trail, 256-byte messages over asyncio streams.
-The files are written as the Raft journal is (``snapshots.storage.disk.AppendFile``, preallocated), so their
-fdatasyncs cost what the journal's do.
-
-So the figure is the cost of the physical path (four loopback hops, two fdatasyncs in parallel,
-process wake-ups on a shared machine) plus Python's asyncio at each hop; what a commit costs beyond
-it is pidquorum's own work.  ``pidctl bench`` measures it in the same run as workload 1, and the
-files go to the bench's directory, on the disk the nodes use.
+"""The floor of a replicated, fsync'd commit on this machine, in Python: a client, a leader and two
+followers passing 256-byte requests and fdatasyncing them as the journal does, nothing else; what
+workload 1 could reach (``pidctl bench`` measures it beside workload 1; details: docs/benchmarks.md).
 
     python -m benchmarks.floor run DIR [--duration S]   # prints the figures as JSON
     python -m benchmarks.floor syncs DIR [--count N]    # fdatasync of appends: growing vs preallocated file

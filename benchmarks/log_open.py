@@ -1,29 +1,7 @@
-"""Opening a partition after a restart, with and without its segment index files (broker/log.py).
-
-Run it (any Python with pidquorum installed; no quorum, no network)::
+"""Opening a partition after a restart, with and without its segment index files (broker/log.py), after a
+clean close and after a crash, and with one producer per batch (``--producers``); no quorum, no network.
 
     python -m benchmarks.log_open [--batches 1000000] [--producers] [--repeat 3] [--dir DIR]
-
-1. Builds, in a fresh temporary directory (or ``--dir``), one partition of
-   ``--batches`` one-record batches (about 70 bytes each, default 64 MiB
-   segments), appended 10,000 at a time with fsync off, and closes it cleanly
-   (which writes the index files).  With ``--producers`` every batch comes from
-   its own idempotent producer (producer id i, sequence 0) and goes through
-   ``broker.partition.Partition``, so the partition also holds one producer
-   state entry per batch, as a broker with that many producers does.
-2. Times, best of ``--repeat``, cold page cache not attempted (the files are
-   in the page cache, as after a quick restart):
-
-   * ``PartitionLog`` open with the index files (the arrays loaded, the last
-     batch of each segment checked);
-   * ``PartitionLog`` open after a crash: the active segment's index covers
-     only its first half, the rest is read and checked;
-   * ``PartitionLog`` open without them (every batch read and CRC-checked:
-     what every open did before the index files);
-   * with ``--producers``, ``Partition`` open (the log, then the newest
-     producer-state snapshot, then the replay after it), with and without.
-
-Prints one line per figure.
 """
 from __future__ import annotations
 

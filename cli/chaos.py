@@ -10,6 +10,7 @@ import click
 from chaos.report import render_summary
 from chaos.sim.campaign import parse_seeds, run_campaign
 from chaos.sim.explore import explore
+from chaos.txn_report import render_txn_summary
 from chaos.workload import WorkloadConfig
 from snapshots.storage.files import atomic_write
 
@@ -266,7 +267,6 @@ def _show_verdict(verdict, output: str, run_dir: str) -> None:
     if output == "json":
         render.emit_json(verdict.to_dict())
     elif getattr(verdict, "workload", None) == "transactions":
-        from chaos.txn_report import render_txn_summary  # beside the heavy runner: imported when used
         render_txn_summary(verdict, render.console())
         render.line(f"run directory: {run_dir}")
     else:

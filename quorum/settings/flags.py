@@ -19,13 +19,14 @@ import dataclasses
 import functools
 import os
 import stat
-import types
 import typing
 from typing import Any, Callable, Iterator, Literal
 
 import annotated_types
 import click
 from click.core import ParameterSource
+
+from records.wire.bounds import unwrap_optional
 
 from .model import PATH, field_info, table_model
 
@@ -85,14 +86,6 @@ def _range(base: type, info, scale: int | None) -> click.ParamType:
     return click.FloatRange(lo, hi, min_open="gt" in b, max_open="lt" in b)
 
 
-def _unwrap_optional(tp: Any) -> Any:
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if len(args) == 1:
-            return args[0]
-    return tp
-
-
 def _item_type(tp: Any) -> Any:
     if typing.get_origin(tp) is typing.Annotated:
         tp = typing.get_args(tp)[0]
@@ -100,7 +93,7 @@ def _item_type(tp: Any) -> Any:
 
 
 def _scalar(tp: Any, info, scale: int | None) -> click.ParamType | None:
-    tp = _unwrap_optional(_item_type(tp))
+    tp = unwrap_optional(_item_type(tp))
     if typing.get_origin(tp) is Literal:
         return click.Choice([str(a) for a in typing.get_args(tp)])
     if tp is str:
@@ -136,7 +129,7 @@ def _specs(cls: type, prefix: str = "", path: tuple[str, ...] = ()) -> Iterator[
                        "metavar": flag.metavar}
         convert: Callable[[Any], Any] = _same
         default = None if info.is_required() else info.get_default(call_default_factory=True)
-        annotation = _unwrap_optional(info.annotation)
+        annotation = unwrap_optional(info.annotation)
         sequence = typing.get_origin(annotation)
         decls = (option, param)
         if annotation is bool:

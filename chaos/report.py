@@ -12,21 +12,12 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from .figures import fmt
 from .checker import ANOMALIES, Verdict, fault_intervals, history_end_ns, percentile
 from .history import ALLOCATE, GENERATE, OK, Op, pair_ops
 
 SHOW = 10  # anomalies listed per kind in the summary
 MAX_BUCKETS = 20_000  # timeline resolution limit
-
-
-def _fmt(v: Any, digits: int = 1) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:,.{digits}f}"
-    if isinstance(v, int):
-        return f"{v:,}"
-    return str(v)
 
 
 def render_summary(verdict: Verdict, console: Console | None = None, *, limit: int = SHOW) -> None:
@@ -35,16 +26,16 @@ def render_summary(verdict: Verdict, console: Console | None = None, *, limit: i
     out = console or Console(highlight=False)
     st = verdict.stats
     if verdict.valid:
-        out.print(f"[bold green]VALID[/bold green]: {_fmt(st['ops'])} ops, {_fmt(st['ok_blocks'])} acknowledged "
-                  f"blocks, {_fmt(st['ok_pids'])} producer IDs, no anomalies")
+        out.print(f"[bold green]VALID[/bold green]: {fmt(st['ops'])} ops, {fmt(st['ok_blocks'])} acknowledged "
+                  f"blocks, {fmt(st['ok_pids'])} producer IDs, no anomalies")
     else:
         total = sum(verdict.anomaly_counts.values())
-        out.print(f"[bold red]INVALID[/bold red]: {_fmt(total)} anomalies in {_fmt(st['ops'])} ops "
+        out.print(f"[bold red]INVALID[/bold red]: {fmt(total)} anomalies in {fmt(st['ops'])} ops "
                   f"({', '.join(f'{k} x{n}' for k, n in verdict.anomaly_counts.items())})")
     nexts = sorted(set(st["final_next_producer_id"].values()))
-    out.print(f"run: {st['duration_s']:.1f} s, {_fmt(st['processes'])} processes, {_fmt(st['committed_blocks'])} "
-              f"committed blocks ({_fmt(st['committed_unacknowledged_blocks'])} never acknowledged), final "
-              f"next_producer_id {', '.join(_fmt(n) for n in nexts)}")
+    out.print(f"run: {st['duration_s']:.1f} s, {fmt(st['processes'])} processes, {fmt(st['committed_blocks'])} "
+              f"committed blocks ({fmt(st['committed_unacknowledged_blocks'])} never acknowledged), final "
+              f"next_producer_id {', '.join(fmt(n) for n in nexts)}")
     for w in verdict.warnings:
         out.print(f"[yellow]warning:[/yellow] {w}")
 
@@ -53,12 +44,12 @@ def render_summary(verdict: Verdict, console: Console | None = None, *, limit: i
         for c in ("kind", "count", "meaning"):
             t.add_column(c)
         for kind, n in verdict.anomaly_counts.items():
-            t.add_row(kind, _fmt(n), ANOMALIES.get(kind, ""))
+            t.add_row(kind, fmt(n), ANOMALIES.get(kind, ""))
         out.print(t)
         for kind, examples in verdict.anomalies.items():
             n = verdict.anomaly_counts.get(kind, len(examples))
             shown = examples[:limit]
-            t = Table(title=f"{kind}: first {len(shown)} of {_fmt(n)}", title_justify="left")
+            t = Table(title=f"{kind}: first {len(shown)} of {fmt(n)}", title_justify="left")
             t.add_column("ops")
             t.add_column("what")
             for a in shown:
@@ -72,17 +63,17 @@ def render_summary(verdict: Verdict, console: Console | None = None, *, limit: i
     for kind in av:
         t.add_column(kind, justify="right")
     rows: list[tuple[str, Any]] = [
-        ("invoked", lambda a: _fmt(a["invoked"])),
-        ("ok", lambda a: _fmt(a["ok"])),
-        ("fail", lambda a: _fmt(a["fail"])),
-        ("info (unknown)", lambda a: _fmt(a["info"])),
-        ("unfinished", lambda a: _fmt(a["unfinished"])),
-        ("latency p50 ms (ok)", lambda a: _fmt(a["latency"]["ok"]["p50_ms"], 2)),
-        ("latency p99 ms (ok)", lambda a: _fmt(a["latency"]["ok"]["p99_ms"], 2)),
-        ("latency max ms (ok)", lambda a: _fmt(a["latency"]["ok"]["max_ms"], 2)),
-        ("longest outage ms", lambda a: _fmt(a["longest_outage_ms"])),
-        ("load in progress", lambda a: f"{_fmt(a['load_in_progress'])} ({a['load_in_progress_share']:.2%})"),
-        ("client-visible waits", lambda a: _fmt(a["client_visible_waits"])),
+        ("invoked", lambda a: fmt(a["invoked"])),
+        ("ok", lambda a: fmt(a["ok"])),
+        ("fail", lambda a: fmt(a["fail"])),
+        ("info (unknown)", lambda a: fmt(a["info"])),
+        ("unfinished", lambda a: fmt(a["unfinished"])),
+        ("latency p50 ms (ok)", lambda a: fmt(a["latency"]["ok"]["p50_ms"], 2)),
+        ("latency p99 ms (ok)", lambda a: fmt(a["latency"]["ok"]["p99_ms"], 2)),
+        ("latency max ms (ok)", lambda a: fmt(a["latency"]["ok"]["max_ms"], 2)),
+        ("longest outage ms", lambda a: fmt(a["longest_outage_ms"])),
+        ("load in progress", lambda a: f"{fmt(a['load_in_progress'])} ({a['load_in_progress_share']:.2%})"),
+        ("client-visible waits", lambda a: fmt(a["client_visible_waits"])),
     ]
     for label, cell in rows:
         t.add_row(label, *[cell(a) for a in av.values()])
@@ -94,7 +85,7 @@ def render_summary(verdict: Verdict, console: Console | None = None, *, limit: i
         for c in ("fault", "count", "failed", "total ms"):
             t.add_column(c, justify="left" if c == "fault" else "right")
         for f, k in by_kind.items():
-            t.add_row(f, _fmt(k["count"]), _fmt(k["failed"]), _fmt(k["total_ms"]))
+            t.add_row(f, fmt(k["count"]), fmt(k["failed"]), fmt(k["total_ms"]))
         out.print(t)
     else:
         out.print("faults: none")

@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from typing import Callable
 
 from quorum.localcluster import free_ports
 from quorum.settings import toml_value
@@ -85,6 +86,19 @@ def wait_port(host: str, port: int, deadline: float, proc: subprocess.Popen, wha
         if time.monotonic() > deadline:
             raise RuntimeError(f"{what} does not listen on {host}:{port}:\n{log_tail(log_path, tail_lines)}")
         time.sleep(0.05)
+
+
+def wait_ready_file(proc: subprocess.Popen, path: str, timeout: float, what: str, tail: Callable[[], str],
+                    error: type[Exception] = RuntimeError) -> None:
+    """Until ``proc`` writes its ready file ``path``; ``error`` with ``tail()`` (its log's end) if it
+    exits first or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if proc.poll() is not None:
+            raise error(f"{what} exited with {proc.returncode}:\n{tail()}")
+        if time.monotonic() > deadline:
+            raise error(f"{what} not serving within {timeout:.0f}s:\n{tail()}")
+        time.sleep(0.02)
 
 
 def cpu_seconds(pid: int) -> float | None:
@@ -156,13 +170,7 @@ class BrokerProcess:
             self.proc = subprocess.Popen(self.command(), stdout=logf, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, cwd=REPO, env=child_env({**os.environ, **self.env}),
                                          start_new_session=self.new_session)
-        deadline = time.monotonic() + timeout
-        while not os.path.exists(self.ready_path):
-            if self.proc.poll() is not None:
-                raise BrokerStartError(f"broker {self.broker_id} exited with {self.proc.returncode}:\n{self.tail()}")
-            if time.monotonic() > deadline:
-                raise BrokerStartError(f"broker {self.broker_id} not serving within {timeout:.0f}s:\n{self.tail()}")
-            time.sleep(0.02)
+        wait_ready_file(self.proc, self.ready_path, timeout, f"broker {self.broker_id}", self.tail, BrokerStartError)
         return self
 
     def kill(self) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 from records import Record, RecordError
 from records.codec import from_obj, to_obj
 from snapshots.storage.disk import CorruptFileError, Disk
-from snapshots.storage.files import atomic_write, seal, unseal
+from snapshots.storage.files import atomic_write, read_whole, seal, unseal
 
 MAGIC = b"PQSNAP\x00\x01"
 FORMAT = 1
@@ -89,12 +89,7 @@ def decode_snapshot(path: str, data: bytes) -> Snapshot:
 
 
 def read_snapshot(path: str) -> Snapshot:
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise CorruptFileError(path, f"cannot read: {e.strerror}") from None
-    return decode_snapshot(path, data)
+    return decode_snapshot(path, read_whole(path))
 
 
 def inspect_snapshot(path: str) -> dict[str, Any]:

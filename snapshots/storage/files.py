@@ -28,6 +28,15 @@ def atomic_write(path: str, data: bytes) -> None:
     _DISK.write_file(path, data)
 
 
+def read_whole(path: str) -> bytes:
+    """A small file's bytes; a file that cannot be read is a CorruptFileError ("cannot read: ...")."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise CorruptFileError(path, f"cannot read: {e.strerror}") from None
+
+
 # ------------------------------------------------------------------ sealed files
 # One layout for every small checksummed file (raft snapshot, producer-state
 # snapshot, topic metadata): MAGIC | u32 length | msgpack body | u32 crc32(body),

@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from chaos.history import HistoryError
 from quorum.client.quorum import ConnectionFailed, QuorumClient, RetryPolicy, unreachable
 from quorum.localcluster import ClusterError, LocalCluster
 from quorum.security.client import ClientSecurity
@@ -210,13 +211,13 @@ class Ctx:
 
 
 def _chaos_errors() -> tuple[type[Exception], ...]:
-    """The chaos and migration packages' user-facing errors (imported lazily: they are heavy)."""
-    out: list[type[Exception]] = []
+    """The chaos runner's and the migration's user-facing errors (imported when an error is handled: both
+    modules load kazoo)."""
+    out: list[type[Exception]] = [HistoryError]
     try:
-        from chaos.history import HistoryError  # heavy (beside chaos.runner): imported when used
         from chaos.runner import RunError  # heavy (kazoo, for the nodes it starts): imported when used
-        out += [HistoryError, RunError]
-    except ImportError:  # pragma: no cover - chaos not installed
+        out.append(RunError)
+    except ImportError:  # pragma: no cover - kazoo missing
         pass
     try:
         from quorum.migration.zk import ZkMigrationError  # heavy (kazoo): imported when used

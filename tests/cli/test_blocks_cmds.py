@@ -16,21 +16,6 @@ from tests.conftest import wait_for
 README = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
 
 
-@pytest.fixture
-def pidctl(tmp_path):
-    data_dir = str(tmp_path / "pq")
-    runner = CliRunner()
-
-    def invoke(*args, expect=0):
-        result = runner.invoke(cli, ["--data-dir", data_dir, "--timeout", "15", *args])
-        assert expect is None or result.exit_code == expect, (result.exit_code, result.output, result.exception)
-        return result
-
-    invoke.data_dir = data_dir
-    yield invoke
-    LocalCluster(data_dir).down(timeout=5)
-
-
 def test_a_file_that_is_not_an_audit_trail_is_refused(pidctl, tmp_path):
     r = pidctl("blocks", "history", "--audit", README, expect=EXIT_ERROR)
     assert r.output.strip().splitlines() == [f"error: {README}: not an audit trail (no audit line at its start)"]

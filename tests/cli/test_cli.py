@@ -4,28 +4,9 @@ from __future__ import annotations
 import json
 import os
 
-import pytest
-from click.testing import CliRunner
-
 from cli.common import EXIT_DEGRADED, EXIT_ERROR, EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE, quorum_health
-from cli.main import cli
 from quorum.localcluster import LocalCluster
 from tests.conftest import wait_for
-
-
-@pytest.fixture
-def pidctl(tmp_path):
-    data_dir = str(tmp_path / "pq")
-    runner = CliRunner()
-
-    def invoke(*args, expect=0):  # expect=None: any exit code
-        result = runner.invoke(cli, ["--data-dir", data_dir, "--timeout", "15", *args])
-        assert expect is None or result.exit_code == expect, (result.exit_code, result.output, result.exception)
-        return result
-
-    invoke.data_dir = data_dir
-    yield invoke
-    LocalCluster(data_dir).down(timeout=5)
 
 
 def test_done_means_flow(pidctl):

@@ -5,27 +5,8 @@ from __future__ import annotations
 import json
 import os
 
-import pytest
-from click.testing import CliRunner
-
 from cli.common import EXIT_ERROR, EXIT_OK
-from cli.main import cli
 from quorum.localcluster import LocalCluster, _alive
-
-
-@pytest.fixture
-def pidctl(tmp_path):
-    data_dir = str(tmp_path / "pq")
-    runner = CliRunner()
-
-    def invoke(*args, expect=0, input=None):  # expect=None: any exit code
-        result = runner.invoke(cli, ["--data-dir", data_dir, "--timeout", "15", *args], input=input)
-        assert expect is None or result.exit_code == expect, (result.exit_code, result.output, result.exception)
-        return result
-
-    invoke.data_dir = data_dir
-    yield invoke
-    LocalCluster(data_dir).down(timeout=5)
 
 
 def test_up_refuses_other_settings_says_already_up_and_reset_starts_over(pidctl):

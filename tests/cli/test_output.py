@@ -8,31 +8,12 @@ import os
 import subprocess
 import sys
 
-import pytest
-from click.testing import CliRunner
 from rich.console import Console
 
 from cli import render
 from cli.common import EXIT_USAGE
-from cli.main import cli
-from quorum.localcluster import LocalCluster
 
 PIDCTL = os.path.join(os.path.dirname(sys.executable), "pidctl")
-
-
-@pytest.fixture
-def pidctl(tmp_path):
-    data_dir = str(tmp_path / "pq")
-    runner = CliRunner()
-
-    def invoke(*args, expect=0, input=None):
-        result = runner.invoke(cli, ["--data-dir", data_dir, "--timeout", "15", *args], input=input)
-        assert expect is None or result.exit_code == expect, (result.exit_code, result.output, result.exception)
-        return result
-
-    invoke.data_dir = data_dir
-    yield invoke
-    LocalCluster(data_dir).down(timeout=5)
 
 
 def _fits_80(text: str) -> None:

@@ -20,9 +20,8 @@ from click.testing import CliRunner
 
 from benchmarks.processes import REPO, BrokerProcess, child_env
 from cli.main import cli
-from quorum.security.acl import ALLOW, CLUSTER, CLUSTER_ACTION, CLUSTER_NAME, LITERAL, Acl
-from tests.cli.test_cli import pidctl  # noqa: F401 - the fixture: a local cluster driven through pidctl
-from tests.security.conftest import PASSWORDS
+from tests.cli.conftest import pidctl  # noqa: F401 - the fixture: a local cluster driven through pidctl
+from tests.security.conftest import BROKER_ACL, PASSWORDS
 
 REFUSED = ("is refused: a secret on the command line is visible to every local user (ps, /proc/PID/cmdline); "
            "use ")
@@ -97,7 +96,7 @@ def test_no_password_in_the_command_line_of_a_process_the_suite_starts(secure_qu
     """A broker that reached the SASL_SSL quorum with its password (from a file, and from the environment)
     has none on its command line; neither have the nodes (the cluster secret comes from a file)."""
     sq = secure_quorum
-    sq.grant([Acl("User:broker", CLUSTER, CLUSTER_NAME, LITERAL, CLUSTER_ACTION, ALLOW)])
+    sq.grant([BROKER_ACL])
     common = ["--quorum-security-protocol", "SASL_SSL", "--quorum-sasl-username", "broker",
               "--quorum-tls-cafile", sq.pki.cafile]
     brokers = [BrokerProcess(str(tmp_path), 21, sq.addresses, *common,

@@ -1,7 +1,9 @@
-"""A SASL_SSL quorum (throwaway CA) with users admin (super user), broker and alice, shared by a module."""
+"""A SASL_SSL quorum (throwaway CA) with users admin (super user), broker, alice and bob, shared by a module;
+the ACLs, broker flags and SASL requests the security tests build on it."""
 from __future__ import annotations
 
 import asyncio
+import datetime
 import os
 
 import pytest
@@ -10,9 +12,22 @@ from benchmarks.pki import make_pki
 from quorum.client.quorum import QuorumClient, RetryPolicy
 from quorum.localcluster import LocalCluster
 from quorum.security import credentials
+from quorum.security.acl import ALLOW, CLUSTER, CLUSTER_ACTION, CLUSTER_NAME, LITERAL, Acl
 from quorum.security.client import ClientSecurity
+from tests.support.kafka_requests import request_once
+from records.wire import kafka
 
 PASSWORDS = {"admin": "admin-pw", "broker": "broker-pw", "alice": "alice-pw", "bob": "bob-pw"}
+INIT_PRODUCER_ID = 22
+
+
+def allow(user: str, operation: str, resource_type: str = CLUSTER, name: str = CLUSTER_NAME,
+          pattern: str = LITERAL) -> Acl:
+    """User:``user`` may do ``operation`` on the resource (the cluster unless another is named)."""
+    return Acl(f"User:{user}", resource_type, name, pattern, operation, ALLOW)
+
+
+BROKER_ACL = allow("broker", CLUSTER_ACTION)  # what the brokers' own user needs on the quorum
 
 
 class SecureQuorum:
@@ -56,6 +71,14 @@ class SecureQuorum:
             finally:
                 await c.close()
         asyncio.run(go())
+
+    def broker_flags(self, password_file: bool = True) -> list[str]:
+        """A broker's flags for SASL clients (``users_file``) and for reaching this quorum as the user broker
+        (over SASL_SSL); its password from a file, or (``password_file=False``) from the environment."""
+        password = ["--quorum-sasl-password-file", self.password_file("broker")] if password_file else []
+        return ["--sasl-credentials-file", self.users_file, "--acl-refresh-ms", "100",
+                "--quorum-security-protocol", "SASL_SSL", "--quorum-sasl-username", "broker", *password,
+                "--quorum-tls-cafile", self.pki.cafile]
 
     def cli_args(self, user: str = "admin") -> list[str]:
         return ["--quorum", ",".join(self.addresses), "--timeout", "30", "--security-protocol", "SASL_SSL",
@@ -106,3 +129,18 @@ def read_partition(bootstrap: str, user: str, topic: str, expect: int, committed
         return got
     finally:
         c.close()
+
+
+def call(b, user: str, body):
+    """The response to ``body`` from broker process ``b``, asked as ``user`` over SASL_PLAINTEXT."""
+    return request_once(b.bootstrap, f"test-{user}", body,
+                        ClientSecurity("SASL_PLAINTEXT", "PLAIN", user, PASSWORDS[user]))
+
+
+def init_producer_id(b, user: str) -> int:
+    """A new producer ID (InitProducerId v4, no transactional id) from broker process ``b``, asked as ``user``."""
+    r = call(b, user, kafka.request_entity(INIT_PRODUCER_ID, 4, transactional_id=None,
+                                           transaction_timeout=datetime.timedelta(seconds=60),
+                                           producer_id=-1, producer_epoch=-1))
+    assert int(r.error_code) == 0, r
+    return int(r.producer_id)

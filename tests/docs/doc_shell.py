@@ -12,6 +12,7 @@ reader.
 """
 from __future__ import annotations
 
+import glob
 import os
 import re
 import signal
@@ -155,6 +156,15 @@ class DocShell:
             self._signal_group(signal.SIGKILL)
             self.proc.wait(10)
         self.log.close()
+
+    def close_after(self, request) -> None:
+        """``close``, printing first the last 40 lines of each log the doc left in its directory unless the
+        test (pytest's ``request``) passed."""
+        rep = getattr(request.node, "rep_call", None)
+        if rep is None or rep.failed:
+            for log in sorted(glob.glob(os.path.join(self.workdir, "*.log"))):
+                print(f"----- {os.path.basename(log)} -----\n" + "".join(open(log, errors="replace").readlines()[-40:]))
+        self.close()
 
     def _signal_group(self, sig: int) -> bool:
         """Send ``sig`` to the shell's process group; False when no process of it is left."""

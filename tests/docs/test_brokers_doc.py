@@ -5,7 +5,6 @@ own records; a producer given both brokers writes to one; a transactional id use
 broker fences its producer on the first."""
 from __future__ import annotations
 
-import glob
 import json
 import os
 import re
@@ -62,10 +61,6 @@ def test_the_brokers_doc_runs_as_written_and_its_claims_hold(tmp_path, request):
                 counts = sorted(int(n) for n in re.findall(r"^127\.0\.0\.1:\d+: (\d+) records of both$", out, re.M))
                 assert sent > 0 and counts == [0, sent], out
     finally:
-        rep = getattr(request.node, "rep_call", None)
-        if rep is None or rep.failed:
-            for log in sorted(glob.glob(str(work / "*.log"))):
-                print(f"----- {os.path.basename(log)} -----\n" + "".join(open(log, errors="replace").readlines()[-40:]))
-        shell.close()
+        shell.close_after(request)
         if os.path.exists(work / ".pidquorum"):
             LocalCluster(str(work / ".pidquorum")).down(timeout=5)  # the doc's nodes run in sessions of their own

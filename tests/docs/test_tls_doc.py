@@ -5,7 +5,6 @@ reaching the quorum over TLS, pidctl and a confluent-kafka producer over SSL; pi
 without TLS and a broker without TLS to the quorum refused with the lines the doc promises."""
 from __future__ import annotations
 
-import glob
 import os
 
 from quorum.localcluster import free_ports
@@ -83,8 +82,4 @@ def test_the_tls_doc_runs_as_written(tmp_path, request):
                         "plaintext client told it is TLS", "broker without TLS refused",
                         "kafka client refused without the CA"}, seen
     finally:
-        rep = getattr(request.node, "rep_call", None)
-        if rep is None or rep.failed:
-            for log in sorted(glob.glob(str(work / "*.log"))):
-                print(f"----- {os.path.basename(log)} -----\n" + "".join(open(log, errors="replace").readlines()[-40:]))
-        shell.close()
+        shell.close_after(request)

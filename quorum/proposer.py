@@ -20,7 +20,7 @@ from records import Record, encode_batch
 from records.wire.errors import NotControllerError, PidQuorumError, RequestTimedOutError, UnknownServerError
 
 from .managers import Context, TxnSettings
-from .producer_ids import Generate, bridge_reservation
+from .producer_ids import Generate, ProducerIdController, bridge_reservation
 from .raft import ProposalRejected, ProposalUnknown
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ class Proposal:
     generate: Generate
     broker_id: int | None  # the requesting broker, if any (lingering waits for the recently active ones)
     future: asyncio.Future = field(repr=False)
-    on_value: Callable[[Any], None] | None = field(default=None, repr=False)  # see Proposer.submit
+    on_value: Callable[[Any], None] | None = field(default=None, repr=False)  # see Proposer.enqueue
 
     def finish(self, response: Any = None, error: PidQuorumError | None = None) -> None:
         if self.future.done():
@@ -53,10 +53,12 @@ class Proposal:
 class Proposer:
     """On the leader: queued requests in batches, generated against a scratch fork of the applied state,
     proposed as one log entry, each answered from what replay made of its records.  ``service`` is the
-    node's ``Service``: its Raft node, applied state (under its lock), clock and config."""
+    node's ``Service``: its Raft node, applied state (under its lock), clock and config.  The producer-ID
+    controller proposes through it (``producer_ids``)."""
 
     def __init__(self, service: Any):
         self.service = service
+        self.producer_ids = ProducerIdController(service, self)
         self.queue: asyncio.Queue[Proposal] = asyncio.Queue()
         self.barrier_term: int | None = None
         self.batches = 0
@@ -84,7 +86,11 @@ class Proposer:
 
     async def submit(self, rpc: Any, request: Any, timeout: float,
                      on_value: Callable[[Any], None] | None = None) -> Any:
-        """Propose ``rpc.generate``'s records for ``request``; its value once applied (see ``enqueue``)."""
+        """The leader's side of a proposed RPC: its controller's path (``rpc.submit``: AllocateProducerIds,
+        MigrationCommand), else ``rpc.generate``'s records for ``request`` proposed as they are; its value
+        once applied (see ``enqueue``)."""
+        if rpc.submit is not None:
+            return await rpc.submit(self, request, timeout, on_value)
         broker_id = getattr(request, "broker_id", None)
         generate = rpc.generate
         fut = self.enqueue(lambda state, ctx: generate(state, request, ctx),

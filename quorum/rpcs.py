@@ -13,9 +13,9 @@ Two kinds of handler:
   records it returns are proposed, and once they are committed and applied the
   caller gets ``Result.response``, a domain value.  A follower never runs it: it
   forwards the client's raw frame to the leader and relays the raw answer.
-* ``submit(node, request, timeout, on_value) -> value``: the leader-side path of an RPC a controller
-  owns (AllocateProducerIds and MigrationCommand: ``quorum.producer_ids.ProducerIdController``),
-  in place of proposing ``generate`` as it is.
+* ``submit(proposer, request, timeout, on_value) -> value``: the leader-side path of an RPC a
+  controller owns (AllocateProducerIds and MigrationCommand: ``proposer.producer_ids``, the
+  ``quorum.producer_ids.ProducerIdController``), in place of proposing ``generate`` as it is.
 * ``serve(node, request) -> value``: answered by the node itself from what it
   has applied (ApiVersions, DescribeState, a validate-only AlterClientQuota,
   TransactionRequest's pending), by the leader from what it has applied
@@ -71,17 +71,16 @@ from . import membership
 from .client_quotas import ClientQuotaManager, parse_user
 from .config import NodeConfig
 from .managers import LIST, PENDING, Context, QuorumState, Result, txn_json
-from .producer_ids import ProducerIdController, check_issuing, generate_allocate, generate_migrate, generate_seed
+from .producer_ids import check_issuing, generate_allocate, generate_migrate, generate_seed
 from .service import Service
 from .trail import BlockPage, read_block_page
 
 
 class Node(Protocol):
-    """What a handler may use of the node that serves it (``quorum.server.QuorumServer``)."""
+    """What a ``serve`` handler may use of the node that serves it (``quorum.server.QuorumServer``)."""
     service: Service
     cfg: NodeConfig
     api_table: Any
-    producer_ids: ProducerIdController
 
     def status(self) -> dict[str, Any]: ...
 
@@ -90,7 +89,7 @@ class Node(Protocol):
 
 Generate = Callable[[QuorumState, Any, Context], Result]
 Serve = Callable[[Node, kafka.Request], Awaitable[Any]]
-Submit = Callable[[Node, Any, float, Callable[[Any], None] | None], Awaitable[Any]]
+Submit = Callable[[Any, Any, float, Callable[[Any], None] | None], Awaitable[Any]]  # proposer, request, ...
 
 
 @dataclass(frozen=True)
@@ -366,7 +365,7 @@ def _rpcs() -> list[Rpc]:
         Rpc(quorum_api.API_VERSIONS, acl=lambda b: (), serve=_api_versions, respond=lambda v, body: body,
             error=lambda v, code, m, t: kafka.api_versions_body(v, code, quorum_api.SUPPORTED)),
         Rpc(quorum_api.ALLOCATE_PRODUCER_IDS, acl=lambda b: _BROKERS, generate=generate_allocate,
-            submit=lambda node, body, timeout, on_value: node.producer_ids.allocate(body, timeout, on_value),
+            submit=lambda proposer, body, timeout, on_value: proposer.producer_ids.allocate(body, timeout, on_value),
             respond=_kafka_response(quorum_api.ALLOCATE_PRODUCER_IDS,
                                     lambda block: {"producer_id_start": i64(block[0]), "producer_id_len": i32(block[1])}),
             error=_kafka_error(quorum_api.ALLOCATE_PRODUCER_IDS, producer_id_start=i64(-1), producer_id_len=i32(0))),
@@ -407,7 +406,7 @@ def _rpcs() -> list[Rpc]:
             respond=lambda v, r: SeedProducerIdsResponse(error_code=0, changed=r[0], next_producer_id=r[1]),
             error=_record_error(SeedProducerIdsResponse)),
         Rpc(quorum_api.RECORD_API_KEY, record=MigrationCommandRequest, acl=lambda b: _ADMIN, generate=generate_migrate,
-            submit=lambda node, body, timeout, on_value: node.producer_ids.migrate(body, timeout),
+            submit=lambda proposer, body, timeout, on_value: proposer.producer_ids.migrate(body, timeout),
             respond=lambda v, r: MigrationCommandResponse(error_code=0, **r),
             error=_record_error(MigrationCommandResponse)),
         Rpc(quorum_api.RECORD_API_KEY, record=AlterAclsRequest, acl=lambda b: _ADMIN, generate=_alter_acl,

@@ -70,7 +70,6 @@ from records.wire.errors import (
 )
 
 from .rpcs import RPCS, SERVER_API, Rpc, envelope_peer, forward_envelope
-from .producer_ids import ProducerIdController
 from .proposer import Proposer
 from .service import Service
 from .stats import REQUEST_BUCKETS, Histogram
@@ -187,7 +186,7 @@ class QuorumServer:
         self.service = service
         self.cfg = service.cfg
         self.proposer = Proposer(service)
-        self.producer_ids = ProducerIdController(service, self.proposer)
+        self.producer_ids = self.proposer.producer_ids
         self._forward_conns: dict[str, Connection] = {}
         self._server: asyncio.AbstractServer | None = None
         self._tasks: list[asyncio.Task] = []
@@ -497,8 +496,6 @@ class QuorumServer:
 
     async def _propose(self, rpc: Rpc, req: kafka.Request, timeout: float,
                        on_value: Callable[[Any], None] | None = None) -> Any:
-        if rpc.submit is not None:  # a controller's path (quorum.producer_ids)
-            return await rpc.submit(self, req.body, timeout, on_value)
         return await self.proposer.submit(rpc, req.body, timeout, on_value)
 
     async def _forward(self, address: str, req: kafka.Request, peer: Any, timeout: float) -> "Relayed":

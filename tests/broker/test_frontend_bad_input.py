@@ -4,19 +4,17 @@ log line, and the broker keeps serving every other client.  One quorum and one b
 whole module."""
 from __future__ import annotations
 
-import asyncio
 import socket
 import struct
 
 import pytest
-from kio.index import load_request_schema
 
 from benchmarks.processes import BrokerProcess
 from broker.recordbatch import encode_batch
 from quorum.client import api as p
-from quorum.client.quorum import Connection
 from quorum.localcluster import LocalCluster
 from tests.quorum.test_bad_input import framed, header_v1, header_v2, raw_conn, read_until_closed
+from tests.support.kafka_requests import batch, entity, request_once
 from records.wire import kafka
 from records.wire.errors import Errors
 
@@ -38,20 +36,7 @@ def broker(tmp_path_factory):
 
 
 def call(b: BrokerProcess, api_key: int, version: int, **fields):
-    body = kafka.request_entity(api_key, version, **fields)
-
-    async def go():
-        conn = Connection(b.bootstrap, "bad-input-test")
-        try:
-            return await conn.call(body, 10.0)
-        finally:
-            conn.close()
-    return asyncio.run(go())
-
-
-def entity(api_key: int, version: int, cls_name: str, **fields):
-    mod = __import__(load_request_schema(api_key, version).__module__, fromlist=[cls_name])
-    return getattr(mod, cls_name)(**fields)
+    return request_once(b.bootstrap, "bad-input-test", kafka.request_entity(api_key, version, **fields))
 
 
 def produce(b, records: bytes | None, topic: str = "bad", partition: int = 0, acks: int = -1, version: int = 9):
@@ -93,11 +78,6 @@ def raw_answer(b: BrokerProcess, payload: bytes) -> bytes | None:
     size = struct.unpack_from(">i", data)[0]
     assert len(data) == 4 + size
     return data[4:]
-
-
-def batch(pid=-1, epoch=-1, seq=-1, n=1, value=b"v"):
-    return encode_batch([(None, value + str(i).encode()) for i in range(n)], producer_id=pid,
-                        producer_epoch=epoch, base_sequence=seq)
 
 
 # ------------------------------------------------------------------ frames

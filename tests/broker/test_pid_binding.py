@@ -25,7 +25,7 @@ from broker.recordbatch import decode_all, encode_batch
 from quorum.security import acl as a
 from quorum.security.acl import AclIndex
 from snapshots.storage.disk import CorruptFileError, Disk
-from tests.broker.test_frontend_bad_input import entity
+from tests.support.kafka_requests import entity
 from records.wire import kafka
 from records.wire.errors import Errors, PidQuorumError, ProducerFencedError
 
@@ -143,6 +143,12 @@ class Broker:
         self.server._io.shutdown(wait=True)
         self.server.storage.close()
 
+    async def __aenter__(self) -> Broker:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
 
 class AclIndexCache:
     def __init__(self, acls):
@@ -168,8 +174,7 @@ def clock():
 # ------------------------------------------------------------------ the attacks of the report
 def test_another_principal_cannot_pre_empt_the_victims_first_batch(tmp_path, clock):
     async def go():
-        b = Broker(str(tmp_path), clock)
-        try:
+        async with Broker(str(tmp_path), clock) as b:
             code, pid, epoch = await b.init(ALICE)
             assert code == Errors.NONE
             # mallory (IDEMPOTENT_WRITE, no relation to the ID) sends alice's first batch before she does
@@ -182,15 +187,12 @@ def test_another_principal_cannot_pre_empt_the_victims_first_batch(tmp_path, clo
             assert await b.produce(ALICE, pid, epoch, 0, b"alice's") == (Errors.NONE, 0, None)
             assert b.values() == [b"alice's"]
             assert b.server.counters["producer_id_refused"] == 2
-        finally:
-            await b.close()
     run(go())
 
 
 def test_a_higher_epoch_does_not_fence_the_owner(tmp_path, clock):
     async def go():
-        b = Broker(str(tmp_path), clock)
-        try:
+        async with Broker(str(tmp_path), clock) as b:
             _, pid, epoch = await b.init(ALICE)
             assert (await b.produce(ALICE, pid, epoch, 0, b"a0"))[0] == Errors.NONE
             code, _, why = await b.produce(MALLORY, pid, epoch + 5, 0, b"fence")
@@ -199,15 +201,12 @@ def test_a_higher_epoch_does_not_fence_the_owner(tmp_path, clock):
             assert b.values() == [b"a0", b"a1"]
             part = b.server.storage.partition("t", 0)
             assert [(p, e) for p, e, *_ in part.describe_producers(10)[0]] == [(pid, epoch)]
-        finally:
-            await b.close()
     run(go())
 
 
 def test_a_transactional_producers_id_is_refused_to_another_principal(tmp_path, clock):
     async def go():
-        b = Broker(str(tmp_path), clock)
-        try:
+        async with Broker(str(tmp_path), clock) as b:
             code, pid, epoch = await b.init(ALICE, "alice-tx")
             assert code == Errors.NONE
             # a non-transactional batch with it, no transactional id named
@@ -223,22 +222,17 @@ def test_a_transactional_producers_id_is_refused_to_another_principal(tmp_path, 
             # alice's own transactional batch goes on to the coordinator's check and is appended
             assert (await b.produce(ALICE, pid, epoch, 0, b"tx", tid="alice-tx", transactional=True))[0] == Errors.NONE
             assert b.values() == [b"tx"]
-        finally:
-            await b.close()
     run(go())
 
 
 def test_a_non_transactional_produce_naming_another_principals_transactional_id(tmp_path, clock):
     async def go():
-        b = Broker(str(tmp_path), clock)
-        try:
+        async with Broker(str(tmp_path), clock) as b:
             _, pid, epoch = await b.init(MALLORY)
             code, _, _ = await b.produce(MALLORY, pid, epoch, 0, tid="alice-tx")
             assert code == Errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
             assert (await b.produce(MALLORY, pid, epoch, 0, tid="mallory-tx"))[0] == Errors.NONE  # its own: WRITE
             assert b.values() == [b"v"]
-        finally:
-            await b.close()
     run(go())
 
 
@@ -250,15 +244,12 @@ def test_the_binding_survives_a_restart_and_the_attacker_cannot_claim_an_id_afte
         unused = b.server.pids.next  # handed out by nobody
         assert (await b.produce(ALICE, pid, epoch, 0, b"before"))[0] == Errors.NONE
         await b.close()
-        b = Broker(str(tmp_path), clock)
-        try:
+        async with Broker(str(tmp_path), clock) as b:
             assert (await b.produce(MALLORY, pid, epoch, 1))[0] == Errors.CLUSTER_AUTHORIZATION_FAILED
             assert (await b.produce(MALLORY, tx_pid, tx_epoch, 0))[0] == Errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
             assert (await b.produce(MALLORY, unused, 0, 0))[0] == Errors.CLUSTER_AUTHORIZATION_FAILED
             assert (await b.produce(ALICE, pid, epoch, 1, b"after"))[0] == Errors.NONE
             assert b.values() == [b"before", b"after"]
-        finally:
-            await b.close()
     run(go())
 
 
@@ -285,8 +276,7 @@ def test_after_the_producer_state_expires_the_owner_goes_on_and_others_are_refus
     principal's is not.  Once the binding is forgotten too, nobody may use the ID (the owner re-creates
     its producer: a new InitProducerId)."""
     async def go():
-        b = Broker(str(tmp_path), clock, expiration_ms=60_000)
-        try:
+        async with Broker(str(tmp_path), clock, expiration_ms=60_000) as b:
             _, pid, epoch = await b.init(ALICE)
             assert (await b.produce(ALICE, pid, epoch, 0, b"a0"))[0] == Errors.NONE
             clock.t += 61  # past the producer-state expiry
@@ -304,15 +294,12 @@ def test_after_the_producer_state_expires_the_owner_goes_on_and_others_are_refus
             assert new_pid != pid and (await b.produce(ALICE, new_pid, new_epoch, 0, b"a2"))[0] == Errors.NONE
             assert b.values() == [b"a0", b"a1", b"a2"]
             assert b.server.bindings.stats()["producer_bindings_expired"] == 1
-        finally:
-            await b.close()
     run(go())
 
 
 def test_over_the_cap_the_least_recently_used_bindings_are_evicted(tmp_path, clock):
     async def go():
-        b = Broker(str(tmp_path), clock, max_producers=100)
-        try:
+        async with Broker(str(tmp_path), clock, max_producers=100) as b:
             first = (await b.init(ALICE))[1]
             clock.t += 1
             for _ in range(100):
@@ -322,16 +309,13 @@ def test_over_the_cap_the_least_recently_used_bindings_are_evicted(tmp_path, clo
             for who in (ALICE, MALLORY):
                 assert (await b.produce(who, first, 0, 0))[0] == Errors.CLUSTER_AUTHORIZATION_FAILED
             assert b.values() == []
-        finally:
-            await b.close()
     run(go())
 
 
 def test_the_file_is_rewritten_and_stays_bounded(tmp_path, clock):
     async def go():
-        b = Broker(str(tmp_path), clock, expiration_ms=60_000, max_producers=100_000)
-        bindings = b.server.bindings
-        try:
+        async with Broker(str(tmp_path), clock, expiration_ms=60_000, max_producers=100_000) as b:
+            bindings = b.server.bindings
             for _ in range(200):
                 await b.init(ALICE)
             clock.t += 7 * 60 + 1
@@ -339,8 +323,6 @@ def test_the_file_is_rewritten_and_stays_bounded(tmp_path, clock):
             await b.init(ALICE)  # the writer runs the rewrite before this append
             assert bindings.stats()["producer_bindings"] == 1
             assert bindings.counters["producer_binding_rewrites"] >= 1
-        finally:
-            await b.close()
         assert os.path.getsize(tmp_path / FILE_NAME) < 100
     run(go())
 
@@ -371,8 +353,7 @@ def test_every_batch_of_a_partitions_records_is_checked(tmp_path, clock):
     assert batch_producers(mine + theirs) == [(1000, False)]
 
     async def go():
-        b = Broker(str(tmp_path), clock)
-        try:
+        async with Broker(str(tmp_path), clock) as b:
             _, pid, _ = await b.init(ALICE)
             assert pid == 1000
             pd = entity(PRODUCE, 9, "PartitionProduceData", index=0, records=mine + theirs)
@@ -381,8 +362,6 @@ def test_every_batch_of_a_partitions_records_is_checked(tmp_path, clock):
                              timeout=datetime.timedelta(seconds=5), topic_data=(td,))
             assert int(r.responses[0].partition_responses[0].error_code) == Errors.CLUSTER_AUTHORIZATION_FAILED
             assert b.values() == []
-        finally:
-            await b.close()
     run(go())
 
 
@@ -392,9 +371,8 @@ def test_produce_needs_write_on_the_topic(tmp_path, clock):
     assert frontend.RPCS[PRODUCE].topic_acl == a.WRITE
 
     async def go():
-        b = Broker(str(tmp_path), clock)
-        b.server.acls = AclIndexCache(ACLS + [a.Acl(ALICE, a.TOPIC, "alice-", a.PREFIXED, a.WRITE, a.ALLOW)])
-        try:
+        async with Broker(str(tmp_path), clock) as b:
+            b.server.acls = AclIndexCache(ACLS + [a.Acl(ALICE, a.TOPIC, "alice-", a.PREFIXED, a.WRITE, a.ALLOW)])
             _, pid, epoch = await b.init(ALICE)
             assert (await b.produce(ALICE, pid, epoch, 0))[0] == Errors.NONE
             assert (await b.produce(ALICE, pid, epoch, 1, topic="alice-x"))[0] == Errors.NONE
@@ -405,8 +383,6 @@ def test_produce_needs_write_on_the_topic(tmp_path, clock):
             assert (await b.produce(MALLORY, mpid, mepoch, 0, b"m", topic="u"))[0] == Errors.TOPIC_AUTHORIZATION_FAILED
             assert b.server.counters["authorization_failures"] == before + 2
             assert b.values("alice-x") == [b"v"] and b.values("u") == []
-        finally:
-            await b.close()
     run(go())
 
 

@@ -25,8 +25,8 @@ from quorum.client.broker_admin import BrokerAdmin, BrokerRefused
 from cli.common import EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE
 from cli.main import cli
 from quorum.localcluster import free_ports
-from tests.broker.test_frontend_bad_input import entity
 from tests.conftest import wait_for
+from tests.support.kafka_requests import entity
 from records.wire import kafka
 from records.wire.errors import Errors
 

@@ -44,6 +44,15 @@ def start_metered(quorum: tuple, broker_id: int, *flags: str) -> MeteredBroker:
     return MeteredBroker(proc.start(), port)
 
 
+def metered_broker(quorum: tuple, broker_id: int, *flags: str):
+    """``start_metered`` for a fixture to ``yield from``: the broker, stopped afterwards."""
+    b = start_metered(quorum, broker_id, *flags)
+    try:
+        yield b
+    finally:
+        b.proc.stop()
+
+
 @pytest.fixture(scope="module")
 def module_quorum(tmp_path_factory):
     """A three-node quorum shared by a module's tests: (base directory, LocalCluster)."""

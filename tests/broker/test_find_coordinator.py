@@ -26,7 +26,7 @@ import pytest
 from kio.index import load_response_schema
 from kio.serial import entity_reader
 
-from tests.broker.conftest import MeteredBroker, start_metered
+from tests.broker.conftest import MeteredBroker, metered_broker
 from tests.conftest import wait_for
 from tests.quorum.test_bad_input import framed, header_v2, raw_conn
 from records.wire import kafka
@@ -43,11 +43,7 @@ MAX_KEYS, MAX_KEY_CHARS = 10_000, 32767  # broker.frontend's bounds
 
 @pytest.fixture(scope="module")
 def broker(module_quorum):
-    b = start_metered(module_quorum, 1, "--partitions", "1")
-    try:
-        yield b
-    finally:
-        b.proc.stop()
+    yield from metered_broker(module_quorum, 1, "--partitions", "1")
 
 
 # ------------------------------------------------------------------ helpers

@@ -15,13 +15,13 @@ import threading
 import pytest
 
 from broker.frontend import AppendWaiters, ReadAhead
-from quorum.client.quorum import Connection
 from quorum.telemetry.logs import Throttled
-from tests.broker.conftest import MeteredBroker, start_metered
+from tests.broker.conftest import MeteredBroker, metered_broker
 from tests.broker.test_frontend_bad_input import batch, call, entity, init_pid, produce
 from tests.broker.test_pid_manager import settle
 from tests.conftest import wait_for
 from tests.quorum.test_bad_input import corr_of, framed, header_v1, read_frame, read_until_closed
+from tests.support.kafka_requests import request_once
 from records.wire import kafka
 from records.wire.errors import Errors
 
@@ -98,17 +98,13 @@ def test_throttled_log_says_how_many_lines_it_left_out(caplog):
 # ------------------------------------------------------------------ processes
 @pytest.fixture(scope="module")
 def broker(module_quorum):
-    b = start_metered(module_quorum, 1, "--max-connection-buffer-bytes", str(BUFFER),
-                      "--describe-producers-limit", str(LIMIT))
-    yield b
-    b.proc.stop()
+    yield from metered_broker(module_quorum, 1, "--max-connection-buffer-bytes", str(BUFFER),
+                              "--describe-producers-limit", str(LIMIT))
 
 
 @pytest.fixture(scope="module")
 def tight(module_quorum):
-    b = start_metered(module_quorum, 2, "--max-connections", "5", "--max-connections-per-ip", "3")
-    yield b
-    b.proc.stop()
+    yield from metered_broker(module_quorum, 2, "--max-connections", "5", "--max-connections-per-ip", "3")
 
 
 @pytest.fixture(autouse=True)
@@ -306,14 +302,7 @@ def describe_producers(b, topics: dict[str, list[int]]):
     body = kafka.request_entity(DESCRIBE_PRODUCERS, 0, topics=tuple(
         entity(DESCRIBE_PRODUCERS, 0, "TopicRequest", name=name, partition_indexes=tuple(parts))
         for name, parts in topics.items()))
-
-    async def go():
-        conn = Connection(b.bootstrap, "limits-test")
-        try:
-            return await conn.call(body, 10.0)
-        finally:
-            conn.close()
-    resp = asyncio.run(go())
+    resp = request_once(b.bootstrap, "limits-test", body)
     return {(t.name, int(p.partition_index)): p for t in resp.topics for p in t.partitions}
 
 

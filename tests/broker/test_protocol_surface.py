@@ -27,7 +27,7 @@ from benchmarks.processes import child_env
 from broker.config import BrokerConfig
 from broker.frontend import BrokerServer
 from quorum.client import api as p
-from tests.broker.conftest import MeteredBroker, start_metered
+from tests.broker.conftest import MeteredBroker, metered_broker, start_metered
 from tests.broker.test_frontend_bad_input import call
 from tests.broker.test_real_clients import consume_all, produce_confluent, produce_kafka_python
 from tests.conftest import wait_for
@@ -45,11 +45,7 @@ FAIL_WITHIN = 10.0  # seconds from the client's first call to the error it repor
 
 @pytest.fixture(scope="module")
 def broker(module_quorum):
-    b = start_metered(module_quorum, 1, "--partitions", "2")
-    try:
-        yield b
-    finally:
-        b.proc.stop()
+    yield from metered_broker(module_quorum, 1, "--partitions", "2")
 
 
 def advertised(b: MeteredBroker) -> dict[int, tuple[int, int]]:

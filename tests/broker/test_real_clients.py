@@ -12,7 +12,6 @@ broker front-end processes sharing a real three-node quorum.
 """
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 
@@ -22,9 +21,9 @@ from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KTopicPartition
 from kio.index import load_request_schema
 
-from quorum.client.quorum import Connection
 from quorum.trail import iter_blocks
 from tests.conftest import wait_for
+from tests.support.kafka_requests import request_once
 
 N = 1000
 PARTITIONS = 3
@@ -58,11 +57,14 @@ def produce_kafka_python(bootstrap: str, topic: str, values) -> None:
         p.close(timeout=10)
 
 
-def consume_all(bootstrap: str, topic: str, partitions: int, expect: int, timeout: float = 30.0):
-    """Every message of the topic: [(partition, offset, int value)], reading until ``expect`` arrived
-    and then one more idle second (so duplicates beyond ``expect`` are seen too)."""
+def consume_all(bootstrap: str, topic: str, partitions: int, expect: int | None, timeout: float = 30.0,
+                committed: bool = False):
+    """Every message of the topic: [(partition, offset, int value)], reading until ``expect`` arrived (None:
+    at once) and then one more idle second (so duplicates beyond ``expect`` are seen too), ``timeout`` at the
+    most; ``committed``: as a read_committed consumer."""
     c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest",
-                      consumer_timeout_ms=1000)
+                      consumer_timeout_ms=1000,
+                      isolation_level="read_committed" if committed else "read_uncommitted")
     try:
         c.assign([KTopicPartition(topic, i) for i in range(partitions)])
         c.seek_to_beginning()
@@ -71,7 +73,7 @@ def consume_all(bootstrap: str, topic: str, partitions: int, expect: int, timeou
         while time.monotonic() < deadline:
             before = len(got)
             got.extend((m.partition, m.offset, int(m.value)) for m in c)  # stops after 1 s idle
-            if len(got) >= expect and len(got) == before:
+            if len(got) == before and (expect is None or len(got) >= expect):
                 break
         return got
     finally:
@@ -83,14 +85,7 @@ def describe_producers(bootstrap: str, topic: str, partitions: int) -> dict[int,
     req_cls = load_request_schema(61, 0)
     topic_cls = __import__(req_cls.__module__, fromlist=["TopicRequest"]).TopicRequest
     body = req_cls(topics=(topic_cls(name=topic, partition_indexes=tuple(range(partitions))),))
-
-    async def go():
-        conn = Connection(bootstrap, "test-describe")
-        try:
-            return await conn.call(body, 10.0)
-        finally:
-            conn.close()
-    resp = asyncio.run(go())
+    resp = request_once(bootstrap, "test-describe", body)
     out = {}
     for t in resp.topics:
         for pt in t.partitions:

@@ -11,13 +11,13 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KTopicPartition
 
+from tests.broker.test_real_clients import consume_all
 from tests.conftest import wait_for
 
 PARTITIONS = 3
@@ -36,24 +36,20 @@ def send(p: Producer, topic: str, values) -> None:
     assert p.flush(30) == 0
 
 
+def transaction(p: Producer, topic: str, values, commit: bool) -> bool:
+    """One transaction sending ``values`` (as ``send``), committed or aborted; returns ``commit``."""
+    p.begin_transaction()
+    send(p, topic, values)
+    if commit:
+        p.commit_transaction(30)
+    else:
+        p.abort_transaction(30)
+    return commit
+
+
 def read(bootstrap: str, topic: str, committed: bool, timeout: float = 20.0, expect: int | None = None):
     """Every message of the topic a consumer with that isolation level sees: [(partition, offset, value)]."""
-    c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest",
-                      consumer_timeout_ms=1000,
-                      isolation_level="read_committed" if committed else "read_uncommitted")
-    try:
-        c.assign([KTopicPartition(topic, i) for i in range(PARTITIONS)])
-        c.seek_to_beginning()
-        got: list[tuple[int, int, int]] = []
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            before = len(got)
-            got.extend((m.partition, m.offset, int(m.value)) for m in c)
-            if len(got) == before and (expect is None or len(got) >= expect):
-                break
-        return got
-    finally:
-        c.close()
+    return consume_all(bootstrap, topic, PARTITIONS, expect, timeout, committed)
 
 
 def end_offsets(bootstrap: str, topic: str, committed: bool) -> dict[int, int]:
@@ -83,14 +79,9 @@ def test_confluent_commit_and_abort(brokers):
     p = txn_producer(b.bootstrap, "cf-tx")
     committed = []
     for i in range(6):
-        p.begin_transaction()
         batch = list(range(i * 10, i * 10 + 10))
-        send(p, "cf", batch)
-        if i % 2 == 0:
-            p.commit_transaction(30)
+        if transaction(p, "cf", batch, commit=i % 2 == 0):
             committed += batch
-        else:
-            p.abort_transaction(30)
     seen = read(b.bootstrap, "cf", committed=True, expect=len(committed))
     assert values(seen) == committed
     assert_in_order(seen)
@@ -323,15 +314,11 @@ def test_a_thousand_transactions_on_two_brokers_sharing_the_quorum_exactly_once(
         p = txn_producer(b.bootstrap, f"two-{b.broker_id}")
         committed, aborted = [], []
         for n in range(per_broker):
-            p.begin_transaction()
             batch = [n * PARTITIONS + i for i in range(PARTITIONS)]
-            send(p, "both", batch)
-            if n % 5 == 4:
-                p.abort_transaction(30)
-                aborted += batch
-            else:
-                p.commit_transaction(30)
+            if transaction(p, "both", batch, commit=n % 5 != 4):  # every 5th aborted
                 committed += batch
+            else:
+                aborted += batch
         outcome[b.broker_id] = (committed, aborted)
 
     threads = [threading.Thread(target=run, args=(b,)) for b in (b1, b2)]

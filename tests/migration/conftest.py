@@ -34,6 +34,7 @@ start fast; ready once it answers ``ruok`` and serves a session.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 import uuid
@@ -43,11 +44,28 @@ from kazoo.client import KazooClient
 
 from benchmarks import zookeeper as zk
 from benchmarks.provision import AptUnavailable
-from quorum.localcluster import free_ports
+from quorum.localcluster import LocalCluster, free_ports
 
 START_TIMEOUT = 60.0
 JVM_OPTIONS = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Dzookeeper.preAllocSize=1024",
                "-Dzookeeper.snapshot.trust.empty=true")
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def three_node_quorum(path):
+    """A three-node LocalCluster under ``path``, for a fixture to ``yield from``: up, then down."""
+    lc = LocalCluster(str(path))
+    lc.up(3)
+    yield lc
+    lc.down(timeout=5)
+
+
+def pidctl(lc: LocalCluster, *args: str) -> subprocess.CompletedProcess:
+    """``pidctl --quorum <lc's addresses> *args`` in a child process, from the checkout."""
+    return subprocess.run([sys.executable, "-m", "cli.main", "--quorum", ",".join(lc.client_addresses()), *args],
+                          capture_output=True, text=True, timeout=60, cwd=REPO)
 
 
 class ZooKeeperUnavailable(Exception):

@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
-import sys
 import threading
 import time
 
@@ -20,27 +18,19 @@ from quorum.managers import BRIDGE, FINALIZED, ROLLED_BACK, QuorumState
 from quorum.trail import iter_blocks
 from records import AllocateProducerIdsRecord, BridgeReservationRecord, MigrationStateRecord
 from tests.conftest import run
+from tests.migration.conftest import pidctl, three_node_quorum
 from records.wire.errors import PidQuorumError
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NOW = 1_700_000_000_000
 
 
 @pytest.fixture
 def quorum(tmp_path):
-    lc = LocalCluster(str(tmp_path / "cluster"))
-    lc.up(3)
-    yield lc
-    lc.down(timeout=5)
+    yield from three_node_quorum(tmp_path / "cluster")
 
 
 def client(lc: LocalCluster, timeout: float = 15.0) -> QuorumClient:
     return QuorumClient(lc.client_addresses(), RetryPolicy(timeout=timeout, attempt_timeout=1.0), client_id="bridge")
-
-
-def pidctl(lc: LocalCluster, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cli.main", "--quorum", ",".join(lc.client_addresses()), *args],
-                          capture_output=True, text=True, timeout=60, cwd=REPO)
 
 
 def seed_znode(zk_client, start: int, end: int, broker: int = 35) -> None:

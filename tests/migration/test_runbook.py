@@ -27,6 +27,7 @@ from quorum.migration.zk import LegacyAllocator, ZkBlock, parse_block, read_bloc
 from quorum.localcluster import LocalCluster
 from quorum.trail import iter_blocks
 from tests.conftest import ClusterHarness, wait_for
+from tests.migration.conftest import three_node_quorum
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RUNBOOK = os.path.join(REPO, "docs", "migration.md")
@@ -201,10 +202,7 @@ def test_invocation_parsing_catches_unknown_commands_and_options():
 # ------------------------------------------------------------------ running it
 @pytest.fixture
 def quorum(tmp_path):
-    lc = LocalCluster(str(tmp_path / "cluster"))
-    lc.up(3)
-    yield lc
-    lc.down(timeout=5)
+    yield from three_node_quorum(tmp_path / "cluster")
 
 
 def _read(work, name: str):

@@ -15,30 +15,19 @@ from quorum.client.quorum import QuorumClient, RetryPolicy
 from quorum.localcluster import LocalCluster
 from quorum.trail import read_audit
 from tests.conftest import run
+from tests.migration.conftest import REPO, pidctl, three_node_quorum
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LONG_MAX = 2**63 - 1
 
 
 @pytest.fixture(scope="module")
 def quorum(tmp_path_factory):
-    lc = LocalCluster(str(tmp_path_factory.mktemp("seed") / "cluster"))
-    lc.up(3)
-    yield lc
-    lc.down(timeout=5)
+    yield from three_node_quorum(tmp_path_factory.mktemp("seed") / "cluster")
 
 
 @pytest.fixture
 def fresh_quorum(tmp_path):
-    lc = LocalCluster(str(tmp_path / "cluster"))
-    lc.up(3)
-    yield lc
-    lc.down(timeout=5)
-
-
-def pidctl(lc: LocalCluster, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cli.main", "--quorum", ",".join(lc.client_addresses()), *args],
-                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    yield from three_node_quorum(tmp_path / "cluster")
 
 
 def export(tmp_path, content) -> str:

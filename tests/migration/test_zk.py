@@ -66,6 +66,15 @@ def assert_contiguous(blocks: list[tuple[int, int]], start: int = 0) -> None:
         expected = s + length
 
 
+def run_threads(threads: list[threading.Thread], errors: list) -> None:
+    """Start ``threads``, wait up to 120 s for each, and fail with what they put in ``errors``."""
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+
+
 # ------------------------------------------------------------------ parsing
 def test_parse_reference_example():
     block = parse_block(REFERENCE, "export.json")
@@ -269,11 +278,7 @@ def test_four_concurrent_allocators_disjoint_and_contiguous(zk_chroot):
 
     threads = [threading.Thread(target=run, args=(a,)) for a in allocators]
     try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        assert not errors, errors
+        run_threads(threads, errors)
         blocks = [b for bs in results.values() for b in bs]
         assert len(blocks) == 200 and all(len(bs) == 50 for bs in results.values())
         assert_contiguous(blocks)
@@ -628,11 +633,7 @@ def test_reserve_block_races_legacy_allocators(zk_chroot):
 
     threads = [threading.Thread(target=legacy_run, args=(a,)) for a in legacy] + [threading.Thread(target=bridge_run)]
     try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        assert not errors, errors
+        run_threads(threads, errors)
         assert len(got) == 90
         assert_contiguous(got)
     finally:

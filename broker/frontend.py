@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import functools
 import inspect
 import logging
 import os
@@ -45,10 +44,10 @@ from typing import Any
 
 from quorum.client.quorum import QuorumClient, RetryPolicy
 from quorum.security import acl as acls
-from quorum.security.limits import ConnectionLimits, TrimAfterClose
 from quorum.security.sasl import SaslAuthenticator, api_versions_table
 from quorum.security.tls import server_context
-from quorum.telemetry.logs import FirstOfEach, Throttled
+from quorum.network import Accepted, KafkaListener
+from quorum.telemetry.logs import Throttled
 from records.wire import kafka
 from records.wire.errors import ClusterAuthorizationFailedError, Errors, PidQuorumError, TransactionalIdAuthorizationFailedError
 
@@ -101,7 +100,7 @@ BINDING_LIFETIME_EXPIRATIONS = 7
 MAX_BINDINGS_UNCAPPED = 2 ** 62  # max_producers_per_partition = none: producer-ID bindings are not capped either
 
 
-class BrokerServer:
+class BrokerServer(KafkaListener):
     def __init__(self, cfg: BrokerConfig):
         self.cfg = cfg
         self.quorum = QuorumClient(list(cfg.quorum), RetryPolicy(timeout=cfg.quorum_timeout_s),
@@ -125,10 +124,7 @@ class BrokerServer:
         self._waiters = AppendWaiters()
         self._produce_requests = 0
         self._connections: dict[asyncio.Task, ReadAhead] = {}
-        self._peer_log = Throttled(log, 10.0)  # what unauthenticated peers cause: at most a line every 10 s
-        self._trim = TrimAfterClose(log)
         self._binding_log = Throttled(log, 10.0)  # Produce refused by a producer-ID binding: at most every 10 s
-        self._frame_log = FirstOfEach(log)  # unknown API keys, unsupported versions: once each
         self.quotas = ProducerIdQuotaManager(cfg.quota_window)
         self.quota_poller = QuotaConfigPoller(self.quotas, self.quorum, cfg.quota_refresh_s,
                                               stats_path=os.path.join(cfg.data_dir, STATS_FILE))
@@ -143,13 +139,13 @@ class BrokerServer:
                          "fetch_wakeups": 0, "describe_producers_truncated": 0, "evicted_producers_refused": 0,
                          "unsupported_versions": 0, "groups_refused": 0, "producer_id_refused": 0,
                          "authentication_timeouts": 0, "tls_handshake_failures": 0}
-        self.limits = ConnectionLimits(cfg.max_connections, cfg.max_connections_per_ip, self.counters, log)
         # With SASL on: the largest frame a connection may send before it has authenticated.
         self.unauthenticated_frame_bytes = min(cfg.max_unauthenticated_frame_bytes, cfg.max_frame_bytes)
         self.port: int | None = None
         self.quota_provider: Any = self.quotas  # stats() -> {principal: {rate, tokens, throttle_time_ms, ...}}
         self.api = kafka.ApiTable(SUPPORTED, NAMES, lambda key, version, code, message, throttle_ms:
                                   self._error_body(key, version, code), trailing_ok=True)
+        self.listen(log)
         self._setup_security()
 
     def _setup_security(self) -> None:
@@ -201,9 +197,7 @@ class BrokerServer:
             self.bindings.open()
             self.bindings.start()
         host, port = self.cfg.listen.rsplit(":", 1)
-        # TLS is started in serve_connection (start_tls), so the connection limits and the deadlines count from
-        # the accept, not from the end of a handshake a peer can drag out.
-        self._server = await asyncio.start_server(functools.partial(serve_connection, self), host, int(port))
+        self._server = await asyncio.start_server(self.accept, host, int(port))
         self.port = self._server.sockets[0].getsockname()[1]
         self.cfg.with_bound_port(self.port)
         adv_host, adv_port = self.cfg.advertised_address
@@ -261,6 +255,9 @@ class BrokerServer:
                 await self.bindings.maintain()  # on the loop (the table is the loop's), in chunks
 
     # ------------------------------------------------------------ connections (broker/network.py)
+    async def serve(self, conn: Accepted) -> None:
+        await serve_connection(self, conn)
+
     def _count_read_pause(self) -> None:
         self.counters["read_pauses"] += 1
 

@@ -28,7 +28,8 @@ from collections import deque
 from typing import TYPE_CHECKING, Any, Callable
 
 from quorum.security import acl as acls
-from quorum.security.limits import BeforeAuthentication, read_gated_frame
+from quorum.network import Accepted
+from quorum.security.limits import read_gated_frame
 from quorum.security.sasl import linger_close
 from quorum.telemetry.logs import end_request_context, request_context
 from records.wire import kafka
@@ -132,31 +133,18 @@ class AppendWaiters:
 
 
 # ------------------------------------------------------------ connections
-# What a peer may cost the listener before it authenticates, as on the quorum's client port
-# (quorum.server, quorum.security.limits): max_connections / max_connections_per_ip counted from the accept
-# (before TLS); TLS started on the accepted socket with tls_handshake_timeout_ms; with SASL on,
-# authentication_timeout_ms from the accept to the end of the SASL exchange, and frames of at most
-# max_unauthenticated_frame_bytes until then (read one at a time: the next size is checked against
-# what the exchange is after the frame before).
-async def serve_connection(server: BrokerServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    peer = writer.get_extra_info("peername")
+async def serve_connection(server: BrokerServer, conn: Accepted) -> None:
+    """The broker's side of a connection ``quorum.network.KafkaListener`` accepted: frames read ahead,
+    handled one at a time in order, the SASL exchange first when SASL is on."""
+    reader, writer, peer, session, gate = conn.reader, conn.writer, conn.peer, conn.session, conn.gate
     task = asyncio.current_task()
-    if task is None or not server.limits.admit(peer):
-        writer.transport.abort()  # nothing is read or answered: the client sees a reset
-        return
-    loop = asyncio.get_running_loop()
+    assert task is not None
     frames = ReadAhead(server.cfg.max_connection_buffer_bytes, server._count_read_pause)
     server._connections[task] = frames
-    session = server.sasl.session(peer) if server.sasl is not None else None
-    gate = BeforeAuthentication(writer, session, peer, server.cfg.authentication_timeout_ms, server.counters,
-                                server._peer_log)
     handled = asyncio.Event()  # before authentication: the handler is done with the frame it was given
-    read_task: asyncio.Task | None = None
+    read_task = asyncio.get_running_loop().create_task(
+        read_frames(server, reader, frames, peer, session, lambda: gate.expired, handled))
     try:
-        if server.ssl is not None and not await gate.start_tls(server.ssl, server.cfg.tls_handshake_timeout_ms):
-            return
-        read_task = loop.create_task(read_frames(server, reader, frames, peer, session, lambda: gate.expired,
-                                                 handled))
         while True:
             handled.set()
             item = await frames.get()
@@ -175,35 +163,19 @@ async def serve_connection(server: BrokerServer, reader: asyncio.StreamReader, w
                     break
                 if verdict.kind == "reply":
                     continue
-            data = await answer_frame(server, item, peer, session.principal if session is not None else None)
+            data = await answer_frame(server, item, peer, conn.principal)
             if data is not None:
                 writer.write(data)
                 await writer.drain()
     except kafka.FrameError:
-        pass  # counted and logged by answer_frame
+        pass  # counted and logged by KafkaListener.parse
     except _DropConnection:
         server.counters["dropped_by_fault_injection"] += 1
         log.info("client %s: fault injection: dropping the connection before answering", peer)
-    except (ConnectionError, OSError) as e:
-        if not gate.expired:
-            log.info("client %s: %s", peer, e)
-    except asyncio.CancelledError:
-        pass
     finally:
-        gate.cancel()
-        if read_task is not None:
-            read_task.cancel()
-        writer.close()
-        # The reader keeps the exception that ended the stream (a reset), and the exception keeps the
-        # frames it was raised through, which keep the reader: a cycle only the garbage collector would
-        # free, with the connection's buffers in it.  Cut, they are freed now.
-        error = reader.exception()
-        if error is not None:
-            error.__traceback__ = None
+        read_task.cancel()
         server._muted_until.pop(peer, None)
         server._connections.pop(task, None)
-        server.limits.release(peer)
-        server._trim.soon()  # a second later the heap's free pages go back to the system (glibc)
 
 
 async def read_frames(server: BrokerServer, reader: asyncio.StreamReader, frames: ReadAhead, peer: Any,
@@ -238,22 +210,9 @@ async def answer_frame(server: BrokerServer, frame: bytes, peer: Any, principal:
         # The last response told the client to back off; as Kafka does (KIP-219), the
         # connection's next request waits too, so a client that ignores it gains nothing.
         await asyncio.sleep(muted_until - time.monotonic())
-    try:
-        req = server.api.parse(frame)
-    except kafka.FrameError as e:
-        server.counters[e.counter] += 1
-        if e.kind is None:
-            log.warning("client %s: %s; closing", peer, e)
-        else:
-            server._frame_log(e.kind, logging.WARNING, "client %s: %s; closing the connection", peer, e)
-        raise
-    except kafka.BadRequest as e:
-        server.counters["bad_requests"] += 1
-        if e.kind is None:
-            log.warning("client %s: %s (answered %s)", peer, e.message, e.code.name)
-        else:  # a newer ApiVersions: how every negotiating client starts (KIP-511), so once per version
-            server._frame_log(e.kind, logging.INFO, "client %s: %s (answered %s)", peer, e.message, e.code.name)
-        return server.api.error_response(e)
+    req = server.parse(frame, peer)  # raises kafka.FrameError: the connection closes
+    if isinstance(req, bytes):  # the error answer to a bad body
+        return req
     server.counters["requests"] += 1
     if principal is not None:
         req.principal = principal

@@ -53,10 +53,10 @@ from quorum.client.retry import FORWARD_POLICY
 from quorum.security import acl as acls
 from quorum.security.client import ClientSecurity
 from quorum.security.credentials import NODE_USER, node_credential, node_password
-from quorum.security.limits import BeforeAuthentication, ByteBudget, ConnectionLimits, TrimAfterClose, read_gated_frame
+from quorum.security.limits import ByteBudget, read_gated_frame
 from quorum.security.sasl import SaslAuthenticator, api_versions_table, linger_close
 from quorum.security.tls import server_context
-from quorum.telemetry.logs import FirstOfEach, Throttled, request_context
+from quorum.telemetry.logs import request_context
 from records.wire import kafka
 from records.wire.errors import (
     ClusterAuthorizationFailedError,
@@ -69,6 +69,7 @@ from records.wire.errors import (
     for_code,
 )
 
+from .network import Accepted, KafkaListener
 from .rpcs import RPCS, SERVER_API, Rpc, envelope_peer, forward_envelope
 from .proposer import Proposer
 from .service import Service
@@ -181,7 +182,7 @@ class EarlyAnswer:
         self.answer(value)
 
 
-class QuorumServer:
+class QuorumServer(KafkaListener):
     def __init__(self, service: Service):
         self.service = service
         self.cfg = service.cfg
@@ -193,10 +194,8 @@ class QuorumServer:
         self.counters = {"requests": 0, "forwarded": 0, "bad_frames": 0, "bad_requests": 0,
                          "unsupported_versions": 0, "connections_refused": 0, "connections_refused_per_ip": 0,
                          "authentication_timeouts": 0, "tls_handshake_failures": 0, "read_pauses": 0}
-        self.limits = ConnectionLimits(self.cfg.max_connections, self.cfg.max_connections_per_ip, self.counters, log)
-        self._peer_log = Throttled(log, 10.0)  # what unauthenticated peers cause: at most a line every 10 s
-        self._trim = TrimAfterClose(log)  # else 100 connections that each parked 1 MiB leave the node at its peak RSS
-        self._frame_log = FirstOfEach(log)  # unknown API keys, unsupported versions: once each
+        self.api = SERVER_API
+        self.listen(log)
         # Per RPC, the latency of the requests this node answered OK (AllocateProducerIds': the allocation
         # latency metric)
         self.latency: collections.defaultdict[str, Histogram] = collections.defaultdict(
@@ -237,7 +236,7 @@ class QuorumServer:
         host, port = (self.cfg.client_bind or self.cfg.client_address).rsplit(":", 1)
         # TLS is started in _connection (start_tls), so the connection limits and the authentication
         # deadline count from the accept, not from the end of a handshake a peer can drag out.
-        self._server = await asyncio.start_server(self._connection, host, int(port))
+        self._server = await asyncio.start_server(self.accept, host, int(port))
         self._tasks.append(asyncio.get_running_loop().create_task(self.proposer.run()))
         log.info("client port listening on %s:%s", host, port)
 
@@ -253,46 +252,25 @@ class QuorumServer:
             self.service.zookeeper.reset()
 
     # ------------------------------------------------------------ connections
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peer = writer.get_extra_info("peername")
-        if not self.limits.admit(peer):
-            writer.transport.abort()  # nothing is read or answered: the client sees a reset
-            return
-        session = self.sasl.session(peer) if self.sasl is not None else None
-        gate = BeforeAuthentication(writer, session, peer, self.cfg.authentication_timeout_ms, self.counters,
-                                    self._peer_log)
-        responses = InOrder(writer)
-        refused = False
+    async def serve(self, conn: Accepted) -> None:
+        responses = InOrder(conn.writer)
+        refused = cancelled = False
         try:
-            if self.ssl is not None and not await gate.start_tls(self.ssl, self.cfg.tls_handshake_timeout_ms):
-                return
-            await self._serve(reader, responses, session, peer, lambda: gate.expired)
-        except (ConnectionError, OSError) as e:
-            if not gate.expired:
-                log.info("client %s: %s", peer, e)
+            await self._serve(conn.reader, responses, conn.session, conn.peer, lambda: conn.gate.expired)
         except _Refused:
             refused = True
         except asyncio.CancelledError:
-            responses.cancel()  # the node is shutting down: end quietly (not a logged task failure)
+            cancelled = True
+            responses.cancel()  # the node is shutting down
+            raise
         finally:
-            gate.cancel()
-            try:
-                if not gate.expired:
+            if not cancelled and not conn.gate.expired:
+                try:
                     await responses.finish()
                     if refused:
-                        await linger_close(reader, writer)
-            except (ConnectionError, OSError, asyncio.CancelledError):
-                pass
-            writer.close()
-            # The reader keeps the exception that ended the stream (a reset), and the exception keeps the
-            # frames it was raised through, which keep the reader: a cycle only the garbage collector would
-            # free, with the connection's buffers in it.  Cut, they are freed now.
-            error = reader.exception()
-            if error is not None:
-                error.__traceback__ = None
-            self.limits.release(peer)
-            self._trim.soon()  # a second later the heap's free pages go back to the system (glibc)
-
+                        await linger_close(conn.reader, conn.writer)
+                except (ConnectionError, OSError, asyncio.CancelledError):
+                    pass
 
     async def _serve(self, reader: asyncio.StreamReader, responses: InOrder, session: Any, peer: Any,
                      expired: Callable[[], bool]) -> None:
@@ -319,22 +297,11 @@ class QuorumServer:
                     if verdict.kind == "reply":
                         continue
                 try:
-                    req = SERVER_API.parse(frame)
-                except kafka.FrameError as e:
-                    self.counters[e.counter] += 1
-                    if e.kind is None:
-                        log.warning("client %s: %s; closing", peer, e)
-                    else:
-                        self._frame_log(e.kind, logging.WARNING, "client %s: %s; closing the connection", peer, e)
+                    req = self.parse(frame, peer)
+                except kafka.FrameError:
                     return
-                except kafka.BadRequest as e:
-                    self.counters["bad_requests"] += 1
-                    if e.kind is None:
-                        log.warning("client %s: %s (answered %s)", peer, e.message, e.code.name)
-                    else:  # a newer ApiVersions: how every negotiating client starts (KIP-511), so once per version
-                        self._frame_log(e.kind, logging.INFO, "client %s: %s (answered %s)", peer, e.message,
-                                        e.code.name)
-                    responses.put(SERVER_API.error_response(e))
+                if isinstance(req, bytes):  # the error answer to a bad body
+                    responses.put(req)
                     continue
                 del frame  # the request holds what it needs; the budget counts the frame until the answer
                 if session is not None:

@@ -16,7 +16,7 @@ def test_the_layering_contract_is_kept():
     assert "4 kept, 0 broken" in r.stdout, r.stdout
 
 
-SHARED = {"client", "security", "telemetry", "settings", "failpoints"}
+SHARED = {"client", "network", "security", "telemetry", "settings", "failpoints"}
 
 
 def test_every_module_of_the_quorum_is_shared_or_named_as_its_server():

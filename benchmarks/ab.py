@@ -7,7 +7,6 @@ pairs' ratios (why pairs: docs/benchmarks.md).
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import os
@@ -18,7 +17,7 @@ import time
 from quorum.client.quorum import QuorumClient, RetryPolicy
 
 from .common import percentile, temp_cluster
-from .harness import environment_info, log, utc_now
+from .harness import environment_info, log, parser, quick_defaults, utc_now
 from .processes import cpu_seconds
 from .report import table, write_report
 
@@ -115,7 +114,7 @@ def render(res: dict) -> str:
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m benchmarks.ab") -> int:
-    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    ap = parser(prog, __doc__, raw=False)
     ap.add_argument("base", help="source tree of the version to compare against")
     ap.add_argument("change", help="source tree of the changed version")
     ap.add_argument("--pairs", type=int, default=None, help="pairs of runs (default 10; 3 with --quick)")
@@ -126,8 +125,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m benchmarks.ab") -
     ap.add_argument("--warmup", type=int, default=WARMUP, help="allocations per client before each measured run")
     ap.add_argument("--keep", action="store_true", help="keep the clusters' directories")
     a = ap.parse_args(argv)
-    a.pairs = a.pairs if a.pairs is not None else (3 if a.quick else 10)
-    a.seconds = a.seconds if a.seconds is not None else (2.0 if a.quick else 5.0)
+    quick_defaults(a, {"pairs": (10, 3), "seconds": (5.0, 2.0)})
     if a.pairs < 1 or a.seconds <= 0 or a.clients < 1 or a.warmup < 0:
         ap.error("--pairs and --clients must be at least 1, --seconds positive, --warmup not negative")
     try:

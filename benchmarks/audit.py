@@ -7,7 +7,6 @@ found the same overlaps, gaps and wasted IDs.  The steps: docs/benchmarks.md.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -24,7 +23,7 @@ from chaos.audit.job import run_audit
 from chaos.audit.spark import JRE_PACKAGE, SparkSetupError, find_java_home, spark_session
 from records.schema import ALLOCATE_PRODUCER_IDS
 
-from .harness import environment_info, log, utc_now
+from .harness import environment_info, log, parser, quick_defaults, utc_now, write_json
 from .provision import ensure_installed
 from .report import table
 
@@ -193,8 +192,7 @@ def print_results(res: dict) -> None:
 
 
 def main(argv=None, prog: str | None = None) -> int:
-    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(prog, __doc__)
     ap.add_argument("--quick", action="store_true", help="1,000,000 blocks")
     ap.add_argument("--blocks", type=int, help="blocks to generate (default 10,000,000)")
     ap.add_argument("--parts", type=int, default=8, help="Parquet files")
@@ -205,12 +203,9 @@ def main(argv=None, prog: str | None = None) -> int:
     ap.add_argument("--json", default="bench-results/audit.json", help="where to write the results")
     ap.add_argument("--keep", metavar="DIR", help="generate into DIR and keep it")
     a = ap.parse_args(argv)
-    if a.blocks is None:
-        a.blocks = 1_000_000 if a.quick else 10_000_000
+    quick_defaults(a, {"blocks": (10_000_000, 1_000_000)})
     res = run(a)
-    os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-    with open(a.json, "w") as f:
-        json.dump(res, f, indent=2, default=str)
+    write_json(res, a.json)
     print_results(res)
     print(f"results: {a.json}")
     return 0 if res["agree"] and res["found_injected"] else 1

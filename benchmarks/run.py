@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 from . import floor
 from .common import median, percentile
-from .harness import environment_info, loadavg, log, utc_now
+from .harness import environment_info, loadavg, log, utc_now, write_json
 from .processes import child_env, cpu_seconds
 from .quorum_cluster import Bench as QBench
 from .quorum_history import history_row
@@ -454,8 +454,7 @@ def run_bench(opts: BenchOptions, say=log) -> dict:
     res["finished_at"] = utc_now()
     res["environment"]["loadavg_end"] = loadavg()
     path = os.path.join(opts.out_dir, "bench.json")
-    with open(path, "w") as f:
-        json.dump(res, f, indent=2, default=str)
+    write_json(res, path)
     res["json_path"] = path
     try:
         res["png_path"] = draw_chart(res, os.path.join(opts.out_dir, "bench.png"))

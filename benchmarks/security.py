@@ -17,7 +17,6 @@ Run: pidctl bench security [--quick] [--json bench-results/security.json]
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import multiprocessing
@@ -38,7 +37,7 @@ from quorum.security.client import ClientSecurity
 from quorum.security.mechanisms import PlainServer, ScramClient, ScramServer
 
 from .common import percentile
-from .harness import environment_info, log, utc_now
+from .harness import environment_info, log, parser, utc_now, write_json
 from .pki import make_pki
 
 
@@ -280,7 +279,7 @@ async def _leader(c: QuorumClient) -> str:
 
 
 def main(argv=None, prog: str | None = None) -> int:
-    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    ap = parser(prog, __doc__, raw=False)
     ap.add_argument("--quick", action="store_true", help="fewer samples")
     ap.add_argument("--json", default="bench-results/security.json")
     ap.add_argument("--iterations", type=int, default=credentials.DEFAULT_ITERATIONS)
@@ -301,9 +300,7 @@ def main(argv=None, prog: str | None = None) -> int:
             log(f"phase {name}")
             res["phases"][name] = fns[name](args, tmp)
             print(f"{name}: {json.dumps(res['phases'][name])}")
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump(res, f, indent=2)
+    write_json(res, args.json)
     log(f"wrote {args.json}")
     return 0
 

@@ -7,7 +7,6 @@ docs/benchmarks.md).
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import atexit
 import glob
@@ -24,7 +23,7 @@ from quorum.localcluster import LocalCluster
 from snapshots.storage import disk
 
 from .common import HOST, percentile
-from .harness import log
+from .harness import log, parser, quick_defaults
 from .report import table, write_report
 
 LEADER_STAGES = ("parsed", "batch", "proposed", "appended", "sent", "acked", "committed", "applied", "answered")
@@ -142,7 +141,6 @@ def analyse(directory: str) -> dict:
 
 # --------------------------------------------------------------------------- the run
 async def _allocate(addresses: list[str], seconds: float, warmup: int) -> dict:
-
     client = QuorumClient(addresses, RetryPolicy(timeout=10, attempt_timeout=5), prefer_leader=True)
     try:
         epoch = await client.register_broker(1)
@@ -162,7 +160,6 @@ async def _allocate(addresses: list[str], seconds: float, warmup: int) -> dict:
 
 
 def run(seconds: float, directory: str, warmup: int = 200) -> dict:
-
     lc = LocalCluster(os.path.join(directory, "cluster"))
     lc.up(3, host=HOST, node_command=NODE_COMMAND, allocate_rate_per_broker=0)
     try:
@@ -191,7 +188,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m benchmarks.stages
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["node"]:
         return node_main(argv[1:])
-    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    ap = parser(prog, __doc__, raw=False)
     ap.add_argument("--seconds", type=float, default=None, help="measured seconds (default 8; 2 with --quick)")
     ap.add_argument("--warmup", type=int, default=None,
                     help="allocations before the measured ones (default 200; 50 with --quick)")
@@ -199,8 +196,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m benchmarks.stages
     ap.add_argument("--json", default=os.path.join("bench-results", "stages.json"))
     ap.add_argument("--keep", action="store_true", help="keep the cluster's directory (and the event files)")
     a = ap.parse_args(argv)
-    a.seconds = a.seconds if a.seconds is not None else (2.0 if a.quick else 8.0)
-    a.warmup = a.warmup if a.warmup is not None else (50 if a.quick else 200)
+    quick_defaults(a, {"seconds": (8.0, 2.0), "warmup": (200, 50)})
     if a.seconds <= 0 or a.warmup < 0:
         ap.error("--seconds must be positive and --warmup not negative")
     directory = tempfile.mkdtemp(prefix="pidquorum-stages-")

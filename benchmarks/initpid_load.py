@@ -17,20 +17,10 @@ from .common import paced
 from .report import code_name, summarize_ms
 
 TICK_S = 0.01
-
-
 INIT_PRODUCER_ID = 22
-
-
 TXN_TIMEOUT = datetime.timedelta(milliseconds=60_000)
-
-
 IDEM_CLIENT_TIMEOUT_S = 10.0
-
-
 TX_CLIENT_TIMEOUT_S = 30.0
-
-
 STALL_MS = 50.0        # a pacer tick this late counts as a stall of the load generator
 
 

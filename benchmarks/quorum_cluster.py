@@ -19,24 +19,15 @@ from snapshots.format import read_snapshot
 from .common import describe_all, find_leader, median, percentile, temp_cluster
 
 NO_FSYNC = {"node_command": [*FAULT_NODE_COMMAND, "--no-fsync"]}  # benchmark-only: what durability costs
-
-
 CLUSTER_OPTIONS = {"allocate_rate_per_broker": 0}  # rate limit off in every phase
-
-
 THROUGHPUT_POLICY = RetryPolicy(timeout=10.0, attempt_timeout=3.0)
-
-
 FAILOVER_POLICY = RetryPolicy(timeout=30.0, attempt_timeout=1.0)
-
-
 RESTART_POLICY = RetryPolicy(timeout=120.0, attempt_timeout=2.0)
-
-
 DESCRIBE_POLICY = RetryPolicy(timeout=2.0, attempt_timeout=1.0)
 
 
 def summarize_ms(seconds: list[float]) -> dict:
+    """n, min, p50 (the median), p90, p99, max, mean in ms of values in seconds."""
     s = sorted(x * 1000.0 for x in seconds)
     if not s:
         return {"n": 0, "min_ms": None, "p50_ms": None, "p90_ms": None, "p99_ms": None, "max_ms": None,

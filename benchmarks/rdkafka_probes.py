@@ -20,11 +20,7 @@ from .harness import log
 from .report import summarize_ms
 
 LOG_LAG_BOUND_MS = 2.0
-
-
 RTT_RE = re.compile(r"Received InitProducerIdResponse \(v(\d+),.*rtt ([0-9.]+)ms")
-
-
 ACQUIRED_RE = re.compile(r"Acquired PID\{Id:(-?\d+),Epoch:(-?\d+)\}")
 
 

@@ -18,38 +18,23 @@ from kafka import errors as kerrors
 
 from benchmarks.processes import BrokerProcess, BrokerStartError
 from quorum.client import api as p
-from quorum.security.acl import (
-    ALLOW,
-    CLUSTER,
-    CLUSTER_ACTION,
-    CLUSTER_NAME,
-    IDEMPOTENT_WRITE,
-    LITERAL,
-    PREFIXED,
-    TOPIC,
-    TRANSACTIONAL_ID,
-    WRITE,
-    Acl,
-)
+from quorum.security.acl import IDEMPOTENT_WRITE, PREFIXED, TOPIC, TRANSACTIONAL_ID, WRITE
 from tests.conftest import wait_for
-from tests.security.conftest import PASSWORDS, read_partition
+from tests.security.conftest import BROKER_ACL, PASSWORDS, allow, read_partition
 from records.wire import kafka
 
-ACLS = [Acl("User:broker", CLUSTER, CLUSTER_NAME, LITERAL, CLUSTER_ACTION, ALLOW),
-        Acl("User:alice", CLUSTER, CLUSTER_NAME, LITERAL, IDEMPOTENT_WRITE, ALLOW),
-        Acl("User:alice", TRANSACTIONAL_ID, "alice-", PREFIXED, WRITE, ALLOW),
-        Acl("User:alice", TOPIC, "secured", PREFIXED, WRITE, ALLOW)]
+ACLS = [BROKER_ACL,
+        allow("alice", IDEMPOTENT_WRITE),
+        allow("alice", WRITE, TRANSACTIONAL_ID, "alice-", PREFIXED),
+        allow("alice", WRITE, TOPIC, "secured", PREFIXED)]
 
 
 @pytest.fixture(scope="module")
 def secure_brokers(secure_quorum, tmp_path_factory):
     sq = secure_quorum
-
     sq.grant(ACLS)
     base = str(tmp_path_factory.mktemp("brokers"))
-    common = ["--sasl-credentials-file", sq.users_file, "--acl-refresh-ms", "100",
-              "--quorum-security-protocol", "SASL_SSL", "--quorum-sasl-username", "broker",
-              "--quorum-sasl-password-file", sq.password_file("broker"), "--quorum-tls-cafile", sq.pki.cafile]
+    common = sq.broker_flags()
     tls = BrokerProcess(base, 1, sq.addresses, *common, "--tls-certfile", sq.pki.certfile,
                         "--tls-keyfile", sq.pki.keyfile)
     plain = BrokerProcess(base, 2, sq.addresses, *common)

@@ -7,55 +7,36 @@ admin: IDEMPOTENT_WRITE and WRITE on the topics "written" and "hidden" (to produ
 imply DESCRIBE); bob: WRITE on the topic "written", added with ``pidctl acl add --topic`` while the broker runs."""
 from __future__ import annotations
 
-import asyncio
 import datetime
 import json
 
 import pytest
 
 from benchmarks.processes import BrokerProcess
-from quorum.client.quorum import Connection
-from quorum.security.acl import (
-    ALLOW,
-    CLUSTER,
-    CLUSTER_ACTION,
-    CLUSTER_NAME,
-    DESCRIBE,
-    IDEMPOTENT_WRITE,
-    LITERAL,
-    PREFIXED,
-    TOPIC,
-    WRITE,
-    Acl,
-)
-from quorum.security.client import ClientSecurity
-from tests.broker.test_frontend_bad_input import batch, entity
+from quorum.security.acl import ALLOW, DESCRIBE, IDEMPOTENT_WRITE, LITERAL, PREFIXED, TOPIC, WRITE
 from tests.conftest import wait_for
-from tests.security.conftest import PASSWORDS
+from tests.security.conftest import BROKER_ACL, PASSWORDS, allow, call, init_producer_id
 from tests.security.test_quorum_auth import pidctl
+from tests.support.kafka_requests import batch, entity
 from records.wire import kafka
 from records.wire.errors import Errors
 
-PRODUCE, INIT_PRODUCER_ID, DESCRIBE_PRODUCERS = 0, 22, 61
-ACLS = [Acl("User:broker", CLUSTER, CLUSTER_NAME, LITERAL, CLUSTER_ACTION, ALLOW),
-        Acl("User:alice", CLUSTER, CLUSTER_NAME, LITERAL, IDEMPOTENT_WRITE, ALLOW),
-        Acl("User:alice", TOPIC, "seen-", PREFIXED, DESCRIBE, ALLOW),
+PRODUCE, DESCRIBE_PRODUCERS = 0, 61
+ACLS = [BROKER_ACL,
+        allow("alice", IDEMPOTENT_WRITE),
+        allow("alice", DESCRIBE, TOPIC, "seen-", PREFIXED),
         # Produce needs WRITE on the topic (as in Kafka)
-        Acl("User:alice", TOPIC, "seen-", PREFIXED, WRITE, ALLOW),
-        Acl("User:admin", CLUSTER, CLUSTER_NAME, LITERAL, IDEMPOTENT_WRITE, ALLOW),
-        Acl("User:admin", TOPIC, "written", LITERAL, WRITE, ALLOW),
-        Acl("User:admin", TOPIC, "hidden", LITERAL, WRITE, ALLOW)]
+        allow("alice", WRITE, TOPIC, "seen-", PREFIXED),
+        allow("admin", IDEMPOTENT_WRITE),
+        allow("admin", WRITE, TOPIC, "written"),
+        allow("admin", WRITE, TOPIC, "hidden")]
 
 
 @pytest.fixture(scope="module")
 def secure_broker(secure_quorum, tmp_path_factory):
     sq = secure_quorum
-
     sq.grant(ACLS)
-    b = BrokerProcess(str(tmp_path_factory.mktemp("brokers")), 7, sq.addresses,
-                      "--sasl-credentials-file", sq.users_file, "--acl-refresh-ms", "100",
-                      "--quorum-security-protocol", "SASL_SSL", "--quorum-sasl-username", "broker",
-                      "--quorum-tls-cafile", sq.pki.cafile,
+    b = BrokerProcess(str(tmp_path_factory.mktemp("brokers")), 7, sq.addresses, *sq.broker_flags(password_file=False),
                       env={"PIDQUORUM_BROKER_SASL_PASSWORD": PASSWORDS["broker"]})  # never a flag's value
     b.start()
     try:
@@ -64,22 +45,8 @@ def secure_broker(secure_quorum, tmp_path_factory):
         b.stop()
 
 
-def call(b: BrokerProcess, user: str, body):
-    async def go():
-        conn = Connection(b.bootstrap, f"test-{user}", ClientSecurity("SASL_PLAINTEXT", "PLAIN", user, PASSWORDS[user]))
-        try:
-            return await conn.call(body, 10.0)
-        finally:
-            conn.close()
-    return asyncio.run(go())
-
-
 def produce_as(b: BrokerProcess, user: str, topic: str) -> int:
-    init = call(b, user, kafka.request_entity(INIT_PRODUCER_ID, 4, transactional_id=None,
-                                              transaction_timeout=datetime.timedelta(seconds=60),
-                                              producer_id=-1, producer_epoch=-1))
-    assert int(init.error_code) == 0, init
-    pid = int(init.producer_id)
+    pid = init_producer_id(b, user)
     pd = entity(PRODUCE, 9, "PartitionProduceData", index=0, records=batch(pid, 0, seq=0))
     td = entity(PRODUCE, 9, "TopicProduceData", name=topic, partition_data=(pd,))
     resp = call(b, user, kafka.request_entity(PRODUCE, 9, transactional_id=None, acks=-1,

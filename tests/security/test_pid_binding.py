@@ -8,7 +8,6 @@ needs, as in Kafka), so what refuses bob is the binding, not a missing topic ACL
 an authorization error and writes nothing; alice's records are all there, once."""
 from __future__ import annotations
 
-import asyncio
 import datetime
 import json
 import threading
@@ -18,44 +17,27 @@ from confluent_kafka import KafkaError, Producer
 
 from benchmarks.processes import BrokerProcess
 from broker.recordbatch import encode_batch
-from quorum.client.quorum import Connection
-from quorum.security.acl import (
-    ALLOW,
-    CLUSTER,
-    CLUSTER_ACTION,
-    CLUSTER_NAME,
-    IDEMPOTENT_WRITE,
-    LITERAL,
-    PREFIXED,
-    TOPIC,
-    TRANSACTIONAL_ID,
-    WRITE,
-    Acl,
-)
-from quorum.security.client import ClientSecurity
-from tests.broker.test_frontend_bad_input import entity
+from quorum.security.acl import IDEMPOTENT_WRITE, PREFIXED, TOPIC, TRANSACTIONAL_ID, WRITE
 from tests.conftest import wait_for
-from tests.security.conftest import PASSWORDS, read_partition
+from tests.security.conftest import BROKER_ACL, PASSWORDS, allow, call, init_producer_id, read_partition
+from tests.support.kafka_requests import entity
 from records.wire import kafka
 from records.wire.errors import Errors
 
-PRODUCE, INIT_PRODUCER_ID = 0, 22
-ACLS = [Acl("User:broker", CLUSTER, CLUSTER_NAME, LITERAL, CLUSTER_ACTION, ALLOW),
-        Acl("User:alice", CLUSTER, CLUSTER_NAME, LITERAL, IDEMPOTENT_WRITE, ALLOW),
-        Acl("User:alice", TRANSACTIONAL_ID, "pb-alice-", PREFIXED, WRITE, ALLOW),
-        Acl("User:bob", CLUSTER, CLUSTER_NAME, LITERAL, IDEMPOTENT_WRITE, ALLOW),
-        Acl("User:bob", TRANSACTIONAL_ID, "pb-bob-", PREFIXED, WRITE, ALLOW),
+PRODUCE = 0
+ACLS = [BROKER_ACL,
+        allow("alice", IDEMPOTENT_WRITE),
+        allow("alice", WRITE, TRANSACTIONAL_ID, "pb-alice-", PREFIXED),
+        allow("bob", IDEMPOTENT_WRITE),
+        allow("bob", WRITE, TRANSACTIONAL_ID, "pb-bob-", PREFIXED),
         # Produce needs WRITE on the topic; the attacker has it too, so the binding is what refuses him
-        Acl("User:alice", TOPIC, "pb-", PREFIXED, WRITE, ALLOW),
-        Acl("User:bob", TOPIC, "pb-", PREFIXED, WRITE, ALLOW)]
+        allow("alice", WRITE, TOPIC, "pb-", PREFIXED),
+        allow("bob", WRITE, TOPIC, "pb-", PREFIXED)]
 AUTHZ = (Errors.CLUSTER_AUTHORIZATION_FAILED, Errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
 
 
 def start_broker(sq, base: str, broker_id: int, *extra: str) -> BrokerProcess:
-    return BrokerProcess(base, broker_id, sq.addresses, "--partitions", "1", "--sasl-credentials-file", sq.users_file,
-                         "--acl-refresh-ms", "100", "--quorum-security-protocol", "SASL_SSL",
-                         "--quorum-sasl-username", "broker", "--quorum-sasl-password-file",
-                         sq.password_file("broker"), "--quorum-tls-cafile", sq.pki.cafile, *extra).start()
+    return BrokerProcess(base, broker_id, sq.addresses, "--partitions", "1", *sq.broker_flags(), *extra).start()
 
 
 @pytest.fixture(scope="module")
@@ -74,24 +56,6 @@ def broker(granted, tmp_path):
 
 
 # ------------------------------------------------------------------ clients
-def call(b: BrokerProcess, user: str, body):
-    async def go():
-        conn = Connection(b.bootstrap, f"test-{user}", ClientSecurity("SASL_PLAINTEXT", "PLAIN", user, PASSWORDS[user]))
-        try:
-            return await conn.call(body, 10.0)
-        finally:
-            conn.close()
-    return asyncio.run(go())
-
-
-def raw_init(b: BrokerProcess, user: str) -> int:
-    r = call(b, user, kafka.request_entity(INIT_PRODUCER_ID, 4, transactional_id=None,
-                                           transaction_timeout=datetime.timedelta(seconds=60),
-                                           producer_id=-1, producer_epoch=-1))
-    assert int(r.error_code) == 0, r
-    return int(r.producer_id)
-
-
 def raw_produce(b: BrokerProcess, user: str, topic: str, pid: int, epoch: int, seq: int, value: bytes = b"attack",
                 tid: str | None = None, transactional: bool = False) -> tuple[Errors, int, str | None]:
     records = encode_batch([(None, value)], producer_id=pid, producer_epoch=epoch, base_sequence=seq,
@@ -176,7 +140,7 @@ def test_a_transactional_producers_id_and_transactional_id_are_alices_alone(brok
     alice = Alice(broker, **{"transactional.id": "pb-alice-tx"})
     alice.p.init_transactions(30)
     pid, epoch = alice.pid()
-    bob_pid = raw_init(broker, "bob")
+    bob_pid = init_producer_id(broker, "bob")
     attempts = [
         # alice's producer ID in a non-transactional batch, no transactional id named
         dict(pid=pid, epoch=epoch, seq=0),
@@ -209,7 +173,7 @@ def test_the_binding_survives_a_restart_and_a_crash(granted, tmp_path):
         alice.send("pb-restart", b"after a restart")  # the same librdkafka producer, reconnected
         assert alice.pid() == (pid, epoch) and alice.errors == []
         # a crash right after InitProducerId was answered: the binding was on disk before the answer
-        raw_pid = raw_init(b, "alice")
+        raw_pid = init_producer_id(b, "alice")
         b.kill()
         b.start()
         code, _, why = raw_produce(b, "bob", "pb-restart", raw_pid, 0, 0)

@@ -25,15 +25,12 @@ from tests.quorum.test_client_port_limits import (
     PER_CONNECTION_OVERHEAD,
     PREAUTH_FRAME,
     _client_hello,
-    _close_all,
-    _closed,
-    _unsent,
     check_unauthenticated_frame_cap,
     open_unauthenticated_and_wait_closed,
-    wait_closed,
 )
 from tests.security.conftest import secure_quorum  # noqa: F401 - the fixture, shared with the security suite
 from tests.security.test_broker_auth import ACLS, confluent_config
+from tests.support.sockets import close_all, closed, refused_frames, unsent, wait_closed
 from records.wire import kafka
 
 KiB, MiB = 1024, 1024 * 1024
@@ -84,9 +81,7 @@ def sasl_broker(secure_quorum, tmp_path_factory):  # noqa: F811 - the imported f
 
     def start(name: str, tls: bool, **settings) -> Broker:
         if name not in started:
-            flags = ["--sasl-credentials-file", sq.users_file, "--acl-refresh-ms", "100",
-                     "--quorum-security-protocol", "SASL_SSL", "--quorum-sasl-username", "broker",
-                     "--quorum-sasl-password-file", sq.password_file("broker"), "--quorum-tls-cafile", sq.pki.cafile]
+            flags = sq.broker_flags()
             if tls:
                 flags += ["--tls-certfile", sq.pki.certfile, "--tls-keyfile", sq.pki.keyfile]
             for key, value in settings.items():
@@ -139,7 +134,7 @@ def test_connections_that_never_authenticate_are_closed_at_the_deadline(sasl_bro
         assert produced(b.producer())
         assert produced(early)
     finally:
-        _close_all(socks)
+        close_all(socks)
     wait_for(lambda: b.counter("authentication_timeouts") - before == 3, 10,
              what="3 authentication timeouts counted")
     assert "authentication_timeout_ms" in b.log()
@@ -155,20 +150,20 @@ def test_a_client_hello_trickled_a_byte_at_a_time_is_closed_at_the_handshake_dea
     try:
         t0 = time.monotonic()
         sent = 0
-        while not all(_closed(s) for s in slow):
+        while not all(closed(s) for s in slow):
             assert time.monotonic() - t0 < 15, "a trickled ClientHello kept its connection open"
             for s in slow:
                 try:
                     s.sendall(hello[sent:sent + 1])
                 except OSError:
-                    pass  # closed: the next _closed sees it
+                    pass  # closed: the next closed() sees it
             sent += 1
             select.select(slow, [], [], 0.1)
         elapsed = time.monotonic() - t0
         assert sent < len(hello) and elapsed >= TLS_TIMEOUT_MS / 1000 * 0.8, (sent, elapsed)
         assert produced(producer)  # served while (and after) the handshakes hang
     finally:
-        _close_all(slow)
+        close_all(slow)
     wait_for(lambda: b.counter("authentication_timeouts") - before == len(slow), 10,
              what=f"{len(slow)} handshake timeouts counted")
     # a handshake that fails outright (not TLS at all) is a failure, not a timeout
@@ -186,7 +181,7 @@ def test_connections_parking_partial_frames_cost_at_most_the_unauthenticated_cap
     n = 100
     b = sasl_broker("plain", False, **LONG)
     for _ in range(3):  # warm up: SASL and the handlers have run, the heap has its working size
-        _close_all([b.connect() for _ in range(10)])
+        close_all([b.connect() for _ in range(10)])
         assert produced(b.producer())
     b.idle()
     base = b.rss()
@@ -197,31 +192,20 @@ def test_connections_parking_partial_frames_cost_at_most_the_unauthenticated_cap
             s = b.connect()
             s.sendall(kafka.SIZE.pack(PREAUTH_FRAME) + b"\1" * (PREAUTH_FRAME - 1))
             parked.append(s)
-        wait_for(lambda: all(_unsent(s) == 0 for s in parked), 20, what="the broker to take the parked bytes")
+        wait_for(lambda: all(unsent(s) == 0 for s in parked), 20, what="the broker to take the parked bytes")
         wait_for(lambda: b.counter("connections") >= n, 10, what=f"the broker to count {n} connections")
         during = max(b.rss() for _ in range(5))
         bound = n * (PREAUTH_FRAME + PER_CONNECTION_OVERHEAD)
         assert during - base <= bound, (base, during, bound)
         # n more try to park most of a 2 MiB frame (under max_frame_bytes): closed at the size, never held
-        big = []
-        try:
-            for _ in range(n):
-                s = b.connect()
-                try:
-                    s.sendall(kafka.SIZE.pack(PARKED_FRAME) + b"\1" * (PARKED_FRAME // 2))
-                except OSError:
-                    pass  # the broker closed it under the send
-                big.append(s)
-            for s in big:
-                wait_closed(s, 10, "a connection parking a 2 MiB frame before authentication")
+        with refused_frames(lambda _: b.connect(), n, PARKED_FRAME, PARKED_FRAME // 2,
+                            "a connection parking a 2 MiB frame before authentication"):
             peak = max(b.rss() for _ in range(5))
             assert peak - base <= bound, (base, during, peak, bound)
-        finally:
-            _close_all(big)
-        assert not any(_closed(s) for s in parked)  # still parked: their deadline is far
+        assert not any(closed(s) for s in parked)  # still parked: their deadline is far
         assert produced(b.producer())  # and producers are served
     finally:
-        _close_all(parked)
+        close_all(parked)
     # all gone: the broker hands back what they cost (malloc_trim a second after connections close)
     b.idle()
     wait_for(lambda: b.rss() - base <= max(during - base, 0) // 4 + 1 * MiB, 10,

@@ -25,7 +25,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 from quorum.security import acl as acls
 from quorum.network import Accepted
@@ -34,11 +34,25 @@ from quorum.security.sasl import linger_close
 from quorum.telemetry.logs import end_request_context, request_context
 from records.wire import kafka
 
-if TYPE_CHECKING:
-    from .frontend import BrokerServer
-
 # The front end logs under one name, whichever of its modules writes the line (log settings name it).
 log = logging.getLogger("broker.frontend")
+
+
+class Listening(Protocol):
+    """What the connection layer uses of the broker (``broker.frontend.BrokerServer``)."""
+
+    cfg: Any
+    counters: dict[str, int]
+    unauthenticated_frame_bytes: int
+    _connections: dict[asyncio.Task, "ReadAhead"]
+    _muted_until: dict[Any, float]  # peer -> monotonic time its next request may be handled
+    _peer_log: Any
+
+    def parse(self, frame: bytes, peer: Any) -> kafka.Request | bytes: ...
+
+    def _count_read_pause(self) -> None: ...
+
+    async def _answer_request(self, req: kafka.Request, peer: Any) -> bytes | None: ...
 
 
 class _DropConnection(Exception):
@@ -133,7 +147,7 @@ class AppendWaiters:
 
 
 # ------------------------------------------------------------ connections
-async def serve_connection(server: BrokerServer, conn: Accepted) -> None:
+async def serve_connection(server: Listening, conn: Accepted) -> None:
     """The broker's side of a connection ``quorum.network.KafkaListener`` accepted: frames read ahead,
     handled one at a time in order, the SASL exchange first when SASL is on."""
     reader, writer, peer, session, gate = conn.reader, conn.writer, conn.peer, conn.session, conn.gate
@@ -178,7 +192,7 @@ async def serve_connection(server: BrokerServer, conn: Accepted) -> None:
         server._connections.pop(task, None)
 
 
-async def read_frames(server: BrokerServer, reader: asyncio.StreamReader, frames: ReadAhead, peer: Any,
+async def read_frames(server: Listening, reader: asyncio.StreamReader, frames: ReadAhead, peer: Any,
                       session: Any, expired: Callable[[], bool], handled: asyncio.Event) -> None:
     """Read ``reader``'s frames into ``frames`` until the stream ends or a bad frame closes it.  Before
     SASL authentication a frame may be at most ``unauthenticated_frame_bytes`` and the next one is not
@@ -204,7 +218,7 @@ async def read_frames(server: BrokerServer, reader: asyncio.StreamReader, frames
         await frames.put(None)
 
 
-async def answer_frame(server: BrokerServer, frame: bytes, peer: Any, principal: str | None = None) -> bytes | None:
+async def answer_frame(server: Listening, frame: bytes, peer: Any, principal: str | None = None) -> bytes | None:
     muted_until = server._muted_until.pop(peer, None)
     if muted_until is not None and muted_until > time.monotonic():
         # The last response told the client to back off; as Kafka does (KIP-219), the

@@ -3,13 +3,37 @@ and the link's encoding (``quorum.linkcrypto``: AES-GCM per connection once both
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from .. import linkcrypto
 from ..linkcrypto import AEAD1, LinkCodec
 
-if TYPE_CHECKING:
-    from .node import RaftNode
+class GateOwner(Protocol):
+    """What the gate uses of its node (``quorum.raft.node.RaftNode``): the journal it syncs, the link key,
+    the identity checks it hands a peer's hellos and verdicts to."""
+    journal: Any
+    identity: Any
+    link_master: bytes | None
+    messages_read: int
+    peer_clients: dict[str, str]
+
+    def hello_message(self) -> dict: ...
+
+    def became_member(self, node: Any) -> None: ...
+
+    def _reset_peer_checks(self, node: Any) -> None: ...
+
+    def _admitted(self, address: str) -> bool: ...
+
+    def _not_admitted(self, node: Any) -> None: ...
+
+    def _on_hello(self, node: Any, message: Any) -> None: ...
+
+    def _on_welcome(self, node: Any, message: Any) -> None: ...
+
+    def _on_refused(self, node: Any, message: Any) -> None: ...
+
+    def _on_ping(self, node: Any, message: Any) -> None: ...
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +56,7 @@ class Gate:
     and the peer's verdict on this node arrived (``quorum.identity``).
     """
 
-    owner: "RaftNode"
+    owner: GateOwner
 
     def send(self, node, message):
         if not (isinstance(message, dict) and message.get("type") == "append_entries"):

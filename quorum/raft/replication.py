@@ -43,7 +43,7 @@ from __future__ import annotations
 import logging
 import pickle
 import queue
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from snapshots.format import Snapshot, decode_snapshot
 from snapshots.storage.disk import CorruptFileError
@@ -53,8 +53,40 @@ from ..looppoller import LoopPoller
 from .upstream import (CANDIDATE, FOLLOWER, LEADER, NOT_LEADER, REQUEST_DENIED, UNKNOWN_OUTCOME, Core, Node, clock,
                        jitter, replicated_method, unpickle)
 
-if TYPE_CHECKING:
-    from .node import RaftNode
+class NodeSide(Protocol):
+    """What the replication rules use of their node (``quorum.raft.node.RaftNode``): its files, its
+    recovery state (held back until it has caught up), its identity checks and its loop."""
+    journal: Any
+    store: Any
+    identity: Any
+    recovery: Any
+    vouched: bool
+    restricted: bool
+    quiet: int
+    votes_withheld: int
+    last_compaction: float
+
+    def on_loop_thread(self) -> bool: ...
+
+    def propose_now(self) -> None: ...
+
+    def wake(self) -> None: ...
+
+    def quiet_append(self) -> None: ...
+
+    def votes_without_pre_vote(self, address: str) -> bool: ...
+
+    def check_recovery(self) -> None: ...
+
+    def diverged(self, index: int, term: int, held: Any) -> None: ...
+
+    def compact(self, prev: Any, last: Any, cluster: list[str]) -> None: ...
+
+    def install(self, snap: Snapshot, data: bytes) -> None: ...
+
+    def _apply(self, index: int, payload: bytes) -> Any: ...
+
+    def _restore_state(self, records: list, last_index: int) -> None: ...
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +127,7 @@ class Replicated(Core):
     """pysyncobj's Raft with pidquorum's rules where pysyncobj's are unsafe (``upstream``'s table): what a
     node does with each message, when it campaigns, what it commits and applies, how it compacts."""
 
-    def __init__(self, self_addr, partners, conf, transport_class, node: "RaftNode", node_class=Node,
+    def __init__(self, self_addr, partners, conf, transport_class, node: NodeSide, node_class=Node,
                  poller: LoopPoller | None = None):
         self._pq = node
         self._leader_heard = float("-inf")  # when this node last took an AppendEntries from its leader

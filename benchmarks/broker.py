@@ -40,7 +40,8 @@ from .harness import (
 from .initpid_load import STALL_MS, TX_CLIENT_TIMEOUT_S, WireLoad, init_body, wire_sequential
 from .processes import REPO, BrokerProcess
 from .rdkafka_probes import client_versions, high_watermarks, produce_round, rk_idempotent, rk_transactional
-from .report import counts, fmt_num as f, lat_cells, print_footer, print_new_leaders, summarize_ms, table
+from .report import counts, lat_cells, leader_kills_title, print_footer, print_new_leaders, summarize_ms, table
+from .report import fmt_num as f
 
 BLOCK = 1000
 STALL_FAIL_MS = 250.0  # a stall this long makes phase 2's latency tail a figure of this process, not the broker
@@ -327,9 +328,8 @@ def _print_kills(k: dict) -> None:
                      counts({x: v for x, v in b["errors"].items() if x != "COORDINATOR_LOAD_IN_PROGRESS"}),
                      f(b["latency_ok"]["p50_ms"], ".2f"), f(b["latency_ok"]["p99_ms"], ".2f"),
                      f(b["latency_ok"]["max_ms"], ".1f"), b["inside_quorum_blocks"]["outside"]])
-    print(table(f"2. {k['kills']} leader SIGKILLs in {k['duration_s']:.0f} s (every {k['kill_every_s']:g} s"
-                f"{' + 0..1 s stagger' if k['kill_stagger'] else ''}, restart after {k['restart_after_s']:g} s), "
-                f"idempotent InitProducerId v4 at {k['rate_per_broker']:.0f}/s per broker, open loop",
+    print(table(f"2. {leader_kills_title(k)}, idempotent InitProducerId v4 at {k['rate_per_broker']:.0f}/s per "
+                f"broker, open loop",
                 ["broker", "sent", "sent/s", "ok", "LOAD_IN_PROGRESS", "other errors", "p50 ms", "p99 ms",
                  "max ms", "PIDs outside blocks"], rows))
     for label, b in k["brokers"].items():

@@ -24,7 +24,7 @@ from records.wire.errors import CoordinatorLoadInProgressError, PidQuorumError
 
 from .common import HOST, LeaderKill, check_inside, kill_leaders, leader_kill_checks, paced, percentile, temp_cluster
 from .harness import exit_status, log, new_results, parser, phase_list, quick_defaults, run_phases
-from .report import fmt_num as f, print_footer, print_new_leaders, table
+from .report import fmt_num as f, leader_kills_title, print_footer, print_new_leaders, table
 
 BLOCK = 1000
 TICK_S = 0.01
@@ -280,9 +280,7 @@ def print_results(res: dict) -> None:
                          f(m["max_block_wait_s"] * 1000, ".0f", " ms"), f"{m['peak_reserve_ids']:,}",
                          f"{min(m['reserve_at_kills'], default=0):,}", m["blocks_fetched"],
                          sum(m["fetch_errors"].values()), f(m["final_failover_budget_s"], ".2f", " s")])
-        print(table(f"2. {k['kills']} leader SIGKILLs in {k['duration_s']:.0f} s (every {k['kill_every_s']:g} s"
-                    f"{' + 0..1 s stagger' if k['kill_stagger'] else ''}, restart after {k['restart_after_s']:g} s), "
-                    f"{k['rate_per_manager']:.0f} IDs/s per manager, real 3-node cluster",
+        print(table(f"2. {leader_kills_title(k)}, {k['rate_per_manager']:.0f} IDs/s per manager, real 3-node cluster",
                     ["manager", "LOAD_IN_PROGRESS", "IDs", "dups", "outside blocks", "max dry",
                      "max block wait", "peak reserve", "min reserve@kill", "blocks", "fetch errs",
                      "budget"], rows))

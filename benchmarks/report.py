@@ -79,6 +79,12 @@ def report(res: dict, output: str, print_results: Callable[[dict], None]) -> int
     return exit_status(res)
 
 
+def leader_kills_title(k: dict) -> str:
+    """How a leader-kill phase ``k`` killed: "N leader SIGKILLs in D s (every E s[ + stagger], restart after R s)"."""
+    return (f"{k['kills']} leader SIGKILLs in {k['duration_s']:.0f} s (every {k['kill_every_s']:g} s"
+            f"{' + 0..1 s stagger' if k['kill_stagger'] else ''}, restart after {k['restart_after_s']:g} s)")
+
+
 def print_new_leaders(rounds: list[dict]) -> None:
     """When another node was seen as leader after each kill of a leader-kill phase (none: nothing)."""
     if rounds:

@@ -2,16 +2,20 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 import threading
 import urllib.request
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
+from broker.metrics import BROKER_METRICS
 from quorum.localcluster import free_ports
 from quorum.metrics import QUORUM_METRICS, quorum_families
 from quorum.stats import OTHER_BROKERS, AllocationCounts, Histogram
 from quorum.telemetry.metrics import MetricsEndpoint, MetricsUnavailable, make_registry, on_loop, read_metrics, serve_metrics
+from tests.support.inproc import SimCluster
+from tests.support.metrics import samples
 
 
 def test_histogram_counts_cumulative_buckets_and_quantiles():
@@ -68,8 +72,6 @@ def test_allocation_counts_with_every_slot_held_by_registered_brokers_count_the_
 
 def test_a_service_keeps_allocation_counters_for_registered_brokers_only():
     """The real apply path (one in-process node): brokers that register, allocate and shut down."""
-    from tests.support.inproc import SimCluster
-
     with SimCluster(size=1) as c:
         service = c.leader().service
         service.allocations.limit = 3
@@ -110,19 +112,9 @@ def _status(term=3, commit=10, applied=8, state="leader", allocations=None, snap
     }
 
 
-def _scrape(registry) -> dict:
-    from prometheus_client import generate_latest
-
-    out = {}
-    for fam in text_string_to_metric_families(generate_latest(registry).decode()):
-        for s in fam.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
-
 def test_quorum_families_map_every_figure_of_the_status_dict():
     st = _status()
-    m = _scrape(make_registry(lambda: st, quorum_families))
+    m = samples(make_registry(lambda: st, quorum_families))
     assert m[("pidquorum_raft_term", ())] == 3
     assert m[("pidquorum_raft_commit_index", ())] == 10
     assert m[("pidquorum_raft_apply_lag_entries", ())] == 2
@@ -138,7 +130,7 @@ def test_quorum_families_map_every_figure_of_the_status_dict():
     assert m[("pidquorum_snapshot_age_seconds", ())] == 12.5
     assert m[("pidquorum_allocations_total", (("broker_id", "7"),))] == 5
     assert m[("pidquorum_allocated_ids_total", (("broker_id", "7"),))] == 5000
-    folded = _scrape(make_registry(lambda: _status(allocations={"7": {"blocks": 5, "ids": 5000},
+    folded = samples(make_registry(lambda: _status(allocations={"7": {"blocks": 5, "ids": 5000},
                                                                 OTHER_BROKERS: {"blocks": 2, "ids": 2000}}),
                                    quorum_families))
     assert folded[("pidquorum_allocations_total", (("broker_id", OTHER_BROKERS),))] == 2
@@ -150,11 +142,11 @@ def test_quorum_families_map_every_figure_of_the_status_dict():
     assert names == set(QUORUM_METRICS)
     # Reads at scrape time: a changed status shows at the next scrape, nothing is cached.
     st["raft"]["term"] = 9
-    assert _scrape(make_registry(lambda: st, quorum_families))[("pidquorum_raft_term", ())] == 9
+    assert samples(make_registry(lambda: st, quorum_families))[("pidquorum_raft_term", ())] == 9
 
 
 def test_no_snapshot_yet_means_no_age_sample():
-    m = _scrape(make_registry(lambda: _status(snapshot_age=None), quorum_families))
+    m = samples(make_registry(lambda: _status(snapshot_age=None), quorum_families))
     assert ("pidquorum_snapshot_age_seconds", ()) not in m
 
 
@@ -212,8 +204,6 @@ def test_read_metrics_of_nothing_is_unavailable():
 
 
 def test_a_port_in_use_is_an_os_error_at_start():
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
@@ -222,10 +212,6 @@ def test_a_port_in_use_is_an_os_error_at_start():
 
 
 def test_docs_list_every_metric():
-    import os
-
-    from broker.metrics import BROKER_METRICS
-
     with open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "metrics.md")) as f:
         doc = f.read()
     for name in list(QUORUM_METRICS) + list(BROKER_METRICS):

@@ -9,13 +9,10 @@ needs more than one client address.
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import os
 import select
 import socket
 import ssl
-import struct
-import termios
 import time
 
 import pytest
@@ -25,10 +22,12 @@ from quorum.client.quorum import QuorumClient, RetryPolicy
 from quorum.localcluster import LocalCluster
 from quorum.security import credentials
 from quorum.security.client import ClientSecurity
+from quorum.security.limits import ByteBudget
 from quorum.security.tls import client_context
 from quorum.telemetry.metrics import read_metrics
 from tests.conftest import wait_for
 from tests.security.conftest import PASSWORDS
+from tests.support.sockets import close_all, closed, refused_frames, unsent, wait_closed
 from records.wire import kafka
 
 KiB, MiB = 1024, 1024 * 1024
@@ -130,57 +129,15 @@ def secure_node(tmp_path_factory):
         node.lc.down(timeout=5)
 
 
-def _closed(sock: socket.socket) -> bool:
-    """Whether the server has closed ``sock`` (end of stream, or a reset); reads what it was sent meanwhile
-    (answers, TLS 1.3 session tickets), without waiting."""
-    timeout = sock.gettimeout()
-    sock.setblocking(False)
-    try:
-        while True:
-            try:
-                if not sock.recv(65536):
-                    return True
-            except (ssl.SSLWantReadError, BlockingIOError):
-                return False
-    except OSError:  # a reset, a TLS error (ssl.SSLError is one)
-        return True
-    finally:
-        sock.settimeout(timeout)
-
-
 def stays_open(sock: socket.socket, seconds: float) -> bool:
     """Whether ``sock`` is still open after ``seconds`` (checked whenever something arrives)."""
     deadline = time.monotonic() + seconds
-    while not _closed(sock):
+    while not closed(sock):
         left = deadline - time.monotonic()
         if left <= 0:
             return True
         select.select([sock], [], [], left)
     return False
-
-
-def wait_closed(sock: socket.socket, timeout: float, what: str) -> float:
-    """Seconds until the server closed ``sock``; AssertionError after ``timeout``."""
-    t0 = time.monotonic()
-    deadline = t0 + timeout
-    while not _closed(sock):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the node did not close {what} within {timeout}s")
-        select.select([sock], [], [], 0.05)  # wait for something to read (the close), or 50 ms
-    return time.monotonic() - t0
-
-
-def _unsent(sock: socket.socket) -> int:
-    """Bytes of ``sock``'s sends the peer has not acknowledged yet (Linux SIOCOUTQ)."""
-    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
-
-
-def _close_all(socks) -> None:
-    for s in socks:
-        try:
-            s.close()
-        except OSError:
-            pass
 
 
 def _client_hello() -> bytes:
@@ -209,7 +166,7 @@ def test_connections_over_the_per_ip_and_total_caps_are_refused_at_once(secure_n
         extra = node.raw("127.0.0.2")
         wait_closed(extra, 10, "the 5th connection from one address (max_connections_per_ip=4)")
         extra.close()
-        assert not any(_closed(s) for s in held)  # accepted before the refused one: still open
+        assert not any(closed(s) for s in held)  # accepted before the refused one: still open
         # ... while another address is served: an authenticated client from 127.0.0.1
         assert node.serves()
         node.wait_connections(4)
@@ -218,9 +175,9 @@ def test_connections_over_the_per_ip_and_total_caps_are_refused_at_once(secure_n
         extra = node.raw("127.0.0.5")
         wait_closed(extra, 10, "the 9th connection (max_connections=8)")
         extra.close()
-        assert not any(_closed(s) for s in held)
+        assert not any(closed(s) for s in held)
     finally:
-        _close_all(held)
+        close_all(held)
     # the held ones gone, the node serves again, and counted what it refused
     node.wait_connections(0)
     assert node.metric("pidquorum_client_connections_refused_total") - refused == 2
@@ -257,7 +214,7 @@ def open_unauthenticated_and_wait_closed(connect) -> list:
     frame = kafka.SIZE.pack(1000) + b"\0" * 1000
     t0 = time.monotonic()
     sent = 0
-    while not _closed(trickling):
+    while not closed(trickling):
         assert time.monotonic() - t0 < 15, "the trickling connection was not closed at the deadline"
         try:
             trickling.sendall(frame[sent:sent + 1])  # a byte every 100 ms does not keep it open
@@ -316,7 +273,7 @@ def test_connections_that_never_authenticate_are_closed_at_the_deadline(secure_n
         c_ok = node.serves()
         assert loop.run_until_complete(authenticated.register_broker(2)) > 0
     finally:
-        _close_all(socks)
+        close_all(socks)
         loop.run_until_complete(authenticated.close())
         loop.close()
     assert c_ok
@@ -332,19 +289,19 @@ def test_a_client_hello_trickled_a_byte_at_a_time_is_closed_at_the_handshake_dea
     try:
         t0 = time.monotonic()
         sent = 0
-        while not all(_closed(s) for s in slow):
+        while not all(closed(s) for s in slow):
             assert time.monotonic() - t0 < 15, "a trickled ClientHello kept its connection open"
             assert node.serves()  # served while the handshakes hang
             for s in slow:
                 try:
                     s.sendall(hello[sent:sent + 1])
                 except OSError:
-                    pass  # closed: the next _closed sees it
+                    pass  # closed: the next closed() sees it
             sent += 1
             select.select(slow, [], [], 0.1)
         assert sent < len(hello)
     finally:
-        _close_all(slow)
+        close_all(slow)
     assert node.metric("pidquorum_client_authentication_timeouts_total") - before == len(slow)
     assert node.serves()
 
@@ -355,7 +312,7 @@ def test_connections_parking_partial_frames_cost_at_most_the_unauthenticated_cap
     node = secure_node("memory", max_connections=2 * n + 10, max_connections_per_ip=2 * n + 10,
                        authentication_timeout_ms=120_000, tls_handshake_timeout_ms=60_000)
     for _ in range(3):  # warm up: TLS, SASL and the handlers have run once, the heap has its working size
-        _close_all([node.tls() for _ in range(10)])
+        close_all([node.tls() for _ in range(10)])
         assert node.serves()
     base = node.rss()
     parked = []
@@ -365,31 +322,20 @@ def test_connections_parking_partial_frames_cost_at_most_the_unauthenticated_cap
             s = node.tls(f"127.0.0.{2 + i % 8}")
             s.sendall(kafka.SIZE.pack(PREAUTH_FRAME) + b"\1" * (PREAUTH_FRAME - 1))
             parked.append(s)
-        wait_for(lambda: all(_unsent(s) == 0 for s in parked), 20, what="the node to take the parked bytes")
+        wait_for(lambda: all(unsent(s) == 0 for s in parked), 20, what="the node to take the parked bytes")
         assert node.serves()
         node.wait_connections(n)
         during = max(node.rss() for _ in range(5))
         bound = n * (PREAUTH_FRAME + PER_CONNECTION_OVERHEAD)
         assert during - base <= bound, (base, during, bound)
         # n more try to park a whole max_frame_bytes frame (1 MiB): closed at the size, their bytes never held
-        big = []
-        try:
-            for i in range(n):
-                s = node.tls(f"127.0.0.{2 + i % 8}")
-                try:
-                    s.sendall(kafka.SIZE.pack(MAX_FRAME) + b"\1" * (MAX_FRAME - 1))
-                except OSError:
-                    pass  # the node closed it under the send
-                big.append(s)
-            for s in big:
-                wait_closed(s, 10, "a connection parking a 1 MiB frame before authentication")
+        with refused_frames(lambda i: node.tls(f"127.0.0.{2 + i % 8}"), n, MAX_FRAME, MAX_FRAME - 1,
+                            "a connection parking a 1 MiB frame before authentication"):
             peak = max(node.rss() for _ in range(5))
             assert peak - base <= bound, (base, during, peak, bound)
-        finally:
-            _close_all(big)
-        assert not any(_closed(s) for s in parked)  # still parked: their deadline is far
+        assert not any(closed(s) for s in parked)  # still parked: their deadline is far
     finally:
-        _close_all(parked)
+        close_all(parked)
     # all gone: the node hands back what they cost (malloc_trim once the connections closed)
     node.wait_connections(0)
     wait_for(lambda: node.rss() - base <= max(during - base, 0) // 2 + 4 * MiB, 10,
@@ -399,8 +345,6 @@ def test_connections_parking_partial_frames_cost_at_most_the_unauthenticated_cap
 
 # ------------------------------------------------------------------------------------ ByteBudget
 def test_the_byte_budget_holds_the_reader_while_unanswered_requests_fill_it():
-    from quorum.security.limits import ByteBudget
-
     async def go():
         pauses = []
         budget = ByteBudget(100, on_pause=lambda: pauses.append(1))

@@ -25,6 +25,7 @@ from quorum.journal import (
 )
 from quorum.raft import loss_evidence
 from snapshots.storage.disk import CorruptFileError, Disk, StorageFailure
+from tests.quorum.file_damage import flip
 
 
 @pytest.fixture
@@ -73,14 +74,6 @@ def entry_offsets(entries) -> list[int]:
         out.append(pos)
         pos += _ENTRY.size + len(cmd)
     return out
-
-
-def flip(path: str, offset: int, mask: int = 0xFF) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        b = f.read(1)[0]
-        f.seek(offset)
-        f.write(bytes([b ^ mask]))
 
 
 def cut(path: str, length: int) -> None:
@@ -311,7 +304,7 @@ def test_damage_of_synced_entries_in_a_preallocated_journal_is_corruption(path):
     j.sync()
     durable(j, 5)
     crash(j)
-    flip(path, entry_offsets(ENTRIES)[1] + _ENTRY.size + 7)
+    flip(path, entry_offsets(ENTRIES)[1] + _ENTRY.size + 7, 0xFF)
     with pytest.raises(CorruptFileError, match="synced data was damaged"):
         DurableJournal(path, PREALLOCATED)
 
@@ -384,7 +377,7 @@ def test_bad_last_entry_is_treated_as_torn_tail(path):
     fill(j)
     j.sync()
     crash(j)
-    flip(path, size(path) - 1)
+    flip(path, size(path) - 1, 0xFF)
     assert journal(path).entries == ENTRIES[:-1]
 
 
@@ -407,7 +400,7 @@ def test_damage_inside_what_was_durable_with_valid_entries_after_is_corruption(p
     fill(j)
     durable(j, 5)
     crash(j)
-    flip(path, entry_offsets(ENTRIES)[1] + field_offset)
+    flip(path, entry_offsets(ENTRIES)[1] + field_offset, 0xFF)
     before = open(path, "rb").read()
     with pytest.raises(CorruptFileError) as ei:
         journal(path)
@@ -425,7 +418,7 @@ def test_damage_beyond_what_was_durable_is_cut(path, field_offset):
     fill(j, ENTRIES[1:])
     j.sync()  # ... the rest was synced after it (the meta is rewritten once a second)
     crash(j)
-    flip(path, entry_offsets(ENTRIES)[3] + field_offset)
+    flip(path, entry_offsets(ENTRIES)[3] + field_offset, 0xFF)
     assert journal(path).entries == ENTRIES[:3]
 
 

@@ -19,6 +19,7 @@ from records import (
 )
 from records.codec import to_obj
 from snapshots.storage.disk import CorruptFileError
+from tests.quorum.file_damage import flip
 
 TS = 1_700_000_000_000
 
@@ -55,14 +56,6 @@ def frame_offsets(path: str) -> list[int]:
         pos += 8 + length
     assert pos == len(data)
     return out
-
-
-def flip(path: str, offset: int, mask: int = 0x01) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        b = f.read(1)[0]
-        f.seek(offset)
-        f.write(bytes([b ^ mask]))
 
 
 def write_trail(path: str, entries, checkpoint: bool = False) -> None:
@@ -243,7 +236,7 @@ def test_torn_last_line_is_cut_on_reopen(path, torn):
         with open(path, "r+b") as f:
             f.truncate(offsets[-1] + (size - offsets[-1]) // 2 + 4)
     else:
-        flip(path, size - 1)
+        flip(path, size - 1, 0x01)
     damaged = os.path.getsize(path)
 
     # Reading without repair reports the valid length and leaves the file alone.
@@ -276,7 +269,7 @@ def test_garbage_after_last_line_is_cut_on_reopen(path):
 def test_corrupt_middle_line_is_corruption_for_readers(path, where):
     write_trail(path, [(1, 1, [ok(reg())]), (2, 1, [ok(alloc(0))]), (3, 1, [ok(alloc(100))])])
     offsets = frame_offsets(path)
-    flip(path, offsets[1] + (4 if where == "crc" else 8 + 3))
+    flip(path, offsets[1] + (4 if where == "crc" else 8 + 3), 0x01)
     with open(path, "rb") as f:
         before = f.read()
     with pytest.raises(CorruptFileError) as ei:
@@ -298,7 +291,7 @@ def test_damage_past_the_checkpoint_is_a_crash_tail_at_start(path, where):
     w.append(3, 1, [ok(alloc(100))])
     w._f.close()  # a crash: written, never synced, no new checkpoint
     offsets = frame_offsets(path)
-    flip(path, offsets[1] + (4 if where == "crc" else 8 + 3))
+    flip(path, offsets[1] + (4 if where == "crc" else 8 + 3), 0x01)
     with pytest.raises(CorruptFileError):
         read_audit(path)  # readers still say what they see
     w2 = AuditWriter(path)
@@ -413,7 +406,7 @@ def test_iter_blocks_reads_a_trail_with_a_torn_tail_without_changing_it(tmp_path
 def test_iter_blocks_refuses_corrupt_trail(tmp_path):
     p = str(tmp_path / "a")
     write_trail(p, [(1, 1, [ok(alloc(0))]), (2, 1, [ok(alloc(100))])])
-    flip(p, 4)  # crc of the first line
+    flip(p, 4, 0x01)  # crc of the first line
     with pytest.raises(CorruptFileError):
         list(iter_blocks([p]))
 
@@ -469,7 +462,7 @@ def test_damaged_checkpoint_falls_back_to_a_full_scan(path, damage, caplog):
 def test_corruption_before_the_checkpoint_is_found_by_readers(path):
     write_trail(path, [(1, 1, [ok(reg())]), (2, 1, [ok(alloc(0))]), (3, 1, [ok(alloc(100))])], checkpoint=True)
     offsets = frame_offsets(path)
-    flip(path, offsets[1] + 8 + 3)
+    flip(path, offsets[1] + 8 + 3, 0x01)
     # Start-up trusts the synced part (constant cost) ...
     AuditWriter(path).close()
     # ... every reader checks every line.

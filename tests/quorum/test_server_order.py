@@ -29,6 +29,14 @@ class Writer:
         await self.room.wait()
 
 
+def on_a_line(check) -> None:
+    """Run ``check(writer, line)`` in a new event loop, ``line`` an InOrder over a new ``Writer``."""
+    async def main():
+        w = Writer()
+        await check(w, InOrder(w))
+    asyncio.run(main())
+
+
 async def answer_when(event: asyncio.Event, data: bytes) -> bytes:
     """A request's answer, ``data``, once ``event`` is set."""
     await event.wait()
@@ -36,9 +44,7 @@ async def answer_when(event: asyncio.Event, data: bytes) -> bytes:
 
 
 def test_answers_finishing_out_of_order_are_written_in_request_order_as_soon_as_the_line_allows():
-    async def main():
-        w = Writer()
-        line = InOrder(w)
+    async def check(w: Writer, line: InOrder):
         first, second = asyncio.Event(), asyncio.Event()
 
         line.put_task(answer_when(first, b"1"))
@@ -54,13 +60,11 @@ def test_answers_finishing_out_of_order_are_written_in_request_order_as_soon_as_
         assert w.written[-1] == b"4"
         await line.finish()
 
-    asyncio.run(main())
+    on_a_line(check)
 
 
 def test_the_finishing_task_writes_its_own_answer_without_another_pass_of_the_loop():
-    async def main():
-        w = Writer()
-        line = InOrder(w)
+    async def check(w: Writer, line: InOrder):
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         marks = []
@@ -72,13 +76,11 @@ def test_the_finishing_task_writes_its_own_answer_without_another_pass_of_the_lo
         assert marks == [[b"a"]]  # written in the pass the task resumed in, before the next one
         await line.finish()
 
-    asyncio.run(main())
+    on_a_line(check)
 
 
 def test_room_waits_while_the_client_does_not_take_its_answers_and_finish_waits_for_every_answer():
-    async def main():
-        w = Writer()
-        line = InOrder(w)
+    async def check(w: Writer, line: InOrder):
         w.room.clear()
         waiting = asyncio.ensure_future(line.room())
         await passes()
@@ -99,14 +101,11 @@ def test_room_waits_while_the_client_does_not_take_its_answers_and_finish_waits_
         await asyncio.wait_for(finishing, 1)
         assert w.written == [b"late"]
 
-    asyncio.run(main())
+    on_a_line(check)
 
 
 def test_a_handler_that_fails_without_an_answer_closes_the_connection_instead_of_stalling_it():
-    async def main():
-        w = Writer()
-        line = InOrder(w)
-
+    async def check(w: Writer, line: InOrder):
         async def broken():
             raise RuntimeError("bug")
 
@@ -115,13 +114,11 @@ def test_a_handler_that_fails_without_an_answer_closes_the_connection_instead_of
         await line.finish()
         assert w.closed and w.written == []
 
-    asyncio.run(main())
+    on_a_line(check)
 
 
 def test_an_answer_filled_before_its_task_ends_keeps_its_place_in_line_and_is_written_once():
-    async def main():
-        w = Writer()
-        line = InOrder(w)
+    async def check(w: Writer, line: InOrder):
         first, second = asyncio.Event(), asyncio.Event()
 
         line.put_task(answer_when(first, b"1"))
@@ -140,4 +137,4 @@ def test_an_answer_filled_before_its_task_ends_keeps_its_place_in_line_and_is_wr
         line.fill(third, b"3")  # first in line: written at once
         assert w.written[-1] == b"3"
 
-    asyncio.run(main())
+    on_a_line(check)

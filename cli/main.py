@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from . import audit, bench, blocks, broker, chaos, cluster, migrate, node, quorum, quota, security_cmds, snapshot, txn
+from . import acl, audit, bench, blocks, broker, chaos, cluster, migrate, node, quorum, quota, snapshot, txn, user
 from .common import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
@@ -42,7 +42,7 @@ def cli(ctx, data_dir, quorum, timeout, security_protocol, sasl_mechanism, sasl_
 
 for _command in (cluster.cluster, cluster.demo, node.node, broker.broker, broker.allocate, blocks.blocks,
                  quorum.quorum, snapshot.snapshot, migrate.migrate, quota.quota, chaos.chaos, audit.audit,
-                 bench.bench, txn.txn, security_cmds.user, security_cmds.acl):
+                 bench.bench, txn.txn, user.user, acl.acl):
     cli.add_command(_command)
 accept_global_options(cli)  # last: every command registered above
 

@@ -13,6 +13,9 @@ import os
 import pathlib
 import re
 
+import pysyncobj.syncobj
+import pysyncobj.tcp_connection
+import pysyncobj.transport
 import pytest
 
 from quorum.raft import upstream
@@ -26,6 +29,15 @@ def _python_files():
         if top.name.startswith(".") or top.name in ("build", "dist") or not top.is_dir():
             continue
         yield from (p for p in top.rglob("*.py") if ".venv" not in p.parts and "site-packages" not in p.parts)
+
+
+def _lines_outside_upstream():
+    """(path, line number, line) of every line of every Python file but upstream.py and this one."""
+    for path in _python_files():
+        if path == UPSTREAM or path == pathlib.Path(__file__).resolve():
+            continue
+        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            yield path, n, line
 
 
 @pytest.mark.parametrize("table", ["OVERRIDDEN", "USED"])
@@ -56,20 +68,12 @@ def test_the_installed_pysyncobj_is_the_pinned_one_and_setup_cfg_pins_exactly_it
 
 
 def test_no_module_but_upstream_names_a_mangled_pysyncobj_name():
-    found = []
-    for path in _python_files():
-        if path == UPSTREAM or path == pathlib.Path(__file__).resolve():
-            continue
-        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
-            if re.search(r"_(SyncObj|PipeNotifier|TcpConnection|TCPTransport)__\w", line):
-                found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
+    found = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}" for path, n, line in _lines_outside_upstream()
+             if re.search(r"_(SyncObj|PipeNotifier|TcpConnection|TCPTransport)__\w", line)]
     assert not found, "\n".join(found)
 
 
 def _upstream_private_names() -> set[str]:
-    import pysyncobj.syncobj
-    import pysyncobj.tcp_connection
-    import pysyncobj.transport
     names = set()
     for cls in (pysyncobj.syncobj.SyncObj, pysyncobj.transport.Transport, pysyncobj.transport.TCPTransport,
                 pysyncobj.tcp_connection.TcpConnection):
@@ -98,13 +102,8 @@ def test_the_raft_package_reaches_pysyncobj_internals_through_upstream_only():
 def test_only_the_raft_package_imports_pysyncobj():
     """What the import-linter contract checks for the packages, here for every file (tests included:
     they reach pysyncobj through quorum.raft.upstream)."""
-    found = []
-    for path in _python_files():
-        if path == UPSTREAM or path == pathlib.Path(__file__).resolve():
-            continue
-        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
-            if re.match(r"\s*(import|from)\s+pysyncobj\b", line):
-                found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
+    found = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}" for path, n, line in _lines_outside_upstream()
+             if re.match(r"\s*(import|from)\s+pysyncobj\b", line)]
     allowed = {"tests/support/fernet_node.py", "tests/quorum/test_link_crypto.py"}  # they play an earlier version
     assert [f for f in found if f.split(":")[0] not in allowed] == [], "\n".join(found)
     assert os.path.exists(UPSTREAM)

@@ -1,36 +1,11 @@
-"""The Kafka-protocol front end: what unmodified Kafka clients talk to.
+"""The Kafka-protocol broker that unmodified clients talk to: ``BrokerServer`` starts and stops it,
+dispatches each request by API key and authorizes it.
 
-One broker, one listener, every partition led by this broker.  Served with
-kio's codecs: ApiVersions 0-3, Metadata 0-12, InitProducerId 0-4, Produce
-3-10, ListOffsets 1-7, Fetch 4-12, FindCoordinator 0-6, AddPartitionsToTxn 0-3,
-AddOffsetsToTxn 0-3 (answered: no consumer groups), EndTxn 0-3,
-DescribeProducers 0, DescribeTransactions 0, ListTransactions 0-1.
-
-Producer IDs come from quorum-allocated blocks through the non-blocking
-``ProducerIdManager``; transactional ids (KIP-360 epoch rules) and their
-transactions are decided and stored by the quorum itself, so any broker can
-coordinate any of them and a broker failover never loses or repeats an epoch
-bump; the broker writes the markers (``TxnCoordinator``).  Fetch and
-ListOffsets honour read_committed (the last stable offset, the aborted
-transactions); a transactional batch is appended only to a partition of its
-producer's ongoing transaction (KIP-890 part 1).
-
-The front end's modules: ``network`` (connections, frames, read-ahead), this one (``BrokerServer``:
-start and stop, dispatch by API key, authorization), ``handlers`` (one module per group of APIs),
-``api_table`` (each API's versions, handler, error answer and ACLs) and ``api_keys``.
-
-Bad input never takes the broker down: an unreadable or oversized frame, an
-unknown API key or a request at a version outside the advertised range closes
-that connection, as Kafka does (an answer in another version's layout would be
-misread).  An unknown key or an unsupported version is logged once per key
-(and version) and process, then only counted: a client that does not
-negotiate sends it again on every reconnect.  ApiVersions at an unsupported
-version is answered UNSUPPORTED_VERSION with the supported ranges (v0), so the
-client can pick a version (logged once per version: clients start so); a
-readable header with a bad body is answered with INVALID_REQUEST, a bad record
-batch with CORRUPT_MESSAGE / INVALID_RECORD for its partition.  Consumer groups
-are not served: FindCoordinator for a group is answered
-GROUP_AUTHORIZATION_FAILED, so a consumer with a group fails at once.
+Its parts: ``network`` (a connection's frames, one request at a time, in order), ``handlers`` (one
+module per group of APIs), ``api_table`` (each API's versions, handler, error answer and ACLs),
+``pid_manager`` (producer-ID blocks from the quorum, never waited on), ``txn_coordinator`` (the
+transaction markers; the transactions themselves are decided by the quorum).  What it serves and how
+it answers bad input: README.md ("Using it") and docs/brokers.md.
 """
 from __future__ import annotations
 

@@ -1,23 +1,7 @@
-"""The Kafka listener's connection and frame layer: reading frames, read-ahead, answers in order, the
-security session before authentication.  It knows no API: each frame read is parsed by the server's
-``ApiTable`` and handed to ``BrokerServer._answer_request``.
-
-Requests on one connection are handled one at a time, in order, as Kafka
-does (it mutes a connection while its request is processed): a client with
-5 produce requests in flight sees them appended in the order it sent them.
-Frames are read ahead while a request is being handled, up to
-``max_connection_buffer_bytes`` per connection (``ReadAhead``): past that the
-socket is not read until the handler catches up, so a client that sends
-faster than it reads its answers fills its own TCP window, not the broker's
-memory.  ``max_connections`` / ``max_connections_per_ip`` bound how many
-connections are served; one over a limit is closed at once (counted; logged
-at most every 10 s).  Before a client authenticates it is bounded as on the
-quorum's client port (``quorum.security.limits``): TLS is started on the accepted
-socket with ``tls_handshake_timeout_ms``; with SASL on, a connection not
-authenticated ``authentication_timeout_ms`` after its accept is aborted however
-it trickles, and a frame over ``max_unauthenticated_frame_bytes`` (64 KiB)
-closes the connection before its body is read.  A long-polling Fetch waits for appends to the partitions
-it reads only (``AppendWaiters``), not for every append.
+"""The broker's side of a connection (``quorum.network.KafkaListener`` accepts it): requests handled one
+at a time, in order, as Kafka does (it mutes a connection while a request is processed), with frames
+read ahead up to ``max_connection_buffer_bytes`` (``ReadAhead``); and the long-polling Fetches waiting
+for an append to the partitions they read (``AppendWaiters``).
 """
 from __future__ import annotations
 

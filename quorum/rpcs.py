@@ -1,31 +1,13 @@
-"""Every RPC of the quorum's client port, declared once.
+"""Every RPC of the quorum's client port, declared once: its API key (or request record), the ACL
+operations that allow it, its handler and its answers.  Dispatch, authorization, error answers and
+forwarding (``quorum.server``) read only this table.
 
-One ``Rpc`` per request the port answers: its API key (and, for the pidquorum
-record RPCs, its request record), the ACL operations on the cluster that allow
-it, its handler and its answers.  Dispatch, authorization, error answers and
-forwarding (``quorum.server``) read only this table; nothing else names an RPC.
-
-Two kinds of handler:
-
-* ``generate(state, request, ctx) -> Result``: the RPC changes (or reads through)
-  the replicated state.  It runs on the leader, inside the proposer's batch
-  (``quorum.service.Proposer``), against a scratch fork of the applied state: the
-  records it returns are proposed, and once they are committed and applied the
-  caller gets ``Result.response``, a domain value.  A follower never runs it: it
-  forwards the client's raw frame to the leader and relays the raw answer.
-* ``submit(proposer, request, timeout, on_value) -> value``: the leader-side path of an RPC a
-  controller owns (AllocateProducerIds and MigrationCommand: ``proposer.producer_ids``, the
-  ``quorum.producer_ids.ProducerIdController``), in place of proposing ``generate`` as it is.
-* ``serve(node, request) -> value``: answered by the node itself from what it
-  has applied (ApiVersions, DescribeState, a validate-only AlterClientQuota,
-  TransactionRequest's pending), by the leader from what it has applied
-  (``Rpc.leader_read``: DescribeAcls, DescribeClientQuotas, TransactionRequest's
-  list), from the node's audit trail (BlockHistory) or, for Envelope, the
-  forwarded request.
-
-``respond(version, value)`` turns the domain value into the response body and
-``error(version, code, message, throttle_ms)`` is the body of an answer that
-carries only an error.  Handlers never see a forwarded answer.
+A handler is one of: ``generate(state, request, ctx) -> Result``, run on the leader by the proposer
+against a scratch fork of the applied state, its records proposed and its value answered once applied
+(a follower forwards the frame); ``submit(proposer, request, timeout, on_value)``, the path of an RPC a
+controller owns (AllocateProducerIds and MigrationCommand: ``quorum.producer_ids``); or
+``serve(node, request)``, answered from what a node applied (``leader_read``: by the leader only).
+``respond`` turns the value into the response body, ``error`` builds an error answer.
 """
 from __future__ import annotations
 

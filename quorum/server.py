@@ -1,41 +1,11 @@
-"""The client port: Kafka framing, dispatch, forwarding to the leader, throttling.
+"""The quorum's client port: each request's RPC (``quorum.rpcs``) run here, proposed on the leader, or
+forwarded once to the leader in an Envelope (KIP-590) and its answer relayed as it is.
 
-Every connection reads frames (4-byte size, capped at ``max_frame_bytes``),
-handles requests concurrently and writes responses back in request order
-(``InOrder``); it stops reading while the answers the client has not taken
-are over the transport's limit.
-Bad input never takes the node down: an unreadable or oversized frame or an
-unknown API key closes that connection (with a log line); a readable header
-with a bad body is answered with INVALID_REQUEST, an unsupported version with
-UNSUPPORTED_VERSION.
-
-What a peer may cost the port is bounded (``quorum.security.limits``), before and after it authenticates:
-
-* ``max_connections`` / ``max_connections_per_ip``, counted from the accept (before any TLS
-  handshake): one over a limit is aborted at once, counted (``connections_refused``) and logged
-  at most every 10 s;
-* TLS is started on the accepted socket (``start_tls``) with ``tls_handshake_timeout_ms``; with SASL
-  on, a connection that has not authenticated ``authentication_timeout_ms`` after its accept is
-  aborted, whatever it trickles (a ClientHello or a frame a byte at a time), counted
-  (``authentication_timeouts``);
-* before SASL authentication a frame may be at most ``max_unauthenticated_frame_bytes`` (64 KiB):
-  a bigger size closes the connection before its body is read, so a connection parking a partial
-  frame holds at most that;
-* requests read and not answered yet hold at most ``max_connection_buffer_bytes`` per connection
-  (``ByteBudget``): past it the socket is not read until answers catch up;
-* a connection's buffers are freed when it ends (the reset that ended it no longer holds them in a
-  reference cycle), and a second after connections end the heap's free pages go back to the system
-  (glibc ``malloc_trim``, at most once a second), so a flood that ended does not leave the node at
-  its peak RSS (100 connections parking 1 MiB each had left it there: 70 -> 238 MB, 238 after).
-
-What each request is, who may send it, how it is handled and answered is
-declared once, in ``quorum.rpcs``; this module only runs that table.
-
-Any node accepts a request.  The leader proposes it; a follower forwards the
-client's frame as it arrived to the leader's client port in an Envelope
-(Kafka's KIP-590; once: a forwarded request is never forwarded again) and
-relays the leader's answer frame as it is.  With no leader, or past the
-deadline, the answer is NOT_CONTROLLER or REQUEST_TIMED_OUT, both retriable.
+A connection's requests are handled concurrently and answered in request order (``InOrder``); a
+proposed request is answered from the tick that applied its entry (``EarlyAnswer``).  Accepting,
+TLS, the SASL gate and what a peer may cost before it authenticates are ``quorum.network``'s; the
+limits are in docs/deployment.md.  With no leader, or past the deadline, the answer is NOT_CONTROLLER
+or REQUEST_TIMED_OUT, both retriable.
 """
 from __future__ import annotations
 

@@ -4,16 +4,32 @@ loopback TCP, the real adapter, journal, snapshot store and identity gate) whose
 ``SimDisk``, so the instant of a crash and what a power loss keeps are chosen by the test."""
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging
 import os
+import struct
+import threading
+import zlib
 
+import msgpack
 import pytest
 
 from chaos.sim.disk import LossPolicy, NodeHalted
-from quorum.raft import ProposalUnknown
-from snapshots.storage.disk import EXIT_DIVERGED, EXIT_STORAGE
-from tests.support.inproc import DATA, SimCluster, stop_at
+from quorum.identity import NodeIdentity
+from quorum.journal import DurableJournal
+from quorum.raft import Node, ProposalUnknown, clock, open_node_files
+from quorum.trail import AuditWriter
+from snapshots.storage.disk import EXIT_DIVERGED, EXIT_STORAGE, Disk, StorageFailure
+from tests.support.inproc import DATA, FAST, SimCluster, stop_at
+
+
+def _blocks_committed(c, count: int) -> int:
+    """Register broker 1 and allocate it ``count`` blocks; returns its epoch."""
+    epoch = c.register(1)
+    for _ in range(count):
+        c.allocate(1, epoch)
+    return epoch
 
 
 def _after_snapshot_is_durable(disk):
@@ -84,9 +100,6 @@ def _follower_behind_a_snapshot(c, allocations: int):
 
 
 def _compact_often():
-    import dataclasses
-
-    from tests.support.inproc import FAST
     return dataclasses.replace(FAST, compaction_min_entries=6)
 
 
@@ -121,9 +134,7 @@ def test_full_disk_during_compaction_stops_the_node_and_its_files_stay_whole():
     """Defect 3: on ENOSPC during compaction the journal's descriptor was closed first, and journal entries
     were later written into another file.  Now the node stops; its files restart as they were."""
     with SimCluster() as c:
-        epoch = c.register(1)
-        for _ in range(3):
-            c.allocate(1, epoch)
+        epoch = _blocks_committed(c, 3)
         leader = c.leader()
         f = next(n for n in c.nodes.values() if n is not leader)
         before = f.raft.journal.durable_end()
@@ -142,9 +153,6 @@ def test_full_disk_during_compaction_stops_the_node_and_its_files_stay_whole():
 def test_short_writes_are_continued_and_a_failed_write_never_repeats_bytes(tmp_path, monkeypatch):
     """Defect 3: a partial os.write was followed by writing the whole buffer again (duplicate bytes).
     ``AppendFile.write`` continues where a short write stopped; an error is fail-stop."""
-    from quorum.journal import DurableJournal
-    from snapshots.storage.disk import Disk, StorageFailure
-
     calls = []
     real_write = os.write
 
@@ -174,9 +182,6 @@ def test_short_writes_are_continued_and_a_failed_write_never_repeats_bytes(tmp_p
 
 
 def test_failed_fdatasync_is_fail_stop_and_the_entries_do_not_count_as_durable(tmp_path, monkeypatch):
-    from quorum.journal import DurableJournal
-    from snapshots.storage.disk import Disk, StorageFailure
-
     stops = []
     j = DurableJournal(str(tmp_path / "raft.journal"), Disk(failstop=lambda code, msg: stops.append(code)))
     j.add(b"a", 1, 1)
@@ -213,9 +218,7 @@ def test_restored_backup_with_the_leader_down_and_a_lagging_follower_elects_nobo
     was let in; with the leader down and the other follower lagging, the two elected a leader and
     re-issued acknowledged blocks.  Restarts must not wear the check down."""
     with SimCluster() as c:
-        epoch = c.register(1)
-        for _ in range(3):
-            c.allocate(1, epoch)
+        epoch = _blocks_committed(c, 3)
         a = c.leader()
         b, lag = [n for n in c.nodes.values() if n is not a]
         backup = b.disk.copy()  # the nightly backup, copied while B runs
@@ -232,9 +235,7 @@ def test_restored_backup_is_held_back_even_when_the_only_peer_up_never_saw_what_
     follower was cut off from both while the leader and B committed, so no peer that is up knows what B
     acknowledged.  B's start needs both peers' word; until the leader is back nobody is elected."""
     with SimCluster() as c:
-        epoch = c.register(1)
-        for _ in range(2):
-            c.allocate(1, epoch)
+        epoch = _blocks_committed(c, 2)
         a = c.leader()
         b, lag = [n for n in c.nodes.values() if n is not a]
         c.cut(a.node_id, lag.node_id)
@@ -261,9 +262,7 @@ def test_a_restart_with_every_peer_up_is_vouched_for_at_once():
 def test_identity_without_raft_files_does_not_vote_until_caught_up():
     """A data directory that kept ``identity`` but lost its raft.* files started as a blank voting member."""
     with SimCluster() as c:
-        epoch = c.register(1)
-        for _ in range(3):
-            c.allocate(1, epoch)
+        _blocks_committed(c, 3)
         a = c.leader()
         b = next(n for n in c.nodes.values() if n is not a)
         c.wait(lambda: a.raft.identity.held(b.cfg.raft_address) == b.raft.journal.durable_end(),
@@ -285,8 +284,7 @@ def test_follower_never_commits_from_a_message_that_verified_nothing():
         n.start()
         obj, journal = n.raft._obj, n.raft.journal
         leader = _fake_peer(c, 2)
-        _deliver(n, leader, {"type": "append_entries", "term": 1, "commit_index": 1, "prevLogIdx": 1,
-                             "prevLogTerm": 0, "entries": [(b"\x01", i, 1) for i in range(2, 6)]})
+        _append_term_1_tail(n, leader, commit_index=1)
         assert journal.durable_end() == (1, 5) and obj.raftCommitIndex == 1  # an uncommitted tail of term 1
         applied = obj.raftLastApplied
         for message in ({"type": "append_entries", "term": 5, "commit_index": 5, "serialized": None},
@@ -324,8 +322,7 @@ def test_a_leader_sending_another_term_where_this_node_committed_stops_it():
         n = c.nodes[1]
         n.start(trust_own_log=True)
         leader = _fake_peer(c, 2)
-        _deliver(n, leader, {"type": "append_entries", "term": 1, "commit_index": 4, "prevLogIdx": 1,
-                             "prevLogTerm": 0, "entries": [(b"\x01", i, 1) for i in range(2, 6)]})
+        _append_term_1_tail(n, leader, commit_index=4)
         assert n.raft.commit_index == 4
         journal = n.raft.journal
         try:
@@ -357,8 +354,7 @@ def test_the_peers_that_vouch_set_the_whole_target_not_what_a_peer_saw_in_an_ear
         n = c.nodes[1]
         n.start()
         raft, journal = n.raft, n.raft.journal
-        _deliver(n, _fake_peer(c, 2), {"type": "append_entries", "term": 1, "commit_index": 1, "prevLogIdx": 1,
-                                       "prevLogTerm": 0, "entries": [(b"\x01", i, 1) for i in range(2, 6)]})
+        _append_term_1_tail(n, _fake_peer(c, 2), commit_index=1)
         assert journal.durable_end() == (1, 5)
         # Peer 2 saw this node hold (3, 9) in its last run (a leader's own entry, never committed).
         _vouch(n, c, 2, log_end=[1, 4], held=[3, 9], recover=[3, 9])
@@ -383,8 +379,7 @@ def test_a_start_on_the_operators_word_lowers_a_peers_target_to_what_the_peers_h
         n.start(trust_own_log=True)
         raft, journal = n.raft, n.raft.journal
         assert raft.vouched and raft.recovery is None
-        _deliver(n, _fake_peer(c, 2), {"type": "append_entries", "term": 1, "commit_index": 1, "prevLogIdx": 1,
-                                       "prevLogTerm": 0, "entries": [(b"\x01", i, 1) for i in range(2, 6)]})
+        _append_term_1_tail(n, _fake_peer(c, 2), commit_index=1)
         term = raft.current_term()
         _vouch(n, c, 2, log_end=[1, 4], held=[3, 9], recover=[3, 9])
         assert raft.recovery == (3, 9) and raft.restricted  # one peer's word of the two it needs
@@ -397,8 +392,6 @@ def test_a_start_on_the_operators_word_lowers_a_peers_target_to_what_the_peers_h
 def test_a_follower_whose_leader_connection_closes_campaigns_within_half_the_minimum_election_timeout():
     """kill -9 of a leader closes its connections at once: its followers need not wait a whole election timeout
     (the bench's outage went from ~0.4 s to ~0.06 s).  Another peer's connection closing changes nothing."""
-    from quorum.raft import clock as _clock
-
     with SimCluster(start=False) as c:
         n = c.nodes[1]
         n.start()
@@ -413,7 +406,7 @@ def test_a_follower_whose_leader_connection_closes_campaigns_within_half_the_min
             # In one tick: the deadline is fresh (the node may wait a tick between calls).
             obj.on_message(leader, {"type": "append_entries", "term": 1, "commit_index": 1,
                                                      "prevLogIdx": 1, "prevLogTerm": 0, "entries": []})
-            got["before"], got["at"] = obj.election_deadline, _clock()
+            got["before"], got["at"] = obj.election_deadline, clock()
             obj.on_node_disconnected(node)
             got["after"], got["wait"] = obj.election_deadline, n.raft.tick_wait()
 
@@ -425,13 +418,11 @@ def test_a_follower_whose_leader_connection_closes_campaigns_within_half_the_min
 
 
 def _fake_peer(c, node_id):
-    from quorum.raft import Node
     return Node(c.nodes[node_id].cfg.raft_address)
 
 
 def _on_raft(node, fn):
     """Run ``fn()`` in the node's next tick; wait for it."""
-    import threading
     done = threading.Event()
 
     def go():
@@ -441,6 +432,12 @@ def _on_raft(node, fn):
             done.set()
     node.raft._on_raft_thread(go)
     assert done.wait(5)
+
+
+def _append_term_1_tail(node, leader, commit_index: int) -> None:
+    """``leader`` appends entries 2 to 5 of term 1 after entry 1 to the node's log, with ``commit_index``."""
+    _deliver(node, leader, {"type": "append_entries", "term": 1, "commit_index": commit_index, "prevLogIdx": 1,
+                            "prevLogTerm": 0, "entries": [(b"\x01", i, 1) for i in range(2, 6)]})
 
 
 def _deliver(node, peer, message):
@@ -480,17 +477,13 @@ def test_no_cut_applied_entries_log_line_under_load(caplog):
     came out every few milliseconds under load; the adapter no longer takes that path at all."""
     with caplog.at_level(logging.DEBUG):
         with SimCluster() as c:
-            epoch = c.register(1)
-            for _ in range(30):
-                c.allocate(1, epoch)
+            _blocks_committed(c, 30)
     assert not [r for r in caplog.records if "truncat" in r.getMessage() and "applied" in r.getMessage()]
 
 
 def test_whole_cluster_power_loss_never_reissues_an_acknowledged_block():
     with SimCluster(raft=_compact_often()) as c:
-        epoch = c.register(1)
-        for _ in range(25):
-            c.allocate(1, epoch)
+        epoch = _blocks_committed(c, 25)
         for n in c.nodes.values():
             n.crash()
         for n in c.nodes.values():
@@ -506,10 +499,6 @@ def test_every_crash_state_of_every_node_keeps_its_committed_entries():
     install, identity and peers writes, restarts), each disk a power loss could leave must let the node
     start, with every entry it knew committed and had synced still held (in its snapshot, or in its
     journal with the same term)."""
-    from quorum.identity import NodeIdentity
-    from quorum.raft import open_node_files
-    from quorum.trail import AuditWriter
-
     with SimCluster(raft=_compact_often()) as c:
         instants = []  # (node id, op, disk clone, committed entries {index: term})
 
@@ -664,8 +653,6 @@ def test_a_restarted_node_uses_the_membership_in_its_journal():
     were committed again; the durable commit index is a hint written once a second, so a node restarted
     right after a member was added did not know it, could not connect to it, and could not hear its
     verdict that the node was behind (simulation: a leader elected without a committed entry)."""
-    import msgpack
-
     with SimCluster() as c:
         c.register(1)
         leader = c.leader()
@@ -681,8 +668,6 @@ def test_a_restarted_node_uses_the_membership_in_its_journal():
         data = image.read(meta_path)
         body = msgpack.unpackb(data[8:-4], raw=False)
         body["commit_index"] = 1  # what a node that stopped within a second of the change has on disk
-        import struct
-        import zlib
         raw = msgpack.packb(body, use_bin_type=True)
         image.write_file(meta_path, data[:8] + raw + struct.pack("<I", zlib.crc32(raw)))
         follower.restart(image)

@@ -1,60 +1,8 @@
-"""Faults for chaos runs (the Jepsen "nemesis"): each one starts a fault and heals it.
+"""Faults for chaos runs on real processes (the Jepsen "nemesis"): each one starts a fault and heals it.
 
-A ``Nemesis`` has a ``name`` and two coroutines, ``start(ctx)`` and
-``stop(ctx)``; each returns a JSON-able description for the history.  ``stop``
-heals what ``start`` did and is safe to call when ``start`` failed or found
-nothing to do.  ``NemesisContext.heal_all()`` heals everything (every node
-running and resumed, no slow disk, no partition) for a run's last step.
-Blocking process work runs in a thread, so a workload sharing the event loop
-keeps going while a node is killed or restarted.
-
-Faults: kill -9 of the leader (``stop`` restarts it), SIGSTOP/SIGCONT of the
-leader, kill -9 of every node (``stop`` restarts them all), a rolling restart
-(SIGTERM and start, one node at a time, followers first), a slow disk (the
-``fault-sync-delay-ms`` file, read at run time by the disk of a node started through
-``chaos.faultnode`` (as the chaos runner starts them):
-each sync sleeps before its fdatasync), and a partition that isolates the
-leader's Raft traffic from both followers, in both directions.
-
-The partition: TCP proxies on the Raft ports
----------------------------------------------
-What was considered, as root on this machine (iproute2 and tc present;
-iptables and nft not installed):
-
-* iptables/nft/tc rules on loopback.  pysyncobj keeps one TCP connection per
-  pair of nodes, opened by the node whose address string sorts higher to the
-  other's advertised address, from 127.0.0.1 and an ephemeral port.  So a rule
-  on ports cannot tell leader->follower from follower->follower traffic into
-  the same listening port: with nodes a < b < c, both b and c connect to a.
-  The rules would also be machine-wide state, shared by parallel pytest-xdist
-  workers and left behind by a test process that dies.
-* A network namespace per node with veth pairs (``ip netns add`` works here).
-  A real partition, but a big change to LocalCluster (start nodes under
-  ``ip netns exec``, a bridge and addresses per cluster in the root namespace,
-  unique subnets and interface names per xdist worker), nodes leave loopback,
-  and namespaces and bridges outlive a test process that is killed.
-* A proxy per directed pair of nodes.  It cannot work: a pysyncobj node is
-  known by one address string, both what it sends as its identity when it
-  connects and where the others connect to; it cannot be a different proxy
-  address for each peer.
-
-Chosen: one proxy in front of each node's Raft port.  ``LocalCluster.create
-(raft_proxy=True)`` has each node bind its Raft port on a private port
-(``raft_bind``) and advertise another (``raft_address``); ``RaftNetwork``
-listens on the advertised ports and forwards.  Identities and connection
-direction are unchanged, since every node sees the same advertised addresses.
-The proxy tells who connected by finding which node process owns the other
-end of the socket (``/proc/net/tcp`` gives the socket's inode, a node's
-``/proc/<pid>/fd`` holds it).  A cut link is silent, like dropped packets: a
-live connection stops forwarding and discards what arrives, a new one is
-accepted and never forwarded; both ends notice only through Raft's own
-timeouts.  Healing closes the silenced connections, so the nodes reconnect on
-clean streams.  Only Raft traffic is cut: client ports stay reachable (an
-isolated leader still gets requests, and must not answer them with a block it
-could not commit).  No root, nothing machine-wide, safe under xdist; the
-proxies run in a daemon thread of the process that owns the cluster and end
-with it.  The price: one extra loopback hop on Raft traffic, and a partition
-nemesis only for clusters created with ``raft_proxy=True``.
+A ``Nemesis`` has a ``name`` and two coroutines, ``start(ctx)`` and ``stop(ctx)``, each returning a JSON-able
+description for the history; ``stop`` heals what ``start`` did and is safe after a ``start`` that failed or
+did nothing.  Blocking process work runs in a thread, so a workload sharing the event loop keeps going.
 """
 from __future__ import annotations
 
@@ -63,228 +11,19 @@ import logging
 import os
 import random
 import signal
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from quorum.client.leader import pick_leader
 from quorum.client.quorum import QuorumClient, RetryPolicy
-from quorum import config as quorum_config
 from quorum.localcluster import LocalCluster
 from records.wire.errors import NotControllerError
 
 from .faultnode import FAULT_SYNC_DELAY_FILE
+from .raftnet import NemesisError, RaftNetwork
 
 _log = logging.getLogger(__name__)
-
-
-class NemesisError(Exception):
-    """A fault could not be started or healed (no leader in time, no proxy for a partition, ...)."""
-
-
-# --------------------------------------------------------------------------
-# The network: one fault-injecting proxy per node's Raft port
-# --------------------------------------------------------------------------
-
-
-class _Link:
-    """One proxied connection: ``connector`` (a node id, or None if unknown) -> ``listener``."""
-
-    def __init__(self, connector: int | None, listener: int, client: asyncio.StreamWriter):
-        self.connector = connector
-        self.listener = listener
-        self.writers = [client]
-        self.silent = False
-
-    def close(self) -> None:
-        for w in self.writers:
-            w.close()
-
-
-class RaftNetwork:
-    """Proxies on every node's advertised Raft address, forwarding to its ``raft_bind``.
-
-    ``isolate(node)`` and ``partition(*groups)`` cut links; ``heal()`` restores
-    them.  Use as a context manager, or ``start()`` and ``close()``.
-    """
-
-    def __init__(self, cluster: LocalCluster):
-        self.cluster = cluster
-        self._routes: dict[int, tuple[str, str]] = {}  # node id -> (advertised, bound)
-        self._cut: set[frozenset[int]] = set()
-        self._links: set[_Link] = set()
-        self._servers: list[asyncio.AbstractServer] = []
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self.unidentified = 0  # connections whose owner was not found (should stay 0)
-
-    # -------------------------------------------------------------- lifecycle
-    def start(self) -> "RaftNetwork":
-        for n in self.cluster.nodes():
-            cfg = quorum_config.load(self.cluster.config_path(n.node_id))
-            if not cfg.raft_bind or cfg.raft_bind == cfg.raft_address:
-                raise NemesisError(f"node {n.node_id} binds its advertised Raft address: create the cluster "
-                                   "with LocalCluster.create(raft_proxy=True) to put a proxy in front of it")
-            self._routes[n.node_id] = (cfg.raft_address, cfg.raft_bind)
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="raft-network", daemon=True)
-        self._thread.start()
-        try:
-            self._call(self._listen())
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    async def _listen(self) -> None:
-        for node_id, (advertised, _) in self._routes.items():
-            host, port = advertised.rsplit(":", 1)
-            server = await asyncio.start_server(lambda r, w, n=node_id: self._accept(n, r, w), host, int(port))
-            self._servers.append(server)
-
-    def close(self) -> None:
-        if self._loop is None:
-            return
-        if self._loop.is_running():
-            try:
-                self._call(self._shutdown())
-            finally:
-                self._loop.call_soon_threadsafe(self._loop.stop)
-                if self._thread is not None:
-                    self._thread.join(5)
-        self._loop.close()
-        self._loop = None
-
-    async def _shutdown(self) -> None:
-        for s in self._servers:
-            s.close()
-        self._servers.clear()
-        for link in list(self._links):
-            link.close()
-        deadline = time.monotonic() + 1.0
-        while self._links and time.monotonic() < deadline:  # let each connection's task end
-            await asyncio.sleep(0.01)
-
-    def __enter__(self) -> "RaftNetwork":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def _call(self, coro, timeout: float = 10.0) -> Any:
-        if self._loop is None:
-            coro.close()
-            raise NemesisError("the Raft network proxies are not running")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
-
-    # ---------------------------------------------------------------- faults
-    def isolate(self, node_id: int) -> None:
-        """Cut every link between ``node_id`` and the other nodes, both directions."""
-        self.partition({node_id}, set(self._routes) - {node_id})
-
-    def partition(self, *groups: set[int]) -> None:
-        """Cut every link between nodes of different groups (nodes in no group keep their links)."""
-        pairs = {frozenset((a, b)) for i, g in enumerate(groups) for h in groups[i + 1:] for a in g for b in h}
-        self._call(self._set_cut(self._cut | pairs))
-
-    def heal(self) -> None:
-        if self._loop is not None:
-            self._call(self._set_cut(set()))
-
-    @property
-    def cut(self) -> set[frozenset[int]]:
-        return set(self._cut)
-
-    async def _set_cut(self, cut: set[frozenset[int]]) -> None:
-        self._cut = cut
-        for link in list(self._links):
-            if self._is_cut(link):
-                link.silent = True
-            elif link.silent:
-                link.close()  # a stream that lost bytes: the nodes reconnect on a clean one
-
-    def _is_cut(self, link: _Link) -> bool:
-        if link.connector is None:
-            return any(link.listener in pair for pair in self._cut)
-        return frozenset((link.connector, link.listener)) in self._cut
-
-    # ---------------------------------------------------------------- proxying
-    async def _accept(self, listener: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peer_port = writer.get_extra_info("peername")[1]
-        own_port = writer.get_extra_info("sockname")[1]
-        connector = _owner_node(peer_port, own_port, {n.node_id: n.pid for n in self.cluster.nodes() if n.pid})
-        if connector is None:
-            self.unidentified += 1
-            _log.warning("raft proxy for node %d: cannot tell which node connected from port %d",
-                         listener, peer_port)
-        link = _Link(connector, listener, writer)
-        self._links.add(link)
-        try:
-            if self._is_cut(link):
-                link.silent = True
-                await self._pump(link, reader, None)
-                return
-            host, port = self._routes[listener][1].rsplit(":", 1)
-            try:
-                up_reader, up_writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), 2.0)
-            except (OSError, asyncio.TimeoutError):
-                return  # the node is down: the connector sees the connection close, as if refused
-            link.writers.append(up_writer)
-            await asyncio.gather(self._pump(link, reader, up_writer), self._pump(link, up_reader, writer))
-        finally:
-            self._links.discard(link)
-            link.close()
-
-    @staticmethod
-    async def _pump(link: _Link, reader: asyncio.StreamReader, writer: asyncio.StreamWriter | None) -> None:
-        try:
-            while True:
-                data = await reader.read(65536)
-                if not data:
-                    break
-                if link.silent or writer is None:
-                    continue
-                writer.write(data)
-                await writer.drain()
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            link.close()
-
-
-def _owner_node(local_port: int, remote_port: int, pids: dict[int, int]) -> int | None:
-    """The node whose process owns the loopback TCP socket local_port -> remote_port."""
-    inode = None
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as f:
-                lines = f.read().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            if (int(fields[1].rsplit(":", 1)[1], 16) == local_port
-                    and int(fields[2].rsplit(":", 1)[1], 16) == remote_port):
-                inode = fields[9]
-                break
-        if inode is not None:
-            break
-    if inode is None or inode == "0":
-        return None
-    target = f"socket:[{inode}]"
-    for node_id, pid in pids.items():
-        fd_dir = f"/proc/{pid}/fd"
-        try:
-            for fd in os.listdir(fd_dir):
-                try:
-                    if os.readlink(os.path.join(fd_dir, fd)) == target:
-                        return node_id
-                except OSError:
-                    continue
-        except OSError:
-            continue
-    return None
 
 
 # --------------------------------------------------------------------------
@@ -431,52 +170,60 @@ async def _leader_or_none(ctx: NemesisContext) -> int | None:
         return None
 
 
-class KillLeader(Nemesis):
+class _LeaderFault(Nemesis):
+    """A fault on the node that leads when it starts; stop heals that node."""
+
+    done = healed = ""  # what start and stop did, for the log
+
+    def __init__(self) -> None:
+        self.node: int | None = None
+
+    async def _hit(self, ctx: NemesisContext, node: int) -> None:
+        raise NotImplementedError
+
+    async def _heal(self, ctx: NemesisContext, node: int) -> None:
+        raise NotImplementedError
+
+    async def start(self, ctx: NemesisContext) -> dict:
+        self.node = await _leader_or_none(ctx)
+        if self.node is None:
+            return {"node": None, "skipped": "no leader"}
+        await self._hit(ctx, self.node)
+        ctx.note(f"nemesis: {self.done} leader node %d", self.node)
+        return {"node": self.node}
+
+    async def stop(self, ctx: NemesisContext) -> dict:
+        node, self.node = self.node, None
+        if node is not None:
+            await self._heal(ctx, node)
+            ctx.note(f"nemesis: {self.healed} node %d", node)
+        return {"node": node}
+
+
+class KillLeader(_LeaderFault):
     """kill -9 the leader (whatever it is doing); stop restarts it."""
 
     name = "kill-leader"
+    done, healed = "killed", "restarted"
 
-    def __init__(self) -> None:
-        self.node: int | None = None
+    async def _hit(self, ctx: NemesisContext, node: int) -> None:
+        await ctx.kill(node)
 
-    async def start(self, ctx: NemesisContext) -> dict:
-        self.node = await _leader_or_none(ctx)
-        if self.node is None:
-            return {"node": None, "skipped": "no leader"}
-        await ctx.kill(self.node)
-        ctx.note("nemesis: killed leader node %d", self.node)
-        return {"node": self.node}
-
-    async def stop(self, ctx: NemesisContext) -> dict:
-        node, self.node = self.node, None
-        if node is not None:
-            await ctx.start(node)
-            ctx.note("nemesis: restarted node %d", node)
-        return {"node": node}
+    async def _heal(self, ctx: NemesisContext, node: int) -> None:
+        await ctx.start(node)
 
 
-class PauseLeader(Nemesis):
+class PauseLeader(_LeaderFault):
     """SIGSTOP the leader; stop sends SIGCONT (it wakes up believing it still leads)."""
 
     name = "pause-leader"
+    done, healed = "paused", "resumed"
 
-    def __init__(self) -> None:
-        self.node: int | None = None
+    async def _hit(self, ctx: NemesisContext, node: int) -> None:
+        await ctx.signal(node, signal.SIGSTOP)
 
-    async def start(self, ctx: NemesisContext) -> dict:
-        self.node = await _leader_or_none(ctx)
-        if self.node is None:
-            return {"node": None, "skipped": "no leader"}
-        await ctx.signal(self.node, signal.SIGSTOP)
-        ctx.note("nemesis: paused leader node %d", self.node)
-        return {"node": self.node}
-
-    async def stop(self, ctx: NemesisContext) -> dict:
-        node, self.node = self.node, None
-        if node is not None:
-            await ctx.signal(node, signal.SIGCONT)
-            ctx.note("nemesis: resumed node %d", node)
-        return {"node": node}
+    async def _heal(self, ctx: NemesisContext, node: int) -> None:
+        await ctx.signal(node, signal.SIGCONT)
 
 
 class KillAll(Nemesis):
@@ -533,7 +280,7 @@ async def _wait_knows_leader(ctx: NemesisContext, node: int) -> None:
 
 class PartitionLeader(Nemesis):
     """Cut the leader's Raft links to both followers, both directions (client ports stay
-    reachable); stop heals.  Needs ``ctx.network`` (see the module docstring)."""
+    reachable); stop heals.  Needs ``ctx.network`` (``chaos.raftnet``)."""
 
     name = "partition-leader"
 

@@ -1,7 +1,10 @@
-"""How the terminal summaries of chaos and audit verdicts print a figure."""
+"""How the terminal summaries of chaos and audit verdicts print a figure, and a table of them."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
+
+from rich.console import Console
+from rich.table import Table
 
 
 def fmt(v: Any, digits: int = 1) -> str:
@@ -13,3 +16,17 @@ def fmt(v: Any, digits: int = 1) -> str:
     if isinstance(v, int):
         return f"{v:,}"
     return str(v)
+
+
+def print_table(out: Console, title: str, columns: Iterable[str], rows: Iterable[Iterable[str]],
+                numbers_right: bool = False) -> None:
+    """A titled table; with ``numbers_right`` every column but ``source`` is right-justified."""
+    t = Table(title=title, title_justify="left")
+    for c in columns:
+        if numbers_right:
+            t.add_column(c, justify="left" if c == "source" else "right")
+        else:
+            t.add_column(c)
+    for row in rows:
+        t.add_row(*row)
+    out.print(t)

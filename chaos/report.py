@@ -12,7 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from .figures import fmt
+from .figures import fmt, print_table
 from .checker import ANOMALIES, Verdict, fault_intervals, history_end_ns, percentile
 from .history import ALLOCATE, GENERATE, OK, Op, pair_ops
 
@@ -40,21 +40,13 @@ def render_summary(verdict: Verdict, console: Console | None = None, *, limit: i
         out.print(f"[yellow]warning:[/yellow] {w}")
 
     if not verdict.valid:
-        t = Table(title="anomalies", title_justify="left")
-        for c in ("kind", "count", "meaning"):
-            t.add_column(c)
-        for kind, n in verdict.anomaly_counts.items():
-            t.add_row(kind, fmt(n), ANOMALIES.get(kind, ""))
-        out.print(t)
+        print_table(out, "anomalies", ("kind", "count", "meaning"),
+                    [(kind, fmt(n), ANOMALIES.get(kind, "")) for kind, n in verdict.anomaly_counts.items()])
         for kind, examples in verdict.anomalies.items():
             n = verdict.anomaly_counts.get(kind, len(examples))
             shown = examples[:limit]
-            t = Table(title=f"{kind}: first {len(shown)} of {fmt(n)}", title_justify="left")
-            t.add_column("ops")
-            t.add_column("what")
-            for a in shown:
-                t.add_row(", ".join(f"#{i}" for i in a["ops"]) or "-", a["message"])
-            out.print(t)
+            print_table(out, f"{kind}: first {len(shown)} of {fmt(n)}", ("ops", "what"),
+                        [(", ".join(f"#{i}" for i in a["ops"]) or "-", a["message"]) for a in shown])
 
     # One column per operation, one row per figure: stays readable in 80 columns.
     av = verdict.availability

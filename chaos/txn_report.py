@@ -7,7 +7,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .figures import fmt
+from .figures import fmt, print_table
 from .txn_checker import ANOMALIES, TxnVerdict
 
 SHOW = 5  # examples listed per class
@@ -26,21 +26,13 @@ def render_txn_summary(verdict: TxnVerdict, console: Console | None = None, *, l
     for w in verdict.warnings:
         out.print(f"[yellow]warning:[/yellow] {escape(w)}")
 
-    t = Table(title="anomalies", title_justify="left")
-    for c in ("class", "count", "meaning"):
-        t.add_column(c)
-    for kind, meaning in ANOMALIES.items():
-        n = verdict.anomaly_counts.get(kind, 0)
-        t.add_row(kind, f"[bold red]{fmt(n)}[/bold red]" if n else "0", meaning)
-    out.print(t)
+    counts = {kind: verdict.anomaly_counts.get(kind, 0) for kind in ANOMALIES}
+    print_table(out, "anomalies", ("class", "count", "meaning"),
+                [(kind, f"[bold red]{fmt(n)}[/bold red]" if n else "0", ANOMALIES[kind]) for kind, n in counts.items()])
     for kind, examples in verdict.anomalies.items():
         n = verdict.anomaly_counts.get(kind, len(examples))
         shown = examples[:limit]
-        t = Table(title=f"{kind}: first {len(shown)} of {fmt(n)}", title_justify="left")
-        t.add_column("what")
-        for a in shown:
-            t.add_row(escape(a["message"]))
-        out.print(t)
+        print_table(out, f"{kind}: first {len(shown)} of {fmt(n)}", ("what",), [(escape(a["message"]),) for a in shown])
 
     t = Table(title="transactions (client outcome)", title_justify="left")
     outcomes = ("committed", "aborted", "abandoned", "unknown")

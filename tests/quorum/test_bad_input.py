@@ -11,6 +11,7 @@ function-scoped ``cluster`` instead.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import random
@@ -148,6 +149,23 @@ def corr_of(frame: bytes) -> int:
     return struct.unpack_from(">i", frame)[0]
 
 
+@contextlib.asynccontextmanager
+async def node_client(address: str, **options):
+    """A ``QuorumClient`` that knows only the node at ``address`` (15 s a call, 3 s an attempt), closed on the way out."""
+    c = QuorumClient([address], RetryPolicy(timeout=15.0, attempt_timeout=3.0), **options)
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+async def register_new_broker(address: str) -> tuple[int, int]:
+    """A broker id not used before, registered through the node at ``address``: (broker id, epoch)."""
+    async with node_client(address) as c:
+        broker_id = next(_broker_ids)
+        return broker_id, await c.register_broker(broker_id)
+
+
 def counters(h: ClusterHarness, address: str) -> dict:
     async def go():
         c = h.client()
@@ -179,13 +197,10 @@ def assert_serves(h: ClusterHarness, address: str) -> None:
         assert int(body.error_code) == 0, body
         keys = {int(k.api_key): (int(k.min_version), int(k.max_version)) for k in body.api_keys}
         assert keys.get(p.ALLOCATE_PRODUCER_IDS) == (0, 0), keys
-        client = QuorumClient([address], RetryPolicy(timeout=15.0, attempt_timeout=3.0), client_id="bad-input-check")
-        try:
+        async with node_client(address, client_id="bad-input-check") as client:
             broker_id = next(_broker_ids)
             epoch = await client.register_broker(broker_id)
             block = await client.allocate(broker_id, epoch)
-        finally:
-            await client.close()
         return epoch, block
 
     epoch, block = run(go())
@@ -442,8 +457,7 @@ def test_allocate_with_absurd_ids_and_epochs(qcluster):
     address = qcluster.lc.client_addresses()[0]
 
     async def go():
-        c = QuorumClient([address], RetryPolicy(timeout=15.0, attempt_timeout=3.0))
-        try:
+        async with node_client(address) as c:
             with pytest.raises(InvalidRequestError) as e:
                 await c.allocate(-5, 1)
             assert e.value.code == Errors.INVALID_REQUEST == 42
@@ -460,8 +474,6 @@ def test_allocate_with_absurd_ids_and_epochs(qcluster):
                 assert e.value.code == 77, bad_epoch
             block = await c.allocate(broker_id, epoch)  # the right epoch still works
             assert block.length > 0
-        finally:
-            await c.close()
 
     run(go())
     assert_serves(qcluster, address)
@@ -471,8 +483,7 @@ def test_registration_and_heartbeat_bad_values(qcluster):
     address = qcluster.lc.client_addresses()[1]
 
     async def go():
-        c = QuorumClient([address], RetryPolicy(timeout=15.0, attempt_timeout=3.0))
-        try:
+        async with node_client(address) as c:
             for bad_id in (-1, -(2**31)):
                 with pytest.raises(InvalidRequestError) as e:
                     await c.register_broker(bad_id)
@@ -501,8 +512,6 @@ def test_registration_and_heartbeat_bad_values(qcluster):
             with pytest.raises(StaleBrokerEpochError):
                 await c.allocate(broker_id, old)
             assert (await c.heartbeat(broker_id, new))["should_shut_down"] is False
-        finally:
-            await c.close()
 
     run(go())
     assert_serves(qcluster, address)
@@ -571,15 +580,7 @@ def test_pipelined_requests_answered_in_order(qcluster):
     # a server that wrote answers as they complete would reorder them.
     address = follower_address(qcluster)
 
-    async def register():
-        c = QuorumClient([address], RetryPolicy(timeout=15.0, attempt_timeout=3.0))
-        try:
-            broker_id = next(_broker_ids)
-            return broker_id, await c.register_broker(broker_id)
-        finally:
-            await c.close()
-
-    broker_id, epoch = run(register())
+    broker_id, epoch = run(register_new_broker(address))
     alloc = kafka.request_entity(p.ALLOCATE_PRODUCER_IDS, 0, broker_id=p.i32(broker_id), broker_epoch=p.i64(epoch))
     apiv = kafka.request_entity(p.API_VERSIONS, 3, client_software_name="t", client_software_version="1")
     plan = [  # (frame, api key, version, expected error code)
@@ -750,14 +751,7 @@ def test_a_follower_forwards_the_clients_frame_and_relays_the_leaders_answer(qcl
     address = follower_address(qcluster)
     leader = _leader_address(qcluster)
 
-    async def register():
-        c = QuorumClient([leader], RetryPolicy(timeout=15.0, attempt_timeout=3.0))
-        try:
-            broker_id = next(_broker_ids)
-            return broker_id, await c.register_broker(broker_id)
-        finally:
-            await c.close()
-    broker_id, epoch = run(register())
+    broker_id, epoch = run(register_new_broker(leader))
     before = counters(qcluster, address)["forwarded"]
     with raw_conn(address) as s:
         s.sendall(framed(header_v2(p.ALLOCATE_PRODUCER_IDS, 0, 0x5EED, b"odd \xc3\xa9 client")

@@ -18,6 +18,7 @@ from cli.common import EXIT_REFUSED
 from cli.main import cli
 from quorum.client import api as p
 from quorum.client.quorum import QuorumClient, RetryPolicy
+from quorum.config import ConfigError, from_dict
 from quorum.managers import DEFAULT_BROKER_SESSION_TIMEOUT_MS, Context, QuorumState
 from quorum.managers.registrations import _utc
 from quorum.rpcs import RPCS
@@ -330,8 +331,6 @@ def test_a_real_quorum_refuses_a_second_incarnation_until_the_session_lapses(clu
 
 
 def test_broker_session_timeout_ms_is_a_checked_node_setting(tmp_path):
-    from quorum.config import ConfigError, from_dict
-
     base = {"node_id": 1, "data_dir": "d", "raft_address": "127.0.0.1:1", "client_address": "127.0.0.1:2",
             "secret": "s"}
     assert from_dict(base, str(tmp_path)).broker_session_timeout_ms == DEFAULT_BROKER_SESSION_TIMEOUT_MS == 9000

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from quorum.client.quorum import QuorumClient, RetryPolicy
 from quorum.client_quotas import PRODUCER_IDS_RATE, parse_user
 from quorum.managers import QuorumState
 from records import ClientQuotaRecord, decode_batch, encode_batch
@@ -165,8 +166,6 @@ def test_alter_and_describe_through_the_quorum_survive_a_snapshot_and_restart(cl
 def test_a_read_through_a_follower_sees_the_change_answered_just_before(cluster):
     """A follower learns a commit a few milliseconds after the leader answered it: quota and ACL reads are the
     leader's (a follower forwards them), so a client that changed something reads its change anywhere."""
-    from quorum.client.quorum import QuorumClient, RetryPolicy
-
     leader = cluster.leader()
     follower = next(n.client_address for n in cluster.lc.nodes() if n.node_id != leader)
 

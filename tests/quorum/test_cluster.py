@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import socket
+import subprocess
 
 import pytest
 
@@ -83,8 +85,6 @@ def test_restored_backup_of_a_follower_is_held_back_until_it_caught_up(cluster):
     """Real processes: a copy of a follower's data directory taken while it runs (a nightly backup) is
     restored after it is killed.  Its peers saw it hold more: it must not vote or count until its log is
     back there, and once the leader is killed too no acknowledged block is issued again."""
-    import shutil
-
     c = cluster.client()
     epoch = run(c.register_broker(5))
     acked = [run(c.allocate(5, epoch)) for _ in range(3)]
@@ -111,8 +111,6 @@ def test_restored_backup_of_a_follower_is_held_back_until_it_caught_up(cluster):
 
 def test_sigterm_with_open_client_connections_stops_cleanly(cluster):
     """A node stopping while clients are connected ends quietly: no task failure in its log."""
-    import socket
-
     node = cluster.lc.nodes()[0]
     host, port = node.client_address.rsplit(":", 1)
     socks = [socket.create_connection((host, int(port)), timeout=5) for _ in range(3)]
@@ -133,13 +131,11 @@ def test_sigterm_with_open_client_connections_stops_cleanly(cluster):
 def test_start_waits_for_a_dying_process_instead_of_taking_it_for_the_node(tmp_path):
     """After kill -9 a node's cmdline reads empty while it still dies; start() must not take that
     process (or the stale ready file) for a running node, but wait for it and start a new one."""
-    import subprocess as sp
-
     lc = LocalCluster(str(tmp_path / "c"))
     lc.up(3)
     try:
         lc.kill(1)
-        dying = sp.Popen(["sleep", "0.5"])  # alive, not our node: as a process in its exit
+        dying = subprocess.Popen(["sleep", "0.5"])  # alive, not our node: as a process in its exit
         state = lc.load()
         next(n for n in state["nodes"] if n["node_id"] == 1)["pid"] = dying.pid
         lc._save(state)

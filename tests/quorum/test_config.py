@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
 
-from quorum.config import NodeConfig, Peer, load, to_toml
+import pytest
+
+from quorum.config import ConfigError, NodeConfig, Peer, from_dict, load, to_toml
 from quorum.raft import RaftConfig
 
 
@@ -62,10 +66,6 @@ def test_to_toml_leaves_out_unset_binds(tmp_path):
 
 
 def test_metrics_port_and_log_format_are_checked(tmp_path):
-    import pytest
-
-    from quorum.config import ConfigError, from_dict
-
     base = {"node_id": 1, "data_dir": "d", "raft_address": "127.0.0.1:1", "client_address": "127.0.0.1:2",
             "secret": "s"}
     assert from_dict(base, str(tmp_path)).metrics_port == 0  # absent = off
@@ -78,10 +78,6 @@ def test_metrics_port_and_log_format_are_checked(tmp_path):
 
 
 def test_a_secret_file_that_group_or_others_may_read_is_warned_about(tmp_path, caplog):
-    import logging
-    import os
-
-    from quorum.config import from_dict
     base = {"node_id": 1, "data_dir": "d", "raft_address": "127.0.0.1:1", "client_address": "127.0.0.1:2",
             "secret_file": "secret"}
     secret = tmp_path / "secret"

@@ -3,13 +3,20 @@ all of this version or mixed with a node that seals with Fernet only (as earlier
 from __future__ import annotations
 
 import os
+import pickle
+import threading
+import zlib
 
+import pysyncobj.pickle
 import pytest
 from cryptography.fernet import Fernet, InvalidToken
 
-from quorum import linkcrypto
+from cli.render import _link
+from quorum import linkcrypto, raftlink
 from quorum.linkcrypto import AEAD1, FERNET, LinkCodec, direction_key, master_key
+from records import encode_batch
 from tests.conftest import ClusterHarness, cluster_harness, run, wait_for
+from tests.support.inproc import SimCluster
 from tests.quorum.test_cluster import assert_disjoint
 
 FERNET_NODE = os.path.join(os.path.dirname(__file__), "..", "support", "fernet_node.py")
@@ -118,9 +125,6 @@ def test_decrypt_without_the_timestamp_first_is_refused_once_aes_gcm():
 
 @pytest.mark.parametrize("size", [0, 1, 250, linkcrypto.COMPRESS_FROM - 1, linkcrypto.COMPRESS_FROM, 70_000])
 def test_what_pysyncobj_deflates_is_an_ordinary_zlib_stream_and_small_messages_are_stored(size):
-    import zlib
-
-    from quorum import raftlink
     assert raftlink.MessageZlib is linkcrypto.MessageZlib  # what a Raft connection sends with
     data = os.urandom(size // 2) + bytes(size - size // 2)  # half noise, half zeros: deflate would shrink it
     out = linkcrypto.MessageZlib.compress(data, 3)
@@ -132,7 +136,6 @@ def test_what_pysyncobj_deflates_is_an_ordinary_zlib_stream_and_small_messages_a
 
 
 def test_a_stored_message_whose_bytes_are_damaged_does_not_decompress():
-    import zlib
     out = bytearray(linkcrypto.MessageZlib.compress(b"append_entries" * 10))
     out[20] ^= 1
     with pytest.raises(zlib.error):
@@ -140,11 +143,6 @@ def test_a_stored_message_whose_bytes_are_damaged_does_not_decompress():
 
 
 def test_messages_are_pickled_with_protocol_4_and_each_side_reads_the_others_version():
-    import pickle
-
-    import pysyncobj.pickle
-
-    from quorum import raftlink
     assert raftlink.MessagePickle is linkcrypto.MessagePickle  # what a Raft connection sends with
     m = {"type": "append_entries", "term": 3, "commit_index": 41, "prevLogIdx": 41, "prevLogTerm": 3,
          "entries": [(bytes(range(256)) * 2, 42, 3)]}
@@ -163,12 +161,6 @@ def test_an_entrys_command_is_pickled_with_protocol_4_and_an_earlier_versions_is
     """``RaftNode.propose`` makes the command pysyncobj's ``@replicated`` wrapper makes (the method's number
     and the payload), pickled with protocol 4; a command of the wrapper itself (protocol 2, as an earlier
     version's leader proposes) commits and is applied the same on every node."""
-    import pickle
-    import threading
-
-    from records import encode_batch
-    from tests.support.inproc import SimCluster
-
     with SimCluster() as c:
         c.register(1)
         leader = c.leader()
@@ -192,8 +184,6 @@ def test_an_entrys_command_is_pickled_with_protocol_4_and_an_earlier_versions_is
 
 
 def test_pidctl_shows_a_links_encoding_in_one_name_when_both_directions_agree():
-    from cli.render import _link
-
     assert _link({"out": AEAD1, "in": AEAD1}) == "AES-GCM"
     assert _link({"out": FERNET, "in": FERNET}) == "Fernet"
     assert _link({"out": AEAD1, "in": FERNET}) == "out AES-GCM, in Fernet"

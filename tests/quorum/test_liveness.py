@@ -7,6 +7,8 @@ files on a ``SimDisk``) and wait on conditions with deadlines.
 """
 from __future__ import annotations
 
+import pickle
+
 from quorum.raft import Node
 from tests.quorum.test_durability import _deliver, _fake_peer, _on_raft, _vouch
 from tests.support.inproc import SimCluster
@@ -342,8 +344,6 @@ def test_an_entry_in_pieces_whose_last_two_pieces_both_say_finish_is_appended():
     """pysyncobj's leader labels a piece "finish" by the length of the entry's command, not of the pickled
     entry: when a piece boundary falls between the two, two pieces say "finish" and the first is a truncated
     pickle, on which the follower's tick failed (simulation seeds 177 and 332, large records)."""
-    import pickle
-
     with SimCluster(start=False) as c:
         n, obj, _sent = _alone(c, vouched=True, term=3)
         index, log_term = _last(n)
@@ -361,8 +361,6 @@ def test_pieces_without_their_start_or_of_another_entry_are_dropped_and_the_node
     """A piece whose start was lost (or came for another place in the log, or before a snapshot install) starts
     nothing: pysyncobj appended it to an empty str buffer, a TypeError that stopped the node (simulation seed
     1491).  The whole entry, sent again from its start, is appended."""
-    import pickle
-
     with SimCluster(start=False) as c:
         n, obj, _sent = _alone(c, vouched=True, term=3)
         index, log_term = _last(n)

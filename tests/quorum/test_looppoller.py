@@ -6,8 +6,13 @@ import os
 import socket
 import threading
 
+from quorum.client import api as p
+from quorum.client.quorum import QuorumClient, RetryPolicy
 from quorum.looppoller import ERROR, READ, WRITE, LoopPoller
+from quorum.proposer import Proposal, Proposer
 from quorum.raft import FOLLOWER_APPLY_S
+from quorum.rpcs import RPCS
+from quorum.server import SERVER_API, InOrder, QuorumServer
 from records import encode_batch
 from snapshots.storage.disk import EXIT_SOFTWARE
 from tests.support.inproc import STEADY, SimCluster
@@ -182,10 +187,6 @@ def test_a_leaders_proposal_on_its_loop_is_appended_sent_and_synced_at_once_with
 def test_the_proposer_answers_its_requests_inside_the_tick_that_applies_their_entry():
     """A request's future is settled where its entry is applied, not a pass of the loop later by the
     proposer's coroutine: the waiting handler resumes in the next pass."""
-    from quorum.client import api as p
-    from quorum.rpcs import RPCS
-    from quorum.proposer import Proposal, Proposer
-
     with SimCluster() as c:
         epoch = c.register(1)
         leader = c.leader()
@@ -375,9 +376,6 @@ def serve_five_allocations(leader, on_answer_written) -> list:
     """Serve the client port on ``leader``'s loop (the real ``QuorumServer``) while a client registers a broker
     and allocates five blocks; ``on_answer_written()`` runs whenever an answer leaves for the client's socket
     (``InOrder._flush`` wrote one).  Returns the blocks."""
-    from quorum.client.quorum import QuorumClient, RetryPolicy
-    from quorum.server import InOrder, QuorumServer
-
     original_flush = InOrder._flush
 
     def flush(self):
@@ -422,14 +420,12 @@ def test_the_leader_encodes_an_answer_while_its_entry_is_on_its_way_and_writes_t
     """A proposed request's answer is encoded once its entry is handed to Raft, before it is applied
     (``EarlyAnswer.prepare``): off the commit's critical path.  The entry's audit line is written before the
     answer leaves, so a client that reads the trails once it has its answer finds its block there."""
-    from quorum import server as server_module
-
     with SimCluster() as c:
         leader = c.leader()
         service = leader.service
         in_tick = track_ticks(leader.raft._obj)
         encoded, written = [], []
-        api = server_module.SERVER_API
+        api = SERVER_API
         original_encode = api.encode
 
         def encode(*args, **kwargs):

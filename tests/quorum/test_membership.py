@@ -11,7 +11,9 @@ from click.testing import CliRunner
 from cli.main import cli
 from quorum.client.leader import pick_leader
 from quorum.client.quorum import QuorumClient, RetryPolicy
-from quorum.identity import EXIT_IDENTITY_REFUSED
+from quorum.identity import EXIT_IDENTITY_REFUSED, PEERS_FILE, NodeIdentity
+from quorum.raft import configuration_before
+from snapshots.storage.disk import Disk
 from tests.conftest import run, wait_for
 
 
@@ -157,9 +159,6 @@ def test_transfer_leadership(cluster):
 def test_identities_survive_a_graceful_restart_of_every_node(cluster):
     """A clean stop is not a membership change: every node keeps what it learnt of its peers, so a node
     wiped while the whole cluster was down is still refused when they all come back."""
-    from quorum.identity import PEERS_FILE, NodeIdentity
-    from snapshots.storage.disk import Disk
-
     lc = cluster.lc
     allocate(lc.client_addresses(), 3)
     nodes = lc.nodes()
@@ -179,7 +178,6 @@ def test_identities_survive_a_graceful_restart_of_every_node(cluster):
 
 
 def test_the_configuration_before_later_changes_undoes_them_newest_first():
-    from quorum.raft import configuration_before
     now = ["a", "b", "c"]
     assert configuration_before(now, []) == now
     # after the snapshot's index: c added, then d removed

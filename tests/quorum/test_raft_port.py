@@ -17,7 +17,7 @@ from cryptography.fernet import Fernet
 
 from quorum.raft import RaftConfig
 from quorum.raft.upstream import UpstreamConnection as TcpConnection
-from quorum.raftlink import DISCONNECTED, READ, Link, LinkLimits
+from quorum.raftlink import DISCONNECTED, READ, Link, LinkLimits, LinkServer
 from tests.support.inproc import SimCluster
 
 LIMITS = LinkLimits(max_message_bytes=2**20, handshake_bytes=4096, handshake_timeout=0.5, read_per_event=65536)
@@ -274,7 +274,6 @@ def test_a_flood_of_connections_is_accepted_and_shed_while_the_members_links_sta
 
 
 def test_the_listener_takes_at_most_accept_rate_connections_a_second_and_leaves_the_rest_queued():
-    from quorum.raftlink import LinkServer
     limits = LinkLimits(accept_rate=20.0, accept_burst=3, listen_backlog=64)
     poller, taken, counters = Poller(), [], {}
     server = LinkServer(poller, "127.0.0.1", 0, taken.append, limits, timeout=5.0, counters=counters)

@@ -435,16 +435,23 @@ def _setting(v) -> str:
     return ("on" if v else "off") if isinstance(v, bool) else str(v)
 
 
-def _alive(pid: int, procs: dict | None = None) -> bool:
-    proc = (procs or {}).get(pid)
-    if proc is not None:
-        return proc.poll() is None
+def pid_exists(pid: int) -> bool:
+    """A process with this id exists (``kill(pid, 0)``; another user's, or a zombie, too)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
+    return True
+
+
+def _alive(pid: int, procs: dict | None = None) -> bool:
+    proc = (procs or {}).get(pid)
+    if proc is not None:
+        return proc.poll() is None
+    if not pid_exists(pid):
+        return False
     # A zombie of ours that nobody reaped still answers kill(0).
     try:
         with open(f"/proc/{pid}/stat") as f:

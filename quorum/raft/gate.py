@@ -8,6 +8,7 @@ from typing import Any, Protocol
 from .. import linkcrypto
 from ..linkcrypto import AEAD1, LinkCodec
 
+
 class GateOwner(Protocol):
     """What the gate uses of its node (``quorum.raft.node.RaftNode``): the journal it syncs, the link key,
     the identity checks it hands a peer's hellos and verdicts to."""
@@ -34,6 +35,7 @@ class GateOwner(Protocol):
     def _on_refused(self, node: Any, message: Any) -> None: ...
 
     def _on_ping(self, node: Any, message: Any) -> None: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -117,26 +119,20 @@ class Gate:
         if kind == "pq_hello":
             owner._on_hello(node, message)
             self._seal_if_offered(node, message.get("codecs"))
-            return
-        if kind == "pq_codec":
+        elif kind == "pq_codec":
             self._peer_sealing(node, message)  # the link's encoding, whatever the checks: nothing else is read
-            return
-        if kind == "pq_welcome":
+        elif kind == "pq_welcome":
             owner._on_welcome(node, message)
-            return
-        if kind == "pq_refused":
+        elif kind == "pq_refused":
             owner._on_refused(node, message)
-            return
-        if kind == "pq_hello_request":
+        elif kind == "pq_hello_request":
             super().send(node, owner.hello_message())
-            return
-        if not owner._admitted(node.address):
+        elif not owner._admitted(node.address):
             owner._not_admitted(node)
-            return
-        if kind == "pq_ping":
+        elif kind == "pq_ping":
             owner._on_ping(node, message)
-            return
-        super().message_received(node, message)
+        else:
+            super().message_received(node, message)
 
     def destroy(self):
         # pysyncobj's destroy() drops every node: that is a shutdown, not a membership change, and the

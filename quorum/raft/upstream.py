@@ -280,6 +280,15 @@ def _field(name: str, doc: str) -> property:
     return property(get, set_, doc=doc)
 
 
+def _routed(plain: str) -> Callable:
+    """A private hook of pysyncobj's that calls the plain-named method ``plain`` (a subclass's override, else
+    the default: pysyncobj's own step) with the hook's arguments, and passes its result back."""
+    def hook(self, *args):
+        return getattr(self, plain)(*args)
+    hook.__name__ = hook.__qualname__ = f"routed_to_{plain}"
+    return hook
+
+
 class Core(SyncObj):
     """pysyncobj's SyncObj, its private state and steps under plain names, its private hooks routed to
     plain methods a subclass overrides (``on_message``, ``apply_log_entries``, ``on_node_disconnected``,
@@ -397,48 +406,36 @@ class Core(SyncObj):
     REGULAR = _syncobj_module._COMMAND_TYPE.REGULAR
 
     # ------------------------------------------------------------------------ hooks, routed
-    def _SyncObj__onMessageReceived(self, node, message):
-        self.on_message(node, message)
-
-    def on_message(self, node, message) -> None:
-        SyncObj._SyncObj__onMessageReceived(self, node, message)
-
-    def _SyncObj__applyLogEntries(self):
-        return self.apply_log_entries()
-
-    def apply_log_entries(self):
-        return SyncObj._SyncObj__applyLogEntries(self)
-
-    def _SyncObj__onNodeDisconnected(self, node):
-        self.on_node_disconnected(node)
-
-    def on_node_disconnected(self, node) -> None:
-        SyncObj._SyncObj__onNodeDisconnected(self, node)
-
-    def _SyncObj__tryLogCompaction(self):
-        self.try_compaction()
-
-    def try_compaction(self) -> None:
-        raise NotImplementedError
+    _SyncObj__onMessageReceived = _routed("on_message")
+    _SyncObj__applyLogEntries = _routed("apply_log_entries")
+    _SyncObj__onNodeDisconnected = _routed("on_node_disconnected")
+    _SyncObj__tryLogCompaction = _routed("try_compaction")
+    _checkCommandsToApply = _routed("check_commands")
+    _onTick = _routed("on_tick")
+    _applyCommand = _routed("apply_command")
 
     def _SyncObj__loadDumpFile(self, clearJournal):
         raise AssertionError("snapshot loading is pidquorum's (Replicated.load_snapshot); pysyncobj's would clear "
                              "the journal")
 
-    def _checkCommandsToApply(self):
-        self.check_commands()
+    # ------------------------------------------------------------------------ their defaults: pysyncobj's steps
+    def on_message(self, node, message) -> None:
+        SyncObj._SyncObj__onMessageReceived(self, node, message)
+
+    def apply_log_entries(self):
+        return SyncObj._SyncObj__applyLogEntries(self)
+
+    def on_node_disconnected(self, node) -> None:
+        SyncObj._SyncObj__onNodeDisconnected(self, node)
+
+    def try_compaction(self) -> None:
+        raise NotImplementedError
 
     def check_commands(self) -> None:
         SyncObj._checkCommandsToApply(self)
 
-    def _onTick(self, timeToWait=0.0):
-        self.on_tick(timeToWait)
-
     def on_tick(self, time_to_wait: float) -> None:
         SyncObj._onTick(self, time_to_wait)
-
-    def _applyCommand(self, command, callback, commandType=None):
-        return self.apply_command(command, callback, commandType)
 
     def apply_command(self, command, callback, command_type=None):
         return SyncObj._applyCommand(self, command, callback, command_type)
@@ -452,20 +449,15 @@ class TransportHooks:
     ``node_disconnected``, ``message_received``) that a subclass overrides; each default is pysyncobj's.
     Mixed into pysyncobj's transports (``MessageTransport``, ``TcpTransportCore``)."""
 
-    def _onNodeConnected(self, node):
-        self.node_connected(node)
+    _onNodeConnected = _routed("node_connected")
+    _onNodeDisconnected = _routed("node_disconnected")
+    _onMessageReceived = _routed("message_received")
 
     def node_connected(self, node) -> None:
         Transport._onNodeConnected(self, node)
 
-    def _onNodeDisconnected(self, node):
-        self.node_disconnected(node)
-
     def node_disconnected(self, node) -> None:
         Transport._onNodeDisconnected(self, node)
-
-    def _onMessageReceived(self, node, message):
-        self.message_received(node, message)
 
     def message_received(self, node, message) -> None:
         Transport._onMessageReceived(self, node, message)
@@ -519,44 +511,32 @@ class TcpTransportCore(TransportHooks, TCPTransport):
         self._onOutgoingConnected(conn)
 
     # hooks, routed
-    def _createServer(self):
-        self.create_server()
+    _createServer = _routed("create_server")
+    _onNewIncomingConnection = _routed("incoming_connection")
+    _onTick = _routed("transport_tick")
+    _onIncomingMessageReceived = _routed("incoming_message")
+    _sendSelfAddress = _routed("send_self_address")
+    _connectIfNecessarySingle = _routed("connect_if_necessary")
+    _onDisconnected = _routed("disconnected")
 
+    # their defaults: pysyncobj's steps
     def create_server(self) -> None:
         TCPTransport._createServer(self)
-
-    def _onNewIncomingConnection(self, conn):
-        self.incoming_connection(conn)
 
     def incoming_connection(self, conn) -> None:
         TCPTransport._onNewIncomingConnection(self, conn)
 
-    def _onTick(self):
-        self.transport_tick()
-
     def transport_tick(self) -> None:
         TCPTransport._onTick(self)
-
-    def _onIncomingMessageReceived(self, conn, message):
-        self.incoming_message(conn, message)
 
     def incoming_message(self, conn, message) -> None:
         TCPTransport._onIncomingMessageReceived(self, conn, message)
 
-    def _sendSelfAddress(self, conn):
-        self.send_self_address(conn)
-
     def send_self_address(self, conn) -> None:
         TCPTransport._sendSelfAddress(self, conn)
 
-    def _connectIfNecessarySingle(self, node):
-        return self.connect_if_necessary(node)
-
     def connect_if_necessary(self, node) -> bool:
         return TCPTransport._connectIfNecessarySingle(self, node)
-
-    def _onDisconnected(self, conn):
-        self.disconnected(conn)
 
     def disconnected(self, conn) -> None:
         TCPTransport._onDisconnected(self, conn)

@@ -9,7 +9,6 @@ import errno
 import logging
 import os
 import struct
-import threading
 import zlib
 
 import msgpack
@@ -18,9 +17,10 @@ import pytest
 from chaos.sim.disk import LossPolicy, NodeHalted
 from quorum.identity import NodeIdentity
 from quorum.journal import DurableJournal
-from quorum.raft import Node, ProposalUnknown, clock, open_node_files
+from quorum.raft import ProposalUnknown, clock, open_node_files
 from quorum.trail import AuditWriter
 from snapshots.storage.disk import EXIT_DIVERGED, EXIT_STORAGE, Disk, StorageFailure
+from tests.quorum.raft_messages import deliver, fake_peer, on_raft, vouch
 from tests.support.inproc import DATA, FAST, SimCluster, stop_at
 
 
@@ -283,13 +283,13 @@ def test_follower_never_commits_from_a_message_that_verified_nothing():
         n = c.nodes[1]
         n.start()
         obj, journal = n.raft._obj, n.raft.journal
-        leader = _fake_peer(c, 2)
+        leader = fake_peer(c, 2)
         _append_term_1_tail(n, leader, commit_index=1)
         assert journal.durable_end() == (1, 5) and obj.raftCommitIndex == 1  # an uncommitted tail of term 1
         applied = obj.raftLastApplied
         for message in ({"type": "append_entries", "term": 5, "commit_index": 5, "serialized": None},
                         {"type": "append_entries", "term": 5, "commit_index": 5, "serialized": (b"xx", True, False)}):
-            _deliver(n, leader, message)
+            deliver(n, leader, message)
             assert obj.raftCommitIndex == 1 and obj.raftLastApplied == applied
 
 
@@ -300,16 +300,16 @@ def test_appendentries_with_an_older_prev_index_keeps_matching_entries():
         n = c.nodes[1]
         n.start()
         journal = n.raft.journal
-        leader = _fake_peer(c, 2)
+        leader = fake_peer(c, 2)
         entries = [(b"\x01", i, 2) for i in range(2, 11)]
-        _deliver(n, leader, {"type": "append_entries", "term": 2, "commit_index": 1, "prevLogIdx": 1,
+        deliver(n, leader, {"type": "append_entries", "term": 2, "commit_index": 1, "prevLogIdx": 1,
                              "prevLogTerm": 0, "entries": entries})
         assert journal.entries[-1][1] == 10
-        _deliver(n, leader, {"type": "append_entries", "term": 2, "commit_index": 1, "prevLogIdx": 4,
+        deliver(n, leader, {"type": "append_entries", "term": 2, "commit_index": 1, "prevLogIdx": 4,
                              "prevLogTerm": 2, "entries": entries[3:5]})
         assert journal.entries[-1][1] == 10 and journal.durable_end() == (2, 10)
         # a real conflict is cut, from the first conflicting entry on
-        _deliver(n, leader, {"type": "append_entries", "term": 3, "commit_index": 1, "prevLogIdx": 6,
+        deliver(n, leader, {"type": "append_entries", "term": 3, "commit_index": 1, "prevLogIdx": 6,
                              "prevLogTerm": 2, "entries": [(b"\x01", 7, 3)]})
         assert [(e[1], e[2]) for e in journal.entries[-3:]] == [(5, 2), (6, 2), (7, 3)]
 
@@ -321,26 +321,18 @@ def test_a_leader_sending_another_term_where_this_node_committed_stops_it():
     with SimCluster(start=False) as c:
         n = c.nodes[1]
         n.start(trust_own_log=True)
-        leader = _fake_peer(c, 2)
+        leader = fake_peer(c, 2)
         _append_term_1_tail(n, leader, commit_index=4)
         assert n.raft.commit_index == 4
         journal = n.raft.journal
         try:
-            _deliver(n, leader, {"type": "append_entries", "term": 2, "commit_index": 4, "prevLogIdx": 2,
+            deliver(n, leader, {"type": "append_entries", "term": 2, "commit_index": 4, "prevLogIdx": 2,
                                  "prevLogTerm": 1, "entries": [(b"\x02", 3, 2)]})
         except NodeHalted:
             pass
         c.wait(lambda: n.halted is not None, what="the node to stop")
         assert n.halted[0] == EXIT_DIVERGED and "entry 3" in n.halted[1]
         assert journal.entry(3)[2] == 1 and journal.durable_end() == (1, 5)  # nothing cut
-
-
-def _vouch(n, c, peer_id, log_end, held, recover=None, term=3, older=False):
-    """Peer ``peer_id``'s verdict on node ``n``'s start, as its welcome carries it."""
-    message = {"type": "pq_welcome", "by": c.nodes[peer_id].cfg.raft_address, "recover": recover}
-    if not older:
-        message["vouch"] = {"log_end": log_end, "held": held, "term": term}
-    _on_raft(n, lambda: n.raft._on_welcome(_fake_peer(c, peer_id), message))
 
 
 @pytest.mark.parametrize("second", ["this version", "an earlier version"])
@@ -354,12 +346,12 @@ def test_the_peers_that_vouch_set_the_whole_target_not_what_a_peer_saw_in_an_ear
         n = c.nodes[1]
         n.start()
         raft, journal = n.raft, n.raft.journal
-        _append_term_1_tail(n, _fake_peer(c, 2), commit_index=1)
+        _append_term_1_tail(n, fake_peer(c, 2), commit_index=1)
         assert journal.durable_end() == (1, 5)
         # Peer 2 saw this node hold (3, 9) in its last run (a leader's own entry, never committed).
-        _vouch(n, c, 2, log_end=[1, 4], held=[3, 9], recover=[3, 9])
+        vouch(n, c, 2, log_end=[1, 4], held=[3, 9], recover=[3, 9])
         assert raft.recovery == (3, 9) and not raft.vouched  # one voucher of the two it needs
-        _vouch(n, c, 3, log_end=[1, 5], held=[1, 5], older=second != "this version")
+        vouch(n, c, 3, log_end=[1, 5], held=[1, 5], older=second != "this version")
         assert raft.vouched
         if second == "this version":
             assert raft.recovery is None and journal.recovery_target() is None  # it holds (1, 5) already
@@ -379,11 +371,11 @@ def test_a_start_on_the_operators_word_lowers_a_peers_target_to_what_the_peers_h
         n.start(trust_own_log=True)
         raft, journal = n.raft, n.raft.journal
         assert raft.vouched and raft.recovery is None
-        _append_term_1_tail(n, _fake_peer(c, 2), commit_index=1)
+        _append_term_1_tail(n, fake_peer(c, 2), commit_index=1)
         term = raft.current_term()
-        _vouch(n, c, 2, log_end=[1, 4], held=[3, 9], recover=[3, 9])
+        vouch(n, c, 2, log_end=[1, 4], held=[3, 9], recover=[3, 9])
         assert raft.recovery == (3, 9) and raft.restricted  # one peer's word of the two it needs
-        _vouch(n, c, 3, log_end=[1, 5], held=[1, 5])
+        vouch(n, c, 3, log_end=[1, 5], held=[1, 5])
         assert raft.recovery is None and journal.recovery_target() is None  # it holds (1, 5) already
         assert not raft.restricted
         assert raft.current_term() == term  # the operator's word stands for its term and vote
@@ -396,10 +388,10 @@ def test_a_follower_whose_leader_connection_closes_campaigns_within_half_the_min
         n = c.nodes[1]
         n.start()
         obj = n.raft._obj
-        _vouch(n, c, 2, log_end=[0, 1], held=None, term=0)
-        _vouch(n, c, 3, log_end=[0, 1], held=None, term=0)
+        vouch(n, c, 2, log_end=[0, 1], held=None, term=0)
+        vouch(n, c, 3, log_end=[0, 1], held=None, term=0)
         assert n.raft.vouched and not n.raft.restricted
-        leader, other = _fake_peer(c, 2), _fake_peer(c, 3)
+        leader, other = fake_peer(c, 2), fake_peer(c, 3)
         got = {}
 
         def heartbeat_then_close(node):
@@ -410,39 +402,17 @@ def test_a_follower_whose_leader_connection_closes_campaigns_within_half_the_min
             obj.on_node_disconnected(node)
             got["after"], got["wait"] = obj.election_deadline, n.raft.tick_wait()
 
-        _on_raft(n, lambda: heartbeat_then_close(other))
+        on_raft(n, lambda: heartbeat_then_close(other))
         assert got["after"] == got["before"] > got["at"] + n.cfg.raft.election_timeout_min / 2
-        _on_raft(n, lambda: heartbeat_then_close(leader))
+        on_raft(n, lambda: heartbeat_then_close(leader))
         assert got["after"] < got["before"] and got["after"] <= got["at"] + n.cfg.raft.election_timeout_min / 2, got
         assert got["wait"] <= max(got["after"] - got["at"], 0) + 0.001  # the node's loop wakes for it
 
 
-def _fake_peer(c, node_id):
-    return Node(c.nodes[node_id].cfg.raft_address)
-
-
-def _on_raft(node, fn):
-    """Run ``fn()`` in the node's next tick; wait for it."""
-    done = threading.Event()
-
-    def go():
-        try:
-            fn()
-        finally:
-            done.set()
-    node.raft._on_raft_thread(go)
-    assert done.wait(5)
-
-
 def _append_term_1_tail(node, leader, commit_index: int) -> None:
     """``leader`` appends entries 2 to 5 of term 1 after entry 1 to the node's log, with ``commit_index``."""
-    _deliver(node, leader, {"type": "append_entries", "term": 1, "commit_index": commit_index, "prevLogIdx": 1,
+    deliver(node, leader, {"type": "append_entries", "term": 1, "commit_index": commit_index, "prevLogIdx": 1,
                             "prevLogTerm": 0, "entries": [(b"\x01", i, 1) for i in range(2, 6)]})
-
-
-def _deliver(node, peer, message):
-    """Hand ``message`` to the node's Raft layer on its own thread, as if ``peer`` sent it; wait for it."""
-    _on_raft(node, lambda: node.raft._obj.on_message(peer, message))
 
 
 def test_raft_port_binds_the_advertised_host_not_every_interface():
@@ -582,9 +552,9 @@ def test_a_vote_delivered_twice_counts_once():
             obj.votes_count = 1
         n, obj = _node_one_alone(c, become_candidate, "the candidate")
         for _ in range(2):
-            _deliver(n, _fake_peer(c, 2), {"type": "response_vote", "term": 5})
+            deliver(n, fake_peer(c, 2), {"type": "response_vote", "term": 5})
         assert not n.raft.role()[0]  # 2 voters of 5, however many messages
-        _deliver(n, _fake_peer(c, 3), {"type": "response_vote", "term": 5})
+        deliver(n, fake_peer(c, 3), {"type": "response_vote", "term": 5})
         assert n.raft.role()[0]
 
 
@@ -597,11 +567,11 @@ def test_an_acknowledgement_from_another_term_is_ignored():
             obj.set_term(7, n.cfg.raft_address)
             obj.become_leader()
         n, obj = _node_one_alone(c, become_leader, "the leader")
-        peer = _fake_peer(c, 2)
+        peer = fake_peer(c, 2)
         stale = {"type": "next_node_idx", "next_node_idx": 3, "reset": False, "success": True, "term": 5}
-        _deliver(n, peer, stale)
+        deliver(n, peer, stale)
         assert obj.match_index[peer] == 0
-        _deliver(n, peer, dict(stale, term=7))
+        deliver(n, peer, dict(stale, term=7))
         assert obj.match_index[peer] == 2
 
 
@@ -614,7 +584,7 @@ def test_a_leader_answered_with_a_higher_term_steps_down_into_it():
             obj.set_term(7, n.cfg.raft_address)
             obj.become_leader()
         n, obj = _node_one_alone(c, become_leader, "the leader")
-        _deliver(n, _fake_peer(c, 2), {"type": "next_node_idx", "next_node_idx": 1, "reset": False,
+        deliver(n, fake_peer(c, 2), {"type": "next_node_idx", "next_node_idx": 1, "reset": False,
                                        "success": False, "term": 9})
         assert obj.term == 9 and obj.voted_for is None and not n.raft.role()[0]
 
@@ -632,8 +602,8 @@ def test_a_candidate_from_an_earlier_term_is_told_the_term_and_follows_it():
             original = transport.send
             transport.send = lambda node, message: (sent.append((node.address, message)), original(node, message))
         n, obj = _node_one_alone(c, follower_in_term_9, "the follower")
-        candidate = _fake_peer(c, 2)
-        _deliver(n, candidate, {"type": "request_vote", "term": 7, "last_log_index": 99, "last_log_term": 7})
+        candidate = fake_peer(c, 2)
+        deliver(n, candidate, {"type": "request_vote", "term": 7, "last_log_index": 99, "last_log_term": 7})
         assert (candidate.address, {"type": "response_vote", "term": 9, "granted": False}) in sent
         assert obj.term == 9 and obj.voted_for is None
 
@@ -641,10 +611,10 @@ def test_a_candidate_from_an_earlier_term_is_told_the_term_and_follows_it():
             obj.set_term(10, n.cfg.raft_address)
             obj.set_state(1)
             obj.votes_count = 1
-        _on_raft(n, lambda: candidate_in_term_10(n, obj))
-        _deliver(n, _fake_peer(c, 3), {"type": "response_vote", "term": 10, "granted": False})
+        on_raft(n, lambda: candidate_in_term_10(n, obj))
+        deliver(n, fake_peer(c, 3), {"type": "response_vote", "term": 10, "granted": False})
         assert obj.votes_count == 1 and obj.state == 1  # a denial is not a vote
-        _deliver(n, _fake_peer(c, 3), {"type": "response_vote", "term": 12, "granted": False})
+        deliver(n, fake_peer(c, 3), {"type": "response_vote", "term": 12, "granted": False})
         assert obj.term == 12 and obj.state == 0
 
 

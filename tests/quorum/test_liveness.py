@@ -10,7 +10,7 @@ from __future__ import annotations
 import pickle
 
 from quorum.raft import Node
-from tests.quorum.test_durability import _deliver, _fake_peer, _on_raft, _vouch
+from tests.quorum.raft_messages import deliver, fake_peer, on_raft, vouch
 from tests.support.inproc import SimCluster
 
 FOLLOWER, CANDIDATE, LEADER = 0, 1, 2
@@ -28,7 +28,7 @@ def _recording(n):
             sent.append((node.address, message))
             return original(node, message)
         transport.send = send
-    _on_raft(n, wrap)
+    on_raft(n, wrap)
     return sent
 
 
@@ -37,11 +37,11 @@ def _alone(c, vouched: bool, term: int = 3):
     n = c.nodes[1]
     n.start()
     if vouched:
-        _vouch(n, c, 2, log_end=[0, 1], held=None, term=0)
-        _vouch(n, c, 3, log_end=[0, 1], held=None, term=0)
+        vouch(n, c, 2, log_end=[0, 1], held=None, term=0)
+        vouch(n, c, 3, log_end=[0, 1], held=None, term=0)
         assert not n.raft.restricted
     obj = n.raft._obj
-    _on_raft(n, lambda: obj.set_term(term, None))
+    on_raft(n, lambda: obj.set_term(term, None))
     return n, obj, _recording(n)
 
 
@@ -54,7 +54,7 @@ def _last(n) -> tuple[int, int]:
 def _heartbeat(c, n, leader_id: int, term: int):
     """An AppendEntries from node ``leader_id`` as leader in ``term`` (matching node 1's log: it verifies it)."""
     index, log_term = _last(n)
-    _deliver(n, _fake_peer(c, leader_id), {"type": "append_entries", "term": term, "commit_index": 0,
+    deliver(n, fake_peer(c, leader_id), {"type": "append_entries", "term": term, "commit_index": 0,
                                            "prevLogIdx": index, "prevLogTerm": log_term, "entries": []})
 
 
@@ -71,10 +71,10 @@ def test_a_held_back_node_takes_a_higher_term_from_a_vote_request_and_answers_a_
     with SimCluster(start=False) as c:
         n, obj, sent = _alone(c, vouched=False)
         assert n.raft.restricted
-        peer = _fake_peer(c, 2).address
-        _deliver(n, _fake_peer(c, 2), {"type": "request_vote", "term": 7, "last_log_index": 99, "last_log_term": 7})
+        peer = fake_peer(c, 2).address
+        deliver(n, fake_peer(c, 2), {"type": "request_vote", "term": 7, "last_log_index": 99, "last_log_term": 7})
         assert obj.term == 7 and obj.voted_for is None and _answers(sent, peer, "response_vote") == []
-        _deliver(n, _fake_peer(c, 2), {"type": "request_vote", "term": 5, "last_log_index": 99, "last_log_term": 5})
+        deliver(n, fake_peer(c, 2), {"type": "request_vote", "term": 5, "last_log_index": 99, "last_log_term": 5})
         assert _answers(sent, peer, "response_vote") == [{"type": "response_vote", "term": 7, "granted": False}]
 
 
@@ -85,11 +85,11 @@ def test_a_vote_request_in_the_voters_own_term_is_granted_once_and_counted_once(
     grant: a grant of an earlier term marks no voter of this one."""
     with SimCluster(start=False) as c:
         n, obj, sent = _alone(c, vouched=True, term=9)
-        first, second = _fake_peer(c, 2), _fake_peer(c, 3)
+        first, second = fake_peer(c, 2), fake_peer(c, 3)
         ask = {"type": "request_vote", "term": 9, "last_log_index": 99, "last_log_term": 9}
-        _deliver(n, first, ask)
+        deliver(n, first, ask)
         assert obj.voted_for == first.address and obj.term == 9
-        _deliver(n, second, ask)
+        deliver(n, second, ask)
         assert obj.voted_for == first.address
         assert [m.get("granted", True) for m in _answers(sent, second.address, "response_vote")] in ([], [False])
 
@@ -97,9 +97,9 @@ def test_a_vote_request_in_the_voters_own_term_is_granted_once_and_counted_once(
             obj.set_term(10, n.cfg.raft_address)
             obj.set_state(CANDIDATE)
             obj.votes_count = 1
-        _on_raft(n, candidate_in_term_10)
-        _deliver(n, first, {"type": "response_vote", "term": 9})  # a late grant of the last term
-        _deliver(n, first, {"type": "response_vote", "term": 10})
+        on_raft(n, candidate_in_term_10)
+        deliver(n, first, {"type": "response_vote", "term": 9})  # a late grant of the last term
+        deliver(n, first, {"type": "response_vote", "term": 10})
         assert obj.state == LEADER  # its own vote and the first peer's: two of three
 
 
@@ -109,7 +109,7 @@ def test_an_append_entries_from_a_lower_term_is_answered_with_this_nodes_term_an
     held-back node holds, which never campaigns."""
     with SimCluster(start=False) as c:
         n, obj, sent = _alone(c, vouched=False, term=9)
-        stale = _fake_peer(c, 2)
+        stale = fake_peer(c, 2)
         before = _last(n)
         _heartbeat(c, n, 2, term=7)
         answers = _answers(sent, stale.address, "next_node_idx")
@@ -125,10 +125,10 @@ def test_a_vote_request_from_outside_the_configuration_is_answered_with_the_term
         n, obj, sent = _alone(c, vouched=True, term=9)
         outsider = Node("127.0.0.1:1")
         for term in (4, 9, 12):
-            _deliver(n, outsider, {"type": "request_vote", "term": term, "last_log_index": 99, "last_log_term": 9})
+            deliver(n, outsider, {"type": "request_vote", "term": term, "last_log_index": 99, "last_log_term": 9})
         assert _answers(sent, outsider.address, "response_vote") == [
             {"type": "response_vote", "term": 9, "granted": False}]
-        _deliver(n, outsider, {"type": "pq_pre_vote", "term": 5, "last_log_index": 99, "last_log_term": 9})
+        deliver(n, outsider, {"type": "pq_pre_vote", "term": 5, "last_log_index": 99, "last_log_term": 9})
         assert _answers(sent, outsider.address, "pq_pre_vote_response") == [
             {"type": "pq_pre_vote_response", "term": 9, "pre_term": 5, "granted": False}]
         assert obj.term == 9 and obj.voted_for is None
@@ -139,10 +139,10 @@ def test_a_pre_vote_is_granted_only_to_an_up_to_date_log_while_no_leader_is_hear
     with SimCluster(start=False) as c:
         n, obj, sent = _alone(c, vouched=True, term=3)
         index, log_term = _last(n)
-        asker = _fake_peer(c, 2)
+        asker = fake_peer(c, 2)
 
         def ask(term, last_term, last_index):
-            _deliver(n, asker, {"type": "pq_pre_vote", "term": term, "last_log_term": last_term,
+            deliver(n, asker, {"type": "pq_pre_vote", "term": term, "last_log_term": last_term,
                                 "last_log_index": last_index})
             return _answers(sent, asker.address, "pq_pre_vote_response")[-1]
 
@@ -180,9 +180,9 @@ def test_a_node_campaigns_only_with_a_majority_of_pre_votes_each_voter_counted_o
             def go():
                 obj = n.raft._obj
                 pre_term = obj._pre_vote.term
-                obj.on_message(_fake_peer(c, peer_id), {"type": "pq_pre_vote_response", "term": pre_term - 1,
+                obj.on_message(fake_peer(c, peer_id), {"type": "pq_pre_vote_response", "term": pre_term - 1,
                                                         "pre_term": pre_term, "granted": True})
-            _on_raft(n, go)
+            on_raft(n, go)
 
         for peer_id in (2, 2):
             grant(peer_id)
@@ -196,7 +196,7 @@ def test_a_node_campaigns_only_with_a_majority_of_pre_votes_each_voter_counted_o
 def test_a_pre_vote_denial_from_a_higher_term_makes_the_node_follow_that_term():
     with SimCluster(start=False) as c:
         n, obj, _sent = _alone(c, vouched=True, term=3)
-        _deliver(n, _fake_peer(c, 2), {"type": "pq_pre_vote_response", "term": 8, "pre_term": 4, "granted": False})
+        deliver(n, fake_peer(c, 2), {"type": "pq_pre_vote_response", "term": 8, "pre_term": 4, "granted": False})
         assert (obj.term, obj.voted_for, obj.state) == (8, None, FOLLOWER)
 
 
@@ -225,9 +225,9 @@ def test_the_hello_says_whether_a_node_speaks_pre_vote():
         n, peer = c.nodes[1], c.nodes[2]
         hello = peer.on_loop(peer.raft.hello_message)
         older = {k: v for k, v in hello.items() if k != "pre_vote"}  # an earlier version's hello
-        n.on_loop(lambda: n.raft._on_hello(_fake_peer(c, 2), older))
+        n.on_loop(lambda: n.raft._on_hello(fake_peer(c, 2), older))
         assert n.on_loop(lambda: n.raft.votes_without_pre_vote(peer.cfg.raft_address))
-        n.on_loop(lambda: n.raft._on_hello(_fake_peer(c, 2), hello))  # upgraded, reconnected
+        n.on_loop(lambda: n.raft._on_hello(fake_peer(c, 2), hello))  # upgraded, reconnected
         assert not n.on_loop(lambda: n.raft.votes_without_pre_vote(peer.cfg.raft_address))
 
 
@@ -237,12 +237,12 @@ def test_a_follower_that_hears_its_leader_ignores_a_vote_request_of_a_higher_ter
         n, obj, sent = _alone(c, vouched=True, term=3)
         index, log_term = _last(n)
         _heartbeat(c, n, 2, term=3)
-        candidate = _fake_peer(c, 3)
+        candidate = fake_peer(c, 3)
         request = {"type": "request_vote", "term": 5, "last_log_index": index, "last_log_term": log_term}
-        _deliver(n, candidate, request)
+        deliver(n, candidate, request)
         assert (obj.term, obj.voted_for) == (3, None)  # neither granted nor its term taken
         assert _answers(sent, candidate.address, "response_vote") == []
-        _deliver(n, candidate, dict(request, transfer=True))  # the leader asked for this campaign
+        deliver(n, candidate, dict(request, transfer=True))  # the leader asked for this campaign
         assert (obj.term, obj.voted_for) == (5, candidate.id)
         assert _answers(sent, candidate.address, "response_vote")[-1] == {"type": "response_vote", "term": 5}
 
@@ -287,7 +287,7 @@ def test_a_leadership_transfer_still_elects_its_target():
         c.register(1)
         leader = c.leader()
         target = next(n for n in c.nodes.values() if n is not leader)
-        c.wait(lambda: leader.on_loop(lambda: leader.raft._obj.match_index.get(_fake_peer(c, target.node_id), 0)
+        c.wait(lambda: leader.on_loop(lambda: leader.raft._obj.match_index.get(fake_peer(c, target.node_id), 0)
                                        == leader.raft.journal.entries[-1][1]), what="the target to be caught up")
         leader.raft.transfer_leadership(target.cfg.raft_address, timeout=5.0)
         c.wait(lambda: c.leader() is target, what="the target to lead")
@@ -349,9 +349,9 @@ def test_an_entry_in_pieces_whose_last_two_pieces_both_say_finish_is_appended():
         index, log_term = _last(n)
         data = pickle.dumps((b"\x00" + b"x" * 2999, index + 1, 3), protocol=2)
         pieces = [data[:1000], data[1000:len(data) - 4], data[len(data) - 4:]]
-        leader = _fake_peer(c, 2)
+        leader = fake_peer(c, 2)
         for label, piece in zip(("start", "finish", "finish"), pieces):
-            _deliver(n, leader, {"type": "append_entries", "transmission": label, "data": piece, "term": 3,
+            deliver(n, leader, {"type": "append_entries", "transmission": label, "data": piece, "term": 3,
                                  "commit_index": 0, "prevLogIdx": index, "prevLogTerm": log_term})
         assert n.halted is None
         assert _last(n) == (index + 1, 3)
@@ -365,10 +365,10 @@ def test_pieces_without_their_start_or_of_another_entry_are_dropped_and_the_node
         n, obj, _sent = _alone(c, vouched=True, term=3)
         index, log_term = _last(n)
         data = pickle.dumps((b"\x00" + b"x" * 2999, index + 1, 3), protocol=2)
-        leader = _fake_peer(c, 2)
+        leader = fake_peer(c, 2)
 
         def piece(label, chunk, prev=index):
-            _deliver(n, leader, {"type": "append_entries", "transmission": label, "data": chunk, "term": 3,
+            deliver(n, leader, {"type": "append_entries", "transmission": label, "data": chunk, "term": 3,
                                  "commit_index": 0, "prevLogIdx": prev, "prevLogTerm": log_term})
         piece("process", data[1000:2000])  # its start was lost
         piece("finish", data[2000:])
@@ -389,17 +389,17 @@ def test_a_follower_refusing_a_conflict_sends_the_leader_back_to_after_its_commi
     heartbeat, and never below the round's first batch)."""
     with SimCluster(start=False) as c:
         n, obj, sent = _alone(c, vouched=True, term=3)
-        peer = _fake_peer(c, 2)
+        peer = fake_peer(c, 2)
         index, log_term = _last(n)
         entries = [[b"x", index + i, 3] for i in range(1, 6)]
-        _deliver(n, peer, {"type": "append_entries", "term": 3, "commit_index": index, "prevLogIdx": index,
+        deliver(n, peer, {"type": "append_entries", "term": 3, "commit_index": index, "prevLogIdx": index,
                            "prevLogTerm": log_term, "entries": entries})
         commit = n.on_loop(lambda: obj.commit_index)
         assert commit == index and _last(n) == (index + 5, 3)
         sent.clear()
         # The new leader (term 4) holds other entries after the commit index: its AppendEntries at the
         # follower's end conflicts.
-        _deliver(n, peer, {"type": "append_entries", "term": 4, "commit_index": index, "prevLogIdx": index + 5,
+        deliver(n, peer, {"type": "append_entries", "term": 4, "commit_index": index, "prevLogIdx": index + 5,
                            "prevLogTerm": 4, "entries": []})
         answers = _answers(sent, peer.address, "next_node_idx")
         assert answers[-1]["next_node_idx"] == commit + 1 and answers[-1]["refused"] is True

@@ -27,7 +27,7 @@ from quorum.security.tls import client_context
 from quorum.telemetry.metrics import read_metrics
 from tests.conftest import wait_for
 from tests.security.conftest import PASSWORDS
-from tests.support.sockets import close_all, closed, refused_frames, unsent, wait_closed
+from tests.support.sockets import close_all, closed, refused_frames, trickle, unsent, wait_closed
 from records.wire import kafka
 
 KiB, MiB = 1024, 1024 * 1024
@@ -286,19 +286,8 @@ def test_a_client_hello_trickled_a_byte_at_a_time_is_closed_at_the_handshake_dea
     hello = _client_hello()
     before = node.metric("pidquorum_client_authentication_timeouts_total")
     slow = [node.raw(f"127.0.0.{2 + i % 4}") for i in range(20)]
-    try:
-        t0 = time.monotonic()
-        sent = 0
-        while not all(closed(s) for s in slow):
-            assert time.monotonic() - t0 < 15, "a trickled ClientHello kept its connection open"
-            assert node.serves()  # served while the handshakes hang
-            for s in slow:
-                try:
-                    s.sendall(hello[sent:sent + 1])
-                except OSError:
-                    pass  # closed: the next closed() sees it
-            sent += 1
-            select.select(slow, [], [], 0.1)
+    try:  # served while the handshakes hang
+        sent, _ = trickle(slow, hello, 15, "a trickled ClientHello kept its connection open", meanwhile=node.serves)
         assert sent < len(hello)
     finally:
         close_all(slow)

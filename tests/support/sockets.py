@@ -48,6 +48,26 @@ def unsent(sock: socket.socket) -> int:
     return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
 
 
+def trickle(socks, data: bytes, timeout: float, what: str, meanwhile=None) -> tuple[int, float]:
+    """Send ``data`` to each of ``socks`` a byte every 100 ms until the server has closed them all; AssertionError
+    ``what`` after ``timeout`` seconds.  ``meanwhile()``, if given, must hold before every round.  Returns the
+    bytes sent to each and the seconds it took."""
+    t0 = time.monotonic()
+    sent = 0
+    while not all(closed(s) for s in socks):
+        assert time.monotonic() - t0 < timeout, what
+        if meanwhile is not None:
+            assert meanwhile(), "not served while the connections were trickled"
+        for s in socks:
+            try:
+                s.sendall(data[sent:sent + 1])
+            except OSError:
+                pass  # closed: the next closed() sees it
+        sent += 1
+        select.select(socks, [], [], 0.1)
+    return sent, time.monotonic() - t0
+
+
 def close_all(socks) -> None:
     for s in socks:
         try:

@@ -6,7 +6,6 @@ import ctypes
 import ctypes.util
 import logging
 import os
-import signal
 
 from quorum.client.quorum import HandshakeFailed, QuorumClient, RetryPolicy, unreachable
 from quorum.security.credentials import CredentialsError
@@ -16,7 +15,7 @@ from snapshots.storage.lock import DirectoryLockedError, lock_directory
 from quorum.telemetry import logs
 from quorum.telemetry.metrics import serve_metrics
 from records.wire.errors import PidQuorumError
-from records.wire.listen import bind_error
+from records.wire.listen import bind_error, until_stopped
 
 from .config import QUORUM_SETTING_NAMES
 from .frontend import BrokerConfig, BrokerServer
@@ -71,11 +70,7 @@ async def _serve(cfg: BrokerConfig, ready_file: str | None) -> None:
             with open(tmp, "w") as f:
                 f.write(f"{os.getpid()} {server.port}\n")
             os.replace(tmp, ready_file)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
+        await until_stopped()
         log.info("broker %d stopping", cfg.broker_id)
     finally:
         if endpoint is not None:

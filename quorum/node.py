@@ -4,7 +4,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 import sys
 
 from quorum.security.credentials import CredentialsError
@@ -13,7 +12,7 @@ from snapshots.storage.disk import EXIT_CORRUPT, EXIT_IDENTITY_REFUSED, EXIT_UNA
 from snapshots.storage.lock import DirectoryLockedError, lock_directory
 from quorum.telemetry import logs
 from quorum.telemetry.metrics import serve_metrics
-from records.wire.listen import bind_error
+from records.wire.listen import bind_error, until_stopped
 
 from .config import NodeConfig
 from .identity import IdentityError
@@ -45,13 +44,9 @@ async def _serve(cfg: NodeConfig, ready_file: str | None, disk: Disk | None, tru
         if ready_file:
             with open(ready_file, "w") as f:
                 f.write(str(os.getpid()))
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
         log.info("node %d up: raft %s, client %s, data %s", cfg.node_id, cfg.raft_address, cfg.client_address,
                  cfg.data_dir)
-        await stop.wait()
+        await until_stopped()
         log.info("node %d stopping", cfg.node_id)
     finally:
         if endpoint is not None:

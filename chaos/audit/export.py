@@ -22,12 +22,7 @@ Each source is named by its path relative to ``SRC`` (or, when ``SRC`` is the
 source itself, by its directory name); ``<slug>`` is that name made into a
 file name, unique within the export.
 
-Schemas (``arrow_schema``, ``AUDIT_COLUMNS``, ``GAP_SCHEMA``, ``CHAOS_ALLOCATE_SCHEMA``,
-``CHAOS_GENERATE_SCHEMA``) are derived from the single descriptions of the data:
-``records.schema`` for the audit trail (the ``AuditEntry`` fields but ``record``,
-which names the table, then the record's own fields; ``FIELD_TYPES`` maps the
-schema's types to Arrow's), ``chaos.history.VALUE_SHAPES`` for the values of ok
-operations.  Every node's copy of a line is kept; ``node_id`` tells them apart.
+The tables' schemas are in ``chaos.audit.schemas``.  Every node's copy of a line is kept; ``node_id`` tells them apart.
 
 Bad input raises one error naming the file: ``ExportError`` (missing or empty
 ``SRC``, nothing to export, a non-empty ``DEST`` without ``force``, unreadable
@@ -57,14 +52,27 @@ from chaos.history import (
     GENERATE,
     NEMESIS_PREFIX,
     OK,
-    VALUE_SHAPES,
     iter_history,
     owner,
+)
+from chaos.audit.schemas import (
+    AUDIT_ENTRY_FIELDS,
+    CHAOS_ALLOCATE_SCHEMA,
+    CHAOS_ALLOCATE_TABLE,
+    CHAOS_GENERATE_SCHEMA,
+    CHAOS_GENERATE_TABLE,
+    FIELD_TYPES,  # noqa: F401 (re-exported: chaos.audit.export.FIELD_TYPES, as before the schemas moved)
+    GAP_SCHEMA,
+    GAPS_TABLE,
+    OP_COLUMNS,
+    arrow_schema,
+    record_table,
+    schema_to_json,
 )
 from chaos.runner import HISTORY
 from quorum.trail import read_audit
 from records import AuditEntry, AuditGap
-from records.schema import AUDIT_ENTRY, AUDIT_GAP, INT_RANGES, RECORDS, FieldSpec, RecordSpec
+from records.schema import RECORDS, RecordSpec
 from snapshots.storage.disk import CorruptFileError
 from snapshots.storage.files import atomic_write, fsync_dir
 
@@ -73,10 +81,6 @@ MANIFEST = "manifest.json"
 AUDIT_FILE = "audit.log"
 CLUSTER_SUBDIR = "cluster"  # where a chaos run keeps its nodes (chaos.runner)
 
-RECORDS_DIR = "records"
-GAPS_TABLE = "gaps"
-CHAOS_ALLOCATE_TABLE = "chaos/allocate"
-CHAOS_GENERATE_TABLE = "chaos/generate"
 OUTPUT_NAMES = ("records", "gaps", "chaos", MANIFEST)  # the top-level entries an export owns in DEST
 
 ROW_GROUP_ROWS = 256 * 1024
@@ -88,88 +92,6 @@ REPLICATED: dict[str, RecordSpec] = {s.name: s for s in RECORDS}
 
 class ExportError(Exception):
     """An audit export cannot be made (or read): bad source or destination, nothing found, no manifest."""
-
-
-# --------------------------------------------------------------------------
-# Schemas, derived from records.schema and chaos.history
-# --------------------------------------------------------------------------
-
-FIELD_TYPES: dict[str, pa.DataType] = {
-    "int8": pa.int8(),
-    "int16": pa.int16(),
-    "int32": pa.int32(),
-    "int64": pa.int64(),
-    "bool": pa.bool_(),
-    "string": pa.string(),
-    "nullable_string": pa.string(),
-    "float64": pa.float64(),
-}
-
-
-def arrow_field(f: FieldSpec) -> pa.Field:
-    """The Arrow field of a record field: the one mapping from ``records.schema`` types to Arrow."""
-    try:
-        typ = FIELD_TYPES[f.type]
-    except KeyError:
-        raise ValueError(f"field {f.name}: no Arrow type for {f.type!r}") from None
-    return pa.field(f.name, typ, nullable=f.type == "nullable_string")
-
-
-SOURCE_FIELD = pa.field("source", pa.string(), nullable=False)
-NODE_ID_FIELD = pa.field("node_id", pa.int32(), nullable=False)
-
-# source, node_id, then AuditEntry's fields except ``record`` (the record type is the table):
-# raft_index, raft_term, position, accepted, error.
-AUDIT_COLUMNS: tuple[pa.Field, ...] = (SOURCE_FIELD, NODE_ID_FIELD) + tuple(
-    arrow_field(f) for f in AUDIT_ENTRY.fields if f.name != "record")
-_AUDIT_ENTRY_FIELDS = tuple(f.name for f in AUDIT_ENTRY.fields if f.name != "record")
-
-GAP_SCHEMA = pa.schema((SOURCE_FIELD, NODE_ID_FIELD) + tuple(arrow_field(f) for f in AUDIT_GAP.fields))
-
-
-def arrow_schema(spec: RecordSpec) -> pa.Schema:
-    """The schema of ``records/<spec.name>/``: ``AUDIT_COLUMNS`` then the record's own fields."""
-    clash = {c.name for c in AUDIT_COLUMNS} & {f.name for f in spec.fields}
-    if clash:
-        raise ValueError(f"{spec.name}: field(s) {', '.join(sorted(clash))} clash with the audit columns")
-    return pa.schema(AUDIT_COLUMNS + tuple(arrow_field(f) for f in spec.fields))
-
-
-def _int_type(lo: int, hi: int) -> pa.DataType:
-    """The narrowest of int8..int64 (records.schema's integer types) that holds [lo, hi]."""
-    for name in ("int8", "int16", "int32", "int64"):
-        a, b = INT_RANGES[name]
-        if a <= lo and hi <= b:
-            return FIELD_TYPES[name]
-    raise ValueError(f"no integer type holds [{lo}, {hi}]")
-
-
-_OP_COLUMNS = (SOURCE_FIELD, pa.field("process", pa.string(), nullable=False),
-               pa.field("owner", pa.string(), nullable=False),
-               pa.field("index", pa.int64(), nullable=False), pa.field("time_ns", pa.int64(), nullable=False))
-
-
-def _value_fields(f: str) -> tuple[pa.Field, ...]:
-    """Columns for the value of an ok ``f`` op, from chaos.history.VALUE_SHAPES (a bare range is ``pid``)."""
-    shape = VALUE_SHAPES[(f, OK)]
-    if isinstance(shape, tuple):
-        return (pa.field("pid", _int_type(*shape), nullable=False),)
-    return tuple(pa.field(k, _int_type(lo, hi), nullable=False) for k, (lo, hi) in shape.items())
-
-
-# source, process, owner, index, time_ns, broker_id (int32), broker_epoch, start (int64), length (int32)
-CHAOS_ALLOCATE_SCHEMA = pa.schema(_OP_COLUMNS + _value_fields(ALLOCATE))
-# source, process, owner, index, time_ns, pid (int64)
-CHAOS_GENERATE_SCHEMA = pa.schema(_OP_COLUMNS + _value_fields(GENERATE))
-
-
-def record_table(name: str) -> str:
-    """The table (directory relative to the export) of a replicated record type."""
-    return f"{RECORDS_DIR}/{name}"
-
-
-def schema_to_json(schema: pa.Schema) -> list[dict]:
-    return [{"name": f.name, "type": str(f.type), "nullable": f.nullable} for f in schema]
 
 
 # --------------------------------------------------------------------------
@@ -329,7 +251,7 @@ class _OpTable:
 
     def __init__(self, out: _Out, rel: str, schema: pa.Schema, source: str):
         self.out, self.rel, self.schema, self.source = out, rel, schema, source
-        self.value_names = [f.name for f in schema][len(_OP_COLUMNS):]
+        self.value_names = [f.name for f in schema][len(OP_COLUMNS):]
         self.value_types = [schema.field(n).type for n in self.value_names]
         self.process_ids: dict[str, int] = {}
         self.processes: list[str] = []
@@ -422,7 +344,7 @@ def _export_audits(src: Source, out: _Out, counts: dict) -> None:
                 cols = columns[name] = {f.name: [] for f in arrow_schema(rec.SPEC)}
                 cols["source"] = None  # constant, built at the end
             cols["node_id"].append(node_id)
-            for k in _AUDIT_ENTRY_FIELDS:
+            for k in AUDIT_ENTRY_FIELDS:
                 cols[k].append(getattr(entry, k))
             for f in rec.SPEC.fields:
                 cols[f.name].append(getattr(rec, f.name))
@@ -619,76 +541,3 @@ def export(src: str, dest: str, *, force: bool = False, row_group_rows: int = RO
         raise
     shutil.rmtree(tmp, ignore_errors=True)
     return manifest
-
-
-# --------------------------------------------------------------------------
-# Reading an export back
-# --------------------------------------------------------------------------
-
-def read_manifest(directory: str, verify: bool = True) -> dict:
-    """The manifest of a finished export, checked; ExportError naming the file and the problem.
-
-    ``verify``: also check that every listed file exists and that its Parquet footer
-    has the listed row count and schema.
-    """
-    if not os.path.isdir(directory):
-        raise ExportError(f"{directory}: no such directory (expected an audit export)")
-    path = os.path.join(directory, MANIFEST)
-    if not os.path.exists(path):
-        raise ExportError(f"{directory}: no {MANIFEST}: not a finished audit export (the export writes it "
-                          "last; run 'pidctl audit export' again)")
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-        m = json.loads(raw.decode("utf-8"))
-    except OSError as e:
-        raise ExportError(f"{path}: cannot read: {e.strerror or e}") from None
-    except (UnicodeDecodeError, ValueError) as e:
-        raise ExportError(f"{path}: not JSON: {e}") from None
-
-    def bad(problem: str) -> ExportError:
-        return ExportError(f"{path}: {problem}")
-
-    if not isinstance(m, dict):
-        raise bad("not a JSON object")
-    for key in ("format", "sources", "tables", "exported_at"):
-        if key not in m:
-            raise bad(f"missing {key!r}")
-    if m["format"] != FORMAT or type(m["format"]) is not int:
-        raise bad(f"format {m['format']!r} is not supported (this build reads format {FORMAT})")
-    if not isinstance(m["sources"], list) or not m["sources"]:
-        raise bad("'sources' must be a non-empty list")
-    for i, s in enumerate(m["sources"]):
-        if not isinstance(s, dict) or not all(isinstance(s.get(k), str) for k in ("name", "kind", "path")) \
-                or s["kind"] not in KINDS or not isinstance(s.get("counts"), dict):
-            raise bad(f"sources[{i}]: expected {{name, kind (one of {', '.join(KINDS)}), path, counts}}")
-    if not isinstance(m["tables"], dict):
-        raise bad("'tables' must be an object of relative path -> {rows, schema}")
-    for rel, t in m["tables"].items():
-        parts = rel.split("/")
-        if rel.startswith("/") or ".." in parts or not rel.endswith(".parquet"):
-            raise bad(f"table {rel!r}: not a relative path to a .parquet file in the export")
-        if not isinstance(t, dict) or type(t.get("rows")) is not int or t["rows"] < 0 \
-                or not isinstance(t.get("schema"), list):
-            raise bad(f"table {rel}: expected {{rows (an integer >= 0), schema (a list)}}")
-        if verify:
-            file = os.path.join(directory, *parts)
-            if not os.path.isfile(file):
-                raise bad(f"lists {rel}, which is missing: the export is incomplete or was changed")
-            try:
-                meta = pq.read_metadata(file)
-                schema = meta.schema.to_arrow_schema()
-            except (OSError, pa.ArrowException) as e:
-                raise ExportError(f"{file}: not a readable Parquet file: {e}") from None
-            if meta.num_rows != t["rows"]:
-                raise bad(f"{rel} has {meta.num_rows} rows, the manifest says {t['rows']}")
-            if schema_to_json(schema) != t["schema"]:
-                raise bad(f"{rel}: its schema differs from the manifest's")
-    return m
-
-
-def table_files(directory: str, manifest: dict, table: str) -> list[str]:
-    """Paths of the part files of ``table`` (e.g. ``records/AllocateProducerIdsRecord``, ``chaos/generate``)."""
-    prefix = table.rstrip("/") + "/"
-    return [os.path.join(directory, *rel.split("/")) for rel in sorted(manifest["tables"])
-            if rel.startswith(prefix) and "/" not in rel[len(prefix):]]

@@ -99,7 +99,8 @@ def run_audit(input_dir: str, master: str | None = "local[*]", out_dir: str | No
 
     from pyspark.sql import SparkSession  # heavy (pyspark): imported when used
 
-    from chaos.audit.checks import finish_projection, run_checks  # heavy (pyspark): imported when used
+    from chaos.audit.brokers import finish_projection  # heavy (pyspark): imported when used
+    from chaos.audit.checks import run_checks  # heavy (pyspark): imported when used
 
     own = False
     if spark is None:

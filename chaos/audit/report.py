@@ -13,21 +13,15 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from chaos.figures import fmt, print_table
+
 SHOW = 10        # findings listed per kind in the summary
 MAX_POINTS = 2000  # chart points per broker (windows are merged above that)
 BROKER_ROWS = 15   # brokers listed in the summary
 
 
 def _fmt(v: Any, digits: int = 1) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, bool):
-        return str(v).lower()
-    if isinstance(v, float):
-        return f"{v:,.{digits}f}"
-    if isinstance(v, int):
-        return f"{v:,}"
-    return str(v)
+    return str(v).lower() if isinstance(v, bool) else fmt(v, digits)
 
 
 def _block(b: dict | None) -> str:
@@ -82,32 +76,22 @@ def render_summary(report: dict, console: Console | None = None, *, limit: int =
 
     ov = checks["overlaps"]
     if ov["count"]:
-        t = Table(title=f"overlaps: first {min(limit, len(ov['examples']))} of {_fmt(ov['count'])} "
-                        f"({_fmt(ov['ids_reissued'])} IDs issued more than once)", title_justify="left")
-        for c in ("source", "block", "overlaps earlier block", "shared IDs"):
-            t.add_column(c)
-        for e in ov["examples"][:limit]:
-            t.add_row(e["source"], _block(e["block"]), _block(e["overlaps"]), _fmt(e["shared_ids"]))
-        out.print(t)
+        print_table(out, f"overlaps: first {min(limit, len(ov['examples']))} of {_fmt(ov['count'])} "
+                    f"({_fmt(ov['ids_reissued'])} IDs issued more than once)",
+               ("source", "block", "overlaps earlier block", "shared IDs"),
+               [(e["source"], _block(e["block"]), _block(e["overlaps"]), _fmt(e["shared_ids"]))
+                for e in ov["examples"][:limit]])
     if dup["count"]:
-        t = Table(title=f"duplicate PIDs: first {min(limit, len(dup['examples']))} of {_fmt(dup['count'])}",
-                  title_justify="left")
-        for c in ("source", "pid", "times", "first", "last"):
-            t.add_column(c)
-        for e in dup["examples"][:limit]:
-            t.add_row(e["source"], _fmt(e["pid"]), _fmt(e["times"]),
-                      f"#{e['first']['op_index']} {e['first']['process']}", f"#{e['last']['op_index']} {e['last']['process']}")
-        out.print(t)
+        print_table(out, f"duplicate PIDs: first {min(limit, len(dup['examples']))} of {_fmt(dup['count'])}",
+               ("source", "pid", "times", "first", "last"),
+               [(e["source"], _fmt(e["pid"]), _fmt(e["times"]), f"#{e['first']['op_index']} {e['first']['process']}",
+                 f"#{e['last']['op_index']} {e['last']['process']}") for e in dup["examples"][:limit]])
     mb = checks["migration_boundary"]
     if mb["count"]:
-        t = Table(title=f"quorum blocks in ZooKeeper's range: {_fmt(mb['count'])} (seeds: {_fmt(mb['seeds'])})",
-                  title_justify="left")
-        for c in ("source", "seed (raft)", "ZooKeeper range", "quorum block", "issued"):
-            t.add_column(c)
-        for e in mb["examples"][:limit]:
-            t.add_row(e["source"], _fmt(e["seed_raft_index"]), f"0..{e['zk_block_end']:,}", _block(e["block"]),
-                      e["issued"])
-        out.print(t)
+        print_table(out, f"quorum blocks in ZooKeeper's range: {_fmt(mb['count'])} (seeds: {_fmt(mb['seeds'])})",
+               ("source", "seed (raft)", "ZooKeeper range", "quorum block", "issued"),
+               [(e["source"], _fmt(e["seed_raft_index"]), f"0..{e['zk_block_end']:,}", _block(e["block"]),
+                 e["issued"]) for e in mb["examples"][:limit]])
     elif mb["seeds"]:
         out.print(f"migration boundary: {_fmt(mb['seeds'])} seed(s), every quorum block lies above ZooKeeper's "
                   "range")
@@ -115,13 +99,10 @@ def render_summary(report: dict, console: Console | None = None, *, limit: int =
     gaps = report["gaps"]
     out.print(f"gaps: {_fmt(gaps['count'])}, {_fmt(gaps['wasted_ids'])} IDs never issued between blocks")
     if gaps["count"]:
-        t = Table(title=f"gaps: first {min(limit, len(gaps['examples']))} of {_fmt(gaps['count'])}",
-                  title_justify="left")
-        for c in ("source", "from", "to (excl.)", "IDs"):
-            t.add_column(c, justify="left" if c == "source" else "right")
-        for e in gaps["examples"][:limit]:
-            t.add_row(e["source"], _fmt(e["from"]), _fmt(e["to"]), _fmt(e["wasted_ids"]))
-        out.print(t)
+        print_table(out, f"gaps: first {min(limit, len(gaps['examples']))} of {_fmt(gaps['count'])}",
+               ("source", "from", "to (excl.)", "IDs"),
+               [(e["source"], _fmt(e["from"]), _fmt(e["to"]), _fmt(e["wasted_ids"])) for e in gaps["examples"][:limit]],
+               numbers_right=True)
 
     if report["id_space"]:
         t = Table(title="ID space (up to 2**63-2)", title_justify="left")

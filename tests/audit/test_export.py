@@ -23,17 +23,9 @@ import pytest
 from click.testing import CliRunner
 
 from chaos.audit import export as ex
-from chaos.audit.export import (
-    AUDIT_COLUMNS,
-    CHAOS_ALLOCATE_SCHEMA,
-    CHAOS_GENERATE_SCHEMA,
-    GAP_SCHEMA,
-    ExportError,
-    arrow_schema,
-    export,
-    read_manifest,
-    table_files,
-)
+from chaos.audit.export import ExportError, export
+from chaos.audit.manifest import read_manifest, table_files
+from chaos.audit.schemas import AUDIT_COLUMNS, CHAOS_ALLOCATE_SCHEMA, CHAOS_GENERATE_SCHEMA, GAP_SCHEMA, arrow_schema
 from chaos.history import HistoryError, HistoryWriter, Op, owner, read_history, write_final
 from cli.common import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 from cli.main import cli

@@ -2,7 +2,7 @@
 
 Every Spark test is in this file and shares one local[2] session (tests/audit/conftest.py).
 Inputs are written here with pyarrow in the exporter's layout and schemas
-(``chaos.audit.export.arrow_schema`` and the chaos schemas), and once through the real
+(``chaos.audit.schemas.arrow_schema`` and the chaos schemas), and once through the real
 exporter from audit trails and a chaos history.
 """
 from __future__ import annotations
@@ -17,7 +17,8 @@ import pytest
 from click.testing import CliRunner
 
 from chaos.audit.buckets import Buckets, plan_buckets
-from chaos.audit.export import CHAOS_ALLOCATE_SCHEMA, CHAOS_GENERATE_SCHEMA, arrow_schema, export
+from chaos.audit.export import export
+from chaos.audit.schemas import CHAOS_ALLOCATE_SCHEMA, CHAOS_GENERATE_SCHEMA, arrow_schema
 from chaos.audit.inputs import AuditInputError
 from chaos.audit.job import run_audit
 from cli.common import EXIT_ANOMALY, EXIT_ERROR, EXIT_OK

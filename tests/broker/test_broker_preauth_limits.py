@@ -9,7 +9,6 @@ connections are raw sockets.
 """
 from __future__ import annotations
 
-import select
 import socket
 import time
 
@@ -30,7 +29,7 @@ from tests.quorum.test_client_port_limits import (
 )
 from tests.security.conftest import secure_quorum  # noqa: F401 - the fixture, shared with the security suite
 from tests.security.test_broker_auth import ACLS, confluent_config
-from tests.support.sockets import close_all, closed, refused_frames, unsent, wait_closed
+from tests.support.sockets import close_all, closed, refused_frames, trickle, unsent, wait_closed
 from records.wire import kafka
 
 KiB, MiB = 1024, 1024 * 1024
@@ -148,18 +147,7 @@ def test_a_client_hello_trickled_a_byte_at_a_time_is_closed_at_the_handshake_dea
     producer = b.producer()
     slow = [b.raw() for _ in range(20)]
     try:
-        t0 = time.monotonic()
-        sent = 0
-        while not all(closed(s) for s in slow):
-            assert time.monotonic() - t0 < 15, "a trickled ClientHello kept its connection open"
-            for s in slow:
-                try:
-                    s.sendall(hello[sent:sent + 1])
-                except OSError:
-                    pass  # closed: the next closed() sees it
-            sent += 1
-            select.select(slow, [], [], 0.1)
-        elapsed = time.monotonic() - t0
+        sent, elapsed = trickle(slow, hello, 15, "a trickled ClientHello kept its connection open")
         assert sent < len(hello) and elapsed >= TLS_TIMEOUT_MS / 1000 * 0.8, (sent, elapsed)
         assert produced(producer)  # served while (and after) the handshakes hang
     finally:

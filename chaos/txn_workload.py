@@ -367,12 +367,8 @@ class PollReader(_Reader):
     """``reader-rc``: a read_committed KafkaConsumer over every partition from the beginning."""
 
     process = READER_RC
-
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        self.polls = 0
-        self.records = 0
-        self.error: str | None = None
+    polls = records = 0  # what the thread read (set on the instance as it goes)
+    error: str | None = None
 
     def run(self) -> None:
         from kafka import KafkaConsumer  # heavy: imported when used
@@ -409,11 +405,7 @@ class LsoSampler(_Reader):
     """``reader-lso``: ListOffsets read_committed (LSO), then read_uncommitted (HW), every interval."""
 
     process = READER_LSO
-
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        self.samples = 0
-        self.failed = 0
+    samples = failed = 0
 
     def run(self) -> None:
         with RawBroker(self.bootstrap, timeout=2.0, client_id=READER_LSO) as raw:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from snapshots.storage.disk import CorruptFileError
-from snapshots.storage.files import atomic_write, fsync_dir, seal, unseal
+from snapshots.storage.files import atomic_write, fsync_dir, read_whole, seal, unseal
 
 from ..recordbatch import INT32_MAX
 from .rules import MAX_CACHED_BATCHES
@@ -316,11 +316,7 @@ def _check_txns(path: str, obj: dict, end: int) -> _Txns:
 
 
 def _read(path: str) -> tuple[int, int, np.ndarray, list, _Evicted | None, _Txns]:
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise CorruptFileError(path, f"cannot read: {e.strerror}") from None
+    data = read_whole(path)
     return _decode(path, data)
 
 

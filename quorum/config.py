@@ -1,47 +1,5 @@
-"""Node configuration (TOML), validated with readable errors.
-
-Example::
-
-    node_id = 1
-    data_dir = "/var/lib/pidquorum"
-    secret_file = "/etc/pidquorum/secret"     # the cluster secret (pysyncobj password)
-    raft_address = "10.0.0.1:9093"           # advertised to peers
-    client_address = "10.0.0.1:9092"         # Kafka protocol for brokers and pidctl
-    # raft_bind / client_bind default to the advertised addresses
-    cluster_id = "c-0f6d..."                 # the same on every node (pidctl cluster new-id)
-    block_size = 1000
-    request_timeout_ms = 3000
-    allocate_rate_per_broker = 1000.0        # blocks/s per broker; 0 = no limit
-    allocate_burst = 2000
-    max_frame_bytes = 1048576
-    broker_session_timeout_ms = 9000         # a registration holds its broker id this long after a heartbeat
-    # What a peer may cost the client port (see quorum.server):
-    max_connections = 1000                   # one more is closed at once (counted, logged every 10 s)
-    max_connections_per_ip = 1000
-    max_connection_buffer_bytes = 4194304    # requests read and not yet answered, per connection
-    max_unauthenticated_frame_bytes = 65536  # a bigger frame before SASL completes closes the connection
-    authentication_timeout_ms = 10000        # TLS + SASL done within this of the accept, or closed
-    tls_handshake_timeout_ms = 10000
-    # Authentication (optional; see README "Security"): SASL on the client port,
-    # optionally inside TLS; ACLs are enforced when SASL is on.
-    sasl_credentials_file = "users.json"     # pidctl user add --file users.json ...
-    sasl_mechanisms = ["PLAIN", "SCRAM-SHA-256"]
-    super_users = ["User:admin"]              # may do anything (ACL bootstrap)
-    tls_certfile = "node1.pem"                # TLS on the client port
-    tls_keyfile = "node1.key"
-    tls_cafile = "ca.pem"                     # the CA this node trusts: verifies the other nodes when
-                                              # forwarding (default: the system's trust store)
-    tls_client_auth = false                   # true: clients must present a certificate (mutual TLS)
-    metrics_port = 9095                      # Prometheus /metrics on metrics_host (127.0.0.1); 0 = off
-    log_format = "json"                      # default "human"
-
-    [raft]                                  # seconds; see quorum.raft.RaftConfig
-    election_timeout_min = 0.25
-
-    [[peers]]
-    node_id = 2
-    raft_address = "10.0.0.2:9093"
-    client_address = "10.0.0.2:9092"
+"""Node configuration (TOML), validated with readable errors.  ``docs/operations.md`` has an annotated
+example of every setting.
 """
 from __future__ import annotations
 

@@ -1,45 +1,10 @@
 """Who a node is, and what its peers saw it hold: the guard against a node that forgot its log.
 
-A Raft member that acknowledged entries and then lost them (an old backup of
-its data directory restored, a journal cut by a disk fault, a data directory
-that kept its identity but lost its Raft files) must not vote or count toward a
-majority until it holds again what it may have acknowledged: the entries may
-exist on no other live node, so an election it votes in can drop committed
-entries, and the quorum would then issue those producer IDs a second time.
-Whether it lost anything is decided by **log position**, never by how often it
-started: restarts cannot wear the check down.
-
-Two small files in the data directory (written whole, ``snapshots.storage.disk``):
-
-``identity``
-    ``cluster_id`` (fixed when the cluster was bootstrapped), ``node_uuid``
-    (fixed when this data directory was created) and ``generation`` (a start
-    counter, for logs and status only).  Each process also draws a random ``run``.
-``peers``
-    for each peer's Raft address: its ``node`` uuid, the last ``run`` seen, and
-    ``held``: the highest log position ``[term, index]`` the peer was seen to
-    hold durably (from its hellos and pings, and, on the leader, from its
-    acknowledgements).  ``held`` only ever rises.  It is written when a peer is
-    first seen or starts a new run, and otherwise at most once a second.
-
-Every Raft connection starts with a hello carrying the sender's identity and
-its durable log end (see ``quorum.raft``).  The receiver answers with a verdict:
-
-* another ``cluster_id``: refused (a node of another cluster);
-* another ``node_uuid`` for a known address: refused (the data directory was
-  wiped or replaced: the node must be removed and added as a new member);
-* a new run whose log end is below ``held``: welcomed **with a recovery target**
-  (``held``): the node records it durably before anything else and stays a
-  non-voting, non-counting member until its log reaches it (``quorum.raft``);
-* otherwise welcomed.
-
-A refused node logs why and exits (``EXIT_IDENTITY_REFUSED``).  The check is as
-good as what the peers saw: a node's position reaches its peers within a ping
-interval and their disks within a second (``docs/durability.md`` states the limit).
-
-Data directories from versions before this file existed get an identity on
-their first start (with a log line); the cluster id then defaults to one
-derived from the cluster secret, the same on every node of the cluster.
+The ``identity`` file (cluster id, node uuid, start counter) and the ``peers`` file (per peer: its uuid,
+last run, the highest log position it was seen to hold) give each peer's hello a verdict: refused (another
+cluster, a replaced data directory), welcomed with a recovery target (a new run below what it was seen to
+hold), or welcomed.  ``docs/durability.md`` ("Identity files and a peer's verdict", "A node that may have
+lost what it acknowledged") has the rules and their limits.
 """
 from __future__ import annotations
 

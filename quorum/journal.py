@@ -1,49 +1,9 @@
-"""The Raft log on disk: a durable, checksummed journal in pysyncobj's journal interface.
-
-pysyncobj's own journal is an mmap that is never fsync'd, with no checksums.
-This one is written through ``snapshots.storage.disk.Disk`` (one write discipline; every
-I/O error is fail-stop) and keeps the part of pysyncobj's journal interface the
-adapter still lets pysyncobj use (``add``, indexing, term / vote / commit
-index); what cuts the log is the adapter's, not pysyncobj's (see
-``quorum.raft``): ``truncate_from`` (a Raft conflict), ``rebase`` (a snapshot:
-compaction, install, start-up).
-
-* **Group commit.**  ``add`` only buffers; ``sync()`` writes the buffer and
-  fdatasyncs once.  Nothing counts as durable before the fdatasync returned
-  (``durable_end``).  The Raft transport syncs before any message that reflects
-  the log leaves the node (see ``quorum.raft``).
-* **A sync begun, not waited for.**  ``start_sync()`` writes the buffer and
-  hands the fdatasync to a ``Syncer`` (the node's sync thread) and returns: the
-  leader's own copy is made durable while its node goes on reading its
-  followers' acknowledgements.  Such a sync counts only once collected: every
-  ``sync()`` (hence every message that needs durability, every commit index,
-  every meta write) and every cut (``truncate_from``, ``rebase``) first waits
-  for the one in flight, takes its error if it failed, and only then moves
-  ``durable_end``.  Nothing is written to the file while a sync is in flight.
-* **Checksums.**  Every entry is ``u32 len | u32 crc32 | u64 index | u64 term |
-  command``; indexes are consecutive and terms never go down.  On open, the first
-  entry that breaks a rule ends the log.  What follows it is cut (a crash may
-  persist unsynced pages in any order) unless the damage lies inside what the
-  meta file records as durable and valid entries follow: that is corruption of
-  synced data, and the node refuses to start, naming the file and the offset.
-* **Preallocated.**  Before a write would pass the file's length, the file is
-  grown with zeros and synced (``AppendFile.reserve``), so that the fdatasync of
-  each group commit only flushes data, not a new file size.  Zeros after the
-  last entry are that room, not damage: the log ends there and nothing is cut.
-  Anything else after the last entry is cut as above (the cut drops the room).
-* **What was read is synced before it counts.**  On open, the entries read may be
-  a killed process's unsynced writes, still in the page cache: the file is
-  fdatasync'd before they count as durable (``durable_end``).
-* **Cuts are durable before anything follows them.**  ``truncate_from`` syncs the
-  new size before an entry is appended after it; ``rebase`` writes the new file
-  whole (temp, fsync, rename, fsync dir).
-* **Metadata** (``raft.journal.meta``, replaced whole): term and vote (stored
-  before pysyncobj acts on them), the commit index and the durable log end
-  (stored once a second, after the entries they cover are synced), and the
-  recovery target of a node that may have lost what it acknowledged
-  (``quorum.raft``).
-
-Nothing here imports pysyncobj: it is duck-typed to pysyncobj's Journal.
+"""The Raft log on disk: a durable, checksummed journal in pysyncobj's journal interface (duck-typed; nothing
+here imports pysyncobj), replacing pysyncobj's mmap that is never fsync'd.  Written through
+``snapshots.storage.disk.Disk`` (every I/O error fail-stop); group commit, a sync begun and collected
+later, checksummed entries, preallocated room, cuts durable before anything follows them, and the meta
+file (term, vote, commit index, log end, recovery target).  ``docs/durability.md`` ("The journal",
+"Crash states") says what survives a stop at any instant.
 """
 from __future__ import annotations
 

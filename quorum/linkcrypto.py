@@ -1,50 +1,8 @@
-"""Sealing the Raft port's messages: AES-256-GCM per connection instead of pysyncobj's Fernet per message.
-
-pysyncobj seals every Raft message with Fernet (AES-128-CBC, HMAC-SHA256, base64, a timestamp).  On this
-machine kind that costs about 12 us to seal and 24 us to open (pysyncobj opens a token twice: once to read
-its timestamp, once to decrypt), and a committed entry takes four seals and four opens across the three
-nodes, half of them on its critical path.  AES-GCM from the same library takes about 1 us either way.
-
-**Keys.**  ``master_key`` derives one 256-bit key from the cluster secret (PBKDF2-HMAC-SHA256, 100,000
-iterations, a salt of its own, so it is independent of pysyncobj's Fernet key).  When a connection opens,
-pysyncobj's handshake (under Fernet) has each side pick 32 random bytes; each direction of the connection
-gets its own key from the master key and both sides' bytes (HKDF-SHA256, ``direction_key``).  A key is
-never used on another connection or in the other direction, so each direction numbers its messages from
-0 and uses the number as the GCM nonce: no nonce is ever used twice with a key.
-
-**Replay.**  The receiver expects exactly the next number.  A message replayed, dropped, reordered or
-moved from another connection fails to open, and pysyncobj closes the connection (then reconnects with new
-keys).  Fernet's own check was weaker: a timestamp of whole seconds that must not go back.
-
-**Switching, and mixed versions.**  A connection starts under Fernet, as in every earlier version.  Each
-node's identity hello lists the encodings it reads (``OFFERED``).  A node that reads the peer's hello
-listing ``AEAD1`` sends ``{"type": "pq_codec", "codec": AEAD1}`` (still under Fernet) and seals what
-follows it with AES-GCM; the peer opens what follows that message with AES-GCM.  TCP keeps the order, so
-both sides switch at the same message, and each direction switches on its own.  A node of an earlier
-version lists nothing and is never switched to: a cluster can be upgraded one node at a time.
-
-The switch message is sealed with the cluster secret like anything else, so nobody without the secret can
-switch a link, and switching changes only the encoding: every message either way is authenticated with
-the secret.
-
-**Compression.**  pysyncobj deflates every message (zlib level 3) before sealing it.  For a message of a
-few hundred bytes (an AppendEntries of one entry, an acknowledgement) that costs about 18 us here, nearly
-all of it the compressor's set-up, to save some 80 bytes on the wire.  ``MessageZlib`` is what the Raft
-port's connections (``quorum.raftlink.Link``) compress with: a message under ``COMPRESS_FROM`` bytes
-is framed as a zlib stream of one stored block (no compression; about 0.3 us), a larger one (a batch of
-entries, a snapshot chunk) is deflated as before.  Either is an ordinary zlib stream: a peer of any
-version reads it with ``zlib.decompress``, as it always did.
-
-**Pickling.**  pysyncobj pickles every message with protocol 2, which has no opcode for ``bytes``: each
-entry's command is pickled as a call of ``_codecs.encode`` on a latin-1 string, which the receiver looks up
-and runs to get the bytes back (an AppendEntries of one entry: 310 bytes, about 2 us to pickle and 2 us to
-unpickle in a tight loop here).  ``MessagePickle`` is what those connections
-pickle with: protocol 4 (bytes as bytes: 170 bytes, 0.5 and 0.9 us) and the C unpickler
-only (pysyncobj retried a message that failed to unpickle with the pure-Python unpickler, for Python 2
-peers).  Every Python 3 unpickler reads every protocol up to 4, so a peer of any version reads these
-messages, and its own protocol-2 messages are read as before.  Protocol 4, not the newest: a node on a
-later Python must not send a protocol an earlier one cannot read.  Unpickling trusts the peer as before:
-a message is unpickled only after its seal was checked with the cluster secret.
+"""Sealing the Raft port's messages: AES-256-GCM per connection and direction (keys from the cluster
+secret and both ends' handshake bytes, messages numbered), switched per link once both ends offer it,
+instead of pysyncobj's Fernet per message; and the cheaper compression (``MessageZlib``) and pickling
+(``MessagePickle``) the port's connections use.  Every peer version still reads what is sent.  The design,
+its costs and the mixed-version rules: ``docs/durability.md`` ("The Raft port's links").
 """
 from __future__ import annotations
 

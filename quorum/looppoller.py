@@ -1,29 +1,9 @@
 """pysyncobj's poller on the node's asyncio loop: one thread for Raft and the client port.
 
-pysyncobj waits for its sockets in a poller of its own (``select.poll``), on a thread that only
-ticks Raft.  A node process then ran two busy threads besides its sync thread: the asyncio loop that
-serves the client port, and the Raft thread.  Every entry crossed between them twice (the proposal
-in through pysyncobj's queue and its pipe, the outcome back through ``call_soon_threadsafe`` and the
-loop's own pipe), and each crossing waited for the other thread to be scheduled and to take the GIL:
-on a loaded host, a large part of a commit's time (docs/benchmarks.md).
-
-``LoopPoller`` has pysyncobj's poller interface (``subscribe``, ``unsubscribe``, ``poll``) and puts
-each descriptor on the loop (``add_reader`` / ``add_writer``).  When a descriptor is ready the loop
-calls ``on_ready(handler, descriptor, event)``: the node runs pysyncobj's handler under the same
-fail-stop as its ticks (an I/O error while a message is handled, a follower's fdatasync, stops the
-process; the loop would only log it) and schedules one tick for the pass.  ``poll`` returns at once,
-since the loop does the waiting.  Everything pysyncobj does then runs on the loop's thread, between
-the client port's own callbacks.
-
-What it costs: what a tick waits for (a follower's fdatasync before it acknowledges, a snapshot
-written at compaction) now holds the client port as long, where it held only the Raft thread.  The
-client port's requests are short and every write among them waits for Raft anyway; the leader's
-own fdatasync stays on the node's sync thread (``journal.SyncThread``).
-
-Descriptors are level-triggered, as with ``select.poll``: a descriptor subscribed for writing is
-reported until pysyncobj subscribes it again without WRITE.  An error or hang-up on a descriptor
-makes it readable (and writable) for the loop's selector; pysyncobj's read or send then finds the
-error and closes the connection, as it does on ``POLLERR``.
+``LoopPoller`` has pysyncobj's poller interface and puts each descriptor on the loop; a ready descriptor
+calls ``on_ready(handler, descriptor, event)``, where the node runs the handler under its fail-stop and
+schedules a tick.  It saves the two thread crossings per entry a Raft thread of its own cost;
+``docs/durability.md`` ("One thread for Raft and the client port") has the trade-off.
 """
 from __future__ import annotations
 

@@ -1,31 +1,9 @@
 """Membership changes: remove a member, add a fresh one, hand leadership over.
 
-pysyncobj changes membership one server at a time (Raft's single-server
-change): the leader appends an ``add``/``rem`` entry, the new configuration
-counts from the moment the entry is in a log (not when it commits), and the
-leader refuses a second change until the first is applied, and any change
-before an entry of its own term is committed.  The entry is a log entry like
-any other, so it is as durable as the log (``DurableJournal``).
-
-What pysyncobj does not have is a learner (a non-voting member that catches
-up first): an added node is a voter at once.  So the tool enforces the order
-in which a new member is never needed for a majority before it holds the log:
-
-* ``remove_node`` refuses to remove the leader (transfer leadership first) or
-  a member whose removal would leave the remaining members without a
-  connected majority;
-* ``add_node`` refuses unless every current member is connected and has
-  acknowledged the leader's commit index: the current members alone are then
-  a majority of the new configuration whenever the cluster had an odd size
-  after the removal (2 -> 3), so commits go on without the new node while it
-  catches up; the caller waits until its match index reaches the commit
-  index of the moment it was added.  ``pidctl quorum add-node`` also checks,
-  before anything is proposed, that the new node is running, answers on its
-  client port with the same cluster id and the given Raft address.
-
-Nothing here decides safety: an added empty node is safe in Raft (it votes
-only for candidates whose log is at least as long as its own).  The danger
-is a member that *forgets*; ``quorum.identity`` refuses those.
+pysyncobj has no learners (an added node votes at once), so these refuse any step that could make a new
+member needed for a majority before it holds the log: no removal of the leader or of a member whose loss
+leaves no connected majority, no add unless every member is connected and caught up.  The order and why
+it suffices: ``docs/operations.md`` ("Replacing a dead node").
 """
 from __future__ import annotations
 

@@ -1,41 +1,8 @@
-"""The Raft port's TCP connections and listener, bounded against peers that do not hold the cluster secret.
-
-pysyncobj's ``TcpConnection`` keeps every byte a peer sends until a whole message has arrived, whatever
-length the first four bytes announce, and copies its whole buffer again on every read.  A connection that
-announced 0x7fffffff bytes and streamed made a leader buffer 63 MiB in 25 s, re-copying it on the thread
-that runs Raft, until it lost its leadership.  Its listener has a backlog of 5 and accepts one connection
-per readiness; a connection is timed out only when an event arrives on it, so one that never sends stays
-open for good, and one that sends a byte a second is never idle.
-
-``Link`` has the same interface (what pysyncobj's transport and ``quorum.raft`` call) and:
-
-* **Bounds every message before reading it.**  A connection is *authenticated* once a message has opened
-  with the cluster secret *and* carried the random bytes this side chose for this connection (pysyncobj's
-  handshake: on an incoming connection the second message, on an outgoing one the first).  The first
-  message alone proves nothing: a recorded one can be replayed.  Until then a message may announce at most
-  ``handshake_bytes`` and the connection holds at most two such messages; afterwards ``max_message_bytes``.
-  A larger announcement, a negative one, a message that fails the secret's check, does not unpickle or
-  does not carry the handshake's bytes closes the connection (logged, at most every 10 s per host).
-* **Reads at most ``read_per_event`` bytes per readiness**, so one busy connection cannot hold the loop
-  (the descriptor stays ready; the loop comes back to it after the other descriptors and the Raft tick);
-  the buffer is a ``bytearray`` consumed from the front once per read: no copy per read.
-* **Is closed when it ought to be, events or not.**  ``expired(now)`` says whether a connection has not
-  authenticated within ``handshake_timeout`` of opening, or has read nothing for ``timeout`` (the leader's
-  heartbeats and the peers' pings keep a live link busy); the transport sweeps its connections with it.
-* **Decompresses within the bound**: an authenticated message inflates to at most ``max_message_bytes``.
-
-``LinkServer`` is pysyncobj's ``TcpServer`` with a real listen backlog, up to ``accepts_per_event``
-connections accepted per readiness, and at most ``accept_rate`` a second (a token bucket of ``accept_burst``):
-past it the listener is off the loop until a token is due (``resume``), and new connections wait in the
-kernel's queue.  What connections from peers without the secret can cost the node's loop is so bounded:
-every one is accepted, read at most twice within ``handshake_bytes`` and closed, and no more than
-``accept_rate`` of them arrive a second, whatever the attacker's speed.  The links between members are open
-already and are not touched; a member reconnecting during such an attack waits its turn in the queue.  How many unauthenticated connections may wait at once (in all, and
-per peer host) is the transport's rule (``quorum.raft.TcpTransport``): it closes the oldest one over a limit.
-
-Nothing here imports pysyncobj: its connection states and poll events are plain ints, and ``quorum.raft.upstream``
-checks that they agree.  The message format is pysyncobj's, byte for byte (a 4-byte native-order length,
-then the sealed, deflated pickle), so a node of an earlier version reads these messages and is read.
+"""The Raft port's TCP connections (``Link``) and listener (``LinkServer``), bounded against peers that do
+not hold the cluster secret: every message's size bounded before it is read, a per-readiness read limit,
+handshake and idle deadlines, an accept rate.  pysyncobj's ``TcpConnection`` and ``TcpServer`` let anyone
+who reaches the port cost a leader its leadership; the message format stays pysyncobj's, byte for byte.
+Nothing here imports pysyncobj.  Details: ``docs/durability.md`` ("The Raft port's links").
 """
 from __future__ import annotations
 

@@ -1,24 +1,7 @@
-"""The audit trail: every record a node applied, kept after log compaction.
-
-KIP-730 notes that the metadata log doubles as an audit trail of which broker
-got which block; log compaction would throw that away, so each node also
-appends what it applies to ``audit.log``: frames of
-``u32 length | u32 crc32 | msgpack([AuditEntry, record])``.
-
-Writes are idempotent by Raft index: on restart the node replays its journal
-and lines for indexes already in the file are skipped.  A node that received
-a snapshot instead of entries writes an ``AuditGap`` line; the other nodes'
-trails cover that range.  The file is fsync'd before every snapshot, so no
-line is lost for entries the journal then drops.
-
-Start-up cost does not grow with history: each sync also writes
-``audit.log.checkpoint`` (atomically) holding the synced length and the last
-Raft index in it, like Kafka's recovery-point checkpoint.  On start only the
-bytes after that point are read and checked; a file shorter than its
-checkpoint lost synced lines and the node refuses to start.  Without a
-checkpoint (or with a damaged one, which is only a cache) the whole file is
-scanned once.  Readers (``pidctl blocks history``, the audit pipeline) still
-check every line's checksum.
+"""The audit trail: every record a node applied (``audit.log``), kept after log compaction, with a
+checkpoint (``audit.log.checkpoint``) so that start-up reads only what follows the last sync.  Writes are
+idempotent by Raft index; the file is synced before every snapshot.  Format and crash states:
+``docs/durability.md`` ("The audit trail", "Crash states").
 """
 from __future__ import annotations
 

@@ -3,11 +3,18 @@
 ==================  ==========================================================================
 module              what it holds
 ==================  ==========================================================================
-``node``            ``RaftNode``, the facade the rest of the quorum uses: start-up, the loop
-                    that drives it, proposals, membership, status; the identity and recovery
-                    gates (who may vote, stand and count)
-``replication``     Raft's rules as they run (its docstring indexes them: votes, terms,
-                    AppendEntries, commit, snapshots, compaction, configurations)
+``node``            ``RaftNode``, the facade the rest of the quorum uses: start-up, proposals,
+                    membership, status, the snapshot files; it mixes in ``loop``, ``recovery``
+                    and ``peers``
+``loop``            how the node is ticked (its asyncio loop, or the simulator), fail-stop
+``recovery``        the recovery gate: who may vote, stand and count after a start
+``peers``           the identity checks on hellos, welcomes, refusals and pings
+``replication``     Raft's rules as they run (``Replicated``): messages, commit, snapshots,
+                    compaction, configurations; it mixes in ``elections`` and ``following``
+``elections``       pre-vote, the campaign, check-quorum's lease, answers to vote requests
+``following``       a follower's AppendEntries: log matching, acknowledgement, install
+``nodeside``        what the replication rules use of their node (a Protocol)
+``fields``          checks on a peer message's fields
 ``files``           the node's Raft files at start: snapshot and journal made to agree
 ``gate``            every message: durable before it leaves, identity before it is read, the
                     link's encryption

@@ -1,42 +1,7 @@
-"""Raft's rules as pidquorum runs them: what a node does with each message, when it campaigns, what
-it commits, applies and compacts.
-
-``Replicated`` is pysyncobj's Raft (``upstream.Core``) with each rule below in one method:
-
-===========================================  =====================================================
-rule                                         where
-===========================================  =====================================================
-who may send what (configuration, recovery)  ``on_message``
-RequestVote from a lower term: answered      ``_stale_term``
-with this node's term (a denial)
-every vote request answered with the term    ``_deny`` (outside the configuration, held back,
-                                             in a lease)
-pre-vote before a campaign (thesis 9.6)      ``_election_due``, ``_on_pre_vote``,
-                                             ``_on_pre_vote_response``
-the campaign                                 ``_campaign``
-check-quorum: a node that hears its leader   ``_in_lease``; the leader's own step-down is
-takes no higher term from a vote request     pysyncobj's (``leader_step_down_timeout``)
-a vote counted once per voter and term       ``_new_voter``
-a held-back node's vote                      ``_may_vote``, ``_withhold``
-acknowledgements carry their term; a         ``on_message`` (``next_node_idx``)
-higher one deposes the leader
-AppendEntries: term (a lower one answered    ``_append_entries``
-with this node's), leader, election timer
-log matching, cut at the first conflict      ``_match_and_append``
-only, commit to what the message verified
-acknowledgement, durable first; a held-back  ``_reply``
-node's never counts
-snapshot install                             ``_snapshot_chunk``, ``load_snapshot``
-compaction                                   ``try_compaction``, ``members_at``
-configuration: the latest in the log,        ``adopt_log_configuration``, ``_rollback_membership``
-committed or not
-commands only on the node they were          ``check_commands``
-submitted to, while it leads
-a lost leader noticed at once                ``on_node_disconnected``
-a held-back node never campaigns             ``on_tick``
-a committed membership entry: its commit     ``apply_log_entries``
-index durable at once
-===========================================  =====================================================
+"""Raft's rules as pidquorum runs them: what a node does with each message, when it campaigns, what it
+commits, applies and compacts.  ``Replicated`` is pysyncobj's Raft (``upstream.Core``) with each rule in
+one method, the elections mixed in from ``elections``, a follower's AppendEntries from ``following``;
+``docs/durability.md`` ("Where each rule lives") indexes them.
 """
 from __future__ import annotations
 

@@ -1,16 +1,9 @@
 """pysyncobj, pinned: the one module of pidquorum that imports it or names anything private of it.
 
-pysyncobj keeps what it does well: elections, the leader's replication loop, membership entries, the
-TCP transport's connection handling.  What decides durability, log matching and who may count is
-pidquorum's (``replication``, ``node``), because pysyncobj's own code for it is unsafe (the table
-below, ``docs/durability.md``).  Everything pysyncobj keeps private is reached here only, under plain
-names: ``Core`` (its ``SyncObj``), ``TransportHooks``/``TcpTransportCore`` (its transports).  The rest
-of the package reads and overrides those plain names.
-
-pysyncobj is pinned to one version (``PINNED``, setup.cfg).  ``OVERRIDDEN`` and ``USED`` list every
-upstream function whose private behaviour pidquorum replaces or relies on, with a digest of its source
-at the pin: ``tests/quorum/test_upstream.py`` fails when any of them differs, so an upgrade is a
-deliberate act (read the new source, re-check the row, update the digest).
+Its private state and steps are reached here only, under plain names (``Core``, ``TransportHooks``,
+``TcpTransportCore``) that the rest of the package reads and overrides.  ``OVERRIDDEN`` and ``USED`` hold a
+digest of every upstream function replaced or relied on, checked by ``tests/quorum/test_upstream.py``
+(``docs/durability.md``: how an upgrade goes).  What is replaced, and why:
 
 =====================================  ============================================  ==============================
 pysyncobj code replaced                why                                           replaced by
@@ -52,9 +45,6 @@ length a peer announces                a leader its leadership                  
 tick catches every exception           a failed fsync is forgotten and the next      ``RaftNode._guarded``:
                                        sync is a no-op                               fail-stop
 =====================================  ============================================  ==============================
-
-The simulator drives nodes through ``driven_by`` (pysyncobj reads its clock and its election jitter
-from module globals: one simulated world per process) and its own ``MessageTransport``.
 """
 from __future__ import annotations
 

@@ -1,20 +1,11 @@
 """The node facade: what the rest of the quorum uses of Raft (``RaftNode``).
 
 It owns the node's files (``files``), builds pysyncobj's Raft with pidquorum's rules (``replication``)
-over a transport with the identity gate (``gate``, ``transport``), drives it from the node's asyncio
-loop or from the simulator, and decides who may count: the identity gate and the **recovery gate**.
-A node that may have lost entries it acknowledged (its own files say so, or a peer saw it hold more
-than it now has: ``quorum.identity``) records a recovery target durably and, until its durable log
-reaches it, neither stands for election, nor votes (except for a candidate that holds its target),
-nor has its acknowledgements counted; it then refuses to vote in the term it caught up in.  Since a
-start on a restored copy looks like any restart, every start first needs the word of enough peers
-(n - majority + 1: ``check_vouched``) of its configuration and of any newer one a peer reports with
-it in it, whose log ends become its target.  Outcomes of a proposal are typed: ``ProposalRejected``
-(definitely not applied) versus ``ProposalUnknown`` (may have been applied).
-
-``RaftNode`` is start-up, proposals, membership, status and the snapshot files here; the rest is mixed in
-and shares its state: the tick (``loop``), the recovery gate (``recovery``), the identity checks on its
-links (``peers``).
+over a transport with the identity gate (``gate``, ``transport``), and keeps start-up, proposals,
+membership, status and the snapshot files here.  Mixed in, sharing its state: the tick on the node's
+asyncio loop or the simulator's (``loop``), who may vote, stand and count after a start (``recovery``;
+``docs/durability.md``), the identity checks on its links (``peers``).  Outcomes of a proposal are typed:
+``ProposalRejected`` (definitely not applied) versus ``ProposalUnknown`` (may have been applied).
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from .history import FAIL, INFO, INVOKE, OK, HistoryWriter, Op, now_ns
 from .txn_drivers import DRIVERS, LIBS, Acks, Driver, SendsFailed, error_text
@@ -247,24 +247,13 @@ class TxnWorker(_Worker):
                         raise SendsFailed(f"{len(failed)} of {len(writes)} sends failed before the commit: "
                                           + ", ".join(f"{v}: {e}" for v, e in sorted(failed.items())[:3]))
             stage = "commit_transaction"
-            deadline = time.monotonic() + c.step_deadline_s
-            while True:
-                t = now_ns()
+
+            def asked(t: int) -> None:
                 if rec["commit_asked_ns"] is None:
                     rec["commit_asked_ns"] = t
-                self._op(INVOKE, COMMIT, {"txn": txn, "instance": inst}, t=t)
-                try:
-                    self.driver.commit(p, c.commit_timeout_s)
-                    self._op(OK, COMMIT, {"txn": txn, "instance": inst})
-                    outcome = COMMITTED
-                    break
-                except Exception as e:  # noqa: BLE001 - classified
-                    text = self._note_error("commit_transaction", e)
-                    self._op(INFO, COMMIT, {"txn": txn, "instance": inst}, text)
-                    rec["errors"].append(f"commit_transaction: {text}")
-                    if self.driver.classify(e) == "retriable" and time.monotonic() < deadline:
-                        continue
-                    raise
+            self._end_call(COMMIT, "commit_transaction", lambda: self.driver.commit(p, c.commit_timeout_s),
+                           inst, txn, rec, asked)
+            outcome = COMMITTED
         except Exception as e:  # noqa: BLE001 - the documented handling
             text = error_text(e)
             if stage != "commit_transaction":
@@ -291,20 +280,35 @@ class TxnWorker(_Worker):
 
     def _abort(self, p: Any, inst: int, txn: str, rec: dict) -> str | None:
         """abort_transaction(), retried while retriable; ABORTED, or None if it failed."""
+        try:
+            self._end_call(ABORT, "abort_transaction", lambda: self.driver.abort(p, self.cfg.commit_timeout_s),
+                           inst, txn, rec)
+        except Exception:  # noqa: BLE001 - recorded by _end_call; the caller replaces the instance
+            return None
+        return ABORTED
+
+    def _end_call(self, f: str, name: str, call: Callable[[], None], inst: int, txn: str, rec: dict,
+                  invoked: Callable[[int], None] | None = None) -> None:
+        """``call()`` (``commit_transaction()`` or ``abort_transaction()``, op ``f``) with its invoke and
+        completion ops, called again while it fails with a retriable error within the step deadline; the
+        last error is raised.  ``invoked(t)`` is told each invoke's time."""
         deadline = time.monotonic() + self.cfg.step_deadline_s
         while True:
-            self._op(INVOKE, ABORT, {"txn": txn, "instance": inst})
+            t = now_ns()
+            if invoked is not None:
+                invoked(t)
+            self._op(INVOKE, f, {"txn": txn, "instance": inst}, t=t)
             try:
-                self.driver.abort(p, self.cfg.commit_timeout_s)
-                self._op(OK, ABORT, {"txn": txn, "instance": inst})
-                return ABORTED
+                call()
             except Exception as e:  # noqa: BLE001 - classified
-                text = self._note_error("abort_transaction", e)
-                self._op(INFO, ABORT, {"txn": txn, "instance": inst}, text)
-                rec["errors"].append(f"abort_transaction: {text}")
+                text = self._note_error(name, e)
+                self._op(INFO, f, {"txn": txn, "instance": inst}, text)
+                rec["errors"].append(f"{name}: {text}")
                 if self.driver.classify(e) == "retriable" and time.monotonic() < deadline:
                     continue
-                return None
+                raise
+            self._op(OK, f, {"txn": txn, "instance": inst})
+            return
 
 
 class IdempotentWorker(_Worker):

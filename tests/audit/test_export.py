@@ -27,14 +27,16 @@ from chaos.audit.export import ExportError, export
 from chaos.audit.manifest import read_manifest, table_files
 from chaos.audit.schemas import AUDIT_COLUMNS, CHAOS_ALLOCATE_SCHEMA, CHAOS_GENERATE_SCHEMA, GAP_SCHEMA, arrow_schema
 from chaos.history import HistoryError, HistoryWriter, Op, owner, read_history, write_final
+from chaos.runner import RunConfig, run
+from chaos.workload import WorkloadConfig
 from cli.common import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 from cli.main import cli
 from quorum.localcluster import LocalCluster
 from quorum.managers import ApplyOutcome
-from quorum.trail import AuditWriter, read_audit
-from records import AuditEntry, AuditGap
-from records.codec import CLASSES
-from records.schema import AUDIT_ENTRY, AUDIT_GAP, PAYLOADS, RECORDS
+from quorum.trail import AuditWriter, _frame, read_audit
+from records import AllocateProducerIdsRecord, AuditEntry, AuditGap
+from records.codec import CLASSES, to_obj
+from records.schema import AUDIT_ENTRY, AUDIT_GAP, PAYLOADS, RECORDS, TYPES, FieldSpec, RecordSpec
 from snapshots.storage.disk import CorruptFileError
 from tests.conftest import ClusterHarness, wait_for
 
@@ -118,8 +120,6 @@ def test_every_record_schema_is_derived_from_records_schema(spec):
 
 
 def test_every_schema_type_has_a_mapping_and_clashes_are_refused():
-    from records.schema import TYPES, FieldSpec, RecordSpec
-
     assert set(ex.FIELD_TYPES) == TYPES
     for spec in PAYLOADS:  # not exported, but the mapping covers them too (error_message: nullable_string)
         if not {f.name for f in spec.fields} & {c.name for c in AUDIT_COLUMNS}:
@@ -392,9 +392,6 @@ def test_a_chaos_dir_without_generates_still_has_both_chaos_tables(tmp_path):
 
 
 def test_a_real_short_chaos_run(tmp_path):
-    from chaos.runner import RunConfig, run
-    from chaos.workload import WorkloadConfig
-
     run_dir = str(tmp_path / "runs" / "kill-leader")
     cfg = RunConfig(scenario="kill-leader", duration_s=8, seed=5, out_dir=run_dir, interval_s=(2.0, 2.5),
                     hold_s=(0.3, 0.6), keep_data=True,
@@ -500,10 +497,6 @@ def test_corrupt_audit_log_names_the_file_and_leaves_nothing(tmp_path):
 
 
 def test_audit_line_whose_entry_and_record_disagree_is_corrupt(tmp_path):
-    from quorum.trail import _frame
-    from records import AllocateProducerIdsRecord
-    from records.codec import to_obj
-
     d = tmp_path / "node-1"
     d.mkdir()
     entry = AuditEntry(raft_index=1, raft_term=1, position=0, accepted=True, error=None, record="RegisterBrokerRecord")

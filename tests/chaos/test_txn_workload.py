@@ -9,7 +9,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 from kafka import errors as E
 
-from chaos.history import HistoryWriter
+from chaos.history import HistoryWriter, read_history
 from chaos.txn_drivers import ConfluentDriver, KafkaPythonDriver, StepTimeout, _bounded, error_text
 from chaos.txn_workload import TxnWorker, TxnWorkloadConfig
 
@@ -139,7 +139,6 @@ class FakeClient:
 
 
 def _worker(tmp_path, lib: str, script: dict, send_errors: str | None = None, **cfg):
-    from chaos.history import read_history
     h = HistoryWriter(str(tmp_path / f"h-{lib}.jsonl"))
     c = TxnWorkloadConfig(**{"step_deadline_s": 5.0, **cfg})
     w = TxnWorker(f"txn-{lib}-1", lib, "127.0.0.1:1", f"chaos-txn-{lib}-1", c, h, threading.Event(), 1, LOG)

@@ -14,7 +14,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from .liveness import summary
-from .sim import SimConfig, SimResult, make_simulation
+from .run import make_simulation
+from .sim import SimConfig, SimResult
 
 
 def parse_seeds(text: str) -> list[int]:

@@ -29,14 +29,10 @@ from __future__ import annotations
 
 import bisect
 import zlib
-from typing import TYPE_CHECKING
 
 from records import AllocateProducerIdsRecord, ProducerIdSeedRecord, RecordError, TransactionalIdRecord, decode_batch
 
-if TYPE_CHECKING:
-    from .node import SimulatedNode
-    from .sim import Simulation
-
+from .node import Cluster, SimulatedNode
 
 
 class Violation(AssertionError):
@@ -74,7 +70,7 @@ class Ranges:
 
 
 class Checker:
-    def __init__(self, sim: "Simulation"):
+    def __init__(self, sim: Cluster):
         self.sim = sim
         self.ledger: dict[int, tuple[int, int]] = {}      # committed index -> (term, crc of the command)
         self.applied_by: dict[int, str] = {}               # index -> the first node that applied it
@@ -95,7 +91,7 @@ class Checker:
         self.checks = 0
 
     # ------------------------------------------------------------ applies
-    def watch(self, node: "SimulatedNode") -> None:
+    def watch(self, node: SimulatedNode) -> None:
         raft = node.service.raft
         original = raft._on_apply
 
@@ -115,7 +111,7 @@ class Checker:
         if other != candidate:
             raise Violation(f"one vote per term: {voter} voted for {other} and for {candidate} in term {term}")
 
-    def started(self, node: "SimulatedNode") -> None:
+    def started(self, node: SimulatedNode) -> None:
         """``node`` started: its term is at least the highest it held while it ran before."""
         term = node.raft.raft_term
         held = self.terms.get(node.node_id, 0)
@@ -129,7 +125,7 @@ class Checker:
         raises it before it votes); what it holds from now on is checked again."""
         self.terms.pop(node_id, None)
 
-    def installing(self, node: "SimulatedNode", last: tuple, tail: int, held) -> None:
+    def installing(self, node: SimulatedNode, last: tuple, tail: int, held) -> None:
         """A follower installs a snapshot ending at ``last`` (command, index, term); ``held`` is its log's
         entry at that index, ``tail`` how many entries it holds after it."""
         self.installs += 1
@@ -142,7 +138,7 @@ class Checker:
         return {"installs": self.installs, "installs_on_conflict": self.installs_on_conflict,
                 "installs_over_tail": self.installs_over_tail}
 
-    def _applied(self, node: "SimulatedNode", index: int, term: int, payload: bytes, result) -> None:
+    def _applied(self, node: SimulatedNode, index: int, term: int, payload: bytes, result) -> None:
         entry = node.raft.journal.entry(index)  # what is compared is the log entry's command, as in the logs
         key = (term, _h(entry[0]) if entry is not None else _h(payload))
         known = self.ledger.get(index)

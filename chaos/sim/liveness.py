@@ -11,11 +11,9 @@ schedules no event, so it moves no run.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Iterable
+from typing import Iterable
 
-if TYPE_CHECKING:
-    from .node import SimulatedNode
-    from .sim import Simulation
+from .node import Cluster, SimulatedNode
 
 # Simulated seconds from the last heal (every member started, the network whole) to a leader that a
 # majority follows.  What the production timing allows in the slowest legitimate path (RaftConfig's
@@ -37,7 +35,7 @@ LEADER_BOUND = 5.0
 COMMIT_BOUND = 10.0
 
 
-def majority_leader(sim: "Simulation") -> "SimulatedNode | None":
+def majority_leader(sim: Cluster) -> SimulatedNode | None:
     """The node that leads with a majority of its own configuration following it in its term (itself
     included), if there is one; a leader cut off from its followers, or one that a newer term deposed
     on the others, is not."""
@@ -70,7 +68,7 @@ class Watch:
     HEALS = {"_heal": "partition", "_free_disk": "disk freed", "_fast_disk": "disk fast again",
              "_restart": "restart", "_resume": "resumed"}
 
-    def __init__(self, sim: "Simulation"):
+    def __init__(self, sim: Cluster):
         self.sim = sim
         self.pending: list[float] = []   # heals not yet followed by a leader a majority follows
         self.mid_run: list[float] = []   # seconds from such a heal to that leader

@@ -20,13 +20,25 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from quorum.linkcrypto import MessagePickle
 from quorum.raft import MessageTransport, Node
 
-if TYPE_CHECKING:
-    from .sim import Simulation
+from .host import Host
+
+
+class _Votes(Protocol):
+    def vote(self, voter: str, term, candidate: str) -> None: ...
+
+
+class NetHost(Host, Protocol):
+    """What the network uses of the simulation: the checker hears every vote sent; ``node_at`` is the
+    node (a ``SimulatedNode``) at a raft address."""
+
+    checker: _Votes
+
+    def node_at(self, address: str) -> Any: ...
 
 
 class StableNode(Node):
@@ -57,7 +69,7 @@ class _Link:
 
 
 class SimNetwork:
-    def __init__(self, sim: "Simulation", faults: NetFaults, connection_timeout: float, reconnect_interval: float):
+    def __init__(self, sim: NetHost, faults: NetFaults, connection_timeout: float, reconnect_interval: float):
         self.sim = sim
         self.faults = faults
         self.connection_timeout = connection_timeout

@@ -3,72 +3,40 @@ store, identity gate, state machine) and its ``Proposer``, on a ``SimDisk`` and 
 network, ticked by the simulation instead of a thread, its asyncio work run on simulated time."""
 from __future__ import annotations
 
-import asyncio
-import os
-import selectors
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from quorum.config import NodeConfig
 from quorum.identity import IdentityError
 from quorum.service import Proposer, Service
 from snapshots.storage.disk import CorruptFileError
 
+from .clock import SimClock
 from .disk import LossPolicy, MachineStopped, NodeHalted, SimDisk
-from .net import SimTransport, StableNode
-
-if TYPE_CHECKING:
-    from .sim import Simulation
-
-
-class _NoWait(selectors.DefaultSelector):
-    """A selector that never blocks: time passes only when the simulation moves its clock."""
-
-    def select(self, timeout=None):
-        return super().select(0)
+from .host import Host
+from .loop import SimLoop
+from .net import SimNetwork, SimTransport, StableNode
 
 
-def _creation(task: asyncio.Task) -> int:
-    """A task's place in creation order (asyncio names tasks Task-<n> from one counter)."""
-    name = task.get_name()
-    return int(name[5:]) if name.startswith("Task-") and name[5:].isdigit() else 0
+class _Watcher(Protocol):
+    """What the checker is told of a node's life."""
+
+    def watch(self, node: SimulatedNode) -> None: ...
+
+    def started(self, node: SimulatedNode) -> None: ...
+
+    def installing(self, node: SimulatedNode, last: tuple, tail: int, held) -> None: ...
 
 
-class SimLoop(asyncio.SelectorEventLoop):
-    """An asyncio loop whose clock is the simulation's; ``pump`` runs what is due now."""
+class NodeHost(Host, Protocol):
+    """What a node uses of the simulation."""
 
-    def __init__(self, clock):
-        super().__init__(_NoWait())
-        self._sim_clock = clock
-
-    def time(self) -> float:
-        return self._sim_clock.now
-
-    def pump(self, limit: int = 1000) -> None:
-        asyncio.events._set_running_loop(self)
-        try:
-            for _ in range(limit):
-                due = self._scheduled and self._scheduled[0]._when <= self.time()
-                if not self._ready and not due:
-                    return
-                self._run_once()
-        finally:
-            asyncio.events._set_running_loop(None)
-
-    def shut(self) -> None:
-        for _ in range(10):
-            # In the order they were created: ``all_tasks`` is a set (ordered by address), and what a
-            # cancelled task's callbacks do next must not depend on where its object happens to live.
-            tasks = sorted((t for t in asyncio.all_tasks(self) if not t.done()), key=_creation)
-            if not tasks:
-                break
-            for task in tasks:
-                task.cancel()
-            self.pump()
-        self.close()
+    net: SimNetwork
+    checker: _Watcher
+    tick_period: float
 
 
 class SimulatedNode:
-    def __init__(self, sim: "Simulation", node_id: int, cfg: NodeConfig, disk: SimDisk):
+    def __init__(self, sim: NodeHost, node_id: int, cfg: NodeConfig, disk: SimDisk):
         self.sim = sim
         self.node_id = node_id
         self.cfg = cfg
@@ -274,3 +242,10 @@ class SimulatedNode:
         except MachineStopped as e:
             self.sim.note(f"node {self.node_id} machine stopped: {e}")
             self._teardown()
+
+
+class Cluster(Protocol):
+    """The simulation as what reads its nodes sees it (the checker, the liveness watch)."""
+
+    clock: SimClock
+    nodes: dict[int, SimulatedNode]

@@ -540,20 +540,4 @@ class Simulation(Faults, Workload):
                 + f", members {[m.rsplit(':', 1)[0] for m in st['members']]}")
 
 
-def make_simulation(config: SimConfig) -> Simulation:
-    """The simulation of ``config.workload``: producer IDs (``Simulation``) or transactions
-    (``chaos.sim.txn.TxnSimulation``)."""
-    if config.workload == "transactions":
-        # Imported here, not at the top: chaos.sim.txn builds on this module (a TxnSimulation is a Simulation).
-        from .txn import TxnSimulation
-        return TxnSimulation(config)
-    if config.workload != "pids":
-        raise ValueError(f"unknown workload {config.workload!r} (pids, transactions)")
-    return Simulation(config)
-
-
-def simulate(seed: int, steps: int = 6000, nodes: int = 3, faults: bool = True, workload: str = "pids") -> SimResult:
-    return make_simulation(SimConfig(seed=seed, steps=steps, nodes=nodes, faults=faults, workload=workload)).run()
-
-
-__all__ = ["Simulation", "SimConfig", "SimResult", "FaultPlan", "make_simulation", "simulate"]
+__all__ = ["Simulation", "SimConfig", "SimResult", "FaultPlan"]

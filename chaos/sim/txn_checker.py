@@ -26,14 +26,23 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol, Sequence
 
 from records import RecordError, TransactionStateRecord, decode_batch
 
 from .checker import Checker, Violation
+from .node import Cluster
+from .txn_log import ModelStorage
 
-if TYPE_CHECKING:
-    from .txn import TxnSimulation
+
+class _Partitioned(Protocol):
+    storage: ModelStorage
+
+
+class TxnCluster(Cluster, Protocol):
+    """What the transaction checker reads of the simulation: its nodes and its brokers' partitions."""
+
+    txn_brokers: Sequence[_Partitioned]
 
 
 @dataclass
@@ -58,7 +67,7 @@ class ClientTxn:
 
 
 class TxnChecker(Checker):
-    def __init__(self, sim: "TxnSimulation"):
+    def __init__(self, sim: TxnCluster):
         super().__init__(sim)
         self.txns: list[ClientTxn] = []
         self.of_value: dict[str, ClientTxn] = {}

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import count
 
-from records.wire.errors import Errors
+from records.wire.errors import Errors, UnknownTopicOrPartitionError
 
 
 @dataclass
@@ -160,7 +160,6 @@ class ModelStorage:
         return None if parts is None else TopicInfo(name, len(parts))
 
     def partition(self, topic: str, index: int) -> ModelPartition:
-        from records.wire.errors import UnknownTopicOrPartitionError
         parts = self.topics.get(topic)
         if parts is None or not 0 <= index < len(parts):
             raise UnknownTopicOrPartitionError(f"{topic}-{index}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 import uuid
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 from broker.pid_manager import PidManagerConfig, ProducerIdManager
 from quorum.client import api
@@ -17,11 +17,22 @@ from quorum.rpcs import RPCS
 from records import InitTransactionalProducerRequest, SeedProducerIdsRequest
 from records.wire.errors import CoordinatorLoadInProgressError, PidQuorumError, RequestTimedOutError
 
-from .checker import Ranges
-from .node import SimLoop
+from .checker import Checker, Ranges
+from .host import Host
+from .loop import PumpedLoop
+from .node import SimulatedNode
 
-if TYPE_CHECKING:  # the simulation imports this module: its type only, never at run time
-    from .sim import Simulation
+
+class ClientHost(Host, Protocol):
+    """What the clients use of the simulation."""
+
+    checker: Checker
+    stats: dict[str, int]
+    acked_blocks: list[tuple[int, int, int]]
+
+    def padding(self, share: float = 0.5) -> str: ...
+
+    def _pick(self, running: bool = True) -> SimulatedNode | None: ...
 
 
 class Workload:
@@ -53,14 +64,13 @@ class Workload:
             self.checker.issue(start, end + 1, f"ZooKeeper block [{start}, {end}] (seeded)") if r[0] else None))
 
 
-
 class _Op:
     """One client request: sent to a node, retried on another after a definite refusal, until its deadline.
     ``ok`` answers are checked at once; a timeout or a node dying under it is an unknown outcome.  The
     request is the one a client sends (a Kafka request entity, or a record RPC's request record); its RPC
     is looked up in the quorum's table and handed to the node's proposer."""
 
-    def __init__(self, sim: Simulation, request: Any, what: str, on_ok: Callable[[Any], None],
+    def __init__(self, sim: ClientHost, request: Any, what: str, on_ok: Callable[[Any], None],
                  on_done: Callable[[], None] | None = None, deadline: float = 6.0,
                  on_error: Callable[[Exception], None] | None = None):
         self.sim, self.request, self.what = sim, request, what
@@ -125,7 +135,7 @@ class _Op:
 class _Broker:
     """A broker: registers, allocates blocks, sometimes re-registers, starts and bumps transactional ids."""
 
-    def __init__(self, sim: Simulation, broker_id: int):
+    def __init__(self, sim: ClientHost, broker_id: int):
         self.sim = sim
         self.broker_id = broker_id
         self.epoch: int | None = None
@@ -190,7 +200,7 @@ class _SimQuorum:
     answered on the broker's own loop.  With the "bad answer" fault it delivers, once, a block shifted to
     start at the broker's last held ID (a controller off by one: the input KAFKA-20031's guard exists for)."""
 
-    def __init__(self, sim: Simulation, broker: "_ManagedBroker"):
+    def __init__(self, sim: ClientHost, broker: "_ManagedBroker"):
         self.sim, self.broker = sim, broker
 
     def _call(self, request: Any, what: str, shape: Callable[[Any], Any]):
@@ -232,33 +242,21 @@ class _ManagedBroker:
     validation) against the simulated quorum; producers ask it for IDs, and every ID it hands out must be
     new and inside a block the quorum acknowledged to it."""
 
-    def __init__(self, sim: Simulation, broker_id: int):
+    def __init__(self, sim: ClientHost, broker_id: int):
         self.sim, self.broker_id = sim, broker_id
-        self.loop = SimLoop(sim.clock)
+        self.runner = PumpedLoop(sim)
+        self.loop = self.runner.loop
         self.acked = Ranges()
         self.bad_answer = False
         self.manager = ProducerIdManager(broker_id, _SimQuorum(sim, self), clock=sim.clock.monotonic,
                                          rng=random.Random(sim.rng.getrandbits(64)),
                                          config=PidManagerConfig(start_timeout_s=3600.0))
-        self._next: float | None = None
-        self.loop.create_task(self.manager.start())
-        self.wake()
+        self.runner.spawn(self.manager.start())
         sim.after(sim.rng.uniform(0.5, 1.5), "client", self.produce)
 
     def wake(self) -> None:
-        """Run the broker's loop when it next has work: now if callbacks are ready, else at its next timer."""
-        loop, now = self.loop, self.sim.clock.now
-        when = now if loop._ready else (loop._scheduled[0]._when if loop._scheduled else None)
-        if when is not None and (self._next is None or when < self._next):
-            self._next = max(when, now)
-            self.sim.schedule(self._next, "broker", self._pump, self._next)
-
-    def _pump(self, at: float) -> None:
-        if self._next != at:
-            return
-        self._next = None
-        self.loop.pump()
-        self.wake()
+        """Run the broker's loop when it next has work."""
+        self.runner.wake()
 
     def produce(self) -> None:
         for _ in range(self.sim.rng.randint(1, 20)):
@@ -272,7 +270,7 @@ class _ManagedBroker:
         self.sim.after(self.sim.rng.expovariate(20.0), "client", self.produce)
 
     def close(self) -> None:
-        self.loop.shut()
+        self.runner.shut()
 
 
 __all__ = ["Workload"]

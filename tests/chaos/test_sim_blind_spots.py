@@ -5,7 +5,6 @@ vote per term, a term never goes back across a restart).  Each defect a switch p
 (tests/support/defects.py) is found within a few seeds, and the same seeds pass without it."""
 from __future__ import annotations
 
-import logging
 import time
 from types import SimpleNamespace
 
@@ -13,16 +12,10 @@ import pytest
 
 from chaos.sim.checker import Checker, Violation
 from chaos.sim.sim import SimConfig, Simulation
+from tests.chaos.sim_support import first_violation, quiet_logging  # noqa: F401 (quiet_logging: an autouse fixture)
 from tests.support.defects import SWITCHES
 
 STEPS = 4000
-
-
-@pytest.fixture(autouse=True)
-def _quiet():
-    logging.disable(logging.CRITICAL)
-    yield
-    logging.disable(logging.NOTSET)
 
 
 def _run(seed: int):
@@ -113,13 +106,7 @@ FOUND = {  # switch -> seeds the simulation is given (measured: 22, 2 and 20)
 @pytest.mark.parametrize("switch", sorted(FOUND))
 def test_the_simulation_finds_each_blind_spot_defect_and_the_same_seeds_pass_without_it(switch, record_property):
     t0 = time.perf_counter()
-    found = None
-    with SWITCHES[switch]():
-        for seed in range(1, FOUND[switch] + 1):
-            result = _run(seed)
-            if not result.ok:
-                found = (seed, result.violation)
-                break
+    found = first_violation(switch, FOUND[switch], _run)
     assert found is not None, f"{switch}: no violation in {FOUND[switch]} seeds"
     assert not found[1].startswith("unexpected exception"), found[1]
     record_property("seeds_to_find", f"{switch}: {found[0]} seeds, {time.perf_counter() - t0:.1f}s: {found[1][:120]}")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import logging
 import os
 import random
 
@@ -19,14 +18,8 @@ from cli.main import cli
 from quorum.journal import DurableJournal
 from snapshots.store import SnapshotStore
 from snapshots.storage.disk import StorageFailure
+from tests.chaos.sim_support import quiet_logging  # noqa: F401 (quiet_logging: an autouse fixture)
 from tests.support.disk_defects import dir_fsync_dropped_after_rename
-
-
-@pytest.fixture(autouse=True)
-def _quiet():
-    logging.disable(logging.CRITICAL)
-    yield
-    logging.disable(logging.NOTSET)
 
 
 def disk_with(files: dict[str, bytes]) -> SimDisk:
@@ -97,12 +90,17 @@ def test_an_acknowledged_install_survives_a_power_loss_only_with_the_directory_f
         assert disk.power_loss().read("/d/raft.snapshot") == expected, f"switch {'on' if on else 'off'}"
 
 
-def test_an_append_file_is_durable_only_up_to_its_last_fdatasync():
+def _journal_with_one_synced_entry():
+    """A journal on a fresh disk holding one synced entry: the disk, the journal, the file's synced bytes."""
     disk = disk_with({})
     j = DurableJournal("/d/raft.journal", disk)
     j.add(b"a", 1, 1)
     j.sync()
-    synced = disk.read("/d/raft.journal")
+    return disk, j, disk.read("/d/raft.journal")
+
+
+def test_an_append_file_is_durable_only_up_to_its_last_fdatasync():
+    disk, j, synced = _journal_with_one_synced_entry()
     j.add(b"b" * 40, 2, 1)
     j._file.write(bytes(j._pending))  # written, not synced
     assert disk.read("/d/raft.journal") != synced
@@ -214,11 +212,7 @@ def test_crash_states_are_distinct_and_the_same_in_the_same_order_for_a_copy():
 
 # ---------------------------------------------------------------------- faults
 def test_a_failed_fsync_fail_stops_the_node_and_drops_the_unsynced_bytes():
-    disk = disk_with({})
-    j = DurableJournal("/d/raft.journal", disk)
-    j.add(b"a", 1, 1)
-    j.sync()
-    synced = disk.read("/d/raft.journal")
+    disk, j, synced = _journal_with_one_synced_entry()
     disk.fail = lambda op: OSError(errno.EIO, "Input/output error") if op.kind == "fdatasync" else None
     j.add(b"b", 2, 1)
     with pytest.raises(NodeHalted) as halted:

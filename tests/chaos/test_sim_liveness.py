@@ -5,7 +5,6 @@ the times after every heal are figures of ``pidctl chaos simulate``; and a vote 
 from __future__ import annotations
 
 import json
-import logging
 import time
 
 import pytest
@@ -14,17 +13,11 @@ from click.testing import CliRunner
 from chaos.sim import liveness
 from chaos.sim.sim import SimConfig, Simulation
 from cli.main import cli
+from tests.chaos.sim_support import quiet_logging  # noqa: F401 (quiet_logging: an autouse fixture)
 from tests.support.defects import SWITCHES
 
 STEPS = 3000
 SWITCH_SEEDS = 80  # seeds the simulation is given to find the switch (see the test)
-
-
-@pytest.fixture(autouse=True)
-def _quiet():
-    logging.disable(logging.CRITICAL)
-    yield
-    logging.disable(logging.NOTSET)
 
 
 def _ends_held_above_candidate(monkeypatch) -> None:

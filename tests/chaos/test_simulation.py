@@ -4,7 +4,6 @@ the suite's budget."""
 from __future__ import annotations
 
 import json
-import logging
 import os
 import random
 import subprocess
@@ -18,17 +17,10 @@ from chaos.sim.campaign import parse_seeds, run_campaign
 from chaos.sim.explore import explore
 from chaos.sim.sim import SimConfig, Simulation
 from cli.main import cli
+from tests.chaos.sim_support import ROOT, first_violation, quiet_logging  # noqa: F401 (quiet_logging: an autouse fixture)
 from tests.support.defects import SWITCHES
 
 STEPS = 4000
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-@pytest.fixture(autouse=True)
-def _quiet():
-    logging.disable(logging.CRITICAL)
-    yield
-    logging.disable(logging.NOTSET)
 
 
 def _failures(seeds, steps=STEPS, nodes=3, jobs=1):
@@ -46,7 +38,7 @@ def test_a_seed_replays_bit_for_bit_in_this_process():
 
 
 def test_a_seed_replays_bit_for_bit_in_other_processes_whatever_their_hash_seed():
-    code = ("import logging; logging.disable(logging.CRITICAL); from chaos.sim.sim import simulate; "
+    code = ("import logging; logging.disable(logging.CRITICAL); from chaos.sim.run import simulate; "
             "r = simulate(23, steps=2500); print(r.digest, r.steps)")
     outs = set()
     for hash_seed in ("0", "1", "4242"):
@@ -154,13 +146,10 @@ SIM_FOUND = {  # switch -> seeds the simulation is given to find it (it took 1 t
 @pytest.mark.parametrize("switch", sorted(SIM_FOUND))
 def test_the_simulation_finds_each_reintroduced_defect(switch, record_property):
     t0 = time.perf_counter()
-    with SWITCHES[switch]():
-        for seed in range(1, SIM_FOUND[switch] + 1):
-            result = Simulation(SimConfig(seed=seed, steps=STEPS)).run()
-            if not result.ok:
-                record_property("seeds_to_find", f"{switch}: {seed} seeds, {time.perf_counter() - t0:.1f}s")
-                return
-    pytest.fail(f"{switch}: no violation in {SIM_FOUND[switch]} seeds")
+    found = first_violation(switch, SIM_FOUND[switch], lambda seed: Simulation(SimConfig(seed=seed, steps=STEPS)).run())
+    if found is None:
+        pytest.fail(f"{switch}: no violation in {SIM_FOUND[switch]} seeds")
+    record_property("seeds_to_find", f"{switch}: {found[0]} seeds, {time.perf_counter() - t0:.1f}s")
 
 
 def test_the_crash_state_explorer_finds_a_journal_cleared_on_mismatch(record_property):

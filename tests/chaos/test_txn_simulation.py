@@ -4,7 +4,6 @@ and its model partitions and checker judge what they must."""
 from __future__ import annotations
 
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -16,22 +15,16 @@ from click.testing import CliRunner
 
 from chaos.sim.campaign import run_campaign
 from chaos.sim.checker import Violation
-from chaos.sim.sim import SimConfig, make_simulation
+from chaos.sim.run import make_simulation
+from chaos.sim.sim import SimConfig
 from chaos.sim.txn_checker import TxnChecker
 from chaos.sim.txn_log import ModelPartition
 from cli.main import cli
+from tests.chaos.sim_support import ROOT, quiet_logging  # noqa: F401 (quiet_logging: an autouse fixture)
 from tests.support.defects import SWITCHES
 from records.wire.errors import Errors
 
 STEPS = 8000
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-@pytest.fixture(autouse=True)
-def _quiet():
-    logging.disable(logging.CRITICAL)
-    yield
-    logging.disable(logging.NOTSET)
 
 
 def _run(seed: int, steps: int = STEPS):
@@ -43,7 +36,7 @@ def test_a_transaction_seed_replays_bit_for_bit_in_this_process_and_another():
     a, b = _run(12, 5000), _run(12, 5000)
     assert (a.digest, a.steps, a.trace, a.stats) == (b.digest, b.steps, b.trace, b.stats)
     assert a.stats["transactions"] > 10
-    code = ("import logging; logging.disable(logging.CRITICAL); from chaos.sim.sim import simulate; "
+    code = ("import logging; logging.disable(logging.CRITICAL); from chaos.sim.run import simulate; "
             "r = simulate(12, steps=5000, workload='transactions'); print(r.digest, r.steps)")
     env = {**os.environ, "PYTHONHASHSEED": "4242"}
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True,

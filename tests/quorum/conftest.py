@@ -15,3 +15,9 @@ def state() -> QuorumState:
     for rec in s.registrations.generate_register(1, "inc-1", "h:1", NOW).records:
         s.replay(rec)
     return s
+
+
+@pytest.fixture
+def path(tmp_path) -> str:
+    """The journal's file (test_journal*); a module with other files defines its own ``path``."""
+    return str(tmp_path / "raft.journal")

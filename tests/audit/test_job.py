@@ -10,6 +10,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import socket
+import subprocess
+import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -18,12 +22,17 @@ from click.testing import CliRunner
 
 from chaos.audit.buckets import Buckets, plan_buckets
 from chaos.audit.export import export
-from chaos.audit.schemas import CHAOS_ALLOCATE_SCHEMA, CHAOS_GENERATE_SCHEMA, arrow_schema
 from chaos.audit.inputs import AuditInputError
 from chaos.audit.job import run_audit
+from chaos.audit.schemas import CHAOS_ALLOCATE_SCHEMA, CHAOS_GENERATE_SCHEMA, arrow_schema
+from chaos.history import HistoryWriter, Op
 from cli.common import EXIT_ANOMALY, EXIT_ERROR, EXIT_OK
 from cli.main import cli
+from quorum.managers import ApplyOutcome
+from quorum.trail import AuditWriter
+from records import AllocateProducerIdsRecord, ProducerIdSeedRecord, RegisterBrokerRecord
 from records.schema import BY_NAME, LONG_MAX
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.xdist_group("spark")
 
@@ -248,11 +257,6 @@ def test_buckets_are_monotonic_and_balance_a_skewed_id_space():
 def test_end_to_end_through_the_exporter(spark, tmp_path):
     """Audit trails of a 3-node cluster and a chaos run (history + its cluster), exported by
     `chaos.audit.export`, then audited: the chaos run's double acknowledgement is the only overlap."""
-    from chaos.history import HistoryWriter, Op
-    from quorum.managers import ApplyOutcome
-    from quorum.trail import AuditWriter
-    from records import AllocateProducerIdsRecord, ProducerIdSeedRecord, RegisterBrokerRecord
-
     data = tmp_path / "data"
     cluster = data / "prod"
     for node in (1, 2, 3):
@@ -339,8 +343,6 @@ def test_node_sources_of_one_cluster_are_one_id_space(spark, tmp_path):
 # --------------------------------------------------------------------------- spark-submit on a cluster
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -351,13 +353,7 @@ def test_spark_submit_on_a_standalone_cluster(tmp_path, java_home):
     """The job as an operator runs it on a cluster: a Spark standalone master and one worker (separate
     JVMs, from the pyspark package), `spark-submit --master spark://... cli/audit.py`; the report names
     the cluster's master and finds the injected problems; exit 5."""
-    import signal
-    import subprocess
-    import sys
-
     import pyspark
-
-    from tests.conftest import wait_for
 
     home = os.path.dirname(pyspark.__file__)
     env = dict(os.environ, JAVA_HOME=java_home, SPARK_HOME=home, SPARK_LOCAL_IP="127.0.0.1",

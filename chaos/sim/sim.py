@@ -337,14 +337,10 @@ class Simulation(Faults, Workload):
         are denied until it takes the term the denials carry (``_on_pre_vote_response``, ``_stale_term``).
         Three members only.  It waits for a settled leader, judged from ``healed`` meanwhile; False if none
         came within the leader bound (the heal is then the one before)."""
-        members = [n for n in self.nodes.values() if not n.removed]
-        if len(members) != 3 or self._replacing:
+        found = self._three_and_settled_leader(healed)
+        if found is None:
             return False
-
-        old = self._settled_leader(healed, members)
-        if old is None:
-            return False
-        self.liveness.leader_after_heal = None  # the heal that counts is this fault's
+        members, old = found
         others = [n for n in members if n is not old]
         self.fault("partition_leader_below_held_back")
         cut = {(old.address, n.address) for n in others}
@@ -388,6 +384,18 @@ class Simulation(Faults, Workload):
             return None
         return leader
 
+    def _three_and_settled_leader(self, healed: float) -> tuple[list[SimulatedNode], SimulatedNode] | None:
+        """For a last fault that needs exactly three members: them and their settled leader (from then on
+        the heal that counts is the fault's); None with other members, or no settled leader in time."""
+        members = [n for n in self.nodes.values() if not n.removed]
+        if len(members) != 3 or self._replacing:
+            return None
+        old = self._settled_leader(healed, members)
+        if old is None:
+            return None
+        self.liveness.leader_after_heal = None
+        return members, old
+
     def _settled_leader(self, healed: float, members: list[SimulatedNode]) -> SimulatedNode | None:
         """Steps until there is a settled leader (``_quiet_leader``), judged from ``healed`` meanwhile; None if none
         came within the leader bound."""
@@ -422,14 +430,11 @@ class Simulation(Faults, Workload):
         leader did not compact past F's commit index: a snapshot goes instead) and carries a commit index beyond
         it.  Three members only; False if no settled leader came within the leader bound or none led after L
         lost power."""
-        members = [n for n in self.nodes.values() if not n.removed]
-        if len(members) != 3 or self._replacing:
+        found = self._three_and_settled_leader(healed)
+        if found is None:
             return False
-        old = self._settled_leader(healed, members)
-        if old is None:
-            return False
+        members, old = found
         rng = self.tail_rng
-        self.liveness.leader_after_heal = None  # the heal that counts is this fault's
         follower, third = rng.sample([n for n in members if n is not old], 2)
         self.fault("partition_deposed_tail_behind_commit")
         # More entries unacknowledged than a batch holds (a 2 KiB batch holds about 80 empty ones: 1.5 to 3 times

@@ -1,4 +1,4 @@
-"""Fixtures for broker tests: a quorum plus real broker front-end processes."""
+"""Fixtures for broker tests: a quorum plus real broker front-end processes, and a partition's directory."""
 from __future__ import annotations
 
 import pytest
@@ -84,3 +84,9 @@ def brokers(cluster, tmp_path, request):
         if rep is not None and rep.failed:
             print(f"----- broker {b.broker_id} log -----\n{b.tail()}")
         b.stop()
+
+
+@pytest.fixture
+def d(tmp_path) -> str:
+    """A partition's directory (test_log*); a module with another layout defines its own ``d``."""
+    return str(tmp_path / "t-0")

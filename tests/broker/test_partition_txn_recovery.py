@@ -23,7 +23,7 @@ from broker.producer_state import (
 from broker.recordbatch import parse_header
 from snapshots.storage.disk import CorruptFileError
 from tests.broker.test_partition import DAY, TS, Clock, InlineExecutor, idem, plain
-from tests.broker.test_producer_state import _forge
+from tests.broker.producer_batches import _forge
 from records.wire.errors import Errors
 from tests.broker.txn_batches import batch_bases, crash_copy, offsets_and_values, txn
 from tests.broker.txn_batches import d  # noqa: F401 (a fixture)

@@ -17,9 +17,8 @@ from snapshots.storage.disk import Disk
 
 from .config import NodeConfig
 from .identity import NodeIdentity
-from .managers import ApplyOutcome, QuorumState
+from .managers import QuorumState
 from .producer_ids import ZooKeeperHook
-from .proposer import Proposal, Proposer  # where they lived before the proposer had a module of its own
 from .raft import RaftNode
 from .stats import AllocationCounts
 from .trail import AuditWriter
@@ -123,4 +122,4 @@ def _file_info(path: str) -> dict[str, Any]:
         return {"path": os.path.abspath(path), "bytes": 0, "mtime_ns": 0, "age_s": None}
 
 
-__all__ = ["ApplyOutcome", "Proposal", "Proposer", "Service", "ZooKeeperHook"]
+__all__ = ["Service"]

@@ -70,6 +70,7 @@ from chaos.audit.schemas import (
     schema_to_json,
 )
 from chaos.runner import HISTORY
+from quorum.localcluster import pid_exists
 from quorum.trail import read_audit
 from records import AuditEntry, AuditGap
 from records.schema import RECORDS, RecordSpec
@@ -454,16 +455,6 @@ def _prepare_dest(dest: str, src_real: str, force: bool) -> bool:
     return True
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _publish(tmp: str, dest: str, manifest: dict) -> None:
     """Replace the previous export in ``dest`` (if any) by the one in ``tmp``; the manifest goes last."""
     old_manifest = os.path.join(dest, MANIFEST)
@@ -503,7 +494,7 @@ def export(src: str, dest: str, *, force: bool = False, row_group_rows: int = RO
     if force:  # leftovers of exports that died (never one still running)
         for name in os.listdir(dest_abs):
             m = re.fullmatch(r"\.tmp-(\d+)", name)
-            if m and not _pid_alive(int(m.group(1))):
+            if m and not pid_exists(int(m.group(1))):
                 shutil.rmtree(os.path.join(dest_abs, name), ignore_errors=True)
     tmp = os.path.join(dest_abs, f".tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)

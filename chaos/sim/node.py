@@ -7,7 +7,8 @@ from typing import Protocol
 
 from quorum.config import NodeConfig
 from quorum.identity import IdentityError
-from quorum.service import Proposer, Service
+from quorum.proposer import Proposer
+from quorum.service import Service
 from snapshots.storage.disk import CorruptFileError
 
 from .clock import SimClock

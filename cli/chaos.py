@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import sys
 
@@ -102,8 +103,15 @@ def chaos_run(workload, scenario, duration, seed, out_dir, brokers, block_rate, 
     _show_verdict(verdict, output, out_dir)
 
 
+KAFKA_CLIENTS = ("confluent_kafka", "kafka")  # the `chaos` extra: the clients a transactions run drives
+
+
 def _chaos_run_transactions(duration, seed, out_dir, interval, hold, faults, pause, txn_producers,
                             idempotent_producers, partitions, keep_data, output) -> None:
+    missing = [m for m in KAFKA_CLIENTS if importlib.util.find_spec(m) is None]
+    if missing:
+        raise click.ClickException(f"--workload transactions drives real Kafka clients, and {', '.join(missing)} "
+                                   "is not installed: pip install 'pidquorum[chaos]'")
     # heavy (the Kafka clients, kazoo for the nodes): imported when used
     from chaos.txn_runner import FAULTS, TxnRunConfig
     from chaos.txn_runner import run as txn_run

@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import pytest
+from click.testing import CliRunner
 
 from chaos.history import read_history
 from chaos.runner import RunError
@@ -31,6 +32,8 @@ from chaos.txn_runner import (
     schedule,
 )
 from chaos.txn_workload import TxnWorkloadConfig
+import cli.chaos
+from cli.main import cli as pidctl
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCHEDULE = [
@@ -154,3 +157,14 @@ def test_the_schedule_is_the_seed_s_and_ends_healed_within_the_duration():
     assert only and {e["fault"] for e in only} == {"kill-broker"}
     with pytest.raises(RunError, match="unknown fault"):
         schedule(TxnRunConfig(faults=("meteor",)))
+
+
+def test_without_the_kafka_clients_a_transactions_run_says_which_extra_to_install(monkeypatch, tmp_path):
+    """The clients a transactions run drives are the `chaos` extra, not the wheel's requirements."""
+    real = cli.chaos.importlib.util.find_spec
+    monkeypatch.setattr(cli.chaos.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "confluent_kafka" else real(name, *a))
+    r = CliRunner().invoke(pidctl, ["chaos", "run", "--workload", "transactions", "--duration", "10",
+                                    "--out", str(tmp_path / "run")])
+    assert r.exit_code != 0 and "pip install 'pidquorum[chaos]'" in r.output and "confluent_kafka" in r.output
+    assert not (tmp_path / "run").exists()

@@ -1,51 +1,10 @@
 """The checker of the transactions workload: ``check(ops, readback) -> TxnVerdict``, a pure function.
 
-``ops``: the history (``chaos.history.Op``, ops and values described in ``chaos.txn_workload``).
-``readback``: what was read once the faults stopped and no transaction was left open::
-
-    {"topic": str, "partitions": int,
-     "settle": {"settled": bool, "lso": {p: offset}, "hw": {p: offset}},
-     "read_committed":   {"records": [[p, offset, value], ...], "complete": bool, ...},
-     "read_uncommitted": {"records": [[p, offset, value], ...], "complete": bool, ...},
-     "log": {"batches": {p: [{"base_offset", "last_offset", "producer_id", "producer_epoch",
-                              "transactional", "control", "control_type" | "records": [[offset, value]]}]},
-             "complete": bool}}
-
-``log`` is every batch as stored, markers included (a raw read_uncommitted Fetch): it tells which
-producer ID wrote each value and where each transaction's marker is.  A *span* is what the broker
-held as one transaction of a producer ID in a partition: from its first transactional data batch
-after that producer's previous marker there, to its next marker (commit or abort), or open if none.
-
-Anomalies (any one makes the verdict invalid), described once in ``ANOMALIES``.  Every one is counted;
-the first ``max_examples`` of each kind are described.  What a count counts:
-
-* ``lost-write``: values (committed transactions' and acknowledged idempotent ones).
-* ``aborted-read``, ``torn-transaction``, ``read-before-commit``: transactions.
-* ``lso-past-open-transaction``: spans (one per transaction of the broker held open past a sample).
-* ``duplicate``: values per read (read_committed; read_uncommitted for idempotent values).
-* ``order``: pairs of neighbouring records of one producer in a partition out of send order.
-* ``fenced-commit``: commit calls.  ``unknown-value``: values.  ``incomplete-read``: reads.
-
-Outcomes, as the client saw them (``txn`` completions): committed (ok), aborted and abandoned
-(fail: ``abort_transaction()`` returned, or no commit was ever asked and the instance was replaced;
-both must stay invisible), unknown (info, or no completion: must be all or nothing).
-
-Timing rules (every time is the run's clock, ``chaos.history.now_ns``):
-
-* read-before-commit, from a poll: a value of T returned by ``reader-rc``'s poll completed at t,
-  and T's commit was first asked after t (or never);
-* read-before-commit, from the log: T's span in a partition ends with a commit marker at offset m,
-  and a high watermark above m was answered to ``reader-lso`` before T's commit was first asked (or
-  T's commit was never asked): T was committed before anyone asked;
-* lso-past-open-transaction: a sample's LSO L (for partition p) is above a span's first offset f
-  while the span's marker is at or above the HW H asked for after L's answer (or it has none): the
-  span was still open when L was answered.  The final settle read is a sample too;
-* fenced-commit: a commit of instance k invoked after another instance k' > k of the same
-  transactional id returned from ``init_transactions()`` (the ``fence`` fault), and it returned.
-
-Order: per partition, read_committed records of one transactional producer (all its instances,
-whose transactions never overlap) or of one idempotent producer instance must follow send order:
-(transaction or batch number, index in it).
+``ops`` is the history of a ``pidctl chaos run --workload transactions`` (``chaos.history.Op``, ops
+described in ``chaos.txn_workload``); ``readback`` is what was read once the faults stopped and no
+transaction was left open, markers included.  Any anomaly (kinds in ``ANOMALIES``) makes the verdict
+invalid.  The read-back's shape, the anomaly classes, what each count counts and the timing rules are
+in docs/transactions.md, "Exactly-once under faults".
 """
 from __future__ import annotations
 

@@ -1,39 +1,8 @@
 """One exactly-once chaos run (``pidctl chaos run --workload transactions``): a real three-node quorum, a
 real broker process, real transactional and idempotent producers of two client libraries, faults from a
-seeded schedule, then a read of everything and the checker (``chaos.txn_checker``).
-
-Steps:
-
-1. A ``LocalCluster`` (3 nodes) and a ``ChaosBroker`` (``--partitions``), free ports of 127.0.0.1, in
-   the run directory; the topic is created (Metadata with auto-creation).
-2. The workload (``chaos.txn_workload``): per client library (confluent-kafka, kafka-python)
-   ``txn_producers`` transactional producers and ``idempotent_producers`` idempotent ones, plus the
-   read_committed poller and the LSO sampler, each a thread writing to ``history.jsonl``.
-3. Faults, one at a time, from the schedule the seed draws before the run (``schedule()``): after a
-   quiet ``interval_s``, a fault drawn from ``faults``, held for its time, then healed:
-
-   * ``kill-leader``: kill -9 of the quorum leader, restarted after ``hold_s``;
-   * ``pause-leader``: SIGSTOP of the quorum leader, SIGCONT after ``pause_s`` (2-8 s);
-   * ``pause-node``: SIGSTOP of a quorum node drawn by the seed (a follower or the leader), ``pause_s``;
-   * ``pause-broker-peer``: SIGSTOP of the quorum node the broker sends its requests to (``ss``), for
-     ``pause_s``; when that is the leader, first the leader for 3.5 s (past the broker's attempt timeout),
-     then the node the broker moved to.  The paused node holds a copy of a transaction step while the
-     broker's retry completes elsewhere, and delivers it when it resumes;
-   * ``kill-broker``: kill -9 of the broker process, restarted (same port, same data) after ``hold_s``;
-   * ``fence``: a second instance of a transactional producer drawn by the seed calls
-     ``init_transactions()`` with the same transactional id (the first must be fenced).
-
-   No fault is started that would not be healed by ``duration_s``.
-4. Everything healed, the producers stop (each after its current transaction), the run waits until no
-   transaction is open (LSO == HW on every partition, at most ``settle_timeout_s``), the samplers stop.
-5. The read: every partition from the beginning with read_committed and with read_uncommitted
-   (kafka-python), and the raw log with its markers (``chaos.txn_read``), into ``readback.json``.
-6. The check, into ``verdict.json``.
-
-Run directory: ``run.json`` (written first, with ``"workload": "transactions"``, which ``pidctl chaos
-check`` reads to dispatch; completed at the end), ``history.jsonl``, ``readback.json``, ``verdict.json``,
-``clients.log`` (librdkafka's and kafka-python's log lines), ``cluster/`` and ``broker-1/`` (logs; their
-data is dropped after a passing run unless ``keep_data``).
+seeded schedule (``schedule()``), then a read of everything (``chaos.txn_read``) and the checker
+(``chaos.txn_checker``).  The steps, the faults and the run directory's files are described in
+docs/transactions.md, "Exactly-once under faults".
 """
 from __future__ import annotations
 

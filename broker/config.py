@@ -1,27 +1,7 @@
 """A broker's settings: ``BrokerConfig``, from a TOML file, flags, or both (flags override the file).
 
-Example (``deploy/broker.toml``; every key is optional but ``broker_id`` and ``quorum``, and each is
-also a flag of ``pidctl broker start``: ``--<key>`` with ``-`` for ``_``, ``--pid-manager-<key>`` for
-the ``[pid_manager]`` table, ``--quorum-<key>`` for ``[quorum_security]``)::
-
-    broker_id = 1
-    quorum = ["10.0.0.1:9092", "10.0.0.2:9092", "10.0.0.3:9092"]   # --quorum host:port,...
-    listen = "0.0.0.0:9092"
-    advertised = "10.0.1.1:9092"
-    data_dir = "/var/lib/pidquorum-broker"      # relative paths: to this file's directory
-    default_partitions = 3                     # --partitions
-    broker_heartbeat_interval_ms = 2000        # BrokerHeartbeat to the quorum (below its session timeout)
-    metrics_port = 9096
-    log_format = "json"
-
-    [quorum_security]                          # how to reach the quorum (default: PLAINTEXT)
-    security_protocol = "SASL_SSL"
-    sasl_username = "broker"                   # the password: PIDQUORUM_BROKER_SASL_PASSWORD,
-                                               # --quorum-sasl-password-file or sasl_password here
-    tls_cafile = "ca.pem"
-
-    [pid_manager]                              # broker.pid_manager.PidManagerConfig
-    prefetch_threshold = 0.9
+Each field is documented where it is declared; the annotated example is ``deploy/broker.toml``, and
+how keys map to ``pidctl broker start`` flags is in docs/deployment.md, "3. The configs".
 """
 from __future__ import annotations
 

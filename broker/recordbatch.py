@@ -1,32 +1,9 @@
 """Kafka RecordBatch v2 (magic 2) headers: parse, validate, re-stamp, and build batches for tests and tools.
 
-The broker stores batches exactly as the client sent them (only the base offset,
-which lies outside the CRC, is rewritten), so nothing here decompresses records.
-
-Layout of the 61-byte header (big-endian)::
-
-    baseOffset int64 | batchLength int32 | partitionLeaderEpoch int32 | magic int8 |
-    crc uint32 | attributes int16 | lastOffsetDelta int32 | baseTimestamp int64 |
-    maxTimestamp int64 | producerId int64 | producerEpoch int16 | baseSequence int32 |
-    recordsCount int32
-
-``batchLength`` counts everything after itself (so a batch is ``batchLength + 12``
-bytes); the CRC-32C covers ``attributes`` to the end of the batch.
-
-``split_batches`` is what a Produce handler runs on one partition's records; it
-raises ``BatchError`` carrying the Kafka error code to answer with.  Beyond what
-Kafka's broker checks, it is deliberately strict about framing: trailing bytes
-that are not a whole batch are CORRUPT_MESSAGE (Kafka's log input stream would
-silently ignore a partial trailing batch; a client never sends one).
-
-``encode_control_batch`` builds the end-of-transaction marker a partition
-writes for the transaction coordinator (Kafka's ``EndTransactionMarker``), and
-``control_record_type`` reads its type back (recovery).
-
-Not checked here (they need the records or topic configuration): per-record
-framing inside uncompressed batches, timestamp bounds, and Kafka's rule that a
-v3+ Produce request carries exactly one batch per partition (a front-end matter:
-this module and ``broker.partition`` accept several).
+The broker stores batches exactly as the client sent them (only the base offset, which lies outside
+the CRC, is rewritten), so nothing here decompresses records.  The header layout, what
+``split_batches`` refuses beyond Kafka and what it leaves to others are in docs/brokers.md,
+"A partition's log on disk".
 """
 from __future__ import annotations
 

@@ -1,29 +1,9 @@
 """What must hold after every step of a simulation, and at its end.
 
-Raft's safety properties (Raft paper, figure 3), checked on the nodes' real state:
-
-* **election safety**: at most one leader per term;
-* **log matching**: two logs holding an entry with the same index and term hold the
-  same command there and the same entries before it;
-* **leader completeness**: a leader holds every entry committed in an earlier term
-  (in its journal, or below its snapshot);
-* **state-machine safety**: no two nodes apply different entries at one index;
-* **a log's terms never decrease** along its indexes (every entry was appended by the leader of
-  its term, after the entries before it);
-* **one vote per term**: a node never grants its vote to two candidates in one term, across
-  restarts (read from the votes it sends);
-* **a term never goes back**: a node starts again in a term at least as high as any it held while
-  it ran (term and vote are durable before anything leaves the node that depends on them).
-
-And pidquorum's own:
-
-* **no committed entry lost from a node's durable state**: every entry up to a
-  node's commit index is on its disk (synced journal, or its snapshot), and after
-  a crash or a power loss the node still holds what it knew was committed;
-* **no producer ID issued twice**: acknowledged blocks, new transactional producer
-  IDs and the ZooKeeper-era blocks of acknowledged seeds never overlap, and the
-  committed allocations never overlap;
-* **every acknowledged block is in the final state**.
+``Checker`` checks Raft's safety properties (Raft paper, figure 3) on the nodes' real state, and
+pidquorum's own: no committed entry lost from a node's durable state, no producer ID issued twice,
+every acknowledged block in the final state.  The list, property by property, is in
+docs/simulation.md, section 1, "The checker".
 """
 from __future__ import annotations
 

@@ -1,30 +1,11 @@
 """A simulated file system at the level of the system calls ``snapshots.storage.disk.Disk`` makes, with the crash
 semantics POSIX allows: what a node's files look like after a process crash or a power loss at any instant.
 
-``SimFS`` offers the calls of the ``os`` module that ``Disk`` uses (``open read write pwrite lseek fsync
-fdatasync ftruncate close replace unlink mkdir stat fstat``, plus ``listdir`` and ``rmdir``), so the
-simulator runs the production write discipline instead of a copy of it.  It models what a file system keeps:
-
-* **inodes** hold bytes.  Writes and truncates change the inode at once (what a reader sees), but only
-  ``fsync``/``fdatasync`` of a descriptor on it makes them durable; until then they are *pending*, in the
-  order they were made.
-* **directories** map names to inodes.  Creating, renaming or unlinking a name changes the directory at
-  once, but only an fsync of the directory makes it durable; until then the change is pending.  A rename
-  within one directory is one change (atomic).
-
-``crash()`` is a process crash (kill -9): every change stays (the page cache survives) and what was not
-synced is still not (a power loss after the restart can take it); ``copy()`` is a backup, every file as
-a reader sees it, all durable.  ``power_loss(...)``
-is the machine losing power: each directory keeps its durable entries plus some prefix of its pending
-changes, each inode its durable bytes plus some prefix of its pending writes, the last possibly torn
-(partly written, the rest zeros or garbage); ``LossPolicy`` picks the prefixes.  ``crash_states()``
-enumerates the states of one instant for the crash-state explorer.
-
-Faults: ``fail(op)`` may return an OSError for the operation to raise (a failed sync also drops the file's
-unsynced writes, as Linux does), ``stop(op, "before"|"after")`` stops the machine there (``MachineStopped``),
-``capacity`` turns writes beyond it into ENOSPC.  Every operation that changes a file or a directory (and
-each open for reading, as ``read``) is recorded in ``ops``; ``lseek``, ``read``, ``stat`` and ``close``
-change nothing durable and are not.  Paths are absolute; ``/`` exists.
+``SimFS`` offers the ``os`` calls ``Disk`` uses, so the simulator runs the production write discipline
+instead of a copy of it.  Changes are visible at once but durable only once synced (a file by
+``fsync``/``fdatasync``, a directory entry by a directory fsync); ``crash()``, ``copy()``,
+``power_loss(...)`` and ``crash_states()`` derive what survives.  What it models, and its faults, are in
+docs/simulation.md, section 1, "The simulated file system".
 """
 from __future__ import annotations
 

@@ -1,25 +1,11 @@
 """Deterministic simulation of a whole quorum: the real code, a simulated world, one seed.
 
-``Simulation(SimConfig(seed=...)).run()`` runs three (or five) quorum nodes in this
-process: the production ``Service`` (pysyncobj's SyncObj with pidquorum's adapter,
-journal, snapshot store, identity gate, state machine) and ``Proposer`` on each,
-with the network (``net``), the disks (``disk``) and the clock (``clock``)
-simulated.  One ``random.Random(seed)`` drives everything: the order of events,
-message delays and faults, disk crash states, pysyncobj's election jitter, the
-workload and the identities, so a seed replays the same run bit for bit
-(``SimResult.digest``).
-
-This module holds the scheduler (the event queue, the clock, the run loop), the wiring of the
-nodes, and the end of a run (the last fault's shapes, convergence, the liveness bounds).  The
-workload is in ``chaos.sim.workload``: brokers that register, allocate blocks, re-register, start
-and bump transactional ids, and a ZooKeeper migration seed.  The faults, mixed by the seed
-(``FaultPlan``), are in ``chaos.sim.faults``.  ``Simulation`` inherits both.
-
-After every step ``checker.Checker.step`` checks Raft's safety properties and that
-no node's durable state lost a committed entry; every acknowledged answer is
-checked as it arrives (no producer ID issued twice); at the end the faults stop,
-the cluster converges and every acknowledged block must be in the final state.  A
-failure carries the seed, the step and the last events.
+``Simulation(SimConfig(seed=...)).run()`` runs three (or five) production quorum nodes in this process,
+with the network, the disks and the clock simulated; one ``random.Random(seed)`` drives everything, so
+a seed replays the same run bit for bit (``SimResult.digest``).  This module holds the scheduler (the
+event queue, the clock, the run loop), the wiring of the nodes, and the end of a run (the last fault's
+shapes, convergence, the liveness bounds); ``Simulation`` inherits the workload (``chaos.sim.workload``)
+and the faults (``chaos.sim.faults``).  What runs and what is checked: docs/simulation.md, section 1.
 """
 from __future__ import annotations
 

@@ -1,26 +1,7 @@
 """What the transaction simulation must never show (Jepsen's anomaly classes for Kafka transactions),
 judged on the model partitions' read_committed and read_uncommitted views, sampled during the run and
-at the end (once the faults stopped, the quorum converged and every broker's sweeper completed what was
-prepared or timed out), and on the transaction states the quorum committed:
-
-* **lost write**: a value of a transaction whose EndTxn(commit) was answered OK is not readable
-  (read_committed) at the end;
-* **aborted read (G1a)**: a value of a transaction whose abort was answered OK is readable;
-* **torn transaction**: a transaction partly readable at the end (some of its values, not all);
-* **read before commit**: a value readable before its client asked to commit its transaction;
-* **LSO past an open transaction**: a value of a transaction its client has not ended is below the last
-  stable offset, ended by an abort marker of its own epoch (a coordinator's timeout or fencing bumps
-  the epoch), or the LSO is above the first offset of an ongoing transaction;
-* **hanging transaction**: a partition still holds an ongoing transaction at the end (its LSO stuck);
-* **duplicate**: a value in a partition's log twice;
-* **order**: one producer's values in one partition out of the order it sent them;
-* **a transaction ended that nobody asked to end**: the quorum committed more PrepareCommit states for a
-  transactional id than its clients asked commits, or more PrepareAbort states of the transaction's own
-  epoch than aborts asked (a coordinator's timeout abort and InitProducerId's fencing abort bump the
-  epoch): a step applied to a transaction it was not sent for.
-
-Producer IDs of InitProducerId answers must also be new (``Checker.issue``), and everything the quorum
-checker checks still holds.
+at the end, and on the transaction states the quorum committed; everything the quorum checker checks
+still holds.  The anomalies are described in docs/simulation.md, section 7, "The checker".
 """
 from __future__ import annotations
 

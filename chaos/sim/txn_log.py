@@ -1,26 +1,10 @@
 """The partitions of the transaction simulation: a small model of ``broker.partition.Partition``'s
 transactional behaviour, in memory.
 
-The broker's real ``Partition`` writes segment files through ``os`` (pread, fsync) and runs a snapshot
-thread, neither of which the simulation can run deterministically on its simulated disk, so the rules
-that matter to transactions are modelled here, one for one with ``Partition`` and
-``ProducerStateManager`` (KIP-98, KIP-890 part 1):
-
-* a transactional append needs the token ``expect_transaction`` gave before the coordinator's check
-  (voided by any marker of the producer written since), or the producer's transaction already ongoing
-  here; otherwise INVALID_TXN_STATE.  An epoch older than the producer's is INVALID_PRODUCER_EPOCH.
-  The first transactional batch of a producer opens its transaction at its offset;
-* ``write_marker``: an epoch older than the producer's is INVALID_PRODUCER_EPOCH; with a transaction
-  ongoing a COMMIT or ABORT control record is appended and the transaction ends (an abort's range goes
-  into the aborted index); with none, nothing is written (``duplicate``) unless the epoch bumps a known
-  producer (then the marker is written so the bump outlives a restart);
-* the last stable offset is the first offset of the oldest ongoing transaction, else the high
-  watermark (one replica: the log end);
-* read_committed: the records below the LSO, without those of aborted transactions;
-  read_uncommitted: every data record.
-
-The log is durable (every append is fsync'd before it is answered): a broker crash loses only the
-in-memory KIP-890 tokens.
+The real ``Partition`` writes segment files through ``os`` and runs a snapshot thread, neither of which
+the simulation can run deterministically on its simulated disk, so the rules that matter to
+transactions are modelled here, one for one with ``Partition`` and ``ProducerStateManager`` (KIP-98,
+KIP-890 part 1).  The rules are listed in docs/simulation.md, section 7, "What is modelled".
 """
 from __future__ import annotations
 

@@ -19,6 +19,10 @@ first time a test asks for it)
 ``zk_client``
     A connected KazooClient on ``zk_chroot``, stopped at teardown.
 
+``lossy``
+    ``(proxy, client)``: a ``tests.migration.zk_blocks.LossyProxy`` in front of
+    ``zookeeper`` and a client connected through it to ``zk_chroot``.
+
 Installing: right after collection (outside test timeouts) when a collected
 test needs ``zookeeper``, Debian's zookeeper package is installed if it or java
 is missing (``benchmarks.zookeeper.ensure_installed``, i.e. ``benchmarks.provision``:
@@ -45,6 +49,8 @@ from kazoo.client import KazooClient
 from benchmarks import zookeeper as zk
 from benchmarks.provision import AptUnavailable
 from quorum.localcluster import LocalCluster, free_ports
+from quorum.migration.zk import connect
+from tests.migration.zk_blocks import LossyProxy
 
 START_TIMEOUT = 60.0
 JVM_OPTIONS = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Dzookeeper.preAllocSize=1024",
@@ -207,3 +213,13 @@ def zk_client(zk_chroot):
     yield zk
     zk.stop()
     zk.close()
+
+
+@pytest.fixture
+def lossy(zookeeper, zk_chroot):
+    proxy = LossyProxy(zookeeper.port)
+    chroot = zk_chroot[len(zookeeper.hosts):]
+    zk = connect(proxy.hosts + chroot, timeout=10)
+    yield proxy, zk
+    zk.stop(); zk.close()
+    proxy.close()

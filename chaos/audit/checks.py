@@ -1,50 +1,10 @@
 """The audit's checks, on Spark: was any producer ID issued twice, over the whole exported history?
 
-Checks (each gives an exact count and the first ``examples`` findings):
-
-* overlaps between any two issued blocks of one ID space (a ``source`` of the
-  export): quorum blocks (accepted ``AllocateProducerIdsRecord``), ZooKeeper-era
-  blocks (``[zk_block_start, zk_block_end]`` of accepted seeds) and blocks
-  acknowledged in chaos runs;
-* duplicate producer IDs among those handed out one by one in chaos runs;
-* the migration boundary: every quorum block lies above ZooKeeper's range
-  (0..zk_block_end: the latest seed before it, or the first seed for a block
-  issued before any seed, when the quorum was not fresh);
-* gaps between consecutive blocks of the ID space and the IDs they waste;
-* per-broker allocation rate per time window, and brokers that look like a
-  restart loop (KIP-936): many registrations or broker epochs in one window, or
-  a window far above the fleet's median rate;
-* when the ID space (up to 2**63-2) runs out at the observed rate.
-
-How overlaps are found (``_main_pass``)
----------------------------------------
-Sort every block by start; a block overlaps some block that starts at or before
-it if and only if its start is below the running maximum of the ends of all
-blocks before it in that order.  (If block A comes before B and they overlap,
-then A.start <= B.start < A.end <= running max; conversely the block holding the
-running maximum starts at or before B and ends after B.start.)  Comparing with
-the previous block only would miss a block nested inside an earlier, larger one
-with smaller blocks in between; the running maximum does not, and an identical
-copy of a block is caught like any other (its start is below the first copy's end).
-
-To spread that scan over cores, the ID space is cut into buckets of about
-8,000 blocks each (piecewise-uniform buckets from the Parquet footers' min/max
-statistics, so a skewed ID space still balances).  A window function
-partitioned by bucket and ordered by start computes the running maximum inside
-each bucket; what comes before a bucket is summarised by one *carry* row placed
-first in the bucket: the greatest end among all blocks of earlier buckets (from
-a cheap aggregation pass and a prefix maximum over bucket summaries in the
-driver; an example that names that block looks it up by its end).  So the running maximum inside a bucket is exactly the global one, for
-blocks spanning any number of buckets, with one shuffle and no replication.
-
-The same ordered pass removes the copies of one record written by each node
-(same Raft index, position and content: adjacent in that order), flags records
-the nodes disagree on (``accepted`` differs), and drops a chaos acknowledgement
-of a block that an accepted record of the same source already issued (a chaos
-run exported together with its cluster's audit trail sees every block twice;
-a second acknowledgement of the same block still counts as an overlap).  The
-running maximum needs none of that: copies and acknowledgements carry their
-record's own end and sort right after it.
+Overlaps between issued blocks of one ID space, duplicate chaos PIDs, the migration boundary, gaps,
+per-broker allocation rates and restart-loop suspects, and when the ID space runs out.  Overlaps are
+found in one ordered pass (``_main_pass``): a running maximum of block ends over ID-space buckets, a
+window function per bucket with a carry row for what came before it.  The checks and why that pass is
+exact are in docs/simulation.md, section 13, "The checks" and "How overlaps are found".
 """
 from __future__ import annotations
 

@@ -1,37 +1,9 @@
 """Audit trails and chaos histories as typed Parquet: the input of the Spark audit job.
 
-``export(src, dest)`` (``pidctl audit export --from SRC --to DEST``) reads
-
-* a local cluster directory (``node-N/audit.log``, ``quorum.localcluster``),
-* a single node's data directory (``audit.log``; its node id comes from a
-  ``node-N`` directory name, else it is -1),
-* a chaos run directory (``history.jsonl`` and ``cluster/node-N/audit.log``;
-  a passing run keeps no audit trails, only its history), or
-* a directory holding any number of those, at any depth (hidden directories
-  and the output directory itself are skipped),
-
-and writes, under ``DEST``::
-
-    records/<RecordName>/part-<slug>.parquet   one per replicated record type found in a source
-    gaps/part-<slug>.parquet                   AuditGap lines of a source (when it has any)
-    chaos/allocate/part-<slug>.parquet         ok allocate ops of a chaos source (always, maybe 0 rows)
-    chaos/generate/part-<slug>.parquet         ok generate ops of a chaos source (always, maybe 0 rows)
-    manifest.json                              written last: an export without it is not finished
-
-Each source is named by its path relative to ``SRC`` (or, when ``SRC`` is the
-source itself, by its directory name); ``<slug>`` is that name made into a
-file name, unique within the export.
-
-The tables' schemas are in ``chaos.audit.schemas``.  Every node's copy of a line is kept; ``node_id`` tells them apart.
-
-Bad input raises one error naming the file: ``ExportError`` (missing or empty
-``SRC``, nothing to export, a non-empty ``DEST`` without ``force``, unreadable
-files), ``snapshots.storage.disk.CorruptFileError`` (a damaged audit trail) or
-``chaos.history.HistoryError`` (a bad history: exactly what
-``chaos.history.read_history`` refuses).  Everything is first written under
-``DEST/.tmp-<pid>`` (files and directories fsync'd), moved into place, and
-``manifest.json`` is written last, atomically; on an error nothing but what
-``DEST`` held before is left, minus, with ``force``, a previous export.
+``export(src, dest)`` (``pidctl audit export --from SRC --to DEST``) reads local clusters, node data
+directories and chaos runs under ``SRC`` and writes one Parquet table per record type, one for audit
+gaps and one per chaos operation, with ``manifest.json`` written last.  The sources it reads, the
+layout it writes, its errors and how it stays atomic are in docs/simulation.md, section 13, "The export".
 """
 from __future__ import annotations
 

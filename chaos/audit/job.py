@@ -1,45 +1,9 @@
 """The audit job on Spark: was any producer ID issued twice, over the whole exported history?
 
-Input: a directory written by ``pidctl audit export`` (``manifest.json``,
-``records/<RecordName>/part-*.parquet``, ``chaos/allocate``, ``chaos/generate``).
-Run it with ``pidctl audit run --input DIR`` (local Spark in the process), or on a
-cluster with ``spark-submit cli/audit.py --input DIR --out DIR`` (only the driver
-needs pidquorum: the job is DataFrame operations and window functions, no Python
-runs on executors; DIR must be on a file system the driver and executors share).
-
-Where things are: the input and its checks before Spark starts in
-``chaos.audit.inputs``; the checks themselves (and how overlaps are found) in
-``chaos.audit.checks``, spread over cores by ``chaos.audit.buckets``; this module runs them
-(``run_audit``: validate, start or reuse Spark, check, write ``audit.json`` and
-the charts of ``chaos.audit.report``).  The command lines, ``pidctl audit run`` and
-the job's own under spark-submit (``spark-submit cli/audit.py``), are in ``cli.audit``; what a run is
-asked and how its phases are timed in ``chaos.audit.options``.
-
-ID spaces (``id_spaces``)
-------------------------
-Blocks are compared within an ID space, and by default every source of kind
-``cluster`` or ``node`` (a local cluster, a node's data directory: one
-production cluster's history, maybe copied from each of its hosts) is one
-ID space, so an overlap between blocks found in two different directories is
-found too, and the copies of one record kept by every node are one block.  A
-chaos run (kind ``chaos``) is its own ID space: each run starts its own
-throwaway cluster at ID 0.  A source whose kind the manifest does not give is
-its own ID space.  ``id_spaces="source"`` (``pidctl audit run --per-source``)
-makes every source its own ID space, for an export that holds several
-unrelated clusters.  The report names the ID spaces and their sources.
-
-Cost and scale-out
-------------------
-Per run: the Parquet footers (driver: schema, value checks from min/max
-statistics -- the rows of a row group are read only when its statistics cannot
-clear it -- and bucket edges); one aggregation pass (max end per bucket, a few
-bytes per bucket to the driver); one shuffle of narrow rows hash-partitioned
-by bucket, sorted, one window operator, then an aggregation per (broker,
-epoch, time window) that keeps each finding as its own group; then small jobs
-on that persisted summary.  Buckets are independent tasks of ~8k rows, so on a
-cluster the scan and the ordered pass spread over every executor core, and the
-driver only sees one row per bucket and per (broker, window).  Shuffle
-partitions grow with the input (~1 per 1.25M rows, ``chaos.audit.spark.tune_for_rows``).
+``run_audit`` validates an export of ``pidctl audit export`` (``chaos.audit.inputs``), starts or reuses
+Spark, runs the checks (``chaos.audit.checks``) per ID space, and writes ``audit.json`` and the charts
+of ``chaos.audit.report``.  Its command lines are in ``cli.audit``.  How to run it, what an ID space is
+and what a run costs: docs/simulation.md, section 13, "The job", "ID spaces" and "Cost and scale-out".
 """
 from __future__ import annotations
 

@@ -1,27 +1,8 @@
 """A SparkSession that works from a clean install: ``spark_session()``.
 
-What a fresh ``pip install pidquorum`` lacks, and what is set here:
-
-* Java: ``JAVA_HOME`` if it points at a JDK/JRE, else the ``java`` on PATH
-  (its real path, so ``/usr/bin/java`` -> ``/usr/lib/jvm/...``), else one under
-  ``/usr/lib/jvm``.  Without any, ``SparkSetupError`` says what to install: a
-  library installs no system package (docs/deployment.md; the test suite
-  installs one with ``benchmarks.provision``).  PySpark 4 needs Java 17+.
-* Local masters (``local``, ``local[N]``, ``local[*]``): ``SPARK_LOCAL_IP`` and the
-  driver's host and bind address are 127.0.0.1, so a machine whose hostname
-  does not resolve, or that has no network, still works.  For ``spark://``,
-  ``yarn`` or ``k8s://`` masters nothing is pinned: executors must reach the
-  driver on a routable address.
-* ``PYSPARK_PYTHON`` is the running interpreter unless already set (the audit
-  job runs no Python on executors, but Spark checks it at start).
-* Local masters run the driver JVM with the parallel (throughput) GC.
-* No web UI, no console progress bars, log4j at ERROR (Spark's start-up
-  chatter is written to a small log4j2 file this module puts in the temp dir).
-* Few shuffle partitions (``spark.sql.shuffle.partitions`` = 2 x cores);
-  the audit job raises it with the input's size (``tune_for_rows``).
-* Window operators buffer whole partition groups in memory: the audit job
-  sizes its groups (ID-space buckets) at ~8k rows, so the buffer thresholds are
-  raised above Spark's 4096 default to keep them from spilling to disk.
+It finds Java, pins local masters to 127.0.0.1, sets ``PYSPARK_PYTHON``, quiets Spark's UI and logs,
+and sizes shuffle partitions and window buffers for the audit job.  What a fresh ``pip install
+pidquorum`` lacks and each setting made here: docs/simulation.md, section 13, "The Spark session".
 """
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ from .initpid_load import STALL_MS, TX_CLIENT_TIMEOUT_S, WireLoad, init_body, wi
 from .processes import REPO, BrokerProcess
 from .rdkafka_probes import client_versions, high_watermarks, produce_round, rk_idempotent, rk_transactional
 from .report import counts, lat_cells, leader_kills_title, print_footer, print_new_leaders, summarize_ms, table
-from .report import fmt_num as f
+from .report import fmt_num
 
 BLOCK = 1000
 STALL_FAIL_MS = 250.0  # a stall this long makes phase 2's latency tail a figure of this process, not the broker
@@ -309,25 +309,25 @@ def _print_init(ph: dict) -> None:
                 ["path", "n", "p50 ms", "p99 ms", "max ms", "errors"], rows))
     lag = idem["logger_lag_vs_stats_ms"]
     print(f"  librdkafka connection UP before init_transactions(): p50 "
-          f"{f(tx['connect_before_init']['p50_ms'], '.1f')} ms (not in the init figure); "
+          f"{fmt_num(tx['connect_before_init']['p50_ms'], '.1f')} ms (not in the init figure); "
           f"bump epochs {bump['epochs']}")
     print(f"  logger-callback timing (idempotent, application polling without pause): hand-over of 'Acquired' "
-          f"minus stats' Assigned time {f(lag['min'])}..{f(lag['max'])} ms, {lag['over_bound']} of {lag['n']} "
-          f"beyond +-{lag['bound']:g} ms ("
+          f"minus stats' Assigned time {fmt_num(lag['min'])}..{fmt_num(lag['max'])} ms, "
+          f"{lag['over_bound']} of {lag['n']} beyond +-{lag['bound']:g} ms ("
           f"stats age has 1 ms resolution): "
           f"{'sound' if idem['logger_timing_sound'] else 'NOT SOUND in this run, figure skipped'}; "
           f"during init_transactions() nothing polls, so its log lines arrive after the call")
-    print(f"  CPU s: broker process {f(ph['broker_cpu_s'], '.1f')}; load avg {ph['machine_start']['loadavg']} -> "
+    print(f"  CPU s: broker process {fmt_num(ph['broker_cpu_s'], '.1f')}; load avg {ph['machine_start']['loadavg']} -> "
           f"{ph['machine_end']['loadavg']}")
 
 
 def _print_kills(k: dict) -> None:
     rows = []
     for label, b in k["brokers"].items():
-        rows.append([label, f"{b['sent']:,}", f(b["sent_per_s"], ".0f"), f"{b['ok']:,}", b["load_in_progress"],
+        rows.append([label, f"{b['sent']:,}", fmt_num(b["sent_per_s"], ".0f"), f"{b['ok']:,}", b["load_in_progress"],
                      counts({x: v for x, v in b["errors"].items() if x != "COORDINATOR_LOAD_IN_PROGRESS"}),
-                     f(b["latency_ok"]["p50_ms"], ".2f"), f(b["latency_ok"]["p99_ms"], ".2f"),
-                     f(b["latency_ok"]["max_ms"], ".1f"), b["inside_quorum_blocks"]["outside"]])
+                     fmt_num(b["latency_ok"]["p50_ms"], ".2f"), fmt_num(b["latency_ok"]["p99_ms"], ".2f"),
+                     fmt_num(b["latency_ok"]["max_ms"], ".1f"), b["inside_quorum_blocks"]["outside"]])
     print(table(f"2. {leader_kills_title(k)}, idempotent InitProducerId v4 at {k['rate_per_broker']:.0f}/s per "
                 f"broker, open loop",
                 ["broker", "sent", "sent/s", "ok", "LOAD_IN_PROGRESS", "other errors", "p50 ms", "p99 ms",
@@ -352,34 +352,34 @@ def _print_kills(k: dict) -> None:
           "broker run IN PROCESS (BrokerServer in this benchmark's event loop)")
     print(f"  transactional InitProducerId to broker 1 at {k['tx_rate']:g}/s (new id each, fresh connection): "
           f"sent {t['sent']}, ok {t['ok']}, errors/timeouts {counts(t['errors'])}; latency p50 "
-          f"{f(t['latency_ok']['p50_ms'])} ms, p99 {f(t['latency_ok']['p99_ms'])} ms, max "
-          f"{f(t['latency_ok']['max_ms'], '.0f')} ms (slowest issued at "
-          f"{f((t['slowest'] or {}).get('issued_at_s'), '.2f')} s)")
+          f"{fmt_num(t['latency_ok']['p50_ms'])} ms, p99 {fmt_num(t['latency_ok']['p99_ms'])} ms, max "
+          f"{fmt_num(t['latency_ok']['max_ms'], '.0f')} ms (slowest issued at "
+          f"{fmt_num((t['slowest'] or {}).get('issued_at_s'), '.2f')} s)")
     ps = k["peer"]["pid_manager_stats"] or {}
     print(f"  all PIDs returned: {k['all_pids']:,}, duplicates {k['duplicates']}; audit-trail blocks "
           f"{k['audit_blocks']}; kafka-like broker's manager: max block wait "
-          f"{f(ps.get('max_block_wait_s', 0) * 1000, '.0f')} ms, refusals it counted "
+          f"{fmt_num(ps.get('max_block_wait_s', 0) * 1000, '.0f')} ms, refusals it counted "
           f"{ps.get('counters', {}).get('load_in_progress')}")
     print_new_leaders(k["rounds"])
-    print(f"  CPU s during the run: broker process {f(k['broker_process_cpu_s'], '.1f')}, this process (load "
-          f"clients + kafka-like broker) {f(k['bench_process_cpu_s'], '.1f')}; "
+    print(f"  CPU s during the run: broker process {fmt_num(k['broker_process_cpu_s'], '.1f')}, this process (load "
+          f"clients + kafka-like broker) {fmt_num(k['bench_process_cpu_s'], '.1f')}; "
           f"load avg {k['machine_start']['loadavg']} -> {k['machine_end']['loadavg']}")
 
 
 def _print_produce(pr: dict) -> None:
     rows = []
     for label, x in pr["producers"].items():
-        rows.append([label, f"{x['config']}", f"{x['messages']:,}", f(x["msgs_per_s"], ",.0f"),
+        rows.append([label, f"{x['config']}", f"{x['messages']:,}", fmt_num(x["msgs_per_s"], ",.0f"),
                      " / ".join(f"{v:,.0f}" for v in x["rounds_msgs_per_s"]),
-                     f(x["broker_cpu_fraction_of_wall"], ".0%"), f(x["broker_cpu_us_per_msg"], ".2f"),
-                     f(x["delivery_latency"]["p50_ms"], ".1f"), f(x["delivery_latency"]["p99_ms"], ".1f"),
-                     f(x["delivery_latency"]["max_ms"], ".1f"), counts(x["delivery_errors"]),
+                     fmt_num(x["broker_cpu_fraction_of_wall"], ".0%"), fmt_num(x["broker_cpu_us_per_msg"], ".2f"),
+                     fmt_num(x["delivery_latency"]["p50_ms"], ".1f"), fmt_num(x["delivery_latency"]["p99_ms"], ".1f"),
+                     fmt_num(x["delivery_latency"]["max_ms"], ".1f"), counts(x["delivery_errors"]),
                      f"{x['log_end_total']:,}/{x['expected_log_end_total']:,}"])
     print(table(f"3. librdkafka produce, {pr['message_bytes']} B messages, 3 partitions, burst "
                 f"(rounds {' '.join(o[0].upper() for o in pr['order'])})",
                 ["producer", "config", "messages", "msg/s", "per round", "broker CPU/wall",
                  "broker CPU us/msg", "p50 ms", "p99 ms", "max ms", "errors", "log end/expected"], rows))
-    print(f"  idempotent / plain throughput: {f(pr['idempotent_over_plain_throughput'], '.2f')}; delivery "
+    print(f"  idempotent / plain throughput: {fmt_num(pr['idempotent_over_plain_throughput'], '.2f')}; delivery "
           f"latency = produce() to ack (linger.ms 5), in a burst mostly time queued in the producer; a broker "
           f"CPU/wall well below 100 % means the Python produce() loop, not the broker, set the pace; "
           f"load avg {pr['machine_start']['loadavg']} -> {pr['machine_end']['loadavg']}")

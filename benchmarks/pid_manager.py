@@ -24,7 +24,7 @@ from records.wire.errors import CoordinatorLoadInProgressError, PidQuorumError
 
 from .common import HOST, LeaderKill, check_inside, kill_leaders, leader_kill_checks, paced, percentile, temp_cluster
 from .harness import exit_status, log, new_results, parser, phase_list, quick_defaults, run_phases
-from .report import fmt_num as f, leader_kills_title, print_footer, print_new_leaders, table
+from .report import fmt_num, leader_kills_title, print_footer, print_new_leaders, table
 
 BLOCK = 1000
 TICK_S = 0.01
@@ -267,8 +267,9 @@ def print_results(res: dict) -> None:
         print(table(f"1. generate_producer_id() latency, {lat['calls']:,} calls, {lat['quorum']}",
                     ["p50 us", "p99 us", "p99.9 us", "max us", "mean us", "timer pair p50 us", "refused",
                      "p99 < 10 us"],
-                    [[f(x["p50"], ".3f"), f(x["p99"], ".3f"), f(x["p99_9"], ".3f"), f(x["max"], ".1f"),
-                      f(x["mean"], ".3f"), f(lat["timer_pair_us"]["p50"], ".3f"), lat["refused_load_in_progress"],
+                    [[fmt_num(x["p50"], ".3f"), fmt_num(x["p99"], ".3f"), fmt_num(x["p99_9"], ".3f"),
+                      fmt_num(x["max"], ".1f"), fmt_num(x["mean"], ".3f"), fmt_num(lat["timer_pair_us"]["p50"], ".3f"),
+                      lat["refused_load_in_progress"],
                       "yes" if x["p99"] is not None and x["p99"] < P99_TARGET_US else "NO"]]))
         print()
     k = res["phases"].get("leader_kill")
@@ -276,10 +277,10 @@ def print_results(res: dict) -> None:
         rows = []
         for label, m in k["managers"].items():
             rows.append([label, m["load_in_progress"], f"{m['ids']:,}", m["duplicates_within"],
-                         m["inside_quorum_blocks"]["outside"], f(m["max_dry_s"] * 1000, ".0f", " ms"),
-                         f(m["max_block_wait_s"] * 1000, ".0f", " ms"), f"{m['peak_reserve_ids']:,}",
+                         m["inside_quorum_blocks"]["outside"], fmt_num(m["max_dry_s"] * 1000, ".0f", " ms"),
+                         fmt_num(m["max_block_wait_s"] * 1000, ".0f", " ms"), f"{m['peak_reserve_ids']:,}",
                          f"{min(m['reserve_at_kills'], default=0):,}", m["blocks_fetched"],
-                         sum(m["fetch_errors"].values()), f(m["final_failover_budget_s"], ".2f", " s")])
+                         sum(m["fetch_errors"].values()), fmt_num(m["final_failover_budget_s"], ".2f", " s")])
         print(table(f"2. {leader_kills_title(k)}, {k['rate_per_manager']:.0f} IDs/s per manager, real 3-node cluster",
                     ["manager", "LOAD_IN_PROGRESS", "IDs", "dups", "outside blocks", "max dry",
                      "max block wait", "peak reserve", "min reserve@kill", "blocks", "fetch errs",

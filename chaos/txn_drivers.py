@@ -219,15 +219,26 @@ class KafkaPythonDriver(Driver):
         _bounded(h.abort_transaction, self.cfg.step_deadline_s, "abort_transaction")
 
     def classify(self, e):
-        from kafka import errors as E  # heavy: imported when used
+        from kafka.errors import (  # heavy: imported when used
+            AuthorizationError,
+            IllegalStateError,
+            InvalidProducerEpochError,
+            InvalidTxnStateError,
+            KafkaConnectionError,
+            OutOfOrderSequenceNumberError,
+            ProducerFencedError,
+            RetriableError,
+            TransactionCoordinatorFencedError,
+            UnsupportedVersionError,
+        )
         if isinstance(e, SendsFailed):
             return "abortable"
-        fatal = (E.ProducerFencedError, E.InvalidProducerEpochError, E.OutOfOrderSequenceNumberError,
-                 E.AuthorizationError, E.UnsupportedVersionError, E.InvalidTxnStateError,
-                 E.TransactionCoordinatorFencedError, E.IllegalStateError, StepTimeout)
+        fatal = (ProducerFencedError, InvalidProducerEpochError, OutOfOrderSequenceNumberError, AuthorizationError,
+                 UnsupportedVersionError, InvalidTxnStateError, TransactionCoordinatorFencedError, IllegalStateError,
+                 StepTimeout)
         if isinstance(e, fatal):
             return "fatal"
-        if isinstance(e, (E.RetriableError, E.KafkaConnectionError)):
+        if isinstance(e, (RetriableError, KafkaConnectionError)):
             return "retriable"
         return "abortable"
 

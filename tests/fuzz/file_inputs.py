@@ -2,13 +2,25 @@
 mutations of it and sealed garbage, and the file-decoder property."""
 from __future__ import annotations
 
+import json
+import os
 import struct
+import zlib
 from typing import Any
 
 import msgpack
 
+from chaos.history import HistoryError, read_final, read_history
+from quorum.journal import MAGIC as JOURNAL_MAGIC
+from quorum.journal import META_MAGIC, DurableJournal, encode_entry
+from quorum.managers import InvariantViolation, QuorumState
+from quorum.trail import AuditWriter, _frame, read_audit, read_checkpoint
+from records import AuditEntry, AuditGap
 from records import schema as rschema
 from records.codec import Record, to_obj
+from snapshots.format import MAGIC as SNAPSHOT_MAGIC
+from snapshots.format import Snapshot, encode_snapshot, read_snapshot
+from snapshots.storage.disk import CorruptFileError, Disk
 from tests.fuzz.record_inputs import check_record_values, random_value, record_obj, valid_record
 from tests.fuzz.sources import FuzzFinding
 
@@ -52,31 +64,20 @@ def _replicated_records(src, n_max: int = 4) -> list[Record]:
 
 def valid_file(kind: str, src) -> bytes:
     """A valid file of ``kind``, written by the project's own encoder."""
-    import json
-    import zlib
-
     if kind == "snapshot":
-        from snapshots.format import Snapshot, encode_snapshot
-
         idx = src.integer(1, 2**40)
         return encode_snapshot(Snapshot(records=_replicated_records(src), last_entry=(src.binary(6), idx, 3),
                                         prev_entry=(b"", idx - 1, 3), cluster=["127.0.0.1:1", "127.0.0.1:2"],
                                         meta={"written_by": "fuzz"}))
     if kind == "journal":
-        from quorum.journal import MAGIC, encode_entry
-
         first = src.integer(1, 1000)
-        return MAGIC + b"".join(encode_entry(src.binary(20), first + i, 1 + i // 3) for i in range(src.integer(0, 5)))
+        return JOURNAL_MAGIC + b"".join(encode_entry(src.binary(20), first + i, 1 + i // 3)
+                                        for i in range(src.integer(0, 5)))
     if kind == "meta":
-        from quorum.journal import META_MAGIC
-
         body = msgpack.packb({"term": src.integer(0, 100), "voted_for": src.choice([None, "127.0.0.1:1"]),
                               "commit_index": src.integer(0, 100)}, use_bin_type=True)
         return META_MAGIC + body + struct.pack("<I", zlib.crc32(body))
     if kind == "audit":
-        from quorum.trail import _frame
-        from records import AuditEntry, AuditGap
-
         out = b""
         for i in range(src.integer(0, 4)):
             if src.boolean(0.2):
@@ -110,9 +111,6 @@ def valid_file(kind: str, src) -> bytes:
 
 def sealed_garbage(kind: str, src) -> bytes:
     """A file of ``kind`` whose framing and checksum are right around a body of any value."""
-    import json
-    import zlib
-
     value = random_value(src)
     if kind in ("snapshot", "meta", "checkpoint"):
         body_map: Any = value
@@ -131,22 +129,15 @@ def sealed_garbage(kind: str, src) -> bytes:
             body_map = {src.choice(["term", "commit_index", "voted_for"]): value}
         raw = msgpack.packb(body_map, use_bin_type=True)
         if kind == "snapshot":
-            from snapshots.format import MAGIC
-
-            return MAGIC + struct.pack("<I", len(raw)) + raw + struct.pack("<I", zlib.crc32(raw))
+            return SNAPSHOT_MAGIC + struct.pack("<I", len(raw)) + raw + struct.pack("<I", zlib.crc32(raw))
         if kind == "meta":
-            from quorum.journal import META_MAGIC
-
             return META_MAGIC + raw + struct.pack("<I", zlib.crc32(raw))
         return struct.pack("<II", len(raw), zlib.crc32(raw)) + raw
     if kind == "journal":
-        from quorum.journal import MAGIC, encode_entry
-
-        return MAGIC + b"".join(encode_entry(src.binary(8), src.integer(0, 2**64 - 1), src.integer(0, 2**64 - 1))
-                                for _ in range(src.integer(1, 3)))
+        return JOURNAL_MAGIC + b"".join(
+            encode_entry(src.binary(8), src.integer(0, 2**64 - 1), src.integer(0, 2**64 - 1))
+            for _ in range(src.integer(1, 3)))
     if kind == "audit":
-        from quorum.trail import _frame
-
         shape = src.integer(0, 3)
         if shape == 0:
             obj = value
@@ -196,11 +187,6 @@ def file_input(kind: str, src) -> tuple[bytes, bytes | None, str]:
 def check_file_decoder(kind: str, data: bytes, original: bytes | None, workdir: str) -> str:
     """The file-decoder property: "refused" (the documented error, naming the file) or "accepted"
     (valid values; for a byte mutation, what the original held, or a torn tail cut from it)."""
-    import os
-
-    from chaos.history import HistoryError
-    from snapshots.storage.disk import CorruptFileError
-
     path = os.path.join(workdir, {"journal": "raft.journal", "meta": "raft.journal.meta",
                                   "checkpoint": "audit.log.checkpoint", "audit": "audit.log"}.get(kind, kind))
     for leftover in ("raft.journal", "raft.journal.meta", "audit.log", "audit.log.checkpoint"):
@@ -255,12 +241,7 @@ def _same(got: Any, want: Any) -> bool:
 
 def _read_file(kind: str, path: str, workdir: str) -> Any:
     """Read ``path`` as the product does; returns comparable, validated content."""
-    import os
-
     if kind == "snapshot":
-        from quorum.managers import InvariantViolation, QuorumState
-        from snapshots.format import read_snapshot
-
         snap = read_snapshot(path)
         for r in snap.records:
             check_record_values(r, b"")
@@ -270,9 +251,6 @@ def _read_file(kind: str, path: str, workdir: str) -> Any:
             pass
         return (snap.records, snap.last_entry, snap.prev_entry, snap.cluster, snap.meta)
     if kind in ("journal", "meta"):
-        from quorum.journal import DurableJournal
-        from snapshots.storage.disk import Disk
-
         j = DurableJournal(os.path.join(workdir, "raft.journal"), Disk())
         try:
             entries = list(j.entries)
@@ -285,9 +263,6 @@ def _read_file(kind: str, path: str, workdir: str) -> Any:
                 raise FuzzFinding("file:journal", b"", f"accepted a bad entry {(cmd, idx, term)!r}")
         return entries if kind == "journal" else meta
     if kind == "audit":
-        from quorum.trail import AuditWriter, read_audit
-        from records import AuditEntry, AuditGap
-
         lines, _ = read_audit(path)
         for ln in lines:
             if not isinstance(ln.entry, (AuditEntry, AuditGap)):
@@ -298,19 +273,13 @@ def _read_file(kind: str, path: str, workdir: str) -> Any:
         AuditWriter(path)._f.close()  # what a node does at start (without the fsync of a close)
         return [(ln.entry, ln.record) for ln in lines]
     if kind == "checkpoint":
-        from quorum.trail import read_checkpoint
-
         audit = path[:-len(".checkpoint")]
         got = read_checkpoint(audit)
         if got is not None and not (type(got[0]) is int and type(got[1]) is int and min(got) >= 0):
             raise FuzzFinding("file:checkpoint", b"", f"accepted {got!r}")
         return got
     if kind == "history":
-        from chaos.history import read_history
-
         return [op.to_dict() for op in read_history(path)]
     if kind == "final":
-        from chaos.history import read_final
-
         return read_final(path)
     raise ValueError(kind)

@@ -10,7 +10,17 @@ import msgpack
 
 from quorum.client import api as p
 from records import schema as rschema
-from records.codec import CLASSES, Record, RecordError, decode, decode_batch, from_json_dict, from_obj, to_obj
+from records.codec import (
+    CLASSES,
+    Record,
+    RecordError,
+    check_value,
+    decode,
+    decode_batch,
+    from_json_dict,
+    from_obj,
+    to_obj,
+)
 from tests.fuzz.sources import FuzzFinding
 
 
@@ -178,8 +188,6 @@ def check_record_obj(obj: Any) -> str:
 
 def check_record_values(rec: Any, data: bytes) -> None:
     """A decoded record holds only values its schema allows (no garbage accepted silently)."""
-    from records.codec import check_value
-
     if not isinstance(rec, Record):
         raise FuzzFinding("records", data, f"decoded a {type(rec).__name__}, not a Record")
     for f in rec.SPEC.fields:

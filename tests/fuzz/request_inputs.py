@@ -14,13 +14,16 @@ import uuid
 from typing import Any, Callable
 
 from kio.index import load_request_schema
+from kio.schema.errors import ErrorCode
 from kio.serial import entity_writer
 from kio.static.primitive import i16, i32
 
+from broker.frontend import NAMES, SUPPORTED, BrokerConfig, BrokerServer
+from broker.recordbatch import encode_batch
 from quorum.client import api as p
 from quorum.rpcs import RPCS, SERVER_API
 from records.wire import kafka
-from records.wire.bounds import unwrap_optional
+from records.wire.bounds import FrameBoundsError, _Cursor, _tagged, unwrap_optional
 from records.wire.errors import Errors
 from tests.fuzz.record_inputs import msgpack_request
 from tests.fuzz.sources import FuzzFinding
@@ -73,8 +76,6 @@ def _scalar(src, hint: Any, kafka_type: str | None, depth: int) -> Any:
     if kafka_type == "float64":
         return float(src.integer(-(2**20), 2**20))
     if kafka_type == "error_code":
-        from kio.schema.errors import ErrorCode
-
         return src.choice(list(ErrorCode))
     if kafka_type == "datetime_i64":
         return datetime.datetime.fromtimestamp(src.integer(0, 2**33) / 1000, datetime.timezone.utc)
@@ -84,8 +85,6 @@ def _scalar(src, hint: Any, kafka_type: str | None, depth: int) -> Any:
 def _records(src) -> bytes:
     """A record-batch field: a real v2 batch (maybe with bad counters), or raw bytes."""
     if src.boolean(0.6):
-        from broker.recordbatch import encode_batch
-
         n = src.integer(1, 3)
         return encode_batch([(None if src.boolean() else src.binary(4), src.binary(8)) for _ in range(n)],
                             producer_id=src.integer(-1, 2**63 - 1), producer_epoch=src.integer(-1, 2**15 - 1),
@@ -127,8 +126,6 @@ def header_size(api_key: int, version: int, frame: bytes) -> int:
         cls = load_request_schema(api_key, version)
     except Exception:  # noqa: BLE001 - not a kio API (msgpack APIs, bogus keys)
         return min(len(frame), 8)
-    from records.wire.bounds import FrameBoundsError, _Cursor, _tagged
-
     cur = _Cursor(frame, 8)
     try:
         n = cur.int_be(2, "client_id")
@@ -158,8 +155,6 @@ class Api:
 
 @functools.cache
 def broker_tables() -> tuple[dict, dict]:
-    from broker.frontend import NAMES, SUPPORTED
-
     return SUPPORTED, NAMES
 
 
@@ -292,8 +287,6 @@ def fuzz_frame(server: str, src) -> tuple[bytes, str]:
 @functools.cache
 def _broker_error_body() -> Callable:
     """The broker's own ``_error_body`` (it reads only ``cfg.cluster_id``), without starting a broker."""
-    from broker.frontend import BrokerConfig, BrokerServer
-
     holder = types.SimpleNamespace(cfg=BrokerConfig(broker_id=1, quorum=["127.0.0.1:1"]))
     return functools.partial(BrokerServer._error_body, holder)
 

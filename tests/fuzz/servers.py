@@ -23,6 +23,7 @@ from typing import Any
 
 from broker.kafkaio import ms as kafka_ms
 from quorum.client import api as p
+from quorum.trail import iter_blocks
 from tests.fuzz import inputs as F
 from records.wire import kafka
 
@@ -176,6 +177,4 @@ def replicated_state(describe: dict) -> dict[str, Any]:
 
 def audit_blocks(data_dir: str) -> list[dict]:
     """Accepted AllocateProducerIdsRecords in one node's audit trail."""
-    from quorum.trail import iter_blocks
-
     return list(iter_blocks([os.path.join(data_dir, "audit.log")]))

@@ -14,12 +14,15 @@ from __future__ import annotations
 import random
 import struct
 import tracemalloc
+import uuid
 from collections import Counter
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kio.schema.metadata.v10.request import MetadataRequest, MetadataRequestTopic
 
+from broker.frontend import SUPPORTED as BROKER
 from quorum.client import api as p
 from quorum.rpcs import SERVER_API
 from tests.fuzz import inputs as F
@@ -37,8 +40,6 @@ def _parse(server: str, frame: bytes) -> kafka.Request:
 def test_every_supported_api_is_fuzzed():
     """The tables are the source: every key and version of both servers is a target (the quorum's
     Envelope, which only nodes send, included)."""
-    from broker.frontend import SUPPORTED as BROKER
-
     for server, table in (("quorum", SERVER_API.versions), ("broker", BROKER)):
         got = {(a.api_key, a.version) for a in F.kafka_apis(server)}
         assert got == {(k, v) for k, (lo, hi) in table.items() for v in range(lo, hi + 1)}
@@ -143,10 +144,6 @@ def test_null_non_nullable_array_is_invalid_request_not_none():
 def test_metadata_v10_topic_without_name_gets_an_answer():
     """Found by this fuzzer: a Metadata v10/v11 topic asked for by id (name null, valid) made
     the broker build an answer v10-v11 cannot carry; the connection died unanswered."""
-    import uuid
-
-    from kio.schema.metadata.v10.request import MetadataRequest, MetadataRequestTopic
-
     body = MetadataRequest(topics=(MetadataRequestTopic(topic_id=uuid.uuid4(), name=None),),
                            allow_auto_topic_creation=False, include_cluster_authorized_operations=False,
                            include_topic_authorized_operations=False)

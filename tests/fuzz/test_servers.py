@@ -12,9 +12,13 @@ from __future__ import annotations
 import asyncio
 import random
 import struct
+import uuid
+
+from kio.schema.metadata.v10.request import MetadataRequestTopic
 
 from quorum.client import api as p
 from quorum.client.quorum import Connection, QuorumClient, RetryPolicy
+from tests.broker.test_frontend_bad_input import batch, call, init_pid, produce
 from tests.conftest import run, wait_for
 from tests.fuzz import inputs as F
 from tests.fuzz import servers as S
@@ -110,8 +114,6 @@ def test_quorum_survives_garbage_and_its_state_does_not_move(cluster):
 
 
 def test_broker_survives_garbage_and_the_quorum_state_does_not_move(cluster, brokers):
-    from tests.broker.test_frontend_bad_input import batch, call, init_pid, produce
-
     cluster.leader(timeout=20)
     b = brokers(1, "--partitions", "2")
 
@@ -140,10 +142,6 @@ def test_broker_survives_garbage_and_the_quorum_state_does_not_move(cluster, bro
     assert err == Errors.NONE and offset == 0
 
     # regression (found by the decoder fuzz): Metadata v10 asking for a topic by id (null name) is answered
-    import uuid
-
-    from kio.schema.metadata.v10.request import MetadataRequestTopic
-
     md = call(b, 3, 10, topics=(MetadataRequestTopic(topic_id=uuid.uuid4(), name=None),),
               allow_auto_topic_creation=False, include_cluster_authorized_operations=False,
               include_topic_authorized_operations=False)

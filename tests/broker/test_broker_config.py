@@ -5,11 +5,15 @@ import dataclasses
 import os
 
 import pytest
+from click.testing import CliRunner
 
+import cli.broker
 from quorum import settings
 from broker.config import BrokerConfig, QuorumSecurity
 from broker.config import load as load_broker
 from broker.pid_manager import PidManagerConfig
+from cli.broker import broker_start
+from cli.common import Ctx
 from quorum.security.client import ClientSecurity
 from quorum.settings import ConfigError
 from tests.support.config_files import refusal
@@ -22,8 +26,6 @@ def test_a_password_is_not_repeated_in_a_message():
 
 
 def test_every_broker_setting_has_a_flag_and_the_old_flags_keep_their_meaning():
-    from cli.broker import broker_start
-
     names = {p.name for p in broker_start.params}
     fields = {f.name for f in dataclasses.fields(BrokerConfig)} - {"pid_manager", "quorum_security"}
     assert fields | {f"pid_manager__{f.name}" for f in dataclasses.fields(PidManagerConfig)} <= names
@@ -41,11 +43,6 @@ def test_every_broker_setting_has_a_flag_and_the_old_flags_keep_their_meaning():
 def _start(monkeypatch, args, env=None):
     """``pidctl broker start --broker-id 1 --quorum h:1 ARGS``: the settings its flags and environment gave
     (nothing runs: the config is not loaded)."""
-    from click.testing import CliRunner
-
-    import cli.broker
-    from cli.common import Ctx
-
     seen = {}
 
     def load(path, flags, quorum=None):

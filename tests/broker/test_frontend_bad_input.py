@@ -4,6 +4,7 @@ log line, and the broker keeps serving every other client.  One quorum and one b
 whole module."""
 from __future__ import annotations
 
+import datetime
 import socket
 import struct
 
@@ -42,7 +43,6 @@ def call(b: BrokerProcess, api_key: int, version: int, **fields):
 def produce(b, records: bytes | None, topic: str = "bad", partition: int = 0, acks: int = -1, version: int = 9):
     pd = entity(PRODUCE, version, "PartitionProduceData", index=partition, records=records)
     td = entity(PRODUCE, version, "TopicProduceData", name=topic, partition_data=(pd,))
-    import datetime
     resp = call(b, PRODUCE, version, transactional_id=None, acks=acks, timeout=datetime.timedelta(seconds=5),
                 topic_data=(td,))
     r = resp.responses[0].partition_responses[0]
@@ -50,7 +50,6 @@ def produce(b, records: bytes | None, topic: str = "bad", partition: int = 0, ac
 
 
 def init_pid(b, version: int = 4, tid=None, pid: int = -1, epoch: int = -1, timeout_ms: int = 60_000):
-    import datetime
     fields = {"transactional_id": tid, "transaction_timeout": datetime.timedelta(milliseconds=timeout_ms)}
     if version >= 3:
         fields.update(producer_id=pid, producer_epoch=epoch)
@@ -229,7 +228,6 @@ def test_init_producer_id_rules(broker):
 
 # ------------------------------------------------------------------ Fetch / ListOffsets
 def test_fetch_and_list_offsets_errors(broker):
-    import datetime
     assert produce(broker, batch(n=2), topic="reads")[0] == Errors.NONE
     fp = entity(FETCH, 4, "FetchPartition", partition=0, fetch_offset=99, partition_max_bytes=1 << 20)
     ft = entity(FETCH, 4, "FetchTopic", topic="reads", partitions=(fp,))

@@ -9,6 +9,7 @@ import time
 
 import pytest
 from click.testing import CliRunner
+from kio.index import load_request_schema
 
 from benchmarks.processes import BrokerProcess
 from broker.metrics import BROKER_METRICS, broker_families, quota_families
@@ -117,8 +118,6 @@ async def _call(conn, body):
 
 
 def _produce(conn: Connection, records: bytes):
-    from kio.index import load_request_schema
-
     mod = __import__(load_request_schema(PRODUCE, 9).__module__, fromlist=["x"])
     pd = mod.PartitionProduceData(index=0, records=records)
     td = mod.TopicProduceData(name="metrics", partition_data=(pd,))

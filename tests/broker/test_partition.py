@@ -1,7 +1,9 @@
 """Unit tests for broker.partition.Partition (log + producer state) and broker.storage.Storage."""
 from __future__ import annotations
 
+import concurrent.futures
 import os
+import shutil
 import threading
 
 import pytest
@@ -352,8 +354,6 @@ def test_partition_options_reach_every_partition(tmp_path):
 
 
 def test_missing_partition_directory_is_refused(tmp_path):
-    import shutil
-
     root = str(tmp_path)
     with Storage(root, default_partitions=2) as s:
         s.partition("t", 0).append(plain(b"x"))
@@ -436,7 +436,6 @@ class InlineExecutor:
         self.calls = 0
 
     def submit(self, fn, *args):
-        import concurrent.futures
         self.calls += 1
         f = concurrent.futures.Future()
         if self.fail:
@@ -468,7 +467,6 @@ def test_appends_do_not_wait_for_a_snapshot_being_written(d):
 
     class Slow:
         def submit(self, fn, *args):
-            import concurrent.futures
             f = concurrent.futures.Future()
 
             def run():

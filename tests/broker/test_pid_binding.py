@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import errno
 import os
 
 import pytest
@@ -27,7 +28,7 @@ from quorum.security.acl import AclIndex
 from snapshots.storage.disk import CorruptFileError, Disk
 from tests.support.kafka_requests import entity
 from records.wire import kafka
-from records.wire.errors import Errors, PidQuorumError, ProducerFencedError
+from records.wire.errors import Errors, InvalidProducerIdMappingError, PidQuorumError, ProducerFencedError
 
 ALICE, MALLORY = "User:alice", "User:mallory"
 ACLS = [a.Acl(ALICE, a.CLUSTER, a.CLUSTER_NAME, a.LITERAL, a.IDEMPOTENT_WRITE, a.ALLOW),
@@ -75,7 +76,6 @@ class FakeTxn:
 
     async def verify(self, tid, pid, epoch, topic, partition):
         if self.ids.get(tid, (None, None))[0] != pid:
-            from records.wire.errors import InvalidProducerIdMappingError
             raise InvalidProducerIdMappingError(f"transactional id {tid!r} has no producer {pid}")
         if self.ids[tid][1] != epoch:
             raise ProducerFencedError("fenced")
@@ -401,8 +401,6 @@ def test_without_sasl_nothing_is_bound_nor_checked(tmp_path):
 
 
 def test_an_io_error_writing_a_binding_is_fail_stop_and_the_id_is_not_answered(tmp_path, clock):
-    import errno
-
     stops: list[tuple[int, str]] = []
 
     async def go():

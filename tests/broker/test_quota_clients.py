@@ -24,6 +24,7 @@ from kafka import KafkaProducer
 from kio.index import load_request_schema
 
 from broker.quota import read_stats
+from broker.recordbatch import encode_batch
 from cli.main import cli
 from quorum.client import api as p
 from quorum.client.quorum import Connection
@@ -62,8 +63,6 @@ def _entity(cls_name: str, version: int = 9, **fields):
 
 
 def produce_request(pid: int, topic: str = "q", seq: int = 0):
-    from broker.recordbatch import encode_batch
-
     records = encode_batch([(None, f"m{pid}-{seq}".encode())], producer_id=pid, producer_epoch=0, base_sequence=seq)
     pd = _entity("PartitionProduceData", index=0, records=records)
     td = _entity("TopicProduceData", name=topic, partition_data=(pd,))

@@ -1,10 +1,17 @@
 """Unit tests for broker.recordbatch: building, splitting and validating RecordBatch v2 bytes."""
 from __future__ import annotations
 
+import datetime
+import io
+import random
 import struct
 
 import pytest
 from crc32c import crc32c
+from kio.records.readers import read_batch
+from kio.records.schema import NewRecordBatch, Record
+from kio.records.writers import write_new_batch
+from kio.static.primitive import i8, i16, i32, i64
 
 from broker.recordbatch import (
     HEADER_SIZE,
@@ -285,8 +292,6 @@ def test_decode_refuses_compressed_and_malformed_records():
 
 
 def test_random_garbage_never_raises_anything_but_batch_error():
-    import random
-
     rng = random.Random(7)
     good = batch()
     for _ in range(2000):
@@ -303,14 +308,6 @@ def test_random_garbage_never_raises_anything_but_batch_error():
 # ------------------------------------------------------------------ other encoders
 
 def test_bytes_identical_to_kio_writer():
-    import datetime
-    import io
-
-    from kio.records.readers import read_batch
-    from kio.records.schema import NewRecordBatch, Record
-    from kio.records.writers import write_new_batch
-    from kio.static.primitive import i8, i16, i32, i64
-
     when = datetime.datetime.fromtimestamp(1_700_000_000.5, datetime.UTC)
     records = tuple(Record(attributes=i8(0), timestamp=when, offset=i64(i), key=k, value=v, headers=())
                     for i, (k, v) in enumerate([(b"a", b"b"), (None, b"c")]))

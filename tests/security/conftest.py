@@ -14,6 +14,7 @@ from quorum.localcluster import LocalCluster
 from quorum.security import credentials
 from quorum.security.acl import ALLOW, CLUSTER, CLUSTER_ACTION, CLUSTER_NAME, LITERAL, Acl
 from quorum.security.client import ClientSecurity
+from tests.conftest import wait_for
 from tests.support.kafka_requests import request_once
 from records.wire import kafka
 
@@ -111,7 +112,6 @@ def read_partition(bootstrap: str, user: str, topic: str, expect: int, committed
     ``expect`` values have come and the partition has been idle for 1 s."""
     from kafka import KafkaConsumer, TopicPartition
 
-    from tests.conftest import wait_for
     c = KafkaConsumer(bootstrap_servers=bootstrap, security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",
                       sasl_plain_username=user, sasl_plain_password=PASSWORDS[user], enable_auto_commit=False,
                       auto_offset_reset="earliest", consumer_timeout_ms=1000,

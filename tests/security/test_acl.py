@@ -1,6 +1,8 @@
 """ACL matching and the ACL slice of the quorum state machine (no Raft, no network)."""
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from quorum.managers import AclManager, QuorumState
@@ -17,10 +19,13 @@ from quorum.security.acl import (
     IDEMPOTENT_WRITE,
     LITERAL,
     PREFIXED,
+    READ,
+    TOPIC,
     TRANSACTIONAL_ID,
     WRITE,
     Acl,
     AclError,
+    AclIndex,
     authorize,
 )
 from records.wire.errors import InvalidRequestError
@@ -144,11 +149,9 @@ def test_acls_survive_a_snapshot_and_fork_is_independent():
 
 
 def test_index_gives_the_same_answers_as_the_list():
-    import itertools
     acls = [tx(ALICE, "orders"), tx(ALICE, "pay-", pattern=PREFIXED), tx("User:*", "shared"),
             tx("User:*", "secret-", perm=DENY, pattern=PREFIXED), tx(BOB, "*"), cl(ALICE, IDEMPOTENT_WRITE),
             cl("User:*", CLUSTER_ACTION, DENY), cl(BOB, ALL)]
-    from quorum.security.acl import AclIndex
     index = AclIndex(acls)
     for principal, (rtype, name), op in itertools.product(
             [ALICE, BOB, "User:carol", "User:*"],
@@ -170,7 +173,6 @@ def test_manager_index_follows_replay():
 
 
 def test_topic_entries_and_implied_describe():
-    from quorum.security.acl import READ, TOPIC
     acls = [Acl(ALICE, TOPIC, "orders-", PREFIXED, WRITE, ALLOW), Acl(BOB, TOPIC, "*", LITERAL, READ, ALLOW),
             Acl(BOB, TOPIC, "secret", LITERAL, DESCRIBE, DENY)]
     for acl in acls:

@@ -1,6 +1,7 @@
 """The credentials file and the server side of PLAIN and SCRAM-SHA-256 (no network)."""
 from __future__ import annotations
 
+import base64
 import json
 import os
 import stat
@@ -144,7 +145,6 @@ def _salt_and_iterations(server_first: bytes) -> tuple[str, str]:
 def test_scram_answers_an_unknown_user_like_a_known_one_with_a_salt_that_stays_the_same(path):
     """RFC 5802 5.1: a mock salt and iteration count.  Kafka fails an unknown user at the first message, which
     tells anyone who can connect which user names exist."""
-    import base64
     creds = c.load(path)
     known = ScramServer(creds).step(ScramClient("alice", "x").first())
     unknown = [ScramServer(creds).step(ScramClient("mallory", "x").first()) for _ in range(3)]
@@ -158,7 +158,6 @@ def test_scram_answers_an_unknown_user_like_a_known_one_with_a_salt_that_stays_t
 
 def test_scram_rfc7677_test_vector():
     # RFC 7677 section 3: user "user", password "pencil", salt W22ZaJ0SNY7soEsUEjb6gQ==, 4096 iterations.
-    import base64
     cred = c.make_credential("pencil", 4096, base64.b64decode("W22ZaJ0SNY7soEsUEjb6gQ=="))
     creds = c.Credentials("mem", {"user": cred})
     server = ScramServer(creds, nonce="%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0")

@@ -11,13 +11,21 @@ import pytest
 from click.testing import CliRunner
 from kio.schema.envelope.v0.request import EnvelopeRequest
 
+from benchmarks.pki import make_pki
 from cli.main import cli
 from quorum.client import api as p
-from quorum.client.quorum import Connection, ConnectionFailed
+from quorum.client.quorum import Connection, ConnectionFailed, QuorumClient, RetryPolicy
+from quorum.localcluster import ClusterError, LocalCluster
+from quorum.security.client import ClientSecurity
 from records import DescribeAclsRequest
 from tests.conftest import wait_for
 from records.wire import kafka
-from records.wire.errors import ClusterAuthorizationFailedError, Errors, SaslAuthenticationFailedError
+from records.wire.errors import (
+    ClusterAuthorizationFailedError,
+    Errors,
+    RequestTimedOutError,
+    SaslAuthenticationFailedError,
+)
 
 
 def run(coro):
@@ -59,7 +67,6 @@ def test_refused_without_or_with_wrong_credentials(secure_quorum):
     with pytest.raises(SaslAuthenticationFailedError, match="Invalid username or password"):  # as a known user's
         run(_call(sq.client("mallory", "x", mechanism="SCRAM-SHA-256"), lambda c: c.register_broker(1)))
     # a client that does not trust the CA cannot even connect (TLS verification)
-    from quorum.security.client import ClientSecurity
     untrusting = ClientSecurity("SASL_SSL", "PLAIN", "admin", "admin-pw")
     with pytest.raises(ConnectionFailed, match="TLS certificate verify failed"):
         run(Connection(sq.addresses[0], "x", untrusting).call(body, 5.0))
@@ -261,7 +268,6 @@ def test_sasl_protocol_errors_close_only_that_connection(secure_quorum):
 
 
 def test_node_refuses_to_start_with_a_corrupt_credentials_file(tmp_path):
-    from quorum.localcluster import ClusterError, LocalCluster
     bad = tmp_path / "users.json"
     bad.write_text("{broken")
     lc = LocalCluster(str(tmp_path / "c"))
@@ -297,12 +303,6 @@ def test_acls_survive_a_snapshot_and_a_restart(secure_quorum):
 
 
 def test_tls_only_quorum_forwards_over_tls_and_refuses_plaintext(tmp_path):
-    from benchmarks.pki import make_pki
-    from quorum.client.quorum import QuorumClient, RetryPolicy
-    from quorum.localcluster import LocalCluster
-    from quorum.security.client import ClientSecurity
-    from records.wire.errors import RequestTimedOutError
-
     pki = make_pki(str(tmp_path / "pki"))
     lc = LocalCluster(str(tmp_path / "c"))
     lc.up(3, tls_certfile=pki.certfile, tls_keyfile=pki.keyfile, tls_cafile=pki.cafile)

@@ -20,6 +20,7 @@ from click.testing import CliRunner
 
 from benchmarks.processes import REPO, BrokerProcess, child_env
 from cli.main import cli
+from quorum.settings.flags import read_secret_file
 from tests.cli.conftest import pidctl  # noqa: F401 - the fixture: a local cluster driven through pidctl
 from tests.security.conftest import BROKER_ACL, PASSWORDS
 
@@ -67,8 +68,6 @@ def test_a_password_flag_is_refused_with_one_line_saying_what_to_use(argv, optio
 
 
 def test_a_password_file_one_newline_stripped_and_a_warning_if_others_may_read_it(tmp_path, monkeypatch):
-    from quorum.settings.flags import read_secret_file
-
     path = tmp_path / "pw"
     path.write_text("p w\n\n")
     path.chmod(0o600)

@@ -1,9 +1,13 @@
 """The layering contract in setup.cfg ([importlinter]) holds: checked with import-linter, as CI runs it."""
 from __future__ import annotations
 
+import configparser
 import os
+import pkgutil
 import subprocess
 import sys
+
+import quorum
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -22,11 +26,6 @@ SHARED = {"client", "network", "security", "telemetry", "settings", "failpoints"
 def test_every_module_of_the_quorum_is_shared_or_named_as_its_server():
     """The contract that keeps brokers off the quorum's server lists the server's modules: a new module
     of the quorum must land in that list or among the shared ones, not slip between them."""
-    import configparser
-    import pkgutil
-
-    import quorum
-
     cfg = configparser.ConfigParser()
     cfg.read(os.path.join(ROOT, "setup.cfg"))
     server = {m.split(".", 1)[1] for m in cfg["importlinter:contract:quorum-shared"]["forbidden_modules"].split()}
@@ -36,8 +35,6 @@ def test_every_module_of_the_quorum_is_shared_or_named_as_its_server():
 
 
 def test_the_wheel_installs_only_the_products_top_level_names():
-    import configparser
-
     cfg = configparser.ConfigParser()
     cfg.read(os.path.join(ROOT, "setup.cfg"))
     tops = {p for p in cfg["options.packages.find"]["include"].split() if "." not in p}

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import signal
 import socket
 import subprocess
 import sys
+from importlib.metadata import version
 
 import pytest
 from click.testing import CliRunner
@@ -96,7 +98,6 @@ def test_a_usage_error_of_the_pidctl_command_is_one_line():
 
 
 def test_version(invoke):
-    from importlib.metadata import version
     assert invoke("--version").output.strip() == f"pidctl {version('pidquorum')}"
 
 
@@ -242,7 +243,6 @@ def test_an_interrupted_allocation_reports_what_it_allocated(cluster, output):
 
 
 def test_allocate_shows_progress_only_when_stderr_is_a_terminal(cluster):
-    import pty
     runner = CliRunner()
     epoch = int(runner.invoke(cli, ["--data-dir", cluster, "broker", "register", "--broker-id", "1"]).output)
     args = [*PIDCTL, "--data-dir", cluster, "allocate", "--broker-id", "1", "--broker-epoch", str(epoch), "--count",

@@ -7,6 +7,7 @@ from click.testing import CliRunner
 
 from cli.common import EXIT_USAGE
 from cli.main import cli
+from cli.migrate import ZK_HOSTS
 
 
 @pytest.mark.parametrize("command", [["migrate", "bridge"], ["migrate", "from-zk"], ["migrate", "export", "--out", "x"]])
@@ -21,5 +22,4 @@ def test_a_bad_zookeeper_connect_string_is_a_usage_error(tmp_path, command, zk, 
 
 
 def test_a_chroot_and_several_hosts_are_accepted():
-    from cli.migrate import ZK_HOSTS
     assert ZK_HOSTS.convert("h1:2181, h2:2182/kafka/prod", None, None) == "h1:2181,h2:2182/kafka/prod"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import socket
 
 import pytest
 
@@ -171,8 +172,6 @@ def test_a_policy_is_checked_and_copied():
 
 def test_the_client_gives_up_at_the_deadline_when_no_node_answers():
     """Two closed ports: the client goes round them with backoff and raises at its deadline."""
-    import socket
-
     ports = []
     for _ in range(2):
         with socket.socket() as s:
@@ -193,8 +192,6 @@ def test_the_client_gives_up_at_the_deadline_when_no_node_answers():
 
 
 def test_the_client_stops_after_max_tries_rounds():
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

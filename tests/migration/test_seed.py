@@ -12,8 +12,9 @@ import sys
 import pytest
 
 from quorum.client.quorum import QuorumClient, RetryPolicy
-from quorum.localcluster import LocalCluster
+from quorum.localcluster import LocalCluster, free_ports
 from quorum.trail import read_audit
+from records.wire.errors import InvalidRequestError
 from tests.conftest import run
 from tests.migration.conftest import REPO, pidctl, three_node_quorum
 
@@ -122,8 +123,6 @@ def test_a_seed_below_what_the_quorum_issued_before_it_is_refused(fresh_quorum, 
 
 def test_the_leader_refuses_an_overlapping_seed_without_the_cli_preflight(fresh_quorum):
     # An older pidctl (or another client) sends the seed straight away: the leader's state decides.
-    from records.wire.errors import InvalidRequestError
-
     first_block(fresh_quorum)
 
     async def go():
@@ -221,8 +220,6 @@ def test_malformed_znode_is_refused(quorum, zk_chroot, zk_client):
 
 
 def test_unreachable_zookeeper_is_one_line_and_exit_unavailable(quorum):
-    from quorum.localcluster import free_ports
-
     nobody = f"127.0.0.1:{free_ports(1)[0]}"
     r = subprocess.run([sys.executable, "-m", "cli.main", "--quorum", ",".join(quorum.client_addresses()),
                         "--timeout", "2", "migrate", "from-zk", "--zk", nobody],

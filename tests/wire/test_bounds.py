@@ -6,6 +6,7 @@ that passes the check: an abort there would kill the test run.
 """
 from __future__ import annotations
 
+import datetime
 import io
 import random
 import struct
@@ -17,6 +18,8 @@ from kio.serial import entity_reader, entity_writer
 from kio.serial.errors import SerialError
 from kio.static.primitive import i16, i32, i64, u16
 
+from broker.frontend import NAMES, SUPPORTED
+from broker.recordbatch import encode_batch
 from quorum.client import api as p
 from records.wire import kafka
 from records.wire.bounds import FrameBoundsError, check_request
@@ -91,10 +94,6 @@ VALID = valid_frames()
 
 def broker_frames() -> list[tuple[str, int, int, bytes]]:
     """Requests real clients send to the broker front end, built with kio (deeper nesting)."""
-    import datetime
-
-    from broker.recordbatch import encode_batch
-
     def mod(key, v):
         return __import__(load_request_schema(key, v).__module__, fromlist=["x"])
     out = []
@@ -230,8 +229,6 @@ def _fuzz(frames, api, seed: int, rounds: int) -> tuple[int, int]:
 
 
 def test_fuzzed_broker_frames_never_crash_the_native_reader():
-    from broker.frontend import NAMES, SUPPORTED
-
     passed, refused = _fuzz(BROKER, kafka.ApiTable(SUPPORTED, NAMES, None), seed=936, rounds=20_000)
     assert passed and refused
 

@@ -414,10 +414,8 @@ def test_journal_sync_delay_file_is_read_at_run_time(tmp_path):
 
 def test_fault_disk_without_fsync_still_writes_entries_but_never_syncs(tmp_path, monkeypatch):
     """``chaos.faultnode --no-fsync`` (benchmarks only): entries are written, fdatasync is never called."""
-    import os as _os
-
     synced = []
-    monkeypatch.setattr(_os, "fdatasync", lambda fd: synced.append(fd))
+    monkeypatch.setattr(os, "fdatasync", lambda fd: synced.append(fd))
     journal = DurableJournal(str(tmp_path / "raft.journal"), FaultDisk(str(tmp_path), fsync=False))
     for i in range(1, 4):
         journal.add(b"x", i, 1)

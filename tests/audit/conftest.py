@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import pytest
 
+from chaos.audit.spark import spark_session
+
 
 @pytest.fixture(scope="session")
 def java_home():
-    from benchmarks.audit import ensure_java
+    from benchmarks.audit import ensure_java  # heavy (pyarrow): imported when used
 
     return ensure_java()
 
 
 @pytest.fixture(scope="session")
 def spark(java_home):
-    from chaos.audit.spark import spark_session
-
     session = spark_session("local[2]", driver_memory="1g")
     yield session
     session.stop()

@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 
-from quorum import journal, raft, raftlink, server, service
+from quorum import journal, proposer, raft, raftlink, server, service
 from quorum.__main__ import main as quorum_main
 from quorum.client.quorum import QuorumClient, RetryPolicy
 from quorum.localcluster import LocalCluster
@@ -53,7 +53,7 @@ def _install_probes(events: list) -> None:
         return message.get("type") if isinstance(message, dict) else None
 
     before(server.SERVER_API, "parse", "parsed")
-    before(service.Proposer, "_run_batch", "batch")
+    before(proposer.Proposer, "_run_batch", "batch")
     before(raft.RaftNode, "propose", "proposed")
     before(journal.DurableJournal, "add", "appended")
     before(raft.Gate, "send", "sent", lambda self, node, message: kind(message) == "append_entries")

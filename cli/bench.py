@@ -48,7 +48,7 @@ def _checkout() -> str | None:
 
 def _load(name: str, module: str):
     """A module of the benchmarks.  They need the test extras and live beside the package in a source
-    checkout, not in the wheel; their children (``python -m benchmarks.X``) find them through PYTHONPATH."""
+    checkout, not in the wheel (``benchmarks`` tells its children where it is)."""
     try:
         return importlib.import_module(f"benchmarks.{module}")
     except ModuleNotFoundError as e:
@@ -60,7 +60,6 @@ def _load(name: str, module: str):
         raise click.ClickException("pidctl bench runs from a source checkout of pidquorum (pip install -e '.[test]' "
                                    "there): this installation carries no benchmarks")
     sys.path.insert(0, root)
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
     return _load(name, module)
 
 

@@ -2,7 +2,7 @@
 
 One manager, ``ClientQuotaManager``, owns the quota configuration: for each user
 (a principal name without its ``User:`` prefix) and for the user default, a map
-of quota keys to values.  It follows the managers' rules (quorum/managers.py):
+of quota keys to values.  It follows the managers' rules (quorum/managers/):
 ``generate_alter`` reads and returns records, ``replay`` is the only mutation and
 checks every invariant, a snapshot is the live quotas as records again.
 

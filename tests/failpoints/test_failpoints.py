@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PRODUCTION = ("records", "snapshots", "quorum", "broker", os.path.join("chaos", "audit"), "cli")
 # What production modules may read from the environment: settings an operator sets, never a fault.
 ALLOWED_ENV = {"PIDQUORUM_SPARK_DRIVER_MEMORY", "JAVA_HOME", "SPARK_LOCAL_IP",
-               "PYSPARK_PYTHON", "PATH", "PYTHONPATH", "COLUMNS"}
+               "PYSPARK_PYTHON", "PATH", "COLUMNS"}
 
 
 def test_an_unarmed_point_does_nothing():

@@ -9,7 +9,8 @@ import pytest
 from quorum.trail import AuditWriter, iter_blocks, merge_histories, read_block_page
 from snapshots.storage.disk import CorruptFileError
 
-from .test_trail import alloc, flip, frame_offsets, ok, reg, refused
+from .file_damage import flip
+from .test_trail import alloc, frame_offsets, ok, reg, refused
 
 
 def write_trail(path: str, gap_at: int | None = None) -> AuditWriter:
@@ -129,6 +130,6 @@ def test_a_damaged_line_is_an_error_not_a_short_history(tmp_path):
     path = str(tmp_path / "audit.log")
     write_trail(path)
     offsets = frame_offsets(path)
-    flip(path, offsets[5] + 12)
+    flip(path, offsets[5] + 12, 0x01)
     with pytest.raises(CorruptFileError, match="checksum mismatch"):
         read_block_page(path, os.path.getsize(path), LAST, limit=10_000)

@@ -175,7 +175,9 @@ def test_a_leaders_proposal_on_its_loop_is_appended_sent_and_synced_at_once_with
             f.raft.propose(encode_batch([]), lambda result, error: done.set())
             return tick, f.raft._tick_soon
         before, after = f.on_loop(propose_on_follower)
-        assert before is None and after is not None
+        # A tick is scheduled for it: a new one, or the one a message that just arrived had scheduled already
+        # (one per pass: the proposal rides on it).
+        assert after is not None and (before is None or before is after)
         assert done.wait(5)
 
         # From another thread the pipe still wakes the leader's loop.

@@ -81,7 +81,7 @@ def _fetch_error(cfg: BrokerConfig, version: int, code: Errors, body: Any) -> An
         {"topic": t.topic, "partitions": [
             {"partition_index": pt.partition, "error_code": int(code), "high_watermark": -1,
              "last_stable_offset": -1, "log_start_offset": -1, "aborted_transactions": None,
-             "records": None} for pt in t.partitions]} for t in body.topics]
+             "records": b""} for pt in t.partitions]} for t in body.topics]  # empty, never null (as Kafka)
     return kio_.response(api_keys.FETCH, version, {"throttle_time": 0, "error_code": int(code), "session_id": 0,
                                                    "responses": topics})
 

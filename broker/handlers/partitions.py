@@ -247,9 +247,11 @@ async def _fetch_once(server: BrokerContext, b: Any) -> tuple[list[dict], int]:
     for t in b.topics:
         parts = []
         for pt in t.partitions:
+            # records: empty, never null, even with an error (as Kafka: librdkafka drops a whole response
+            # that has a null one, so a consumer never resets an out-of-range offset)
             r = {"partition_index": pt.partition, "error_code": 0, "high_watermark": -1,
                  "last_stable_offset": -1, "log_start_offset": -1, "aborted_transactions": None,
-                 "records": None}
+                 "records": b""}
             parts.append(r)
             part = _answerable_partition(server, t.topic, int(pt.partition), r)
             if part is None:

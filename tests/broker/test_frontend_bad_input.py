@@ -11,6 +11,7 @@ import struct
 import pytest
 
 from benchmarks.processes import BrokerProcess
+from broker.api_table import RPCS as BROKER_RPCS
 from broker.recordbatch import encode_batch
 from quorum.client import api as p
 from quorum.localcluster import LocalCluster
@@ -237,6 +238,13 @@ def test_fetch_and_list_offsets_errors(broker):
                 max_bytes=1 << 20, isolation_level=0, topics=(ft, missing))
     codes = [int(t.partitions[0].error_code) for t in resp.responses]
     assert codes == [Errors.OFFSET_OUT_OF_RANGE, Errors.UNKNOWN_TOPIC_OR_PARTITION]
+    # records empty, not null, beside an error (librdkafka drops a whole response with a null one)
+    assert [t.partitions[0].records for t in resp.responses] == [b"", b""]
+    # so is the answer that refuses a whole Fetch
+    request = kafka.request_entity(FETCH, 4, replica_id=-1, max_wait=datetime.timedelta(milliseconds=10), min_bytes=1,
+                                   max_bytes=1 << 20, isolation_level=0, topics=(ft, missing))
+    refused = BROKER_RPCS[FETCH].error(None, 4, Errors.CLUSTER_AUTHORIZATION_FAILED, request)
+    assert [pt.records for t in refused.responses for pt in t.partitions] == [b"", b""]
     lp = entity(LIST_OFFSETS, 1, "ListOffsetsPartition", partition_index=0, timestamp=-1)
     lt = entity(LIST_OFFSETS, 1, "ListOffsetsTopic", name="reads", partitions=(lp,))
     resp = call(broker, LIST_OFFSETS, 1, replica_id=-1, topics=(lt,))

@@ -3,8 +3,7 @@ ACLs, with the error bodies (a response carrying only an error code, shaped like
 ``SUPPORTED`` and ``NAMES`` are derived from it."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from quorum.security import acl as acls
 from records.wire import kafka
@@ -13,8 +12,8 @@ from records.wire.errors import Errors
 from . import api_keys
 from . import kafkaio as kio_
 from .config import BrokerConfig
-from .handlers import metadata, partitions, producer_ids, transactions
-from .handlers.context import BrokerContext
+from .handlers import groups, metadata, partitions, producer_ids, topics, transactions
+from .handlers.rpc import BrokerRpc
 from .handlers.metadata import BATCHED_COORDINATOR_VERSION, NO_COORDINATOR, _coordinator_entries
 from .handlers.transactions import _ms_time
 
@@ -132,22 +131,6 @@ def _list_offsets_error(cfg: BrokerConfig, version: int, code: Errors, body: Any
     return kio_.response(api_keys.LIST_OFFSETS, version, {"throttle_time": 0, "topics": topics})
 
 
-@dataclass(frozen=True)
-class BrokerRpc:
-    """One API of the broker, declared once: its versions, its handler (a function of ``broker.handlers``
-    taking the server and the request, which returns the response body), its error answer (shaped like the
-    request) and the ACL it needs ((resource type, name, operation) of the request, or None; or an
-    operation on each of its topics)."""
-    name: str
-    versions: tuple[int, int]
-    handle: Callable[[BrokerContext, kafka.Request], Any]
-    error: Callable[[BrokerConfig, int, Errors, Any], Any]
-    acl: Callable[[Any], tuple[str, str, str] | None] = lambda body: None
-    # The operation each topic named in the request needs.  The answer is per partition, so the handler
-    # checks it per topic (BrokerContext._topic_allowed) and answers a refused one TOPIC_AUTHORIZATION_FAILED.
-    topic_acl: str | None = None
-
-
 RPCS: dict[int, BrokerRpc] = {
     # topic_acl: PRODUCE_TOPIC_ACL (see there).
     api_keys.PRODUCE: BrokerRpc("Produce", (3, 10), partitions.produce, _produce_error, _produce_acl,
@@ -174,6 +157,8 @@ RPCS: dict[int, BrokerRpc] = {
         lambda b: (acls.TRANSACTIONAL_ID, str(b.transactional_id), acls.WRITE)),
     api_keys.END_TXN: BrokerRpc("EndTxn", (0, 3), transactions.end_txn, _end_txn_error,
                                 lambda b: (acls.TRANSACTIONAL_ID, str(b.transactional_id), acls.WRITE)),
+    **topics.RPCS,  # topic administration
+    **groups.RPCS,  # consumer groups and their offsets
 }
 SUPPORTED: dict[int, tuple[int, int]] = {k: r.versions for k, r in RPCS.items()}
 NAMES: dict[int, str] = {k: r.name for k, r in RPCS.items()}

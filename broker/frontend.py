@@ -43,7 +43,8 @@ from .api_keys import (  # noqa: F401 - re-exported: importers name them from he
     METADATA,
     PRODUCE,
 )
-from .api_table import NAMES, PRODUCE_TOPIC_ACL, RPCS, SUPPORTED, BrokerRpc  # noqa: F401 - re-exported
+from .api_table import NAMES, PRODUCE_TOPIC_ACL, RPCS, SUPPORTED  # noqa: F401 - re-exported
+from .handlers.rpc import BrokerRpc  # noqa: F401 - re-exported
 from .config import BrokerConfig
 from .handlers import metadata
 from .handlers.metadata import (  # noqa: F401 - re-exported

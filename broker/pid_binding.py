@@ -11,21 +11,19 @@ import logging
 import os
 import struct
 import time
-import zlib
 from typing import Any, Callable
 
-import msgpack
 
-from snapshots.storage.disk import CorruptFileError, Disk, process_failstop
+from snapshots.storage.disk import Disk, process_failstop
 from records.wire.errors import Errors
+
+from .framelog import decode_frames, encode_frames
 
 log = logging.getLogger(__name__)
 
 FILE_NAME = "producer-ids.bindings"
 MAGIC = b"PQBIND\x00\x01"
-_FRAME = struct.Struct("<II")
 PRINCIPAL, TRANSACTIONAL_ID = 0, 1
-ENTRIES_PER_FRAME = 65_536
 SCAN_CHUNK = 65_536
 EVICT_FRACTION = 0.01
 REWRITE_SLACK = 10_000
@@ -55,46 +53,16 @@ def batch_producers(records: bytes | bytearray | memoryview) -> list[tuple[int, 
     return out
 
 
-def encode_frames(entries: list[list]) -> bytes:
-    out = bytearray()
-    for i in range(0, len(entries), ENTRIES_PER_FRAME):
-        raw = msgpack.packb(entries[i:i + ENTRIES_PER_FRAME], use_bin_type=True)
-        out += _FRAME.pack(len(raw), zlib.crc32(raw)) + raw
-    return bytes(out)
+def _check_entry(e: Any) -> None:
+    pid, kind, name, last_ms = e
+    if not (isinstance(pid, int) and pid >= 0 and kind in (PRINCIPAL, TRANSACTIONAL_ID)
+            and isinstance(name, str) and isinstance(last_ms, int)):
+        raise ValueError(f"bad entry {e!r:.200}")
 
 
 def decode_file(path: str, data: bytes) -> tuple[list[list], int]:
-    """(entries in file order, bytes to keep) of a bindings file; a torn last frame is left out (the bytes
-    to keep end before it; -1: not even the header is whole); anything else damaged raises
-    ``CorruptFileError``."""
-    if not data.startswith(MAGIC):
-        if len(data) < len(MAGIC) and MAGIC.startswith(data):
-            return [], -1
-        raise CorruptFileError(path, "not a producer-ID bindings file (bad magic)")
-    pos, entries = len(MAGIC), []
-    while pos < len(data):
-        if len(data) - pos < _FRAME.size:
-            break  # a frame header cut by a crash
-        length, crc = _FRAME.unpack_from(data, pos)
-        body = data[pos + _FRAME.size:pos + _FRAME.size + length]
-        last = pos + _FRAME.size + length >= len(data)
-        if len(body) < length or length == 0 or zlib.crc32(body) != crc:
-            if len(body) < length or last or not any(data[pos:]):
-                break  # the unsynced end of an append (never acknowledged): cut
-            raise CorruptFileError(path, f"frame at byte {pos}: checksum mismatch with {len(data) - pos} bytes "
-                                         f"after it (not a write cut by a crash)")
-        try:
-            frame = msgpack.unpackb(body, raw=False)
-            for e in frame:
-                pid, kind, name, last_ms = e
-                if not (isinstance(pid, int) and pid >= 0 and kind in (PRINCIPAL, TRANSACTIONAL_ID)
-                        and isinstance(name, str) and isinstance(last_ms, int)):
-                    raise ValueError(f"bad entry {e!r:.200}")
-        except (ValueError, TypeError, msgpack.UnpackException) as err:  # checksum passed: a writer bug
-            raise CorruptFileError(path, f"frame at byte {pos}: undecodable: {err}") from None
-        entries.extend(frame)
-        pos += _FRAME.size + length
-    return entries, pos
+    """(entries in file order, bytes to keep) of a bindings file (``broker.framelog.decode_frames``)."""
+    return decode_frames(path, data, MAGIC, "producer-ID bindings file", _check_entry)
 
 
 class ProducerBindings:

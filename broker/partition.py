@@ -113,6 +113,15 @@ class Partition:
             self.log.close()
             raise
 
+    def reconfigure(self, options: dict) -> None:
+        """A topic's configs changed (AlterConfigs): its retention, segment size and largest batch from now on
+        (the next roll and retention pass use them).  ``options``: as this constructor's."""
+        with self._lock:
+            self.retention_ms = options.get("retention_ms")
+            self.retention_bytes = options.get("retention_bytes")
+            self.max_batch_bytes = options.get("max_batch_bytes", DEFAULT_MAX_BATCH_BYTES)
+            self.log.segment_bytes = options.get("segment_bytes", DEFAULT_SEGMENT_BYTES)
+
     # ================================================================ append
     def expect_transaction(self, producer_id: int, producer_epoch: int) -> int:
         """KIP-890 part 1, before the front end asks the coordinator whether this partition is in the

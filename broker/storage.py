@@ -1,6 +1,8 @@
 """All partitions of a broker under one data directory, with topics created on first use (bounded by
-``max_topics`` / ``max_partitions``).  Layout, long topic names, crash-safe creation and the limits' error
-code: docs/brokers.md, "A broker's data directory".  Thread-safe: the storage lock, then each partition's own.
+``max_topics`` / ``max_partitions``) or by the Admin API (``create_topic``, ``delete_topic``,
+``create_partitions``), each with its own topic configs (``TOPIC_CONFIGS``).  Layout, long topic names,
+crash-safe creation and deletion and the limits' error code: docs/brokers.md, "A broker's data directory" and
+"Topic administration".  Thread-safe: the storage lock, then each partition's own.
 """
 from __future__ import annotations
 
@@ -18,14 +20,20 @@ from snapshots.storage.disk import CorruptFileError
 from snapshots.storage.files import atomic_write, fsync_dir, seal, unseal
 from records.wire.errors import Errors, for_code
 
-from .partition import Partition
+from .log import DEFAULT_SEGMENT_BYTES
+from .partition import DEFAULT_MAX_BATCH_BYTES, Partition
 from .segment_files import SegmentFiles
 
 log = logging.getLogger(__name__)
 
 TOPIC_SUFFIX = ".topic"
 TOPIC_MAGIC = b"PQTOPC\x00\x01"
-TOPIC_FORMAT = 1
+TOPIC_FORMAT = 2  # 2: the topic's configs; format 1 files (no configs) are still read
+TOPIC_FORMATS_READ = (1, 2)
+DELETED_SUFFIX = ".deleted"  # a topic being deleted: its metadata file renamed (fits where ".topic.tmp" does)
+DELETING_PREFIX = "~deleted-"  # a deleted partition's directory, renamed before its removal ("~": no topic's)
+RESERVED_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})  # Kafka's internal topics
+MAX_TOPIC_PARTITIONS = 10_000  # partitions of one topic, as ``default_partitions``' bound
 MAX_TOPIC_NAME = 249
 MAX_ENTRY_NAME = 255  # bytes of one directory entry (ext4, xfs, btrfs, tmpfs)
 TMP_SUFFIX = ".tmp"  # snapshots.storage.disk.Disk.write_file writes <path>.tmp, then renames it
@@ -33,10 +41,93 @@ SHORT_STEM_PREFIX = 200  # characters of a long name kept in its stem, before "+
 _LEGAL = re.compile(r"^[a-zA-Z0-9._-]+$")
 _PARTITION_DIR = re.compile(r"^(.+)-(\d+)$")
 DEFAULT_MAX_OPEN_SEGMENTS = 1000
+# ``Partition``'s own defaults of the options a topic config sets (what a broker that passes none has).
+_PARTITION_DEFAULTS = {"segment_bytes": DEFAULT_SEGMENT_BYTES, "max_batch_bytes": DEFAULT_MAX_BATCH_BYTES,
+                       "retention_ms": None, "retention_bytes": None}
 
 # The classes errors.py registers for these codes (one class per code).
 InvalidTopicError = type(for_code(Errors.INVALID_TOPIC_EXCEPTION))
 UnknownTopicOrPartitionError = type(for_code(Errors.UNKNOWN_TOPIC_OR_PARTITION))
+
+# Kafka's codes for topic administration's refusals (records.wire.errors.Errors does not name them).
+TOPIC_ALREADY_EXISTS, INVALID_PARTITIONS, INVALID_REPLICATION_FACTOR = 36, 37, 38
+INVALID_REPLICA_ASSIGNMENT, INVALID_CONFIG, POLICY_VIOLATION, UNKNOWN_TOPIC_ID = 39, 40, 44, 100
+
+
+class TopicAdminError(Exception):
+    """A topic administration request refused, with Kafka's error code and a message for the client."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code, self.message = int(code), message
+
+
+@dataclass(frozen=True, slots=True)
+class TopicConfigDef:
+    """One topic config served: its Kafka name, the ``Partition`` option it sets, the broker setting it
+    overrides (Kafka's synonym), its Kafka type (DescribeConfigs' config_type), bounds and documentation."""
+    name: str
+    option: str
+    broker_name: str
+    config_type: int  # Kafka's ConfigType: 3 INT, 5 LONG, 7 LIST
+    minimum: int | None
+    maximum: int | None
+    doc: str
+
+
+CONFIG_INT, CONFIG_LONG, CONFIG_LIST = 3, 5, 7
+_I32, _I64 = 2**31 - 1, 2**63 - 1
+TOPIC_CONFIGS: dict[str, TopicConfigDef] = {d.name: d for d in (
+    TopicConfigDef("cleanup.policy", "", "log.cleanup.policy", CONFIG_LIST, None, None,
+                   "What happens to old segments: \"delete\" (the only policy served; compaction is not)."),
+    TopicConfigDef("max.message.bytes", "max_batch_bytes", "message.max.bytes", CONFIG_INT, 0, _I32,
+                   "The largest record batch size allowed in this topic."),
+    TopicConfigDef("retention.bytes", "retention_bytes", "log.retention.bytes", CONFIG_LONG, -1, _I64,
+                   "Old segments of a partition are deleted while its log is larger than this (-1: no limit)."),
+    TopicConfigDef("retention.ms", "retention_ms", "log.retention.ms", CONFIG_LONG, -1, _I64,
+                   "A sealed segment is deleted once its newest record is this old (-1: never)."),
+    TopicConfigDef("segment.bytes", "segment_bytes", "log.segment.bytes", CONFIG_INT, 1024, _I32,
+                   "Size at which a partition's log rolls to a new segment."),
+)}
+_INTEGER = re.compile(r"^[+-]?\d{1,20}$")
+
+
+def parse_topic_configs(pairs: Any) -> dict[str, str]:
+    """{name: value} of (name, value) pairs, each checked (``TOPIC_CONFIGS``) and normalized; an unknown
+    name, a null, repeated or absurd value raises ``TopicAdminError`` (INVALID_CONFIG) saying which."""
+    out: dict[str, str] = {}
+    for name, value in pairs:
+        d = TOPIC_CONFIGS.get(name)
+        if d is None:
+            raise TopicAdminError(INVALID_CONFIG, f"unknown topic config {str(name)[:200]!r} (served: "
+                                                  f"{', '.join(sorted(TOPIC_CONFIGS))})")
+        if name in out:
+            raise TopicAdminError(INVALID_CONFIG, f"topic config {name!r} is given more than once")
+        if value is None:
+            raise TopicAdminError(INVALID_CONFIG, f"null value not supported for topic config {name!r}")
+        value = str(value).strip()
+        if d.config_type == CONFIG_LIST:
+            policies = [p.strip() for p in value.split(",") if p.strip()]
+            if "compact" in policies:
+                raise TopicAdminError(INVALID_CONFIG, "cleanup.policy=compact: compaction is not served by this "
+                                                      "broker (only \"delete\")")
+            if policies != ["delete"]:
+                raise TopicAdminError(INVALID_CONFIG, f"cleanup.policy={value[:100]!r}: only \"delete\" is served")
+            out[name] = "delete"
+            continue
+        if not _INTEGER.match(value):
+            raise TopicAdminError(INVALID_CONFIG, f"{name}={value[:100]!r} is not an integer")
+        n = int(value)
+        if not d.minimum <= n <= d.maximum:
+            raise TopicAdminError(INVALID_CONFIG, f"{name}={n} is out of range [{d.minimum}, {d.maximum}]")
+        out[name] = str(n)
+    return out
+
+
+def check_reserved(name: str) -> None:
+    """Raise ``InvalidTopicError`` if ``name`` is one of Kafka's internal topics (``RESERVED_TOPICS``)."""
+    if name in RESERVED_TOPICS:
+        raise InvalidTopicError(f"topic {name!r} is internal (reserved for the broker): it cannot be created")
 
 
 def validate_topic_name(name: Any) -> None:
@@ -64,22 +155,32 @@ class TopicInfo:
     name: str
     topic_id: uuid.UUID
     partitions: int
+    configs: tuple[tuple[str, str], ...] = ()  # the topic's own configs (overrides), sorted by name
+
+    @property
+    def config(self) -> dict[str, str]:
+        return dict(self.configs)
 
 
 def _encode_topic(info: TopicInfo) -> bytes:
     return seal(TOPIC_MAGIC, {"format": TOPIC_FORMAT, "name": info.name, "topic_id": info.topic_id.bytes,
-                              "partitions": info.partitions})
+                              "partitions": info.partitions, "configs": dict(info.configs)})
 
 
 def _decode_topic(path: str, data: bytes) -> TopicInfo:
     obj = unseal(path, data, TOPIC_MAGIC, "topic metadata file")
-    if not isinstance(obj, dict) or obj.get("format") != TOPIC_FORMAT:
+    if not isinstance(obj, dict) or obj.get("format") not in TOPIC_FORMATS_READ:
         raise CorruptFileError(path, "unsupported topic metadata format")
     name, tid, n = obj.get("name"), obj.get("topic_id"), obj.get("partitions")
+    configs = obj.get("configs", {})
     if not (isinstance(name, str) and isinstance(tid, bytes) and len(tid) == 16
-            and isinstance(n, int) and not isinstance(n, bool) and n >= 1):
+            and isinstance(n, int) and not isinstance(n, bool) and n >= 1 and isinstance(configs, dict)):
         raise CorruptFileError(path, f"bad topic metadata {obj!r}")
-    return TopicInfo(name, uuid.UUID(bytes=tid), n)
+    try:
+        checked = parse_topic_configs(configs.items())
+    except TopicAdminError as e:
+        raise CorruptFileError(path, f"topic {name!r}: {e.message}") from None
+    return TopicInfo(name, uuid.UUID(bytes=tid), n, tuple(sorted(checked.items())))
 
 
 class Storage:
@@ -120,6 +221,7 @@ class Storage:
         return os.path.join(self.data_dir, f"{topic_stem(name)}-{p}")
 
     def _open(self) -> None:
+        self._finish_deletions()
         names = sorted(os.listdir(self.data_dir))
         for fname in names:
             if not fname.endswith(TOPIC_SUFFIX):
@@ -129,6 +231,9 @@ class Storage:
                 info = _decode_topic(path, f.read())
             if topic_stem(info.name) != fname[:-len(TOPIC_SUFFIX)]:
                 raise CorruptFileError(path, f"holds the metadata of topic {info.name!r}")
+            if info.name in RESERVED_TOPICS:
+                log.warning("storage %s: topic %r is a reserved (internal) name; opened as it is on disk, but "
+                            "no new topic of that name can be created", self.data_dir, info.name)
             for p in range(info.partitions):
                 d = self._partition_dir(info.name, p)
                 if not os.path.isdir(d):
@@ -136,7 +241,7 @@ class Storage:
                                                  f"directory {os.path.basename(d)} is missing")
             self._topics[info.name] = info
             for p in range(info.partitions):
-                self._partitions[(info.name, p)] = self._open_partition(info.name, p)
+                self._partitions[(info.name, p)] = self._open_configured(info.name, p, info.configs)
         known = {(topic_stem(name), p) for name, p in self._partitions}
         for fname in names:
             m = _PARTITION_DIR.match(fname)
@@ -150,8 +255,53 @@ class Storage:
                         "max_partitions %s): all are open, new topics are refused", self.data_dir,
                         len(self._topics), len(self._partitions), self.max_topics, self.max_partitions)
 
-    def _open_partition(self, name: str, p: int) -> Partition:
-        return Partition(self._partition_dir(name, p), segment_files=self.segment_files, **self.partition_options)
+    def _finish_deletions(self) -> None:
+        """What a deletion cut by a crash left (``delete_topic``): the partition directories of each topic
+        whose metadata file was renamed to ``<stem>.deleted`` are removed, then that file; directories
+        already renamed ``~deleted-...`` are removed.  Each removal is synced before the next step."""
+        for fname in sorted(os.listdir(self.data_dir)):
+            path = os.path.join(self.data_dir, fname)
+            if fname.endswith(DELETED_SUFFIX) and os.path.isfile(path):
+                with open(path, "rb") as f:
+                    info = _decode_topic(path, f.read())
+                for p in range(info.partitions):
+                    if os.path.isdir(self._partition_dir(info.name, p)):
+                        shutil.rmtree(self._partition_dir(info.name, p))
+                fsync_dir(self.data_dir)
+                os.unlink(path)
+                fsync_dir(self.data_dir)
+                log.warning("storage %s: finished the deletion of topic %r (id %s) a restart cut", self.data_dir,
+                            info.name, info.topic_id)
+            elif fname.startswith(DELETING_PREFIX) and os.path.isdir(path):
+                shutil.rmtree(path)
+                log.info("storage %s: removed %s, a partition of a deleted topic", self.data_dir, fname)
+
+    def partition_options_of(self, configs: tuple[tuple[str, str], ...] = ()) -> dict[str, Any]:
+        """The ``Partition`` options of a topic with ``configs``: the broker's, each overridden by the
+        topic's own value (-1 retention: None, no limit)."""
+        options = dict(self.partition_options)
+        for name, value in configs:
+            d = TOPIC_CONFIGS[name]
+            if d.option:
+                n = int(value)
+                options[d.option] = None if n == -1 and d.option.startswith("retention") else n
+        return options
+
+    def default_config(self, name: str) -> str:
+        """The broker's value of topic config ``name`` (what a topic without its own value has)."""
+        d = TOPIC_CONFIGS[name]
+        if not d.option:
+            return "delete"
+        v = self.partition_options.get(d.option, _PARTITION_DEFAULTS.get(d.option))
+        return "-1" if v is None else str(int(v))
+
+    def _open_partition(self, name: str, p: int, configs: tuple[tuple[str, str], ...] = ()) -> Partition:
+        return Partition(self._partition_dir(name, p), segment_files=self.segment_files,
+                         **self.partition_options_of(configs))
+
+    def _open_configured(self, name: str, p: int, configs: tuple[tuple[str, str], ...]) -> Partition:
+        """``_open_partition``, called as (name, p) for a topic of the broker's defaults (a test may replace it)."""
+        return self._open_partition(name, p, configs) if configs else self._open_partition(name, p)
 
     # ================================================================ topics
     def topics(self) -> list[TopicInfo]:
@@ -175,10 +325,14 @@ class Storage:
             self._check_open()
             info = self._topics.get(name)
             if info is None:
+                check_reserved(name)
                 info = self._create(name, partitions or self.default_partitions)
             return info
 
-    def _check_limits(self, name: str, n: int) -> None:
+    def _check_limits(self, name: str, n: int, admin: bool = False) -> None:
+        """Over ``max_topics`` / ``max_partitions``: auto-creation gets UnknownTopicOrPartitionError (the topic
+        does not exist), CreateTopics / CreatePartitions (``admin``) POLICY_VIOLATION, as Kafka answers
+        a creation its policy refuses."""
         problem = None
         if self.max_topics is not None and len(self._topics) >= self.max_topics:
             problem = f"the broker holds {len(self._topics)} topics, its limit (max_topics)"
@@ -191,13 +345,15 @@ class Storage:
         if self.refused_creations == 1 or self.refused_creations % 1000 == 0:
             log.warning("storage %s: refused to create topic %r: %s (%d refusals so far)", self.data_dir, name,
                         problem, self.refused_creations)
+        if admin:
+            raise TopicAdminError(POLICY_VIOLATION, f"topic {name!r}: {problem}")
         raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist and cannot be created: {problem}")
 
-    def _create(self, name: str, n: int) -> TopicInfo:
+    def _create(self, name: str, n: int, configs: tuple[tuple[str, str], ...] = (), admin: bool = False) -> TopicInfo:
         """The partition directories, then the metadata file (atomically): the topic exists once that
         file does.  On a failure, what this creation made is removed again (``_undo_create``)."""
-        self._check_limits(name, n)
-        info = TopicInfo(name, uuid.uuid4(), n)
+        self._check_limits(name, n, admin)
+        info = TopicInfo(name, uuid.uuid4(), n, configs)
         opened: list[Partition] = []
         made: list[str] = []  # directories this creation made (not those a crashed creation left)
         try:
@@ -205,7 +361,7 @@ class Storage:
                 d = self._partition_dir(name, p)
                 if not os.path.isdir(d):
                     made.append(d)
-                opened.append(self._open_partition(name, p))
+                opened.append(self._open_configured(name, p, configs))
             atomic_write(self._meta_path(name), _encode_topic(info))
         except BaseException as e:
             self._undo_create(name, opened, made, e)
@@ -250,11 +406,139 @@ class Storage:
             if info is None:
                 if not self.auto_create:
                     raise UnknownTopicOrPartitionError(f"unknown topic {topic!r}")
+                check_reserved(topic)
                 info = self._create(topic, self.default_partitions)
             if not isinstance(p, int) or isinstance(p, bool) or not 0 <= p < info.partitions:
                 raise UnknownTopicOrPartitionError(f"topic {topic!r} has partitions 0..{info.partitions - 1}, "
                                                    f"not {p!r}")
             return self._partitions[(topic, p)]
+
+    # ========================================================= administration
+    def create_topic(self, name: Any, partitions: int, configs: dict[str, str],
+                     validate_only: bool = False) -> TopicInfo:
+        """CreateTopics for one topic (``partitions`` -1: ``default_partitions``; ``configs`` checked by
+        ``parse_topic_configs``): the new topic, or, ``validate_only``, what it would be (topic id zero),
+        having checked everything creation checks.  Refusals raise InvalidTopicError or TopicAdminError."""
+        validate_topic_name(name)
+        check_reserved(name)
+        n = self.default_partitions if partitions == -1 else partitions
+        if not 1 <= n <= MAX_TOPIC_PARTITIONS:
+            raise TopicAdminError(INVALID_PARTITIONS, f"number of partitions {partitions} is not -1 (the broker's "
+                                                      f"default) or in [1, {MAX_TOPIC_PARTITIONS}]")
+        cfg = tuple(sorted(configs.items()))
+        with self._lock:
+            self._check_open()
+            if name in self._topics:
+                raise TopicAdminError(TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
+            twin = next((t for t in self._topics if t.replace(".", "_") == name.replace(".", "_")), None)
+            if twin is not None:
+                raise InvalidTopicError(f"topic {name!r} collides with existing topic {twin!r} ('.' and '_' "
+                                        f"are the same in metric names)")
+            if validate_only:
+                self._check_limits(name, n, admin=True)
+                return TopicInfo(name, uuid.UUID(int=0), n, cfg)
+            return self._create(name, n, cfg, admin=True)
+
+    def create_partitions(self, name: Any, count: int, validate_only: bool = False) -> TopicInfo:
+        """CreatePartitions: grow topic ``name`` to ``count`` partitions.  The new partitions' directories
+        first, then the metadata file (atomically): a crash in between leaves empty directories of no
+        topic, reused when it grows again."""
+        validate_topic_name(name)
+        with self._lock:
+            self._check_open()
+            info = self._topics.get(name)
+            if info is None:
+                raise UnknownTopicOrPartitionError(f"unknown topic {name!r}")
+            if count <= info.partitions:
+                raise TopicAdminError(INVALID_PARTITIONS, f"topic {name!r} has {info.partitions} partitions; "
+                                                          f"the new count ({count}) must be larger")
+            if count > MAX_TOPIC_PARTITIONS:
+                raise TopicAdminError(INVALID_PARTITIONS, f"{count} partitions: at most {MAX_TOPIC_PARTITIONS} "
+                                                          f"per topic")
+            if self.max_partitions is not None and len(self._partitions) + count - info.partitions > \
+                    self.max_partitions:
+                raise TopicAdminError(POLICY_VIOLATION, f"{count - info.partitions} more partitions would make "
+                                                        f"{len(self._partitions) + count - info.partitions}, over "
+                                                        f"the broker's limit of {self.max_partitions}")
+            grown = TopicInfo(name, info.topic_id, count, info.configs)
+            if validate_only:
+                return grown
+            opened: list[Partition] = []
+            made: list[str] = []
+            try:
+                for p in range(info.partitions, count):
+                    if not os.path.isdir(self._partition_dir(name, p)):
+                        made.append(self._partition_dir(name, p))
+                    opened.append(self._open_configured(name, p, info.configs))
+                atomic_write(self._meta_path(name), _encode_topic(grown))
+            except BaseException as e:
+                self._undo_create(name, opened, made, e)
+                raise
+            for p, part in enumerate(opened, info.partitions):
+                self._partitions[(name, p)] = part
+            self._topics[name] = grown
+            log.info("storage %s: topic %s grew from %d to %d partitions", self.data_dir, name, info.partitions,
+                     count)
+            return grown
+
+    def delete_topic(self, name: str | None = None, topic_id: uuid.UUID | None = None) -> TopicInfo:
+        """DeleteTopics for one topic, by name or by id.  Crash-safe, each step synced before the next:
+        the metadata file is renamed ``<stem>.deleted`` (from then on a restart finishes the deletion,
+        ``_finish_deletions``), the partitions are closed and their directories renamed ``~deleted-<id>-<p>``,
+        the renamed metadata file is removed; the directories' contents are removed last."""
+        with self._lock:
+            self._check_open()
+            if name is None:
+                info = next((t for t in self._topics.values() if t.topic_id == topic_id), None)
+                if info is None:
+                    raise TopicAdminError(UNKNOWN_TOPIC_ID, f"no topic has the id {topic_id}")
+            else:
+                validate_topic_name(name)
+                info = self._topics.get(name)
+                if info is None:
+                    raise UnknownTopicOrPartitionError(f"unknown topic {name!r}")
+            name = info.name
+            tombstone = self._meta_path(name)[:-len(TOPIC_SUFFIX)] + DELETED_SUFFIX
+            os.rename(self._meta_path(name), tombstone)
+            fsync_dir(self.data_dir)
+            del self._topics[name]
+            parts = [self._partitions.pop((name, p)) for p in range(info.partitions)]
+            renamed = []
+            for p, part in enumerate(parts):
+                try:
+                    part.close()
+                except Exception:  # noqa: BLE001 - the topic goes anyway; its files are removed below
+                    log.exception("storage %s: closing partition %d of deleted topic %r", self.data_dir, p, name)
+                target = os.path.join(self.data_dir, f"{DELETING_PREFIX}{info.topic_id.hex}-{p}")
+                if os.path.isdir(self._partition_dir(name, p)):
+                    os.rename(self._partition_dir(name, p), target)
+                    renamed.append(target)
+            fsync_dir(self.data_dir)
+            os.unlink(tombstone)
+            fsync_dir(self.data_dir)
+        for d in renamed:
+            shutil.rmtree(d, ignore_errors=True)  # what is left is removed at the next start
+        log.info("storage %s: deleted topic %s (%d partitions, id %s)", self.data_dir, name, info.partitions,
+                 info.topic_id)
+        return info
+
+    def alter_topic_configs(self, name: str, configs: dict[str, str], validate_only: bool = False) -> TopicInfo:
+        """Replace topic ``name``'s own configs by ``configs`` (checked); durable (the metadata file,
+        atomically) before its partitions use them."""
+        with self._lock:
+            self._check_open()
+            info = self._topics.get(name)
+            if info is None:
+                raise UnknownTopicOrPartitionError(f"unknown topic {name!r}")
+            new = TopicInfo(name, info.topic_id, info.partitions, tuple(sorted(configs.items())))
+            if validate_only:
+                return new
+            atomic_write(self._meta_path(name), _encode_topic(new))
+            self._topics[name] = new
+            options = self.partition_options_of(new.configs)
+            for p in range(info.partitions):
+                self._partitions[(name, p)].reconfigure(options)
+            return new
 
     # =========================================================== maintenance
     def maintain(self) -> None:

@@ -7,7 +7,7 @@ or PREFIXED), operation, permission (ALLOW / DENY) and host ("*" or one IP).
 
 ``authorize`` follows Kafka: a super user may do anything; otherwise a
 matching DENY wins over any ALLOW; ALL matches every operation; an ALLOW of
-READ/WRITE/DELETE/ALTER implies DESCRIBE; with no matching ALLOW the answer is
+READ/WRITE/DELETE/ALTER implies DESCRIBE, of ALTER_CONFIGS DESCRIBE_CONFIGS; with no matching ALLOW the answer is
 no (``allow.everyone.if.no.acl.found=false``).
 """
 from __future__ import annotations
@@ -23,13 +23,18 @@ PATTERN_TYPES = (LITERAL, PREFIXED)
 WILDCARD = "*"
 ALL, CLUSTER_ACTION, IDEMPOTENT_WRITE, READ, WRITE, DESCRIBE, ALTER = (
     "ALL", "CLUSTER_ACTION", "IDEMPOTENT_WRITE", "READ", "WRITE", "DESCRIBE", "ALTER")
-OPERATIONS = (ALL, CLUSTER_ACTION, IDEMPOTENT_WRITE, READ, WRITE, DESCRIBE, ALTER)
+CREATE, DELETE, DESCRIBE_CONFIGS, ALTER_CONFIGS = "CREATE", "DELETE", "DESCRIBE_CONFIGS", "ALTER_CONFIGS"
+OPERATIONS = (ALL, CLUSTER_ACTION, IDEMPOTENT_WRITE, READ, WRITE, DESCRIBE, ALTER, CREATE, DELETE, DESCRIBE_CONFIGS,
+              ALTER_CONFIGS)
 # Which operations each resource type has (Kafka's ResourceType -> AclOperation table, as far as used here).
 # Topics: Produce needs WRITE, DescribeProducers DESCRIBE (as in Kafka); Fetch needs authentication only.
-OPERATIONS_OF = {CLUSTER: {ALL, CLUSTER_ACTION, IDEMPOTENT_WRITE, DESCRIBE, ALTER},
+# Topic administration (broker/handlers/topics.py): CREATE (cluster or topic), DELETE, ALTER, DESCRIBE_CONFIGS.
+OPERATIONS_OF = {CLUSTER: {ALL, CLUSTER_ACTION, IDEMPOTENT_WRITE, DESCRIBE, ALTER, CREATE, DESCRIBE_CONFIGS,
+                           ALTER_CONFIGS},
                  TRANSACTIONAL_ID: {ALL, WRITE, DESCRIBE},
-                 TOPIC: {ALL, READ, WRITE, DESCRIBE, ALTER}}
-IMPLIES_DESCRIBE = {READ, WRITE, ALTER}
+                 TOPIC: {ALL, READ, WRITE, DESCRIBE, ALTER, CREATE, DELETE, DESCRIBE_CONFIGS, ALTER_CONFIGS}}
+IMPLIES_DESCRIBE = {READ, WRITE, ALTER, DELETE}
+IMPLIES_DESCRIBE_CONFIGS = {ALTER_CONFIGS}  # as Kafka: ALTER_CONFIGS implies DESCRIBE_CONFIGS
 ALLOW, DENY = "ALLOW", "DENY"
 PERMISSIONS = (ALLOW, DENY)
 ANONYMOUS = "User:ANONYMOUS"
@@ -97,7 +102,8 @@ class Acl:
 
 
 def _grants(acl_op: str, op: str) -> bool:
-    return acl_op == ALL or acl_op == op or (op == DESCRIBE and acl_op in IMPLIES_DESCRIBE)
+    return acl_op == ALL or acl_op == op or (op == DESCRIBE and acl_op in IMPLIES_DESCRIBE) or \
+        (op == DESCRIBE_CONFIGS and acl_op in IMPLIES_DESCRIBE_CONFIGS)
 
 
 def authorize(acls: Iterable[Acl], principal: str, resource_type: str, name: str, operation: str,

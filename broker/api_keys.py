@@ -1,11 +1,7 @@
 """The Kafka API keys the broker serves, and protocol values its handlers share."""
 from __future__ import annotations
 
-from records.wire.errors import Errors
-
 PRODUCE, FETCH, LIST_OFFSETS, METADATA, FIND_COORDINATOR, INIT_PRODUCER_ID = 0, 1, 2, 3, 10, 22
 DESCRIBE_PRODUCERS = 61
 DESCRIBE_TRANSACTIONS, LIST_TRANSACTIONS = 65, 66
 ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN = 24, 25, 26
-# What a consumer group's FindCoordinator and AddOffsetsToTxn get: this broker coordinates no groups.
-GROUPS_NOT_SERVED = Errors.GROUP_AUTHORIZATION_FAILED

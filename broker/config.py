@@ -17,6 +17,7 @@ from quorum.security.client import ClientSecurity
 from quorum.settings import PATH, BindAddress, HostPort, Table, UserPrincipal
 from quorum.settings.flags import Flag
 
+from .groups.membership import GroupSettings
 from .pid_manager_config import DEFAULT_BROKER_HEARTBEAT_INTERVAL_MS, QUORUM_BROKER_SESSION_TIMEOUT_MS, PidManagerConfig
 from .quota import QuotaWindow
 
@@ -126,6 +127,22 @@ class BrokerConfig:
     """Segment files open at once, all partitions together (the least recently used are closed)."""
     max_topics: Annotated[int, Field(ge=1)] = 1000
     """Topics the broker holds; creating one more is refused (UNKNOWN_TOPIC_OR_PARTITION)."""
+    group_min_session_timeout_ms: Annotated[int, Field(ge=1, le=3_600_000)] = 6_000
+    """Kafka's group.min.session.timeout.ms: a JoinGroup asking for a shorter session gets INVALID_SESSION_TIMEOUT."""
+    group_max_session_timeout_ms: Annotated[int, Field(ge=1, le=86_400_000)] = 1_800_000
+    """Kafka's group.max.session.timeout.ms: a JoinGroup asking for a longer session gets INVALID_SESSION_TIMEOUT."""
+    group_initial_rebalance_delay_ms: Annotated[int, Field(ge=0, le=600_000)] = 3_000
+    """Kafka's group.initial.rebalance.delay.ms: an empty group's first rebalance waits this long for more
+    members (and again while they keep coming, up to the rebalance timeout)."""
+    group_max_size: Annotated[int, Field(ge=1)] = 10_000
+    """Kafka's group.max.size: members of one group (Kafka has no bound by default); one more gets
+    GROUP_MAX_SIZE_REACHED."""
+    max_groups: Annotated[int, Field(ge=1)] = 100_000
+    """Consumer groups this broker coordinates (a new one past it gets COORDINATOR_NOT_AVAILABLE; Kafka has no
+    bound)."""
+    offset_metadata_max_bytes: Annotated[int, Field(ge=0)] = 4096
+    """Kafka's offset.metadata.max.bytes: a committed offset's metadata string, at most (else
+    OFFSET_METADATA_TOO_LARGE for that partition)."""
     dedup: bool = True
     """Idempotence checks; off (--no-dedup) only to show what they prevent."""
     io_threads: Annotated[int, Field(ge=1)] = 4
@@ -185,6 +202,8 @@ class BrokerConfig:
     def _check(self) -> "BrokerConfig":
         if (self.tls_keyfile or self.tls_cafile or self.tls_client_auth) and not self.tls_certfile:
             raise ValueError("tls_keyfile / tls_cafile / tls_client_auth need tls_certfile")
+        if self.group_min_session_timeout_ms > self.group_max_session_timeout_ms:
+            raise ValueError("group_min_session_timeout_ms must not be above group_max_session_timeout_ms")
         if self.sasl_credentials_file is not None and not self.sasl_mechanisms:
             raise ValueError("sasl_mechanisms must not be empty")
         if isinstance(self.quorum_security, (str, int, float, list)):  # Any, for a ClientSecurity-like object
@@ -192,6 +211,12 @@ class BrokerConfig:
         if self.data_dir is None:
             self.data_dir = f".pidquorum-broker-{self.broker_id}"
         return self
+
+    @property
+    def group_settings(self) -> GroupSettings:
+        return GroupSettings(self.group_min_session_timeout_ms, self.group_max_session_timeout_ms,
+                             self.group_initial_rebalance_delay_ms, self.group_max_size,
+                             self.offset_metadata_max_bytes, self.max_groups)
 
     @property
     def quota_window(self) -> QuotaWindow:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import inspect
 import logging
 import os
@@ -24,7 +25,13 @@ from quorum.security.tls import server_context
 from quorum.network import Accepted, KafkaListener
 from quorum.telemetry.logs import Throttled
 from records.wire import kafka
-from records.wire.errors import ClusterAuthorizationFailedError, Errors, PidQuorumError, TransactionalIdAuthorizationFailedError
+from records.wire.errors import (
+    ClusterAuthorizationFailedError,
+    CoordinatorLoadInProgressError,
+    Errors,
+    PidQuorumError,
+    TransactionalIdAuthorizationFailedError,
+)
 
 from . import kafkaio as kio_
 from .acl_cache import AclCache
@@ -36,7 +43,6 @@ from .api_keys import (  # noqa: F401 - re-exported: importers name them from he
     END_TXN,
     FETCH,
     FIND_COORDINATOR,
-    GROUPS_NOT_SERVED,
     INIT_PRODUCER_ID,
     LIST_OFFSETS,
     LIST_TRANSACTIONS,
@@ -46,6 +52,8 @@ from .api_keys import (  # noqa: F401 - re-exported: importers name them from he
 from .api_table import NAMES, PRODUCE_TOPIC_ACL, RPCS, SUPPORTED  # noqa: F401 - re-exported
 from .handlers.rpc import BrokerRpc  # noqa: F401 - re-exported
 from .config import BrokerConfig
+from .groups.coordinator import GroupCoordinator
+from .groups.store import GroupStore
 from .handlers import metadata
 from .handlers.metadata import (  # noqa: F401 - re-exported
     BATCHED_COORDINATOR_VERSION,
@@ -84,6 +92,7 @@ class BrokerServer(KafkaListener):
                                    prefer_leader=True)
         self.pids: ProducerIdManager | None = None  # created once the listener's port is known
         self.txn: TxnCoordinator | None = None  # with it
+        self.groups: GroupCoordinator | None = None  # consumer groups: loaded from their file at start
         # SASL on: who each producer ID was handed to (broker/pid_binding.py); None without authentication.
         self.bindings: ProducerBindings | None = None
         self._txn_task: asyncio.Task | None = None
@@ -113,7 +122,7 @@ class BrokerServer(KafkaListener):
                          "quota_throttled_batches": 0, "connections_refused": 0,
                          "connections_refused_per_ip": 0, "read_pauses": 0, "fetch_waits": 0,
                          "fetch_wakeups": 0, "describe_producers_truncated": 0, "evicted_producers_refused": 0,
-                         "unsupported_versions": 0, "groups_refused": 0, "producer_id_refused": 0,
+                         "unsupported_versions": 0, "producer_id_refused": 0,
                          "authentication_timeouts": 0, "tls_handshake_failures": 0}
         # With SASL on: the largest frame a connection may send before it has authenticated.
         self.unauthenticated_frame_bytes = min(cfg.max_unauthenticated_frame_bytes, cfg.max_frame_bytes)
@@ -147,12 +156,23 @@ class BrokerServer(KafkaListener):
             counters.update(self.txn.counters)
         if self.bindings is not None:
             counters.update(self.bindings.stats())
+        if self.groups is not None:
+            counters.update(self.groups.stats())
         return {"broker_id": self.cfg.broker_id, "listen": self.cfg.listen, "counters": counters,
                 "connections": len(self._connections),
                 "read_ahead_bytes": sum(r.held for r in self._connections.values()),
                 "pid_manager": self.pids.stats() if self.pids is not None else None,
                 "producer_state": self.storage.producer_stats(),
                 "quota": self.quota_stats()}
+
+    def _partition_exists(self, topic: str, partition: int) -> bool:
+        info = self.storage.topic(topic)
+        return info is not None and 0 <= partition < info.partitions
+
+    async def _verify_txn(self, tid: str, pid: int, epoch: int, topic: str, partition: int) -> None:
+        if self.txn is None:
+            raise CoordinatorLoadInProgressError("the broker is starting")
+        await self.txn.verify(tid, pid, epoch, topic, partition)
 
     def _note_error(self, code: Errors) -> None:
         if code in (Errors.PRODUCER_FENCED, Errors.INVALID_PRODUCER_EPOCH):
@@ -181,10 +201,16 @@ class BrokerServer(KafkaListener):
                                       config=self.cfg.pid_manager,
                                       heartbeat_interval_ms=self.cfg.broker_heartbeat_interval_ms)
         loop = asyncio.get_running_loop()
-        self.txn = TxnCoordinator(self.cfg.broker_id, self.quorum, self.storage,
-                                  lambda fn, *args: loop.run_in_executor(self._io, fn, *args),
+        run_io = functools.partial(loop.run_in_executor, self._io)
+        groups = GroupCoordinator(GroupStore(self.cfg.data_dir, run_io), self.cfg.group_settings,
+                                  self._partition_exists, self._verify_txn)
+        await run_io(groups.load)
+        groups.start()
+        self.txn = TxnCoordinator(self.cfg.broker_id, self.quorum, self.storage, run_io,
                                   lambda: self.pids.broker_epoch, self.pids.reregister,
-                                  on_marker=lambda topic, partition: self._waiters.appended((topic, partition)))
+                                  on_marker=lambda topic, partition: self._waiters.appended((topic, partition)),
+                                  offsets_marker=groups.write_marker)
+        self.groups = groups
         # Clients that connect before the first block is in hand get COORDINATOR_LOAD_IN_PROGRESS (retriable).
         await self.pids.start()
         self._txn_task = loop.create_task(self.txn.run())  # completes what a crash left prepared, too
@@ -209,6 +235,8 @@ class BrokerServer(KafkaListener):
             self._txn_task.cancel()
         if self.pids is not None:
             await self.pids.close()
+        if self.groups is not None:
+            await self.groups.close()
         if self.acls is not None:
             await self.acls.close()
         if self.bindings is not None:

@@ -30,8 +30,14 @@ BROKER_METRICS = {
     "pidquorum_broker_unsupported_versions":
         "Requests at a version the server does not serve, ApiVersions excepted (connection closed, as Kafka does).",
     "pidquorum_broker_produce_batches": "Produce batches appended.",
-    "pidquorum_broker_groups_refused":
-        "FindCoordinator for a consumer group, answered GROUP_AUTHORIZATION_FAILED (groups are not served).",
+    "pidquorum_broker_groups": "Consumer groups this broker coordinates.",
+    "pidquorum_broker_group_members": "Members of those groups.",
+    "pidquorum_broker_group_rebalances": "Rebalances the groups began (since the broker started).",
+    "pidquorum_broker_group_members_expired": "Members removed for not heartbeating within their session timeout.",
+    "pidquorum_broker_offsets_committed": "Partition offsets committed (OffsetCommit).",
+    "pidquorum_broker_txn_offsets_committed": "Partition offsets written pending in a transaction (TxnOffsetCommit).",
+    "pidquorum_broker_txn_offsets_refused":
+        "TxnOffsetCommits refused because their transaction ended while they were checked.",
     "pidquorum_broker_init_producer_id_requests": "InitProducerId requests.",
     "pidquorum_broker_connections": "Client connections open.",
     "pidquorum_broker_connections_refused":
@@ -77,7 +83,11 @@ _COUNTERS = {  # BrokerServer.counters key -> metric
     "bad_requests": "pidquorum_broker_bad_requests",
     "unsupported_versions": "pidquorum_broker_unsupported_versions",
     "produce_batches": "pidquorum_broker_produce_batches",
-    "groups_refused": "pidquorum_broker_groups_refused",
+    "group_rebalances": "pidquorum_broker_group_rebalances",
+    "group_members_expired": "pidquorum_broker_group_members_expired",
+    "offsets_committed": "pidquorum_broker_offsets_committed",
+    "txn_offsets_committed": "pidquorum_broker_txn_offsets_committed",
+    "txn_offsets_refused": "pidquorum_broker_txn_offsets_refused",
     "init_producer_id": "pidquorum_broker_init_producer_id_requests",
     "connections_refused": "pidquorum_broker_connections_refused",
     "authentication_timeouts": "pidquorum_broker_authentication_timeouts",
@@ -127,6 +137,8 @@ def broker_families(st: dict) -> Iterable[Any]:
         yield _counter(name, st["counters"].get(key, 0))
     yield _gauge("pidquorum_broker_connections", st.get("connections", 0))
     yield _gauge("pidquorum_broker_read_ahead_bytes", st.get("read_ahead_bytes", 0))
+    yield _gauge("pidquorum_broker_groups", st["counters"].get("groups", 0))
+    yield _gauge("pidquorum_broker_group_members", st["counters"].get("group_members", 0))
     ps = st.get("producer_state") or {}
     for key, (name, family) in _PRODUCER_STATE.items():
         yield family(name, BROKER_METRICS[name], value=ps.get(key, 0))

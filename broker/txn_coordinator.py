@@ -10,7 +10,7 @@ import logging
 import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from quorum import failpoints
 from quorum.client.quorum import QuorumClient
@@ -25,6 +25,7 @@ from records.wire.errors import (
     for_code,
 )
 
+from .groups.state import OFFSETS_TOPIC
 from .storage import Storage
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ class TxnCoordinator:
     def __init__(self, broker_id: int, quorum: QuorumClient, storage: Storage, run_io: Callable[..., Any],
                  broker_epoch: Callable[[], int | None], reregister: Callable[[], Any],
                  on_marker: Callable[[str, int], None] = lambda topic, partition: None,
+                 offsets_marker: Callable[..., Awaitable[bool]] | None = None,
                  check_interval_s: float = CHECK_INTERVAL_S):
         self.broker_id = broker_id
         self.quorum = quorum
@@ -76,6 +78,9 @@ class TxnCoordinator:
         self._broker_epoch = broker_epoch
         self._reregister = reregister
         self._on_marker = on_marker
+        # The consumer groups' offsets shards ("__consumer_offsets"-<shard>, AddOffsetsToTxn): their marker
+        # commits or drops the transaction's offsets (``GroupCoordinator.write_marker``).
+        self._offsets_marker = offsets_marker
         self.check_interval_s = check_interval_s
         self._inits = 0  # InitProducerId calls so far (their request ids)
         self._known: OrderedDict[int, _Known] = OrderedDict()  # producer id -> its transactions, as last answered
@@ -278,6 +283,10 @@ class TxnCoordinator:
 
     async def _write_marker(self, topic: str, partition: int, pid: int, epoch: int, commit: bool,
                             still_current: Callable[[], bool] | None = None) -> None:
+        if topic == OFFSETS_TOPIC and self._offsets_marker is not None:
+            if await self._offsets_marker(partition, pid, epoch, commit, still_current):
+                self.counters["txn_markers"] += 1
+            return
         try:
             part = self.storage.partition(topic, partition) if self.storage.topic(topic) is not None else None
         except UnknownTopicOrPartitionError:

@@ -12,6 +12,7 @@ from records.wire.errors import Errors
 
 from ..acl_cache import AclCache
 from ..config import BrokerConfig
+from ..groups.coordinator import GroupCoordinator
 from ..pid_binding import ProducerBindings
 from ..pid_manager import ProducerIdManager
 from ..quota import ProducerIdQuotaManager
@@ -37,6 +38,7 @@ class BrokerContext(Protocol):
     counters: dict[str, int]
     pids: ProducerIdManager | None
     txn: TxnCoordinator | None
+    groups: GroupCoordinator | None  # consumer groups (created with the transaction coordinator)
     bindings: ProducerBindings | None  # SASL on: who each producer ID was handed to
     acls: AclCache | None  # SASL on
     quotas: ProducerIdQuotaManager

@@ -8,7 +8,7 @@ from records.wire import kafka
 from records.wire.errors import Errors, PidQuorumError
 
 from .. import kafkaio as kio_
-from ..api_keys import FIND_COORDINATOR, GROUPS_NOT_SERVED, METADATA
+from ..api_keys import FIND_COORDINATOR, METADATA
 from .context import BrokerContext
 
 # The front end logs under one name, whichever of its modules writes the line (log settings name it).
@@ -76,8 +76,7 @@ def metadata(server: BrokerContext, req: kafka.Request) -> Any:
 
 # ------------------------------------------------------------ FindCoordinator
 def find_coordinator(server: BrokerContext, req: kafka.Request) -> Any:
-    """Transactional ids (key type 1): this broker.  Consumer groups (key type 0): refused with
-    GROUP_AUTHORIZATION_FAILED and, from v1, an error message saying why.  Share-group state (key
+    """Transactional ids (key type 1) and consumer groups (key type 0): this broker.  Share-group state (key
     type 2, v6, KIP-932): INVALID_REQUEST, as Kafka answers a broker without a share coordinator (and
     any version below 6).  Other key types: INVALID_REQUEST.
 
@@ -108,29 +107,9 @@ def find_coordinator(server: BrokerContext, req: kafka.Request) -> Any:
     DESCRIBE check on the group or transactional id is not made).  The ACLs are checked where the
     transactional id is used: InitProducerId, AddPartitionsToTxn, EndTxn, Produce.
 
-    Consumer groups are not served (no JoinGroup, SyncGroup, Heartbeat, OffsetCommit,
-    OffsetFetch).  Naming this broker as their coordinator made clients fail late or never: a
-    client that does not negotiate versions (kafka-python pinned to an ``api_version``, Go
-    clients) sends JoinGroup, the broker closes the connection (unknown API), and it reconnects
-    and tries again for ever.  The code was chosen by what the clients do with it, tried with
-    kafka-python 3.0 and confluent-kafka 2.16 (librdkafka):
-
-    - GROUP_AUTHORIZATION_FAILED (30): kafka-python raises GroupAuthorizationFailedError (naming
-      the group) from ``poll``, ``commit`` and ``committed`` at once, negotiated or pinned.
-      librdkafka puts one consumer error carrying our message on the consumer's queue (the next
-      ``poll`` returns it, not retriable) and keeps asking every second without repeating it;
-      an assign()-only consumer still fetches.  Authorization failures are what clients surface
-      instead of retrying (the Java consumer throws GroupAuthorizationException from poll and
-      commitSync), and the meaning fits: nobody may use a group on this broker.
-    - INVALID_GROUP_ID (24): the same in both clients (kafka-python's error does not name the
-      group), but it tells users to change a group id when no id would work.
-    - COORDINATOR_NOT_AVAILABLE (15), NOT_COORDINATOR (16): retriable; both clients retry for
-      ever and ``poll`` returns nothing (kafka-python logs each NOT_COORDINATOR): the spin.
-
-    Under any error code here, librdkafka's ``commit`` and ``committed`` wait for a coordinator
-    until their timeout (``committed(timeout=)``; a synchronous commit about session.timeout.ms)
-    and fail with _WAIT_COORD / _TIMED_OUT; the consumer error on the queue says why.  Refusals are
-    counted, one per group key; the first and every 1000th is logged."""
+    Consumer groups (key type 0) are coordinated by the broker a client asks (``broker.groups``): each
+    broker keeps the groups and offsets of the clients that use it, next to the partitions those
+    offsets point into (docs/consumer-groups.md)."""
     b, v = req.body, req.api_version
     key_type = int(getattr(b, "key_type", COORDINATOR_GROUP))  # v0 has no key type: a group
     host, port = server.cfg.advertised_address
@@ -174,12 +153,6 @@ def _coordinator_of(server: BrokerContext, version: int, key_type: int, key: str
             return Errors.INVALID_REQUEST, (f"coordinator key type 2 (share) needs FindCoordinator "
                                             f"v{SHARE_COORDINATOR_VERSION}")
         return Errors.INVALID_REQUEST, "share groups are not served by this broker (coordinator key type 2)"
-    if key_type == COORDINATOR_GROUP:
-        server.counters["groups_refused"] += 1
-        why = f"consumer groups are not served by this broker (group {key[:200]!r})"
-        if server.counters["groups_refused"] % 1000 == 1:
-            log.info("FindCoordinator: %s; answered GROUP_AUTHORIZATION_FAILED (%d so far)", why,
-                     server.counters["groups_refused"])
-        return GROUPS_NOT_SERVED, why
-    # Transactional state lives in the quorum: every broker coordinates every transactional id.
+    # Transactional state lives in the quorum: every broker coordinates every transactional id.  A group
+    # lives on the broker its clients use.
     return Errors.NONE, None

@@ -17,9 +17,9 @@ from ..api_keys import (
     ADD_PARTITIONS_TO_TXN,
     DESCRIBE_TRANSACTIONS,
     END_TXN,
-    GROUPS_NOT_SERVED,
     LIST_TRANSACTIONS,
 )
+from ..groups.state import OFFSETS_TOPIC, shard_of
 from ..txn_coordinator import TxnCoordinator
 from .context import BrokerContext
 
@@ -95,13 +95,24 @@ async def end_txn(server: BrokerContext, req: kafka.Request) -> Any:
     return kio_.response(END_TXN, req.api_version, {"throttle_time": 0, "error_code": 0})
 
 
-def add_offsets_to_txn(server: BrokerContext, req: kafka.Request) -> Any:
-    """AddOffsetsToTxn v0-3 (sendOffsetsToTransaction) needs a group coordinator, which this broker is
-    not: answered with the error a group's FindCoordinator gets, and why."""
-    log.info("AddOffsetsToTxn %r for group %r: consumer groups are not served (answered %s)",
-             str(req.body.transactional_id)[:200], str(req.body.group_id)[:200], GROUPS_NOT_SERVED.name)
-    return kio_.response(ADD_OFFSETS_TO_TXN, req.api_version, {"throttle_time": 0,
-                                                               "error_code": int(GROUPS_NOT_SERVED)})
+async def add_offsets_to_txn(server: BrokerContext, req: kafka.Request) -> Any:
+    """AddOffsetsToTxn v0-3 (sendOffsetsToTransaction's first step): the group's offsets shard,
+    "__consumer_offsets"-<shard> as Kafka names it, joins the producer's transaction like a partition, so
+    that the transaction's marker commits or drops the offsets TxnOffsetCommit then writes (docs/
+    consumer-groups.md).  An empty group id is INVALID_GROUP_ID; a fenced producer PRODUCER_FENCED
+    (INVALID_PRODUCER_EPOCH before v3)."""
+    b, v = req.body, req.api_version
+    if not b.group_id:
+        return kio_.response(ADD_OFFSETS_TO_TXN, v, {"throttle_time": 0, "error_code": int(Errors.INVALID_GROUP_ID)})
+    try:
+        await coordinator(server).add_partitions(str(b.transactional_id), int(b.producer_id), int(b.producer_epoch),
+                                                 [(OFFSETS_TOPIC, shard_of(str(b.group_id)))])
+    except PidQuorumError as e:
+        code = Errors.INVALID_PRODUCER_EPOCH if e.code == Errors.PRODUCER_FENCED and v < 3 else e.code
+        log.info("AddOffsetsToTxn %r for group %r: %s", str(b.transactional_id)[:200], str(b.group_id)[:200],
+                 e.message)
+        return kio_.response(ADD_OFFSETS_TO_TXN, v, {"throttle_time": 0, "error_code": int(code)})
+    return kio_.response(ADD_OFFSETS_TO_TXN, v, {"throttle_time": 0, "error_code": 0})
 
 
 # ------------------------------------------------------------ KIP-664: ListTransactions, DescribeTransactions

@@ -20,22 +20,25 @@ def _acl_options(fn):
         click.option("--cluster", is_flag=True, help="The cluster resource (kafka-cluster)."),
         click.option("--transactional-id", help="A transactional id, a prefix (--prefixed), or '*'."),
         click.option("--topic", help="A topic, a prefix (--prefixed), or '*' (WRITE: Produce; DESCRIBE: DescribeProducers)."),
-        click.option("--prefixed", is_flag=True, help="--transactional-id / --topic is a prefix."),
+        click.option("--group", help="A consumer group, a prefix (--prefixed), or '*' (READ: join, commit, fetch "
+                                      "offsets; DESCRIBE: describe, list; DELETE: DeleteGroups)."),
+        click.option("--prefixed", is_flag=True, help="--transactional-id / --topic / --group is a prefix."),
         click.option("--host", default=acls.WILDCARD, show_default=True, help="Client address, '*' for any."),
     ]):
         fn = option(fn)
     return fn
 
 
-def _acl(principal, operation, permission, cluster, transactional_id, topic, prefixed, host) -> acls.Acl:
-    if [cluster, transactional_id is not None, topic is not None].count(True) != 1:
-        raise click.UsageError("give exactly one of --cluster, --transactional-id NAME or --topic NAME")
+def _acl(principal, operation, permission, cluster, transactional_id, topic, group, prefixed, host) -> acls.Acl:
+    if [cluster, transactional_id is not None, topic is not None, group is not None].count(True) != 1:
+        raise click.UsageError("give exactly one of --cluster, --transactional-id NAME, --topic NAME or --group NAME")
     if cluster:
         if prefixed:
-            raise click.UsageError("--prefixed applies to --transactional-id and --topic only")
+            raise click.UsageError("--prefixed applies to --transactional-id, --topic and --group only")
         rtype, name, pattern = acls.CLUSTER, acls.CLUSTER_NAME, acls.LITERAL
     else:
-        rtype, name = (acls.TRANSACTIONAL_ID, transactional_id) if topic is None else (acls.TOPIC, topic)
+        rtype, name = next((t, n) for t, n in ((acls.TRANSACTIONAL_ID, transactional_id), (acls.TOPIC, topic),
+                                                (acls.GROUP, group)) if n is not None)
         pattern = acls.PREFIXED if prefixed else acls.LITERAL
     try:
         return acls.Acl(principal, rtype, name, pattern, operation.upper(), permission.upper(), host).validate()

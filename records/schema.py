@@ -97,7 +97,7 @@ MIGRATION_MODE = FieldSpec("mode", "string", "bridge | finalized | rolled-back."
 # An access-control entry as AclRecord adds it and RemoveAclRecord removes it.
 ACL_ENTRY = (
     FieldSpec("principal", "string", "User:<name>, or User:* for every principal."),
-    FieldSpec("resource_type", "string", "Cluster | TransactionalId | Topic."),
+    FieldSpec("resource_type", "string", "Cluster | TransactionalId | Topic | Group."),
     FieldSpec("resource_name", "string",
               "kafka-cluster for the cluster; a transactional id or topic, a prefix, or '*'."),
     FieldSpec("pattern_type", "string", "LITERAL (the name '*' matches every name) | PREFIXED."),
@@ -447,7 +447,7 @@ ALTER_ACLS_REQUEST = record(
     "pidquorum RPC (API key 10002): `pidctl acl add|remove`; needs ALTER on the cluster.",
     FieldSpec("action", "string", "add | remove."),
     FieldSpec("principal", "string", "User:<name> or User:*."),
-    FieldSpec("resource_type", "string", "Cluster | TransactionalId | Topic."),
+    FieldSpec("resource_type", "string", "Cluster | TransactionalId | Topic | Group."),
     FieldSpec("resource_name", "string", "kafka-cluster, a transactional id or topic, a prefix or '*'."),
     FieldSpec("pattern_type", "string", "LITERAL | PREFIXED.", default="LITERAL"),
     FieldSpec("operation", "string", "The operation."),

@@ -39,6 +39,23 @@ def _opt(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
+def _group_allowed(server: BrokerContext, req: kafka.Request, group: Any, operation: str) -> bool:
+    """May ``req``'s principal do ``operation`` on consumer group ``group`` (Kafka's GROUP ACLs)?  Always with
+    SASL off.  A refusal is counted."""
+    if server.acls is None or server.acls.authorize(req.principal, acls.GROUP, str(group), operation, req.host):
+        return True
+    server.counters["authorization_failures"] += 1
+    log.info("%s is not allowed %s on group %r (answered GROUP_AUTHORIZATION_FAILED)", req.principal, operation,
+             str(group)[:200])
+    return False
+
+
+def _check_read(server: BrokerContext, req: kafka.Request, group: Any) -> None:
+    """READ on the group (joining, heartbeats, offsets), else the whole request is GROUP_AUTHORIZATION_FAILED."""
+    if not _group_allowed(server, req, group, acls.READ):
+        raise GroupError(Errors.GROUP_AUTHORIZATION_FAILED, f"{req.principal} may not READ group {str(group)[:200]!r}")
+
+
 def _refused(api: str, group: Any, e: GroupError) -> Errors:
     log.debug("%s %r: %s (answered %s)", api, str(group)[:200], e.message, e.code.name)
     return e.code
@@ -55,6 +72,7 @@ async def join_group(server: BrokerContext, req: kafka.Request) -> Any:
                             "protocol_name": None if v >= 7 else "", "leader": "", "skip_assignment": False,
                             "member_id": member_id, "members": []}
     try:
+        _check_read(server, req, b.group_id)
         r = await coordinator(server).join(
             b.group_id, member_id, _opt(getattr(b, "group_instance_id", None)), req.client_id or "",
             req.host or "", session_ms, rebalance_ms, str(b.protocol_type), protocols, v >= 4)
@@ -72,6 +90,7 @@ async def sync_group(server: BrokerContext, req: kafka.Request) -> Any:
     body: dict[str, Any] = {"throttle_time": 0, "error_code": 0, "protocol_type": None, "protocol_name": None,
                             "assignment": b""}
     try:
+        _check_read(server, req, b.group_id)
         assignment, ptype, protocol = await coordinator(server).sync(
             b.group_id, str(b.member_id), _opt(getattr(b, "group_instance_id", None)), int(b.generation_id),
             _opt(getattr(b, "protocol_type", None)), _opt(getattr(b, "protocol_name", None)),
@@ -85,6 +104,7 @@ async def sync_group(server: BrokerContext, req: kafka.Request) -> Any:
 def heartbeat(server: BrokerContext, req: kafka.Request) -> Any:
     b = req.body
     try:
+        _check_read(server, req, b.group_id)
         code = coordinator(server).heartbeat(b.group_id, str(b.member_id),
                                              _opt(getattr(b, "group_instance_id", None)), int(b.generation_id))
     except GroupError as e:
@@ -97,6 +117,7 @@ def leave_group(server: BrokerContext, req: kafka.Request) -> Any:
     members = ([(str(m.member_id), _opt(m.group_instance_id)) for m in b.members] if v >= 3
                else [(str(b.member_id), None)])
     try:
+        _check_read(server, req, b.group_id)
         codes = coordinator(server).leave(b.group_id, members)
     except GroupError as e:
         return kio_.response(LEAVE_GROUP, v, {"throttle_time": 0, "error_code": int(e.code), "members": []})
@@ -130,6 +151,7 @@ async def offset_commit(server: BrokerContext, req: kafka.Request) -> Any:
     refused = _topics_allowed(server, req, b.topics)
     offsets = [o for o in _offsets_in(b.topics) if o.topic not in refused]
     try:
+        _check_read(server, req, b.group_id)
         errors = await coordinator(server).commit(b.group_id, int(b.generation_id_or_member_epoch), str(b.member_id),
                                                   _opt(getattr(b, "group_instance_id", None)), offsets)
     except GroupError as e:
@@ -142,6 +164,8 @@ async def offset_commit(server: BrokerContext, req: kafka.Request) -> Any:
 def _fetch_group(server: BrokerContext, req: kafka.Request, group_id: Any, topics: Any,
                  require_stable: bool) -> dict:
     """One group's OffsetFetch answer: {group_id, topics, error_code}."""
+    if not _group_allowed(server, req, group_id, acls.READ):
+        return {"group_id": group_id, "error_code": int(Errors.GROUP_AUTHORIZATION_FAILED), "topics": []}
     wanted = None if topics is None else [(str(t.name), int(i)) for t in topics for i in t.partition_indexes]
     refused = set() if topics is None else {str(t.name) for t in topics if not server._topic_allowed(req, str(t.name))}
     rows = coordinator(server).fetch(str(group_id), wanted, require_stable)
@@ -167,7 +191,8 @@ def offset_fetch(server: BrokerContext, req: kafka.Request) -> Any:
         return kio_.response(OFFSET_FETCH, v, {"throttle_time": 0, "groups": [
             _fetch_group(server, req, g.group_id, g.topics, stable) for g in b.groups]})
     answer = _fetch_group(server, req, b.group_id, b.topics, stable)
-    return kio_.response(OFFSET_FETCH, v, {"throttle_time": 0, "error_code": 0, "topics": answer["topics"]})
+    return kio_.response(OFFSET_FETCH, v, {"throttle_time": 0, "error_code": answer["error_code"],
+                                           "topics": answer["topics"]})
 
 
 async def txn_offset_commit(server: BrokerContext, req: kafka.Request) -> Any:
@@ -175,6 +200,7 @@ async def txn_offset_commit(server: BrokerContext, req: kafka.Request) -> Any:
     refused = _topics_allowed(server, req, b.topics)
     offsets = [o for o in _offsets_in(b.topics) if o.topic not in refused]
     try:
+        _check_read(server, req, b.group_id)
         errors = await coordinator(server).txn_commit(
             str(b.transactional_id), b.group_id, int(b.producer_id), int(b.producer_epoch),
             int(getattr(b, "generation_id", -1)), str(getattr(b, "member_id", "")),
@@ -195,9 +221,12 @@ def list_groups(server: BrokerContext, req: kafka.Request) -> Any:
     b, v = req.body, req.api_version
     states = {str(s).lower() for s in getattr(b, "states_filter", ())}
     types = {str(t).lower() for t in getattr(b, "types_filter", ())}
+    everyone = server.acls is None or server.acls.authorize(req.principal, acls.CLUSTER, acls.CLUSTER_NAME,
+                                                            acls.DESCRIBE, req.host)
     rows = [{"group_id": g, "protocol_type": ptype, "group_state": state, "group_type": "classic"}
             for g, ptype, state in coordinator(server).list_groups()
-            if (not states or state.lower() in states) and (not types or "classic" in types)]
+            if (not states or state.lower() in states) and (not types or "classic" in types)
+            and (everyone or server.acls.authorize(req.principal, acls.GROUP, g, acls.DESCRIBE, req.host))]
     return kio_.response(LIST_GROUPS, v, {"throttle_time": 0, "error_code": 0, "groups": rows})
 
 
@@ -211,6 +240,8 @@ def describe_groups(server: BrokerContext, req: kafka.Request) -> Any:
                                "protocol_data": "", "members": [], "authorized_operations": ops}
         if not name:
             row["error_code"] = int(Errors.INVALID_GROUP_ID)
+        elif not _group_allowed(server, req, name, acls.DESCRIBE):
+            row["error_code"] = int(Errors.GROUP_AUTHORIZATION_FAILED)
         elif g is not None:
             stable = g.state == "Stable"
             row.update(group_state=g.state, protocol_type=g.protocol_type or "",
@@ -227,6 +258,9 @@ def describe_groups(server: BrokerContext, req: kafka.Request) -> Any:
 async def delete_groups(server: BrokerContext, req: kafka.Request) -> Any:
     out = []
     for name in req.body.groups_names:
+        if not _group_allowed(server, req, name, acls.DELETE):
+            out.append({"group_id": name, "error_code": int(Errors.GROUP_AUTHORIZATION_FAILED)})
+            continue
         code = await coordinator(server).delete(str(name))
         out.append({"group_id": name, "error_code": int(code)})
     return kio_.response(DELETE_GROUPS, req.api_version, {"throttle_time": 0, "results": out})

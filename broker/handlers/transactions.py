@@ -104,6 +104,12 @@ async def add_offsets_to_txn(server: BrokerContext, req: kafka.Request) -> Any:
     b, v = req.body, req.api_version
     if not b.group_id:
         return kio_.response(ADD_OFFSETS_TO_TXN, v, {"throttle_time": 0, "error_code": int(Errors.INVALID_GROUP_ID)})
+    if server.acls is not None and not server.acls.authorize(req.principal, acls.GROUP, str(b.group_id), acls.READ,
+                                                             req.host):
+        server.counters["authorization_failures"] += 1  # WRITE on the transactional id is the table's check
+        log.info("AddOffsetsToTxn: %s may not READ group %r", req.principal, str(b.group_id)[:200])
+        return kio_.response(ADD_OFFSETS_TO_TXN, v, {"throttle_time": 0,
+                                                     "error_code": int(Errors.GROUP_AUTHORIZATION_FAILED)})
     try:
         await coordinator(server).add_partitions(str(b.transactional_id), int(b.producer_id), int(b.producer_epoch),
                                                  [(OFFSETS_TOPIC, shard_of(str(b.group_id)))])

@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable
 
-CLUSTER, TRANSACTIONAL_ID, TOPIC = "Cluster", "TransactionalId", "Topic"
-RESOURCE_TYPES = (CLUSTER, TRANSACTIONAL_ID, TOPIC)
+CLUSTER, TRANSACTIONAL_ID, TOPIC, GROUP = "Cluster", "TransactionalId", "Topic", "Group"
+RESOURCE_TYPES = (CLUSTER, TRANSACTIONAL_ID, TOPIC, GROUP)
 CLUSTER_NAME = "kafka-cluster"
 LITERAL, PREFIXED = "LITERAL", "PREFIXED"
 PATTERN_TYPES = (LITERAL, PREFIXED)
@@ -32,7 +32,11 @@ OPERATIONS = (ALL, CLUSTER_ACTION, IDEMPOTENT_WRITE, READ, WRITE, DESCRIBE, ALTE
 OPERATIONS_OF = {CLUSTER: {ALL, CLUSTER_ACTION, IDEMPOTENT_WRITE, DESCRIBE, ALTER, CREATE, DESCRIBE_CONFIGS,
                            ALTER_CONFIGS},
                  TRANSACTIONAL_ID: {ALL, WRITE, DESCRIBE},
-                 TOPIC: {ALL, READ, WRITE, DESCRIBE, ALTER, CREATE, DELETE, DESCRIBE_CONFIGS, ALTER_CONFIGS}}
+                 TOPIC: {ALL, READ, WRITE, DESCRIBE, ALTER, CREATE, DELETE, DESCRIBE_CONFIGS, ALTER_CONFIGS},
+                 # Consumer groups (broker/handlers/groups.py), as Kafka: READ to join, commit and fetch
+                 # offsets (and for AddOffsetsToTxn / TxnOffsetCommit), DESCRIBE to describe and list,
+                 # DELETE for DeleteGroups.
+                 GROUP: {ALL, READ, DESCRIBE, DELETE}}
 IMPLIES_DESCRIBE = {READ, WRITE, ALTER, DELETE}
 IMPLIES_DESCRIBE_CONFIGS = {ALTER_CONFIGS}  # as Kafka: ALTER_CONFIGS implies DESCRIBE_CONFIGS
 ALLOW, DENY = "ALLOW", "DENY"

@@ -77,9 +77,9 @@ def test_wirecheck_bounds_the_sasl_apis(api_key, version):
 def test_pidctl_acl_takes_exactly_one_resource_and_checks_topic_operations():
     base = ["--quorum", "127.0.0.1:1", "acl", "add", "--principal", "User:alice"]
     res = CliRunner().invoke(cli, [*base, "--operation", "DESCRIBE", "--topic", "t", "--cluster"])
-    assert res.exit_code == 2 and "exactly one of --cluster, --transactional-id NAME or --topic NAME" in res.output
+    assert res.exit_code == 2 and "exactly one of --cluster, --transactional-id NAME, --topic NAME or --group NAME" in res.output
     res = CliRunner().invoke(cli, [*base, "--operation", "DESCRIBE", "--cluster", "--prefixed"])
-    assert res.exit_code == 2 and "--prefixed applies to --transactional-id and --topic only" in res.output
+    assert res.exit_code == 2 and "--prefixed applies to --transactional-id, --topic and --group only" in res.output
     # refused before the quorum is asked (nothing listens on port 1)
     res = CliRunner().invoke(cli, [*base, "--operation", "IDEMPOTENT_WRITE", "--topic", "orders-", "--prefixed"])
     assert res.exit_code == 2 and "does not apply to Topic" in res.output

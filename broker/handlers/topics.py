@@ -1,4 +1,5 @@
-"""Topic administration: CreateTopics, DeleteTopics, CreatePartitions, DescribeConfigs, as Kafka answers them.
+"""Topic administration: CreateTopics, DeleteTopics, CreatePartitions, DescribeConfigs, AlterConfigs and
+IncrementalAlterConfigs (topics), as Kafka answers them.
 
 Every topic or resource of a request is answered on its own (an error code and a message), the others are
 served; bad input of any kind is a per-topic error.  The disk work is ``broker.storage.Storage``'s (crash-safe
@@ -19,8 +20,9 @@ from records.wire.errors import Errors, PidQuorumError
 
 from .. import kafkaio as kio_
 from ..config import BrokerConfig
-from ..storage import (INVALID_REPLICA_ASSIGNMENT, INVALID_REPLICATION_FACTOR, TOPIC_ALREADY_EXISTS, TOPIC_CONFIGS,
-                       TopicAdminError, TopicInfo, check_reserved, parse_topic_configs, validate_topic_name)
+from ..storage import (INVALID_CONFIG, INVALID_REPLICA_ASSIGNMENT, INVALID_REPLICATION_FACTOR, TOPIC_ALREADY_EXISTS,
+                       TOPIC_CONFIGS, TopicAdminError, TopicInfo, check_reserved, parse_topic_configs,
+                       validate_topic_name)
 from .context import BrokerContext
 from .rpc import BrokerRpc
 
@@ -28,6 +30,7 @@ from .rpc import BrokerRpc
 log = logging.getLogger("broker.frontend")
 
 CREATE_TOPICS, DELETE_TOPICS, DESCRIBE_CONFIGS, CREATE_PARTITIONS = 19, 20, 32, 37
+ALTER_CONFIGS, INCREMENTAL_ALTER_CONFIGS = 33, 44
 RESOURCE_TOPIC, RESOURCE_BROKER = 2, 4  # DescribeConfigs' resource types (Kafka's ConfigResource.Type)
 # Kafka's ConfigSource: a topic's own value, a broker's server.properties, the built-in default.
 SOURCE_TOPIC, SOURCE_STATIC_BROKER, SOURCE_DEFAULT = 1, 4, 5
@@ -377,10 +380,104 @@ def _describe_configs_error(cfg: BrokerConfig, version: int, code: Errors, body:
     return kio_.response(DESCRIBE_CONFIGS, version, {"throttle_time": 0, "results": rows})
 
 
+# ------------------------------------------------------------ AlterConfigs, IncrementalAlterConfigs
+OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT = 0, 1, 2, 3  # IncrementalAlterConfigs' config_operation
+
+
+def _incremental(own: dict[str, str], entries: Any) -> dict[str, str]:
+    """A topic's own configs after IncrementalAlterConfigs' ``entries`` (checked by ``parse_topic_configs``)."""
+    out = dict(own)
+    for c in entries:
+        op, name = int(c.config_operation), c.name
+        if name not in TOPIC_CONFIGS:
+            raise TopicAdminError(INVALID_CONFIG, f"unknown topic config {str(name)[:200]!r}")
+        if op == OP_SET:
+            out[name] = c.value
+        elif op == OP_DELETE:
+            out.pop(name, None)
+        elif op in (OP_APPEND, OP_SUBTRACT):
+            if TOPIC_CONFIGS[name].config_type != CONFIG_LIST:
+                raise TopicAdminError(INVALID_CONFIG, f"{name} is not a list: APPEND and SUBTRACT do not apply")
+            items = [x for x in out.get(name, "delete").split(",") if x]
+            for x in (p.strip() for p in str(c.value or "").split(",") if p.strip()):
+                if op == OP_APPEND and x not in items:
+                    items.append(x)
+                elif op == OP_SUBTRACT and x in items:
+                    items.remove(x)
+            out[name] = ",".join(items)
+        else:
+            raise TopicAdminError(int(Errors.INVALID_REQUEST), f"unknown config operation {op} (0 SET, 1 DELETE, "
+                                                               f"2 APPEND, 3 SUBTRACT)")
+    return out
+
+
+async def _alter(server: BrokerContext, req: kafka.Request, incremental: bool) -> list[dict]:
+    """Each resource of an AlterConfigs / IncrementalAlterConfigs: a topic's own configs replaced (AlterConfigs:
+    those not given go back to the broker's) or changed, durably; other resource types are refused."""
+    b = req.body
+    resources = list(b.resources or ())
+    twice = _repeated([(int(r.resource_type), r.resource_name) for r in resources])
+    out = []
+    for res in resources:
+        rtype, rname = int(res.resource_type), res.resource_name
+        r = {"error_code": 0, "error_message": None, "resource_type": rtype, "resource_name": rname or ""}
+        out.append(r)
+        entries = list(res.configs or ())
+        try:
+            if (rtype, rname) in twice:
+                raise TopicAdminError(int(Errors.INVALID_REQUEST), "the resource is named more than once")
+            if rtype == RESOURCE_BROKER:
+                if not _allowed(server, req, acls.CLUSTER, acls.CLUSTER_NAME, acls.ALTER_CONFIGS):
+                    raise TopicAdminError(int(Errors.CLUSTER_AUTHORIZATION_FAILED),
+                                          f"{req.principal} is not allowed ALTER_CONFIGS on the cluster")
+                raise TopicAdminError(int(Errors.INVALID_REQUEST), "broker configs are static on this broker "
+                                                                   "(its settings file and flags)")
+            if rtype != RESOURCE_TOPIC:
+                raise TopicAdminError(int(Errors.INVALID_REQUEST), f"resource type {rtype} is not served (2: topic)")
+            if not _allowed(server, req, acls.TOPIC, str(rname), acls.ALTER_CONFIGS):
+                raise TopicAdminError(*_denied(req, acls.ALTER_CONFIGS))
+            validate_topic_name(rname)
+            info = server.storage.topic(rname)
+            if info is None:
+                raise TopicAdminError(int(Errors.UNKNOWN_TOPIC_OR_PARTITION), f"unknown topic {rname!r}")
+            if len({c.name for c in entries}) != len(entries):
+                raise TopicAdminError(int(Errors.INVALID_REQUEST), "a config is named more than once")
+            wanted = _incremental(info.config, entries) if incremental else {c.name: c.value for c in entries}
+            configs = parse_topic_configs(wanted.items())
+            await _on_disk(server, server.storage.alter_topic_configs, rname, configs, bool(b.validate_only))
+        except Exception as e:  # noqa: BLE001 - _refusal re-raises what is not a refusal
+            r["error_code"], r["error_message"] = _refusal(e)
+            log.info("%sAlterConfigs %d %r: error %d: %s", "Incremental" * incremental, rtype, str(rname)[:200],
+                     r["error_code"], r["error_message"])
+    return out
+
+
+async def alter_configs(server: BrokerContext, req: kafka.Request) -> Any:
+    return kio_.response(ALTER_CONFIGS, req.api_version, {"throttle_time": 0,
+                                                          "responses": await _alter(server, req, False)})
+
+
+async def incremental_alter_configs(server: BrokerContext, req: kafka.Request) -> Any:
+    return kio_.response(INCREMENTAL_ALTER_CONFIGS, req.api_version, {"throttle_time": 0,
+                                                                      "responses": await _alter(server, req, True)})
+
+
+def _alter_error(api_key: int) -> Any:
+    def error(cfg: BrokerConfig, version: int, code: Errors, body: Any) -> Any:
+        rows = [] if body is None else [{"error_code": int(code), "error_message": code.name,
+                                         "resource_type": int(r.resource_type), "resource_name": r.resource_name or ""}
+                                        for r in body.resources]
+        return kio_.response(api_key, version, {"throttle_time": 0, "responses": rows})
+    return error
+
+
 RPCS: dict[int, BrokerRpc] = {
     # ACLs: checked per topic / resource by the handlers (CREATE, DELETE, ALTER, DESCRIBE_CONFIGS).
     CREATE_TOPICS: BrokerRpc("CreateTopics", (2, 7), create_topics, _create_topics_error),
     DELETE_TOPICS: BrokerRpc("DeleteTopics", (1, 6), delete_topics, _delete_topics_error),
     CREATE_PARTITIONS: BrokerRpc("CreatePartitions", (0, 3), create_partitions, _create_partitions_error),
     DESCRIBE_CONFIGS: BrokerRpc("DescribeConfigs", (1, 4), describe_configs, _describe_configs_error),
+    ALTER_CONFIGS: BrokerRpc("AlterConfigs", (0, 2), alter_configs, _alter_error(ALTER_CONFIGS)),
+    INCREMENTAL_ALTER_CONFIGS: BrokerRpc("IncrementalAlterConfigs", (0, 1), incremental_alter_configs,
+                                         _alter_error(INCREMENTAL_ALTER_CONFIGS)),
 }

@@ -200,3 +200,23 @@ def test_describe_configs_resources(broker):
 def test_the_broker_still_serves(broker):
     name = f"after-{u()}"
     assert codes(create(broker, topic(name, 1))) == {name: 0}
+
+
+def test_every_version_is_answered(broker):
+    """Each version of each API served, a request that succeeds: create, grow, describe, delete."""
+    for v in range(2, 8):
+        name = f"ver{v}-{u()}"
+        assert codes(create(broker, topic(name, 1, version=v), version=v)) == {name: 0}
+        cv = (v - 2) % 4  # CreatePartitions v0-v3
+        r = call(broker, CREATE_PARTITIONS, cv, timeout=T, validate_only=False, topics=(
+            entity(CREATE_PARTITIONS, cv, "CreatePartitionsTopic", name=name, count=2, assignments=None),)).results
+        assert int(r[0].error_code) == 0
+        dv = 1 + (v - 2) % 4  # DescribeConfigs v1-v4
+        assert [int(x.error_code) for x in describe(broker, (2, name, None), (4, "1", None), version=dv)] == [0, 0]
+        tv = v - 1  # DeleteTopics v1-v6
+        if tv >= 6:
+            resp = call(broker, DELETE_TOPICS, tv, timeout=T,
+                        topics=(entity(DELETE_TOPICS, tv, "DeleteTopicState", name=name, topic_id=None),))
+        else:
+            resp = call(broker, DELETE_TOPICS, tv, timeout=T, topic_names=(name,))
+        assert [(r.name, int(r.error_code)) for r in resp.responses] == [(name, 0)]

@@ -20,9 +20,9 @@ from records.wire.errors import Errors, PidQuorumError
 
 from .. import kafkaio as kio_
 from ..config import BrokerConfig
-from ..storage import (INVALID_CONFIG, INVALID_REPLICA_ASSIGNMENT, INVALID_REPLICATION_FACTOR, TOPIC_ALREADY_EXISTS,
-                       TOPIC_CONFIGS, TopicAdminError, TopicInfo, check_reserved, parse_topic_configs,
-                       validate_topic_name)
+from ..storage import (INVALID_CONFIG, INVALID_REPLICA_ASSIGNMENT, INVALID_REPLICATION_FACTOR, MAX_TOPIC_PARTITIONS,
+                       POLICY_VIOLATION, TOPIC_ALREADY_EXISTS, TOPIC_CONFIGS, TopicAdminError, TopicInfo,
+                       check_reserved, parse_topic_configs, validate_topic_name)
 from .context import BrokerContext
 from .rpc import BrokerRpc
 
@@ -37,6 +37,9 @@ SOURCE_TOPIC, SOURCE_STATIC_BROKER, SOURCE_DEFAULT = 1, 4, 5
 CONFIG_BOOLEAN, CONFIG_INT, CONFIG_LONG, CONFIG_LIST = 1, 3, 5, 7  # Kafka's ConfigType
 FIRST_DELETE_BY_ID = 6  # DeleteTopics names topics by name or id from v6
 FIRST_CREATE_DETAILS = 5  # CreateTopics answers partitions, replication factor and configs from v5
+# New partitions one CreateTopics or CreatePartitions may make, all topics together (Kafka's controller bound,
+# answered POLICY_VIOLATION as Kafka does): a request of 1000 topics of 10,000 partitions makes no 10 million.
+MAX_PARTITIONS_PER_REQUEST = 10_000
 
 
 def _zero(v: Any) -> bool:
@@ -74,6 +77,16 @@ async def _on_disk(server: BrokerContext, fn: Any, *args: Any, **kw: Any) -> Any
 def _repeated(names: list[Any]) -> set[Any]:
     seen: set[Any] = set()
     return {n for n in names if n in seen or seen.add(n)}
+
+
+def _within_request_bound(made: int, n: int) -> int:
+    """``made`` + ``n`` new partitions in this request, or POLICY_VIOLATION past ``MAX_PARTITIONS_PER_REQUEST``."""
+    if 0 < n <= MAX_PARTITIONS_PER_REQUEST - made:
+        return made + n
+    if n <= 0 or n > MAX_TOPIC_PARTITIONS:
+        return made  # a count the storage refuses with its own error (INVALID_PARTITIONS)
+    raise TopicAdminError(POLICY_VIOLATION, f"{n} more partitions would make {made + n} new partitions in one "
+                                            f"request, at most {MAX_PARTITIONS_PER_REQUEST}")
 
 
 # ------------------------------------------------------------ CreateTopics
@@ -121,7 +134,7 @@ async def create_topics(server: BrokerContext, req: kafka.Request) -> Any:
     topics = list(b.topics or ())
     twice = _repeated([t.name for t in topics])
     cluster_ok: bool | None = None
-    results, answered = [], set()
+    results, answered, made = [], set(), 0
     for t in topics:
         name = t.name
         if name in answered:
@@ -146,6 +159,7 @@ async def create_topics(server: BrokerContext, req: kafka.Request) -> Any:
                 raise TopicAdminError(TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
             n = _partition_count(server, t)
             configs = parse_topic_configs((c.name, c.value) for c in (t.configs or ()))
+            made = _within_request_bound(made, n if n != -1 else server.storage.default_partitions)
             info = await _on_disk(server, server.storage.create_topic, name, n, configs, validate_only)
         except Exception as e:  # noqa: BLE001 - _refusal re-raises what is not a refusal
             r["error_code"], r["error_message"] = _refusal(e)
@@ -222,7 +236,7 @@ async def create_partitions(server: BrokerContext, req: kafka.Request) -> Any:
     b, v = req.body, req.api_version
     topics = list(b.topics or ())
     twice = _repeated([t.name for t in topics])
-    results, answered = [], set()
+    results, answered, made = [], set(), 0
     for t in topics:
         if t.name in answered:
             continue
@@ -244,6 +258,8 @@ async def create_partitions(server: BrokerContext, req: kafka.Request) -> Any:
                                                                       f"partitions")
                 for a in t.assignments:
                     _only_this_broker(server, a.broker_ids)
+            if info is not None and int(t.count) > info.partitions:
+                made = _within_request_bound(made, int(t.count) - info.partitions)
             await _on_disk(server, server.storage.create_partitions, t.name, int(t.count), bool(b.validate_only))
         except Exception as e:  # noqa: BLE001 - _refusal re-raises what is not a refusal
             r["error_code"], r["error_message"] = _refusal(e)

@@ -220,3 +220,13 @@ def test_every_version_is_answered(broker):
         else:
             resp = call(broker, DELETE_TOPICS, tv, timeout=T, topic_names=(name,))
         assert [(r.name, int(r.error_code)) for r in resp.responses] == [(name, 0)]
+
+
+def test_new_partitions_per_request_are_bounded(broker):
+    """At most 10,000 new partitions per request, all topics together (Kafka's bound): past it POLICY_VIOLATION,
+    the topics before it are created."""
+    x = u()
+    got = create(broker, topic(f"big1-{x}", 6000), topic(f"big2-{x}", 6000), topic(f"small-{x}", 1),
+                 validate_only=True)
+    assert codes(got) == {f"big1-{x}": 0, f"big2-{x}": POLICY_VIOLATION, f"small-{x}": 0}
+    assert "at most 10000" in got[f"big2-{x}"].error_message

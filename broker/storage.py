@@ -262,19 +262,27 @@ class Storage:
         for fname in sorted(os.listdir(self.data_dir)):
             path = os.path.join(self.data_dir, fname)
             if fname.endswith(DELETED_SUFFIX) and os.path.isfile(path):
-                with open(path, "rb") as f:
-                    info = _decode_topic(path, f.read())
-                for p in range(info.partitions):
-                    if os.path.isdir(self._partition_dir(info.name, p)):
-                        shutil.rmtree(self._partition_dir(info.name, p))
-                fsync_dir(self.data_dir)
-                os.unlink(path)
-                fsync_dir(self.data_dir)
-                log.warning("storage %s: finished the deletion of topic %r (id %s) a restart cut", self.data_dir,
-                            info.name, info.topic_id)
+                self._finish_deletion(path)
             elif fname.startswith(DELETING_PREFIX) and os.path.isdir(path):
                 shutil.rmtree(path)
                 log.info("storage %s: removed %s, a partition of a deleted topic", self.data_dir, fname)
+
+    def _finish_deletion(self, tombstone: str) -> None:
+        """Finish the deletion of the topic whose metadata file is ``tombstone``: its partition directories, then
+        ``tombstone``, each synced.  At open, and before a topic of that stem is created (a deletion an error cut)."""
+        with open(tombstone, "rb") as f:
+            info = _decode_topic(tombstone, f.read())
+        for p in range(info.partitions):
+            if os.path.isdir(self._partition_dir(info.name, p)):
+                shutil.rmtree(self._partition_dir(info.name, p))
+        fsync_dir(self.data_dir)
+        os.unlink(tombstone)
+        fsync_dir(self.data_dir)
+        log.warning("storage %s: finished the deletion of topic %r (id %s) that a crash or an error cut",
+                    self.data_dir, info.name, info.topic_id)
+
+    def _tombstone(self, name: str) -> str:
+        return self._meta_path(name)[:-len(TOPIC_SUFFIX)] + DELETED_SUFFIX
 
     def partition_options_of(self, configs: tuple[tuple[str, str], ...] = ()) -> dict[str, Any]:
         """The ``Partition`` options of a topic with ``configs``: the broker's, each overridden by the
@@ -353,6 +361,8 @@ class Storage:
         """The partition directories, then the metadata file (atomically): the topic exists once that
         file does.  On a failure, what this creation made is removed again (``_undo_create``)."""
         self._check_limits(name, n, admin)
+        if os.path.exists(self._tombstone(name)):  # a deletion of this name failed half-way: finish it first
+            self._finish_deletion(self._tombstone(name))
         info = TopicInfo(name, uuid.uuid4(), n, configs)
         opened: list[Partition] = []
         made: list[str] = []  # directories this creation made (not those a crashed creation left)
@@ -498,7 +508,7 @@ class Storage:
                 if info is None:
                     raise UnknownTopicOrPartitionError(f"unknown topic {name!r}")
             name = info.name
-            tombstone = self._meta_path(name)[:-len(TOPIC_SUFFIX)] + DELETED_SUFFIX
+            tombstone = self._tombstone(name)
             os.rename(self._meta_path(name), tombstone)
             fsync_dir(self.data_dir)
             del self._topics[name]

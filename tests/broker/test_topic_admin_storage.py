@@ -238,3 +238,29 @@ def test_alter_topic_configs_is_durable_and_reaches_the_partitions(tmp_path):
         assert (p.retention_ms, p.log.segment_bytes) == (1000, 2048)
     with Storage(root, retention_ms=1000) as s:
         assert s.topic("t").config == {"segment.bytes": "2048"}
+
+
+def test_a_deletion_an_error_cut_is_finished_before_the_name_is_created_again(tmp_path, monkeypatch):
+    """The metadata file renamed, then the disk refuses a directory's rename: the topic is gone, and creating it
+    again first finishes the old deletion, so neither the old data nor the old tombstone survive."""
+    root = str(tmp_path)
+    with Storage(root) as s:
+        old = s.create_topic("t", 2, {})
+        assert s.partition("t", 1).append(plain(b"old")).ok
+        real = os.rename
+
+        def refuse_directories(src, dst):
+            if os.path.basename(src).startswith("t-"):
+                raise OSError(5, "Input/output error")
+            real(src, dst)
+        monkeypatch.setattr(os, "rename", refuse_directories)
+        with pytest.raises(OSError):
+            s.delete_topic("t")
+        monkeypatch.undo()
+        assert s.topic("t") is None and f"t{DELETED_SUFFIX}" in entries(root)
+        new = s.create_topic("t", 2, {})
+        assert new.topic_id != old.topic_id and s.partition("t", 1).high_watermark == 0
+        assert f"t{DELETED_SUFFIX}" not in entries(root)
+        assert s.partition("t", 1).append(plain(b"new")).ok
+    with Storage(root) as s:  # the restart keeps the new topic and its record
+        assert s.topic("t").topic_id == new.topic_id and s.partition("t", 1).high_watermark == 1

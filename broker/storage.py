@@ -451,8 +451,8 @@ class Storage:
 
     def create_partitions(self, name: Any, count: int, validate_only: bool = False) -> TopicInfo:
         """CreatePartitions: grow topic ``name`` to ``count`` partitions.  The new partitions' directories
-        first, then the metadata file (atomically): a crash in between leaves empty directories of no
-        topic, reused when it grows again."""
+        first, then the metadata file (atomically): a crash or failure in between leaves empty directories
+        of no topic, reused when it grows again."""
         validate_topic_name(name)
         with self._lock:
             self._check_open()
@@ -474,15 +474,14 @@ class Storage:
             if validate_only:
                 return grown
             opened: list[Partition] = []
-            made: list[str] = []
             try:
                 for p in range(info.partitions, count):
-                    if not os.path.isdir(self._partition_dir(name, p)):
-                        made.append(self._partition_dir(name, p))
                     opened.append(self._open_configured(name, p, info.configs))
                 atomic_write(self._meta_path(name), _encode_topic(grown))
             except BaseException as e:
-                self._undo_create(name, opened, made, e)
+                # The new directories stay: the metadata file may name them already (its rename done, the
+                # directory sync failed); if not, they are empty ones of no topic, reused by the next growth.
+                self._undo_create(name, opened, [], e)
                 raise
             for p, part in enumerate(opened, info.partitions):
                 self._partitions[(name, p)] = part

@@ -10,6 +10,7 @@ import uuid
 
 import pytest
 
+import broker.storage as storage_module
 from broker.recordbatch import encode_batch
 from broker.storage import (DELETED_SUFFIX, DELETING_PREFIX, INVALID_CONFIG, INVALID_PARTITIONS, POLICY_VIOLATION,
                             TOPIC_ALREADY_EXISTS, TOPIC_MAGIC, UNKNOWN_TOPIC_ID, InvalidTopicError, Storage,
@@ -264,3 +265,22 @@ def test_a_deletion_an_error_cut_is_finished_before_the_name_is_created_again(tm
         assert s.partition("t", 1).append(plain(b"new")).ok
     with Storage(root) as s:  # the restart keeps the new topic and its record
         assert s.topic("t").topic_id == new.topic_id and s.partition("t", 1).high_watermark == 1
+
+
+def test_a_growth_whose_metadata_write_fails_leaves_the_topic_as_it_was(tmp_path, monkeypatch):
+    root = str(tmp_path)
+    with Storage(root) as s:
+        s.create_topic("t", 1, {})
+
+        def refuse(path, data):
+            raise OSError(28, "No space left on device")
+        monkeypatch.setattr(storage_module, "atomic_write", refuse)
+        with pytest.raises(OSError):
+            s.create_partitions("t", 3)
+        monkeypatch.undo()
+        assert s.topic("t").partitions == 1
+        with pytest.raises(UnknownTopicOrPartitionError):
+            s.partition("t", 1)
+    with Storage(root) as s:  # the new, empty directories are of no topic; the next growth reuses them
+        assert s.topic("t").partitions == 1
+        assert s.create_partitions("t", 3).partitions == 3 and s.partition("t", 2).append(plain(b"x")).ok

@@ -283,20 +283,47 @@ def test_abortable_error_abort_and_bump_with_librdkafka(brokers):
 
 
 # ------------------------------------------------------------------ KIP-890 part 1 and groups
-def test_send_offsets_to_transaction_is_refused_clearly(brokers):
-    """AddOffsetsToTxn needs a group coordinator, which the broker is not: the client gets an error, and the
-    transaction can still be aborted."""
+def test_send_offsets_to_transaction_commits_the_offsets_with_the_transaction(brokers):
+    """AddOffsetsToTxn and TxnOffsetCommit: the group's offsets are pending while the transaction is open
+    (the previous ones are what OffsetFetch answers, UNSTABLE_OFFSET_COMMIT with require_stable), dropped
+    by an abort and committed by a commit, and still there after a restart of the broker."""
     b = brokers(1, "--partitions", str(PARTITIONS))
     p = txn_producer(b.bootstrap, "offsets-tx")
-    p.begin_transaction()
-    send(p, "offsets", [1])
-    c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "g", "log_level": 0})
+    c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "g-offsets", "log_level": 0,
+                  "enable.auto.commit": False, "isolation.level": "read_uncommitted"})
+    stable = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "g-offsets", "log_level": 0,
+                       "isolation.level": "read_committed"})  # OffsetFetch with require_stable
+    tps = [TopicPartition("offsets", i) for i in range(PARTITIONS)]
+
+    def committed(consumer: Consumer = c) -> list[int]:
+        return [t.offset for t in consumer.committed(tps, timeout=10)]
     try:
-        with pytest.raises(KafkaException):
-            p.send_offsets_to_transaction([TopicPartition("offsets", 0, 1)], c.consumer_group_metadata(), 10)
+        transaction(p, "offsets", [0, 1, 2], commit=True)  # the topic and its partitions exist
+        p.begin_transaction()
+        send(p, "offsets", [3])
+        p.send_offsets_to_transaction([TopicPartition("offsets", 0, 7)], c.consumer_group_metadata(), 10)
+        assert committed()[0] < 0  # pending: not visible
+        with pytest.raises(KafkaException, match="Timed out"):  # UNSTABLE_OFFSET_COMMIT, retried until the end
+            stable.committed(tps, timeout=2)
+        p.abort_transaction(30)
+        assert committed(stable)[0] < 0  # stable again once the transaction ended
+        assert committed()[0] < 0  # dropped
+        p.begin_transaction()
+        send(p, "offsets", [4])
+        p.send_offsets_to_transaction([TopicPartition("offsets", 0, 11), TopicPartition("offsets", 2, 5)],
+                                      c.consumer_group_metadata(), 10)
+        p.commit_transaction(30)
+        assert committed() == [11, -1001, 5] == committed(stable)
     finally:
         c.close()
-    assert "AddOffsetsToTxn" in b.tail(200)
+        stable.close()
+    b.kill()
+    b.start()
+    c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "g-offsets", "log_level": 0})
+    try:
+        assert committed(c) == [11, -1001, 5]
+    finally:
+        c.close()
 
 
 # ------------------------------------------------------------------ two brokers, one quorum

@@ -167,8 +167,8 @@ async def create_topics(server: BrokerContext, req: kafka.Request) -> Any:
             continue
         r["topic_id"] = None if validate_only else info.topic_id
         r["num_partitions"], r["replication_factor"] = info.partitions, 1
-        r["configs"] = [{"name": n, "value": val, "read_only": False, "config_source": src, "is_sensitive": False}
-                        for n, val, src in topic_configs(server.storage, info)]
+        r["configs"] = [{k: row[k] for k in ("name", "value", "read_only", "config_source", "is_sensitive")}
+                        for row in _topic_rows(server, info, False, False)]  # as DescribeConfigs describes them
     return kio_.response(CREATE_TOPICS, v, {"throttle_time": 0, "topics": results})
 
 

@@ -140,6 +140,9 @@ class BrokerConfig:
     max_groups: Annotated[int, Field(ge=1)] = 100_000
     """Consumer groups this broker coordinates (a new one past it gets COORDINATOR_NOT_AVAILABLE; Kafka has no
     bound)."""
+    offsets_retention_minutes: Annotated[int, Field(ge=1)] = 7 * 24 * 60
+    """Kafka's offsets.retention.minutes: an empty group's committed offsets are kept this long after their
+    commit and after the group became empty; then they expire, and the group with them."""
     offset_metadata_max_bytes: Annotated[int, Field(ge=0)] = 4096
     """Kafka's offset.metadata.max.bytes: a committed offset's metadata string, at most (else
     OFFSET_METADATA_TOO_LARGE for that partition)."""
@@ -216,7 +219,8 @@ class BrokerConfig:
     def group_settings(self) -> GroupSettings:
         return GroupSettings(self.group_min_session_timeout_ms, self.group_max_session_timeout_ms,
                              self.group_initial_rebalance_delay_ms, self.group_max_size,
-                             self.offset_metadata_max_bytes, self.max_groups)
+                             self.offset_metadata_max_bytes, self.max_groups,
+                             self.offsets_retention_minutes * 60_000)
 
     @property
     def quota_window(self) -> QuotaWindow:

@@ -20,12 +20,13 @@ from typing import Any, Awaitable, Callable
 from records.wire.errors import Errors, InvalidTxnStateError
 
 from .membership import DEAD, EMPTY, Group, GroupError, GroupSettings, Member
-from .state import DELETE, GENERATION, MARKER, OFFSET, OFFSETS_TOPIC, TXN_OFFSET, Committed, shard_of
+from .state import DELETE, EXPIRE, GENERATION, MARKER, OFFSET, OFFSETS_TOPIC, TXN_OFFSET, Committed, shard_of
 from .store import GroupStore
 
 log = logging.getLogger(__name__)
 
 EXPIRE_EVERY_S = 0.1
+OFFSETS_EXPIRY_EVERY_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ class GroupCoordinator:
         self._watches: dict[int, set[_Watch]] = {}
         self._task: asyncio.Task | None = None
         self.counters = {"group_rebalances": 0, "group_members_expired": 0, "offsets_committed": 0,
-                         "txn_offsets_committed": 0, "txn_offsets_refused": 0}
+                         "txn_offsets_committed": 0, "txn_offsets_refused": 0, "offsets_expired": 0}
 
     # ------------------------------------------------------------ lifecycle
     def load(self) -> None:
@@ -88,12 +89,42 @@ class GroupCoordinator:
         await self.store.close()
 
     async def _expire_loop(self) -> None:
+        next_offsets_expiry = self._clock() + OFFSETS_EXPIRY_EVERY_S
         while True:
             await asyncio.sleep(EXPIRE_EVERY_S)
             now = self._clock()
             for g in list(self.groups.values()):
                 if g.members or g.pending:
                     self.counters["group_members_expired"] += g.expire(now)
+            if now >= next_offsets_expiry:
+                next_offsets_expiry = now + OFFSETS_EXPIRY_EVERY_S
+                self.expire_offsets(int(time.time() * 1000))
+
+    def expire_offsets(self, now_ms: int) -> int:
+        """Kafka's offsets.retention.minutes: an Empty group's committed offsets expire once
+        ``offsets_retention_ms`` has passed since they were committed and since the group became Empty; a group
+        left with nothing (no offsets, none pending) is deleted.  Groups with members keep theirs.  Queued
+        (the entries are written by the store's writer); how many offsets expired."""
+        retention, mono_now = self.settings.offsets_retention_ms, self._clock()
+        rows: list[list] = []
+        busy = {e[1] for e in self.store.queued() if e[0] != MARKER}  # a commit on its way: not now
+        for name, g in list(self.groups.items()):
+            if g.state != EMPTY or g.members or g.pending or name in self.store.state.pending or name in busy:
+                continue
+            empty_ms = now_ms - int((mono_now - g.empty_since) * 1000)  # wall time it became Empty
+            offsets = self.store.state.offsets.get(name, {})
+            gone = [tp for tp, c in offsets.items() if now_ms - max(c.commit_ms, empty_ms) > retention]
+            if len(gone) == len(offsets) and now_ms - empty_ms > retention:
+                g.kill()
+                del self.groups[name]
+                rows.append([DELETE, name])
+            else:
+                rows += [[EXPIRE, name, t, p] for t, p in gone]
+        if rows:
+            self.store.write(rows)
+            log.info("offsets retention: %d entries expired (groups empty for %d ms)", len(rows), retention)
+        self.counters["offsets_expired"] += len(rows)
+        return len(rows)
 
     def stats(self) -> dict[str, int]:
         return {"groups": len(self.groups),
@@ -292,10 +323,10 @@ class GroupCoordinator:
         """The transaction marker of ``pid`` for the groups of ``shard``: its pending offsets there are
         committed or dropped, durably.  False when there was nothing to end (nothing written: a retried
         marker, a transaction that put no offsets here, or one that ``still_current`` says ended already)."""
+        if still_current is not None and not still_current():
+            return False  # a late marker of a transaction that ended: it ends nothing (and voids nothing)
         for watch in self._watches.pop(pid, ()):
             watch.voided = True  # a TxnOffsetCommit under way belongs to the transaction that ends here
-        if still_current is not None and not still_current():
-            return False
         queued = any(e[0] == TXN_OFFSET and e[2] == pid and shard_of(e[1]) == shard for e in self.store.queued())
         if not queued and not self.store.state.pending_in_shard(shard, pid):
             return False

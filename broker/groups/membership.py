@@ -32,6 +32,7 @@ class GroupSettings:
     max_size: int = 10_000  # members (and members waiting for their id) of one group
     offset_metadata_max_bytes: int = 4096
     max_groups: int = 100_000
+    offsets_retention_ms: int = 7 * 24 * 3600 * 1000
 
 
 class GroupError(PidQuorumError):
@@ -94,6 +95,7 @@ class Group:
         self._initial_deadline = 0.0  # the initial delay of an Empty group's first join may be extended until then
         self._joined_during_delay = False
         self.rebalances = 0
+        self.empty_since = clock()  # when the group last became Empty (offsets expire from then on)
 
     # ------------------------------------------------------------ checks
     def _fenced(self, member_id: str, instance_id: str | None) -> bool:
@@ -248,6 +250,7 @@ class Group:
         if not self.members:
             self.state, self.protocol, self.leader = EMPTY, None, None
             self.protocol_type = None
+            self.empty_since = self._clock()
             self._persist(self)
             return
         self.state = COMPLETING

@@ -12,7 +12,9 @@ Entries (msgpack lists; the file: ``broker.groups.store``):
          groups of offsets shard ``shard``: its pending offsets become committed (commit) or are dropped.
 ``g``    ``[g, group, generation, protocol_type, protocol, leader, members]``: a generation completed (members:
          ``[member_id, instance_id, client_id, client_host, session_ms, rebalance_ms, metadata, assignment]``).
-``d``    ``[d, group]``: the group deleted (DeleteGroups): its offsets and generation are gone.
+``d``    ``[d, group]``: the group deleted (DeleteGroups, or its last offsets expired): its offsets and generation
+         are gone.
+``x``    ``[x, group, topic, partition]``: one committed offset expired (``offsets_retention_minutes``).
 =======  ==================================================================================================
 """
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-OFFSET, TXN_OFFSET, MARKER, GENERATION, DELETE = "o", "t", "m", "g", "d"
+OFFSET, TXN_OFFSET, MARKER, GENERATION, DELETE, EXPIRE = "o", "t", "m", "g", "d", "x"
 
 # Kafka's __consumer_offsets: the partitions a group's offsets are spread over.  Here it names the part of
 # the groups a transaction's offsets belong to (AddOffsetsToTxn adds "__consumer_offsets"-<shard> to the
@@ -110,6 +112,8 @@ def check_entry(e: Any) -> None:
               and isinstance(e[6], list) and all(_member_ok(m) for m in e[6]))
     elif kind == DELETE and len(e) == 2:
         ok = isinstance(e[1], str)
+    elif kind == EXPIRE and len(e) == 4:
+        ok = isinstance(e[1], str) and isinstance(e[2], str) and _is_int(e[3])
     if not ok:
         raise ValueError(f"bad entry {e!r:.200}")
 
@@ -158,6 +162,11 @@ class GroupState:
         elif kind == DELETE:
             self.offsets.pop(e[1], None)
             self.generations.pop(e[1], None)
+        elif kind == EXPIRE:
+            offsets = self.offsets.get(e[1], {})
+            offsets.pop((e[2], e[3]), None)
+            if not offsets:
+                self.offsets.pop(e[1], None)
 
     def _end(self, group: str, pid: int, epoch: int, commit: bool) -> None:
         by_pid = self.pending.get(group, {})

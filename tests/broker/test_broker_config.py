@@ -83,7 +83,7 @@ def _every_broker_setting(tmp_path) -> BrokerConfig:
         idempotence_retry_window_ms=60_000, producer_snapshot_every=77, segment_bytes=4096, retention_ms=-1, retention_bytes=1 << 30,
         max_open_segments=64, max_topics=10, dedup=False, io_threads=2,
         group_min_session_timeout_ms=1000, group_max_session_timeout_ms=60_000, group_initial_rebalance_delay_ms=0,
-        group_max_size=50, max_groups=500, offset_metadata_max_bytes=100,
+        group_max_size=50, max_groups=500, offset_metadata_max_bytes=100, offsets_retention_minutes=60,
         quorum_timeout_s=2.5, metrics_port=19096, metrics_host="0.0.0.0", log_format="json",
         pid_manager=PidManagerConfig(prefetch_threshold=0.5, adaptive=False, failover_budget_s=1.0,
                                      learn_failover_budget=False, outage_margin=2.0, outage_memory_s=60.0,

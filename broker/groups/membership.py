@@ -149,8 +149,8 @@ class Group:
             if instance_id is not None:
                 old = self.static.get(instance_id)
                 if old is not None and old in self.members:
-                    self._remove(self.members[old], Errors.FENCED_INSTANCE_ID)  # the newer instance fences it
-                elif self.size >= self.settings.max_size:
+                    return await self._replace_static(old, new_id, session_ms, rebalance_ms, protocols)
+                if self.size >= self.settings.max_size:
                     raise GroupError(Errors.GROUP_MAX_SIZE_REACHED, f"group {self.name[:200]!r} has "
                                                                     f"{self.settings.max_size} members")
             elif require_known_id:
@@ -191,6 +191,36 @@ class Group:
             self._try_complete_join()
         else:
             self._prepare_rebalance(f"member {member_id[:200]!r} joins")
+        return await fut
+
+    async def _replace_static(self, old_id: str, new_id: str, session_ms: int, rebalance_ms: int,
+                              protocols: list[tuple[str, bytes]]) -> JoinResult:
+        """A static member joins again under a new member id (a restarted instance, KIP-345): it takes the old
+        member's place and assignment, and the old id is fenced (FENCED_INSTANCE_ID).  In a Stable group whose
+        protocol this does not change, there is no rebalance: the member gets the current generation, with the
+        leader named as before the replacement so that a returning leader does not assign again (as Kafka's
+        ``updateStaticMemberAndRebalance``); it then syncs and gets its old assignment."""
+        m = self.members.pop(old_id)
+        for fut in (m.joining, m.syncing):
+            if fut is not None and not fut.done():
+                fut.set_exception(GroupError(Errors.FENCED_INSTANCE_ID, f"instance {m.instance_id!r} joined again "
+                                                                        f"as another member"))
+        m.joining = m.syncing = None
+        leader_before = self.leader
+        m.member_id, m.session_ms, m.rebalance_ms, m.protocols = new_id, session_ms, rebalance_ms, protocols
+        m.deadline = self._clock() + session_ms / 1000
+        self.members[new_id] = m
+        self.static[m.instance_id] = new_id
+        if self.leader == old_id:
+            self.leader = new_id
+        if self.state == STABLE and self._select_protocol() == self.protocol:
+            await self._persist(self)
+            return JoinResult(new_id, self.generation, self.protocol_type, self.protocol, leader_before or "")
+        fut = m.joining = asyncio.get_running_loop().create_future()
+        if self.state == PREPARING:
+            self._try_complete_join()
+        else:
+            self._prepare_rebalance(f"static member {m.instance_id[:200]!r} joins again with new metadata")
         return await fut
 
     def _join_result(self, m: Member) -> JoinResult:

@@ -380,7 +380,8 @@ def _describe_one(server: BrokerContext, req: kafka.Request, res: Any) -> dict:
         r["error_message"] = f"resource type {rtype} is not served (2: topic, 4: broker)"
         return r
     keys = res.configuration_keys
-    r["configs"] = rows if keys is None else [row for row in rows if row["name"] in set(keys)]
+    wanted = None if keys is None else set(keys)
+    r["configs"] = rows if wanted is None else [row for row in rows if row["name"] in wanted]
     return r
 
 

@@ -43,7 +43,8 @@ def java_string_hash(s: str) -> int:
 def shard_of(group: str) -> int:
     """The offsets shard of ``group``: Kafka's ``Utils.abs(groupId.hashCode) % 50``, so a group sits in the
     same __consumer_offsets partition as on a Kafka cluster with the default partition count."""
-    return (java_string_hash(group) & 0x7FFFFFFF) % OFFSETS_SHARDS
+    h = java_string_hash(group)
+    return (0 if h == -(1 << 31) else abs(h)) % OFFSETS_SHARDS  # Kafka's Utils.abs: MIN_VALUE is 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from records.wire.errors import Errors
+from records.wire.errors import Errors, UnknownTopicOrPartitionError
 
 from .log import DEFAULT_SEGMENT_BYTES, PartitionLog
 from .producer_state import (
@@ -57,6 +57,11 @@ def snapshot_executor() -> concurrent.futures.ThreadPoolExecutor:
 
 def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+class PartitionClosedError(UnknownTopicOrPartitionError, ValueError):
+    """A closed partition was used: its topic was deleted while a request held it (UNKNOWN_TOPIC_OR_PARTITION
+    for that partition; a ValueError as before)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -483,7 +488,7 @@ class Partition:
     # ================================================================= close
     def _check_open(self) -> None:
         if self._closed:
-            raise ValueError(f"partition {self.directory} is closed")
+            raise PartitionClosedError(f"partition {self.directory} is closed (its topic was deleted?)")
 
     def close(self) -> None:
         """Snapshot the producer state (if anything changed since the last one) and close the log."""

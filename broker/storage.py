@@ -383,16 +383,22 @@ class Storage:
         log.info("storage %s: created topic %s (%d partitions, id %s)", self.data_dir, name, n, info.topic_id)
         return info
 
-    def _undo_create(self, name: str, opened: list[Partition], made: list[str], error: BaseException) -> None:
-        """A failed creation leaves nothing behind: its partitions closed, the directories it made and
-        the metadata file's temporary file removed (the data directory synced), the failure logged."""
+    def _undo_create(self, name: str, opened: list[Partition], made: list[str], error: BaseException,
+                     new_topic: bool = True) -> None:
+        """A failed creation leaves nothing behind: its partitions closed, its metadata file (if the rename
+        happened and only a later sync failed: the topic did not exist before, so the file is this creation's)
+        and its temporary file removed first, then the directories it made (so no crash in between leaves a
+        metadata file naming missing directories), the data directory synced, the failure logged.  A growth
+        (``new_topic`` False) keeps the topic's metadata file: it is the existing topic's, and may already name
+        the new partitions."""
         for part in opened:
             try:
                 part.close()
             except Exception:  # noqa: BLE001 - undo the rest; the creation's own error is raised
                 log.exception("storage %s: closing a partition of the failed topic %r", self.data_dir, name)
         left = []
-        for path in [*made, self._meta_path(name) + TMP_SUFFIX]:
+        meta = [self._meta_path(name)] if new_topic else []
+        for path in [*meta, self._meta_path(name) + TMP_SUFFIX, *made]:
             try:
                 if os.path.isdir(path):
                     shutil.rmtree(path)
@@ -482,7 +488,7 @@ class Storage:
             except BaseException as e:
                 # The new directories stay: the metadata file may name them already (its rename done, the
                 # directory sync failed); if not, they are empty ones of no topic, reused by the next growth.
-                self._undo_create(name, opened, [], e)
+                self._undo_create(name, opened, [], e, new_topic=False)
                 raise
             for p, part in enumerate(opened, info.partitions):
                 self._partitions[(name, p)] = part

@@ -9,6 +9,7 @@ from records.wire.errors import Errors, PidQuorumError
 
 from .. import kafkaio as kio_
 from ..api_keys import FIND_COORDINATOR, METADATA
+from ..storage import RESERVED_TOPICS
 from .context import BrokerContext
 
 # The front end logs under one name, whichever of its modules writes the line (log settings name it).
@@ -49,7 +50,7 @@ def _topic_metadata(server: BrokerContext, name: str | None, create: bool) -> di
         return {"error_code": int(Errors.UNKNOWN_TOPIC_OR_PARTITION), "name": name or "", "topic_id": None,
                 "partitions": []}
     me = server.cfg.broker_id
-    return {"error_code": 0, "name": name, "topic_id": topic.topic_id, "is_internal": False,
+    return {"error_code": 0, "name": name, "topic_id": topic.topic_id, "is_internal": name in RESERVED_TOPICS,
             "partitions": [{"error_code": 0, "partition_index": i, "leader_id": me, "leader_epoch": 0,
                             "replica_nodes": [me], "isr_nodes": [me], "offline_replicas": []}
                            for i in range(topic.partitions)],

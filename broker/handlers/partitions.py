@@ -103,8 +103,12 @@ async def produce(server: BrokerContext, req: kafka.Request) -> Any:
                 server._note_error(code)
                 log.info("produce %s-%d: %s: %s", t.name, pd.index, code.name, why)
                 continue
-            res = await loop.run_in_executor(server._io, functools.partial(part.append, records,
-                                                                         transactional_ok=token))
+            try:
+                res = await loop.run_in_executor(server._io, functools.partial(part.append, records,
+                                                                             transactional_ok=token))
+            except PidQuorumError as e:  # the topic was deleted meanwhile (PartitionClosedError)
+                r["error_code"], r["error_message"] = int(e.code), e.message
+                continue
             r["error_code"] = int(res.error)
             r["error_message"] = res.message or None
             r["base_offset"] = res.base_offset

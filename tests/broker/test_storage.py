@@ -188,3 +188,24 @@ def test_a_failed_creation_removes_only_the_directories_it_made(tmp_path, monkey
         assert sorted(os.listdir(root)) == ["t-0"]
         monkeypatch.setattr(s, "_open_partition", real)
         assert s.ensure_topic("t").partitions == 3
+
+
+def test_a_creation_whose_directory_sync_fails_after_the_rename_leaves_nothing(tmp_path, monkeypatch):
+    """The metadata file was renamed into place, then the directory sync failed: the creation is undone with
+    the metadata file removed first, so no restart finds a topic whose partition directories are gone."""
+    root = str(tmp_path)
+    real = storage_module.atomic_write
+
+    def renamed_then_sync_failed(path, data):
+        real(path, data)
+        raise StorageFailure("fsync", root, OSError(errno.EIO, "Input/output error"))
+    with Storage(root) as s:
+        monkeypatch.setattr(storage_module, "atomic_write", renamed_then_sync_failed)
+        with pytest.raises(OSError):
+            s.ensure_topic("t", 2)
+        monkeypatch.undo()
+        assert s.topic("t") is None
+    assert not any(name.startswith("t") for name in os.listdir(root))
+    with Storage(root) as s:  # opens: nothing names missing directories
+        assert s.topic("t") is None
+        assert s.ensure_topic("t", 2).partitions == 2

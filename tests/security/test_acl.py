@@ -89,7 +89,8 @@ def test_host_matching():
 @pytest.mark.parametrize("acl,fragment", [
     (Acl("alice", TRANSACTIONAL_ID, "x", LITERAL, WRITE, ALLOW), "User:<name>"),
     (Acl("User:", TRANSACTIONAL_ID, "x", LITERAL, WRITE, ALLOW), "User:<name>"),
-    (Acl(ALICE, "Group", "x", LITERAL, WRITE, ALLOW), "resource type"),
+    (Acl(ALICE, "DelegationToken", "x", LITERAL, WRITE, ALLOW), "resource type"),
+    (Acl(ALICE, "Group", "x", LITERAL, WRITE, ALLOW), "does not apply to Group"),
     (Acl(ALICE, CLUSTER, "other", LITERAL, CLUSTER_ACTION, ALLOW), "kafka-cluster"),
     (Acl(ALICE, TRANSACTIONAL_ID, "*", PREFIXED, WRITE, ALLOW), "PREFIXED"),
     (Acl(ALICE, TRANSACTIONAL_ID, "", LITERAL, WRITE, ALLOW), "empty"),

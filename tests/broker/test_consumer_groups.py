@@ -285,3 +285,57 @@ def test_committed_offsets_survive_a_sigkill_of_the_broker(module_quorum):
             c2.close()
     finally:
         b.proc.stop()
+
+
+def test_a_consumer_keeps_its_generation_through_a_sigkill_of_the_broker(module_quorum):
+    """The group's last generation is durable: after the restart the member's heartbeats are accepted (no
+    rebalance, no expiry) and the group is Stable with the same member."""
+    from confluent_kafka.admin import AdminClient
+    b = start_metered(module_quorum, 3, *BROKER_FLAGS)
+    try:
+        topic, group = make_topic(b.bootstrap), unique("g")
+        c = consumer(b.bootstrap, group, session_timeout_ms=1500, heartbeat_interval_ms=100)
+        try:
+            c.subscribe([topic])
+            settle([c], lambda g: g[0] == set(range(PARTITIONS)))
+            admin = AdminClient({"bootstrap.servers": b.bootstrap})
+            before = admin.describe_consumer_groups([group])[group].result(20)
+            b.proc.kill()
+            b.proc.start()
+            deadline = time.monotonic() + 4  # more than two session timeouts of heartbeats to the new process
+            while time.monotonic() < deadline:
+                c.poll(0.1)
+            assert parts(c) == set(range(PARTITIONS))
+            assert b.counter("group_rebalances") == 0 and b.counter("group_members_expired") == 0
+            admin = AdminClient({"bootstrap.servers": b.bootstrap})  # the old one's connection backs off for long
+            after = admin.describe_consumer_groups([group])[group].result(20)
+            assert str(after.state).endswith("STABLE") and after.partition_assignor == before.partition_assignor
+            assert [m.member_id for m in after.members] == [m.member_id for m in before.members]
+        finally:
+            c.close()
+    finally:
+        b.proc.stop()
+
+
+# ------------------------------------------------------------ offsets in a transaction (KIP-98, KIP-447)
+def test_offsets_sent_to_a_transaction_are_committed_by_its_commit_only(broker):
+    topic, group = make_topic(broker.bootstrap), unique("g")
+    c = consumer(broker.bootstrap, group, isolation_level="read_committed")
+    p = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": unique("tid")})
+    try:
+        c.subscribe([topic])
+        settle([c], lambda g: g[0] == set(range(PARTITIONS)))
+        tps = [TopicPartition(topic, q) for q in range(PARTITIONS)]
+        p.init_transactions(20)
+        p.begin_transaction()
+        p.send_offsets_to_transaction([TopicPartition(topic, 0, 3)], c.consumer_group_metadata(), 20)
+        p.abort_transaction(20)
+        assert [tp.offset for tp in c.committed(tps, timeout=10)] == [-1001] * PARTITIONS  # dropped
+        p.begin_transaction()
+        p.produce(topic, value=b"out", partition=2)
+        p.send_offsets_to_transaction([TopicPartition(topic, 0, 4), TopicPartition(topic, 1, 2)],
+                                      c.consumer_group_metadata(), 20)
+        p.commit_transaction(20)
+        assert [tp.offset for tp in c.committed(tps, timeout=10)] == [4, 2, -1001, -1001]
+    finally:
+        c.close()

@@ -455,11 +455,11 @@ def test_the_group_empties_and_is_persisted_when_everyone_is_gone():
     run(go())
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a static member's rejoin (new member id) in a Stable group rebalances; "
-                                       "Kafka's updateStaticMemberAndRebalance answers at once with the generation")
 def test_a_static_member_restarting_in_a_stable_group_does_not_rebalance():
+    """KIP-345, Kafka's updateStaticMemberAndRebalance: the restarted instance gets the current generation at
+    once, the leader named as before."""
     async def go():
-        g, _, _ = new_group()
+        g, _, persisted = new_group()
         ra, rb = await done(join(g, instance_id="s", client="a"), join(g, client="b"))
         leader = ra if ra.member_id == ra.leader else rb
         other = rb if leader is ra else ra
@@ -472,6 +472,13 @@ def test_a_static_member_restarting_in_a_stable_group_does_not_rebalance():
         assert r.error == Errors.NONE and r.generation == 1 and r.leader == leader.member_id and r.members == []
         assert g.state == STABLE and g.rebalances == 1
         assert g.heartbeat(rb.member_id, None, 1) == Errors.NONE  # the other member: no rebalance to join
+        # the new id takes the old one's place and assignment; the old id is fenced
+        assert await g.sync(r.member_id, "s", 1, None, None, {}) == (b"A", "consumer", "range")
+        assert persisted.calls[-1][3] == {r.member_id: b"A", rb.member_id: b"B"}
+        for call in (lambda: g.heartbeat(ra.member_id, "s", 1), lambda: g.check_member(ra.member_id, "s", 1)):
+            with pytest.raises(GroupError) as e:
+                call()
+            assert code_of(e) == Errors.FENCED_INSTANCE_ID
     run(go())
 
 

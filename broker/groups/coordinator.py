@@ -205,8 +205,6 @@ class GroupCoordinator:
 
     async def delete(self, group_id: str) -> Errors:
         """DeleteGroups for one group: only an Empty group with no transaction's offsets pending."""
-        if not group_id:
-            return Errors.INVALID_GROUP_ID
         g = self.groups.get(group_id)
         if g is None or g.state == DEAD:
             return Errors.GROUP_ID_NOT_FOUND
@@ -234,8 +232,9 @@ class GroupCoordinator:
 
     async def commit(self, group_id: str, generation: int, member_id: str, instance_id: str | None,
                      offsets: list[OffsetIn]) -> dict[tuple[str, int], Errors]:
-        """OffsetCommit: per partition, its answer.  A group-wide refusal raises GroupError."""
-        group_id = self.check_group_id(group_id)
+        """OffsetCommit: per partition, its answer.  A group-wide refusal raises GroupError.  The empty group id
+        is a group like any other here, as in Kafka (old consumers commit under it)."""
+        group_id = str(group_id)
         g = self._group(group_id, create=False)
         if g is None:
             if generation >= 0:

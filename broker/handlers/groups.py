@@ -238,9 +238,7 @@ def describe_groups(server: BrokerContext, req: kafka.Request) -> Any:
         g = coordinator(server).describe(str(name))
         row: dict[str, Any] = {"error_code": 0, "group_id": name, "group_state": "Dead", "protocol_type": "",
                                "protocol_data": "", "members": [], "authorized_operations": ops}
-        if not name:
-            row["error_code"] = int(Errors.INVALID_GROUP_ID)
-        elif not _group_allowed(server, req, name, acls.DESCRIBE):
+        if not _group_allowed(server, req, name, acls.DESCRIBE):
             row["error_code"] = int(Errors.GROUP_AUTHORIZATION_FAILED)
         elif g is not None:
             stable = g.state == "Stable"

@@ -237,11 +237,8 @@ def test_delete_groups_of_unknown_names(broker):
 
 
 # ------------------------------------------------------------ the empty group id
-EMPTY_ID_BUG = ("bug: the empty group id is INVALID_GROUP_ID for OffsetCommit, DescribeGroups and DeleteGroups; "
-                "Kafka's isValidGroupId accepts it there (only null is invalid)")
 
 
-@pytest.mark.xfail(strict=True, reason=EMPTY_ID_BUG)
 def test_offset_commit_and_fetch_accept_the_empty_group_id(broker):
     """Kafka keeps offsets of the group "" (OffsetCommit, OffsetFetch: ``groupId != null``, for backward
     compatibility); only JoinGroup, SyncGroup, Heartbeat and LeaveGroup need a non-empty id."""
@@ -252,13 +249,15 @@ def test_offset_commit_and_fetch_accept_the_empty_group_id(broker):
         assert_serves(broker)
 
 
-@pytest.mark.xfail(strict=True, reason=EMPTY_ID_BUG)
 def test_describe_and_delete_groups_accept_the_empty_group_id(broker):
-    """DescribeGroups of "" is a group like any other (Dead when it has nothing); DeleteGroups of "" with
-    nothing stored is GROUP_ID_NOT_FOUND, not INVALID_GROUP_ID."""
+    """DescribeGroups of "" is a group like any other (Empty with offsets, Dead when it has nothing); DeleteGroups
+    of "" deletes it, then is GROUP_ID_NOT_FOUND, never INVALID_GROUP_ID."""
     try:
-        r = call(broker, 15, 5, groups=("",), include_authorized_operations=False)
-        (g,) = r.groups
+        assert commit(broker, "", [(TOPIC, 1, 7, None)]) == {(TOPIC, 1): Errors.NONE}
+        (g,) = call(broker, 15, 5, groups=("",), include_authorized_operations=False).groups
+        assert (Errors(int(g.error_code)), g.group_state) == (Errors.NONE, "Empty")
+        assert delete(broker, "") == {"": Errors.NONE}
+        (g,) = call(broker, 15, 5, groups=("",), include_authorized_operations=False).groups
         assert (Errors(int(g.error_code)), g.group_state) == (Errors.NONE, "Dead")
         assert delete(broker, "") == {"": Errors.GROUP_ID_NOT_FOUND}
     finally:

@@ -3,6 +3,7 @@ read from test.c's source, which tests are in scope, the runner's output (saved 
 v2.0.2's test-runner), and the one-line format."""
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -181,3 +182,9 @@ def test_the_test_conf_names_the_broker(tmp_path):
     path = tmp_path / "test.conf"
     suite.write_test_conf(str(path), "127.0.0.1:9")
     assert path.read_text().splitlines()[0] == "bootstrap.servers=127.0.0.1:9"
+
+
+def test_the_docs_table_is_the_scripts():
+    doc = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "librdkafka-suite.md")
+    with open(doc) as f:
+        assert suite.scope_table() in f.read(), "docs/librdkafka-suite.md: paste `--scope-table`'s output"

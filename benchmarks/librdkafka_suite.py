@@ -136,6 +136,11 @@ class TestEntry:
         return "TEST_F_LOCAL" in self.flags
 
     @property
+    def known_issue(self) -> bool:
+        """Marked TEST_F_KNOWN_ISSUE (on every platform): the runner skips it unless given -k."""
+        return "TEST_F_KNOWN_ISSUE" in re.split(r"[\s|]+", self.flags)
+
+    @property
     def manual(self) -> bool:
         return "TEST_F_MANUAL" in self.flags
 
@@ -311,6 +316,8 @@ class Runner:
         args = [self.binary, "-p1", "-l" if t.local else "-L"]
         if self.quick:
             args.append("-Q")
+        if t.known_issue:
+            args.append("-k")
         if t.scenario != "default":
             args += ["-s", t.scenario.split(",")[0]]
         out_path = os.path.join(self.logs, label.replace("/", "__") + ".log")

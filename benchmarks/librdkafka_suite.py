@@ -395,16 +395,17 @@ def run_selection(args, chosen: list[TestEntry], emit) -> list[Result]:
 
 def _run_batch(runner: Runner, batch: list[TestEntry], conf: str, broker_log: str, jobs: int, emit,
                subtests: str | None = None) -> list[Result]:
-    def one(t: TestEntry) -> list[Result]:
-        slices = tuple(subtests.split(",")) if subtests else SUBTEST_SLICES.get(t.name)
-        if not slices:
-            return [runner.run(t, conf, broker_log)]
-        parts = [runner.run(t, conf, broker_log, s) for s in slices]
-        return parts + [merge_slices(t.name, parts)]
-
+    """Every invocation (a test, or one slice of it) goes to the pool on its own; the lines come out in the
+    table's order, a sliced test's merged line after its slices."""
+    work = [(t, tuple(subtests.split(",")) if subtests else SUBTEST_SLICES.get(t.name)) for t in batch]
     out: list[Result] = []
     with concurrent.futures.ThreadPoolExecutor(max(1, jobs)) as pool:
-        for rs in pool.map(one, batch):
+        futures = [(t, [pool.submit(runner.run, t, conf, broker_log, s) for s in slices] if slices
+                    else [pool.submit(runner.run, t, conf, broker_log)], bool(slices)) for t, slices in work]
+        for t, fs, sliced in futures:
+            rs = [f.result() for f in fs]
+            if sliced:
+                rs.append(merge_slices(t.name, rs))
             for r in rs:
                 emit(r)
             out += rs

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import logging
 import os
 import signal
 import sys
@@ -48,6 +49,14 @@ def output_value(value: bytes, partition: int, offset: int) -> bytes:
 SESSION_MS = 6000
 HEARTBEAT_MS = 1000
 
+# kafka-python 3.0.12 throws a group join away when the poll() that began it returned before it completed:
+# the next poll() finds the join task done and starts another (kafka/coordinator/base.py, join_group_async:
+# "if self._join_task is None or self._join_task.is_done").  The leader's every new JoinGroup rebalances
+# the group again, so a join slower than the poll's timeout (the other member has to notice, by heartbeat)
+# can repeat for minutes: 70 generations in 70 s seen with two members and 500 ms polls.  A poll long
+# enough for a whole join avoids it (it returns as soon as records come).
+KAFKA_PYTHON_POLL_MS = 5000
+
 # librdkafka >= 2.10 re-bootstraps when every broker is down - here, each time the one broker is killed - and
 # then decommissions the brokers it had learned.  A decommissioned broker can stay cached as the group
 # coordinator, and send_offsets_to_transaction then waits forever, past its own timeout (librdkafka issue
@@ -58,7 +67,7 @@ NO_REBOOTSTRAP = {"metadata.recovery.strategy": "none"}
 
 def debug(contexts: str) -> dict:
     """librdkafka's debug logging when EOS_PIPELINE_DEBUG is set (to study a failure): ``contexts``, or
-    the contexts it names (e.g. ``eos,protocol``)."""
+    the contexts it names (e.g. ``eos,protocol``).  (kafka-python: its group coordinator's debug log.)"""
     asked = os.environ.get("EOS_PIPELINE_DEBUG", "")
     return {"debug": contexts if asked in ("", "1") else asked} if asked else {}
 
@@ -279,7 +288,7 @@ def run_kafka_python(a) -> int:
     done = transactions = 0
     while time.monotonic() < deadline:
         try:
-            polled = consumer.poll(timeout_ms=500, max_records=a.batch)
+            polled = consumer.poll(timeout_ms=KAFKA_PYTHON_POLL_MS, max_records=a.batch)
         except KafkaError as e:
             say("RECOVER poll", repr(e))
             continue
@@ -337,6 +346,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--deadline-s", type=float, default=90.0)
     a = ap.parse_args(argv)
     faulthandler.register(signal.SIGUSR1)  # the test asks for the threads' stacks when the worker is stuck
+    if a.client == "kafka-python" and os.environ.get("EOS_PIPELINE_DEBUG"):
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logging.getLogger("kafka.coordinator").setLevel(logging.DEBUG)
     return (run_confluent if a.client == "confluent" else run_kafka_python)(a)
 
 

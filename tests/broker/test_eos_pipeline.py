@@ -27,7 +27,8 @@ import time
 from collections import Counter
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 from kafka import KafkaConsumer
 from kafka import TopicPartition as KTopicPartition
 
@@ -39,11 +40,12 @@ RECORDS = 3000
 # What happens when: once the workers have committed that many records (together; each counts from its
 # start).  ("start", name): a worker with transactional id <name> (a second one joins the group: a
 # rebalance); ("broker", None): the broker is killed (SIGKILL) and restarted; ("kill", name): worker <name>
-# is killed (SIGKILL) and a new one with its transactional id started (which aborts its open transaction).
+# is killed (SIGKILL) and a new one with its transactional id started (which aborts its open transaction);
+# ("working", name, n): nothing, once worker <name> itself has committed n records (it has partitions).
 ONE_WORKER = (("start", "a", 0), ("broker", None, 450), ("kill", "a", 1000), ("broker", None, 1450),
               ("broker", None, 2000))
-TWO_WORKERS = (("start", "a", 0), ("start", "b", 300), ("broker", None, 900), ("kill", "a", 1400),
-               ("broker", None, 2000))
+TWO_WORKERS = (("start", "a", 0), ("start", "b", 300), ("working", "b", 50), ("broker", None, 1200),
+               ("kill", "a", 1600), ("broker", None, 2200))
 ABORT_EVERY = 5  # each worker aborts its every 5th transaction itself (and rewinds)
 WORKER_DEADLINE_S = 80.0  # a worker gives up (exit 1) after this long
 # A restarted broker registers once its killed incarnation's session has lapsed in the quorum: a short
@@ -114,6 +116,22 @@ def committed_offsets(bootstrap: str, group: str, topic: str) -> list[int]:
         c.close()
 
 
+def describe_group(bootstrap: str, group: str) -> str:
+    """DescribeGroups and OffsetFetch, for a failure's report: state, members, assignments, offsets."""
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
+    try:
+        g = admin.describe_consumer_groups([group], request_timeout=10)[group].result(10)
+        members = [(m.member_id, m.client_id, sorted(tp.partition for tp in m.assignment.topic_partitions))
+                   for m in g.members]
+        offsets = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result(10)
+        return (f"state {g.state}, members {members}, "
+                f"offsets {[(tp.partition, tp.offset) for tp in offsets.topic_partitions]}")
+    except Exception as e:  # noqa: BLE001 - a report, on the way to the test's own failure
+        return f"(not described: {e!r})"
+    finally:
+        del admin
+
+
 class Worker:
     """A worker process, its stdout in its own file; ``progress`` is the records it has committed so far."""
 
@@ -174,11 +192,14 @@ def run_pipeline(b, tmp_path, client: str, script) -> list[Worker]:
 
     try:
         for i, (what, name, at) in enumerate(script):
-            wait_for(lambda: progress() >= at or any(w.exited() for w in live.values()), 30,
+            done = (lambda: live[name].progress()) if what == "working" else progress
+            wait_for(lambda: done() >= at or any(w.exited() for w in live.values()), 30,
                      what=f"the workers' progress to reach {at} before {what} {name or ''}")
             assert all(w.proc.poll() is None for w in live.values()), f"a worker finished before step {i + 1}"
             if what == "start":
                 start(name)
+            elif what == "working":
+                pass
             elif what == "broker":
                 b.kill()  # SIGKILL: partitions, transaction and group coordinator all die mid-flight
                 b.start()  # same port, same data directory
@@ -195,6 +216,7 @@ def run_pipeline(b, tmp_path, client: str, script) -> list[Worker]:
         for n, w in enumerate(workers, 1):
             w.dump_stacks()
             print(f"----- worker {n} ({w.name}) log -----\n{w.log()[-8000:]}")
+        print(f"----- the group as the broker describes it -----\n{describe_group(b.bootstrap, 'ctp')}")
         raise
     finally:
         for w in workers:

@@ -337,7 +337,9 @@ class Runner:
             text = f.read()
         with open(broker_log, errors="replace") as f:
             f.seek(start_size)
-            blog = broker_error_lines(f.read())
+            # the broker names each request's client id (the test's name, as the runner sets client.id):
+            # lines of tests running alongside are left out
+            blog = broker_error_lines("\n".join(x for x in f.read().splitlines() if t.name in x))
         rows = parse_runner_output(text)
         if t.name in rows:
             state, runner_secs, reason = rows[t.name]

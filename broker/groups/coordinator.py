@@ -90,12 +90,18 @@ class GroupCoordinator:
 
     async def _expire_loop(self) -> None:
         next_offsets_expiry = self._clock() + OFFSETS_EXPIRY_EVERY_S
+        wake = EXPIRE_EVERY_S
         while True:
-            await asyncio.sleep(EXPIRE_EVERY_S)
+            await asyncio.sleep(wake)
             now = self._clock()
+            earliest = now + EXPIRE_EVERY_S
             for g in list(self.groups.values()):
                 if g.members or g.pending:
                     self.counters["group_members_expired"] += g.expire(now)
+                    earliest = min(earliest, g.next_deadline())
+            # At the next session's end, not a tick later (as Kafka's timers): a client that waits exactly its
+            # session timeout finds the member gone.
+            wake = min(EXPIRE_EVERY_S, max(0.001, earliest - self._clock()))
             if now >= next_offsets_expiry:
                 next_offsets_expiry = now + OFFSETS_EXPIRY_EVERY_S
                 self.expire_offsets(int(time.time() * 1000))

@@ -118,7 +118,7 @@ class Group:
         if not protocol_type or not protocols:
             return False
         if not self.members:
-            return True
+            return True  # an Empty group takes any protocol type (its next generation's is the joiners')
         return protocol_type == self.protocol_type and bool(self._candidates() & {n for n, _ in protocols})
 
     def _candidates(self) -> set[str]:
@@ -183,8 +183,8 @@ class Group:
         self.members[member_id] = m
         if instance_id is not None:
             self.static[instance_id] = member_id
-        if not self.protocol_type:
-            self.protocol_type = protocol_type
+        if len(self.members) == 1:
+            self.protocol_type = protocol_type  # the first member of an Empty group sets it
         fut = m.joining = asyncio.get_running_loop().create_future()
         if self.state == PREPARING:
             self._joined_during_delay = True
@@ -278,8 +278,9 @@ class Group:
             self._remove(m, Errors.UNKNOWN_MEMBER_ID, rebalance=False)
         self.generation += 1
         if not self.members:
+            # Kafka keeps the protocol type ("consumer"): ListGroups tells a consumer group that has no members
+            # from a "simple" group (offsets only) by it.
             self.state, self.protocol, self.leader = EMPTY, None, None
-            self.protocol_type = None
             self.empty_since = self._clock()
             self._persist(self)
             return
@@ -406,6 +407,12 @@ class Group:
         if gone and self.state == PREPARING:
             self._try_complete_join()
         return gone
+
+    def next_deadline(self) -> float:
+        """When the next session (or unused member id) may end: the earliest deadline of a member not waiting
+        on the coordinator."""
+        deadlines = [m.deadline for m in self.members.values() if m.joining is None and m.syncing is None]
+        return min([*deadlines, *self.pending.values()], default=float("inf"))
 
     def restore(self, generation: int, protocol_type: str | None, protocol: str | None, leader: str | None,
                 members: list[Member]) -> None:

@@ -279,6 +279,13 @@ async def _fetch_once(server: BrokerContext, b: Any) -> tuple[list[dict], int]:
             except PidQuorumError as e:
                 r["error_code"] = int(e.code)
                 continue
+            if len(data) > limit and total > 0:
+                # KIP-74: only the first partition with data may go over the request's (or its own) limit, by
+                # its first batch; a later one whose first batch does not fit gives nothing this time.  A
+                # client rejects a response over its receive.message.max.bytes and fetches it again, for ever.
+                data = b""
+                if committed:
+                    r["aborted_transactions"] = []
             r["records"] = data
             total += len(data)
             budget -= len(data)

@@ -349,6 +349,8 @@ def test_leave_group():
         assert g.leave(follower.member_id, None) == Errors.NONE
         await asyncio.sleep(REBALANCE_MS / 1000 * 1.5)  # the rebalance with no one left completes
         assert g.state == EMPTY and not g.members and g.generation == 3
+        # Kafka keeps the protocol type: ListGroups tells this consumer group from a "simple" one by it.
+        assert g.protocol_type == "consumer" and g.protocol is None
     run(go())
 
 

@@ -70,14 +70,30 @@ class TopicConfigDef:
     name: str
     option: str
     broker_name: str
-    config_type: int  # Kafka's ConfigType: 3 INT, 5 LONG, 7 LIST
+    config_type: int  # Kafka's ConfigType: 1 BOOLEAN, 2 STRING, 3 INT, 5 LONG, 6 DOUBLE, 7 LIST
     minimum: int | None
     maximum: int | None
     doc: str
+    default: str | None = None  # a config not applied here: Kafka's default (what a topic without a value has)
+    choices: tuple[str, ...] = ()  # a STRING config's values
+
+    @property
+    def applied(self) -> bool:
+        return bool(self.option) or self.name == "cleanup.policy"
 
 
-CONFIG_INT, CONFIG_LONG, CONFIG_LIST = 3, 5, 7
+CONFIG_BOOLEAN, CONFIG_STRING, CONFIG_INT, CONFIG_LONG, CONFIG_DOUBLE, CONFIG_LIST = 1, 2, 3, 5, 6, 7
 _I32, _I64 = 2**31 - 1, 2**63 - 1
+_KEPT = "Accepted and kept (DescribeConfigs shows it), not applied by this broker: "
+
+
+def _kept(name: str, broker_name: str, config_type: int, default: str, doc: str, minimum: int | None = None,
+          maximum: int | None = None, choices: tuple[str, ...] = ()) -> "TopicConfigDef":
+    """A Kafka topic config this broker takes (CreateTopics, AlterConfigs) and keeps, but does not act on:
+    what it governs (compaction, replicas, recompression, flushing by count) is not served here.  Kafka
+    accepts every topic config it knows, so applications and tools that set them work; refusing them
+    would fail topic creation for a setting that changes nothing on one replica."""
+    return TopicConfigDef(name, "", broker_name, config_type, minimum, maximum, _KEPT + doc, default, choices)
 TOPIC_CONFIGS: dict[str, TopicConfigDef] = {d.name: d for d in (
     TopicConfigDef("cleanup.policy", "", "log.cleanup.policy", CONFIG_LIST, None, None,
                    "What happens to old segments: \"delete\" (the only policy served; compaction is not)."),
@@ -89,6 +105,41 @@ TOPIC_CONFIGS: dict[str, TopicConfigDef] = {d.name: d for d in (
                    "A sealed segment is deleted once its newest record is this old (-1: never)."),
     TopicConfigDef("segment.bytes", "segment_bytes", "log.segment.bytes", CONFIG_INT, 1024, _I32,
                    "Size at which a partition's log rolls to a new segment."),
+    _kept("compression.type", "compression.type", CONFIG_STRING, "producer",
+          "batches are stored as the producer compressed them (\"producer\").",
+          choices=("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer")),
+    _kept("delete.retention.ms", "log.cleaner.delete.retention.ms", CONFIG_LONG, "86400000",
+          "tombstone retention of compacted topics (no compaction here).", 0, _I64),
+    _kept("file.delete.delay.ms", "log.segment.delete.delay.ms", CONFIG_LONG, "60000",
+          "segments are deleted at once.", 0, _I64),
+    _kept("flush.messages", "log.flush.interval.messages", CONFIG_LONG, str(_I64),
+          "every append is fsync'd before it is answered.", 1, _I64),
+    _kept("flush.ms", "log.flush.interval.ms", CONFIG_LONG, str(_I64),
+          "every append is fsync'd before it is answered.", 0, _I64),
+    _kept("index.interval.bytes", "log.index.interval.bytes", CONFIG_INT, "4096",
+          "every batch is indexed.", 0, _I32),
+    _kept("max.compaction.lag.ms", "log.cleaner.max.compaction.lag.ms", CONFIG_LONG, str(_I64),
+          "no compaction here.", 1, _I64),
+    _kept("message.timestamp.type", "log.message.timestamp.type", CONFIG_STRING, "CreateTime",
+          "records keep the producer's timestamps (CreateTime).", choices=("CreateTime", "LogAppendTime")),
+    _kept("message.timestamp.difference.max.ms", "log.message.timestamp.difference.max.ms", CONFIG_LONG,
+          str(_I64), "timestamps are not checked against the broker's clock.", 0, _I64),
+    _kept("min.cleanable.dirty.ratio", "log.cleaner.min.cleanable.ratio", CONFIG_DOUBLE, "0.5",
+          "no compaction here."),
+    _kept("min.compaction.lag.ms", "log.cleaner.min.compaction.lag.ms", CONFIG_LONG, "0",
+          "no compaction here.", 0, _I64),
+    _kept("min.insync.replicas", "min.insync.replicas", CONFIG_INT, "1",
+          "a partition has one replica; more than 1 could never be met, and is refused.", 1, 1),
+    _kept("preallocate", "log.preallocate", CONFIG_BOOLEAN, "false", "segments are not preallocated."),
+    _kept("segment.index.bytes", "log.index.size.max.bytes", CONFIG_INT, "10485760",
+          "the index grows with the segment.", 4, _I32),
+    _kept("segment.jitter.ms", "log.roll.jitter.ms", CONFIG_LONG, "0", "segments roll by size.", 0, _I64),
+    _kept("segment.ms", "log.roll.ms", CONFIG_LONG, "604800000", "segments roll by size (segment.bytes).", 1,
+          _I64),
+    _kept("unclean.leader.election.enable", "unclean.leader.election.enable", CONFIG_BOOLEAN, "false",
+          "a partition has one replica and one leader."),
+    _kept("message.downconversion.enable", "log.message.downconversion.enable", CONFIG_BOOLEAN, "true",
+          "record batches are served as stored (v2)."),
 )}
 _INTEGER = re.compile(r"^[+-]?\d{1,20}$")
 
@@ -115,6 +166,25 @@ def parse_topic_configs(pairs: Any) -> dict[str, str]:
             if policies != ["delete"]:
                 raise TopicAdminError(INVALID_CONFIG, f"cleanup.policy={value[:100]!r}: only \"delete\" is served")
             out[name] = "delete"
+            continue
+        if d.config_type == CONFIG_BOOLEAN:
+            if value.lower() not in ("true", "false"):
+                raise TopicAdminError(INVALID_CONFIG, f"{name}={value[:100]!r} is not true or false")
+            out[name] = value.lower()
+            continue
+        if d.config_type == CONFIG_STRING:
+            if d.choices and value not in d.choices:
+                raise TopicAdminError(INVALID_CONFIG, f"{name}={value[:100]!r} is not one of {', '.join(d.choices)}")
+            out[name] = value
+            continue
+        if d.config_type == CONFIG_DOUBLE:
+            try:
+                x = float(value)
+            except ValueError:
+                x = float("nan")
+            if not 0.0 <= x <= 1.0:
+                raise TopicAdminError(INVALID_CONFIG, f"{name}={value[:100]!r} is not a number in [0, 1]")
+            out[name] = repr(x)
             continue
         if not _INTEGER.match(value):
             raise TopicAdminError(INVALID_CONFIG, f"{name}={value[:100]!r} is not an integer")
@@ -300,7 +370,7 @@ class Storage:
         """The broker's value of topic config ``name`` (what a topic without its own value has)."""
         d = TOPIC_CONFIGS[name]
         if not d.option:
-            return "delete"
+            return "delete" if d.default is None else d.default
         v = self.partition_options.get(d.option, _PARTITION_DEFAULTS.get(d.option))
         return "-1" if v is None else str(int(v))
 

@@ -69,7 +69,10 @@ def test_create_topics_answers_each_topic(broker):
                  topic(f"asg-and-n-{x}", 2, assignments=[(0, [1])]),
                  topic(f"cfg-null-{x}", configs=[("retention.ms", None)]),
                  topic(f"cfg-abc-{x}", configs=[("retention.ms", "abc")]),
-                 topic(f"cfg-unknown-{x}", configs=[("compression.type", "zstd")]),
+                 topic(f"cfg-unknown-{x}", configs=[("compression.typo", "zstd")]),
+                 topic(f"cfg-kept-{x}", configs=[("compression.type", "zstd"), ("delete.retention.ms", "900")]),
+                 topic(f"cfg-badkept-{x}", configs=[("compression.type", "brotli")]),
+                 topic(f"cfg-isr-{x}", configs=[("min.insync.replicas", "2")]),
                  topic(f"cfg-compact-{x}", configs=[("cleanup.policy", "compact")]),
                  topic("__transaction_state"))
     assert codes(got) == {
@@ -81,6 +84,7 @@ def test_create_topics_answers_each_topic(broker):
         f"asg-two-{x}": INVALID_REPLICA_ASSIGNMENT, f"asg-gap-{x}": INVALID_REPLICA_ASSIGNMENT,
         f"asg-and-n-{x}": int(Errors.INVALID_REQUEST), f"cfg-null-{x}": INVALID_CONFIG,
         f"cfg-abc-{x}": INVALID_CONFIG, f"cfg-unknown-{x}": INVALID_CONFIG, f"cfg-compact-{x}": INVALID_CONFIG,
+        f"cfg-kept-{x}": 0, f"cfg-badkept-{x}": INVALID_CONFIG, f"cfg-isr-{x}": INVALID_CONFIG,
         "__transaction_state": int(Errors.INVALID_TOPIC_EXCEPTION)}
     assert all(r.error_message for r in got.values() if int(r.error_code))
     assert "internal" in got["__transaction_state"].error_message
@@ -184,7 +188,9 @@ def test_describe_configs_resources(broker):
         int(Errors.INVALID_REQUEST), int(Errors.INVALID_REQUEST), int(Errors.INVALID_REQUEST), 0]
     assert all(r.error_message for r in got if int(r.error_code))
     full = {c.name: c for c in got[0].configs}
-    assert set(full) == {"cleanup.policy", "max.message.bytes", "retention.bytes", "retention.ms", "segment.bytes"}
+    assert {"cleanup.policy", "max.message.bytes", "retention.bytes", "retention.ms", "segment.bytes",
+            "compression.type", "delete.retention.ms", "min.insync.replicas"} <= set(full)
+    assert "not applied" in full["compression.type"].documentation and full["compression.type"].value == "producer"
     rb = full["retention.bytes"]
     assert (rb.value, int(rb.config_source), rb.read_only, int(rb.config_type)) == ("5000", 1, False, 5)
     assert [(s.name, s.value, int(s.source)) for s in rb.synonyms] == [

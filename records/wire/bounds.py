@@ -32,10 +32,12 @@ class FrameBoundsError(ValueError):
 
 
 class _Cursor:
-    __slots__ = ("data", "pos", "end")
+    __slots__ = ("data", "pos", "end", "edits")
 
-    def __init__(self, data: bytes | memoryview, pos: int, end: int | None = None) -> None:
+    def __init__(self, data: bytes | memoryview, pos: int, end: int | None = None,
+                 edits: list | None = None) -> None:
         self.data, self.pos, self.end = data, pos, len(data) if end is None else end
+        self.edits = edits  # (start, end, replacement) of tagged sections holding tags the schema does not know
 
     def left(self) -> int:
         return self.end - self.pos
@@ -124,19 +126,37 @@ def _plan(cls: type) -> tuple[tuple[_Field, ...], bool, dict[int, _Field]]:
     return tuple(out), bool(getattr(cls, "__flexible__", False)), tagged
 
 
+def _uvarint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
 def _tagged(cur: _Cursor, where: str, known: dict[int, _Field] | None = None, depth: int = 0) -> None:
+    section = cur.pos
     count = cur.uvarint(f"{where} tagged field count")
     if count > cur.left():
         raise FrameBoundsError(f"{where}: {count} tagged fields but only {cur.left()} bytes left")
+    kept: list[tuple[int, int]] = []  # (start, end) of the entries of known tags
     for _ in range(count):
+        entry = cur.pos
         tag = cur.uvarint(f"{where} tag")
         size = cur.uvarint(f"{where} tagged field size")
         start = cur.pos
         cur.skip(size, f"{where} tagged field")
         field = (known or {}).get(tag)
         if field is not None:
+            kept.append((entry, cur.pos))
             # kio decodes a known tag's value: its lengths must fit inside the tagged field.
+            # Unknown tags nested in a known one are not removed (its size would change): kio refuses them.
             _field(_Cursor(cur.data, start, start + size), field, True, f"{where}.{field.name}", depth)
+    if len(kept) != count and cur.edits is not None:
+        # Tags this version's schema does not know: skipped, as Kafka does (KIP-482: a newer client may send
+        # fields an older broker ignores); kio's reader would refuse the whole request.
+        cur.edits.append((section, cur.pos, _uvarint(len(kept)) + b"".join(bytes(cur.data[a:b]) for a, b in kept)))
 
 
 def _length(cur: _Cursor, flexible: bool, kind: str, where: str) -> int:
@@ -188,15 +208,30 @@ def _entity(cur: _Cursor, cls: type, where: str, depth: int = 0) -> None:
         _tagged(cur, where, tagged, depth)
 
 
-def check_request(frame: bytes | memoryview, header_cls: type, body_cls: type) -> int:
+def without_unknown_tags(frame: bytes, edits: list[tuple[int, int, bytes]]) -> bytes:
+    """``frame`` with the tagged sections ``check_request`` listed in ``edits`` rewritten without their unknown
+    tags (sections never overlap: those inside a tagged field are not listed)."""
+    out, pos = bytearray(), 0
+    for start, end, replacement in sorted(edits):
+        out += frame[pos:start]
+        out += replacement
+        pos = end
+    out += frame[pos:]
+    return bytes(out)
+
+
+def check_request(frame: bytes | memoryview, header_cls: type, body_cls: type,
+                  edits: list[tuple[int, int, bytes]] | None = None) -> int:
     """Raise FrameBoundsError unless every length in the request frame fits in it.
 
-    Returns the offset where the body ends (the frame's length, for a well-formed one).
+    Returns the offset where the body ends (the frame's length, for a well-formed one).  With ``edits`` (a
+    list), the tagged sections that hold tags the schema does not know are added to it
+    (``without_unknown_tags`` removes them).
 
     The header is checked by hand: in every header version the client id is a
     legacy (int16-prefixed) string, even when the header is flexible.
     """
-    cur = _Cursor(frame, 0)
+    cur = _Cursor(frame, 0, edits=edits)
     cur.skip(8, "request header")
     names = {f.name for f in dataclasses.fields(header_cls)}
     if "client_id" in names:

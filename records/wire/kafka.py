@@ -30,7 +30,7 @@ from kio.serial.errors import SerialError
 from kio.static.primitive import i16, i32
 
 from . import fixed
-from .bounds import FrameBoundsError, check_request
+from .bounds import FrameBoundsError, check_request, without_unknown_tags
 from .errors import Errors
 
 log = logging.getLogger(__name__)
@@ -186,11 +186,15 @@ class ApiTable:
         fast = fixed.read_request(frame, req_cls)
         if fast is not None:
             return Request(api_key, api_version, correlation_id, fast[1], fast[2], 0, raw=frame)
+        raw = frame
+        edits: list = []
         try:
-            check_request(frame, req_cls.__header_schema__, req_cls)
+            check_request(frame, req_cls.__header_schema__, req_cls, edits)
         except FrameBoundsError as e:
             raise BadRequest(api_key, api_version, correlation_id, Errors.INVALID_REQUEST,
                              f"malformed {name} v{api_version} request: {e}") from None
+        if edits:  # tagged fields this version does not know: skipped, as Kafka does (KIP-482)
+            frame = without_unknown_tags(bytes(frame), edits)
         try:
             header, off = entity_reader(req_cls.__header_schema__)(frame, 0)
         except (SerialError, ValueError, UnicodeDecodeError, KeyError) as e:  # kio: KeyError for unknown tags
@@ -205,7 +209,7 @@ class ApiTable:
         if off != len(frame) and not self.trailing_ok:
             raise BadRequest(api_key, api_version, correlation_id, Errors.INVALID_REQUEST,
                              f"{len(frame) - off} unexpected bytes after the {name} body")
-        return Request(api_key, api_version, correlation_id, header.client_id, body, len(frame) - off, raw=frame)
+        return Request(api_key, api_version, correlation_id, header.client_id, body, len(frame) - off, raw=raw)
 
     def _parse_msgpack(self, frame: bytes, api_key: int, api_version: int, correlation_id: int) -> Request:
         api = self.msgpack[api_key]

@@ -90,3 +90,29 @@ def test_first_of_each_logs_each_kind_once_and_bounds_the_kinds(caplog):
         "saw 1 (logged once; the next ones are only counted)",
         "saw 2 (logged once; the next ones are only counted)",
         "saw 3", "saw 3 (1 more like it not logged in the last 10 s)"]
+
+
+# ------------------------------------------------------------------ tagged fields the schema does not know
+def _metadata_v12(header_tags: bytes = b"\x00", topic_tags: bytes = b"\x00", body_tags: bytes = b"\x00") -> bytes:
+    """Metadata v12 for topic "x" by hand: header v2 (its tagged section), one topic (its tagged section),
+    allow_auto_topic_creation, include_topic_authorized_operations, the body's tagged section."""
+    return (struct.pack(">hhih", METADATA, 12, 7, 1) + b"t" + header_tags + b"\x02" + bytes(16) + b"\x02x"
+            + topic_tags + b"\x01\x00" + body_tags)
+
+
+@pytest.mark.parametrize("where", ["header", "topic", "body"])
+def test_unknown_tagged_fields_are_skipped_as_kafka_does(where):
+    """KIP-482: a tag the version's schema does not know is skipped (a newer client may send one; librdkafka
+    2.1 does in Metadata v9+), not refused; the request reads as it would without it."""
+    unknown = b"\x02" + b"\x00\x03abc" + b"\x1f\x00"  # two tags: 0 (3 bytes) and 31 (empty)
+    frame = _metadata_v12(**{f"{where}_tags": unknown})
+    plain = TABLE.parse(_metadata_v12())
+    req = TABLE.parse(frame)
+    assert req.body == plain.body and req.client_id == "t" and req.correlation_id == 7
+    assert req.raw == frame  # what a follower would forward is what arrived
+
+
+def test_an_unknown_tag_running_past_the_frame_is_still_refused():
+    with pytest.raises(kafka.BadRequest) as ei:
+        TABLE.parse(_metadata_v12(body_tags=b"\x01\x00\x09abc"))
+    assert ei.value.code == Errors.INVALID_REQUEST

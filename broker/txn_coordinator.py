@@ -86,9 +86,10 @@ class TxnCoordinator:
         self._known: OrderedDict[int, _Known] = OrderedDict()  # producer id -> its transactions, as last answered
         # Completions of one id run one at a time: striped locks (an id always maps to the same one).
         self._locks = [asyncio.Lock() for _ in range(LOCK_STRIPES)]
+        self._completing: dict[str, asyncio.Task] = {}  # id -> the completion EndTxn left running
         self.counters = {"txn_committed": 0, "txn_aborted": 0, "txn_timed_out": 0, "txn_markers": 0,
                          "txn_completions_deferred": 0, "txn_verify_round_trips": 0, "txn_steps_refused": 0,
-                         "txn_sequence_reads": 0}
+                         "txn_sequence_reads": 0, "txn_waits_for_completion": 0}
 
     # ------------------------------------------------------------ quorum calls
     async def _txn(self, op: str, transactional_id: str = "", producer_id: int = -1, producer_epoch: int = -1,
@@ -110,6 +111,7 @@ class TxnCoordinator:
     async def add_partitions(self, tid: str, pid: int, epoch: int, partitions: list[tuple[str, int]]) -> None:
         """AddPartitionsToTxn: the partitions join the producer's transaction (the next one begins if none is
         open)."""
+        await self.settled(tid)
         txn = await self._client_step("add", tid, pid, epoch, [[self.broker_id, t, p] for t, p in partitions])
         self._remember(pid, txn)
 
@@ -179,35 +181,62 @@ class TxnCoordinator:
         transaction (PRODUCER_FENCED etc. for a producer that is not the id's current one)."""
         if self._added(tid, pid, epoch, topic, partition):
             return
+        await self.settled(tid)
         self.counters["txn_verify_round_trips"] += 1
         txn = await self._txn("verify", tid, pid, epoch, [[self.broker_id, topic, partition]])
         self._remember(pid, txn)
 
     async def end(self, tid: str, pid: int, epoch: int, commit: bool) -> None:
-        """EndTxn: decided in the quorum, then completed (markers) before the answer where it can be.
+        """EndTxn: answered once the outcome is decided in the quorum (PrepareCommit or PrepareAbort committed
+        there, replicated and fsync'd on a majority); the markers and the completion follow, off the client's
+        path, as Kafka's coordinator does (docs/transactions.md, "A transaction's end").
 
         The prepare is committed under the id's completion lock, and its answer (the transaction as the
-        leader applied it) is what the markers are written from: no other completion of the id can run
-        between the two, so there is nothing to re-read (one round trip fewer than ``complete``)."""
-        async with self._lock_of(tid):
+        leader applied it) is what the markers are written from, by a task that takes the lock again: no
+        re-read.  A completion of the id that gets the lock in between (the sweeper's, a retried EndTxn's)
+        completes it first; this one's markers are then not written (``_still_current``) and its completion
+        names a transaction already complete (a no-op in the quorum).  The id's next
+        step on this broker (an add, a KIP-890 check, InitProducerId) waits for that completion first
+        (``settled``): the quorum would refuse it until the transaction is complete."""
+        await self.settled(tid)
+        lock = self._lock_of(tid)
+        async with lock:
             txn = await self._client_step("commit" if commit else "abort", tid, pid, epoch)
             self._ended(txn)
             if txn["state"] in ("CompleteCommit", "CompleteAbort"):
                 return  # a retry of an EndTxn that was completed
+            task = asyncio.get_running_loop().create_task(self._finish(tid, txn, lock))
+            self._completing[tid] = task
+            task.add_done_callback(lambda t: self._completing.get(tid) is t and self._completing.pop(tid))
+
+    async def _finish(self, tid: str, txn: dict, lock: asyncio.Lock) -> None:
+        """The markers and the completion of ``txn``, which EndTxn has answered decided."""
+        async with lock:
             try:
                 await self._complete_locked(tid, txn)
             except (PidQuorumError, OSError) as e:
                 # Decided: the sweeper completes it.  The client's next step is answered
                 # CONCURRENT_TRANSACTIONS until then (retriable).
                 self.counters["txn_completions_deferred"] += 1
-                log.warning("transaction of %r (producer %d) is %s; completing it later: %s", tid[:200], pid,
-                            txn["state"], e)
+                log.warning("transaction of %r (producer %d) is %s; completing it later: %s", tid[:200],
+                            txn["producer_id"], txn["state"], e)
+            except Exception:  # noqa: BLE001 - a task nobody awaits: log; the sweeper completes it
+                self.counters["txn_completions_deferred"] += 1
+                log.exception("completing the transaction of %r failed; the sweeper completes it", tid[:200])
+
+    async def settled(self, tid: str) -> None:
+        """Wait for the completion of the id's last transaction that EndTxn answered, if it is still running."""
+        task = self._completing.get(tid)
+        if task is not None and not task.done():
+            self.counters["txn_waits_for_completion"] += 1
+            await asyncio.shield(task)
 
     async def init_producer_id(self, tid: str, timeout_ms: int, pid: int, epoch: int) -> tuple[int, int]:
         """InitProducerId for a transactional id: an open or prepared transaction of the id is completed
         first (aborted, fencing the producer that began it), then the epoch rules apply (the quorum's)."""
         self._inits += 1
         call = self._inits  # this call's number: another call may begin while this one waits
+        await self.settled(tid)
         for attempt in range(INIT_ATTEMPTS):
             broker_epoch = self._broker_epoch()
             if broker_epoch is None:
@@ -253,8 +282,13 @@ class TxnCoordinator:
                                               f"written there")
         self._ended(txn)  # before any marker: a KIP-890 check must ask the quorum again
         failpoints.hit("broker.txn.prepared", tid, txn["state"])
-        for _, topic, partition in txn["partitions"]:
-            await self._write_marker(topic, partition, pid, epoch, commit, self._still_current(txn))
+        # The partitions' markers at once (each fsync'd by its own partition; independent of each other).
+        results = await asyncio.gather(*(self._write_marker(topic, partition, pid, epoch, commit,
+                                                            self._still_current(txn))
+                                         for _, topic, partition in txn["partitions"]), return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r  # not complete: the sweeper writes what is missing (a marker written twice is a no-op)
         await self._txn("complete", tid, start_time_ms=txn["start_time_ms"], sequence=txn.get("sequence", -1))
         self.counters["txn_committed" if commit else "txn_aborted"] += 1
         log.debug("transaction of %r (producer %d epoch %d, %d partitions): %s", tid[:200], pid, epoch,

@@ -111,6 +111,7 @@ def test_each_step_names_the_transaction_it_is_for(q, c):
             await c.add_partitions("tx", pid, epoch, [("t", 0)])
             await c.add_partitions("tx", pid, epoch, [("t", 1)])
             await c.end("tx", pid, epoch, commit=True)
+        await c.settled("tx")  # EndTxn answers once decided; its completion runs after the answer
     run(go())
     assert [(r.op, r.sequence) for r in q.sent] == [
         ("add", 0), ("add", 0), ("commit", 0), ("complete", 0),
@@ -143,6 +144,7 @@ def test_a_coordinator_behind_the_quorum_learns_and_the_client_retries():
     async def go():
         pid, epoch = await open_transaction(one)
         await one.end("tx", pid, epoch, commit=True)  # transaction 0, through broker 1
+        await one.settled("tx")  # its markers and completion, after the answer
         await two.add_partitions("tx", pid, epoch, [("u", 0)])  # transaction 1 began through broker 2
         with pytest.raises(ConcurrentTransactionsError, match="retry"):
             await one.end("tx", pid, epoch, commit=False)  # broker 1 names transaction 0
@@ -197,6 +199,7 @@ def test_a_coordinator_that_knows_nothing_reads_the_transaction_before_naming_on
         after = coordinator(q)  # the broker restarted: the client retries its EndTxn there
         q.sent.clear()
         await after.end("tx", pid, epoch, commit=True)
+        await after.settled("tx")
         assert [(r.op, r.sequence) for r in q.sent] == [("describe", -1), ("commit", 0), ("complete", 0)]
         assert after.counters["txn_sequence_reads"] == 1
         late = q.sent[1]

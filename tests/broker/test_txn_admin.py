@@ -75,9 +75,9 @@ def test_describe_and_list_follow_a_transaction(brokers):
     assert admin_call(b.bootstrap, "list_transactions", duration_ms=3_600_000)[0] == []
     assert admin_call(b.bootstrap, "list_transactions", duration_ms=0)[0] == rows
 
-    p.commit_transaction(30)
-    (done,) = admin_call(b.bootstrap, "describe_transactions", ["adm-tx"])
-    assert done["state"] == "CompleteCommit"
+    p.commit_transaction(30)  # answered once decided; the completion follows
+    wait_for(lambda: admin_call(b.bootstrap, "describe_transactions", ["adm-tx"])[0]["state"] == "CompleteCommit",
+             10, what="the commit to complete")
     assert admin_call(b.bootstrap, "list_transactions", ["CompleteCommit"])[0][0]["state"] == "CompleteCommit"
 
 

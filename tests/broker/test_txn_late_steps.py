@@ -15,6 +15,7 @@ import pytest
 
 from quorum.client.quorum import QuorumClient
 from records.wire.errors import InvalidTxnStateError
+from tests.conftest import wait_for
 
 from .test_transactions import PARTITIONS, end_offsets, read, send, txn_producer, values
 
@@ -38,6 +39,9 @@ def test_late_steps_of_an_ended_transaction_do_not_touch_the_next_one(cluster, b
 
     # Another coordinator (a registered broker), as a node that forwards a copy it held would.
     epoch = quorum_call(cluster, lambda q: q.register_broker(9))
+    # EndTxn is answered once decided; the markers and the completion follow
+    wait_for(lambda: quorum_call(cluster, lambda q: q.txn(9, epoch, "describe", "late-tx"))["state"]
+             == "CompleteCommit", 10, what="the commit to complete")
     done = quorum_call(cluster, lambda q: q.txn(9, epoch, "describe", "late-tx"))
     assert (done["state"], done["sequence"]) == ("CompleteCommit", 0)
     pid, pepoch = done["producer_id"], done["producer_epoch"]

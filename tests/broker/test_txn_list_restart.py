@@ -40,7 +40,7 @@ def test_a_restarted_broker_lists_ids_idle_since_before_it(brokers):
     done.commit_transaction(30)
     txn_producer(b.bootstrap, "idle-fresh-tx")  # initialized, never began a transaction
     expected = [("idle-done-tx", "CompleteCommit"), ("idle-fresh-tx", "Empty")]
-    assert pidctl_list(b.bootstrap) == expected
+    wait_for(lambda: pidctl_list(b.bootstrap) == expected, 10, what="the commit to complete")  # after the answer
 
     b.stop()
     b.start()

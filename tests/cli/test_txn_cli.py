@@ -104,9 +104,12 @@ def test_list_describe_and_describe_producers(broker, pidctl):
                                   "--partition", "1", "-o", "json").output)
     assert [(x["producer_id"], x["current_txn_start_offset"]) for x in producers] == [(pid, 0)]
 
-    p.commit_transaction(30)
-    d = json.loads(pidctl("describe", "--broker", broker.bootstrap, "--transactional-id", "ops-tx", "-o", "json").output)
-    assert d["state"] == "CompleteCommit"
+    p.commit_transaction(30)  # answered once decided (PrepareCommit); the markers and the completion follow
+
+    def state() -> str:
+        return json.loads(pidctl("describe", "--broker", broker.bootstrap, "--transactional-id", "ops-tx", "-o",
+                                 "json").output)["state"]
+    wait_for(lambda: state() == "CompleteCommit", 10, what="the commit to complete")
 
 
 def test_errors_are_one_line_with_their_exit_code(broker, pidctl):

@@ -5,6 +5,7 @@ import bisect
 import collections
 import copy
 import dataclasses
+import heapq
 import itertools
 import json
 from typing import Any
@@ -38,6 +39,7 @@ NO_EPOCH = -1
 EPOCH_EXHAUSTED = 2**15 - 2
 MAX_TRANSACTIONAL_ID_CHARS = 32767                 # a Kafka string
 EXPIRE_PER_BATCH = 64                              # expired ids removed per InitProducerId
+EXPIRE_LOOK = 4 * EXPIRE_PER_BATCH                 # idle ids one InitProducerId looks at, at most
 MAX_REQUEST_ID_CHARS = 100                         # InitTransactionalProducerRequest.request_id
 LIST_PAGE_CHARS = 1 << 20                          # list_page: about this much JSON per page at most
 LIST_ROW_CHARS = 300                               # a listed transaction's JSON besides its id and partitions
@@ -64,6 +66,12 @@ class TransactionalIdManager:
         # The live ids in order, for ``list_page``: built at its first call, then kept by replay (an id added
         # or removed), so a page costs a bisection and not a sort of every id.  Derived, never snapshotted.
         self._order: list[str] | None = None
+        # The ids by their last update, oldest first, for ``_expired``: a heap of (update_time_ms, id), built
+        # at its first use and then kept by replay.  An entry whose id has been updated or removed since is
+        # stale and is skipped (and dropped once it is on top).  A fork reads its base's and leaves it alone:
+        # the ids a fork adds or updates are not idle.  Derived, never snapshotted.
+        self._idle: list[tuple[int, str]] | None = None
+        self._idle_shared = False
 
     def get(self, transactional_id: str) -> TransactionalIdRecord | None:
         return self.entries.get(transactional_id)
@@ -75,7 +83,32 @@ class TransactionalIdManager:
         return sum(1 for v in self.entries.values() if v is not None)
 
     def fork(self) -> "TransactionalIdManager":
-        return TransactionalIdManager(collections.ChainMap({}, self.entries), collections.ChainMap({}, self.txns))
+        out = TransactionalIdManager(collections.ChainMap({}, self.entries), collections.ChainMap({}, self.txns))
+        out._idle, out._idle_shared = self._idle_heap(), True
+        return out
+
+    def _idle_heap(self) -> list[tuple[int, str]]:
+        if self._idle is None:
+            self._idle = [(rec.update_time_ms, tid) for tid, rec in self.entries.items() if rec is not None]
+            heapq.heapify(self._idle)
+        return self._idle
+
+    def _note_update(self, rec: TransactionalIdRecord | None, tid: str) -> None:
+        """Keep the idle heap (of this manager, not a fork's base) after ``tid`` became ``rec``."""
+        if self._idle is None or self._idle_shared:
+            return
+        if rec is not None:
+            heapq.heappush(self._idle, (rec.update_time_ms, tid))
+        heap = self._idle
+        while heap and self._stale(heap[0]):
+            heapq.heappop(heap)
+        if len(heap) > 2 * len(self.entries) + 1024:  # stale entries deeper down: rebuild
+            self._idle = None
+            self._idle_heap()
+
+    def _stale(self, item: tuple[int, str]) -> bool:
+        rec = self.entries.get(item[1])
+        return rec is None or rec.update_time_ms != item[0]
 
     def live(self) -> dict[str, TransactionalIdRecord]:
         return {k: v for k, v in self.entries.items() if v is not None}
@@ -369,16 +402,31 @@ class TransactionalIdManager:
         return out
 
     def _expired(self, now_ms: int, settings: TxnSettings, keep: str) -> list[Record]:
-        """Removal records for up to EXPIRE_PER_BATCH other ids idle past expiration."""
+        """Removal records for up to EXPIRE_PER_BATCH other ids idle past expiration, oldest first; at most
+        EXPIRE_LOOK ids are looked at (those with an open transaction are kept, as in Kafka), so one
+        InitProducerId costs the same however many ids exist."""
         out: list[Record] = []
-        for tid, rec in self.entries.items():
-            if len(out) >= EXPIRE_PER_BATCH:
+        heap, cutoff = self._idle_heap(), now_ms - settings.expiration_ms
+        # The heap's smallest entries in order without popping (a fork must not change its base's heap):
+        # a best-first walk of the heap's tree.
+        todo = [(heap[0], 0)] if heap else []
+        looked, seen = 0, set()  # an id may be in the heap twice with the same time
+        while todo and len(out) < EXPIRE_PER_BATCH and looked < EXPIRE_LOOK:
+            (t, tid), i = heapq.heappop(todo)
+            if t >= cutoff:
                 break
+            for child in (2 * i + 1, 2 * i + 2):
+                if child < len(heap):
+                    heapq.heappush(todo, (heap[child], child))
+            if tid in seen or self._stale((t, tid)):
+                continue
+            seen.add(tid)
+            looked += 1
             txn = self.txn(tid)
             if txn is not None and txn.state in (ONGOING, PREPARE_COMMIT, PREPARE_ABORT):
                 continue  # an open transaction keeps its id, as in Kafka
-            if rec is not None and tid != keep and now_ms - rec.update_time_ms > settings.expiration_ms:
-                out.append(RemoveTransactionalIdRecord(transactional_id=tid, producer_id=rec.producer_id,
+            if tid != keep:
+                out.append(RemoveTransactionalIdRecord(transactional_id=tid, producer_id=self.entries[tid].producer_id,
                                                        timestamp_ms=now_ms))
         return out
 
@@ -397,6 +445,7 @@ class TransactionalIdManager:
                     f"transactional id {rec.transactional_id!r}: producer {rec.producer_id} epoch "
                     f"{rec.producer_epoch} does not move past producer {cur.producer_id} epoch {cur.producer_epoch}")
             self.entries[rec.transactional_id] = rec
+            self._note_update(rec, rec.transactional_id)
             if cur is None and self._order is not None:
                 bisect.insort(self._order, rec.transactional_id)
         elif isinstance(rec, RemoveTransactionalIdRecord):
@@ -409,6 +458,7 @@ class TransactionalIdManager:
                     table[rec.transactional_id] = None
                 else:
                     table.pop(rec.transactional_id, None)
+            self._note_update(None, rec.transactional_id)
             if self._order is not None:
                 del self._order[bisect.bisect_left(self._order, rec.transactional_id)]
         elif isinstance(rec, TransactionStateRecord):

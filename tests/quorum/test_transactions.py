@@ -221,3 +221,69 @@ def test_snapshot_round_trip_keeps_transactional_ids(state):
     assert back.transactions == state.transactions
     assert back.transactions.get("tx").producer_epoch == 1
     assert back.summary()["transactional_ids"] == 2
+
+
+def test_expiry_takes_the_oldest_idle_ids_first_and_at_most_a_batch(state):
+    from quorum.managers.transactions import EXPIRE_PER_BATCH
+    settings = TxnSettings(expiration_ms=DAY)
+    n = EXPIRE_PER_BATCH + 10
+    for i in range(n):
+        init(state, tid=f"old-{i:03}", now=NOW + i, settings=settings)
+    init(state, tid="old-000", pid=state.transactions.get("old-000").producer_id, epoch=0, now=NOW + n,
+         settings=settings)  # a bump: old-000 is now the newest
+    res = init(state, tid="fresh", now=NOW + DAY + n, settings=settings)
+    removed = [r.transactional_id for r in res.records if isinstance(r, RemoveTransactionalIdRecord)]
+    assert removed == [f"old-{i:03}" for i in range(1, EXPIRE_PER_BATCH + 1)]
+    res = init(state, tid="fresh-2", now=NOW + DAY + n, settings=settings)
+    removed = [r.transactional_id for r in res.records if isinstance(r, RemoveTransactionalIdRecord)]
+    assert removed == [f"old-{i:03}" for i in range(EXPIRE_PER_BATCH + 1, n)]  # old-000 is not idle long enough
+
+
+def test_expiry_of_an_id_created_again_in_the_same_millisecond_is_one_removal(state):
+    settings = TxnSettings(expiration_ms=DAY)
+    init(state, tid="a", settings=settings)
+    init(state, tid="b", now=NOW + DAY + 1, settings=settings)  # removes a
+    assert state.transactions.get("a") is None
+    init(state, tid="a", settings=settings)  # the same update time as the entry removed
+    res = init(state, tid="c", now=NOW + 3 * DAY, settings=settings)
+    removed = [r.transactional_id for r in res.records if isinstance(r, RemoveTransactionalIdRecord)]
+    assert sorted(removed) == ["a", "b"]
+    assert state.transactions.get("a") is None and state.transactions.get("c") is not None
+
+
+def test_a_fork_expires_from_its_base_without_changing_it(state):
+    settings = TxnSettings(expiration_ms=DAY)
+    for i in range(3):
+        init(state, tid=f"old-{i}", settings=settings)
+    scratch = state.fork()
+    # the fork updates old-0 (no longer idle there) and expires the others, twice over: the second init
+    # finds them removed in the fork
+    init(scratch, tid="old-0", pid=state.transactions.get("old-0").producer_id, epoch=0, now=NOW + DAY + 5,
+         settings=settings)
+    assert scratch.transactions.get("old-1") is None and scratch.transactions.get("old-0") is not None
+    res = init(scratch, tid="x", now=NOW + DAY + 6, settings=settings)
+    assert not any(isinstance(r, RemoveTransactionalIdRecord) for r in res.records)
+    assert all(state.transactions.get(f"old-{i}") is not None for i in range(3))
+    res = init(state, tid="y", now=NOW + DAY + 6, settings=settings)
+    removed = sorted(r.transactional_id for r in res.records if isinstance(r, RemoveTransactionalIdRecord))
+    assert removed == ["old-0", "old-1", "old-2"]
+
+
+def test_expiry_looks_at_a_bounded_number_of_ids_however_many_exist(state, monkeypatch):
+    from quorum.managers import transactions as mod
+    settings = TxnSettings(expiration_ms=DAY)
+    for i in range(2000):
+        init(state, tid=f"id-{i}", now=NOW + DAY // 2, settings=settings)
+    looked = []
+    real = mod.TransactionalIdManager.txn
+
+    def counting(self, tid):
+        looked.append(tid)
+        return real(self, tid)
+    monkeypatch.setattr(mod.TransactionalIdManager, "txn", counting)
+    init(state, tid="new", now=NOW + DAY, settings=settings)  # nothing is idle long enough
+    assert len(looked) <= 2
+    looked.clear()
+    res = init(state, tid="newer", now=NOW + 2 * DAY, settings=settings)  # every one is
+    assert sum(isinstance(r, RemoveTransactionalIdRecord) for r in res.records) == mod.EXPIRE_PER_BATCH
+    assert len(looked) <= mod.EXPIRE_LOOK + 2

@@ -28,15 +28,17 @@ from .txn_producers import (
     FLUSH_TIMEOUT_S,
     MESSAGES,
     PARTITIONS,
+    ROUNDS,
     WARMUP_UNITS,
     IdempotentLoop,
     TxnLoop,
+    alternate,
+    over_idempotent,
 )
 from .txn_producers import value  # noqa: F401 - tests/benchmarks read it here
 from .txn_readback import SETTLE_TIMEOUT_S, check_topic
 from .txn_readback import exactly_once  # noqa: F401 - tests/benchmarks read it here
 
-ROUNDS = "TIIT"               # steady phase: the order of the transactional and idempotent rounds
 PRODUCER_CONF: dict = {}        # librdkafka's defaults (linger.ms 5, acks all, transaction.timeout.ms 60000)
 KEPT_LINES = 300              # librdkafka log lines kept in the JSON
 
@@ -95,22 +97,14 @@ def phase_steady(a, rig: Rig) -> dict:
     log(f"steady: warm-up ({WARMUP_UNITS} units each)")
     tx.warm_up()
     idem.warm_up()
-    round_s = a.duration * 2 / len(ROUNDS)
-    for k, which in enumerate(ROUNDS):
-        log(f"steady: round {k + 1}/{len(ROUNDS)}: {'transactional' if which == 'T' else 'idempotent'}, "
-            f"{round_s:g} s")
-        (tx if which == "T" else idem).run_until(time.perf_counter() + round_s)
+    round_s = alternate(tx, idem, a.duration, "steady", log)
     tx.close()
     idem.producer.flush(FLUSH_TIMEOUT_S)
     t, i = tx.result(), idem.result()
     log("steady: reading both topics back")
     t["check"] = check_topic(bootstrap, tx.topic, {n: r["outcome"] for n, r in tx.outcomes.items()})
     i["check"] = check_topic(bootstrap, idem.topic, {n: "committed" for n in idem.flushed_units})
-    ratio = {"per_s": (t["transactions_per_s"] / i["units_per_s"]) if t["transactions_per_s"] and i["units_per_s"]
-             else None}
-    for q in ("p50_ms", "p99_ms", "max_ms"):
-        a_, b_ = t["commit"][q], i["flush"][q]
-        ratio[f"latency_{q}"] = a_ / b_ if a_ is not None and b_ else None
+    ratio = over_idempotent(t, i)
     return {"duration_s": a.duration, "rounds": ROUNDS, "round_s": round_s, "transactional": t, "idempotent": i,
             "ratio_transactional_over_idempotent": ratio, "producer_conf": conf,
             "librdkafka_log": tx.lines.lines[-KEPT_LINES:]}

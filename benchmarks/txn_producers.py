@@ -1,7 +1,8 @@
 """The producers of the transactions benchmark (confluent-kafka, librdkafka's defaults), run unit by unit
-(a unit: MESSAGES messages, message i to partition i % PARTITIONS): a transactional producer whose every
-transaction's outcome is recorded (committed, aborted, abandoned, unknown), replaced by a new one of the
-same transactional.id after a fatal error, and an idempotent producer flushing each unit."""
+(a unit: ``messages`` messages, message i to partition i % ``partitions``; MESSAGES and PARTITIONS unless
+the phase says otherwise): a transactional producer whose every transaction's outcome is recorded
+(committed, aborted, abandoned, unknown), replaced by a new one of the same transactional.id after a fatal
+error, and an idempotent producer flushing each unit."""
 from __future__ import annotations
 
 import logging
@@ -12,8 +13,9 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from .report import summarize_ms
 
-PARTITIONS = 3
-MESSAGES = 10                 # per transaction (per unit)
+PARTITIONS = 3                # per transaction (per unit), unless a phase says otherwise
+MESSAGES = 10                 # per transaction (per unit), unless a phase says otherwise
+ROUNDS = "TIIT"               # the order of the transactional and idempotent rounds of a comparison
 WARMUP_UNITS = 5              # per producer, not measured (topic creation, metadata, connections)
 INIT_TIMEOUT_S = 30.0
 COMMIT_TIMEOUT_S = 30.0       # per commit_transaction() / abort_transaction() call
@@ -75,10 +77,13 @@ class _UnitLoop:
 
 class TxnLoop(_UnitLoop):
     """One transactional producer (replaced by a new one of the same transactional.id after a fatal
-    error), one transaction of MESSAGES messages at a time; every transaction's outcome recorded."""
+    error), one transaction of ``messages`` messages over ``partitions`` partitions at a time; every
+    transaction's outcome recorded."""
 
-    def __init__(self, bootstrap: str, tid: str, topic: str, conf: dict, t0: float | None = None):
+    def __init__(self, bootstrap: str, tid: str, topic: str, conf: dict, t0: float | None = None,
+                 partitions: int = PARTITIONS, messages: int = MESSAGES):
         self.bootstrap, self.tid, self.topic, self.conf = bootstrap, tid, topic, conf
+        self.partitions, self.messages = partitions, messages
         self.t0 = time.perf_counter() if t0 is None else t0
         self.lines = _Lines(self.t0)
         self.logger = logging.Logger(f"rdkafka-{tid}")  # not registered: goes with this loop
@@ -144,8 +149,9 @@ class TxnLoop(_UnitLoop):
         try:
             p.begin_transaction()
             stage = "produce"
-            for i in range(MESSAGES):
-                p.produce(self.topic, value=value(n, i), partition=i % PARTITIONS, on_delivery=self._on_delivery)
+            for i in range(self.messages):
+                p.produce(self.topic, value=value(n, i), partition=i % self.partitions,
+                          on_delivery=self._on_delivery)
             stage = "commit_transaction"
             t_commit = time.perf_counter()
             self._commit(p, rec)
@@ -222,7 +228,7 @@ class TxnLoop(_UnitLoop):
         return {"transactional_id": self.tid, "topic": self.topic, "transactions": len(self.outcomes),
                 "outcomes": dict(by), "measured_committed": committed, "measured_wall_s": self.measured_wall_s,
                 "transactions_per_s": committed / self.measured_wall_s if self.measured_wall_s else None,
-                "messages_per_s": committed * MESSAGES / self.measured_wall_s if self.measured_wall_s else None,
+                "messages_per_s": committed * self.messages / self.measured_wall_s if self.measured_wall_s else None,
                 "commit": _latency(self.commit_s), "unit": _latency(self.unit_s),
                 "abort": _latency(self.abort_s), "init_transactions": _latency(self.init_s),
                 "longest_gap_between_commits_ms": max(gaps) * 1000 if gaps else None,
@@ -234,10 +240,13 @@ class TxnLoop(_UnitLoop):
 
 
 class IdempotentLoop(_UnitLoop):
-    """One idempotent producer: MESSAGES produce() then flush(), one unit at a time."""
+    """One idempotent producer: ``messages`` produce() over ``partitions`` partitions then flush(), one
+    unit at a time."""
 
-    def __init__(self, bootstrap: str, topic: str, conf: dict):
+    def __init__(self, bootstrap: str, topic: str, conf: dict, partitions: int = PARTITIONS,
+                 messages: int = MESSAGES):
         self.topic = topic
+        self.partitions, self.messages = partitions, messages
         self.producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, **conf})
         self.next_unit = 0
         self.flush_s: list[float] = []
@@ -255,8 +264,8 @@ class IdempotentLoop(_UnitLoop):
         n = self.next_unit
         self.next_unit += 1
         t_unit = time.perf_counter()
-        for i in range(MESSAGES):
-            self.producer.produce(self.topic, value=value(n, i), partition=i % PARTITIONS,
+        for i in range(self.messages):
+            self.producer.produce(self.topic, value=value(n, i), partition=i % self.partitions,
                                   on_delivery=self._on_delivery)
         t = time.perf_counter()
         left = self.producer.flush(FLUSH_TIMEOUT_S)
@@ -274,5 +283,26 @@ class IdempotentLoop(_UnitLoop):
         w = self.measured_wall_s
         return {"topic": self.topic, "units": self.next_unit, "measured_units": self.measured_units,
                 "measured_wall_s": w, "units_per_s": self.measured_units / w if w else None,
-                "messages_per_s": self.measured_units * MESSAGES / w if w else None,
+                "messages_per_s": self.measured_units * self.messages / w if w else None,
                 "flush": _latency(self.flush_s), "unit": _latency(self.unit_s), "errors": dict(self.errors)}
+
+
+def alternate(tx: TxnLoop, idem: IdempotentLoop, seconds: float, label: str, log) -> float:
+    """ROUNDS in turn, ``seconds`` per producer in all (``seconds * 2 / len(ROUNDS)`` a round), so that
+    both meet the same broker state; the round length."""
+    round_s = seconds * 2 / len(ROUNDS)
+    for k, which in enumerate(ROUNDS):
+        log(f"{label}: round {k + 1}/{len(ROUNDS)}: {'transactional' if which == 'T' else 'idempotent'}, "
+            f"{round_s:g} s")
+        (tx if which == "T" else idem).run_until(time.perf_counter() + round_s)
+    return round_s
+
+
+def over_idempotent(t: dict, i: dict) -> dict:
+    """Transactional over idempotent: units per s, and commit over flush latency (p50, p99, max)."""
+    ratio = {"per_s": (t["transactions_per_s"] / i["units_per_s"]) if t["transactions_per_s"] and i["units_per_s"]
+             else None}
+    for q in ("p50_ms", "p99_ms", "max_ms"):
+        a, b = t["commit"][q], i["flush"][q]
+        ratio[f"latency_{q}"] = a / b if a is not None and b else None
+    return ratio

@@ -24,33 +24,34 @@ def _consumer(bootstrap: str, committed: bool) -> KafkaConsumer:
                          isolation_level="read_committed" if committed else "read_uncommitted")
 
 
-def end_offsets(bootstrap: str, topic: str, committed: bool) -> dict[int, int]:
+def end_offsets(bootstrap: str, topic: str, committed: bool, partitions: int = PARTITIONS) -> dict[int, int]:
     """ListOffsets latest: the high watermarks, or the last stable offsets for read_committed."""
     c = _consumer(bootstrap, committed)
     try:
-        ends = c.end_offsets([KTopicPartition(topic, i) for i in range(PARTITIONS)])
+        ends = c.end_offsets([KTopicPartition(topic, i) for i in range(partitions)])
         return {tp.partition: off for tp, off in ends.items()}
     finally:
         c.close()
 
 
-def settle(bootstrap: str, topic: str, timeout: float) -> dict:
+def settle(bootstrap: str, topic: str, timeout: float, partitions: int = PARTITIONS) -> dict:
     """Wait until every partition's last stable offset equals its high watermark (no transaction left open)."""
     t0 = time.perf_counter()
     deadline = time.monotonic() + timeout
     while True:
-        hw, lso = end_offsets(bootstrap, topic, False), end_offsets(bootstrap, topic, True)
+        hw, lso = end_offsets(bootstrap, topic, False, partitions), end_offsets(bootstrap, topic, True, partitions)
         if hw == lso or time.monotonic() > deadline:
             return {"settled": hw == lso, "seconds": time.perf_counter() - t0, "high_watermarks": hw,
                     "last_stable_offsets": lso}
         time.sleep(0.2)
 
 
-def read_back(bootstrap: str, topic: str, committed: bool, timeout: float = READ_TIMEOUT_S) -> dict:
+def read_back(bootstrap: str, topic: str, committed: bool, timeout: float = READ_TIMEOUT_S,
+              partitions: int = PARTITIONS) -> dict:
     """Every data record a consumer of that isolation level sees, up to the end offsets taken at the start
     (the last stable offsets for read_committed): ``records`` [(partition, offset, value bytes)]."""
     c = _consumer(bootstrap, committed)
-    tps = [KTopicPartition(topic, i) for i in range(PARTITIONS)]
+    tps = [KTopicPartition(topic, i) for i in range(partitions)]
     records: list[tuple[int, int, bytes]] = []
     try:
         c.assign(tps)
@@ -70,8 +71,9 @@ def read_back(bootstrap: str, topic: str, committed: bool, timeout: float = READ
             "complete": all(positions[p] >= e for p, e in ends_by.items())}
 
 
-def exactly_once(records: list[tuple[int, int, bytes]], outcomes: dict[int, str]) -> dict:
-    """What a read_committed consumer saw against what the producer was told (transaction -> outcome).
+def exactly_once(records: list[tuple[int, int, bytes]], outcomes: dict[int, str], messages: int = MESSAGES) -> dict:
+    """What a read_committed consumer saw against what the producer was told (transaction -> outcome),
+    each transaction ``messages`` messages long.
 
     ``lost``: committed transactions not seen whole; ``duplicated``: (transaction, index) pairs seen more
     than once; ``aborted_visible``: aborted or abandoned transactions with any message seen; ``partial``:
@@ -91,7 +93,7 @@ def exactly_once(records: list[tuple[int, int, bytes]], outcomes: dict[int, str]
     unknown_committed, unknown_absent = [], []
     for txn, outcome in sorted(outcomes.items()):
         got = seen.get(txn, Counter())
-        whole = all(got[i] >= 1 for i in range(MESSAGES))
+        whole = all(got[i] >= 1 for i in range(messages))
         if outcome == "committed" and not whole:
             lost.append(txn)
         elif outcome in EXPECT_ABSENT and got:
@@ -123,16 +125,18 @@ def exactly_once(records: list[tuple[int, int, bytes]], outcomes: dict[int, str]
                          "foreign": foreign[:20]}}
 
 
-def check_topic(bootstrap: str, topic: str, outcomes: dict[int, str]) -> dict:
-    """Settle, then read back read_committed (and read_uncommitted, for the aborted data kept in the log)."""
-    s = settle(bootstrap, topic, SETTLE_TIMEOUT_S)
+def check_topic(bootstrap: str, topic: str, outcomes: dict[int, str], partitions: int = PARTITIONS,
+                messages: int = MESSAGES) -> dict:
+    """Settle, then read back read_committed (and read_uncommitted, for the aborted data kept in the log)
+    the ``partitions`` partitions of ``topic``, whose units are ``messages`` messages long."""
+    s = settle(bootstrap, topic, SETTLE_TIMEOUT_S, partitions)
     t = time.perf_counter()
-    committed = read_back(bootstrap, topic, True)
-    out = exactly_once(committed["records"], outcomes)
+    committed = read_back(bootstrap, topic, True, partitions=partitions)
+    out = exactly_once(committed["records"], outcomes, messages)
     out["read_s"] = time.perf_counter() - t
     out["read_complete"] = committed["complete"]
     out["settle"] = s
-    uncommitted = read_back(bootstrap, topic, False)
+    uncommitted = read_back(bootstrap, topic, False, partitions=partitions)
     out["read_uncommitted_records"] = len(uncommitted["records"])
     out["read_uncommitted_complete"] = uncommitted["complete"]
     return out

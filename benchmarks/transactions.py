@@ -5,7 +5,11 @@ checks: docs/benchmarks.md ("Transactions with librdkafka").
 
     pidctl bench transactions [--quick] [--duration 20] [--kill-every 5] [--restart-after 1]
                               [--out bench-results] [--json PATH] [-o table|json]
-                              [--phases steady,leader_kill] [--keep]
+                              [--phases steady,leader_kill,sweep] [--sweep-seconds 4]
+                              [--sweep-cells 1x1,1x10,...] [--keep]
+
+The targets of the run (benchmarks/txn_targets.py) are printed at the end beside Kafka's and Redpanda's
+published figures.
 """
 from __future__ import annotations
 
@@ -38,6 +42,9 @@ from .txn_producers import (
 from .txn_producers import value  # noqa: F401 - tests/benchmarks read it here
 from .txn_readback import SETTLE_TIMEOUT_S, check_topic
 from .txn_readback import exactly_once  # noqa: F401 - tests/benchmarks read it here
+from .txn_sweep import DEFAULT_CELLS, parse_cells, phase_sweep, print_sweep
+from .txn_sweep import checks as sweep_checks
+from .txn_targets import evaluate, print_targets
 
 PRODUCER_CONF: dict = {}        # librdkafka's defaults (linger.ms 5, acks all, transaction.timeout.ms 60000)
 KEPT_LINES = 300              # librdkafka log lines kept in the JSON
@@ -184,6 +191,8 @@ def checks(res: dict) -> list[str]:
             if not x["check"]["settle"]["settled"] or not x["check"]["read_complete"]:
                 out.append(f"steady {label}: topic not read to its end (settled {x['check']['settle']['settled']}, "
                            f"read complete {x['check']['read_complete']})")
+    if res["phases"].get("sweep"):
+        out += sweep_checks(res["phases"]["sweep"])
     k = res["phases"].get("leader_kill")
     if k:
         c = k["check"]
@@ -289,6 +298,9 @@ def print_results(res: dict) -> None:
         else:
             print(f"  exactly-once: OK (lost 0, duplicated 0; {c['committed']} committed transactions seen whole "
                   f"and once, none of {o.get('aborted', 0) + o.get('abandoned', 0)} aborted seen)")
+    if res["phases"].get("sweep"):
+        print_sweep(res["phases"]["sweep"])
+    print_targets(res.get("targets") or evaluate(res))
     print()
     print_footer(res)
 
@@ -300,7 +312,12 @@ def parse_args(argv=None, prog: str | None = None):
                     help="seconds of each producer in the steady phase, and of the leader-kill run (20; quick 5)")
     ap.add_argument("--kill-every", type=float, default=5.0, help="seconds between leader kills")
     ap.add_argument("--restart-after", type=float, default=1.0, help="seconds from a kill to the node's restart")
-    ap.add_argument("--phases", default="steady,leader_kill", help="comma-separated: steady, leader_kill")
+    ap.add_argument("--phases", default="steady,leader_kill",
+                    help="comma-separated: steady, leader_kill, sweep (sweep is not run unless named)")
+    ap.add_argument("--sweep-seconds", type=float, default=None,
+                    help="seconds of each producer in each sweep cell (4; quick 1.5)")
+    ap.add_argument("--sweep-cells", default=DEFAULT_CELLS,
+                    help="the sweep's cells, PARTITIONSxMESSAGES per transaction, comma-separated")
     ap.add_argument("--out", default="bench-results", help="directory of the JSON (and of the logs of a failed run)")
     ap.add_argument("--json", default=None, help="where to write the results (default OUT/transactions.json)")
     ap.add_argument("-o", "--output", choices=("table", "json"), default="table",
@@ -311,15 +328,26 @@ def parse_args(argv=None, prog: str | None = None):
     a = ap.parse_args(argv)
     if a.duration is None:
         a.duration = 5.0 if a.quick else 20.0
+    if a.sweep_seconds is None:
+        a.sweep_seconds = 1.5 if a.quick else 4.0
+    try:
+        a.sweep_cells = parse_cells(a.sweep_cells)
+    except ValueError as e:
+        ap.error(f"--sweep-cells: {e}")
     if a.json is None:
         a.json = os.path.join(a.out, "transactions.json")
     a.phases = phase_list(ap, a.phases, PHASES, require=True)
-    if a.duration <= 0 or a.kill_every <= 0 or a.restart_after < 0:
-        ap.error("--duration and --kill-every must be > 0, --restart-after >= 0")
+    if a.duration <= 0 or a.kill_every <= 0 or a.restart_after < 0 or a.sweep_seconds <= 0:
+        ap.error("--duration, --kill-every and --sweep-seconds must be > 0, --restart-after >= 0")
     return a
 
 
-PHASES = {"steady": phase_steady, "leader_kill": phase_leader_kill}
+def _phase_sweep(a, rig: Rig) -> dict:
+    return phase_sweep(a, rig.need().bootstrap, PRODUCER_CONF)
+
+
+# The init_burst phase (benchmarks/txn_init_burst.py) joins here; the targets table reads its figures.
+PHASES = {"steady": phase_steady, "leader_kill": phase_leader_kill, "sweep": _phase_sweep}
 
 
 def main(argv=None, prog: str | None = None) -> int:
@@ -332,6 +360,7 @@ def main(argv=None, prog: str | None = None) -> int:
     rig = Rig()
 
     def all_checks(r: dict) -> list[str]:
+        r["targets"] = evaluate(r)
         found = checks(r)
         if any(c.startswith("FAIL") for c in found):
             r["evidence"] = rig.keep_logs(os.path.join(a.out, "transactions-logs"))

@@ -163,7 +163,9 @@ class BrokerServer(KafkaListener):
                 "read_ahead_bytes": sum(r.held for r in self._connections.values()),
                 "pid_manager": self.pids.stats() if self.pids is not None else None,
                 "producer_state": self.storage.producer_stats(),
-                "quota": self.quota_stats()}
+                "quota": self.quota_stats(),
+                "txn_steps": {k: {"count": n, "seconds": sec} for k, (n, sec) in self.txn.step_times.items()}
+                if self.txn is not None else {}}
 
     def _partition_exists(self, topic: str, partition: int) -> bool:
         info = self.storage.topic(topic)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, SummaryMetricFamily
 
 BROKER_METRICS = {
     "pidquorum_broker": "This broker's identity (broker_id, listener).",
@@ -39,6 +39,12 @@ BROKER_METRICS = {
     "pidquorum_broker_txn_offsets_refused":
         "TxnOffsetCommits refused because their transaction ended while they were checked.",
     "pidquorum_broker_init_producer_id_requests": "InitProducerId requests.",
+    "pidquorum_broker_transactions": "Transactions this broker completed, by outcome (committed, aborted), and those "
+                                     "it aborted for running past their timeout (timed_out).",
+    "pidquorum_broker_txn_step_seconds":
+        "Time of the transaction coordinator's steps, by step: add, end, verify (quorum round trips on the "
+        "client's path), complete (markers and completion, after EndTxn's answer), wait (a step waiting for "
+        "that completion).",
     "pidquorum_broker_connections": "Client connections open.",
     "pidquorum_broker_connections_refused":
         "Connections closed at once: over max_connections or max_connections_per_ip.",
@@ -155,6 +161,22 @@ def broker_families(st: dict) -> Iterable[Any]:
             errors.add_metric([err], n)
         yield errors
     yield from quota_families(st.get("quota") or {})
+    yield from txn_families(st)
+
+
+def txn_families(st: dict) -> Iterable[Any]:
+    """Transactions by outcome, and the coordinator's step times (``BrokerServer.status()["txn_steps"]``)."""
+    c = st["counters"]
+    outcomes = CounterMetricFamily("pidquorum_broker_transactions", BROKER_METRICS["pidquorum_broker_transactions"],
+                                   labels=["outcome"])
+    for outcome in ("committed", "aborted", "timed_out"):
+        outcomes.add_metric([outcome], c.get(f"txn_{outcome}", 0))
+    yield outcomes
+    steps = SummaryMetricFamily("pidquorum_broker_txn_step_seconds",
+                                BROKER_METRICS["pidquorum_broker_txn_step_seconds"], labels=["step"])
+    for step, x in sorted((st.get("txn_steps") or {}).items()):
+        steps.add_metric([step], count_value=x["count"], sum_value=x["seconds"])
+    yield steps
 
 
 def quota_families(quota: dict[str, dict]) -> Iterable[Any]:

@@ -5,8 +5,10 @@ lives and why, each step and its late copy, timeouts, KIP-890: docs/transactions
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
+import time
 import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -37,6 +39,15 @@ INIT_ATTEMPTS = 3
 PENDING_LIMIT = 100
 LOCK_STRIPES = 64
 DESCRIBE_CONCURRENCY = 16  # quorum reads one ListTransactions has in flight
+# The steps whose time the broker sums (``TxnCoordinator.step_times``, the metric
+# pidquorum_broker_txn_step_seconds): where a transaction's time goes on the broker.
+STEPS = {
+    "add": "AddPartitionsToTxn / AddOffsetsToTxn: the quorum round trip that adds the partitions",
+    "end": "EndTxn: the quorum round trip that decides the outcome (PrepareCommit / PrepareAbort)",
+    "verify": "a transactional Produce's KIP-890 check through the quorum (the broker did not know the partition)",
+    "complete": "after EndTxn's answer: the markers (fsync'd) and the completion's quorum round trip",
+    "wait": "a step of the id waiting for the completion of its last transaction (settled)",
+}
 
 
 @dataclass
@@ -90,6 +101,17 @@ class TxnCoordinator:
         self.counters = {"txn_committed": 0, "txn_aborted": 0, "txn_timed_out": 0, "txn_markers": 0,
                          "txn_completions_deferred": 0, "txn_verify_round_trips": 0, "txn_steps_refused": 0,
                          "txn_sequence_reads": 0, "txn_waits_for_completion": 0}
+        self.step_times = {step: [0, 0.0] for step in STEPS}  # step -> [count, seconds]
+
+    @contextlib.contextmanager
+    def _timed(self, step: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            entry = self.step_times[step]
+            entry[0] += 1
+            entry[1] += time.perf_counter() - t0
 
     # ------------------------------------------------------------ quorum calls
     async def _txn(self, op: str, transactional_id: str = "", producer_id: int = -1, producer_epoch: int = -1,
@@ -112,7 +134,8 @@ class TxnCoordinator:
         """AddPartitionsToTxn: the partitions join the producer's transaction (the next one begins if none is
         open)."""
         await self.settled(tid)
-        txn = await self._client_step("add", tid, pid, epoch, [[self.broker_id, t, p] for t, p in partitions])
+        with self._timed("add"):
+            txn = await self._client_step("add", tid, pid, epoch, [[self.broker_id, t, p] for t, p in partitions])
         self._remember(pid, txn)
 
     async def _client_step(self, op: str, tid: str, pid: int, epoch: int, partitions: list | None = None) -> dict:
@@ -183,7 +206,8 @@ class TxnCoordinator:
             return
         await self.settled(tid)
         self.counters["txn_verify_round_trips"] += 1
-        txn = await self._txn("verify", tid, pid, epoch, [[self.broker_id, topic, partition]])
+        with self._timed("verify"):
+            txn = await self._txn("verify", tid, pid, epoch, [[self.broker_id, topic, partition]])
         self._remember(pid, txn)
 
     async def end(self, tid: str, pid: int, epoch: int, commit: bool) -> None:
@@ -201,7 +225,8 @@ class TxnCoordinator:
         await self.settled(tid)
         lock = self._lock_of(tid)
         async with lock:
-            txn = await self._client_step("commit" if commit else "abort", tid, pid, epoch)
+            with self._timed("end"):
+                txn = await self._client_step("commit" if commit else "abort", tid, pid, epoch)
             self._ended(txn)
             if txn["state"] in ("CompleteCommit", "CompleteAbort"):
                 return  # a retry of an EndTxn that was completed
@@ -213,7 +238,8 @@ class TxnCoordinator:
         """The markers and the completion of ``txn``, which EndTxn has answered decided."""
         async with lock:
             try:
-                await self._complete_locked(tid, txn)
+                with self._timed("complete"):
+                    await self._complete_locked(tid, txn)
             except (PidQuorumError, OSError) as e:
                 # Decided: the sweeper completes it.  The client's next step is answered
                 # CONCURRENT_TRANSACTIONS until then (retriable).
@@ -229,7 +255,8 @@ class TxnCoordinator:
         task = self._completing.get(tid)
         if task is not None and not task.done():
             self.counters["txn_waits_for_completion"] += 1
-            await asyncio.shield(task)
+            with self._timed("wait"):
+                await asyncio.shield(task)
 
     async def init_producer_id(self, tid: str, timeout_ms: int, pid: int, epoch: int) -> tuple[int, int]:
         """InitProducerId for a transactional id: an open or prepared transaction of the id is completed

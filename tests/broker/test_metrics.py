@@ -158,7 +158,8 @@ def test_scraped_counters_move_after_allocations_and_pidctl_reads_the_same(meter
     nodes0 = wait_for(lambda: (lambda s: s if all(m.get("pidquorum_allocations_total", {}).get("5") for m in s.values())
                                else None)(_node_scrapes(lc)), 10, what="every node to apply the first block")
     broker0 = read_metrics(broker_endpoint)
-    labelled = {"pidquorum_broker", "pidquorum_broker_pid_fetch_errors"} | {n for n in BROKER_METRICS if "_quota_" in n}
+    labelled = {"pidquorum_broker", "pidquorum_broker_pid_fetch_errors", "pidquorum_broker_transactions",
+                "pidquorum_broker_txn_step_seconds"} | {n for n in BROKER_METRICS if "_quota_" in n}
     assert set(BROKER_METRICS) - labelled <= {k.removesuffix("_total") for k in broker0}  # no quota provider yet
     assert broker0["pidquorum_broker_epoch"] >= 1
 
@@ -303,3 +304,28 @@ def test_a_block_arriving_just_as_the_last_one_ran_out_is_a_hit_and_a_dry_spell_
             mgr.generate_producer_id()
     mgr._accept(30, 10, 0.001, time.monotonic())  # late: the refusal already counted the miss
     assert mgr.generate_producer_id() == 30 and counters() == (2, 1)
+
+
+def test_transaction_step_times_and_outcomes_are_scraped(metered):
+    """Three committed transactions and one aborted one of a real client: the coordinator's step summary counts
+    each add and end (with time in them), the completions follow, and the outcomes are counted."""
+    from confluent_kafka import Producer
+    _, b, endpoint = metered
+    producer = Producer({"bootstrap.servers": b.bootstrap, "transactional.id": "metrics-tx"})
+    producer.init_transactions(30)
+    for i in range(4):
+        producer.begin_transaction()
+        producer.produce("metrics-tx-topic", value=b"v", partition=0)
+        if i < 3:
+            producer.commit_transaction(30)
+        else:
+            producer.flush(30)  # the partition added, the record written: the abort is the broker's to do
+            producer.abort_transaction(30)
+    m = wait_for(lambda: (lambda m: m if m.get("pidquorum_broker_transactions_total", {}).get("committed", 0) >= 3
+                          and m["pidquorum_broker_transactions_total"].get("aborted", 0) >= 1 else None)(
+        read_metrics(endpoint)), 20, what="the completions of the transactions")
+    count, total = m["pidquorum_broker_txn_step_seconds_count"], m["pidquorum_broker_txn_step_seconds_sum"]
+    assert count["add"] >= 4 and count["end"] == 4 and count["complete"] >= 4
+    assert all(total[s] > 0 for s in ("add", "end", "complete"))
+    assert m["pidquorum_broker_transactions_total"]["timed_out"] == 0
+    assert total["add"] / count["add"] < 5  # seconds: a mean, not a sum of sums

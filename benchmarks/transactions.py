@@ -40,7 +40,7 @@ from .txn_producers import (
     over_idempotent,
 )
 from .txn_producers import value  # noqa: F401 - tests/benchmarks read it here
-from .txn_readback import SETTLE_TIMEOUT_S, check_topic
+from .txn_readback import SETTLE_TIMEOUT_S, VIOLATIONS, check_topic
 from .txn_readback import exactly_once  # noqa: F401 - tests/benchmarks read it here
 from .txn_sweep import DEFAULT_CELLS, parse_cells, phase_sweep, print_sweep
 from .txn_sweep import checks as sweep_checks
@@ -48,8 +48,6 @@ from .txn_targets import evaluate, print_targets
 
 PRODUCER_CONF: dict = {}        # librdkafka's defaults (linger.ms 5, acks all, transaction.timeout.ms 60000)
 KEPT_LINES = 300              # librdkafka log lines kept in the JSON
-
-VIOLATIONS = ("lost", "duplicated", "aborted_visible", "partial", "foreign")
 
 
 # ------------------------------------------------------------------ the run

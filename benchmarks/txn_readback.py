@@ -16,6 +16,7 @@ SETTLE_TIMEOUT_S = 90.0       # until the last stable offsets reach the high wat
 READ_TIMEOUT_S = 60.0
 VALUE_RE = re.compile(rb"^(\d+):(\d+)$")
 EXPECT_ABSENT = ("aborted", "abandoned")
+VIOLATIONS = ("lost", "duplicated", "aborted_visible", "partial", "foreign")  # each must be 0
 
 
 def _consumer(bootstrap: str, committed: bool) -> KafkaConsumer:

@@ -12,7 +12,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from .harness import log
 from .report import fmt_num, table
 from .txn_producers import FLUSH_TIMEOUT_S, ROUNDS, WARMUP_UNITS, IdempotentLoop, TxnLoop, alternate, over_idempotent
-from .txn_readback import check_topic
+from .txn_readback import VIOLATIONS, check_topic
 
 GRID_PARTITIONS = (1, 3, 10)
 GRID_MESSAGES = (1, 10, 100)
@@ -106,7 +106,6 @@ def phase_sweep(a, bootstrap: str, conf: dict) -> dict:
 
 
 # ------------------------------------------------------------------ checks and output
-VIOLATIONS = ("lost", "duplicated", "aborted_visible", "partial", "foreign")
 
 
 def checks(sweep: dict) -> list[str]:

@@ -22,7 +22,10 @@ import time
 
 import kafka
 
-from .common import LeaderKill, kill_leaders, temp_cluster
+from quorum.localcluster import free_ports
+from quorum.telemetry.metrics import MetricsUnavailable, read_metrics
+
+from .common import HOST, LeaderKill, kill_leaders, temp_cluster
 from .harness import environment_info, export_checkout, log, new_results, parser, phase_list, run_phases
 from .processes import REPO, BrokerProcess
 from .rdkafka_probes import client_versions
@@ -43,6 +46,10 @@ from .txn_producers import value  # noqa: F401 - tests/benchmarks read it here
 from .txn_readback import SETTLE_TIMEOUT_S, VIOLATIONS, check_topic
 from .txn_readback import exactly_once  # noqa: F401 - tests/benchmarks read it here
 from .txn_sweep import DEFAULT_CELLS, parse_cells, phase_sweep, print_sweep
+from .txn_init_burst import add_arguments as init_burst_arguments
+from .txn_init_burst import checks as init_burst_checks
+from .txn_init_burst import phase_init_burst
+from .txn_init_burst import print_table as print_init_burst
 from .txn_sweep import checks as sweep_checks
 from .txn_targets import evaluate, print_targets
 
@@ -59,13 +66,16 @@ class Rig:
         self.lc = None
         self.broker: BrokerProcess | None = None
         self.directory: str | None = None
+        self.metrics: str | None = None  # the broker's metrics endpoint (its transaction step times)
 
     def up(self, a) -> dict:
         t = time.perf_counter()
         self.lc, self.directory = self.stack.enter_context(
             temp_cluster("pidquorum-bench-transactions-", a.keep, "transactions", subdir="cluster", tail_lines=20))
+        self.metrics = f"{HOST}:{free_ports(1, HOST)[0]}"
         broker = BrokerProcess(self.directory, 1, self.lc.client_addresses(), "--partitions", str(PARTITIONS),
-                               "--log-level", a.broker_log_level, new_session=True)
+                               "--log-level", a.broker_log_level, "--metrics-port", self.metrics.rsplit(":", 1)[1],
+                               new_session=True)
         self.stack.callback(broker.stop)
         broker.start()
         self.broker = broker
@@ -102,7 +112,9 @@ def phase_steady(a, rig: Rig) -> dict:
     log(f"steady: warm-up ({WARMUP_UNITS} units each)")
     tx.warm_up()
     idem.warm_up()
+    steps0 = step_times(rig.metrics)
     round_s = alternate(tx, idem, a.duration, "steady", log)
+    steps1 = step_times(rig.metrics)
     tx.close()
     idem.producer.flush(FLUSH_TIMEOUT_S)
     t, i = tx.result(), idem.result()
@@ -112,7 +124,42 @@ def phase_steady(a, rig: Rig) -> dict:
     ratio = over_idempotent(t, i)
     return {"duration_s": a.duration, "rounds": ROUNDS, "round_s": round_s, "transactional": t, "idempotent": i,
             "ratio_transactional_over_idempotent": ratio, "producer_conf": conf,
+            "where_the_time_goes": time_split(steps0, steps1, t, i),
             "librdkafka_log": tx.lines.lines[-KEPT_LINES:]}
+
+
+def step_times(address: str | None) -> dict[str, tuple[float, float]]:
+    """The broker's transaction step times so far, {step: (count, seconds)} (its
+    pidquorum_broker_txn_step_seconds summary); {} when it cannot be read."""
+    if address is None:
+        return {}
+    try:
+        m = read_metrics(address)
+    except MetricsUnavailable as e:
+        log(f"steady: the broker's step times cannot be read: {e}")
+        return {}
+    count, total = m.get("pidquorum_broker_txn_step_seconds_count", {}), m.get("pidquorum_broker_txn_step_seconds_sum", {})
+    return {step: (count[step], total.get(step, 0.0)) for step in count}
+
+
+def time_split(before: dict, after: dict, t: dict, i: dict) -> dict | None:
+    """Where a transaction's mean time goes: the broker's quorum round trips on the client's path (add, end,
+    verify, and a step's wait for the last completion), per transaction, from the step times' growth over
+    the transactional rounds; the rest is the produce (an idempotent flush of the same records, beside it)
+    and the client.  ``floor``: a commit with those round trips free, against a flush (means): no
+    coordinator that decides through round trips does better with this client."""
+    if not before or not after:
+        return None
+    delta = {s: (after[s][0] - before.get(s, (0, 0.0))[0], after[s][1] - before.get(s, (0, 0.0))[1]) for s in after}
+    transactions = delta.get("end", (0, 0.0))[0]
+    commit, flush = t["commit"].get("mean_ms"), i["flush"].get("mean_ms")
+    if not transactions or commit is None or not flush:
+        return None
+    per_txn = {s: 1000 * sec / transactions for s, (_, sec) in delta.items()}
+    on_path = sum(per_txn.get(s, 0.0) for s in ("add", "end", "verify", "wait"))
+    return {"transactions": transactions, "per_transaction_ms": per_txn, "quorum_on_path_ms": on_path,
+            "commit_mean_ms": commit, "flush_mean_ms": flush, "rest_ms": commit - on_path,
+            "floor_over_flush": (commit - on_path) / flush}
 
 
 async def _kill_run(a, rig: Rig, loop: TxnLoop) -> list[dict]:
@@ -191,6 +238,8 @@ def checks(res: dict) -> list[str]:
                            f"read complete {x['check']['read_complete']})")
     if res["phases"].get("sweep"):
         out += sweep_checks(res["phases"]["sweep"])
+    if res["phases"].get("init_burst"):
+        out += init_burst_checks(res["phases"]["init_burst"])
     k = res["phases"].get("leader_kill")
     if k:
         c = k["check"]
@@ -251,6 +300,16 @@ def print_results(res: dict) -> None:
                     f"{s['duration_s']:g} s each (rounds {'-'.join(s['rounds'])} of {s['round_s']:g} s), no faults",
                     ["figure", "transactional", "idempotent", "tx / idem"], rows))
         print(f"  init_transactions(): {fmt_num(t['init_transactions']['p50_ms'], '.1f')} ms")
+        w = s.get("where_the_time_goes")
+        if w:
+            pt = w["per_transaction_ms"]
+            print(f"  where a commit's mean {w['commit_mean_ms']:.2f} ms goes ({w['transactions']:.0f} transactions; "
+                  f"broker step times): quorum round trips on the client's path {w['quorum_on_path_ms']:.2f} ms "
+                  f"(add {pt.get('add', 0):.2f}, end {pt.get('end', 0):.2f}, verify {pt.get('verify', 0):.2f}, "
+                  f"wait for the last completion {pt.get('wait', 0):.2f}); the rest {w['rest_ms']:.2f} ms is the "
+                  f"produce (a flush: {w['flush_mean_ms']:.2f} ms) and the client")
+            print(f"  floor: with those round trips free a commit would be {w['floor_over_flush']:.2f}x a flush "
+                  f"(markers and completion after the answer, off the path: {pt.get('complete', 0):.2f} ms)")
     k = res["phases"].get("leader_kill")
     if k:
         c = k["check"]
@@ -298,6 +357,9 @@ def print_results(res: dict) -> None:
                   f"and once, none of {o.get('aborted', 0) + o.get('abandoned', 0)} aborted seen)")
     if res["phases"].get("sweep"):
         print_sweep(res["phases"]["sweep"])
+    if res["phases"].get("init_burst"):
+        print()
+        print_init_burst(res["phases"]["init_burst"])
     print_targets(res.get("targets") or evaluate(res))
     print()
     print_footer(res)
@@ -311,7 +373,9 @@ def parse_args(argv=None, prog: str | None = None):
     ap.add_argument("--kill-every", type=float, default=5.0, help="seconds between leader kills")
     ap.add_argument("--restart-after", type=float, default=1.0, help="seconds from a kill to the node's restart")
     ap.add_argument("--phases", default="steady,leader_kill",
-                    help="comma-separated: steady, leader_kill, sweep (sweep is not run unless named)")
+                    help="comma-separated: steady, leader_kill, sweep, init_burst (sweep and init_burst are not run "
+                         "unless named)")
+    init_burst_arguments(ap)
     ap.add_argument("--sweep-seconds", type=float, default=None,
                     help="seconds of each producer in each sweep cell (4; quick 1.5)")
     ap.add_argument("--sweep-cells", default=DEFAULT_CELLS,
@@ -344,8 +408,12 @@ def _phase_sweep(a, rig: Rig) -> dict:
     return phase_sweep(a, rig.need().bootstrap, PRODUCER_CONF)
 
 
-# The init_burst phase (benchmarks/txn_init_burst.py) joins here; the targets table reads its figures.
-PHASES = {"steady": phase_steady, "leader_kill": phase_leader_kill, "sweep": _phase_sweep}
+def _phase_init_burst(a, rig: Rig) -> dict:
+    return phase_init_burst(a)  # a cluster and brokers of its own
+
+
+PHASES = {"steady": phase_steady, "leader_kill": phase_leader_kill, "sweep": _phase_sweep,
+          "init_burst": _phase_init_burst}
 
 
 def main(argv=None, prog: str | None = None) -> int:

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from benchmarks import transactions, txn_sweep, txn_targets
+from benchmarks import transactions, txn_init_burst, txn_sweep, txn_targets
 from benchmarks.processes import REPO, child_env
 
 DEADLINE_S = 120  # the run takes ~25 s (the sweep ~15 s); a hang fails the test instead of holding the suite
@@ -71,6 +71,10 @@ def test_the_json_has_every_figure_and_nothing_lost_or_duplicated(run):
                                                               "latency_max_ms"}
     for c in (t["check"], i["check"]):
         assert c["lost"] == c["duplicated"] == 0 and c["read_complete"] and c["settle"]["settled"]
+    w = s["where_the_time_goes"]  # from the broker's step times over the transactional rounds
+    assert w["transactions"] >= t["measured_committed"] > 0
+    assert w["per_transaction_ms"]["add"] > 0 and w["per_transaction_ms"]["end"] > 0
+    assert 0 < w["quorum_on_path_ms"] < w["commit_mean_ms"] and w["floor_over_flush"] > 0
     k = res["phases"]["leader_kill"]
     for key in ("kills", "rounds", "outcomes", "measured_committed", "transactions_per_s", "commit",
                 "longest_gap_between_commits_ms", "producer_instances", "failed_transactions", "check"):
@@ -266,3 +270,57 @@ def test_exactly_once_passes_a_clean_read_back():
     c = transactions.exactly_once(rec(0, *whole, part=1) + rec(2, *whole), {0: "committed", 1: "aborted",
                                                                              2: "unknown"})
     assert transactions.violations(c) == {} and c["unknown_seen_committed"] == 1
+
+
+@pytest.fixture(scope="module")
+def burst_run(tmp_path_factory):
+    return _bench(tmp_path_factory.mktemp("transactions-burst"), "--phases", "init_burst", "--init-ids", "120",
+                  "--init-brokers", "2", "--init-connections", "3")
+
+
+def test_an_init_burst_over_two_brokers_gives_each_id_its_own_producer_id_and_bumps_it(burst_run, capsys):
+    code, _, stderr, res = burst_run
+    assert code == 0, (code, res["errors"], res["failed_checks"], stderr[-3000:])
+    b = res["phases"]["init_burst"]
+    assert (b["ids"], b["brokers"], b["connections_per_broker"]) == (120, 2, 3)
+    for load in ("idempotent_burst", "transactional_burst", "transactional_bump_burst", "transactional_closed_loop"):
+        assert b[load]["requests"] == b[load]["answered_ok"] == 120 and b[load]["errors"] == {}, load
+        assert b[load]["latency"]["p99_ms"] > 0
+    c = b["check"]
+    assert c["transactional_pids"] == 240 and c["transactional_pids_shared"] == 0
+    assert c["transactional_pids_also_idempotent"] == c["bumps_wrong"] == c["new_ids_not_epoch_0"] == 0
+    row = {r["id"]: r for r in res["targets"]}["init_burst"]
+    assert row["value"] == b["transactional_burst"]["latency"]["p99_ms"] and isinstance(row["met"], bool)
+    transactions.print_results(res)
+    text = capsys.readouterr().out
+    assert "transactional epoch bumps, all at once" in text and "no quorum step: the floor" in text
+
+
+def test_init_burst_checks_find_a_producer_id_given_twice_and_a_wrong_bump():
+    class Load:
+        def __init__(self, got):
+            self.got = got
+    loads = {"warm_up": Load({0: (1, 0)}), "idempotent_burst": Load({0: (2, 0)}),
+             "transactional_burst": Load({0: (10, 0), 1: (11, 0)}),
+             "transactional_bump_burst": Load({0: (10, 1), 1: (11, 1)}),
+             "transactional_closed_loop": Load({0: (12, 0)})}
+    assert txn_init_burst._check(loads)["transactional_pids_shared"] == 0
+    loads["transactional_closed_loop"] = Load({0: (11, 0), 1: (2, 0)})  # 11 again, and an idempotent one
+    loads["transactional_bump_burst"] = Load({0: (10, 2), 1: (12, 0)})
+    c = txn_init_burst._check(loads)
+    assert c["transactional_pids_shared"] == 1 and c["transactional_pids_also_idempotent"] == 1
+    assert c["bumps_wrong"] == 2
+    ph = {name: {"errors": {}} for name in ("idempotent_burst", "transactional_burst", "transactional_bump_burst",
+                                            "transactional_closed_loop")}
+    ph["check"] = c
+    assert [m[:15] for m in txn_init_burst.checks(ph)] == ["FAIL init_burst"] * 2
+
+
+def test_the_time_split_takes_the_step_times_grown_over_the_rounds():
+    before = {"add": (5, 0.005), "end": (5, 0.005), "wait": (0, 0.0), "complete": (5, 0.01)}
+    after = {"add": (105, 0.105), "end": (105, 0.125), "wait": (50, 0.01), "complete": (105, 0.21)}
+    w = transactions.time_split(before, after, {"commit": {"mean_ms": 5.0}}, {"flush": {"mean_ms": 1.0}})
+    assert w["transactions"] == 100
+    assert w["per_transaction_ms"] == pytest.approx({"add": 1.0, "end": 1.2, "wait": 0.1, "complete": 2.0})
+    assert w["quorum_on_path_ms"] == pytest.approx(2.3) and w["floor_over_flush"] == pytest.approx(2.7)
+    assert transactions.time_split({}, after, {"commit": {"mean_ms": 5.0}}, {"flush": {"mean_ms": 1.0}}) is None

@@ -72,6 +72,10 @@ class TransactionalIdManager:
         # the ids a fork adds or updates are not idle.  Derived, never snapshotted.
         self._idle: list[tuple[int, str]] | None = None
         self._idle_shared = False
+        # The ids whose transaction is open (Ongoing, PrepareCommit, PrepareAbort), in the order they opened,
+        # for ``pending`` (each broker's sweeper asks every second): built at its first use, then kept by
+        # replay, so a sweep costs the open transactions and not every id that ever had one.  Derived.
+        self._open: dict[str, None] | None = None
 
     def get(self, transactional_id: str) -> TransactionalIdRecord | None:
         return self.entries.get(transactional_id)
@@ -361,13 +365,13 @@ class TransactionalIdManager:
 
     def pending(self, now_ms: int, limit: int) -> list[dict]:
         """The transactions some coordinator must drive: prepared ones, and open ones past their timeout."""
+        if self._open is None:
+            self._open = {tid: None for tid, txn in self.txns.items() if txn is not None and txn.state in _OPEN}
         out = []
-        for tid, txn in self.txns.items():
+        for tid in self._open:
             if len(out) >= limit:
                 break
-            if txn is None:
-                continue
-            cur = self.get(tid)
+            txn, cur = self.txn(tid), self.get(tid)
             if txn.state in (PREPARE_COMMIT, PREPARE_ABORT) or (
                     txn.state == ONGOING and cur is not None and now_ms - txn.start_time_ms > cur.timeout_ms):
                 out.append(txn_json(txn, cur))
@@ -459,6 +463,7 @@ class TransactionalIdManager:
                 else:
                     table.pop(rec.transactional_id, None)
             self._note_update(None, rec.transactional_id)
+            self._note_open(rec.transactional_id, False)
             if self._order is not None:
                 del self._order[bisect.bisect_left(self._order, rec.transactional_id)]
         elif isinstance(rec, TransactionStateRecord):
@@ -505,6 +510,15 @@ class TransactionalIdManager:
             raise InvariantViolation(f"transactional id {tid!r}: transaction {rec.sequence} does not follow "
                                      f"transaction {old.sequence}")
         self.txns[tid] = rec
+        self._note_open(tid, rec.state in _OPEN)
+
+    def _note_open(self, tid: str, is_open: bool) -> None:
+        if self._open is None:
+            return
+        if is_open:
+            self._open.setdefault(tid, None)
+        else:
+            self._open.pop(tid, None)
 
     def snapshot_records(self) -> list[Record]:
         # Each transaction after its id's mapping: replay checks it is of the current producer.
@@ -522,6 +536,7 @@ class TransactionalIdManager:
 # is Empty, and an expired id is removed with its transaction).
 EMPTY, ONGOING = "Empty", "Ongoing"
 PREPARE_COMMIT, PREPARE_ABORT = "PrepareCommit", "PrepareAbort"
+_OPEN = frozenset({ONGOING, PREPARE_COMMIT, PREPARE_ABORT})  # a transaction some coordinator must still end
 COMPLETE_COMMIT, COMPLETE_ABORT = "CompleteCommit", "CompleteAbort"
 _NEXT = {EMPTY: {ONGOING}, ONGOING: {ONGOING, PREPARE_COMMIT, PREPARE_ABORT},
          PREPARE_COMMIT: {COMPLETE_COMMIT}, PREPARE_ABORT: {COMPLETE_ABORT},

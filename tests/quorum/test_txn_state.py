@@ -183,3 +183,33 @@ def test_replay_refuses_impossible_transitions(state):
         [outcome] = state.apply_batch([rec])
         assert not outcome.accepted, rec
     assert state.transactions.txn("tx") == ongoing
+
+
+def test_pending_looks_only_at_open_transactions_and_follows_replay(state, monkeypatch):
+    """The sweepers' question (every broker, every second) costs the open transactions, not every id that
+    ever had one: ids whose transaction completed are not looked at, and the index follows each step."""
+    from quorum.managers import transactions as mod
+    for i in range(300):
+        tid = f"done-{i}"
+        pid, epoch, _ = init(state, tid, timeout=TIMEOUT).response
+        step(state, "add", tid, pid, epoch, [[1, "t", 0]])
+        step(state, "commit", tid, pid, epoch)
+        step(state, "complete", tid, start=NOW)
+        if i == 0:
+            assert state.transactions.pending(NOW, 10) == []  # the index is built here, then kept by replay
+    looked = []
+    real = mod.TransactionalIdManager.txn
+    monkeypatch.setattr(mod.TransactionalIdManager, "txn", lambda self, tid: looked.append(tid) or real(self, tid))
+    assert state.transactions.pending(NOW + TIMEOUT + 1, 10) == [] and looked == []
+    pid, epoch, _ = init(state, "open", timeout=TIMEOUT).response
+    step(state, "add", "open", pid, epoch, [[1, "t", 0]])
+    looked.clear()
+    assert state.transactions.pending(NOW, 10) == []  # not past its timeout yet
+    [due] = state.transactions.pending(NOW + TIMEOUT + 1, 10)
+    assert due["transactional_id"] == "open" and set(looked) == {"open"}
+    step(state, "commit", "open", pid, epoch)
+    assert [t["state"] for t in state.transactions.pending(NOW, 10)] == ["PrepareCommit"]
+    step(state, "complete", "open", start=NOW)
+    assert state.transactions.pending(NOW + TIMEOUT + 1, 10) == []
+    again = QuorumState.from_records(state.snapshot_records())  # built afresh from a snapshot
+    assert again.transactions.pending(NOW + TIMEOUT + 1, 10) == []

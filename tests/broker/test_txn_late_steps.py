@@ -85,7 +85,9 @@ def test_a_repeated_end_txn_is_answered_as_it_ended(cluster, brokers, commit):
     send(p, "again", range(3))
     p.commit_transaction(30) if commit else p.abort_transaction(30)
     epoch = quorum_call(cluster, lambda q: q.register_broker(9))
-    t = quorum_call(cluster, lambda q: q.txn(9, epoch, "describe", "again-tx"))
+    # EndTxn is answered once the outcome is decided; the completion follows: compare with the ended state.
+    t = wait_for(lambda: (lambda t: t if t["state"] in ("CompleteCommit", "CompleteAbort") else None)(
+        quorum_call(cluster, lambda q: q.txn(9, epoch, "describe", "again-tx"))), 10, what="the completion")
     again = quorum_call(cluster, lambda q: q.txn(9, epoch, "commit" if commit else "abort", "again-tx",
                                                  t["producer_id"], t["producer_epoch"], sequence=t["sequence"]))
     assert again == t

@@ -15,6 +15,7 @@ Appends are fsync'd before anything they carry is acknowledged; a rewrite replac
 """
 from __future__ import annotations
 
+import logging
 import struct
 import zlib
 from typing import Any, Callable
@@ -22,6 +23,8 @@ from typing import Any, Callable
 import msgpack
 
 from snapshots.storage.disk import CorruptFileError
+
+log = logging.getLogger(__name__)
 
 FRAME = struct.Struct("<II")
 ENTRIES_PER_FRAME = 65_536
@@ -68,3 +71,57 @@ def decode_frames(path: str, data: bytes, magic: bytes, what: str,
         entries.extend(frame)
         pos += FRAME.size + length
     return entries, pos
+
+
+class FrameFile:
+    """One frame file on a ``Disk``: loaded whole at start (a torn last frame cut off), appended to with an
+    fsync per call, rewritten whole.  Blocking: the owner calls it from its I/O thread.  The one write
+    discipline of the broker's small tables; what each crash state leaves is in this module's docstring."""
+
+    def __init__(self, path: str, magic: bytes, what: str, check: Callable[[Any], None], disk: Any):
+        self.path, self.magic, self.what, self.check, self.disk = path, magic, what, check, disk
+        self.file = None  # the Disk's AppendFile once loaded
+        self.entries = 0  # entries the file holds (for the owner's rewrite rule)
+
+    def load(self) -> list:
+        """The entries in file order; the file is created (magic only) if missing or if its creation was
+        cut, its torn end is cut off, and it is left open for appends."""
+        data = self.disk.read(self.path)
+        entries: list = []
+        keep = len(self.magic)
+        if data is None:
+            self.disk.write_file(self.path, self.magic)
+        else:
+            entries, keep = decode_frames(self.path, data, self.magic, self.what, self.check)
+            if keep < 0:
+                self.disk.write_file(self.path, self.magic)
+                keep = len(self.magic)
+            elif keep < len(data):
+                log.warning("%s: %d bytes after byte %d are a write cut by a crash (never acknowledged); cut off",
+                            self.path, len(data) - keep, keep)
+        self.file = self.disk.open_append(self.path, keep)
+        if data is not None and 0 <= keep < len(data):
+            self.file.truncate(keep)
+        self.entries = len(entries)
+        return entries
+
+    def append(self, rows: list) -> None:
+        """``rows`` at the end, fsync'd before this returns (an I/O error: the Disk's fail-stop)."""
+        self.file.write(encode_frames(rows))
+        self.file.sync()
+        self.entries += len(rows)
+
+    def rewrite(self, rows: list) -> None:
+        """The file replaced by ``rows`` (whole: temporary file, fsync, rename, fsync of the directory);
+        appends go on at its end."""
+        data = self.magic + encode_frames(rows)
+        self.disk.write_file(self.path, data)
+        if self.file is not None:
+            self.file.close()
+        self.file = self.disk.open_append(self.path, len(data))
+        self.entries = len(rows)
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None

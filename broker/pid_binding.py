@@ -17,7 +17,7 @@ from typing import Any, Callable
 from snapshots.storage.disk import Disk, process_failstop
 from records.wire.errors import Errors
 
-from .framelog import decode_frames, encode_frames
+from .framelog import FrameFile
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +60,6 @@ def _check_entry(e: Any) -> None:
         raise ValueError(f"bad entry {e!r:.200}")
 
 
-def decode_file(path: str, data: bytes) -> tuple[list[list], int]:
-    """(entries in file order, bytes to keep) of a bindings file (``broker.framelog.decode_frames``)."""
-    return decode_frames(path, data, MAGIC, "producer-ID bindings file", _check_entry)
-
-
 class ProducerBindings:
     def __init__(self, data_dir: str, lifetime_ms: int, max_bindings: int,
                  run_io: Callable[..., Any] | None = None, *, disk: Disk | None = None,
@@ -78,8 +73,7 @@ class ProducerBindings:
         self._disk = disk or Disk(failstop=process_failstop, preallocate=0)
         self._clock = clock
         self._b: dict[int, list] = {}  # producer id -> [kind, name, last_used_ms]
-        self._file = None
-        self._file_entries = 0
+        self._frames = FrameFile(self.path, MAGIC, "producer-ID bindings file", _check_entry, self._disk)
         self._last_rewrite_ms = 0
         self._oldest_ms = 0  # a lower bound of the bindings' last use: the expiry scan runs only when due
         self._pending: list[tuple[list, asyncio.Future | None]] = []
@@ -98,26 +92,10 @@ class ProducerBindings:
     # ------------------------------------------------------------ open / close
     def open(self) -> None:
         """Load the file (creating it empty if missing); blocking, at start."""
-        data = self._disk.read(self.path)
-        entries: list[list] = []
-        if data is None:
-            self._disk.write_file(self.path, MAGIC)
-            keep = len(MAGIC)
-        else:
-            entries, keep = decode_file(self.path, data)
-            if keep < 0:
-                self._disk.write_file(self.path, MAGIC)
-                keep = len(MAGIC)
-            elif keep < len(data):
-                log.warning("%s: %d bytes after byte %d are a write cut by a crash (never acknowledged); cut off",
-                            self.path, len(data) - keep, keep)
-        self._file = self._disk.open_append(self.path, keep)
-        if data is not None and 0 <= keep < len(data):
-            self._file.truncate(keep)
+        entries = self._frames.load()
         for pid, kind, name, last_ms in entries:
             self._b[pid] = [kind, name, last_ms]
         now = self.now_ms()
-        self._file_entries = len(entries)
         self._last_rewrite_ms = now
         self._oldest_ms = min((e[2] for e in self._b.values()), default=now)
         if self._b:
@@ -135,11 +113,10 @@ class ProducerBindings:
             self._wake.set()
             await self._writer
             self._writer = None
-        if self._file is not None:
+        if self._frames.file is not None:
             if self._failed is None:
                 await self._io(self._rewrite, self._rows())
-            self._file.close()
-            self._file = None
+            self._frames.close()
 
     async def _io(self, fn: Callable, *args: Any) -> Any:
         if self._run_io is None:
@@ -223,14 +200,13 @@ class ProducerBindings:
             batch, self._pending = self._pending, []
             if batch:
                 try:
-                    await self._io(self._append, encode_frames([entry for entry, _ in batch]))
+                    await self._io(self._frames.append, [entry for entry, _ in batch])
                 except Exception as e:  # only where failstop returns (tests): nothing is acknowledged any more
                     self._failed = e
                     for _, fut in batch + self._pending:
                         if fut is not None and not fut.done():
                             fut.set_exception(e)
                     return
-                self._file_entries += len(batch)
                 self.counters["producer_bindings_written"] += len(batch)
                 self.counters["producer_binding_syncs"] += 1
                 for entry, fut in batch:
@@ -241,21 +217,11 @@ class ProducerBindings:
             if self._closing and not self._pending:
                 return
 
-    def _append(self, data: bytes) -> None:
-        self._file.write(data)
-        self._file.sync()
-
     def _rows(self) -> list[list]:
         return [[pid, *e] for pid, e in self._b.items()]
 
     def _rewrite(self, rows: list[list]) -> None:
-        """The file replaced by ``rows`` (whole: temp, fsync, rename, fsync dir); appends go on at its end."""
-        data = MAGIC + encode_frames(rows)
-        self._disk.write_file(self.path, data)
-        if self._file is not None:
-            self._file.close()
-        self._file = self._disk.open_append(self.path, len(data))
-        self._file_entries = len(rows)
+        self._frames.rewrite(rows)
         self.counters["producer_binding_rewrites"] += 1
 
     # ------------------------------------------------------------ maintenance
@@ -280,7 +246,7 @@ class ProducerBindings:
                 self.counters["producer_bindings_expired"] += gone
                 log.info("producer-ID bindings: %d unused for %d ms forgotten; %d left", gone, self.lifetime_ms,
                          len(self._b))
-        if self._wake is not None and (self._file_entries > 2 * len(self._b) + REWRITE_SLACK
+        if self._wake is not None and (self._frames.entries > 2 * len(self._b) + REWRITE_SLACK
                                        or now - self._last_rewrite_ms >= self.lifetime_ms // 7):
             self._last_rewrite_ms = now
             self._rewrite_wanted = True  # by the writer, between two appends

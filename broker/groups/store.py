@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 
 from snapshots.storage.disk import Disk, process_failstop
 
-from ..framelog import decode_frames, encode_frames
+from ..framelog import FrameFile
 from .state import GroupState, check_entry
 
 log = logging.getLogger(__name__)
@@ -32,8 +32,7 @@ class GroupStore:
         self.state = GroupState()
         self._run_io = run_io
         self._disk = disk or Disk(failstop=process_failstop, preallocate=0)
-        self._file = None
-        self._file_entries = 0
+        self._frames = FrameFile(self.path, MAGIC, "consumer groups file", check_entry, self._disk)
         self._pending: list[tuple[list, asyncio.Future]] = []
         self._writing: list[tuple[list, asyncio.Future]] = []  # the batch being written
         self._wake: asyncio.Event | None = None
@@ -45,25 +44,9 @@ class GroupStore:
     # ------------------------------------------------------------ open / close
     def open(self) -> None:
         """Load the file (created empty if missing); blocking, at start."""
-        data = self._disk.read(self.path)
-        entries: list = []
-        keep = len(MAGIC)
-        if data is None:
-            self._disk.write_file(self.path, MAGIC)
-        else:
-            entries, keep = decode_frames(self.path, data, MAGIC, "consumer groups file", check_entry)
-            if keep < 0:
-                self._disk.write_file(self.path, MAGIC)
-                keep = len(MAGIC)
-            elif keep < len(data):
-                log.warning("%s: %d bytes after byte %d are a write cut by a crash (never acknowledged); cut off",
-                            self.path, len(data) - keep, keep)
-        self._file = self._disk.open_append(self.path, keep)
-        if data is not None and 0 <= keep < len(data):
-            self._file.truncate(keep)
+        entries = self._frames.load()
         for e in entries:
             self.state.apply(e)
-        self._file_entries = len(entries)
         if entries:
             log.info("%s: %d groups, %d committed offsets, %d producers with offsets pending", self.path,
                      len(self.state.groups()), sum(len(o) for o in self.state.offsets.values()),
@@ -81,9 +64,7 @@ class GroupStore:
             self._wake.set()
             await self._writer
             self._writer = None
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        self._frames.close()
 
     # ------------------------------------------------------------ writing
     def write(self, entries: list[list]) -> asyncio.Future:
@@ -121,7 +102,7 @@ class GroupStore:
             if batch:
                 rows = [e for entries, _ in batch for e in entries]
                 try:
-                    await self._io(self._append, encode_frames(rows))
+                    await self._io(self._frames.append, rows)
                 except Exception as e:  # only where failstop returns (tests): nothing is acknowledged any more
                     self._failed = e
                     for _, fut in batch + self._pending:
@@ -129,7 +110,6 @@ class GroupStore:
                             fut.set_exception(e)
                     self._pending = []
                     return
-                self._file_entries += len(rows)
                 self.counters["group_entries_written"] += len(rows)
                 self.counters["group_syncs"] += 1
                 for entries, fut in batch:
@@ -138,21 +118,11 @@ class GroupStore:
                     if not fut.done():
                         fut.set_result(None)
                 self._writing = []
-                if self._file_entries > 2 * self.state.size() + REWRITE_SLACK:
+                if self._frames.entries > 2 * self.state.size() + REWRITE_SLACK:
                     await self._io(self._rewrite, self.state.rows())
             if self._closing and not self._pending:
                 return
 
-    def _append(self, data: bytes) -> None:
-        self._file.write(data)
-        self._file.sync()
-
     def _rewrite(self, rows: list[list]) -> None:
-        """The file replaced by ``rows`` (whole: temp, fsync, rename, fsync dir); appends go on at its end."""
-        data = MAGIC + encode_frames(rows)
-        self._disk.write_file(self.path, data)
-        if self._file is not None:
-            self._file.close()
-        self._file = self._disk.open_append(self.path, len(data))
-        self._file_entries = len(rows)
+        self._frames.rewrite(rows)
         self.counters["group_rewrites"] += 1

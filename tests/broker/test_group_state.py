@@ -278,7 +278,7 @@ def write_all(data_dir: str, batches: list[list[list]], **kw) -> GroupStore:
 def reopened(data_dir: str) -> GroupStore:
     st = GroupStore(data_dir)
     st.open()
-    st._file.close()
+    st._frames.close()
     return st
 
 
@@ -373,6 +373,6 @@ def test_a_rewrite_keeps_the_state_and_shrinks_the_file(tmp_path, monkeypatch):
     assert st.counters["group_rewrites"] >= 1
     again = reopened(d)
     assert view(again.state) == view(st.state)
-    assert again._file_entries <= 2 * again.state.size() + 5
+    assert again._frames.entries <= 2 * again.state.size() + 5
     assert again.state.offsets["my-group"][("t", 0)].offset == 5  # ENTRIES' commit came after the 40
     assert set(again.state.pending) == {"other"}  # a delete leaves a transaction's pending offsets to its marker

@@ -20,8 +20,8 @@ from broker.pid_binding import (
     TRANSACTIONAL_ID,
     ProducerBindings,
     batch_producers,
-    encode_frames,
 )
+from broker.framelog import encode_frames
 from broker.recordbatch import decode_all, encode_batch
 from quorum.security import acl as a
 from quorum.security.acl import AclIndex
@@ -334,7 +334,7 @@ def test_torn_tail_is_cut_and_damage_refuses_the_start(tmp_path, clock):
     bindings = ProducerBindings(str(tmp_path), DAY_MS, 10, clock=clock)
     bindings.open()
     assert bindings.owner(7) == (PRINCIPAL, ALICE) and bindings.owner(8) is None
-    bindings._file.close()
+    bindings._frames.close()
     assert path.read_bytes() == good
     damaged = bytearray(good + encode_frames([[9, TRANSACTIONAL_ID, "alice-tx", 1]]))
     damaged[len(MAGIC) + 9] ^= 0xFF  # inside the first frame, with a whole frame after it
@@ -406,7 +406,7 @@ def test_an_io_error_writing_a_binding_is_fail_stop_and_the_id_is_not_answered(t
     async def go():
         b = Broker(str(tmp_path), clock)
         b.server.bindings._disk.failstop = lambda code, message: stops.append((code, message))
-        f = b.server.bindings._file
+        f = b.server.bindings._frames.file
 
         def failing_sync():
             f.disk.io_error("fdatasync", f.path, OSError(errno.EIO, "Input/output error"))

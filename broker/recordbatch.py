@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from crc32c import crc32c
 
+from records.wire.bounds import encode_uvarint
 from records.wire.errors import Errors, PidQuorumError
 
 HEADER = struct.Struct(">qiibIhiqqqhii")
@@ -237,14 +238,7 @@ def with_base_offset(batch: bytes, base_offset: int) -> bytes:
 # ------------------------------------------------------------------ varints
 
 def _zigzag_varint(value: int) -> bytes:
-    z = (value << 1) ^ (value >> 63)
-    z &= (1 << 64) - 1
-    out = bytearray()
-    while z >= 0x80:
-        out.append((z & 0x7F) | 0x80)
-        z >>= 7
-    out.append(z)
-    return bytes(out)
+    return encode_uvarint(((value << 1) ^ (value >> 63)) & ((1 << 64) - 1))
 
 
 def _read_varint(data: bytes, pos: int, end: int) -> tuple[int, int]:

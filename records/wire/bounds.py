@@ -126,7 +126,8 @@ def _plan(cls: type) -> tuple[tuple[_Field, ...], bool, dict[int, _Field]]:
     return tuple(out), bool(getattr(cls, "__flexible__", False)), tagged
 
 
-def _uvarint(n: int) -> bytes:
+def encode_uvarint(n: int) -> bytes:
+    """``n`` (>= 0) as an unsigned varint (protobuf's, Kafka's compact lengths and record fields)."""
     out = bytearray()
     while n >= 0x80:
         out.append((n & 0x7F) | 0x80)
@@ -156,7 +157,7 @@ def _tagged(cur: _Cursor, where: str, known: dict[int, _Field] | None = None, de
     if len(kept) != count and cur.edits is not None:
         # Tags this version's schema does not know: skipped, as Kafka does (KIP-482: a newer client may send
         # fields an older broker ignores); kio's reader would refuse the whole request.
-        cur.edits.append((section, cur.pos, _uvarint(len(kept)) + b"".join(bytes(cur.data[a:b]) for a, b in kept)))
+        cur.edits.append((section, cur.pos, encode_uvarint(len(kept)) + b"".join(bytes(cur.data[a:b]) for a, b in kept)))
 
 
 def _length(cur: _Cursor, flexible: bool, kind: str, where: str) -> int:

@@ -39,15 +39,9 @@ INIT_ATTEMPTS = 3
 PENDING_LIMIT = 100
 LOCK_STRIPES = 64
 DESCRIBE_CONCURRENCY = 16  # quorum reads one ListTransactions has in flight
-# The steps whose time the broker sums (``TxnCoordinator.step_times``, the metric
-# pidquorum_broker_txn_step_seconds): where a transaction's time goes on the broker.
-STEPS = {
-    "add": "AddPartitionsToTxn / AddOffsetsToTxn: the quorum round trip that adds the partitions",
-    "end": "EndTxn: the quorum round trip that decides the outcome (PrepareCommit / PrepareAbort)",
-    "verify": "a transactional Produce's KIP-890 check through the quorum (the broker did not know the partition)",
-    "complete": "after EndTxn's answer: the markers (fsync'd) and the completion's quorum round trip",
-    "wait": "a step of the id waiting for the completion of its last transaction (settled)",
-}
+# The steps whose time the broker sums (``TxnCoordinator.step_times``; what each is: the help of the metric
+# pidquorum_broker_txn_step_seconds, broker/metrics.py): where a transaction's time goes on the broker.
+STEPS = ("add", "end", "verify", "complete", "wait")
 
 
 @dataclass
